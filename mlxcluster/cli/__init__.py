@@ -1,0 +1,50 @@
+"""The ``mlxcluster`` command line: parse, call the library, render.
+
+Each command lives in its own module ``mlxcluster.cli.<name>`` exposing a
+click command named ``command``; ``COMMAND_MODULES`` lists them.
+Errors from the library (``MlxclusterError``) are converted here, once, into
+a message on stderr and the documented exit code; no traceback is shown.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from mlxcluster import __version__
+from mlxcluster.errors import MlxclusterError
+
+COMMAND_MODULES: tuple[str, ...] = ()
+
+
+class _Group(click.Group):
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except MlxclusterError as err:
+            report_error(err)
+            ctx.exit(err.exit_code)
+
+
+def report_error(err: MlxclusterError) -> None:
+    """Render a library error as 'error: ...' plus 'fix: ...' on stderr."""
+    click.secho(f"error: {err.message}", fg="red", err=True)
+    if err.hint:
+        click.echo(f"fix: {err.hint}", err=True)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="mlxcluster")
+def main() -> None:
+    """Set up, check and benchmark MLX distributed clusters of Macs."""
+
+
+for _name in COMMAND_MODULES:
+    _module = importlib.import_module(f"mlxcluster.cli.{_name}")
+    main.add_command(_module.command)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""The exception hierarchy. Library code raises these; the CLI converts them
+once, at the boundary, into a message, a fix hint and an exit code.
+
+Exit codes (documented in README.md and docs/cli.md):
+  0  success
+  1  a check or run failed (doctor found a failing check, a smoke rank failed)
+  2  usage or input error (bad flags, inventory, hostfile)
+  3  backend unavailable on this cluster (jaccl without TB5/RDMA, nccl without CUDA)
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_UNAVAILABLE = 3
+
+
+class MlxclusterError(Exception):
+    """Base error: a message naming the problem and a hint naming the fix."""
+
+    exit_code = EXIT_FAILED
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InputError(MlxclusterError):
+    """Bad user input: flags, inventory, hostfile, capture directory."""
+
+    exit_code = EXIT_USAGE
+
+
+class InventoryError(InputError):
+    """An inventory failed to load; ``problems`` holds every problem found."""
+
+    def __init__(self, path: str, problems: list[str], hint: str | None = None):
+        self.path = path
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(
+            f"inventory {path} is invalid ({len(self.problems)} problem(s)):\n{lines}",
+            hint or "fix the lines above; inventory/example.yaml documents every field",
+        )
+
+
+class HostfileError(InputError):
+    """A hostfile is malformed or does not match the cluster."""
+
+
+class RemoteError(MlxclusterError):
+    """A remote command could not run (connect, auth, timeout)."""
+
+
+class BackendUnavailable(MlxclusterError):
+    """The requested backend cannot run on this cluster (the reason says why)."""
+
+    exit_code = EXIT_UNAVAILABLE
