@@ -407,7 +407,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"test hook: rank {rank} fails on purpose", file=sys.stderr, flush=True)
         return EXIT_HOOK
     if hook_rank("MLXCLUSTER_SMOKE_HANG_RANK") == rank:
-        progress.set("correctness", "test hook: hanging")
+        # Stuck before the first collective, as a rank blocked in a peer's
+        # wait would be: its peers move on into all_sum and wait for it.
         while True:
             time.sleep(60)
     corrupt = hook_rank("MLXCLUSTER_SMOKE_CORRUPT_RANK") == rank
@@ -443,9 +444,10 @@ def run() -> int:
 
 
 if __name__ == "__main__":
-    sys.stdout.flush()
     code = run()
-    sys.stdout.flush()
+    emit("exit", rank=rank_from_env(), code=code)
     sys.stderr.flush()
+    if code == 0:
+        sys.exit(0)  # a normal exit lets MPI finalize; mpirun treats anything else as an abort
     # os._exit: skip MLX's distributed teardown, which can block when a peer is gone.
     os._exit(code)

