@@ -22,8 +22,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mlxcluster.smoke import remote
-from mlxcluster.smoke.launch import LaunchPlan, worker_source
+from mlxcluster.errors import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE
+from mlxcluster.smoke import preflight, remote
+from mlxcluster.smoke.launch import LaunchPlan, RankHost, WorkerOptions, plan_launch, worker_source
 from mlxcluster.smoke.stats import BenchRow, OpFit, fit_ops, summarize
 
 PREFIX = "MLXSMOKE "
@@ -406,3 +407,29 @@ def environment_for(plan: LaunchPlan) -> dict[str, str]:
     """The environment the launcher runs with (exposed for callers that run
     their own ssh chores with the same PATH, e.g. a lab's ssh wrapper)."""
     return dict(plan.env or os.environ)
+
+
+def run_backend(backend: str, hosts: tuple[RankHost, ...], opts: WorkerOptions,
+                timeout_s: float = 60.0, environ: dict[str, str] | None = None,
+                reason_unavailable: Callable[[str, tuple[RankHost, ...]], str | None] | None = None
+                ) -> SmokeReport:
+    """Preflight ``backend`` on ``hosts``; run the smoke workers when it can run."""
+    check = reason_unavailable or preflight.unavailable_reason
+    reason = check(backend, hosts)
+    if reason:
+        return SmokeReport(backend, "unavailable", reason=reason)
+    plan = plan_launch(backend, hosts, opts, environ)
+    return run_plan(plan, timeout_s)
+
+
+def exit_code_for(reports: list[SmokeReport], single_backend: bool) -> int:
+    """0 when every backend that ran passed; 3 when the one backend asked for
+    cannot run here; 1 otherwise. Trying every backend, an unavailable one is
+    a row of the summary, not a failure."""
+    if any(r.status == "failed" for r in reports):
+        return EXIT_FAILED
+    if single_backend and reports and reports[0].status == "unavailable":
+        return EXIT_UNAVAILABLE
+    if not any(r.status == "passed" for r in reports):
+        return EXIT_UNAVAILABLE
+    return EXIT_OK

@@ -90,20 +90,25 @@ def summarize(op: str, dtype: str, nbytes: int, per_rank: Sequence[Sequence[floa
 def fit_alpha_beta(points: Iterable[tuple[int, float]]) -> tuple[float, float | None]:
     """Least-squares fit of ``t = alpha + bytes / beta`` to (bytes, seconds).
 
-    Returns (alpha seconds, beta GB/s); beta is None when the slope is not
-    positive (times flat or noisy at these sizes). One point gives alpha = t."""
-    pts = list(points)
+    Returns (alpha seconds, beta GB/s). Latency cannot be negative: when the
+    free fit gives alpha < 0 the line is refitted through the origin. beta is
+    None when time does not grow with size (flat or noisy at these sizes),
+    and alpha is then the mean time. One point gives alpha = t."""
+    pts = [(float(b), float(t)) for b, t in points]
     if not pts:
         raise ValueError("fit of no points")
-    xs = [float(b) for b, _ in pts]
-    ys = [float(t) for _, t in pts]
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
+    xs, ys = [x for x, _ in pts], [y for _, y in pts]
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mean_x) ** 2 for x in xs)
     if sxx == 0:
-        return my, None
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
-    alpha = my - slope * mx
-    return alpha, (1 / slope / 1e9 if slope > 0 else None)
+        return mean_y, None
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in pts) / sxx
+    alpha = mean_y - slope * mean_x
+    if slope <= 0:
+        return mean_y, None
+    if alpha < 0:
+        alpha, slope = 0.0, sum(x * y for x, y in pts) / sum(x * x for x in xs)
+    return alpha, 1 / slope / 1e9
 
 
 def fit_ops(rows: Iterable[BenchRow]) -> list[OpFit]:

@@ -1,0 +1,154 @@
+"""``mlxcluster smoke``: prove a backend moves correct data between every rank,
+measure how fast, and never hang.
+
+    mlxcluster smoke --backend ring --local 3
+    mlxcluster smoke --backend mpi -i cluster.yaml --bench --sizes 1K:256M --plot bw.png
+    mlxcluster smoke -i cluster.yaml            # every backend, one row each
+
+Exit codes: 0 every rank of every backend that ran passed; 1 a rank failed,
+exited or hung; 2 bad input; 3 the backend asked for cannot run here.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+from tabulate import tabulate
+
+from mlxcluster.errors import InputError
+from mlxcluster.smoke.launch import (
+    BACKENDS,
+    RankHost,
+    WorkerOptions,
+    hosts_from_hostfile,
+    local_hosts,
+)
+from mlxcluster.smoke.report import reports_to_dict, write_plot
+from mlxcluster.smoke.run import SmokeReport, exit_code_for, run_backend
+from mlxcluster.smoke.stats import format_bytes, parse_size_range
+
+DTYPE_CHOICES = ("float32", "float16", "bfloat16", "int32")
+MARK = {"passed": "✓", "failed": "✗", "unavailable": "-"}
+
+
+def hosts_from_inventory(path: str, python: str | None) -> tuple[RankHost, ...]:
+    """One rank per inventory host, with the host's ssh target, data IPs and python."""
+    from mlxcluster.inventory import load_inventory
+
+    inv = load_inventory(path)
+    options: tuple[str, ...] = ("-F", str(inv.ssh_config)) if getattr(inv, "ssh_config", None) else ()
+    hosts = []
+    for h in inv.hosts:
+        target = f"{h.user}@{h.ssh}" if getattr(h, "user", None) else h.ssh
+        port = getattr(h, "port", None)
+        host_options = options + (("-p", str(port)) if port and port != 22 else ())
+        hosts.append(RankHost(h.name, target, tuple(h.ips), python or h.python,
+                              ssh_options=host_options))
+    return tuple(hosts)
+
+
+def parse_dtypes(text: str) -> tuple[str, ...]:
+    dtypes = tuple(d.strip() for d in text.split(",") if d.strip())
+    bad = [d for d in dtypes if d not in DTYPE_CHOICES]
+    if bad or not dtypes:
+        raise InputError(f"unknown dtype(s) {', '.join(bad) or '(none)'}",
+                         f"choose from {','.join(DTYPE_CHOICES)}")
+    return dtypes
+
+
+def render_summary(reports: list[SmokeReport]) -> str:
+    rows = []
+    for r in reports:
+        ranks = f"{sum(o.status == 'passed' for o in r.ranks)}/{len(r.ranks)}" if r.ranks else "-"
+        detail = r.reason if r.status != "passed" else f"{r.checks} checks"
+        if r.status == "unavailable":
+            detail = f"unavailable: {r.reason}"
+        rows.append([f"{MARK.get(r.status, '?')} {r.backend}", r.status, ranks,
+                     f"{r.duration_s:.1f}s" if r.duration_s else "-", detail])
+    return tabulate(rows, headers=["backend", "status", "ranks ok", "time", "detail"])
+
+
+def render_failures(report: SmokeReport) -> str:
+    lines = []
+    for o in report.failed_ranks:
+        lines.append(f"  rank {o.rank} on {o.host}: {o.status}: {o.detail}")
+        if o.stderr_tail and o.status != "stopped":
+            lines.append("    stderr (tail):")
+            lines += [f"      {line}" for line in o.stderr_tail.splitlines()[-12:]]
+    for problem in report.cleanup_problems:
+        lines.append(f"  cleanup: {problem} (processes of run {report.run_id} may be left there)")
+    return "\n".join(lines)
+
+
+def render_bench(report: SmokeReport) -> str:
+    rows = [[b.op, format_bytes(b.bytes), f"{b.p50_s * 1e6:.1f}", f"{b.p90_s * 1e6:.1f}",
+             f"{b.algbw_gbps:.3g}", f"{b.busbw_gbps:.3g}"] for b in report.bench]
+    table = tabulate(rows, headers=["op", "bytes", "p50 us", "p90 us", "algbw GB/s", "busbw GB/s"],
+                     colalign=("left", "right", "right", "right", "right", "right"))
+    fits = tabulate([[f.op, f"{f.alpha_s * 1e6:.1f}",
+                      f"{f.beta_gbps:.3g}" if f.beta_gbps else "-"] for f in report.fits],
+                    headers=["op", "alpha (latency) us", "beta (bandwidth) GB/s"])
+    return f"{report.backend} benchmark ({len(report.ranks)} ranks, time = slowest rank):\n{table}\n\n{fits}"
+
+
+@click.command("smoke")
+@click.option("--backend", type=click.Choice([*BACKENDS, "any"]), default=None,
+              help="Backend to test; 'any' or none tries every backend the hosts support.")
+@click.option("--hostfile", type=click.Path(dir_okay=False), help="MLX JSON hostfile.")
+@click.option("-i", "--inventory", type=click.Path(dir_okay=False), help="Cluster inventory (YAML).")
+@click.option("--local", "local_n", type=click.IntRange(1, 64), help="Run N ranks on this machine.")
+@click.option("--python", help="Python on the hosts (default: the inventory's, else this one).")
+@click.option("--bench", is_flag=True, help="Also time every op at power-of-two sizes.")
+@click.option("--sizes", default="1K:16M", show_default=True,
+              help="LO:HI bytes: the benchmark sweep, and the correctness sizes (1 element, "
+                   "one near LO, one above HI).")
+@click.option("--dtypes", default=",".join(DTYPE_CHOICES), show_default=True)
+@click.option("--timeout", "timeout_s", type=click.FloatRange(1, 3600), default=60.0, show_default=True,
+              help="Per-phase deadline in seconds (init, correctness, bench).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (docs/smoke.md).")
+@click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG of busbw and latency.")
+def command(backend, hostfile, inventory, local_n, python, bench, sizes, dtypes, timeout_s,
+            as_json, plot):
+    """Run all_sum / all_gather / send-recv smoke tests per backend."""
+    sources = [s for s in (hostfile, inventory, local_n) if s]
+    if len(sources) != 1:
+        raise InputError("give exactly one of --hostfile, -i/--inventory, --local N")
+    lo, hi = parse_size_range(sizes)
+    opts = WorkerOptions(dtypes=parse_dtypes(dtypes), lo_bytes=lo, hi_bytes=hi, bench=bench)
+    file_backend = ""
+    if local_n:
+        hosts = local_hosts(local_n, python)
+    elif hostfile:
+        hosts, file_backend = hosts_from_hostfile(hostfile, python)
+    else:
+        hosts = hosts_from_inventory(inventory, python)
+    if backend is None and file_backend in BACKENDS and hostfile:
+        backend = file_backend
+    single = backend not in (None, "any")
+    backends = [backend] if single else list(BACKENDS)
+
+    reports = []
+    for name in backends:
+        if not as_json:
+            click.echo(f"smoke {name}: {len(hosts)} rank(s) ...", err=True)
+        reports.append(run_backend(name, hosts, opts, timeout_s))
+    code = exit_code_for(reports, single)
+    if plot:
+        write_plot(reports, plot)
+
+    if as_json:
+        click.echo(json.dumps(reports_to_dict(reports, code), indent=2))
+    else:
+        click.echo(render_summary(reports))
+        for r in reports:
+            if r.status == "failed":
+                click.echo(f"\n{r.backend} failed (run {r.run_id}):")
+                click.echo(render_failures(r))
+            if r.bench:
+                click.echo("\n" + render_bench(r))
+        verdict = {0: "smoke passed", 1: "smoke FAILED", 3: "backend unavailable"}[code]
+        click.echo(f"\n{verdict}")
+    sys.stdout.flush()
+    click.get_current_context().exit(code)
