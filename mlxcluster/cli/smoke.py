@@ -85,11 +85,11 @@ def render_failures(report: SmokeReport) -> str:
 def render_bench(report: SmokeReport) -> str:
     rows = [[b.op, format_bytes(b.bytes), f"{b.p50_s * 1e6:.1f}", f"{b.p90_s * 1e6:.1f}",
              f"{b.algbw_gbps:.3g}", f"{b.busbw_gbps:.3g}"] for b in report.bench]
-    table = tabulate(rows, headers=["op", "bytes", "p50 us", "p90 us", "algbw GB/s", "busbw GB/s"],
+    table = tabulate(rows, headers=["op", "bytes", "p50 us", "p90 us", "algbw GB/s", "busbw GB/s"], disable_numparse=True,
                      colalign=("left", "right", "right", "right", "right", "right"))
     fits = tabulate([[f.op, f"{f.alpha_s * 1e6:.1f}",
                       f"{f.beta_gbps:.3g}" if f.beta_gbps else "-"] for f in report.fits],
-                    headers=["op", "alpha (latency) us", "beta (bandwidth) GB/s"])
+                    headers=["op", "alpha (latency) us", "beta (bandwidth) GB/s"], disable_numparse=True)
     return f"{report.backend} benchmark ({len(report.ranks)} ranks, time = slowest rank):\n{table}\n\n{fits}"
 
 

@@ -388,6 +388,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     progress = Progress(env_rank)
     progress.start()
     try:
+        return run_rank(args, env_rank, progress)
+    finally:
+        progress.stop()
+
+
+def run_rank(args: argparse.Namespace, env_rank: int, progress: Progress) -> int:
+    """Init the group, check its size, run the phases; this rank's exit code."""
+    try:
         group = mx.distributed.init(strict=True, backend=args.backend)
     except Exception as err:  # noqa: BLE001 - any init failure is this rank's verdict
         emit("error", rank=env_rank, message=f"init({args.backend}) failed: {err}")
@@ -424,7 +432,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     mx.eval(mx.distributed.all_sum(mx.array([1.0]), group=group))
     progress.set("done")
     emit("done", rank=rank, ok=ok)
-    progress.stop()
     return 0 if ok else EXIT_CHECK_FAILED
 
 
