@@ -30,6 +30,7 @@ from mlxcluster.smoke.stats import BenchRow, OpFit, fit_ops, summarize
 PREFIX = "MLXSMOKE "
 HEARTBEAT_SILENCE_S = 5.0  # no line from a rank this long: it is gone or unreachable
 PROBE_TIMEOUT_S = 1.5
+FAILURE_GRACE_S = 0.5
 STDERR_KEEP = 200  # launcher stderr lines kept for the report
 
 # mlx.launch: "[WARN] Node with rank 1 exited with code 3"
@@ -58,6 +59,11 @@ class RankState:
     errors: list[str] = field(default_factory=list)
     failures: list[dict] = field(default_factory=list)
     checks: int = 0
+    failed_at: float | None = None  # when the first sign of failure arrived
+
+    def mark_failed(self, now: float) -> None:
+        if self.failed_at is None:
+            self.failed_at = now
 
 
 @dataclass
@@ -68,6 +74,7 @@ class RankOutcome:
     host: str
     status: str  # passed | failed | hung | exited | stopped
     detail: str = ""
+    cause: bool = False  # the rank whose failure came first (the one to look at)
     failures: list[dict] = field(default_factory=list)
     stderr_tail: str = ""
 
@@ -98,7 +105,7 @@ class SmokeReport:
         """Ranks that did not pass, the ones that caused the failure first."""
         order = {"failed": 0, "exited": 1, "hung": 2, "stopped": 3}
         return sorted((r for r in self.ranks if r.status != "passed"),
-                      key=lambda r: (order.get(r.status, 4), r.rank))
+                      key=lambda r: (not r.cause, order.get(r.status, 4), r.rank))
 
 
 def parse_event(line: str) -> dict | None:
@@ -186,6 +193,7 @@ class Watch:
             if not event.get("ok"):
                 state.ok = False
                 state.failures.append(event)
+                state.mark_failed(now)
         elif kind == "bench":
             state.steps += 1
             key = (event["op"], event["dtype"], int(event["bytes"]))
@@ -193,8 +201,11 @@ class Watch:
         elif kind == "error":
             state.ok = False
             state.errors.append(event.get("message", "error"))
+            state.mark_failed(now)
         elif kind == "exit":
             state.exit_code = event.get("code")
+            if state.exit_code:
+                state.mark_failed(now)
         elif kind == "done":
             state.done = True
             state.ok = state.ok and bool(event.get("ok"))
@@ -206,7 +217,10 @@ class Watch:
         if found:
             rank, code = found
             if 0 <= rank < len(self.ranks):
-                self.ranks[rank].launcher_code = code if code is not None else -9
+                state = self.ranks[rank]
+                state.launcher_code = code if code is not None else -9
+                if not state.done:
+                    state.mark_failed(self.clock())
 
     def first_failure(self) -> RankState | None:
         """A rank that failed (error, wrong element, non-zero exit, exit without done)."""
@@ -315,9 +329,10 @@ def run_plan(plan: LaunchPlan, timeout_s: float = 60.0,
     watch = Watch(plan, clock)
     open_streams = 2
     blamed: list[RankOutcome] = []
+    stop_at: float | None = None
     while True:
         try:
-            tag, line = lines.get(timeout=0.2)
+            tag, line = lines.get(timeout=0.1)
             if line is None:
                 open_streams -= 1
             elif tag == "out":
@@ -326,7 +341,11 @@ def run_plan(plan: LaunchPlan, timeout_s: float = 60.0,
                 watch.on_stderr(line)
         except queue.Empty:
             pass
-        if watch.first_failure():
+        if stop_at is None and watch.first_failure():
+            # The launcher's stderr can tell of a rank's exit before its
+            # stdout lines arrive: keep reading briefly before stopping.
+            stop_at = clock() + FAILURE_GRACE_S
+        if stop_at is not None and (clock() >= stop_at or open_streams == 0):
             break
         if watch.all_done() and (open_streams == 0 or proc.poll() is not None):
             break
@@ -361,7 +380,7 @@ def run_plan(plan: LaunchPlan, timeout_s: float = 60.0,
         report.bench = bench_rows(watch)
         report.fits = fit_ops(report.bench)
     else:
-        first = report.failed_ranks[0]
+        first = report.failed_ranks[0]  # the cause comes first
         report.reason = f"rank {first.rank} on {first.host}: {first.detail}"
     report.duration_s = clock() - started
     return report
@@ -379,7 +398,7 @@ def outcomes(watch: Watch, blamed: list[RankOutcome], tails: dict[int, str]) -> 
         elif s.done and s.ok and not s.errors:
             out = RankOutcome(s.rank, s.host, "passed")
         elif s.failures or s.errors:
-            out = RankOutcome(s.rank, s.host, "failed", describe_failure(s), s.failures)
+            out = RankOutcome(s.rank, s.host, "failed", describe_failure(s), failures=s.failures)
         elif s.exit_code not in (None, 0) or (s.launcher_code or 0) > 0:
             out = RankOutcome(s.rank, s.host, "exited", describe_failure(s))
         else:
@@ -393,7 +412,39 @@ def outcomes(watch: Watch, blamed: list[RankOutcome], tails: dict[int, str]) -> 
             if o.status == "stopped":
                 o.status = "exited"
                 o.detail = f"{describe_failure(watch.ranks[o.rank])}; launcher: {last}"
+    mark_cause(watch, result)
     return result
+
+
+_PEER_LOST = re.compile(r"peer was lost|connection reset|broken pipe|connection closed", re.I)
+
+
+def lost_peer(state: RankState) -> bool:
+    """Whether the rank's own error says a peer went away (not a cause)."""
+    return not state.failures and any(_PEER_LOST.search(e) for e in state.errors)
+
+
+def mark_cause(watch: Watch, result: list[RankOutcome]) -> None:
+    """The rank that failed first is the cause; ranks that only errored or
+    exited after it (a lost peer) were stopped by it. Wrong results stay
+    failures wherever they are seen."""
+    hung = [o for o in result if o.status == "hung"]
+    failed = [s for s in watch.ranks if s.failed_at is not None
+              and result[s.rank].status in ("failed", "exited")]
+    if hung and not failed:
+        for o in hung:
+            o.cause = True
+        return
+    if not failed:
+        return
+    # A rank that lost its peer is a consequence; prefer one that failed on its own.
+    first = min(failed, key=lambda s: (lost_peer(s), s.failed_at, s.rank))
+    result[first.rank].cause = True
+    for s in failed:
+        o = result[s.rank]
+        if s is not first and not s.failures:
+            o.status = "stopped"
+            o.detail = f"{o.detail} (after rank {first.rank} failed)"
 
 
 def bench_rows(watch: Watch) -> list[BenchRow]:

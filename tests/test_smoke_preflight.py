@@ -1,0 +1,84 @@
+"""Backend preflight: parsers on real macOS captures, and jaccl/nccl reported
+unavailable (not crashing) on this Linux machine."""
+
+from __future__ import annotations
+
+import platform
+
+from mlxcluster.smoke import preflight
+from mlxcluster.smoke.launch import local_hosts
+from mlxcluster.smoke.preflight import (
+    HostFacts,
+    jaccl_problems,
+    parse_ibv_devices,
+    parse_sw_vers,
+    parse_tb_link_gbps,
+)
+
+
+def read(fixtures, name):
+    return (fixtures / name).read_text(encoding="utf-8", errors="replace")
+
+
+def test_sw_vers_tabs_single_and_double(macos_fixtures):
+    assert parse_sw_vers(read(macos_fixtures, "sw_vers_macos26.4_25E246_m2_macbook_air_double_tab.txt")) == (26, 4)
+    assert parse_sw_vers(read(macos_fixtures, "sw_vers_macos12.6_21G115_m1pro_single_tab.txt")) == (12, 6)
+    assert parse_sw_vers(read(macos_fixtures, "sw_vers_macos26.6.2_25G83.txt")) == (26, 6, 2)
+    assert parse_sw_vers("") is None
+
+
+def test_ibv_devices_lists_rdma_devices(macos_fixtures):
+    assert parse_ibv_devices(read(macos_fixtures, "ibv_devices_apple_tn3205_m4pro_mini_3ports.txt")) == (
+        "rdma_en2", "rdma_en3", "rdma_en4")
+    assert parse_ibv_devices(read(macos_fixtures, "ibv_devices_osaurus_m5max_mbp_peer_macos27.txt")) == (
+        "rdma_en1", "rdma_en6", "rdma_en2")
+    assert parse_ibv_devices(read(macos_fixtures, "ibv_devices_osaurus_rdma_disabled_header_only.txt")) == ()
+
+
+def test_tb_link_speed_ignores_port_ratings(macos_fixtures):
+    tb5 = read(macos_fixtures, "sp_thunderbolt_omlx_m5max_macbookpro_tb5_to_studio.json")
+    assert parse_tb_link_gbps(tb5) == 80.0  # not the "Up to 120 Gb/s" rating
+    vm = read(macos_fixtures, "sp_thunderbolt_macos_vm_no_hardware_EXCERPT.json")
+    assert parse_tb_link_gbps(vm) is None
+    assert parse_tb_link_gbps("not json") is None
+
+
+def test_jaccl_problems_name_each_host_and_reason(macos_fixtures):
+    tb5 = parse_tb_link_gbps(read(macos_fixtures, "sp_thunderbolt_omlx_m5max_macbookpro_tb5_to_studio.json"))
+    devices = parse_ibv_devices(read(macos_fixtures, "ibv_devices_apple_tn3205_m4pro_mini_3ports.txt"))
+    good = HostFacts("mac1", "Darwin", (26, 4), devices, tb5)
+    assert jaccl_problems([good]) == []
+    problems = jaccl_problems([
+        good,
+        HostFacts("box", "Linux", None, (), None),
+        HostFacts("old", "Darwin", (26, 1), devices, tb5),
+        HostFacts("off", "Darwin", (27, 0), (), tb5),
+        HostFacts("tb4", "Darwin", (26, 4), devices, 40.0),
+    ])
+    assert problems == [
+        "box runs Linux, not macOS",
+        "old runs macOS 26.1, JACCL needs 26.2 or later",
+        "off lists no rdma devices (enable RDMA: rdma_ctl enable in Recovery)",
+        "tb4 has 40 Gb/s; JACCL needs Thunderbolt 5 (> 40 Gb/s)",
+    ]
+
+
+def test_facts_sections_parse_from_one_script_output(macos_fixtures):
+    output = preflight.SECTION.join([
+        "Darwin\n",
+        read(macos_fixtures, "sw_vers_macos26.6.2_25G83.txt"),
+        read(macos_fixtures, "ibv_devices_osaurus_m5max_mbp_peer_macos27.txt"),
+        read(macos_fixtures, "sp_thunderbolt_osaurus_m5max_mbp_peer_macos27_rdma_on.json"),
+    ])
+    facts = preflight.parse_facts("peer", output)
+    assert facts == HostFacts("peer", "Darwin", (26, 6, 2), ("rdma_en1", "rdma_en6", "rdma_en2"), 80.0)
+
+
+def test_this_machine_cannot_run_jaccl_or_nccl():
+    hosts = local_hosts(2)
+    jaccl = preflight.unavailable_reason("jaccl", hosts)
+    assert jaccl == f"local0 runs {platform.system()}, not macOS"
+    nccl = preflight.unavailable_reason("nccl", hosts)
+    assert nccl == "local0 has no CUDA (NCCL runs on NVIDIA GPUs only)"
+    assert preflight.unavailable_reason("ring", hosts) is None
+    assert preflight.unavailable_reason("mpi", hosts) is None
