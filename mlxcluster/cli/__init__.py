@@ -16,7 +16,11 @@ import click
 from mlxcluster import __version__
 from mlxcluster.errors import MlxclusterError
 
-COMMAND_MODULES: tuple[str, ...] = ("smoke",)
+COMMAND_MODULES: tuple[str, ...] = (
+    "demo",
+    "discover",
+    "smoke",
+)
 
 
 class _Group(click.Group):
