@@ -103,7 +103,7 @@ def test_failing_rank_is_named_and_stopped(backend):
     run = report["backends"][0]
     assert code == 1 and run["status"] == "failed"
     assert elapsed < 20
-    assert run["reason"] == "rank 1 on local1: exited with code 3 in phase ready"
+    assert run["reason"] == "rank 1 on local-1: exited with code 3 in phase ready"
     rank1 = run["ranks"][1]
     assert rank1["status"] == "exited"
     assert "test hook: rank 1 fails on purpose" in rank1["stderr_tail"]
@@ -117,7 +117,7 @@ def test_hung_rank_hits_the_deadline():
     run = report["backends"][0]
     assert code == 1
     assert elapsed < 5 + 15
-    assert run["reason"].startswith("rank 0 on local0: no progress for 5 s in phase ready")
+    assert run["reason"].startswith("rank 0 on local-0: no progress for 5 s in phase ready")
     assert [r["status"] for r in run["ranks"]] == ["hung", "stopped"]
     assert_nothing_left(report)
 
@@ -127,7 +127,7 @@ def test_wrong_element_names_op_dtype_size_index():
                             "--dtypes", "bfloat16", env={"MLXCLUSTER_SMOKE_CORRUPT_RANK": "1"})
     run = report["backends"][0]
     assert code == 1
-    assert run["reason"].startswith("rank 1 on local1: wrong result in all_sum bfloat16 size 1: "
+    assert run["reason"].startswith("rank 1 on local-1: wrong result in all_sum bfloat16 size 1: "
                                     "first bad index 0, got 4.0, expected 3.0")
     failure = run["ranks"][1]["failures"][0]
     assert {k: failure[k] for k in ("op", "dtype", "size", "rank", "bad_index")} == {
@@ -139,7 +139,7 @@ def test_wrong_element_names_op_dtype_size_index():
 def test_unavailable_backend_exits_3(backend):
     result = CliRunner().invoke(main, ["smoke", "--backend", backend, "--local", "2"])
     assert result.exit_code == 3
-    assert f"{backend} " in result.stdout and "unavailable: local0" in result.stdout
+    assert f"{backend} " in result.stdout and "unavailable: local-0" in result.stdout
 
 
 def test_bad_input_exits_2():

@@ -77,8 +77,8 @@ def test_facts_sections_parse_from_one_script_output(macos_fixtures):
 def test_this_machine_cannot_run_jaccl_or_nccl():
     hosts = local_hosts(2)
     jaccl = preflight.unavailable_reason("jaccl", hosts)
-    assert jaccl == f"local0 runs {platform.system()}, not macOS"
+    assert jaccl == f"local-0 runs {platform.system()}, not macOS"
     nccl = preflight.unavailable_reason("nccl", hosts)
-    assert nccl == "local0 has no CUDA (NCCL runs on NVIDIA GPUs only)"
+    assert nccl == "local-0 has no CUDA (NCCL runs on NVIDIA GPUs only)"
     assert preflight.unavailable_reason("ring", hosts) is None
     assert preflight.unavailable_reason("mpi", hosts) is None

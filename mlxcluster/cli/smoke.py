@@ -13,16 +13,19 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 
 import click
 from tabulate import tabulate
 
 from mlxcluster.errors import InputError
+from mlxcluster.inventory import load_inventory
 from mlxcluster.smoke.launch import (
     BACKENDS,
     RankHost,
     WorkerOptions,
     hosts_from_hostfile,
+    hosts_from_inventory,
     local_hosts,
 )
 from mlxcluster.smoke.report import reports_to_dict, write_plot
@@ -33,20 +36,10 @@ DTYPE_CHOICES = ("float32", "float16", "bfloat16", "int32")
 MARK = {"passed": "✓", "failed": "✗", "unavailable": "-"}
 
 
-def hosts_from_inventory(path: str, python: str | None) -> tuple[RankHost, ...]:
-    """One rank per inventory host, with the host's ssh target, data IPs and python."""
-    from mlxcluster.inventory import load_inventory
-
-    inv = load_inventory(path)
-    options: tuple[str, ...] = ("-F", str(inv.ssh_config)) if getattr(inv, "ssh_config", None) else ()
-    hosts = []
-    for h in inv.hosts:
-        target = f"{h.user}@{h.ssh}" if getattr(h, "user", None) else h.ssh
-        port = getattr(h, "port", None)
-        host_options = options + (("-p", str(port)) if port and port != 22 else ())
-        hosts.append(RankHost(h.name, target, tuple(h.ips), python or h.python,
-                              ssh_options=host_options))
-    return tuple(hosts)
+def load_hosts(path: str, python: str | None) -> tuple[RankHost, ...]:
+    """One rank per inventory host; --python overrides the inventory's."""
+    hosts = hosts_from_inventory(load_inventory(path))
+    return tuple(replace(h, python=python) for h in hosts) if python else hosts
 
 
 def parse_dtypes(text: str) -> tuple[str, ...]:
@@ -123,7 +116,7 @@ def command(backend, hostfile, inventory, local_n, python, bench, sizes, dtypes,
     elif hostfile:
         hosts, file_backend = hosts_from_hostfile(hostfile, python)
     else:
-        hosts = hosts_from_inventory(inventory, python)
+        hosts = load_hosts(inventory, python)
     if backend is None and file_backend in BACKENDS and hostfile:
         backend = file_backend
     single = backend not in (None, "any")

@@ -17,6 +17,7 @@ the marker the driver looks for to stop every process of a run on every host.
 from __future__ import annotations
 
 import glob
+import ipaddress
 import json
 import os
 import secrets
@@ -26,7 +27,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from mlxcluster.errors import BackendUnavailable, InputError
+from mlxcluster.inventory import local_inventory
 
 LOCAL_TARGETS = ("127.0.0.1",)  # the only ssh name mlx.launch runs without ssh
 RING_PORT = 32323  # mlx.launch's default --starting-port
@@ -47,10 +51,26 @@ class RankHost:
     python: str
     rdma: tuple = ()
     ssh_options: tuple[str, ...] = ()  # e.g. ("-F", "/path/ssh_config") from the inventory
+    user: str | None = None
 
     @property
     def is_local(self) -> bool:
         return self.ssh in LOCAL_TARGETS
+
+    @property
+    def ssh_target(self) -> str:
+        """``user@host`` when a user is set (what ``ssh`` and mlx.launch take)."""
+        return f"{self.user}@{self.ssh}" if self.user and not self.is_local else self.ssh
+
+
+def hosts_from_inventory(inv) -> tuple[RankHost, ...]:
+    """One rank per inventory host (``mlxcluster.inventory.Inventory``), in
+    inventory order: its name, ssh target, data IPs, python and ssh options."""
+    options: tuple[str, ...] = ("-F", os.path.expanduser(inv.ssh_config)) if inv.ssh_config else ()
+    return tuple(
+        RankHost(h.name, h.ssh, tuple(h.ips) or (h.ssh,), h.python,
+                 ssh_options=options + (("-p", str(h.port)) if h.port else ()), user=h.user)
+        for h in inv.hosts)
 
 
 @dataclass(frozen=True)
@@ -95,10 +115,7 @@ def new_run_id() -> str:
 
 def local_hosts(n: int, python: str | None = None) -> tuple[RankHost, ...]:
     """``n`` ranks on this machine (mlx.launch runs 127.0.0.1 without ssh)."""
-    if n < 1:
-        raise InputError(f"--local needs at least 1 rank, got {n}")
-    py = python or sys.executable
-    return tuple(RankHost(f"local{r}", "127.0.0.1", ("127.0.0.1",), py) for r in range(n))
+    return hosts_from_inventory(local_inventory(n, python))
 
 
 def hosts_from_hostfile(path: str, python: str | None = None) -> tuple[tuple[RankHost, ...], str]:
@@ -215,7 +232,8 @@ def plan_mlx_launch(backend: str, hosts: tuple[RankHost, ...], opts: WorkerOptio
     all_local = all(h.is_local for h in hosts)
     port = port or (free_port_block(n) if all_local else RING_PORT)
     hostfile = {"backend": backend, "envs": [],
-                "hosts": [{"ssh": h.ssh, "ips": list(h.ips), "rdma": list(h.rdma)} for h in hosts]}
+                "hosts": [{"ssh": h.ssh_target, "ips": list(h.ips), "rdma": list(h.rdma)}
+                          for h in hosts]}
     hostfile_path = f"{run_dir}/hostfile.json"
     launcher_python = sys.executable
     env_args = [f"--env={k}={v}" for k, v in sorted(forwarded_env(environ).items())]
@@ -231,12 +249,47 @@ def plan_mlx_launch(backend: str, hosts: tuple[RankHost, ...], opts: WorkerOptio
                       {hostfile_path: json.dumps(hostfile)})
 
 
-def btl_if_include(hosts: tuple[RankHost, ...]) -> str:
-    """Restrict MPI's data path to the hosts' data IPs: each host keeps the
-    interface holding its own /32 ('lo' when every rank is local)."""
+def covering_network(hosts: tuple[RankHost, ...]) -> str | None:
+    """The smallest network of /24 or wider holding every host's data IP
+    (Open MPI matches an interface by its network, so a /32 list does not
+    work); None when a data IP is a name."""
+    ips = [h.ips[0] for h in hosts if h.ips]
+    if len(ips) != len(hosts) or not all(_is_ip(ip) for ip in ips):
+        return None
+    addrs = [ipaddress.ip_address(ip) for ip in ips]
+    net = ipaddress.ip_network(f"{addrs[0]}/24", strict=False)
+    while not all(a in net for a in addrs) and net.prefixlen > 8:
+        net = net.supernet()
+    return str(net)
+
+
+def oob_if_include(hosts: tuple[RankHost, ...], local_addrs: list[str] | None = None) -> str | None:
+    """The network for Open MPI's out-of-band channel: the data network, when
+    this machine (where mpirun runs) has an address in it; else None, which
+    leaves Open MPI's default."""
+    net = covering_network(hosts)
+    if net is None:
+        return None
+    if local_addrs is None:
+        local_addrs = [a.address for addrs in psutil.net_if_addrs().values() for a in addrs]
+    network = ipaddress.ip_network(net)
+    return net if any(_is_ip(a) and ipaddress.ip_address(a) in network for a in local_addrs) else None
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def btl_if_include(hosts: tuple[RankHost, ...]) -> str | None:
+    """Restrict MPI's data path to the hosts' data network ('lo' when every
+    rank is local; None, Open MPI's default, when the IPs are names)."""
     if all(h.is_local for h in hosts):
         return "lo"
-    return ",".join(sorted({f"{h.ips[0]}/32" for h in hosts if h.ips}))
+    return covering_network(hosts)
 
 
 def plan_mpirun(hosts: tuple[RankHost, ...], opts: WorkerOptions, environ: dict[str, str],
@@ -263,9 +316,14 @@ def plan_mpirun(hosts: tuple[RankHost, ...], opts: WorkerOptions, environ: dict[
             "--hostfile", hostfile_path, "-np", str(n), "--prefix", prefix, "--bind-to", "none",
             "--mca", "btl", "tcp,self",
             "--mca", "btl_tcp_links", str(tcp_links),
-            "--mca", "btl_tcp_if_include", btl_if_include(hosts),
             "--mca", "btl_tcp_port_min_v4", str(MPI_BTL_PORT),
             "--mca", "btl_tcp_port_range_v4", str(MPI_BTL_PORT_RANGE)]
+    btl = btl_if_include(hosts)
+    if btl:
+        argv += ["--mca", "btl_tcp_if_include", btl]
+    oob = None if all(h.is_local for h in hosts) else oob_if_include(hosts)
+    if oob:
+        argv += ["--mca", "oob_tcp_if_include", oob]
     for key, value in sorted(exports.items()):
         argv += ["-x", f"{key}={value}"]
     argv += [hosts[0].python, f"{run_dir}/worker.py",

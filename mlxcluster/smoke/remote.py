@@ -44,7 +44,7 @@ class HostResult:
 def ssh_argv(host: RankHost, script: str) -> list[str]:
     """``ssh`` that never prompts and gives up connecting after 5 s."""
     return ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", *host.ssh_options,
-            host.ssh, script]
+            host.ssh_target, script]
 
 
 def run_script(host: RankHost, script: str, stdin: str | None = None,
