@@ -1,0 +1,91 @@
+"""`mlxcluster smoke` on the 3-host lab: ring and MPI across real sshd hosts
+(real mlx.launch / mpirun traffic between network namespaces), a small
+benchmark, and faults: a rank that exits non-zero and a data port dropped on
+one host both end the run within its timeout, name the host, and leave no
+process of the run on any host."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from mlxcluster.smoke.launch import MPI_BTL_PORT, RING_PORT
+
+pytestmark = pytest.mark.lab
+
+SMALL = ["--sizes", "1K:2K", "--dtypes", "float32"]
+
+
+@pytest.fixture(scope="module")
+def inventory(lab3, tmp_path_factory):
+    return lab3.write_inventory(tmp_path_factory.mktemp("smoke") / "lab.yaml")
+
+
+def smoke(lab, inventory, *args: str, env: dict[str, str] | None = None, timeout: float = 90):
+    """Run the real CLI as a subprocess with the lab's ssh on PATH."""
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "mlxcluster", "smoke", "-i", str(inventory),
+                           *args, "--json"], env={**lab.env(), **(env or {})},
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.stdout, proc.stderr
+    return proc.returncode, json.loads(proc.stdout)["backends"][0], time.monotonic() - started
+
+
+def assert_nothing_left(lab, run: dict) -> None:
+    run_id = run["run_id"]
+    assert run_id and run["cleanup_problems"] == []
+    # The lab's hosts share this machine's process table: look here, and ask
+    # every host over ssh too (the way a real cluster would be checked).
+    left = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"])
+            if any(run_id in part for part in (p.info["cmdline"] or []))]
+    assert left == []
+    pattern = f"[{run_id[0]}]{run_id[1:]}"
+    for host in lab.hosts:
+        out = lab.ssh(host, f"pgrep -af '{pattern}'; ls -d /tmp/{pattern} 2>/dev/null; true")
+        assert out.stdout.strip() == "", (host.name, out.stdout)
+
+
+@pytest.mark.parametrize("backend", ["ring", "mpi"])
+def test_three_hosts_pass_with_bench(lab3, inventory, backend):
+    code, run, _ = smoke(lab3, inventory, "--backend", backend, *SMALL, "--bench")
+    assert code == 0, run["reason"]
+    assert [(r["rank"], r["host"], r["status"]) for r in run["ranks"]] == [
+        (0, "labhost1", "passed"), (1, "labhost2", "passed"), (2, "labhost3", "passed")]
+    assert run["checks"] == 3 * 3 * 4  # 3 ranks x 3 sizes x (all_sum, all_gather, 2 send/recv)
+    assert {b["op"] for b in run["bench"]} == {"all_sum", "all_gather", "send_recv"}
+    assert all(b["ranks"] == 3 and b["p50_s"] > 0 for b in run["bench"])
+    assert_nothing_left(lab3, run)
+
+
+@pytest.mark.parametrize("backend", ["ring", "mpi"])
+def test_failing_rank_names_its_host(lab3, inventory, backend):
+    code, run, elapsed = smoke(lab3, inventory, "--backend", backend, *SMALL, "--timeout", "20",
+                               env={"MLXCLUSTER_SMOKE_FAIL_RANK": "2"})
+    assert code == 1 and elapsed < 20
+    assert run["reason"] == "rank 2 on labhost3: exited with code 3 in phase ready"
+    assert "test hook: rank 2 fails on purpose" in run["ranks"][2]["stderr_tail"]
+    assert_nothing_left(lab3, run)
+
+
+@pytest.mark.parametrize("backend", ["ring", "mpi"])
+def test_dropped_data_port_names_its_host(lab3, inventory, backend):
+    # labhost3 runs rank 2: drop what its peers connect to (ring: its listen
+    # port; MPI: the pinned btl_tcp port range).
+    port = RING_PORT + 2 if backend == "ring" else f"{MPI_BTL_PORT}-{MPI_BTL_PORT + 15}"
+    lab3.drop_port(lab3.hosts[2], port)
+    try:
+        code, run, elapsed = smoke(lab3, inventory, "--backend", backend, *SMALL,
+                                   "--timeout", "8")
+    finally:
+        lab3.heal(lab3.hosts[2])
+    assert code == 1
+    assert elapsed < 8 + 25
+    assert run["reason"].startswith("rank 2 on labhost3: no progress for 8 s"), run["reason"]
+    assert "unreachable from here (timed out)" in run["reason"]
+    assert [r["status"] for r in run["ranks"]] == ["stopped", "stopped", "hung"]
+    assert_nothing_left(lab3, run)
