@@ -305,11 +305,14 @@ def describe_failure(state: RankState) -> str:
 
 
 def run_plan(plan: LaunchPlan, timeout_s: float = 60.0,
-             clock: Callable[[], float] = time.monotonic) -> SmokeReport:
-    """Stage, launch and watch one run; always leaves nothing of it running."""
+             clock: Callable[[], float] = time.monotonic, source: str | None = None) -> SmokeReport:
+    """Stage, launch and watch one run; always leaves nothing of it running.
+
+    ``source`` replaces the worker script (bench/ stages a bare timing loop
+    that speaks the same protocol)."""
     started = clock()
     report = SmokeReport(plan.backend, "failed", run_id=plan.run_id, command=list(plan.argv))
-    staged = remote.stage(plan, worker_source(), env=plan.env)
+    staged = remote.stage(plan, source or worker_source(), env=plan.env)
     bad_stage = [r for r in staged if not r.ok]
     if bad_stage:
         report.reason = "could not copy the worker to " + ", ".join(
