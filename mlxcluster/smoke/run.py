@@ -35,8 +35,8 @@ STDERR_KEEP = 200  # launcher stderr lines kept for the report
 
 # mlx.launch: "[WARN] Node with rank 1 exited with code 3"
 _MLX_EXIT = re.compile(r"Node with rank (\d+) (?:exited with code (-?\d+)|was killed)")
-# Open MPI 4 "[[4242,1],1]" and 5 "[prterun-host-4242@1,1]": the rank is the last number
-_MPI_PROC = re.compile(r"Process name:\s*\[.*?,(\d+)\]\]?")
+# Open MPI 4 "[[56171,1],6]" and 5 "[prterun-vm-4304@1,1]": the rank is the last number
+_MPI_PROC = re.compile(r"Process name:\s*\S*?(\d+)\]+\s*$")
 _MPI_CODE = re.compile(r"Exit code:\s*(-?\d+)")
 
 

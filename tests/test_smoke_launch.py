@@ -1,0 +1,122 @@
+"""Launch plans, launcher output parsing and cleanup scripts: pure logic."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from mlxcluster.errors import InputError
+from mlxcluster.smoke import launch, remote
+from mlxcluster.smoke.launch import RankHost, WorkerOptions
+from mlxcluster.smoke.run import parse_event, parse_launcher_exit
+
+LAB = tuple(RankHost(f"labhost{i}", f"10.77.5.{10 + i}", (f"10.77.5.{10 + i}",), "/venv/bin/python",
+                     user="root") for i in (1, 2, 3))
+
+
+def test_mpirun_plan_works_with_open_mpi_4_and_5(tmp_path):
+    prefix = tmp_path / "mpi"
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "lib").mkdir()
+    (prefix / "bin" / "mpirun").write_text("")
+    (prefix / "lib" / "libmpi.so.40").write_text("")
+    plan = launch.plan_mpirun(LAB, WorkerOptions(), {"MLXCLUSTER_SMOKE_FAIL_RANK": "1", "HOME": "/r"},
+                              run_id="mlxsmoke-0123456789", mpirun=str(prefix / "bin" / "mpirun"),
+                              is_root=True)
+    argv = plan.argv
+    assert argv[:2] == [str(prefix / "bin" / "mpirun"), "--allow-run-as-root"]
+    assert "--output" not in argv  # Open MPI 5 only; mlx.launch --backend mpi passes it
+    pairs = {argv[i + 1]: argv[i + 2] for i, a in enumerate(argv) if a == "--mca"}
+    assert pairs["btl"] == "tcp,self"
+    assert pairs["btl_tcp_links"] == "4"
+    assert pairs["btl_tcp_if_include"] == "10.77.5.0/24"
+    exports = [argv[i + 1] for i, a in enumerate(argv) if a == "-x"]
+    assert f"MLX_MPI_LIBNAME={prefix / 'lib' / 'libmpi.so.40'}" in exports
+    assert "MLXCLUSTER_SMOKE_FAIL_RANK=1" in exports and not any("HOME" in e for e in exports)
+    assert plan.files == {"/tmp/mlxsmoke-0123456789/mpi_hosts":
+                          "10.77.5.11 slots=1\n10.77.5.12 slots=1\n10.77.5.13 slots=1\n"}
+    assert "mlxsmoke-0123456789" in argv  # the marker cleanup looks for
+    assert plan.data_ports == tuple((h.ips[0], launch.MPI_BTL_PORT) for h in LAB)
+    not_root = launch.plan_mpirun(LAB, WorkerOptions(), {}, mpirun=str(prefix / "bin" / "mpirun"),
+                                  is_root=False)
+    assert "--allow-run-as-root" not in not_root.argv
+
+
+def test_mlx_launch_plan_writes_an_mlx_hostfile():
+    plan = launch.plan_mlx_launch("ring", LAB, WorkerOptions(bench=True), {}, run_id="mlxsmoke-aa")
+    hostfile = json.loads(plan.files["/tmp/mlxsmoke-aa/hostfile.json"])
+    assert hostfile["hosts"][0] == {"ssh": "root@10.77.5.11", "ips": ["10.77.5.11"], "rdma": []}
+    argv = plan.argv
+    assert argv[argv.index("--python") + 1] == "/venv/bin/python"
+    assert argv[argv.index("--") + 1] == "/tmp/mlxsmoke-aa/worker.py"
+    assert "--bench" in argv and argv[argv.index("--expect") + 1] == "3"
+    assert plan.data_ports == (("10.77.5.11", 32323), ("10.77.5.12", 32324), ("10.77.5.13", 32325))
+
+
+def test_mlx_launch_refuses_what_it_cannot_do():
+    mixed = (LAB[0], RankHost("x", "10.77.5.20", ("10.77.5.20",), "/other/python"))
+    with pytest.raises(InputError, match="different pythons"):
+        launch.plan_mlx_launch("ring", mixed, WorkerOptions(), {})
+    with pytest.raises(InputError, match="RDMA device matrix"):
+        launch.plan_mlx_launch("jaccl", LAB, WorkerOptions(), {})
+
+
+def test_hosts_from_the_mlx_docs_hostfile(macos_fixtures, tmp_path):
+    hosts, backend = launch.hosts_from_hostfile(
+        str(macos_fixtures / "mlx_hostfile_jaccl_4node_m3ultra_mlx_docs_list_form.json"), "/py")
+    assert backend == ""
+    assert [h.ssh for h in hosts] == ["m3-ultra-1", "m3-ultra-2", "m3-ultra-3", "m3-ultra-4"]
+    assert hosts[0].ips == ("123.123.123.1",) and hosts[1].ips == ()
+    assert hosts[2].rdma == ("rdma_en4", "rdma_en3", None, "rdma_en5")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    with pytest.raises(InputError, match="not JSON"):
+        launch.hosts_from_hostfile(str(bad))
+
+
+def test_networks_for_open_mpi():
+    assert launch.covering_network(LAB) == "10.77.5.0/24"
+    spread = (LAB[0], RankHost("b", "10.77.9.3", ("10.77.9.3",), "/p"))
+    assert launch.covering_network(spread) == "10.77.0.0/20"
+    named = (RankHost("a", "mac1.local", ("mac1.local",), "/p"),)
+    assert launch.covering_network(named) is None
+    assert launch.oob_if_include(LAB, local_addrs=["10.77.5.1", "192.0.2.2"]) == "10.77.5.0/24"
+    assert launch.oob_if_include(LAB, local_addrs=["192.0.2.2"]) is None
+    assert launch.btl_if_include(launch.local_hosts(2)) == "lo"
+
+
+def test_launcher_exit_lines():
+    pending = [None]
+    # mlx.launch (seen here: rank 1 exited 3, launcher exit code 0)
+    assert parse_launcher_exit("\x1b[33m[WARN] Node with rank 1 exited with code 3 \x1b[0m", pending) == (1, 3)
+    assert parse_launcher_exit("[WARN] Node with rank 2 was killed", pending) == (2, None)
+    # Open MPI 5.0.11, captured here
+    assert parse_launcher_exit("   Process name: [prterun-vm-4304@1,1]", pending) is None
+    assert parse_launcher_exit("   Exit code:    3", pending) == (1, 3)
+    # Open MPI 4 (public issue thread: "Process name: [[56171,1],6] / Exit code: 3")
+    assert parse_launcher_exit("  Process name: [[56171,1],6]", pending) is None
+    assert parse_launcher_exit("  Exit code:    3", pending) == (6, 3)
+    assert parse_launcher_exit("  Exit code:    3", pending) is None  # no process named before
+
+
+def test_protocol_lines_survive_interleaving():
+    line = 'garbage from another rank MLXSMOKE {"event": "done", "rank": 1, "ok": true}'
+    assert parse_event(line) == {"event": "done", "rank": 1, "ok": True}
+    assert parse_event('MLXSMOKE {"event": "done", "rank"') is None
+    assert parse_event("plain output") is None
+
+
+def test_cleanup_script_never_names_the_run_id_literally():
+    plan = launch.plan_mlx_launch("ring", LAB, WorkerOptions(), {}, run_id="mlxsmoke-c0ffee1234")
+    script = remote.remote_cleanup_script(plan, kill=True)
+    assert "mlxsmoke-c0ffee1234" not in script  # pkill -f would match its own shell
+    assert re.search(remote.bracketed(plan.run_id), "python worker.py --run-id mlxsmoke-c0ffee1234")
+    assert "pkill -TERM -f '[m]lxsmoke-c0ffee1234'" in script
+
+
+def test_stderr_tails_by_rank():
+    out = ("==> /tmp/mlxsmoke-ab/mlxsmoke-ab.rank0.err\n\n"
+           "==> /tmp/mlxsmoke-ab/mlxsmoke-ab.rank2.err\nTraceback...\nRuntimeError: boom\n\n")
+    assert remote.parse_tails(out) == {0: "", 2: "Traceback...\nRuntimeError: boom"}
