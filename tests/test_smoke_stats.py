@@ -53,6 +53,7 @@ def test_summarize_uses_p50_of_slowest_for_bandwidths():
     assert row.p90_s == pytest.approx(0.002)
     assert row.algbw_gbps == pytest.approx(2.0)  # 4e6 B / 2 ms
     assert row.busbw_gbps == pytest.approx(2.0 * 4 / 3)
+    assert row.min_s == 0.002
 
 
 def test_fit_recovers_alpha_and_beta_from_exact_line():

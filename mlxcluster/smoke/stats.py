@@ -33,6 +33,7 @@ class BenchRow:
     p90_s: float
     algbw_gbps: float
     busbw_gbps: float
+    min_s: float = 0.0  # fastest iteration (of the slowest rank): the least load-polluted time
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ def summarize(op: str, dtype: str, nbytes: int, per_rank: Sequence[Sequence[floa
     n = len(per_rank)
     p50, p90 = percentile(times, 50), percentile(times, 90)
     alg = algbw(nbytes, p50)
-    return BenchRow(op, dtype, nbytes, n, p50, p90, alg, alg * bus_factor(op, n))
+    return BenchRow(op, dtype, nbytes, n, p50, p90, alg, alg * bus_factor(op, n), min(times))
 
 
 def fit_alpha_beta(points: Iterable[tuple[int, float]]) -> tuple[float, float | None]:
