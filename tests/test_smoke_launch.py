@@ -10,7 +10,7 @@ import pytest
 from mlxcluster.errors import InputError
 from mlxcluster.smoke import launch, remote
 from mlxcluster.smoke.launch import RankHost, WorkerOptions
-from mlxcluster.smoke.run import parse_event, parse_launcher_exit
+from mlxcluster.smoke.watch import parse_event, parse_launcher_exit
 
 LAB = tuple(RankHost(f"labhost{i}", f"10.77.5.{10 + i}", (f"10.77.5.{10 + i}",), "/venv/bin/python",
                      user="root") for i in (1, 2, 3))

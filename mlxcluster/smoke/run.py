@@ -11,11 +11,7 @@ process group here, ``pkill -f <run id>`` over ssh on the others).
 
 from __future__ import annotations
 
-import json
-import os
 import queue
-import re
-import socket
 import subprocess
 import threading
 import time
@@ -25,58 +21,11 @@ from dataclasses import dataclass, field
 from mlxcluster.errors import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE
 from mlxcluster.smoke import preflight, remote
 from mlxcluster.smoke.launch import LaunchPlan, RankHost, WorkerOptions, plan_launch, worker_source
-from mlxcluster.smoke.stats import BenchRow, OpFit, fit_ops, summarize
+from mlxcluster.smoke.stats import BenchRow, OpFit, fit_ops
+from mlxcluster.smoke.watch import RankOutcome, Watch, bench_rows, blame_hang, outcomes
 
-PREFIX = "MLXSMOKE "
-HEARTBEAT_SILENCE_S = 5.0  # no line from a rank this long: it is gone or unreachable
-PROBE_TIMEOUT_S = 1.5
-FAILURE_GRACE_S = 0.5
-STDERR_KEEP = 200  # launcher stderr lines kept for the report
-
-# mlx.launch: "[WARN] Node with rank 1 exited with code 3"
-_MLX_EXIT = re.compile(r"Node with rank (\d+) (?:exited with code (-?\d+)|was killed)")
-# Open MPI 4 "[[56171,1],6]" and 5 "[prterun-vm-4304@1,1]": the rank is the last number
-_MPI_PROC = re.compile(r"Process name:\s*\S*?(\d+)\]+\s*$")
-_MPI_CODE = re.compile(r"Exit code:\s*(-?\d+)")
-
-
-@dataclass
-class RankState:
-    """What the driver knows of one rank while the run goes on."""
-
-    rank: int
-    host: str
-    phase: str = "init"
-    phase_since: float = 0.0
-    last_seen: float = 0.0
-    step: str = ""
-    steps: int = 0
-    ready: bool = False
-    done: bool = False
-    ok: bool = True
-    exit_code: int | None = None  # reported by the worker itself
-    launcher_code: int | None = None  # from the launcher's stderr (signal: negative)
-    errors: list[str] = field(default_factory=list)
-    failures: list[dict] = field(default_factory=list)
-    checks: int = 0
-    failed_at: float | None = None  # when the first sign of failure arrived
-
-    def mark_failed(self, now: float) -> None:
-        if self.failed_at is None:
-            self.failed_at = now
-
-
-@dataclass
-class RankOutcome:
-    """One rank's verdict in the report."""
-
-    rank: int
-    host: str
-    status: str  # passed | failed | hung | exited | stopped
-    detail: str = ""
-    cause: bool = False  # the rank whose failure came first (the one to look at)
-    failures: list[dict] = field(default_factory=list)
-    stderr_tail: str = ""
+FAILURE_GRACE_S = 0.5  # keep reading this long after the first failure
+EXIT_WAIT_S = 10.0  # for the launcher to exit once every rank is done
 
 
 @dataclass
@@ -108,200 +57,11 @@ class SmokeReport:
                       key=lambda r: (not r.cause, order.get(r.status, 4), r.rank))
 
 
-def parse_event(line: str) -> dict | None:
-    """The JSON object of a protocol line (the prefix may follow other text
-    when ranks share a pipe), or None."""
-    at = line.find(PREFIX)
-    if at < 0:
-        return None
-    try:
-        event = json.loads(line[at + len(PREFIX):])
-    except json.JSONDecodeError:
-        return None
-    return event if isinstance(event, dict) and "event" in event else None
-
-
-def parse_launcher_exit(line: str, pending_rank: list[int | None]) -> tuple[int, int | None] | None:
-    """(rank, exit code) from a launcher's stderr line, for ranks that died
-    without reporting (native crash, killed). ``pending_rank`` carries Open
-    MPI's 'Process name' across to the following 'Exit code' line."""
-    m = _MLX_EXIT.search(line)
-    if m:
-        return int(m.group(1)), (int(m.group(2)) if m.group(2) else None)
-    m = _MPI_PROC.search(line)
-    if m:
-        pending_rank[0] = int(m.group(1))
-        return None
-    m = _MPI_CODE.search(line)
-    if m and pending_rank[0] is not None:
-        rank, pending_rank[0] = pending_rank[0], None
-        return rank, int(m.group(1))
-    return None
-
-
-def probe_port(ip: str, port: int, timeout: float = PROBE_TIMEOUT_S) -> str:
-    """'open', 'refused' or 'timed out' / the error: can this machine reach ip:port?"""
-    try:
-        with socket.create_connection((ip, port), timeout=timeout):
-            return "open"
-    except ConnectionRefusedError:
-        return "refused"
-    except TimeoutError:
-        return "timed out"
-    except OSError as err:
-        return err.strerror or str(err)
-
-
-class Watch:
-    """Folds worker events and launcher lines into per-rank states."""
-
-    def __init__(self, plan: LaunchPlan, clock: Callable[[], float]):
-        self.clock = clock
-        now = clock()
-        self.ranks = [RankState(r, h.name, phase_since=now, last_seen=now)
-                      for r, h in enumerate(plan.hosts)]
-        self.bench: dict[tuple[str, str, int], dict[int, list[float]]] = {}
-        self.stderr_lines: list[str] = []
-        self._pending_mpi: list[int | None] = [None]
-
-    def rank(self, event: dict) -> RankState | None:
-        r = event.get("rank")
-        return self.ranks[r] if isinstance(r, int) and 0 <= r < len(self.ranks) else None
-
-    def on_stdout(self, line: str) -> None:
-        event = parse_event(line)
-        if event is None:
-            return
-        state = self.rank(event)
-        if state is None:
-            return
-        now = self.clock()
-        state.last_seen = now
-        kind = event["event"]
-        if kind == "ready":
-            state.ready = True
-            state.phase, state.phase_since = "ready", now
-        elif kind == "phase":
-            state.phase, state.phase_since = event.get("phase", "?"), now
-        elif kind == "heartbeat":
-            if event.get("step") != state.step:
-                state.step = event.get("step", "")
-                state.steps += 1
-        elif kind == "check":
-            state.checks += 1
-            state.steps += 1
-            if not event.get("ok"):
-                state.ok = False
-                state.failures.append(event)
-                state.mark_failed(now)
-        elif kind == "bench":
-            state.steps += 1
-            key = (event["op"], event["dtype"], int(event["bytes"]))
-            self.bench.setdefault(key, {})[state.rank] = list(event["times"])
-        elif kind == "error":
-            state.ok = False
-            state.errors.append(event.get("message", "error"))
-            state.mark_failed(now)
-        elif kind == "exit":
-            state.exit_code = event.get("code")
-            if state.exit_code:
-                state.mark_failed(now)
-        elif kind == "done":
-            state.done = True
-            state.ok = state.ok and bool(event.get("ok"))
-
-    def on_stderr(self, line: str) -> None:
-        self.stderr_lines.append(line)
-        del self.stderr_lines[:-STDERR_KEEP]
-        found = parse_launcher_exit(line, self._pending_mpi)
-        if found:
-            rank, code = found
-            if 0 <= rank < len(self.ranks):
-                state = self.ranks[rank]
-                state.launcher_code = code if code is not None else -9
-                if not state.done:
-                    state.mark_failed(self.clock())
-
-    def first_failure(self) -> RankState | None:
-        """A rank that failed (error, wrong element, non-zero exit, exit without done)."""
-        for state in self.ranks:
-            if state.errors or not state.ok:
-                return state
-            if state.exit_code not in (None, 0) or (state.exit_code == 0 and not state.done):
-                return state
-            if state.launcher_code is not None and not state.done:
-                return state
-        return None
-
-    def overdue(self, timeout_s: float) -> list[RankState]:
-        """Ranks that have been in one phase longer than the deadline."""
-        now = self.clock()
-        return [s for s in self.ranks if not s.done and now - s.phase_since > timeout_s]
-
-    def all_done(self) -> bool:
-        return all(s.done for s in self.ranks)
-
-
 def read_lines(stream, tag: str, out: queue.Queue) -> None:
     """Forward each line of ``stream`` to ``out`` as (tag, line); (tag, None) at EOF."""
     for raw in iter(stream.readline, b""):
         out.put((tag, raw.decode(errors="replace").replace("\x00", "").rstrip("\r\n")))
     out.put((tag, None))
-
-
-def blame_hang(watch: Watch, plan: LaunchPlan, timeout_s: float) -> list[RankOutcome]:
-    """Name the ranks behind a hang: silent ranks first (process gone or host
-    unreachable), else those furthest behind; a data port this machine cannot
-    reach while the others answer is named as evidence."""
-    now = watch.clock()
-    pending = [s for s in watch.ranks if not s.done]
-    silent = [s for s in pending if now - s.last_seen > HEARTBEAT_SILENCE_S]
-    least = min(s.steps for s in pending)
-    behind = [s for s in pending if s.steps == least]
-    probes = [probe_port(ip, port) for ip, port in plan.data_ports]
-    unreachable = [r for r, p in enumerate(probes) if p not in ("open", "refused")]
-    blamed: list[RankState]
-    if unreachable and len(unreachable) < len(probes):
-        blamed = [watch.ranks[r] for r in unreachable]
-    elif silent and len(silent) < len(pending):
-        blamed = silent
-    elif len(behind) < len(pending):
-        blamed = behind
-    else:
-        blamed = pending
-    outcomes = []
-    for state in blamed:
-        ip, port = plan.data_ports[state.rank]
-        why = f"no progress for {timeout_s:.0f} s in phase {state.phase}"
-        if state.step:
-            why += f" (step: {state.step})"
-        if now - state.last_seen > HEARTBEAT_SILENCE_S:
-            why += f"; silent for {now - state.last_seen:.0f} s"
-        probe = probes[state.rank]
-        if probe not in ("open", "refused"):
-            why += f"; data port {ip}:{port} unreachable from here ({probe})"
-        outcomes.append(RankOutcome(state.rank, state.host, "hung", why))
-    return outcomes
-
-
-def describe_failure(state: RankState) -> str:
-    """One line on why a rank failed."""
-    if state.failures:
-        f = state.failures[0]
-        where = f"{f['op']} {f['dtype']} size {f['size']}"
-        if "peer" in f:
-            where += f" from rank {f['peer']}"
-        more = f" (+{len(state.failures) - 1} more)" if len(state.failures) > 1 else ""
-        return (f"wrong result in {where}: first bad index {f.get('bad_index')}, "
-                f"got {f.get('got')}, expected {f.get('expected')}{more}")
-    if state.errors:
-        return state.errors[0]
-    code = state.exit_code if state.exit_code not in (None, 0) else state.launcher_code
-    if code is not None and code < 0:
-        return f"killed by signal {-code} in phase {state.phase}"
-    if code is not None:
-        return f"exited with code {code} in phase {state.phase}"
-    return f"exited before finishing (phase {state.phase})"
 
 
 def run_plan(plan: LaunchPlan, timeout_s: float = 60.0,
@@ -317,7 +77,7 @@ def run_plan(plan: LaunchPlan, timeout_s: float = 60.0,
     if bad_stage:
         report.reason = "could not copy the worker to " + ", ".join(
             f"{r.host} ({r.error})" for r in bad_stage)
-        _, cleaned = remote.finish(plan, kill=False, env=plan.env)
+        remote.finish(plan, kill=False, env=plan.env)
         report.duration_s = clock() - started
         return report
 
@@ -333,6 +93,7 @@ def run_plan(plan: LaunchPlan, timeout_s: float = 60.0,
     open_streams = 2
     blamed: list[RankOutcome] = []
     stop_at: float | None = None
+    done_at: float | None = None
     while True:
         try:
             tag, line = lines.get(timeout=0.1)
@@ -350,8 +111,10 @@ def run_plan(plan: LaunchPlan, timeout_s: float = 60.0,
             stop_at = clock() + FAILURE_GRACE_S
         if stop_at is not None and (clock() >= stop_at or open_streams == 0):
             break
-        if watch.all_done() and (open_streams == 0 or proc.poll() is not None):
-            break
+        if watch.all_done():
+            done_at = done_at or clock()
+            if open_streams == 0 or proc.poll() is not None or clock() - done_at > EXIT_WAIT_S:
+                break
         if open_streams == 0 and proc.poll() is not None:
             break  # the launcher is gone; ranks without 'done' failed
         overdue = watch.overdue(timeout_s)
@@ -359,12 +122,6 @@ def run_plan(plan: LaunchPlan, timeout_s: float = 60.0,
             blamed = blame_hang(watch, plan, timeout_s)
             break
 
-    clean_exit = watch.all_done() and all(s.ok for s in watch.ranks)
-    if clean_exit:
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            clean_exit = False
     remote.kill_local_group(proc.pid)
     proc.wait(timeout=10)
     for t in readers:
@@ -387,80 +144,6 @@ def run_plan(plan: LaunchPlan, timeout_s: float = 60.0,
         report.reason = f"rank {first.rank} on {first.host}: {first.detail}"
     report.duration_s = clock() - started
     return report
-
-
-def outcomes(watch: Watch, blamed: list[RankOutcome], tails: dict[int, str]) -> list[RankOutcome]:
-    """Every rank's outcome: hung (blamed for a hang), failed (wrong result or
-    error), exited (died on its own), stopped (ended because another rank
-    failed), or passed."""
-    by_rank = {o.rank: o for o in blamed}
-    result = []
-    for s in watch.ranks:
-        if s.rank in by_rank:
-            out = by_rank[s.rank]
-        elif s.done and s.ok and not s.errors:
-            out = RankOutcome(s.rank, s.host, "passed")
-        elif s.failures or s.errors:
-            out = RankOutcome(s.rank, s.host, "failed", describe_failure(s), failures=s.failures)
-        elif s.exit_code not in (None, 0) or (s.launcher_code or 0) > 0:
-            out = RankOutcome(s.rank, s.host, "exited", describe_failure(s))
-        else:
-            out = RankOutcome(s.rank, s.host, "stopped", f"stopped in phase {s.phase}")
-        out.stderr_tail = tails.get(s.rank, "")
-        result.append(out)
-    if not any(o.status in ("failed", "hung", "exited") for o in result):
-        # Nobody reported a cause: every unfinished rank is a suspect.
-        last = watch.stderr_lines[-1] if watch.stderr_lines else "no output"
-        for o in result:
-            if o.status == "stopped":
-                o.status = "exited"
-                o.detail = f"{describe_failure(watch.ranks[o.rank])}; launcher: {last}"
-    mark_cause(watch, result)
-    return result
-
-
-_PEER_LOST = re.compile(r"peer was lost|connection reset|broken pipe|connection closed", re.I)
-
-
-def lost_peer(state: RankState) -> bool:
-    """Whether the rank's own error says a peer went away (not a cause)."""
-    return not state.failures and any(_PEER_LOST.search(e) for e in state.errors)
-
-
-def mark_cause(watch: Watch, result: list[RankOutcome]) -> None:
-    """The rank that failed first is the cause; ranks that only errored or
-    exited after it (a lost peer) were stopped by it. Wrong results stay
-    failures wherever they are seen."""
-    hung = [o for o in result if o.status == "hung"]
-    failed = [s for s in watch.ranks if s.failed_at is not None
-              and result[s.rank].status in ("failed", "exited")]
-    if hung and not failed:
-        for o in hung:
-            o.cause = True
-        return
-    if not failed:
-        return
-    # A rank that lost its peer is a consequence; prefer one that failed on its own.
-    first = min(failed, key=lambda s: (lost_peer(s), s.failed_at, s.rank))
-    result[first.rank].cause = True
-    for s in failed:
-        o = result[s.rank]
-        if s is not first and not s.failures:
-            o.status = "stopped"
-            o.detail = f"{o.detail} (after rank {first.rank} failed)"
-
-
-def bench_rows(watch: Watch) -> list[BenchRow]:
-    """Table rows from every rank's timings, in the order the workers ran them."""
-    n = len(watch.ranks)
-    return [summarize(op, dtype, nbytes, [by_rank[r] for r in sorted(by_rank)])
-            for (op, dtype, nbytes), by_rank in watch.bench.items() if len(by_rank) == n]
-
-
-def environment_for(plan: LaunchPlan) -> dict[str, str]:
-    """The environment the launcher runs with (exposed for callers that run
-    their own ssh chores with the same PATH, e.g. a lab's ssh wrapper)."""
-    return dict(plan.env or os.environ)
 
 
 def run_backend(backend: str, hosts: tuple[RankHost, ...], opts: WorkerOptions,
