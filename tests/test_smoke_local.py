@@ -148,3 +148,15 @@ def test_bad_input_exits_2():
         result = CliRunner().invoke(main, ["smoke", "--backend", "ring", *args])
         assert result.exit_code == 2, (args, result.output)
         assert "Traceback" not in result.output
+
+
+def test_mlx_hostfile_input_uses_its_backend(tmp_path):
+    """--hostfile takes an MLX JSON hostfile; its "backend" applies when none is given."""
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text(json.dumps({"backend": "ring", "envs": [], "hosts": [
+        {"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}, {"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}]}))
+    code, report, _ = smoke("--hostfile", str(hostfile), *SMALL)
+    assert code == 0
+    assert [b["backend"] for b in report["backends"]] == ["ring"]
+    assert [r["host"] for r in report["backends"][0]["ranks"]] == ["127.0.0.1", "127.0.0.1"]
+    assert_nothing_left(report)
