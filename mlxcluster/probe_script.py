@@ -105,7 +105,7 @@ def probe_os(commands, raw):
         info["name"] = values.get("NAME") or platform.system()
         info["version"] = values.get("VERSION_ID")
         # The kernel build string is the closest Linux analogue of a macOS build.
-        info["build"] = platform.version()
+        info["build"] = platform.release()
     return info
 
 

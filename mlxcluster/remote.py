@@ -330,6 +330,22 @@ class ParamikoRunner:
         return CommandResult(out.decode("utf-8", "replace"), err.decode("utf-8", "replace"),
                              status, time.monotonic() - started)
 
+    def start(self, alias: str, command: str, *, user: str | None = None,
+              port: int | None = None) -> paramiko.Channel:
+        """Start a long-running command; the caller reads and closes the channel."""
+        client = self.connect(alias, user, port)
+        channel = client.get_transport().open_session(timeout=self.connect_timeout)
+        channel.exec_command(command)
+        return channel
+
+    def peer_address(self, alias: str, user: str | None = None, port: int | None = None) -> str | None:
+        """The IP this runner reached the host at (None through a proxy)."""
+        try:
+            peer = self.connect(alias, user, port).get_transport().getpeername()
+        except (SshError, OSError, AttributeError, TypeError):
+            return None
+        return peer[0] if isinstance(peer, tuple) else None
+
     def close(self) -> None:
         with self._lock:
             clients, self._clients = list(self._clients.values()), {}
@@ -341,6 +357,25 @@ class ParamikoRunner:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def read_line(channel: paramiko.Channel, timeout: float) -> str | None:
+    """The first stdout line of a running command, or None after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    buf = bytearray()
+    while time.monotonic() < deadline:
+        if channel.recv_ready():
+            chunk = channel.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+            if b"\n" in buf:
+                return buf.split(b"\n", 1)[0].decode("utf-8", "replace")
+        elif channel.exit_status_ready():
+            break
+        else:
+            time.sleep(0.01)
+    return buf.decode("utf-8", "replace") if buf else None
 
 
 def read_channel(channel: paramiko.Channel, deadline: float) -> tuple[bytes, bytes]:

@@ -1,0 +1,164 @@
+"""Typed host facts, parsed from a HostCapture (live or replayed).
+
+The probe's JSON is the main source; on a replay of a capture folder that
+only has raw macOS outputs (no probe.json), ``sw_vers.txt`` and
+``system_profiler_SPHardwareDataType.json`` still give the OS version,
+build, model, chip and memory. Parsers are pure functions of text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlxcluster.capture import HARDWARE, SW_VERS, HostCapture
+
+_UNITS = {"KB": 2**10, "MB": 2**20, "GB": 2**30, "TB": 2**40}
+
+
+def parse_sw_vers(text: str) -> dict[str, str]:
+    """``sw_vers`` output -> {"name", "version", "build"} (one or two tabs after the colon)."""
+    keys = {"ProductName": "name", "ProductVersion": "version", "BuildVersion": "build"}
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() in keys and value.strip():
+            out[keys[key.strip()]] = value.strip()
+    return out
+
+
+def parse_memory(text: str) -> int | None:
+    """'48 GB' -> bytes (system_profiler uses binary units)."""
+    match = re.match(r"\s*([\d.]+)\s*([KMGT]B)\s*$", text or "")
+    if not match:
+        return None
+    return int(float(match.group(1)) * _UNITS[match.group(2)])
+
+
+def parse_sp_hardware(text: str) -> dict[str, Any]:
+    """``system_profiler SPHardwareDataType -json`` -> model, chip, memory_bytes, name."""
+    try:
+        items = json.loads(text).get("SPHardwareDataType") or []
+    except (ValueError, AttributeError):
+        return {}
+    if not items or not isinstance(items[0], dict):
+        return {}
+    item = items[0]
+    return {
+        "model": item.get("machine_model"),
+        "machine_name": item.get("machine_name"),
+        "chip": item.get("chip_type") or item.get("cpu_type"),
+        "memory_bytes": parse_memory(item.get("physical_memory", "")),
+    }
+
+
+def version_tuple(version: str | None) -> tuple[int, ...]:
+    """'5.0.11' -> (5, 0, 11); unparsable -> ()."""
+    if not version:
+        return ()
+    return tuple(int(p) for p in re.findall(r"\d+", version)[:3])
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What one host reported, typed. None = unknown (not captured)."""
+
+    name: str
+    probed: bool  # probe.json was present and readable
+    hostname: str | None = None
+    platform: str | None = None  # sys.platform: darwin / linux
+    os_name: str | None = None
+    os_version: str | None = None
+    os_build: str | None = None
+    model: str | None = None
+    chip: str | None = None
+    memory_bytes: int | None = None
+    cpu_count: int | None = None
+    python: str | None = None
+    python_version: str | None = None
+    mlx_version: str | None = None
+    mlx_import_error: str | None = None
+    backends: dict[str, bool | None] = field(default_factory=dict)
+    mpirun: str | None = None
+    mpirun_version: str | None = None
+    mpirun_is_open_mpi: bool | None = None
+    ompi_info: str | None = None
+    ompi_info_version: str | None = None
+    libmpi: dict[str, Any] = field(default_factory=dict)
+    libmpi_candidates: tuple[dict[str, Any], ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    inventory_env: dict[str, str] = field(default_factory=dict)
+    path_env: str | None = None
+    blas_provider: str | None = None
+    blas_mapped: tuple[str, ...] = ()
+    interfaces: tuple[dict[str, Any], ...] = ()
+    default_route: dict[str, Any] | None = None
+    pmset: str | None = None
+    firewall: str | None = None
+
+
+def host_facts(capture: HostCapture) -> HostFacts:
+    """Parse one host's capture into HostFacts (missing parts stay None)."""
+    p = capture.probe()
+    extra: dict[str, Any] = {}
+    sw = capture.text(SW_VERS)
+    if sw:
+        v = parse_sw_vers(sw)
+        extra.update(os_name=v.get("name"), os_version=v.get("version"), os_build=v.get("build"))
+    hw_text = capture.text(HARDWARE)
+    if hw_text:
+        hw = parse_sp_hardware(hw_text)
+        extra.update({k: hw[k] for k in ("model", "chip", "memory_bytes") if hw.get(k) is not None})
+    if p is None:
+        return HostFacts(name=capture.name, probed=False, **extra)
+    os_ = p.get("os") or {}
+    mlx = p.get("mlx") or {}
+    mpi = p.get("mpi") or {}
+    mpirun = mpi.get("mpirun") or {}
+    ompi = mpi.get("ompi_info") or {}
+    blas = mlx.get("blas") or {}
+    values: dict[str, Any] = dict(
+        hostname=p.get("hostname"), platform=p.get("platform"),
+        os_name=os_.get("name"), os_version=os_.get("version"), os_build=os_.get("build"),
+        model=p.get("model"), chip=p.get("chip"), memory_bytes=p.get("memory_bytes"),
+        cpu_count=p.get("cpu_count"),
+        python=(p.get("python") or {}).get("executable"),
+        python_version=(p.get("python") or {}).get("version"),
+        mlx_version=mlx.get("version") if mlx.get("import_ok") else None,
+        mlx_import_error=mlx.get("import_error"),
+        backends=dict(mlx.get("backends") or {}),
+        mpirun=mpirun.get("path"), mpirun_version=mpirun.get("version"),
+        mpirun_is_open_mpi=mpirun.get("open_mpi"),
+        ompi_info=ompi.get("path"), ompi_info_version=ompi.get("version"),
+        libmpi=dict(mpi.get("libmpi") or {}),
+        libmpi_candidates=tuple(mpi.get("candidates") or ()),
+        env=dict(p.get("env") or {}), inventory_env=dict(p.get("inventory_env") or {}),
+        path_env=p.get("path_env"),
+        blas_provider=blas.get("sgemm_provider"), blas_mapped=tuple(blas.get("mapped") or ()),
+        interfaces=tuple(p.get("interfaces") or ()), default_route=p.get("default_route"),
+        pmset=p.get("pmset"), firewall=p.get("firewall"),
+    )
+    # Raw captures fill what the probe left empty (e.g. a probe without sysctl).
+    for k, v in extra.items():
+        if values.get(k) is None:
+            values[k] = v
+    return HostFacts(name=capture.name, probed=True, **values)
+
+
+def all_facts(captures: dict[str, HostCapture]) -> dict[str, HostFacts]:
+    """HostFacts for every capture, keyed by host name."""
+    return {name: host_facts(c) for name, c in captures.items()}
+
+
+def facts_to_json(f: HostFacts) -> dict[str, Any]:
+    """The per-host facts shown in ``doctor --json`` under ``hosts``."""
+    return {
+        "hostname": f.hostname, "os": f.os_name, "os_version": f.os_version, "os_build": f.os_build,
+        "model": f.model, "chip": f.chip, "memory_bytes": f.memory_bytes, "cpu_count": f.cpu_count,
+        "python": f.python, "python_version": f.python_version, "mlx_version": f.mlx_version,
+        "backends": f.backends, "mpirun": f.mpirun, "open_mpi_version": f.mpirun_version,
+        "libmpi": f.libmpi.get("path") or f.libmpi.get("name"),
+        "mlx_env": f.env, "blas": f.blas_provider,
+    }
