@@ -143,12 +143,22 @@ def collect_live(inventory, *, connect_timeout: float = 5.0, command_timeout: fl
                             command_timeout=connect_timeout + 15)
     hosts = {h.name: h for h in inventory.hosts}
     try:
-        # paramiko probes and OpenSSH BatchMode checks overlap: both are I/O bound.
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            probe_f = pool.submit(run_parallel, hosts, lambda n: probe_host(runner, hosts[n], command_timeout))
-            ssh_f = pool.submit(run_parallel, hosts, lambda n: openssh.run(
-                hosts[n].ssh, "true", user=hosts[n].user, port=hosts[n].port))
-            probed, batch = probe_f.result(), ssh_f.result()
+        def probe_all():
+            return run_parallel(hosts, lambda n: probe_host(runner, hosts[n], command_timeout))
+
+        def batch_all():
+            return run_parallel(hosts, lambda n: openssh.run(hosts[n].ssh, "true", user=hosts[n].user,
+                                                              port=hosts[n].port))
+
+        if accept_new_host_keys:
+            # OpenSSH must see the keys paramiko just trusted and saved.
+            probed = probe_all()
+            batch = batch_all()
+        else:
+            # Both are I/O bound: overlap them.
+            with ThreadPoolExecutor(max_workers=2) as pool:
+                probe_f, ssh_f = pool.submit(probe_all), pool.submit(batch_all)
+                probed, batch = probe_f.result(), ssh_f.result()
         live = LiveCollection({n: capture_or_error(n, o) for n, o in probed.items()}, probed, batch)
         reachable = [hosts[n] for n, o in probed.items() if o.ok and o.value.probe() is not None]
         with ThreadPoolExecutor(max_workers=2) as pool:
