@@ -13,6 +13,7 @@ from mlxcluster.checks.common import (
     Verdict,
     doctor_check,
     join_hosts,
+    majority,
     probed_hosts,
     skip,
     unprobed_evidence,
@@ -55,9 +56,11 @@ def mlx_env_differs(ctx: CheckContext) -> Verdict:
     keys = sorted({k for f in facts.values() for k in f.env})
     differing = [k for k in keys if len({f.env.get(k) for f in facts.values()}) > 1]
     evidence = unprobed_evidence(ctx)
+    # Blame the hosts that differ from the most common environment.
+    common = majority({n: frozenset(f.env.items()) for n, f in facts.items()})
     odd = []
     for n, f in facts.items():
-        if any(f.env.get(k) is not None for k in differing) or (differing and not f.env):
+        if frozenset(f.env.items()) != common:
             evidence[n] = WARN + _show(f.env)
             odd.append(n)
         else:
