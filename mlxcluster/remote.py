@@ -363,36 +363,45 @@ def read_line(channel: paramiko.Channel, timeout: float) -> str | None:
     """The first stdout line of a running command, or None after ``timeout``."""
     deadline = time.monotonic() + timeout
     buf = bytearray()
-    while time.monotonic() < deadline:
-        if channel.recv_ready():
-            chunk = channel.recv(65536)
-            if not chunk:
-                break
-            buf += chunk
-            if b"\n" in buf:
-                return buf.split(b"\n", 1)[0].decode("utf-8", "replace")
-        elif channel.exit_status_ready():
+    while b"\n" not in buf:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
             break
-        else:
-            time.sleep(0.01)
-    return buf.decode("utf-8", "replace") if buf else None
+        channel.settimeout(min(remaining, 1.0))
+        try:
+            chunk = channel.recv(65536)
+        except TimeoutError:
+            continue
+        if not chunk:  # EOF: the command ended
+            break
+        buf += chunk
+    if not buf:
+        return None
+    return buf.split(b"\n", 1)[0].decode("utf-8", "replace")
 
 
 def read_channel(channel: paramiko.Channel, deadline: float) -> tuple[bytes, bytes]:
-    """Drain stdout and stderr until the command exits or the deadline passes."""
+    """Read stdout until EOF (blocking, no polling), then the buffered stderr,
+    and wait for the exit status, all before ``deadline``."""
     out, err = bytearray(), bytearray()
-    while time.monotonic() < deadline:
-        progressed = False
-        while channel.recv_ready():
-            out += channel.recv(65536)
-            progressed = True
-        while channel.recv_stderr_ready():
-            err += channel.recv_stderr(65536)
-            progressed = True
-        if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return bytes(out), bytes(err)
+        channel.settimeout(min(remaining, 1.0))
+        try:
+            chunk = channel.recv(65536)
+        except TimeoutError:
+            # Keep stderr flowing so a chatty command cannot fill the window.
+            while channel.recv_stderr_ready():
+                err += channel.recv_stderr(65536)
+            continue
+        if not chunk:
             break
-        if not progressed:
-            time.sleep(0.01)
+        out += chunk
+    channel.status_event.wait(max(0.0, deadline - time.monotonic()))
+    while channel.recv_stderr_ready():
+        err += channel.recv_stderr(65536)
     return bytes(out), bytes(err)
 
 
