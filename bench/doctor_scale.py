@@ -17,6 +17,7 @@ steps (python + mlx start-up on each host) cannot scale here as on real Macs.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -33,10 +34,26 @@ from mlxcluster.remote import ParamikoRunner, run_parallel  # noqa: E402
 from tests.lab import start_lab  # noqa: E402
 
 
-def time_doctor(inventory) -> float:
-    started = time.monotonic()
+def lab_cpu_seconds(lab) -> float:
+    """CPU used so far by the lab hosts' finished sessions: each sshd master's
+    cutime + cstime (sessions and their commands are reaped up to it)."""
+    total = 0
+    for h in lab.hosts:
+        fields = Path(f"/proc/{h.sshd.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[13]) + int(fields[14])  # cutime, cstime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+CPU: dict[str, list[float]] = {}
+
+
+def time_doctor(inventory, lab) -> float:
+    started, own, hosts_cpu = time.monotonic(), time.process_time(), lab_cpu_seconds(lab)
     report = run_doctor(inventory, connect_timeout=5.0)
     elapsed = time.monotonic() - started
+    CPU.setdefault("own", []).append(time.process_time() - own)
+    time.sleep(0.5)  # let the last sessions be reaped
+    CPU.setdefault("hosts", []).append(lab_cpu_seconds(lab) - hosts_cpu)
     if report.failed():
         raise SystemExit(f"doctor failed on a healthy lab: {[r.id for r in report.failed()]}")
     return elapsed
@@ -84,17 +101,21 @@ def main() -> None:
             with path.open("a") as f:  # a healthy Linux lab: optimised BLAS (see docs/doctor.md)
                 f.write("env:\n  LD_PRELOAD: /usr/lib/x86_64-linux-gnu/libopenblas.so.0\n")
             inventory = load_inventory(path)
-            times = {name: statistics.median(fn(inventory) for _ in range(args.repeat))
-                     for name, fn in (("doctor", time_doctor), ("reach", time_reach),
-                                      ("ssh-procs", time_ssh_procs))}
+            times = {"doctor": statistics.median(time_doctor(inventory, lab) for _ in range(args.repeat))}
+            times.update({name: statistics.median(fn(inventory) for _ in range(args.repeat))
+                          for name, fn in (("reach", time_reach), ("ssh-procs", time_ssh_procs))})
+        times["own_cpu"] = statistics.median(CPU.pop("own"))
+        times["hosts_cpu"] = statistics.median(CPU.pop("hosts"))
         rows.append((n, times))
         print(f"{n:>3} hosts: " + "  ".join(f"{k} {v:.2f} s" for k, v in times.items()), flush=True)
     base = rows[0][1]
-    print("\nhosts  doctor s  (x1-host)  reach s  (x1-host)  ssh-procs s  (x1-host)")
+    print(f"\nmachine: {os.cpu_count()} CPUs shared by every lab host; medians of {args.repeat} runs")
+    print("hosts  doctor s (x1)      reach s (x1)      ssh-procs s (x1)   doctor own CPU s  lab hosts CPU s")
     for n, t in rows:
-        print(f"{n:>5}  {t['doctor']:8.2f}  ({t['doctor'] / base['doctor']:.2f}x)    "
-              f"{t['reach']:6.2f}  ({t['reach'] / base['reach']:.2f}x)    "
-              f"{t['ssh-procs']:8.2f}  ({t['ssh-procs'] / base['ssh-procs']:.2f}x)")
+        print(f"{n:>5}  {t['doctor']:6.2f} ({t['doctor'] / base['doctor']:5.2f}x)  "
+              f"{t['reach']:6.2f} ({t['reach'] / base['reach']:5.2f}x)  "
+              f"{t['ssh-procs']:6.2f} ({t['ssh-procs'] / base['ssh-procs']:5.2f}x)  "
+              f"{t['own_cpu']:14.2f}  {t['hosts_cpu']:15.2f}")
 
 
 if __name__ == "__main__":
