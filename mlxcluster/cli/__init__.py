@@ -18,6 +18,7 @@ from mlxcluster.errors import MlxclusterError
 
 COMMAND_MODULES: tuple[str, ...] = (
     "demo",
+    "discover",
     "doctor",
 )
 
