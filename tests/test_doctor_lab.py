@@ -143,3 +143,21 @@ def test_accept_new_host_keys_trusts_and_saves(lab3, inventory_path):
         lab3.heal(target)
     assert report.verdict == "pass", blamed(report)
     assert target.ip in saved
+
+
+def test_paramiko_honours_proxyjump_from_the_ssh_config(lab3, tmp_path):
+    """An alias reached through the first host: sshd on labhost2 sees the
+    connection coming from labhost1's address."""
+    from mlxcluster.remote import ParamikoRunner
+
+    jump, target = lab3.hosts[0], lab3.hosts[1]
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(
+        f"Host via-jump\n  HostName {target.ip}\n  ProxyJump {jump.ip}\n"
+        f"  User root\n  IdentityFile {lab3.key}\n  UserKnownHostsFile {lab3.known_hosts}\n"
+        + Path(lab3.ssh_config).read_text())
+    with ParamikoRunner(str(cfg), connect_timeout=CONNECT_TIMEOUT) as runner:
+        result = runner.run("via-jump", 'hostname; echo "$SSH_CONNECTION"', timeout=20)
+    name, connection = result.stdout.split("\n")[:2]
+    assert name == target.name
+    assert connection.split()[0] == jump.ip
