@@ -127,15 +127,22 @@ def python_command(python: str, script: str, spec: dict) -> str:
 def check_data_paths(
     runner: ParamikoRunner,
     hosts: Iterable,  # inventory Hosts that answered over SSH
-    addresses: dict[str, list[str]],
+    addresses: dict[str, list[str]],  # every inventory host, in inventory order
     pythons: dict[str, str],
     *,
     starting_port: int = RING_STARTING_PORT,
     connect_timeout: float = CONNECT_TIMEOUT,
 ) -> DataPathReport:
-    """Listen on every host's ring endpoints, connect from every other host."""
+    """Listen on every reachable host's ring endpoints, connect from every other one.
+
+    Ports are numbered over ALL hosts (as mlx.launch numbers them), so a host
+    that is down does not shift the ports tested on the others.
+    """
     hosts = {h.name: h for h in hosts}
     report = DataPathReport(ring_endpoints(addresses, starting_port))
+    for name in report.endpoints:
+        if name not in hosts:
+            report.skipped[name] = "not reachable over SSH"
     channels = {}
 
     def listen(name: str):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from mlxcluster.capture import HostCapture
@@ -24,6 +25,7 @@ from mlxcluster.checks.base import (
     verdict,
 )
 from mlxcluster.doctor_collect import LiveCollection, collect_live
+from mlxcluster.errors import InputError
 from mlxcluster.facts import HostFacts, all_facts, facts_to_json
 
 CHECK_MODULES = (
@@ -92,6 +94,9 @@ def run_doctor(inventory, *, backend: str | None = None, connect_timeout: float 
                data_path: bool = True) -> DoctorReport:
     """Probe every inventory host live and run every check."""
     started = time.monotonic()
+    if inventory.ssh_config and not Path(inventory.ssh_config).is_file():
+        raise InputError(f"ssh_config {inventory.ssh_config} (from {inventory.path}) does not exist",
+                         "fix the inventory's ssh_config path or remove the line")
     live: LiveCollection = collect_live(inventory, connect_timeout=connect_timeout,
                                         command_timeout=command_timeout,
                                         accept_new_host_keys=accept_new_host_keys, data_path=data_path)

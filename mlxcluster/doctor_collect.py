@@ -165,7 +165,8 @@ def collect_live(inventory, *, connect_timeout: float = 5.0, command_timeout: fl
             h2h_f = pool.submit(collect_host_to_host, runner, list(hosts.values()), probed, connect_timeout)
             dp_f = None
             if data_path and len(reachable) > 1:
-                addresses = {h.name: data_addresses(runner, h) for h in reachable}
+                up = {h.name for h in reachable}
+                addresses = {n: data_addresses(runner, h) if n in up else list(h.ips) for n, h in hosts.items()}
                 dp_f = pool.submit(check_data_paths, runner, reachable, addresses,
                                    {h.name: h.python for h in reachable})
             live.host_to_host_source, live.host_to_host = h2h_f.result()

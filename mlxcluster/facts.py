@@ -99,6 +99,17 @@ class HostFacts:
     firewall: str | None = None
 
 
+def _section(facts: dict, key: str) -> dict:
+    """A nested probe object, or {} when missing or malformed (an older or broken probe)."""
+    value = facts.get(key)
+    return dict(value) if isinstance(value, dict) else {}
+
+
+def _items(facts: dict, key: str) -> list:
+    value = facts.get(key)
+    return list(value) if isinstance(value, list) else []
+
+
 def host_facts(capture: HostCapture) -> HostFacts:
     """Parse one host's capture into HostFacts (missing parts stay None)."""
     p = capture.probe()
@@ -113,31 +124,28 @@ def host_facts(capture: HostCapture) -> HostFacts:
         extra.update({k: hw[k] for k in ("model", "chip", "memory_bytes") if hw.get(k) is not None})
     if p is None:
         return HostFacts(name=capture.name, probed=False, **extra)
-    os_ = p.get("os") or {}
-    mlx = p.get("mlx") or {}
-    mpi = p.get("mpi") or {}
-    mpirun = mpi.get("mpirun") or {}
-    ompi = mpi.get("ompi_info") or {}
-    blas = mlx.get("blas") or {}
+    os_, mlx, mpi = _section(p, "os"), _section(p, "mlx"), _section(p, "mpi")
+    mpirun, ompi, blas = _section(mpi, "mpirun"), _section(mpi, "ompi_info"), _section(mlx, "blas")
     values: dict[str, Any] = dict(
         hostname=p.get("hostname"), platform=p.get("platform"),
         os_name=os_.get("name"), os_version=os_.get("version"), os_build=os_.get("build"),
         model=p.get("model"), chip=p.get("chip"), memory_bytes=p.get("memory_bytes"),
         cpu_count=p.get("cpu_count"),
-        python=(p.get("python") or {}).get("executable"),
-        python_version=(p.get("python") or {}).get("version"),
+        python=_section(p, "python").get("executable"),
+        python_version=_section(p, "python").get("version"),
         mlx_version=mlx.get("version") if mlx.get("import_ok") else None,
         mlx_import_error=mlx.get("import_error"),
-        backends=dict(mlx.get("backends") or {}),
+        backends=_section(mlx, "backends"),
         mpirun=mpirun.get("path"), mpirun_version=mpirun.get("version"),
         mpirun_is_open_mpi=mpirun.get("open_mpi"),
         ompi_info=ompi.get("path"), ompi_info_version=ompi.get("version"),
-        libmpi=dict(mpi.get("libmpi") or {}),
-        libmpi_candidates=tuple(mpi.get("candidates") or ()),
-        env=dict(p.get("env") or {}), inventory_env=dict(p.get("inventory_env") or {}),
+        libmpi=_section(mpi, "libmpi"),
+        libmpi_candidates=tuple(c for c in _items(mpi, "candidates") if isinstance(c, dict)),
+        env=_section(p, "env"), inventory_env=_section(p, "inventory_env"),
         path_env=p.get("path_env"),
-        blas_provider=blas.get("sgemm_provider"), blas_mapped=tuple(blas.get("mapped") or ()),
-        interfaces=tuple(p.get("interfaces") or ()), default_route=p.get("default_route"),
+        blas_provider=blas.get("sgemm_provider"), blas_mapped=tuple(_items(blas, "mapped")),
+        interfaces=tuple(i for i in _items(p, "interfaces") if isinstance(i, dict)),
+        default_route=_section(p, "default_route") or None,
         pmset=p.get("pmset"), firewall=p.get("firewall"),
     )
     # Raw captures fill what the probe left empty (e.g. a probe without sysctl).

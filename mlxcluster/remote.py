@@ -175,7 +175,9 @@ class _KeyPolicy(paramiko.MissingHostKeyPolicy):
 
 def classify(exc: BaseException, target: SshTarget) -> SshError:
     """Map a connect exception to an SshError with a cause and a fix."""
-    where = f"{target.alias} ({target.hostname}:{target.port})"
+    where = f"{target.hostname}:{target.port}"
+    if target.alias != target.hostname:
+        where = f"{target.alias} ({where})"
     if isinstance(exc, SshError):
         return exc
     if isinstance(exc, paramiko.BadHostKeyException):

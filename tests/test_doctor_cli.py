@@ -93,3 +93,28 @@ def test_invalid_inventory_exits_2(tmp_path):
     result = invoke("-i", str(bad))
     assert result.exit_code == 2
     assert "invalid" in result.output and "Traceback" not in result.output
+
+
+def test_missing_ssh_config_exits_2(tmp_path):
+    inv = tmp_path / "c.yaml"
+    inv.write_text(f"cluster: c\npython: /opt/venv/bin/python\nssh_config: {tmp_path}/nope\n"
+                   "hosts:\n  - name: a\n    ssh: 127.0.0.1\n")
+    result = invoke("-i", str(inv))
+    assert result.exit_code == 2
+    assert "does not exist" in result.output
+
+
+def test_malformed_probe_is_survived(tmp_path, capture_dir):
+    """A broken probe.json on one host: doctor still reports every check."""
+    import shutil
+
+    root = tmp_path / "caps"
+    shutil.copytree(capture_dir, root)
+    (root / "broken").mkdir()
+    (root / "broken" / "probe.json").write_text('{"mlx": "garbage", "mpi": [1], "env": 3}')
+    result = invoke("--from", str(root), "--json")
+    doc = json.loads(result.output)
+    assert set(doc["hosts"]) == {"linux-1", "studio-1", "broken"}
+    assert all(c["status"] != "crash" for c in doc["checks"]), [c for c in doc["checks"] if c["status"] == "crash"]
+    mlx = next(c for c in doc["checks"] if c["id"] == "mlx-version")
+    assert mlx["status"] == "fail" and mlx["hosts"]["broken"].startswith("✗")
