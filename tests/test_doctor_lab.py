@@ -161,3 +161,15 @@ def test_paramiko_honours_proxyjump_from_the_ssh_config(lab3, tmp_path):
     name, connection = result.stdout.split("\n")[:2]
     assert name == target.name
     assert connection.split()[0] == jump.ip
+
+
+def test_data_ip_not_on_its_host_blames_only_data_ips_present(lab3, inventory_path, tmp_path):
+    """An inventory IP that labhost3 does not have (e.g. renumbered after a reboot)."""
+    host = lab3.host("labhost3")
+    wrong = host.ip.rsplit(".", 1)[0] + ".99"  # in the lab subnet, assigned to nobody
+    path = tmp_path / "wrong_ip.yaml"
+    path.write_text(inventory_path.read_text().replace(f"ips: [{host.ip}]", f"ips: [{wrong}]"))
+    report, _ = doctor(path)
+    assert blamed(report) == {"data-ips-present": ["labhost3"]}
+    assert f"{wrong} is not assigned" in evidence(report, "data-ips-present", "labhost3")
+    assert "see data-ips-present" in evidence(report, "data-path", "labhost3")

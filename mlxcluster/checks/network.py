@@ -93,8 +93,12 @@ def data_path(ctx: CheckContext) -> Verdict:
         if target in report.skipped:
             evidence[target] = f"not tested ({report.skipped[target]})"
             continue
+        binds = report.bind_errors.get(target, [])
+        # An IP missing from its host is data-ips-present's finding; only note it here.
+        notes = [f"{ip}:{port} not tested ({BIND_CAUSES[err]}, see data-ips-present)"
+                 for ip, port, err in binds if err == "EADDRNOTAVAIL"]
         problems = [f"cannot listen on {ip}:{port}: {BIND_CAUSES.get(err, err)}"
-                    for ip, port, err in report.bind_errors.get(target, [])]
+                    for ip, port, err in binds if err != "EADDRNOTAVAIL"]
         failures: dict[tuple[str, int, str], list[str]] = {}
         ok_sources = set()
         for c in report.connects:
@@ -108,11 +112,13 @@ def data_path(ctx: CheckContext) -> Verdict:
         for (ip, port, err), sources in sorted(failures.items()):
             problems.append(f"{ip}:{port} from {join_hosts(sources)}: {explain_errno(err)}")
         if problems:
-            evidence[target] = BAD + "; ".join(problems)
+            evidence[target] = BAD + "; ".join(problems + notes)
             bad.append(target)
         else:
-            ports = ", ".join(f"{e.ip}:{e.port}" for e in endpoints)
-            evidence[target] = f"{ports} reachable from {join_hosts(ok_sources) or 'no other host'}"
+            tested = {(c.ip, c.port) for c in report.connects if c.target == target}
+            ports = ", ".join(f"{e.ip}:{e.port}" for e in endpoints if (e.ip, e.port) in tested) or "nothing"
+            evidence[target] = "; ".join([f"{ports} reachable from {join_hosts(ok_sources) or 'no other host'}"]
+                                         + notes)
     return Verdict(worst(bool(bad), False), evidence, _hint(bad, causes, report))
 
 
