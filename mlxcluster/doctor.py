@@ -34,6 +34,7 @@ CHECK_MODULES = (
     "mlxcluster.checks.mpi",
     "mlxcluster.checks.network",
     "mlxcluster.checks.env",
+    "mlxcluster.checks.power",
 )
 OPTIONAL_CHECK_MODULES = ("mlxcluster.checks.topology",)
 BACKENDS = ("any", "ring", "mpi", "jaccl", "jaccl-ring", "nccl")

@@ -54,6 +54,24 @@ def parse_sp_hardware(text: str) -> dict[str, Any]:
     }
 
 
+def parse_pmset(text: str) -> dict[str, Any]:
+    """``pmset -g`` -> {"sleep_minutes": int | None, "sleep_disabled": bool | None}.
+
+    ``sleep`` (minutes of idle before system sleep, 0 = never) is read from the
+    settings in use; ``SleepDisabled 1`` (pmset disablesleep) overrides it.
+    """
+    out: dict[str, Any] = {"sleep_minutes": None, "sleep_disabled": None}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) < 2:
+            continue
+        if fields[0] == "sleep" and fields[1].isdigit():
+            out["sleep_minutes"] = int(fields[1])
+        elif fields[0] == "SleepDisabled" and fields[1] in ("0", "1"):
+            out["sleep_disabled"] = fields[1] == "1"
+    return out
+
+
 def version_tuple(version: str | None) -> tuple[int, ...]:
     """'5.0.11' -> (5, 0, 11); unparsable -> ()."""
     if not version:

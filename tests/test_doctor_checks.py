@@ -182,3 +182,32 @@ def require_mpi(real_probe: dict) -> None:
     from tests.conftest import require
 
     require(real_probe["mpi"]["mpirun"]["path"] is not None, "Open MPI in the test venv")
+
+
+PMSET_SLEEPS = """System-wide power settings:
+Currently in use:
+ standby              1
+ hibernatemode        3
+ displaysleep         10
+ sleep                1 (sleep prevented by sharingd)
+ disksleep            10
+"""
+PMSET_AWAKE = "System-wide power settings:\n SleepDisabled\t\t1\nCurrently in use:\n sleep                1\n"
+
+
+def test_pmset_parsing():
+    from mlxcluster.facts import parse_pmset
+
+    assert parse_pmset(PMSET_SLEEPS) == {"sleep_minutes": 1, "sleep_disabled": None}
+    assert parse_pmset(PMSET_AWAKE) == {"sleep_minutes": 1, "sleep_disabled": True}
+
+
+def test_sleeping_mac_warns(real_probe):
+    def mac(pmset):
+        return lambda f: f.update(platform="darwin", pmset=pmset)
+
+    caps = hosts_from(real_probe, h1=mac(PMSET_AWAKE), h2=mac(PMSET_SLEEPS), h3=mac(" sleep 0\n"))
+    r = result(replay_doctor(caps), "host-sleep")
+    assert r.status is Status.WARN and blamed(r) == ["h2"]
+    assert "pmset -a sleep 0" in r.hint
+    assert result(replay_doctor(hosts_from(real_probe)), "host-sleep").status is Status.SKIP  # Linux here
