@@ -173,3 +173,18 @@ def test_data_ip_not_on_its_host_blames_only_data_ips_present(lab3, inventory_pa
     assert blamed(report) == {"data-ips-present": ["labhost3"]}
     assert f"{wrong} is not assigned" in evidence(report, "data-ips-present", "labhost3")
     assert "see data-ips-present" in evidence(report, "data-path", "labhost3")
+
+
+def test_collect_captures_for_other_commands(lab3, inventory_path):
+    """The public collector (topology uses it): one capture per host, an error for a dead one."""
+    from mlxcluster.doctor_collect import collect_captures
+
+    lab3.stop_sshd("labhost1")
+    try:
+        captures = collect_captures(load_inventory(inventory_path), connect_timeout=CONNECT_TIMEOUT)
+    finally:
+        lab3.heal("labhost1")
+    assert list(captures) == ["labhost1", "labhost2", "labhost3"]
+    assert captures["labhost1"].probe() is None and "refused" in captures["labhost1"].error
+    assert captures["labhost3"].probe()["hostname"] == "labhost3"
+    assert captures["labhost3"].error is None
