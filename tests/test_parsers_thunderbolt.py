@@ -165,3 +165,13 @@ def test_unknown_shapes_degrade():
     assert parse_thunderbolt("{not json").state == "unknown"
     assert parse_thunderbolt('{"SPThunderboltDataType": 3}').state == "unknown"
     assert parse_thunderbolt('{"SPThunderboltDataType": [1, {"_name": "x"}]}').buses == ()
+
+
+def test_mac_without_uuid_is_known_by_model_id():
+    text = """{"SPThunderboltDataType": [{"_name": "thunderboltusb4_bus_0", "domain_uuid_key": "A",
+      "receptacle_1_tag": {"receptacle_id_key": "1", "receptacle_status_key": "receptacle_connected"},
+      "_items": [{"_name": "MacBook Pro", "device_name_key": "Mac17,6"},
+                 {"_name": "Envoy", "device_name_key": "Envoy Ultra"}]}]}"""
+    (bus,) = parse_thunderbolt(text).buses
+    assert [d.is_mac for d in bus.devices] == [True, False]
+    assert bus.connected and bus.speed_gbps is None  # no speed key: unknown, not 0

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from mlxcluster.parsers.indented import Node, parse_outline
 
 _SPEED = re.compile(r"^\s*(up to\s+)?([\d.]+)\s*gb/s", re.IGNORECASE)
+_MAC_MODEL = re.compile(r"^(Mac|MacBook(Pro|Air)?|iMac(Pro)?|Macmini|MacPro)\d+,\d+$")
 _BUS = re.compile(r"bus[_ ](\d+)\s*$", re.IGNORECASE)
 
 
@@ -37,7 +38,8 @@ class TbDevice:
 
     @property
     def is_mac(self) -> bool:
-        return self.uuid is not None
+        """A Mac has a domain UUID; without one, its model id ("Mac17,6") tells."""
+        return self.uuid is not None or bool(self.model and _MAC_MODEL.match(self.model))
 
 
 @dataclass(frozen=True)
