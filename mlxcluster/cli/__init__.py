@@ -16,7 +16,7 @@ import click
 from mlxcluster import __version__
 from mlxcluster.errors import MlxclusterError
 
-COMMAND_MODULES: tuple[str, ...] = ("topology",)
+COMMAND_MODULES: tuple[str, ...] = ("topology", "hostfile")
 
 
 class _Group(click.Group):
