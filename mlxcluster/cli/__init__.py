@@ -16,7 +16,12 @@ import click
 from mlxcluster import __version__
 from mlxcluster.errors import MlxclusterError
 
-COMMAND_MODULES: tuple[str, ...] = ("topology", "hostfile")
+COMMAND_MODULES: tuple[str, ...] = (
+    "demo",
+    "discover",
+    "topology",
+    "hostfile",
+)
 
 
 class _Group(click.Group):
