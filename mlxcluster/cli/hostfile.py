@@ -24,6 +24,7 @@ from mlxcluster.hostfile_generate import (
 )
 from mlxcluster.inventory import load_inventory
 from mlxcluster.ipplan import apply_ip_plan, plan_ips
+from mlxcluster.live_captures import collect_live, live_available
 from mlxcluster.topology import build_topology
 
 
@@ -119,6 +120,8 @@ def check(file, inventory_path, from_dir):
     hf = load_hostfile(file)
     inventory = load_inventory(inventory_path) if inventory_path else None
     captures = load_capture_dir(from_dir) if from_dir else None
+    if captures is None and inventory is not None and live_available():
+        captures = collect_live(inventory)  # check the IPs on the live hosts
     problems = cluster_problems(hf, inventory, captures)
     if problems:
         raise HostfileError(
@@ -131,5 +134,5 @@ def check(file, inventory_path, from_dir):
     else:
         click.echo(f"ok: {file}: MPI hostfile, {len(hf)} hosts, {sum(h.slots for h in hf)} slots")
     if captures is None:
-        click.echo("note: IPs were not checked against the hosts; pass --from DIR "
-                   "(doctor --collect) to check them", err=True)
+        click.echo("note: IPs and RDMA devices were not checked against the hosts; pass "
+                   "--from DIR (doctor --collect DIR) to check them", err=True)

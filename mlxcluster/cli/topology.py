@@ -2,30 +2,16 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 
 import click
 
-from mlxcluster.capture import HostCapture, load_capture_dir
-from mlxcluster.errors import InputError, MlxclusterError
+from mlxcluster.capture import load_capture_dir
+from mlxcluster.errors import InputError
+from mlxcluster.inventory import load_inventory
+from mlxcluster.live_captures import collect_live
 from mlxcluster.topology import Topology, build_topology
 from mlxcluster.topology_dot import render_png, to_dot
-
-
-def collect_live(inventory_path: str) -> dict[str, HostCapture]:
-    """Probe the inventory's hosts through the doctor's collector (a separate module)."""
-    try:
-        inventory_mod = importlib.import_module("mlxcluster.inventory")
-        collect_mod = importlib.import_module("mlxcluster.doctor_collect")
-    except ImportError as exc:
-        raise MlxclusterError(
-            f"live topology needs the doctor module ({exc.name} is not available)",
-            "collect the outputs with 'mlxcluster doctor --collect DIR' and run "
-            "'mlxcluster topology --from DIR'",
-        ) from exc
-    inventory = inventory_mod.load_inventory(inventory_path)
-    return collect_mod.collect_captures(inventory)
 
 
 def render_text(t: Topology) -> str:
@@ -83,7 +69,7 @@ def command(inventory, from_dir, as_json, as_dot, png):
                          "e.g. mlxcluster topology --from captures/")
     if sum(map(bool, (as_json, as_dot, png))) > 1:
         raise InputError("choose one of --json, --dot, --png")
-    captures = load_capture_dir(from_dir) if from_dir else collect_live(inventory)
+    captures = load_capture_dir(from_dir) if from_dir else collect_live(load_inventory(inventory))
     t = build_topology(captures)
     if as_json:
         click.echo(json.dumps(t.to_json(), indent=2, sort_keys=False))
