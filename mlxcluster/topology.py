@@ -34,8 +34,10 @@ from mlxcluster.parsers.ibv import parse_ibv_devices
 from mlxcluster.parsers.ifconfig import Interface, parse_ifconfig
 from mlxcluster.parsers.thunderbolt import TbDevice, parse_thunderbolt
 
-# Exhaustive ring search is exact; beyond this many hosts it would take too long.
-MAX_RING_SEARCH_HOSTS = 10
+# The ring search is exact (depth-first); beyond this many hosts it could take too long.
+MAX_RING_SEARCH_HOSTS = 16
+# Search steps before settling for the best ring found so far (deterministic).
+RING_SEARCH_BUDGET = 200_000
 
 
 @dataclass(frozen=True)
@@ -272,10 +274,6 @@ def match_links(hosts: dict[str, HostTopology]) -> tuple[Link, ...]:
     return tuple(links)
 
 
-def _capacity(links: tuple[Link, ...], a: str, b: str) -> float:
-    return sum(lk.speed_gbps or 0.0 for lk in links if {lk.a, lk.b} == {a, b})
-
-
 def _count(links: tuple[Link, ...], a: str, b: str) -> int:
     return sum(1 for lk in links if {lk.a, lk.b} == {a, b})
 
@@ -283,28 +281,49 @@ def _count(links: tuple[Link, ...], a: str, b: str) -> int:
 def find_ring(names: list[str], links: tuple[Link, ...]) -> tuple[str, ...] | None:
     """The ring through every host with the fastest slowest hop, or None.
 
-    Rings are scored by (slowest hop capacity, total capacity); ties go to
-    the lexicographically first order, starting at the first host, so the
-    answer is deterministic.
+    Rings are scored by (slowest hop capacity, total capacity); a hop's
+    capacity sums its cables. Among equal scores the lexicographically first
+    order starting at the first host wins, so the answer is deterministic.
+    Depth-first over cabled pairs only, with branch-and-bound pruning and a
+    step budget (after which the best ring found so far is returned).
     """
     if len(names) <= 1:
         return tuple(names) or None
     if len(names) > MAX_RING_SEARCH_HOSTS:
         return None
-    first, rest = names[0], names[1:]
-    best, best_score = None, None
-    for perm in itertools.permutations(rest):
-        if len(perm) > 1 and perm[0] > perm[-1]:
-            continue  # the same ring walked backwards
-        order = (first, *perm)
-        hops = list(zip(order, order[1:] + order[:1], strict=True)) if len(order) > 2 else [order]
-        if any(_count(links, a, b) == 0 for a, b in hops):
-            continue
-        caps = [_capacity(links, a, b) for a, b in hops]
-        score = (min(caps), sum(caps))
-        if best_score is None or score > best_score:
-            best, best_score = order, score
-    return best
+    cap: dict[tuple[str, str], float] = {}
+    for lk in links:
+        if lk.a != lk.b:
+            for key in ((lk.a, lk.b), (lk.b, lk.a)):
+                cap[key] = cap.get(key, 0.0) + (lk.speed_gbps or 0.0) + 1e-9
+    best: list = [None, None]  # order, score
+    fastest = max(cap.values(), default=0.0)
+    budget = [RING_SEARCH_BUDGET]
+
+    def walk(path: list[str], slowest: float, total: float) -> None:
+        budget[0] -= 1
+        # Bound: the hops still to come run at best at the fastest cable; a path
+        # that cannot strictly beat the best ring found is dropped (ties keep
+        # the earlier, lexicographically first, order).
+        hops_left = len(names) - len(path) + 1
+        if best[1] is not None and (budget[0] < 0 or
+                                    (slowest, total + hops_left * fastest) <= best[1]):
+            return
+        here = path[-1]
+        if len(path) == len(names):
+            back = cap.get((here, path[0]))
+            if back is not None:
+                score = (min(slowest, back), total + back)
+                if best[1] is None or score > best[1]:
+                    best[0], best[1] = tuple(path), score
+            return
+        for nxt in names:
+            c = cap.get((here, nxt))
+            if c is not None and nxt not in path:
+                walk(path + [nxt], min(slowest, c), total + c)
+
+    walk([names[0]], float("inf"), 0.0)
+    return best[0]
 
 
 def is_full_mesh(names: list[str], links: tuple[Link, ...]) -> bool:

@@ -108,3 +108,19 @@ def test_ring_prefers_fast_hops_and_mesh_detection():
     assert find_ring(names, mesh) == ("a", "c", "b", "d") and is_full_mesh(names, mesh)
     assert find_ring(names, square[:3]) is None
     assert find_ring(["x"], ()) == ("x",)
+
+
+def test_ring_search_is_fast_on_big_meshes():
+    import itertools
+    import time
+    names = [f"h{i:02d}" for i in range(16)]
+    mesh = tuple(L(a, b) for a, b in itertools.combinations(names, 2))
+    start = time.monotonic()
+    assert find_ring(names, mesh) == tuple(names)
+    assert time.monotonic() - start < 1.0
+    # One slow cable in a 16-host mesh is routed around.
+    slow = tuple(L(a, b, 40.0 if (a, b) == ("h00", "h01") else 80.0)
+                 for a, b in itertools.combinations(names, 2))
+    ring = find_ring(names, slow)
+    hops = set(zip(ring, ring[1:] + ring[:1], strict=True))
+    assert ("h00", "h01") not in hops and ("h01", "h00") not in hops
