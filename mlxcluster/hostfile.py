@@ -26,7 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlxcluster.capture import IBV_DEVICES, IFCONFIG
 from mlxcluster.errors import HostfileError
+from mlxcluster.parsers.ibv import parse_ibv_devices
+from mlxcluster.parsers.ifconfig import ipv4_addresses, parse_ifconfig
 
 BACKENDS = ("ring", "jaccl", "jaccl-ring", "mpi", "nccl")
 JACCL_BACKENDS = ("jaccl", "jaccl-ring")
@@ -245,10 +248,6 @@ def cluster_problems(hf: MlxHostfile | tuple[MpiHost, ...], inventory=None,
     ``captures`` (host name -> HostCapture) supplies each host's ``ifconfig``
     and ``ibv_devices``; hosts without a capture are not IP-checked.
     """
-    from mlxcluster.capture import IBV_DEVICES, IFCONFIG
-    from mlxcluster.parsers.ibv import parse_ibv_devices
-    from mlxcluster.parsers.ifconfig import ipv4_addresses, parse_ifconfig
-
     entries = hf.hosts if isinstance(hf, MlxHostfile) else tuple(
         HostEntry(h.host) for h in hf)
     problems = []

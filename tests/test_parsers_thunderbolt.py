@@ -175,3 +175,29 @@ def test_mac_without_uuid_is_known_by_model_id():
     (bus,) = parse_thunderbolt(text).buses
     assert [d.is_mac for d in bus.devices] == [True, False]
     assert bus.connected and bus.speed_gbps is None  # no speed key: unknown, not 0
+
+
+def test_text_mac_behind_dock_is_nested():
+    text = """Thunderbolt/USB4:
+    Thunderbolt/USB4 Bus 0:
+      Device Name: Mac mini
+      Domain UUID: AAAA
+      Port:
+          Status: Device connected
+          Speed: 40 Gb/s
+          Receptacle: 1
+        TS4:
+          Vendor Name: CalDigit
+          Device Name: TS4
+          Port (Upstream):
+              Speed: 40 Gb/s
+          Port:
+              Status: Device connected
+            Mac Studio:
+              Device Name: Mac16,9
+              Domain UUID: BBBB
+"""
+    (bus,) = parse_thunderbolt(text).buses
+    (dock,) = bus.devices
+    assert (dock.name, dock.speed_gbps, dock.is_mac) == ("TS4", 40.0, False)
+    assert [(c.name, c.model, c.uuid) for c in dock.children] == [("Mac Studio", "Mac16,9", "BBBB")]
