@@ -186,6 +186,27 @@ def _subnets(ips: list[str]) -> list[str]:
     return nets
 
 
+def _mpi_data_path(inventory, if_include: str | None, plan: IpPlan | None) -> str | None:
+    """What btl/oob_tcp_if_include should name: given, the plan's /30s, or the data IPs' /24s."""
+    if if_include is not None:
+        return if_include
+    if plan is not None:
+        return ",".join(plan.subnets())
+    ips = [ip for h in inventory.hosts for ip in _first_ip(h)]
+    return ",".join(_subnets(ips)) if ips else None
+
+
+def _mpi_env(envs: tuple[str, ...], libmpi: str | None) -> list[str]:
+    """MLX_MPI_LIBNAME and its library directory first, then the cluster env."""
+    env = list(envs)
+    if libmpi:
+        lib_dir = str(Path(libmpi).parent)
+        path_var = "DYLD_LIBRARY_PATH" if libmpi.endswith(".dylib") else "LD_LIBRARY_PATH"
+        env = [f"MLX_MPI_LIBNAME={libmpi}", f"{path_var}={lib_dir}"] + [
+            e for e in env if not e.startswith(("MLX_MPI_LIBNAME=", f"{path_var}="))]
+    return env
+
+
 def generate_mpi(inventory, envs: tuple[str, ...] = (), tcp_links: int = DEFAULT_TCP_LINKS,
                  if_include: str | None = None, libmpi: str | None = None,
                  extra_args: tuple[str, ...] = (), plan: IpPlan | None = None) -> MpiFiles:
@@ -193,22 +214,30 @@ def generate_mpi(inventory, envs: tuple[str, ...] = (), tcp_links: int = DEFAULT
     if tcp_links < 1:
         raise InputError(f"--tcp-links must be at least 1, got {tcp_links}")
     hosts = tuple(MpiHost(h.ssh, 1) for h in inventory.hosts)
-    if if_include is None:
-        if plan is not None:
-            if_include = ",".join(plan.subnets())
-        else:
-            ips = [ip for h in inventory.hosts for ip in _first_ip(h)]
-            if_include = ",".join(_subnets(ips)) if ips else None
+    data_path = _mpi_data_path(inventory, if_include, plan)
     args: list[str] = ["--mca", "btl", "tcp,self", "--mca", "btl_tcp_links", str(tcp_links)]
-    if if_include:
-        args += ["--mca", "btl_tcp_if_include", if_include, "--mca", "oob_tcp_if_include", if_include]
-    env = list(envs)
-    if libmpi:
-        lib_dir = str(Path(libmpi).parent)
-        path_var = "DYLD_LIBRARY_PATH" if libmpi.endswith(".dylib") else "LD_LIBRARY_PATH"
-        env = [f"MLX_MPI_LIBNAME={libmpi}", f"{path_var}={lib_dir}"] + [
-            e for e in env if not e.startswith(("MLX_MPI_LIBNAME=", f"{path_var}="))]
-    for e in env:
+    if data_path:
+        args += ["--mca", "btl_tcp_if_include", data_path, "--mca", "oob_tcp_if_include", data_path]
+    for e in _mpi_env(envs, libmpi):
         args += ["-x", e]
     args += list(extra_args)
     return MpiFiles(dumps_mpi_hostfile(hosts), tuple(args), hosts)
+
+
+def generate_mpi_json(inventory, envs: tuple[str, ...] = (), tcp_links: int = DEFAULT_TCP_LINKS,
+                      if_include: str | None = None, libmpi: str | None = None,
+                      plan: IpPlan | None = None) -> MlxHostfile:
+    """An MLX JSON hostfile for ``mlx.launch --backend mpi``.
+
+    mlx.launch writes its own ``host slots=N`` file and passes ``envs`` as
+    ``-x``; the TCP tuning travels as OMPI_MCA_* variables, which Open MPI
+    reads in every rank (the BTL lives in the ranks).
+    """
+    if tcp_links < 1:
+        raise InputError(f"--tcp-links must be at least 1, got {tcp_links}")
+    data_path = _mpi_data_path(inventory, if_include, plan)
+    env = _mpi_env(envs, libmpi) + [f"OMPI_MCA_btl_tcp_links={tcp_links}"]
+    if data_path:
+        env.append(f"OMPI_MCA_btl_tcp_if_include={data_path}")
+    hosts = tuple(HostEntry(h.ssh, tuple(_first_ip(h))) for h in inventory.hosts)
+    return MlxHostfile("mpi", tuple(env), hosts)

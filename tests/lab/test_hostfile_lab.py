@@ -52,3 +52,16 @@ def test_generated_mpi_command_runs(lab3, tmp_path):
     command[0] = str(VENV / "bin" / "mpirun")
     rows = run_job(command + ["mpi"], lab3)
     assert rows == EXPECTED
+
+
+def test_generated_mpi_json_hostfile_launches_with_mlx_launch(lab3, tmp_path):
+    inv = lab3.write_inventory(tmp_path / "inv.yaml")
+    hostfile = tmp_path / "mpi.json"
+    generate("-i", str(inv), "--backend", "mpi", "--format", "mlx", "-o", str(hostfile),
+             "--mpi-libname", str(VENV / "lib" / "libmpi.so.40"))
+    # mlx.launch ignores --python for the mpi backend (mpirun execs the command
+    # itself), so the interpreter goes in the command.
+    rows = run_job([str(VENV / "bin" / "mlx.launch"), "--hostfile", str(hostfile),
+                    "--mpi-arg=--allow-run-as-root", "--",
+                    lab3.python, str(HERE / "allsum.py"), "mpi"], lab3)
+    assert rows == EXPECTED
