@@ -19,6 +19,8 @@ from mlxcluster.errors import MlxclusterError
 COMMAND_MODULES: tuple[str, ...] = (
     "demo",
     "discover",
+    "topology",
+    "hostfile",
 )
 
 
