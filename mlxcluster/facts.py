@@ -3,55 +3,18 @@
 The probe's JSON is the main source; on a replay of a capture folder that
 only has raw macOS outputs (no probe.json), ``sw_vers.txt`` and
 ``system_profiler_SPHardwareDataType.json`` still give the OS version,
-build, model, chip and memory. Parsers are pure functions of text.
+build, model, chip and memory (through ``mlxcluster.parsers``).
 """
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from mlxcluster.capture import HARDWARE, SW_VERS, HostCapture
-
-_UNITS = {"KB": 2**10, "MB": 2**20, "GB": 2**30, "TB": 2**40}
-
-
-def parse_sw_vers(text: str) -> dict[str, str]:
-    """``sw_vers`` output -> {"name", "version", "build"} (one or two tabs after the colon)."""
-    keys = {"ProductName": "name", "ProductVersion": "version", "BuildVersion": "build"}
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition(":")
-        if sep and key.strip() in keys and value.strip():
-            out[keys[key.strip()]] = value.strip()
-    return out
-
-
-def parse_memory(text: str) -> int | None:
-    """'48 GB' -> bytes (system_profiler uses binary units)."""
-    match = re.match(r"\s*([\d.]+)\s*([KMGT]B)\s*$", text or "")
-    if not match:
-        return None
-    return int(float(match.group(1)) * _UNITS[match.group(2)])
-
-
-def parse_sp_hardware(text: str) -> dict[str, Any]:
-    """``system_profiler SPHardwareDataType -json`` -> model, chip, memory_bytes, name."""
-    try:
-        items = json.loads(text).get("SPHardwareDataType") or []
-    except (ValueError, AttributeError):
-        return {}
-    if not items or not isinstance(items[0], dict):
-        return {}
-    item = items[0]
-    return {
-        "model": item.get("machine_model"),
-        "machine_name": item.get("machine_name"),
-        "chip": item.get("chip_type") or item.get("cpu_type"),
-        "memory_bytes": parse_memory(item.get("physical_memory", "")),
-    }
+from mlxcluster.parsers.hardware import parse_hardware
+from mlxcluster.parsers.sw_vers import parse_sw_vers
 
 
 def parse_pmset(text: str) -> dict[str, Any]:
@@ -135,11 +98,13 @@ def host_facts(capture: HostCapture) -> HostFacts:
     sw = capture.text(SW_VERS)
     if sw:
         v = parse_sw_vers(sw)
-        extra.update(os_name=v.get("name"), os_version=v.get("version"), os_build=v.get("build"))
+        extra.update(os_name=v.product, os_version=v.version, os_build=v.build)
     hw_text = capture.text(HARDWARE)
     if hw_text:
-        hw = parse_sp_hardware(hw_text)
-        extra.update({k: hw[k] for k in ("model", "chip", "memory_bytes") if hw.get(k) is not None})
+        hw = parse_hardware(hw_text)
+        memory = int(hw.memory_gb * 2**30) if hw.memory_gb else None
+        extra.update({k: v for k, v in (("model", hw.model_id), ("chip", hw.chip), ("memory_bytes", memory))
+                      if v is not None})
     if p is None:
         return HostFacts(name=capture.name, probed=False, **extra)
     os_, mlx, mpi = _section(p, "os"), _section(p, "mlx"), _section(p, "mpi")

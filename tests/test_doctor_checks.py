@@ -18,7 +18,7 @@ from mlxcluster.checks.base import Status
 from mlxcluster.checks.common import BAD, WARN
 from mlxcluster.doctor import replay_doctor
 from mlxcluster.doctor_collect import probe_source
-from mlxcluster.facts import host_facts, parse_memory, parse_sp_hardware, parse_sw_vers
+from mlxcluster.facts import host_facts
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -155,19 +155,14 @@ def test_macos_captures_without_probe(macos_fixtures):
     assert report.verdict == "warn"
 
 
-def test_sw_vers_single_and_double_tab(macos_fixtures):
-    single = parse_sw_vers((macos_fixtures / "sw_vers_macos12.6_21G115_m1pro_single_tab.txt").read_text())
-    double = parse_sw_vers((macos_fixtures / "sw_vers_macos26.4_25E246_m2_macbook_air_double_tab.txt").read_text())
-    assert single == {"name": "macOS", "version": "12.6", "build": "21G115"}
-    assert double == {"name": "macOS", "version": "26.4", "build": "25E246"}
-
-
-def test_sp_hardware_fields(macos_fixtures):
-    hw = parse_sp_hardware((macos_fixtures / "sp_hardware_cnquery_m4max_mbp_mac16_5.json").read_text())
-    assert hw == {"model": "Mac16,5", "machine_name": "MacBook Pro", "chip": "Apple M4 Max",
-                  "memory_bytes": 48 * 2**30}
-    assert parse_memory("512 MB") == 512 * 2**20
-    assert parse_sp_hardware("not json") == {}
+def test_facts_from_raw_macos_captures(macos_fixtures):
+    """No probe.json: OS, model, chip and memory come from sw_vers and SPHardware."""
+    f = host_facts(HostCapture("mbp", {
+        SW_VERS: (macos_fixtures / "sw_vers_macos12.6_21G115_m1pro_single_tab.txt").read_text(),
+        HARDWARE: (macos_fixtures / "sp_hardware_cnquery_m4max_mbp_mac16_5.json").read_text()}))
+    assert not f.probed
+    assert (f.os_name, f.os_version, f.os_build) == ("macOS", "12.6", "21G115")
+    assert (f.model, f.chip, f.memory_bytes) == ("Mac16,5", "Apple M4 Max", 48 * 2**30)
 
 
 def test_probe_facts_win_over_raw_captures(real_probe, macos_fixtures):

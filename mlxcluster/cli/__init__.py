@@ -20,6 +20,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "demo",
     "discover",
     "doctor",
+    "topology",
+    "hostfile",
 )
 
 

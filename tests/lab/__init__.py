@@ -390,12 +390,11 @@ class Lab:
 def _free_subnet() -> str:
     """A 10.77.K.0/24 that no interface here uses (concurrent labs get distinct K)."""
     used = _run(["ip", "-o", "-4", "addr", "show"]).stdout
-
-    for k in range(secrets.randbelow(200) + 20, 250):
-        prefix = f"10.77.{k}."
-        if prefix not in used:
+    # A random start keeps labs started at the same moment apart.
+    start = secrets.randbelow(230)
+    for k in [20 + (start + i) % 230 for i in range(230)]:
+        if f"10.77.{k}." not in used:
             return f"10.77.{k}.0/24"
-
     raise LabError("no free 10.77.K.0/24 subnet for the lab")
 
 
