@@ -50,6 +50,14 @@ class SshError(RemoteError):
         self.kind = kind
 
 
+def ssh_command(host_id: str) -> str:
+    """'ssh HOST' for a known_hosts name, including the '[host]:port' form."""
+    if host_id.startswith("[") and "]:" in host_id:
+        host, port = host_id[1:].split("]:", 1)
+        return f"ssh -p {port} {shlex.quote(host)}"
+    return f"ssh {shlex.quote(host_id)}"
+
+
 class HostKeyUnknown(SshError):
     """The server's host key is not in known_hosts."""
 
@@ -60,7 +68,7 @@ class HostKeyUnknown(SshError):
         super().__init__(
             "unknown-host-key",
             f"host key of {host_id} is unknown ({key_type} {fingerprint})",
-            f"verify the fingerprint, then run 'ssh {shlex.quote(host_id)}' once and answer yes, "
+            f"verify the fingerprint, then run '{ssh_command(host_id)}' once and answer yes, "
             f"or rerun with --accept-new-host-keys (saves it to {known_hosts})",
         )
 

@@ -206,3 +206,15 @@ def test_sleeping_mac_warns(real_probe):
     assert r.status is Status.WARN and blamed(r) == ["h2"]
     assert "pmset -a sleep 0" in r.hint
     assert result(replay_doctor(hosts_from(real_probe)), "host-sleep").status is Status.SKIP  # Linux here
+
+
+def test_per_host_python_override_warns(real_probe):
+    from mlxcluster.inventory import parse_inventory
+
+    inv = parse_inventory(
+        "cluster: c\npython: /opt/venv/bin/python\nhosts:\n"
+        "  - name: h1\n    ssh: h1\n  - name: h2\n    ssh: h2\n"
+        "  - name: h3\n    ssh: h3\n    python: /Users/me/venv/bin/python\n")
+    r = result(replay_doctor(hosts_from(real_probe), inventory=inv), "python-path")
+    assert r.status is Status.WARN and blamed(r) == ["h3"]
+    assert "/Users/me/venv/bin/python differs from /opt/venv/bin/python" in r.hosts["h3"]

@@ -185,3 +185,10 @@ def test_listener_and_connector_scripts_on_loopback():
     assert not verdict.evidence["a"].startswith("✗")
     assert "from a: refused: nothing listening" in verdict.evidence["b"]
     assert "allow TCP" in verdict.hint
+
+
+def test_host_key_hint_names_the_port():
+    from mlxcluster.remote import HostKeyUnknown
+
+    err = HostKeyUnknown("[10.0.0.2]:2222", "ssh-ed25519", "SHA256:abc", "/k")
+    assert "ssh -p 2222 10.0.0.2" in err.hint and "SHA256:abc" in str(err)
