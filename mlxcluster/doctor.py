@@ -92,7 +92,7 @@ def _report(ctx: CheckContext, started: float, cluster: str | None) -> DoctorRep
 
 def run_doctor(inventory, *, backend: str | None = None, connect_timeout: float = 5.0,
                command_timeout: float = 60.0, accept_new_host_keys: bool = False,
-               data_path: bool = True) -> DoctorReport:
+               data_path: bool = True, hostfile: str | None = None) -> DoctorReport:
     """Probe every inventory host live and run every check."""
     started = time.monotonic()
     if inventory.ssh_config and not Path(inventory.ssh_config).is_file():
@@ -102,12 +102,14 @@ def run_doctor(inventory, *, backend: str | None = None, connect_timeout: float 
                                         command_timeout=command_timeout,
                                         accept_new_host_keys=accept_new_host_keys, data_path=data_path)
     ctx = CheckContext(live.captures, inventory=inventory, live=True, backend=backend,
-                       services={"live": live})
+                       services={"live": live}, options={"hostfile": hostfile})
     return _report(ctx, started, inventory.cluster)
 
 
-def replay_doctor(captures: dict[str, HostCapture], *, inventory=None, backend: str | None = None) -> DoctorReport:
+def replay_doctor(captures: dict[str, HostCapture], *, inventory=None, backend: str | None = None,
+                  hostfile: str | None = None) -> DoctorReport:
     """Run the checks that need no live host on saved captures."""
     started = time.monotonic()
-    ctx = CheckContext(captures, inventory=inventory, live=False, backend=backend)
+    ctx = CheckContext(captures, inventory=inventory, live=False, backend=backend,
+                       options={"hostfile": hostfile})
     return _report(ctx, started, inventory.cluster if inventory else None)

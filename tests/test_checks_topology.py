@@ -135,3 +135,27 @@ def test_no_thunderbolt_data_skips(tmp_path):
     assert r["thunderbolt-links"].hosts == {"a": "thunderbolt: missing", "b": "thunderbolt: missing"}
     assert r["ring-or-mesh"].status == Status.SKIP
     assert not any(x.status == Status.CRASH for x in r.values())
+
+
+def test_doctor_cli_compares_the_saved_hostfile(macos_fixtures, tmp_path):
+    """`doctor --from DIR --hostfile F` runs the renumbering check end to end."""
+    import json
+
+    from click.testing import CliRunner
+
+    from mlxcluster.cli import main
+    from mlxcluster.topology import build_topology
+
+    inv_path = tmp_path / "inv.yaml"
+    inv_path.write_text(INVENTORY)
+    inv = parse_inventory(INVENTORY, str(inv_path))
+    hf = generate_mlx_hostfile(inv, "jaccl", build_topology(caps(macos_fixtures, tmp_path / "b", OMLX)))
+    path = tmp_path / "hostfile.json"
+    path.write_text(hf.dumps())
+    after = make_capture_dir(macos_fixtures, tmp_path / "after", OMLX, renumber_studio)
+    result = CliRunner().invoke(main, ["doctor", "--from", str(after), "-i", str(inv_path),
+                                       "--backend", "jaccl", "--hostfile", str(path), "--json"])
+    checks = {c["id"]: c for c in json.loads(result.output)["checks"]}
+    assert checks["hostfile-matches-topology"]["status"] == "fail"
+    assert "rdma_en7" in checks["hostfile-matches-topology"]["hosts"]["studio.local -> mbp.local"]
+    assert result.exit_code == 1

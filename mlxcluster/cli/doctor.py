@@ -115,9 +115,11 @@ def render(report: DoctorReport, verbose: bool) -> None:
 @click.option("--connect-timeout", type=click.FloatRange(0.5, 120), default=5.0, show_default=True,
               help="Seconds to wait for each SSH connection.")
 @click.option("--no-data-path", is_flag=True, help="Skip the TCP data-path test.")
+@click.option("--hostfile", "hostfile", type=click.Path(dir_okay=False),
+              help="The hostfile you launch with: compared with the live cabling.")
 @click.option("-v", "--verbose", is_flag=True, help="Show evidence for passing checks too.")
 def command(inventory_path, as_json, strict, collect_dir, from_dir, accept_new_host_keys, backend,
-            connect_timeout, no_data_path, verbose):
+            connect_timeout, no_data_path, hostfile, verbose):
     """Check every host of the cluster and say how to fix what is wrong."""
     if from_dir and collect_dir:
         raise InputError("--from and --collect exclude each other",
@@ -126,10 +128,12 @@ def command(inventory_path, as_json, strict, collect_dir, from_dir, accept_new_h
         raise InputError("doctor needs an inventory", "pass -i cluster.yaml, or --from DIR to replay captures")
     inventory = load_inventory(inventory_path) if inventory_path else None
     if from_dir:
-        report = replay_doctor(load_capture_dir(from_dir), inventory=inventory, backend=backend)
+        report = replay_doctor(load_capture_dir(from_dir), inventory=inventory, backend=backend,
+                               hostfile=hostfile)
     else:
         report = run_doctor(inventory, backend=backend, connect_timeout=connect_timeout,
-                            accept_new_host_keys=accept_new_host_keys, data_path=not no_data_path)
+                            accept_new_host_keys=accept_new_host_keys, data_path=not no_data_path,
+                            hostfile=hostfile)
         if collect_dir:
             save_capture_dir(report.captures, collect_dir)
     if as_json:
