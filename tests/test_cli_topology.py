@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
-import types
 
 from click.testing import CliRunner
 
@@ -85,24 +83,14 @@ def test_bad_usage(tmp_path):
     assert result.exit_code == 2 and "does not exist" in result.output
 
 
-def test_live_without_doctor_module(monkeypatch, tmp_path):
-    monkeypatch.setitem(sys.modules, "mlxcluster.doctor_collect", None)
-    inv = tmp_path / "cluster.yaml"
-    inv.write_text("cluster: c\npython: /usr/bin/python3\nhosts:\n  - {name: mbp, ssh: mbp}\n")
-    result = run("-i", str(inv))
-    assert result.exit_code == 1
-    assert "live topology needs the doctor module" in result.output
-
-
 def test_live_uses_doctor_collector(macos_fixtures, tmp_path, monkeypatch):
     d = make_capture_dir(macos_fixtures, tmp_path / "c", OMLX)
     seen = {}
     inv = tmp_path / "cluster.yaml"
     inv.write_text("cluster: c\npython: /usr/bin/python3\nhosts:\n  - {name: mbp, ssh: mbp}\n"
                    "  - {name: studio, ssh: studio}\n")
-    col = types.ModuleType("mlxcluster.doctor_collect")
-    col.collect_captures = lambda inventory: seen.setdefault("names", inventory.names) and load_capture_dir(d)
-    monkeypatch.setitem(sys.modules, "mlxcluster.doctor_collect", col)
+    monkeypatch.setattr("mlxcluster.cli.topology.collect_captures",
+                        lambda inventory: seen.setdefault("names", inventory.names) and load_capture_dir(d))
     result = run("-i", str(inv), "--json")
     assert result.exit_code == 0 and seen["names"] == ["mbp", "studio"]
     assert json.loads(result.output)["ring"] == ["mbp", "studio"]

@@ -235,18 +235,12 @@ def test_generate_errors(inv, tmp_path, macos_fixtures):
 
 
 def test_check_with_inventory_probes_live_hosts(inv, omlx_dir, tmp_path, macos_fixtures, monkeypatch):
-    import importlib.machinery
-    import sys
-    import types
-
     good = tmp_path / "good.json"
     cli("generate", "-i", str(inv), "--backend", "jaccl", "--from", str(omlx_dir), "-o", str(good))
     (omlx_dir / "studio" / "ifconfig.txt").write_text(
         (macos_fixtures / "ifconfig_en2_apple_tn3205_thunderbolt_ip_linklocal.txt").read_text())
-    col = types.ModuleType("mlxcluster.doctor_collect")
-    col.__spec__ = importlib.machinery.ModuleSpec("mlxcluster.doctor_collect", None)
-    col.collect_captures = lambda inventory: load_capture_dir(omlx_dir)
-    monkeypatch.setitem(sys.modules, "mlxcluster.doctor_collect", col)
+    monkeypatch.setattr("mlxcluster.cli.hostfile.collect_captures",
+                        lambda inventory: load_capture_dir(omlx_dir))
     r = cli("check", str(good), "-i", str(inv))
     assert r.exit_code == 2 and "studio.local: IP 10.0.0.2 is not on any interface of studio" in r.output
 

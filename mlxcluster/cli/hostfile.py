@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from mlxcluster.capture import load_capture_dir
+from mlxcluster.doctor_collect import collect_captures
 from mlxcluster.errors import HostfileError, InputError
 from mlxcluster.hostfile import (
     BACKENDS,
@@ -25,7 +26,6 @@ from mlxcluster.hostfile_generate import (
 )
 from mlxcluster.inventory import load_inventory
 from mlxcluster.ipplan import apply_ip_plan, plan_ips
-from mlxcluster.live_captures import collect_live, live_available
 from mlxcluster.topology import build_topology
 
 
@@ -135,8 +135,8 @@ def check(file, inventory_path, from_dir):
     hf = load_hostfile(file)
     inventory = load_inventory(inventory_path) if inventory_path else None
     captures = load_capture_dir(from_dir) if from_dir else None
-    if captures is None and inventory is not None and live_available():
-        captures = collect_live(inventory)  # check the IPs on the live hosts
+    if captures is None and inventory is not None:
+        captures = collect_captures(inventory)  # check the IPs on the live hosts
     problems = cluster_problems(hf, inventory, captures)
     if problems:
         raise HostfileError(

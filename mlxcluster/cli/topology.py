@@ -7,9 +7,9 @@ import json
 import click
 
 from mlxcluster.capture import load_capture_dir
+from mlxcluster.doctor_collect import collect_captures
 from mlxcluster.errors import InputError
 from mlxcluster.inventory import load_inventory
-from mlxcluster.live_captures import collect_live
 from mlxcluster.topology import Topology, build_topology
 from mlxcluster.topology_dot import render_png, to_dot
 
@@ -69,7 +69,7 @@ def command(inventory, from_dir, as_json, as_dot, png):
                          "e.g. mlxcluster topology --from captures/")
     if sum(map(bool, (as_json, as_dot, png))) > 1:
         raise InputError("choose one of --json, --dot, --png")
-    captures = load_capture_dir(from_dir) if from_dir else collect_live(load_inventory(inventory))
+    captures = load_capture_dir(from_dir) if from_dir else collect_captures(load_inventory(inventory))
     t = build_topology(captures)
     if as_json:
         click.echo(json.dumps(t.to_json(), indent=2, sort_keys=False))
@@ -80,3 +80,10 @@ def command(inventory, from_dir, as_json, as_dot, png):
         click.echo(f"wrote {path}")
     else:
         click.echo(render_text(t))
+    # A host we could not probe makes every cable to it look missing: say why, fail.
+    unreachable = {name: c.error for name, c in captures.items() if c.error}
+    for name, error in unreachable.items():
+        click.secho(f"error: {name} could not be probed: {error}", fg="red", err=True)
+    if unreachable:
+        click.echo("fix: run 'mlxcluster doctor -i INVENTORY' to see why", err=True)
+        click.get_current_context().exit(1)
