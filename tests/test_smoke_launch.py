@@ -31,7 +31,7 @@ def test_mpirun_plan_works_with_open_mpi_4_and_5(tmp_path):
     pairs = {argv[i + 1]: argv[i + 2] for i, a in enumerate(argv) if a == "--mca"}
     assert pairs["btl"] == "tcp,self"
     assert pairs["btl_tcp_links"] == "4"
-    assert pairs["btl_tcp_if_include"] == "10.77.5.0/24"
+    assert pairs["btl_tcp_if_include"] == pairs["oob_tcp_if_include"] == "10.77.5.0/24"
     exports = [argv[i + 1] for i, a in enumerate(argv) if a == "-x"]
     assert f"MLX_MPI_LIBNAME={prefix / 'lib' / 'libmpi.so.40'}" in exports
     assert "MLXCLUSTER_SMOKE_FAIL_RANK=1" in exports and not any("HOME" in e for e in exports)
@@ -47,6 +47,7 @@ def test_mpirun_plan_works_with_open_mpi_4_and_5(tmp_path):
 def test_mlx_launch_plan_writes_an_mlx_hostfile():
     plan = launch.plan_mlx_launch("ring", LAB, WorkerOptions(bench=True), {}, run_id="mlxsmoke-aa")
     hostfile = json.loads(plan.files["/tmp/mlxsmoke-aa/hostfile.json"])
+    assert hostfile["backend"] == "ring"
     assert hostfile["hosts"][0] == {"ssh": "root@10.77.5.11", "ips": ["10.77.5.11"], "rdma": []}
     argv = plan.argv
     assert argv[argv.index("--python") + 1] == "/venv/bin/python"
@@ -76,15 +77,17 @@ def test_hosts_from_the_mlx_docs_hostfile(macos_fixtures, tmp_path):
         launch.hosts_from_hostfile(str(bad))
 
 
-def test_networks_for_open_mpi():
-    assert launch.covering_network(LAB) == "10.77.5.0/24"
-    spread = (LAB[0], RankHost("b", "10.77.9.3", ("10.77.9.3",), "/p"))
-    assert launch.covering_network(spread) == "10.77.0.0/20"
-    named = (RankHost("a", "mac1.local", ("mac1.local",), "/p"),)
-    assert launch.covering_network(named) is None
-    assert launch.oob_if_include(LAB, local_addrs=["10.77.5.1", "192.0.2.2"]) == "10.77.5.0/24"
-    assert launch.oob_if_include(LAB, local_addrs=["192.0.2.2"]) is None
-    assert launch.btl_if_include(launch.local_hosts(2)) == "lo"
+def test_local_mpi_runs_over_loopback(tmp_path):
+    prefix = tmp_path / "mpi"
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "lib").mkdir()
+    (prefix / "bin" / "mpirun").write_text("")
+    (prefix / "lib" / "libmpi.so.40").write_text("")
+    plan = launch.plan_mpirun(launch.local_hosts(3), WorkerOptions(), {},
+                              mpirun=str(prefix / "bin" / "mpirun"), is_root=False)
+    pairs = {plan.argv[i + 1]: plan.argv[i + 2] for i, a in enumerate(plan.argv) if a == "--mca"}
+    assert pairs["btl_tcp_if_include"] == "lo" and "oob_tcp_if_include" not in pairs
+    assert list(plan.files.values()) == ["localhost slots=3\n"]
 
 
 def test_launcher_exit_lines():

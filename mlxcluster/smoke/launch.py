@@ -17,7 +17,6 @@ the marker the driver looks for to stop every process of a run on every host.
 from __future__ import annotations
 
 import glob
-import ipaddress
 import json
 import os
 import secrets
@@ -27,10 +26,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
-
 from mlxcluster.errors import BackendUnavailable, InputError
-from mlxcluster.inventory import local_inventory
+from mlxcluster.hostfile import HostEntry, MlxHostfile
+from mlxcluster.hostfile_generate import generate_mpi
+from mlxcluster.inventory import Host, Inventory, local_inventory
 
 LOCAL_TARGETS = ("127.0.0.1",)  # the only ssh name mlx.launch runs without ssh
 RING_PORT = 32323  # mlx.launch's default --starting-port
@@ -234,9 +233,8 @@ def plan_mlx_launch(backend: str, hosts: tuple[RankHost, ...], opts: WorkerOptio
     n = len(hosts)
     all_local = all(h.is_local for h in hosts)
     port = port or (free_port_block(n) if all_local else RING_PORT)
-    hostfile = {"backend": backend, "envs": [],
-                "hosts": [{"ssh": h.ssh_target, "ips": list(h.ips), "rdma": list(h.rdma)}
-                          for h in hosts]}
+    hostfile = MlxHostfile(backend, (), tuple(HostEntry(h.ssh_target, h.ips, h.rdma)
+                                              for h in hosts))
     hostfile_path = f"{run_dir}/hostfile.json"
     launcher_python = sys.executable
     env_args = [f"--env={k}={v}" for k, v in sorted(forwarded_env(environ).items())]
@@ -249,50 +247,25 @@ def plan_mlx_launch(backend: str, hosts: tuple[RankHost, ...], opts: WorkerOptio
     env.pop("MLX_RANK", None)
     ports = tuple((h.ips[0] if h.ips else h.ssh, port + r) for r, h in enumerate(hosts))
     return LaunchPlan(backend, run_id, argv, env, hosts, run_dir, ports,
-                      {hostfile_path: json.dumps(hostfile)})
+                      {hostfile_path: hostfile.dumps()})
 
 
-def covering_network(hosts: tuple[RankHost, ...]) -> str | None:
-    """The smallest network of /24 or wider holding every host's data IP
-    (Open MPI matches an interface by its network, so a /32 list does not
-    work); None when a data IP is a name."""
-    ips = [h.ips[0] for h in hosts if h.ips]
-    if len(ips) != len(hosts) or not all(_is_ip(ip) for ip in ips):
-        return None
-    addrs = [ipaddress.ip_address(ip) for ip in ips]
-    net = ipaddress.ip_network(f"{addrs[0]}/24", strict=False)
-    while not all(a in net for a in addrs) and net.prefixlen > 8:
-        net = net.supernet()
-    return str(net)
+def inventory_of(hosts: tuple[RankHost, ...]) -> Inventory:
+    """The ranks as an inventory, for the shared hostfile generator."""
+    return Inventory(cluster="smoke", python=hosts[0].python, hosts=tuple(
+        Host(h.name, h.ssh, h.ips, h.user, h.python) for h in hosts))
 
 
-def oob_if_include(hosts: tuple[RankHost, ...], local_addrs: list[str] | None = None) -> str | None:
-    """The network for Open MPI's out-of-band channel: the data network, when
-    this machine (where mpirun runs) has an address in it; else None, which
-    leaves Open MPI's default."""
-    net = covering_network(hosts)
-    if net is None:
-        return None
-    if local_addrs is None:
-        local_addrs = [a.address for addrs in psutil.net_if_addrs().values() for a in addrs]
-    network = ipaddress.ip_network(net)
-    return net if any(_is_ip(a) and ipaddress.ip_address(a) in network for a in local_addrs) else None
-
-
-def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
-
-
-def btl_if_include(hosts: tuple[RankHost, ...]) -> str | None:
-    """Restrict MPI's data path to the hosts' data network ('lo' when every
-    rank is local; None, Open MPI's default, when the IPs are names)."""
-    if all(h.is_local for h in hosts):
-        return "lo"
-    return covering_network(hosts)
+def local_mpi_args(n: int, tcp_links: int, libmpi: str, envs: tuple[str, ...]) -> tuple[str, list[str]]:
+    """Hostfile and mpirun arguments for N ranks on this machine: TCP over
+    loopback ('lo'; the out-of-band channel keeps Open MPI's default, it
+    finds no interface when restricted to lo)."""
+    lib_var = "DYLD_LIBRARY_PATH" if libmpi.endswith(".dylib") else "LD_LIBRARY_PATH"
+    args = ["--mca", "btl", "tcp,self", "--mca", "btl_tcp_links", str(tcp_links),
+            "--mca", "btl_tcp_if_include", "lo"]
+    for env in (f"MLX_MPI_LIBNAME={libmpi}", f"{lib_var}={Path(libmpi).parent}", *envs):
+        args += ["-x", env]
+    return f"localhost slots={n}\n", args
 
 
 def plan_mpirun(hosts: tuple[RankHost, ...], opts: WorkerOptions, environ: dict[str, str],
@@ -305,39 +278,30 @@ def plan_mpirun(hosts: tuple[RankHost, ...], opts: WorkerOptions, environ: dict[
     libmpi = libmpi_path(mpirun)
     prefix = str(Path(mpirun).resolve().parent.parent)
     n = len(hosts)
+    envs = tuple(f"{k}={v}" for k, v in sorted(forwarded_env(environ).items()))
     if all(h.is_local for h in hosts):
-        lines = [f"localhost slots={n}"]
+        hostfile, args = local_mpi_args(n, tcp_links, libmpi, envs)
     else:
-        # One process per host: the ssh target (a name MPI resolves and reaches).
-        lines = [f"{h.ssh} slots=1" for h in hosts]
+        # The shared generator (mlxcluster hostfile generate --backend mpi):
+        # 'host slots=1' lines, btl/oob_tcp_if_include on the data subnets, -x env.
+        files = generate_mpi(inventory_of(hosts), envs=envs, tcp_links=tcp_links, libmpi=libmpi)
+        hostfile, args = files.hostfile, list(files.args)
     hostfile_path = f"{run_dir}/mpi_hosts"
     root = os.geteuid() == 0 if is_root is None else is_root
-    lib_var = "DYLD_LIBRARY_PATH" if sys.platform == "darwin" else "LD_LIBRARY_PATH"
-    exports = {"MLX_MPI_LIBNAME": libmpi, lib_var: str(Path(libmpi).parent),
-               **forwarded_env(environ)}
+    # Smoke's own additions: root, the remote Open MPI prefix, no core binding
+    # (ranks may share a host), and a pinned btl port range (probed on hangs).
     argv = [mpirun, *(["--allow-run-as-root"] if root else []),
             "--hostfile", hostfile_path, "-np", str(n), "--prefix", prefix, "--bind-to", "none",
-            "--mca", "btl", "tcp,self",
-            "--mca", "btl_tcp_links", str(tcp_links),
             "--mca", "btl_tcp_port_min_v4", str(MPI_BTL_PORT),
-            "--mca", "btl_tcp_port_range_v4", str(MPI_BTL_PORT_RANGE)]
-    btl = btl_if_include(hosts)
-    if btl:
-        argv += ["--mca", "btl_tcp_if_include", btl]
-    oob = None if all(h.is_local for h in hosts) else oob_if_include(hosts)
-    if oob:
-        argv += ["--mca", "oob_tcp_if_include", oob]
-    for key, value in sorted(exports.items()):
-        argv += ["-x", f"{key}={value}"]
-    argv += [hosts[0].python, f"{run_dir}/worker.py",
-             *worker_args("mpi", n, run_id, run_dir, opts)]
+            "--mca", "btl_tcp_port_range_v4", str(MPI_BTL_PORT_RANGE),
+            *args, hosts[0].python, f"{run_dir}/worker.py",
+            *worker_args("mpi", n, run_id, run_dir, opts)]
     env = dict(environ)
     if root:
         # Open MPI 5's prterun also reads these; harmless on Open MPI 4.
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     ports = tuple((h.ips[0] if h.ips else h.ssh, MPI_BTL_PORT) for h in hosts)
-    return LaunchPlan("mpi", run_id, argv, env, hosts, run_dir, ports,
-                      {hostfile_path: "\n".join(lines) + "\n"})
+    return LaunchPlan("mpi", run_id, argv, env, hosts, run_dir, ports, {hostfile_path: hostfile})
 
 
 def plan_launch(backend: str, hosts: tuple[RankHost, ...], opts: WorkerOptions,
