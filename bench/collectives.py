@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -59,14 +60,17 @@ def tcp_throughput(hosts, seconds: float = 2.0) -> float:
     """GB/s of one plain TCP stream from hosts[0] to hosts[1] (same IPs as the data path)."""
     sender, receiver = hosts[0], hosts[1]
     source = (HERE / "tcp_stream.py").read_text()
-    argv = (["bash", "-c", f"{receiver.python} - recv {TCP_PORT}"] if receiver.is_local else
-            ["ssh", "-o", "BatchMode=yes", *receiver.ssh_options, receiver.ssh_target,
-             f"{receiver.python} - recv {TCP_PORT}"])
+    recv_cmd = f"{shlex.quote(receiver.python)} - recv {TCP_PORT}"
+    argv = (["bash", "-c", recv_cmd] if receiver.is_local else
+            ["ssh", "-o", "BatchMode=yes", *receiver.ssh_options, receiver.ssh_target, recv_cmd])
     recv = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     recv.stdin.write(source)
     recv.stdin.close()
-    assert recv.stdout.readline().strip() == "LISTENING"
-    sent = run_script(sender, f"{sender.python} - send {receiver.ips[0]} {TCP_PORT} {seconds}",
+    if recv.stdout.readline().strip() != "LISTENING":
+        recv.kill()
+        raise SystemExit(f"tcp receiver on {receiver.name} did not start")
+    sent = run_script(sender, f"{shlex.quote(sender.python)} - send "
+                              f"{shlex.quote(receiver.ips[0])} {TCP_PORT} {seconds}",
                       stdin=source, timeout=seconds + 30)
     out = recv.stdout.read()
     recv.wait(timeout=30)
