@@ -11,6 +11,7 @@ exited or hung; 2 bad input; 3 the backend asked for cannot run here.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from dataclasses import replace
@@ -108,6 +109,10 @@ def command(backend, hostfile, inventory, local_n, python, bench, sizes, dtypes,
     sources = [s for s in (hostfile, inventory, local_n) if s]
     if len(sources) != 1:
         raise InputError("give exactly one of --hostfile, -i/--inventory, --local N")
+    if plot and importlib.util.find_spec("matplotlib") is None:
+        raise InputError("--plot needs matplotlib", "pip install 'mlxcluster[plot]'")
+    if plot and not bench:
+        raise InputError("--plot draws the benchmark", "add --bench")
     lo, hi = parse_size_range(sizes)
     opts = WorkerOptions(dtypes=parse_dtypes(dtypes), lo_bytes=lo, hi_bytes=hi, bench=bench)
     file_backend = ""
