@@ -123,3 +123,18 @@ def test_stderr_tails_by_rank():
     out = ("==> /tmp/mlxsmoke-ab/mlxsmoke-ab.rank0.err\n\n"
            "==> /tmp/mlxsmoke-ab/mlxsmoke-ab.rank2.err\nTraceback...\nRuntimeError: boom\n\n")
     assert remote.parse_tails(out) == {0: "", 2: "Traceback...\nRuntimeError: boom"}
+
+
+def test_inventory_env_reaches_every_rank(tmp_path):
+    from mlxcluster.inventory import parse_inventory
+
+    inv = parse_inventory("cluster: c\npython: /venv/bin/python\nenv: {MLX_METAL_FAST_SYNCH: '1'}\n"
+                          "hosts:\n  - {name: a, ssh: 10.0.0.1, ips: [10.0.0.1]}\n"
+                          "  - {name: b, ssh: 10.0.0.2, ips: [10.0.0.2]}\n")
+    hosts = launch.hosts_from_inventory(inv)
+    plan = launch.plan_mlx_launch("ring", hosts, WorkerOptions(), {"MLXCLUSTER_SMOKE_HANG_RANK": "0"})
+    assert [a for a in plan.argv if a.startswith("--env=")] == [
+        "--env=MLXCLUSTER_SMOKE_HANG_RANK=0", "--env=MLX_METAL_FAST_SYNCH=1"]
+    odd = (hosts[0], RankHost("c", "10.0.0.3", ("10.0.0.3",), "/venv/bin/python", env=(("X", "1"),)))
+    with pytest.raises(InputError, match="another env"):
+        launch.plan_mlx_launch("ring", odd, WorkerOptions(), {})

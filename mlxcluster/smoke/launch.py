@@ -51,6 +51,7 @@ class RankHost:
     rdma: tuple = ()
     ssh_options: tuple[str, ...] = ()  # e.g. ("-F", "/path/ssh_config") from the inventory
     user: str | None = None
+    env: tuple[tuple[str, str], ...] = ()  # the inventory's env for this host (cluster + host)
 
     @property
     def is_local(self) -> bool:
@@ -68,7 +69,8 @@ def hosts_from_inventory(inv) -> tuple[RankHost, ...]:
     options: tuple[str, ...] = ("-F", os.path.expanduser(inv.ssh_config)) if inv.ssh_config else ()
     return tuple(
         RankHost(h.name, h.ssh, tuple(h.ips) or (h.ssh,), h.python,
-                 ssh_options=options + (("-p", str(h.port)) if h.port else ()), user=h.user)
+                 ssh_options=options + (("-p", str(h.port)) if h.port else ()), user=h.user,
+                 env=tuple(sorted(h.env.items())))
         for h in inv.hosts)
 
 
@@ -197,6 +199,21 @@ def forwarded_env(environ: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in environ.items() if k.startswith(FORWARDED_ENV_PREFIX)}
 
 
+def rank_env(hosts: tuple[RankHost, ...], environ: dict[str, str]) -> tuple[str, ...]:
+    """"K=V" for every rank: the inventory's env, then the test hooks.
+
+    ``mlx.launch --env`` and ``mpirun -x`` set one environment for all ranks,
+    so hosts whose inventory env differs are refused."""
+    envs = {h.env for h in hosts}
+    if len(envs) > 1:
+        names = ", ".join(h.name for h in hosts if h.env != hosts[0].env)
+        raise InputError(f"the inventory gives {names} another env than {hosts[0].name}",
+                         "smoke sets one environment for every rank: move env to the cluster level")
+    merged = dict(hosts[0].env) if hosts else {}
+    merged.update(forwarded_env(environ))
+    return tuple(f"{k}={v}" for k, v in sorted(merged.items()))
+
+
 def worker_args(backend: str, n: int, run_id: str, run_dir: str, opts: WorkerOptions) -> list[str]:
     """The worker's own arguments (after the script path)."""
     args = ["--backend", backend, "--expect", str(n), "--run-id", run_id,
@@ -237,7 +254,7 @@ def plan_mlx_launch(backend: str, hosts: tuple[RankHost, ...], opts: WorkerOptio
                                               for h in hosts))
     hostfile_path = f"{run_dir}/hostfile.json"
     launcher_python = sys.executable
-    env_args = [f"--env={k}={v}" for k, v in sorted(forwarded_env(environ).items())]
+    env_args = [f"--env={e}" for e in rank_env(hosts, environ)]
     argv = [mlx_launch_path(launcher_python), "--hostfile", hostfile_path, "--backend", backend,
             "--python", single_python(hosts), "--starting-port", str(port), "--cwd", "/tmp",
             *env_args, "--", f"{run_dir}/worker.py",
@@ -278,7 +295,7 @@ def plan_mpirun(hosts: tuple[RankHost, ...], opts: WorkerOptions, environ: dict[
     libmpi = libmpi_path(mpirun)
     prefix = str(Path(mpirun).resolve().parent.parent)
     n = len(hosts)
-    envs = tuple(f"{k}={v}" for k, v in sorted(forwarded_env(environ).items()))
+    envs = rank_env(hosts, environ)
     if all(h.is_local for h in hosts):
         hostfile, args = local_mpi_args(n, tcp_links, libmpi, envs)
     else:
