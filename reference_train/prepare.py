@@ -20,7 +20,15 @@ import sys
 from pathlib import Path
 
 from .corpus import offline_corpus
-from .data import DataError, load_meta, make_tokenizer, read_hf_dataset, read_jsonl, read_text_files, write_token_files
+from .data import (
+    DataError,
+    load_meta,
+    make_tokenizer,
+    read_hf_dataset,
+    read_jsonl,
+    read_text_files,
+    write_token_files,
+)
 
 OFFLINE_STORIES = 2000
 

@@ -48,8 +48,15 @@ import yaml
 from mlx.utils import tree_map
 
 from .checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
-from .data import (DataError, ShardedBatches, load_meta, make_tokenizer, open_split,
-                   split_batch, validation_batches)
+from .data import (
+    DataError,
+    ShardedBatches,
+    load_meta,
+    make_tokenizer,
+    open_split,
+    split_batch,
+    validation_batches,
+)
 from .model import Llama, ModelArgs, count_parameters, generate, loss_fn
 
 CONFIG_DIR = Path(__file__).parent / "configs"
@@ -191,6 +198,10 @@ def expected_world_size() -> int | None:
 
 def init_group():
     """mx.distributed.init(), refusing the silent group of 1 a failed backend gives."""
+    hostfile = os.environ.get("MLX_HOSTFILE")
+    if hostfile and os.path.isfile(hostfile) and not Path(hostfile).read_text().strip():
+        # `mlx.launch -n 1` writes an empty hostfile, which init() fails to parse.
+        del os.environ["MLX_HOSTFILE"]
     group = mx.distributed.init()
     expected = expected_world_size()
     if expected and expected > 1 and group.size() != expected:
@@ -440,9 +451,9 @@ def plot_metrics(metrics_path: Path, png: Path) -> str:
     val = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
     fig, ax = plt.subplots(figsize=(6, 4))
     if train:
-        ax.plot(*zip(*train), label="train")
+        ax.plot([s for s, _ in train], [v for _, v in train], label="train")
     if val:
-        ax.plot(*zip(*val), "o-", label="validation")
+        ax.plot([s for s, _ in val], [v for _, v in val], "o-", label="validation")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.legend()
