@@ -42,3 +42,42 @@ def macos_fixtures() -> Path:
     shared = find_shared_dir()
     require(shared is not None, "../shared/fixtures/macos not found beside the checkout")
     return shared / "fixtures" / "macos"
+
+
+# ---- the multi-host lab (tests/lab) ---------------------------------------------------
+
+def _require_lab() -> None:
+    from tests.lab import lab_unavailable_reason
+
+    reason = lab_unavailable_reason()
+    require(reason is None, f"lab unavailable: {reason}")
+
+
+@pytest.fixture(scope="module")
+def lab3():
+    """Three real sshd hosts in network namespaces, shared by a test module.
+    Tests that inject faults must heal them (``lab.heal()``) before returning."""
+    _require_lab()
+    from tests.lab import start_lab
+
+    with start_lab(3) as lab:
+        yield lab
+
+
+@pytest.fixture
+def make_lab():
+    """Factory: ``make_lab(n)`` starts an n-host lab torn down after the test."""
+    _require_lab()
+    from tests.lab import start_lab
+
+    stack = []
+
+    def factory(n: int, **kwargs):
+        cm = start_lab(n, **kwargs)
+        lab = cm.__enter__()
+        stack.append(cm)
+        return lab
+
+    yield factory
+    while stack:
+        stack.pop().__exit__(None, None, None)

@@ -16,7 +16,10 @@ import click
 from mlxcluster import __version__
 from mlxcluster.errors import MlxclusterError
 
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = (
+    "demo",
+    "discover",
+)
 
 
 class _Group(click.Group):

@@ -1,0 +1,42 @@
+# The README's two commands: `make demo` and `make test`. Both set up .venv.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# System packages the tests need on Linux (the lab: sshd, namespaces, nftables;
+# OpenBLAS for a usable mlx CPU build; graphviz for topology pictures).
+SYSTEM_PACKAGES := openssh-server iproute2 nftables libopenblas0-pthread graphviz
+
+.PHONY: venv system-deps demo test lint clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,plot]'
+	@touch $@
+
+# Idempotent and quiet; only on Linux as root (elsewhere the lab tests skip,
+# or fail under CI=true, with the reason).
+system-deps:
+	@if [ "$$(uname -s)" = Linux ] && [ "$$(id -u)" = 0 ] && command -v dpkg >/dev/null; then \
+	  missing=""; \
+	  for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	  if [ -n "$$missing" ]; then \
+	    echo "installing system packages:$$missing"; \
+	    apt-get update -qq >/dev/null && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  fi; \
+	fi
+
+demo: venv system-deps
+	@$(PY) -m mlxcluster demo
+
+test: venv system-deps
+	@$(PY) -m pytest
+
+lint: venv
+	@$(VENV)/bin/ruff check mlxcluster reference_train tests bench
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache runs

@@ -1,0 +1,490 @@
+"""A real multi-host cluster on one Linux machine, for tests and benchmarks.
+
+Each host is a network namespace on a private bridge, with its own IP and
+its own hostname (UTS namespace), running a real OpenSSH ``sshd``. Clients
+reach the hosts through an ``ssh`` wrapper first on PATH that points OpenSSH
+at the lab's own ssh_config (``~/.ssh`` is never touched), so ``mlx.launch``,
+``mpirun``, paramiko and mlxcluster all talk to real servers with no prompt.
+
+Follows ../shared/docs/LAB.md. Rules kept here:
+- only addresses of hosts the lab made are ever contacted (a private /24 that
+  no interface of this machine uses yet);
+- everything made (namespaces, links, processes, temp files) is removed on
+  teardown, also after a failure or Ctrl-C, and a start cleans stale leftovers
+  of crashed runs (labs whose owning process is gone);
+- every wait is bounded.
+
+Usage::
+
+    with start_lab(3) as lab:
+        lab.ssh(lab.hosts[0], "hostname")
+        lab.drop_port(lab.hosts[1], "32323-32400")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+STATE_ROOT = Path("/tmp")
+STATE_PREFIX = "mlxcluster-lab-"
+NAME_PREFIX = "mlxc"  # namespaces, bridge and veths all start with this
+SSHD = "/usr/sbin/sshd"
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+CMD_TIMEOUT = 20.0
+REQUIRED_TOOLS = ("ip", "unshare", "nft", "tc", "ssh", "ssh-keygen", "ssh-keyscan")
+
+
+class LabError(RuntimeError):
+    """The lab could not be built or a lab operation failed."""
+
+
+def lab_unavailable_reason() -> str | None:
+    """Why the lab cannot run on this machine, or None when it can."""
+    if sys.platform != "linux":
+        return f"the lab needs Linux network namespaces (this is {sys.platform})"
+    if os.geteuid() != 0:
+        return "the lab needs root (network namespaces, sshd)"
+    if not Path(SSHD).exists():
+        return "sshd is missing: apt-get install openssh-server (make test does this)"
+    missing = [t for t in REQUIRED_TOOLS if shutil.which(t, path=SYSTEM_PATH) is None]
+    if missing:
+        return f"missing tools: {', '.join(missing)} (make test installs iproute2, nftables, openssh)"
+    return None
+
+
+def _run(args: list[str], *, timeout: float = CMD_TIMEOUT, check: bool = True,
+         input: str | None = None) -> subprocess.CompletedProcess:
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, input=input)
+    if check and proc.returncode != 0:
+        raise LabError(f"{' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
+    return proc
+
+
+@dataclass
+class LabHost:
+    index: int
+    name: str  # hostname inside the host, e.g. labhost1
+    ip: str
+    netns: str
+    veth: str
+    sshd: subprocess.Popen | None = None
+    path: str = ""  # PATH a non-interactive ssh session gets on this host
+    python: str | None = None  # per-host python override (see Lab.python)
+    faults: set[str] = field(default_factory=set)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Lab:
+    """A running lab; build it with ``start_lab``."""
+
+    def __init__(self, n: int, *, python: str | None = None):
+        if n < 1 or n > 60:
+            raise LabError("a lab has 1 to 60 hosts")
+        self.id = secrets.token_hex(2)
+        self.tag = f"{NAME_PREFIX}{self.id}"
+        self.state = STATE_ROOT / f"{STATE_PREFIX}{self.id}"
+        self.bin_dir = self.state / "bin"
+        self.key = self.state / "id_ed25519"
+        self.host_key = self.state / "ssh_host_ed25519_key"
+        self.known_hosts = self.state / "known_hosts"
+        self.ssh_config = self.state / "ssh_config"
+        self.bridge = f"{self.tag}br"
+        self.subnet = _free_subnet()
+        net = ipaddress.ip_network(self.subnet)
+        self.gateway = str(net.network_address + 1)
+        self.default_python = python or sys.executable
+        # Non-interactive sessions find the venv's tools (mpirun...) and the wrapper.
+        self.default_path = f"{self.bin_dir}:{Path(self.default_python).parent}:{SYSTEM_PATH}"
+        self.hosts = [
+            LabHost(
+                index=i,
+                name=f"labhost{i + 1}",
+                ip=str(net.network_address + 11 + i),
+                netns=f"{self.tag}h{i + 1}",
+                veth=f"{self.tag}v{i + 1}",
+                path=self.default_path,
+            )
+            for i in range(n)
+        ]
+
+    # ---- addresses and environment -------------------------------------------------
+    @property
+    def python(self) -> str:
+        """The python path to put in inventories: a dispatcher that runs the
+        default python, or a host's override (``set_host_python``)."""
+        return str(self.bin_dir / "python")
+
+    def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        """os.environ with the lab's ssh wrapper first on PATH."""
+        env = dict(os.environ if base is None else base)
+        env["PATH"] = f"{self.bin_dir}:{env.get('PATH', SYSTEM_PATH)}"
+        return env
+
+    def host(self, ref: LabHost | str | int) -> LabHost:
+        if isinstance(ref, LabHost):
+            return ref
+        if isinstance(ref, int):
+            return self.hosts[ref]
+        for h in self.hosts:
+            if ref in (h.name, h.ip):
+                return h
+        raise LabError(f"no lab host {ref!r}")
+
+    def write_inventory(self, path: str | Path, *, python: str | None = None,
+                        hosts: list[LabHost] | None = None, use_names: bool = False) -> Path:
+        """Write an mlxcluster inventory for the lab (ssh by IP, or by Host alias)."""
+        lines = [
+            f"cluster: lab{self.id}",
+            "user: root",
+            f"python: {python or self.python}",
+            f"ssh_config: {self.ssh_config}",
+            "hosts:",
+        ]
+        for h in hosts or self.hosts:
+            target = h.name if use_names else h.ip
+            lines += [f"  - name: {h.name}", f"    ssh: {target}", f"    ips: [{h.ip}]"]
+        p = Path(path)
+        p.write_text("\n".join(lines) + "\n")
+        return p
+
+    # ---- running commands ----------------------------------------------------------
+    def ssh(self, host: LabHost | str | int, command: str, *, timeout: float = CMD_TIMEOUT,
+            check: bool = False) -> subprocess.CompletedProcess:
+        """Run a shell command on a host through real OpenSSH (BatchMode)."""
+        h = self.host(host)
+        return _run(["ssh", "-F", str(self.ssh_config), h.ip, command],
+                    timeout=timeout, check=check)
+
+    def netns_exec(self, host: LabHost | str | int, args: list[str], *,
+                   timeout: float = CMD_TIMEOUT, check: bool = True) -> subprocess.CompletedProcess:
+        """Run a command inside a host's namespace directly (no ssh)."""
+        h = self.host(host)
+        return _run(["ip", "netns", "exec", h.netns, *args], timeout=timeout, check=check)
+
+    # ---- faults ----------------------------------------------------------------------
+    def link_down(self, host) -> None:
+        """Cut the host's cable: connects to it time out."""
+        h = self.host(host)
+        self.netns_exec(h, ["ip", "link", "set", "eth0", "down"])
+        h.faults.add("link_down")
+
+    def stop_sshd(self, host) -> None:
+        """Stop the host's sshd: connects are refused."""
+        h = self.host(host)
+        _stop_process(h.sshd)
+        h.sshd = None
+        h.faults.add("sshd_stopped")
+
+    def drop_port(self, host, ports: str | int) -> None:
+        """Firewall: silently drop inbound TCP to a port or range ('32323-32400')."""
+        h = self.host(host)
+        ports = str(ports)
+        if not all(part.isdigit() for part in ports.split("-", 1)):
+            raise LabError(f"bad port spec {ports!r}")
+        rules = (
+            "table inet mlxclab {\n"
+            "  chain input { type filter hook input priority 0; policy accept;\n"
+            f"    tcp dport {ports} drop\n"
+            "  }\n}\n"
+        )
+        _run(["ip", "netns", "exec", h.netns, "nft", "-f", "-"], input=rules)
+        h.faults.add("port_dropped")
+
+    def slow_link(self, host, rate: str = "100mbit") -> None:
+        """Throttle the host's egress with a token bucket (netem is not in this kernel)."""
+        h = self.host(host)
+        self.netns_exec(h, ["tc", "qdisc", "replace", "dev", "eth0", "root", "tbf",
+                            "rate", rate, "burst", "32kbit", "latency", "400ms"])
+        h.faults.add("slow_link")
+
+    def set_host_path(self, host, path: str) -> None:
+        """Give non-interactive ssh sessions on this host another PATH (sshd restarted)."""
+        h = self.host(host)
+        h.path = path
+        self._restart_sshd(h)
+        h.faults.add("path")
+
+    def set_host_python(self, host, python: str) -> None:
+        """Make the lab python path run another interpreter on this host only."""
+        h = self.host(host)
+        h.python = python
+        self._write_python_dispatch()
+        h.faults.add("python")
+
+    def forget_host_key(self, host) -> None:
+        """Remove the host from known_hosts: its key becomes unknown to clients."""
+        h = self.host(host)
+        self._write_known_hosts(exclude={h.ip, h.name})
+        h.faults.add("host_key")
+
+    def heal(self, host=None) -> None:
+        """Undo every fault on one host (or all hosts)."""
+        for h in [self.host(host)] if host is not None else self.hosts:
+            if not h.faults:
+                continue
+            self.netns_exec(h, ["ip", "link", "set", "eth0", "up"])
+            self.netns_exec(h, ["nft", "flush", "ruleset"], check=False)
+            self.netns_exec(h, ["tc", "qdisc", "del", "dev", "eth0", "root"], check=False)
+            h.python = None
+            restart = h.sshd is None or h.path != self.default_path
+            h.path = self.default_path
+            if restart:
+                self._restart_sshd(h)
+            h.faults.clear()
+        self._write_python_dispatch()
+        self._write_known_hosts()
+        for h in [self.host(host)] if host is not None else self.hosts:
+            self._wait_ssh(h)
+
+    # ---- lifecycle -----------------------------------------------------------------
+    def start(self) -> Lab:
+        reason = lab_unavailable_reason()
+        if reason:
+            raise LabError(reason)
+        cleanup_stale()
+        self.state.mkdir(mode=0o700)
+        (self.state / "owner.pid").write_text(str(os.getpid()))
+        self.bin_dir.mkdir()
+        self._make_keys()
+        _run(["ip", "link", "add", self.bridge, "type", "bridge"])
+        _run(["ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge])
+        _run(["ip", "link", "set", self.bridge, "up"])
+        Path("/run/sshd").mkdir(exist_ok=True)
+        for h in self.hosts:
+            _run(["ip", "netns", "add", h.netns])
+            _run(["ip", "link", "add", h.veth, "type", "veth", "peer", "name", "eth0",
+                  "netns", h.netns])
+            _run(["ip", "link", "set", h.veth, "master", self.bridge, "up"])
+            self.netns_exec(h, ["ip", "addr", "add", f"{h.ip}/24", "dev", "eth0"])
+            self.netns_exec(h, ["ip", "link", "set", "eth0", "up"])
+            self.netns_exec(h, ["ip", "link", "set", "lo", "up"])
+            self._start_sshd(h)
+        self._write_known_hosts()
+        self._write_client_files()
+        for h in self.hosts:
+            self._wait_ssh(h)
+        return self
+
+    def stop(self) -> None:
+        """Tear down everything this lab made. Safe to call twice."""
+        for h in self.hosts:
+            _stop_process(h.sshd)
+            h.sshd = None
+        _destroy(self.id)
+
+    def __enter__(self) -> Lab:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # ---- internals -----------------------------------------------------------------
+    def _make_keys(self) -> None:
+        for key in (self.key, self.host_key):
+            _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"mlxcluster-lab-{self.id}",
+                  "-f", str(key)])
+        (self.state / "authorized_keys").write_text(Path(f"{self.key}.pub").read_text())
+
+    def _sshd_config(self, h: LabHost) -> Path:
+        conf = self.state / f"sshd_{h.name}.conf"
+        conf.write_text(
+            f"ListenAddress {h.ip}\n"
+            f"HostKey {self.host_key}\n"
+            f"AuthorizedKeysFile {self.state}/authorized_keys\n"
+            "PasswordAuthentication no\n"
+            "KbdInteractiveAuthentication no\n"
+            "PermitRootLogin yes\n"
+            "StrictModes no\n"
+            "UsePAM no\n"
+            "MaxStartups 200\n"
+            "MaxSessions 100\n"
+            f"PidFile {self.state}/sshd_{h.name}.pid\n"
+            f"SetEnv PATH={h.path}\n"
+        )
+        return conf
+
+    def _start_sshd(self, h: LabHost) -> None:
+        conf = self._sshd_config(h)
+        log = self.state / f"sshd_{h.name}.log"
+        # `unshare --uts` gives the host its own hostname; Open MPI hangs when
+        # every host reports the same one. -D keeps sshd as our child (pid known).
+        h.sshd = subprocess.Popen(
+            ["ip", "netns", "exec", h.netns, "unshare", "--uts", "sh", "-c",
+             f"hostname {h.name} && exec {SSHD} -D -f {conf} -E {log}"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    def _restart_sshd(self, h: LabHost) -> None:
+        _stop_process(h.sshd)
+        self._start_sshd(h)
+        self._wait_ssh(h)
+
+    def _wait_ssh(self, h: LabHost, timeout: float = 15.0) -> None:
+        if "link_down" in h.faults or h.sshd is None:
+            return
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            proc = self.ssh(h, "true", timeout=10)
+            if proc.returncode == 0:
+                return
+            last = proc.stderr.strip()
+            time.sleep(0.1)
+        raise LabError(f"{h.name} ({h.ip}): ssh not ready after {timeout:.0f}s: {last}")
+
+    def _write_known_hosts(self, exclude: set[str] = frozenset()) -> None:
+        pub = Path(f"{self.host_key}.pub").read_text().split()
+        lines = [f"{h.ip},{h.name} {pub[0]} {pub[1]}" for h in self.hosts
+                 if h.ip not in exclude and h.name not in exclude]
+        self.known_hosts.write_text("\n".join(lines) + ("\n" if lines else ""))
+
+    def _write_client_files(self) -> None:
+        aliases = "".join(f"Host {h.name}\n  HostName {h.ip}\n" for h in self.hosts)
+        net = ipaddress.ip_network(self.subnet)
+        pattern = ".".join(str(net.network_address).split(".")[:3]) + ".*"
+        self.ssh_config.write_text(
+            aliases
+            + f"Host {pattern} labhost*\n"
+            "  User root\n"
+            f"  IdentityFile {self.key}\n"
+            "  IdentitiesOnly yes\n"
+            f"  UserKnownHostsFile {self.known_hosts}\n"
+            "  StrictHostKeyChecking yes\n"
+            "  BatchMode yes\n"
+            "  ConnectTimeout 5\n"
+            "  LogLevel ERROR\n"
+        )
+        wrapper = self.bin_dir / "ssh"
+        wrapper.write_text(f'#!/bin/sh\nexec /usr/bin/ssh -F {self.ssh_config} "$@"\n')
+        wrapper.chmod(0o755)
+        self._write_python_dispatch()
+
+    def _write_python_dispatch(self) -> None:
+        # One path for every host (MLX wants that); the hostname picks the interpreter.
+        cases = "".join(f"  {h.name}) exec {h.python} \"$@\" ;;\n" for h in self.hosts if h.python)
+        script = self.bin_dir / "python"
+        tmp = self.bin_dir / ".python.tmp"
+        tmp.write_text(
+            "#!/bin/sh\n"
+            f'case "$(cat /proc/sys/kernel/hostname)" in\n{cases}'
+            f'  *) exec {self.default_python} "$@" ;;\nesac\n'
+        )
+        tmp.chmod(0o755)
+        tmp.replace(script)
+
+
+def _free_subnet() -> str:
+    """A 10.77.K.0/24 that no interface here uses (concurrent labs get distinct K)."""
+    used = _run(["ip", "-o", "-4", "addr", "show"]).stdout
+    # A random start keeps labs started at the same moment apart.
+    start = secrets.randbelow(230)
+    for k in [20 + (start + i) % 230 for i in range(230)]:
+        if f"10.77.{k}." not in used:
+            return f"10.77.{k}.0/24"
+    raise LabError("no free 10.77.K.0/24 subnet for the lab")
+
+
+def _stop_process(proc: subprocess.Popen | None) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=5)
+
+
+def _lab_namespaces(lab_id: str) -> list[str]:
+    out = _run(["ip", "netns", "list"], check=False).stdout
+    names = [line.split()[0] for line in out.splitlines() if line.strip()]
+    return [n for n in names if n.startswith(f"{NAME_PREFIX}{lab_id}h")]
+
+
+def _destroy(lab_id: str) -> None:
+    """Remove every trace of lab ``lab_id``: processes, namespaces, links, files."""
+    for ns in _lab_namespaces(lab_id):
+        # Everything running inside the namespace: sshd, sessions, ranks a test started.
+        for _ in range(3):
+            pids = _run(["ip", "netns", "pids", ns], check=False).stdout.split()
+            if not pids:
+                break
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid), signal.SIGKILL)
+            time.sleep(0.1)
+        _run(["ip", "netns", "del", ns], check=False)
+    links = _run(["ip", "-o", "link", "show"], check=False).stdout
+    for line in links.splitlines():
+        name = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
+        if name.startswith(f"{NAME_PREFIX}{lab_id}"):
+            _run(["ip", "link", "del", name], check=False)
+    shutil.rmtree(STATE_ROOT / f"{STATE_PREFIX}{lab_id}", ignore_errors=True)
+
+
+def _owner_alive(state_dir: Path) -> bool:
+    try:
+        pid = int((state_dir / "owner.pid").read_text())
+    except (OSError, ValueError):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def cleanup_stale() -> list[str]:
+    """Destroy labs whose owning process is gone (a crashed or killed run)."""
+    removed = []
+    for state_dir in STATE_ROOT.glob(f"{STATE_PREFIX}*"):
+        if not _owner_alive(state_dir):
+            lab_id = state_dir.name[len(STATE_PREFIX):]
+            _destroy(lab_id)
+            removed.append(lab_id)
+    # Namespaces of ours with no state dir at all are leftovers too.
+    out = _run(["ip", "netns", "list"], check=False).stdout
+    for line in out.splitlines():
+        ns = line.split()[0] if line.strip() else ""
+        if ns.startswith(NAME_PREFIX) and "h" in ns[len(NAME_PREFIX):]:
+            lab_id = ns[len(NAME_PREFIX):].split("h", 1)[0]
+            if not (STATE_ROOT / f"{STATE_PREFIX}{lab_id}").exists():
+                _destroy(lab_id)
+                removed.append(lab_id)
+    return removed
+
+
+def our_namespaces() -> list[str]:
+    """Every namespace any mlxcluster lab made that still exists."""
+    out = _run(["ip", "netns", "list"], check=False).stdout
+    return [line.split()[0] for line in out.splitlines()
+            if line.strip() and line.startswith(NAME_PREFIX)]
+
+
+@contextlib.contextmanager
+def start_lab(n: int, *, python: str | None = None) -> Iterator[Lab]:
+    """Bring up an n-host lab; tear it down on exit, error or Ctrl-C."""
+    lab = Lab(n, python=python)
+    try:
+        lab.start()
+        yield lab
+    finally:
+        lab.stop()

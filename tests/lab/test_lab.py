@@ -1,0 +1,201 @@
+"""The lab itself: real hosts, real MLX ring and MPI traffic, faults, teardown."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.lab import our_namespaces
+
+pytestmark = pytest.mark.lab
+
+HERE = Path(__file__).resolve().parent
+VENV_BIN = Path(sys.executable).parent
+
+
+def run_job(cmd: list[str], lab, timeout: float = 120) -> list[tuple[int, int, int, str]]:
+    proc = subprocess.run(cmd, env=lab.env(), capture_output=True, text=True, timeout=timeout)
+    rows = [line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert rows, f"no result (rc={proc.returncode}):\n{proc.stdout}\n{proc.stderr[-3000:]}"
+    return sorted((int(r), int(s), int(v), host) for r, s, v, host in rows)
+
+
+def test_three_hosts_each_with_own_hostname(lab3):
+    names = [lab3.ssh(h, "hostname", check=True).stdout.strip() for h in lab3.hosts]
+    assert names == ["labhost1", "labhost2", "labhost3"]
+    # host-to-host ssh works too (mpirun starts remote daemons from a host)
+    proc = lab3.ssh(0, f"ssh {lab3.hosts[2].ip} hostname", check=True)
+    assert proc.stdout.strip() == "labhost3"
+
+
+def test_mlx_launch_ring_all_sum_across_three_hosts(lab3):
+    ips = ",".join(h.ip for h in lab3.hosts)
+    rows = run_job([str(VENV_BIN / "mlx.launch"), "--hosts", ips, "--backend", "ring",
+                    "--python", lab3.python, str(HERE / "allsum.py"), "ring"], lab3)
+    assert rows == [(0, 3, 3, "labhost1"), (1, 3, 3, "labhost2"), (2, 3, 3, "labhost3")]
+
+
+def mpirun_cmd(lab, hostfile: Path, with_libname: bool = True) -> list[str]:
+    cmd = [str(VENV_BIN / "mpirun"), "--allow-run-as-root", "--hostfile", str(hostfile),
+           "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", lab.subnet,
+           "--mca", "oob_tcp_if_include", lab.subnet, "--mca", "btl_tcp_links", "4",
+           "-x", "PATH", "-x", f"LD_LIBRARY_PATH={VENV_BIN.parent / 'lib'}"]
+    if with_libname:
+        cmd += ["-x", f"MLX_MPI_LIBNAME={VENV_BIN.parent / 'lib' / 'libmpi.so.40'}"]
+    return cmd + [lab.python, str(HERE / "allsum.py")]
+
+
+def test_mpi_all_sum_across_three_hosts(lab3, tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("".join(f"{h.ip} slots=1\n" for h in lab3.hosts))
+    rows = run_job(mpirun_cmd(lab3, hostfile) + ["mpi"], lab3)
+    assert rows == [(0, 3, 3, "labhost1"), (1, 3, 3, "labhost2"), (2, 3, 3, "labhost3")]
+
+
+def test_mpi_without_libname_silently_runs_alone(lab3, tmp_path):
+    """The FIELD_NOTES trap, reproduced: without MLX_MPI_LIBNAME and a
+    non-strict init every rank is a group of 1 (why smoke uses strict init)."""
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("".join(f"{h.ip} slots=1\n" for h in lab3.hosts))
+    cmd = mpirun_cmd(lab3, hostfile, with_libname=False)
+    cmd[-1:] = [str(HERE / "allsum_lenient.py")]
+    rows = run_job(cmd, lab3)
+    assert [(r[1], r[2]) for r in rows] == [(1, 1)] * 3
+
+
+def _ssh_timed(lab, host, command="true"):
+    start = time.monotonic()
+    proc = lab.ssh(host, command, timeout=30)
+    return proc, time.monotonic() - start
+
+
+def test_fault_link_down_makes_connects_time_out(lab3):
+    try:
+        lab3.link_down(1)
+        proc, elapsed = _ssh_timed(lab3, 1)
+        assert proc.returncode == 255 and "timed out" in proc.stderr
+        assert elapsed >= 4  # ConnectTimeout 5 in the lab ssh_config
+        assert lab3.ssh(0, "true").returncode == 0  # the others are untouched
+    finally:
+        lab3.heal(1)
+    assert lab3.ssh(1, "true").returncode == 0
+
+
+def test_fault_sshd_stopped_refuses(lab3):
+    try:
+        lab3.stop_sshd(2)
+        proc, elapsed = _ssh_timed(lab3, 2)
+        assert proc.returncode == 255 and "refused" in proc.stderr
+        assert elapsed < 4
+    finally:
+        lab3.heal(2)
+    assert lab3.ssh(2, "hostname").stdout.strip() == "labhost3"
+
+
+def test_fault_ssh_port_dropped_times_out(lab3):
+    try:
+        lab3.drop_port(0, 22)
+        proc, _ = _ssh_timed(lab3, 0)
+        assert proc.returncode == 255 and "timed out" in proc.stderr
+    finally:
+        lab3.heal(0)
+    assert lab3.ssh(0, "true").returncode == 0
+
+
+def test_fault_data_port_range_dropped(lab3):
+    target = lab3.hosts[1]
+    listener = subprocess.Popen(
+        ["ip", "netns", "exec", target.netns, sys.executable, "-c",
+         f"import socket,time;s=socket.create_server(('{target.ip}',32330));time.sleep(60)"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    probe = (f"{lab3.python} -c \"import socket;socket.create_connection(('{target.ip}',32330),2);"
+             "print('connected')\"")
+    try:
+        deadline = time.monotonic() + 10
+        while lab3.ssh(0, probe).stdout.strip() != "connected":
+            assert time.monotonic() < deadline, "listener never came up"
+            time.sleep(0.2)
+        lab3.drop_port(target, "32323-32400")
+        proc = lab3.ssh(0, probe)
+        assert proc.returncode != 0 and "timed out" in proc.stderr
+        assert lab3.ssh(0, f"ssh {target.ip} true").returncode == 0  # ssh itself still fine
+    finally:
+        listener.kill()
+        listener.wait(5)
+        lab3.heal(target)
+
+
+def test_fault_slow_link_throttles(lab3):
+    fetch = "head -c 400000 /dev/zero"
+    _, fast = _ssh_timed(lab3, 2, fetch)
+    try:
+        lab3.slow_link(2, "1mbit")
+        proc, slow = _ssh_timed(lab3, 2, fetch)
+        assert proc.returncode == 0 and len(proc.stdout) == 400000
+        assert slow > 2.0 and slow > 3 * fast  # 3.2 Mbit at 1 Mbit/s
+    finally:
+        lab3.heal(2)
+
+
+def test_fault_per_host_path_and_python(lab3):
+    other_python = os.path.join(sys.base_prefix, "bin", "python3")
+    try:
+        lab3.set_host_path(1, "/usr/bin:/bin")
+        lab3.set_host_python(2, other_python)
+        assert lab3.ssh(0, "command -v mpirun").returncode == 0
+        assert lab3.ssh(1, "command -v mpirun").returncode != 0
+        exe = "-c 'import sys; print(sys.prefix)'"
+        prefixes = [lab3.ssh(h, f"{lab3.python} {exe}").stdout.strip() for h in lab3.hosts]
+        assert prefixes[0] == prefixes[1] == sys.prefix
+        assert prefixes[2] == sys.base_prefix != sys.prefix
+    finally:
+        lab3.heal()
+    assert lab3.ssh(1, "command -v mpirun").returncode == 0
+
+
+def test_fault_unknown_host_key(lab3):
+    try:
+        lab3.forget_host_key(0)
+        proc = lab3.ssh(0, "true")
+        assert proc.returncode == 255 and "Host key verification failed" in proc.stderr
+        assert lab3.ssh(1, "true").returncode == 0
+    finally:
+        lab3.heal(0)
+    assert lab3.ssh(0, "true").returncode == 0
+
+
+def test_teardown_leaves_nothing(make_lab):
+    lab = make_lab(2)
+    ns = [h.netns for h in lab.hosts]
+    sshd_pids = [h.sshd.pid for h in lab.hosts]
+    # a process left running on a host is killed by teardown too
+    lab.ssh(0, "nohup sleep 300 >/dev/null 2>&1 &")
+    assert set(ns) <= set(our_namespaces())
+    lab.stop()
+    remaining = set(our_namespaces())
+    assert not set(ns) & remaining
+    assert not lab.state.exists()
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert lab.tag not in links
+    for pid in sshd_pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    # (No connect to the old address: with the lab gone it would leave this
+    # machine by the default route, and the lab never contacts foreign addresses.)
+    routes = subprocess.run(["ip", "-o", "route"], capture_output=True, text=True).stdout
+    assert lab.subnet not in routes
+
+
+def test_stale_lab_of_dead_owner_is_cleaned(make_lab):
+    from tests.lab import cleanup_stale
+
+    lab = make_lab(1)
+    (lab.state / "owner.pid").write_text("999999999")  # an owner that cannot exist
+    removed = cleanup_stale()
+    assert lab.id in removed
+    assert lab.hosts[0].netns not in our_namespaces()
