@@ -1,21 +1,23 @@
 """Trainer throughput and memory, measured in one run.
 
     python bench/train_throughput.py                     # demo config, a few minutes on 2 cores
-    python bench/train_throughput.py --steps 40 --ranks 1,2,4,8
+    python bench/train_throughput.py --steps 5 --rounds 9 --ranks 1,2,4,8
 
 Prints, for the `demo` config (or --config):
-  1. tokens/s of reference_train (1 process) against a minimal bare MLX loop of
-     the same model and batch (eager, and with mx.compile), with and (on Linux)
-     without the OpenBLAS preload, and the ratio trainer / best bare loop;
+  1. tokens/s of reference_train's training step (1 process; compiled, its
+     default, and eager) against a minimal bare MLX loop of the same model and
+     batch (eager, and with mx.compile), with and (on Linux) without the
+     OpenBLAS preload, and the ratio trainer / faster bare loop;
   2. per-rank peak memory (MLX allocator peak and process peak RSS) and tokens/s
-     at 1, 2 and 4 ranks (mlx.launch --backend ring on this machine).
+     at 1, 2 and 4 ranks: the real trainer CLI under mlx.launch --backend ring
+     on this machine, tokens/s from its metrics.jsonl (first interval dropped).
 
-Steps: the first `--warmup` steps (compilation) are not timed; the trainer's
-tokens/s comes from its own metrics.jsonl, logged every `--warmup` steps, with
-the first interval dropped. Without OpenBLAS a step is ~15x slower, so fewer
-steps are timed (--slow-steps). On a shared machine the figures are noisy, so
-the trainer and the bare loops run alternately for `--rounds` rounds and each
-keeps its best round.
+Part 1 runs in one process per BLAS setting (LD_PRELOAD acts at start-up): the
+four variants are warmed up (`--warmup` steps, compilation), then run in
+alternating chunks of `--steps` steps for `--rounds` rounds, so that all see the
+same load on a shared machine; each figure is the median over rounds, the ratio
+the median of the per-round ratios. Without OpenBLAS a step is ~15x slower, so
+chunks are `--slow-steps` long.
 """
 
 from __future__ import annotations
@@ -36,41 +38,85 @@ sys.path.insert(0, str(REPO))
 from mlxcluster.blas import find_openblas, with_openblas  # noqa: E402
 
 
-def bare_worker(config: str, steps: int, warmup: int, compiled: bool) -> dict:
-    """The minimal loop: same model and batch shape, random tokens, AdamW, no extras."""
-    from functools import partial
+class BareLoop:
+    """The minimal loop: same model and batch shape, random tokens, AdamW, nothing else."""
+
+    def __init__(self, cfg, compiled: bool):
+        from functools import partial
+
+        import mlx.core as mx
+        import mlx.nn as nn
+        import mlx.optimizers as optim
+
+        from reference_train.model import Llama, loss_fn
+        from reference_train.train import model_args
+
+        mx.random.seed(0)
+        self.model = model = Llama(model_args(cfg, 257))
+        self.opt = opt = optim.AdamW(learning_rate=cfg.lr, weight_decay=cfg.weight_decay)
+        loss_and_grad = nn.value_and_grad(model, loss_fn)
+
+        def step(x, y):
+            loss, grads = loss_and_grad(model, x, y)
+            opt.update(model, grads)
+            return loss
+
+        if compiled:
+            state = [model.state, opt.state]
+            step = partial(mx.compile, inputs=state, outputs=state)(step)
+        self.fn = step
+        x = mx.random.randint(0, 257, (cfg.global_batch, cfg.block_size + 1))
+        self.x, self.y = x[:, :-1], x[:, 1:]
+        mx.eval(model.parameters(), self.x, self.y)
+
+    def step(self) -> None:
+        import mlx.core as mx
+
+        loss = self.fn(self.x, self.y)
+        mx.eval(self.model.parameters(), self.opt.state, loss)
+
+
+def throughput_worker(config: str, data: str, steps: int, warmup: int, rounds: int) -> dict:
+    """In one process: reference_train's Trainer.train_step (compiled and eager) against
+    the bare loop (eager and compiled), in alternating chunks of `steps` steps.
+
+    Alternating in one process exposes every variant to the same machine load;
+    each variant's figure is its median over the rounds.
+    """
+    import statistics
 
     import mlx.core as mx
-    import mlx.nn as nn
-    import mlx.optimizers as optim
 
-    from reference_train.model import Llama, loss_fn
-    from reference_train.train import build_config, model_args
+    from reference_train.train import Trainer, build_config
 
-    cfg = build_config(["--config", config])
-    mx.random.seed(0)
-    model = Llama(model_args(cfg, 257))
-    opt = optim.AdamW(learning_rate=cfg.lr, weight_decay=cfg.weight_decay)
-    loss_and_grad = nn.value_and_grad(model, loss_fn)
-
-    def step(x, y):
-        loss, grads = loss_and_grad(model, x, y)
-        opt.update(model, grads)
-        return loss
-
-    if compiled:
-        state = [model.state, opt.state]
-        step = partial(mx.compile, inputs=state, outputs=state)(step)
-    x = mx.random.randint(0, 257, (cfg.global_batch, cfg.block_size + 1))
-    inputs, targets = x[:, :-1], x[:, 1:]
-    mx.eval(model.parameters(), inputs, targets)
-    for i in range(warmup + steps):
-        if i == warmup:
+    out = tempfile.mkdtemp(prefix="train_bench_out.")
+    common = ["--config", config, "--data", data, "--out", out]
+    group = mx.distributed.init()
+    variants = {
+        "trainer": Trainer(build_config(common), group, log=lambda _: None).train_step,
+        "trainer_eager": Trainer(build_config([*common, "--compile", "false"]), group,
+                                 log=lambda _: None).train_step,
+        "bare_eager": BareLoop(build_config(common), compiled=False).step,
+        "bare_compiled": BareLoop(build_config(common), compiled=True).step,
+    }
+    cfg = build_config(common)
+    tokens = cfg.global_batch * cfg.block_size
+    for fn in variants.values():
+        for _ in range(warmup):
+            fn()
+    rates: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, fn in variants.items():
             t0 = time.perf_counter()
-        loss = step(inputs, targets)
-        mx.eval(model.parameters(), opt.state, loss)
-    elapsed = time.perf_counter() - t0
-    return {"tokens_per_s": steps * cfg.global_batch * cfg.block_size / elapsed}
+            for _ in range(steps):
+                fn()
+            rates[name].append(steps * tokens / (time.perf_counter() - t0))
+    shutil.rmtree(out, ignore_errors=True)
+    result = {name: statistics.median(r) for name, r in rates.items()}
+    result["ratio"] = statistics.median(
+        t / max(e, c) for t, e, c in zip(rates["trainer"], rates["bare_eager"],
+                                         rates["bare_compiled"], strict=True))
+    return result
 
 
 def run(cmd: list[str], env: dict[str, str], timeout: float = 1800) -> str:
@@ -78,13 +124,6 @@ def run(cmd: list[str], env: dict[str, str], timeout: float = 1800) -> str:
     if proc.returncode != 0 or "error" in proc.stderr.lower():
         raise SystemExit(f"failed: {' '.join(cmd)}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     return proc.stdout
-
-
-def bare_tokens_per_s(config: str, steps: int, warmup: int, compiled: bool,
-                      env: dict[str, str]) -> float:
-    out = run([sys.executable, __file__, "--bare-worker", "--config", config, "--steps",
-               str(steps), "--warmup", str(warmup), *(["--compiled"] if compiled else [])], env)
-    return json.loads(out.strip().splitlines()[-1])["tokens_per_s"]
 
 
 def trainer_run(config: str, steps: int, warmup: int, ranks: int, data: Path, out: Path,
@@ -113,17 +152,17 @@ def mean(values: list[float]) -> float:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="demo")
-    p.add_argument("--steps", type=int, default=20, help="timed steps with OpenBLAS")
-    p.add_argument("--slow-steps", type=int, default=4, help="timed steps without OpenBLAS")
+    p.add_argument("--steps", type=int, default=3, help="steps per chunk with OpenBLAS")
+    p.add_argument("--slow-steps", type=int, default=1, help="steps per chunk without OpenBLAS")
     p.add_argument("--warmup", type=int, default=4, help="untimed steps first (compilation)")
-    p.add_argument("--rounds", type=int, default=3, help="alternating rounds; best kept")
+    p.add_argument("--rounds", type=int, default=5, help="alternating rounds (medians)")
     p.add_argument("--ranks", default="1,2,4", help="rank counts for the memory table")
     p.add_argument("--mem-steps", type=int, default=4, help="timed steps per rank count")
-    p.add_argument("--bare-worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--compiled", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--worker-data", help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.bare_worker:
-        print(json.dumps(bare_worker(args.config, args.steps, args.warmup, args.compiled)))
+    if args.worker_data:
+        print(json.dumps(throughput_worker(args.config, args.worker_data, args.steps,
+                                           args.warmup, args.rounds)))
         return 0
 
     base = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
@@ -143,24 +182,22 @@ def main() -> int:
     print(f"config {args.config}; {args.warmup} warm-up steps; data: offline corpus; "
           f"OpenBLAS: {openblas or 'not found'}")
     print("\n1. tokens/s, 1 process")
-    print(f"{'BLAS':<24}{'steps':>6}{'trainer':>10}{'bare eager':>12}{'bare comp.':>12}{'ratio':>8}")
+    print(f"{'BLAS':<24}{'steps':>6}{'trainer':>10}{'(eager)':>10}{'bare eager':>12}"
+          f"{'bare comp.':>12}{'ratio':>8}")
     results: dict = {"config": args.config, "rounds": args.rounds, "throughput": [], "ranks": []}
     for label, env, steps in settings:
-        ours = eager = comp = 0.0
-        for i in range(args.rounds):
-            recs = trainer_run(args.config, steps, args.warmup, 1, data, tmp / f"t{i}-{label[:4]}", env)
-            ours = max(ours, mean([r["tokens_per_s"] for r in recs]))
-            eager = max(eager, bare_tokens_per_s(args.config, steps, args.warmup, False, env))
-            comp = max(comp, bare_tokens_per_s(args.config, steps, args.warmup, True, env))
-        ratio = ours / max(eager, comp)
-        print(f"{label:<24}{steps:>6}{ours:>10,.0f}{eager:>12,.0f}{comp:>12,.0f}{ratio:>7.2f}x")
-        results["throughput"].append({"blas": label, "steps": steps, "trainer": ours,
-                                      "bare_eager": eager, "bare_compiled": comp, "ratio": ratio})
-
+        out = run([sys.executable, __file__, "--worker-data", str(data), "--config", args.config,
+                   "--steps", str(steps), "--warmup", str(min(args.warmup, steps)),
+                   "--rounds", str(args.rounds)], env)
+        r = json.loads(out.strip().splitlines()[-1])
+        print(f"{label:<24}{steps:>6}{r['trainer']:>10,.0f}{r['trainer_eager']:>10,.0f}"
+              f"{r['bare_eager']:>12,.0f}{r['bare_compiled']:>12,.0f}{r['ratio']:>7.2f}x")
+        results["throughput"].append({"blas": label, "steps_per_chunk": steps, **r})
     if len(results["throughput"]) == 2:
         fast, slow = results["throughput"]
         print(f"OpenBLAS speed-up: trainer {fast['trainer'] / slow['trainer']:.1f}x, "
               f"bare eager {fast['bare_eager'] / slow['bare_eager']:.1f}x")
+    print("ratio: median over rounds of trainer / the faster bare loop of the same round")
     env = settings[0][1]
     print(f"\n2. per rank, {args.mem_steps} timed steps, same global batch "
           f"({settings[0][0]}; mlx.launch ring, all ranks on this machine)")

@@ -246,6 +246,7 @@ class Trainer:
         self.key = mx.random.key(cfg.seed + 1)
         self.step = 0
         self.out = Path(cfg.out)
+        self._steps = None
 
     def schedule(self):
         cfg = self.cfg
@@ -328,6 +329,32 @@ class Trainer:
         every = np.array(every).reshape(-1, 2)
         return [round(float(v), 1) for v in every[:, 0]], [round(float(v), 1) for v in every[:, 1]]
 
+    def train_step(self) -> tuple[mx.array, mx.array]:
+        """One optimizer step on this rank's slice of global batch `self.step`.
+
+        Returns (this rank's loss, gradient norm), evaluated; advances self.step.
+        """
+        cfg = self.cfg
+        if self._steps is None:  # built after any resume replaced the optimizer state
+            self._steps = self.build_steps()
+        grad_step, update_step = self._steps
+        x_all, y_all = self.train_data.batch(self.step)
+        step_loss, grads = mx.array(0.0), None
+        for m in range(cfg.grad_accum):
+            rows = slice(m * self.micro_batch, (m + 1) * self.micro_batch)
+            loss, g = grad_step(mx.array(x_all[rows]), mx.array(y_all[rows]))
+            grads = g if grads is None else tree_map(mx.add, grads, g)
+            step_loss = step_loss + loss
+            if cfg.grad_accum > 1:
+                mx.eval(grads, step_loss)  # bound memory to one micro-batch of activations
+        if cfg.grad_accum > 1:
+            grads = tree_map(lambda g: g / cfg.grad_accum, grads)
+        norm = update_step(grads)
+        step_loss = step_loss / cfg.grad_accum
+        mx.eval(self.model.parameters(), self.optimizer.state, step_loss, norm)
+        self.step += 1
+        return step_loss, norm
+
     def run(self) -> dict:
         """Train from self.step to the end (or stop_after); return the last metrics."""
         cfg = self.cfg
@@ -344,28 +371,14 @@ class Trainer:
         metrics_path = self.out / "metrics.jsonl"
         if self.rank == 0:
             truncate_metrics(metrics_path, self.step)
-        grad_step, update_step = self.build_steps()
         last = min(cfg.steps, cfg.stop_after) if cfg.stop_after else cfg.steps
         tokens_per_step = cfg.global_batch * cfg.block_size
         show_bar = cfg.progress and self.rank == 0 and sys.stdout.isatty()
         record: dict = {}
         loss_sum, interval_steps, t0 = mx.array(0.0), 0, time.perf_counter()
         while self.step < last:
-            x_all, y_all = self.train_data.batch(self.step)
-            step_loss, grads = mx.array(0.0), None
-            for m in range(cfg.grad_accum):
-                rows = slice(m * self.micro_batch, (m + 1) * self.micro_batch)
-                loss, g = grad_step(mx.array(x_all[rows]), mx.array(y_all[rows]))
-                grads = g if grads is None else tree_map(mx.add, grads, g)
-                step_loss = step_loss + loss
-                if cfg.grad_accum > 1:
-                    mx.eval(grads, step_loss)  # bound memory to one micro-batch of activations
-            if cfg.grad_accum > 1:
-                grads = tree_map(lambda g: g / cfg.grad_accum, grads)
-            norm = update_step(grads)
-            loss_sum = loss_sum + step_loss / cfg.grad_accum
-            mx.eval(self.model.parameters(), self.optimizer.state, loss_sum, norm)
-            self.step += 1
+            step_loss, norm = self.train_step()
+            loss_sum = loss_sum + step_loss
             interval_steps += 1
             if show_bar:
                 print_progress(self.step, last)

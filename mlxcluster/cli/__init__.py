@@ -19,6 +19,7 @@ from mlxcluster.errors import MlxclusterError
 COMMAND_MODULES: tuple[str, ...] = (
     "demo",
     "discover",
+    "train",
 )
 
 
