@@ -6,8 +6,9 @@
 Prints, for the `demo` config (or --config):
   1. tokens/s of reference_train's training step (1 process; compiled, its
      default, and eager) against a minimal bare MLX loop of the same model and
-     batch (eager, and with mx.compile), with and (on Linux) without the
-     OpenBLAS preload, and the ratio trainer / faster bare loop;
+     batch (eager, and with mx.compile), with the OpenBLAS preload (1 thread, as
+     `mlxcluster train` sets it when ranks share cores, and OpenBLAS's default)
+     and, on Linux, without it; and the ratio trainer / faster bare loop;
   2. per-rank peak memory (MLX allocator peak and process peak RSS) and tokens/s
      at 1, 2 and 4 ranks: the real trainer CLI under mlx.launch --backend ring
      on this machine, tokens/s from its metrics.jsonl (first interval dropped).
@@ -138,7 +139,8 @@ def trainer_run(config: str, steps: int, warmup: int, ranks: int, data: Path, ou
         launch = shutil.which("mlx.launch", path=str(Path(sys.executable).parent))
         cmd = [launch, "-n", str(ranks), "--backend", "ring", "--starting-port", str(port),
                "--python", sys.executable]
-        cmd += [f"--env={k}={env[k]}" for k in ("PYTHONPATH", "LD_PRELOAD") if k in env]
+        cmd += [f"--env={k}={env[k]}" for k in ("PYTHONPATH", "LD_PRELOAD", "OPENBLAS_NUM_THREADS")
+                if k in env]
         cmd += ["--", *args]
     run(cmd, env)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -168,7 +170,11 @@ def main() -> int:
     base = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     base["PYTHONPATH"] = str(REPO)
     openblas = find_openblas()
-    settings = [("OpenBLAS preloaded", with_openblas(base, openblas), args.steps)] if openblas else []
+    settings = []
+    if openblas:
+        one = {**with_openblas(base, openblas), "OPENBLAS_NUM_THREADS": "1"}
+        settings += [("OpenBLAS, 1 thread", one, args.steps),
+                     ("OpenBLAS, default threads", with_openblas(base, openblas), args.steps)]
     if sys.platform.startswith("linux"):
         settings.append(("bundled reference BLAS", base, args.slow_steps))
     else:
@@ -193,8 +199,8 @@ def main() -> int:
         print(f"{label:<24}{steps:>6}{r['trainer']:>10,.0f}{r['trainer_eager']:>10,.0f}"
               f"{r['bare_eager']:>12,.0f}{r['bare_compiled']:>12,.0f}{r['ratio']:>7.2f}x")
         results["throughput"].append({"blas": label, "steps_per_chunk": steps, **r})
-    if len(results["throughput"]) == 2:
-        fast, slow = results["throughput"]
+    if len(results["throughput"]) == 3:
+        fast, _, slow = results["throughput"]
         print(f"OpenBLAS speed-up: trainer {fast['trainer'] / slow['trainer']:.1f}x, "
               f"bare eager {fast['bare_eager'] / slow['bare_eager']:.1f}x")
     print("ratio: median over rounds of trainer / the faster bare loop of the same round")

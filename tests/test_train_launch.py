@@ -30,6 +30,7 @@ from mlxcluster.train_launch import (
     job_from_inventory,
     job_local,
     launcher_argv,
+    openblas_env,
     run_streaming,
     write_hostfile,
 )
@@ -89,7 +90,7 @@ def test_launcher_commands_for_ring_and_mpi(tmp_path):
     assert Path(argv[0]).name == "mpirun"
     assert (tmp_path / "mpi_hosts").read_text() == "10.0.0.1 slots=1\n10.0.0.2 slots=1\n"
     assert any(a.startswith("MLX_MPI_LIBNAME=") for a in argv)
-    assert argv[-8:] == ["--mca", "btl_tcp_if_include", "10.0.0.0/24",
+    assert argv[-7:] == ["--mca", "btl_tcp_if_include", "10.0.0.0/24",
                          "--", "/opt/venv/bin/python", "-m", "x"]
 
 
@@ -113,6 +114,10 @@ def test_probe_problems_and_openblas_choice():
     assert common_openblas([good, good]) == "/lib/ob.so"
     assert common_openblas([good, probe("b", platform="linux", openblas=None)]) is None
     assert common_openblas([probe("m", platform="darwin", openblas="/x")]) is None
+    # 2 local ranks on an 8-core host: 4 OpenBLAS threads each
+    assert openblas_env(job, [probe("127.0.0.1", platform="linux", openblas="/o.so", cpus=8)]) == {
+        "LD_PRELOAD": "/o.so", "OPENBLAS_NUM_THREADS": "4"}
+    assert openblas_env(job, [probe("127.0.0.1", platform="darwin", cpus=8)]) == {}
 
 
 def test_failed_rank_from_real_launcher_messages():

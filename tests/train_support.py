@@ -19,6 +19,8 @@ MLX_LAUNCH = shutil.which("mlx.launch", path=str(Path(PYTHON).parent)) or shutil
 def trainer_env() -> dict[str, str]:
     """The environment the trainer runs in: repo importable, OpenBLAS preloaded when present."""
     env = with_openblas(os.environ, find_openblas())
+    # One BLAS thread per rank: this machine is small and shared (see mlxcluster.train_launch).
+    env["OPENBLAS_NUM_THREADS"] = "1"
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return env
 
@@ -34,8 +36,9 @@ def run_trainer(args: list[str], ranks: int = 1, timeout: float = 120,
         env = trainer_env()
         full = [MLX_LAUNCH, "-n", str(ranks), "--backend", "ring", "--starting-port", str(port),
                 "--python", PYTHON, "--env", f"PYTHONPATH={env['PYTHONPATH']}"]
-        if "LD_PRELOAD" in env:
-            full += ["--env", f"LD_PRELOAD={env['LD_PRELOAD']}"]
+        for key in ("LD_PRELOAD", "OPENBLAS_NUM_THREADS"):
+            if key in env:
+                full += ["--env", f"{key}={env[key]}"]
         full += ["--", *cmd]
     return subprocess.run(full, cwd=REPO, env=trainer_env(), capture_output=True, text=True,
                           timeout=timeout)

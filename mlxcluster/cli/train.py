@@ -13,11 +13,11 @@ from mlxcluster.inventory import load_inventory
 from mlxcluster.train_launch import (
     BACKENDS,
     check_probes,
-    common_openblas,
     job_from_hostfile,
     job_from_inventory,
     job_local,
     launch_training,
+    openblas_env,
     probe_hosts,
     smoke_all_sum,
     trainer_command,
@@ -79,10 +79,11 @@ def command(hostfile, inventory_path, local_ranks, backend, config, python, mpi_
         versions = sorted({p.facts["mlx"] for p in probes})
         click.echo(f"[✓] {len(probes)} host(s) run {job.python} with mlx {versions[0]} "
                    "and reference_train")
-        blas = None if no_openblas else common_openblas(probes)
+        blas = {} if no_openblas else openblas_env(job, probes)
         if blas:
-            job = replace(job, env={**job.env, "LD_PRELOAD": blas})
-            click.echo(f"[✓] preloading OpenBLAS on every rank: LD_PRELOAD={blas}")
+            job = replace(job, env={**job.env, **blas})
+            click.echo(f"[✓] preloading OpenBLAS on every rank: LD_PRELOAD={blas['LD_PRELOAD']} "
+                       f"OPENBLAS_NUM_THREADS={blas['OPENBLAS_NUM_THREADS']}")
         elif any(str(p.facts.get("platform", "")).startswith("linux") for p in probes):
             click.secho("[!] no OpenBLAS at one path on every Linux host: mlx uses its "
                         "reference BLAS, ~15x slower (apt install libopenblas0-pthread)",
