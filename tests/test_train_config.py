@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import sys
+
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
 
 from reference_train.model import Llama, ModelArgs, count_parameters
-from reference_train.train import CONFIG_DIR, TrainConfig, build_config, expected_world_size
+from reference_train.train import (
+    CONFIG_DIR,
+    TrainConfig,
+    build_config,
+    expected_world_size,
+    plot_metrics,
+)
 
 
 def test_bundled_configs_load_and_override():
@@ -83,3 +91,12 @@ def test_attention_is_causal_and_matches_a_plain_implementation():
     scores = scores + nn.MultiHeadAttention.create_additive_causal_mask(L)
     plain = attn.wo((mx.softmax(scores, axis=-1) @ v).transpose(0, 2, 1, 3).reshape(B, L, -1))
     assert np.allclose(np.array(attn(x)), np.array(plain), atol=1e-5)
+
+
+def test_loss_curve_is_skipped_with_a_note_without_matplotlib(tmp_path, monkeypatch):
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"step": 1, "loss": 2.0}\n{"step": 1, "val_loss": 2.1}\n')
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    note = plot_metrics(metrics, tmp_path / "loss.png")
+    assert note.startswith("loss curve skipped: matplotlib is not installed")
+    assert not (tmp_path / "loss.png").exists()

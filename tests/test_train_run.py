@@ -54,11 +54,17 @@ def test_gradient_accumulation_matches_one_big_batch(offline_data, tmp_path):
     runs = {}
     for accum in (1, 4):
         out = tmp_path / f"a{accum}"
-        check(run_trainer([*TINY, "--steps", "4", "--grad_accum", str(accum),
-                           "--data", str(offline_data), "--out", str(out)]))
+        proc = check(run_trainer([*TINY, "--steps", "4", "--grad_accum", str(accum),
+                                  "--data", str(offline_data), "--out", str(out),
+                                  "--sample_tokens", "20", "--eval_every", "2"]))
         runs[accum] = train_losses(out)
     for step, loss in runs[1].items():
         assert abs(runs[4][step] - loss) < 1e-4, runs
+    # the end of a run: validation entries, loss curve, text sample
+    assert [r["step"] for r in read_metrics(out) if "val_loss" in r] == [2, 4]
+    assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "sample.txt").read_text().startswith("Once upon a time")
+    assert "sample: 'Once upon a time" in proc.stdout
 
 
 def test_resume_continues_exactly(offline_data, tmp_path):
@@ -78,6 +84,21 @@ def test_resume_continues_exactly(offline_data, tmp_path):
         assert np.array_equal(np.array(a[name]), np.array(b[name])), name
     state = json.loads((tmp_path / "split/checkpoints/step_000010/state.json").read_text())
     assert state["data"] == {"epoch": 0, "step_in_epoch": 10, "seed": 0}
+
+
+def test_resume_on_another_rank_count(offline_data, tmp_path):
+    """The data position is a function of the step: 5 steps on 1 rank + 5 on 2 ranks
+    give the losses of 10 steps on 1 rank."""
+    require(MLX_LAUNCH is not None, "mlx.launch is not installed beside the test python")
+    common = [*TINY, "--steps", "10", "--data", str(offline_data)]
+    check(run_trainer([*common, "--out", str(tmp_path / "straight")]))
+    check(run_trainer([*common, "--out", str(tmp_path / "mixed"), "--stop_after", "5"]))
+    check(run_trainer([*common, "--out", str(tmp_path / "mixed"), "--resume", "auto"], ranks=2,
+                      port=32460))
+    straight, mixed = train_losses(tmp_path / "straight"), train_losses(tmp_path / "mixed")
+    assert sorted(mixed) == list(range(1, 11))
+    for step, loss in straight.items():
+        assert abs(mixed[step] - loss) < 1e-4, (step, straight, mixed)
 
 
 def test_batch_that_does_not_divide_is_refused_on_every_rank(offline_data, tmp_path):
