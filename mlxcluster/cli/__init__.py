@@ -19,6 +19,9 @@ from mlxcluster.errors import MlxclusterError
 COMMAND_MODULES: tuple[str, ...] = (
     "demo",
     "discover",
+    "doctor",
+    "topology",
+    "hostfile",
     "train",
 )
 

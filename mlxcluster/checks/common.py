@@ -1,0 +1,91 @@
+"""Helpers shared by doctor's check modules.
+
+A doctor check returns ``Verdict(status, evidence, hint)``; ``doctor_check``
+registers it and wraps it into a ``CheckResult`` with its id and title.
+Evidence is one line per host; the hosts a check blames start with
+``BAD`` (fail) or ``WARN`` (warn) so both the text and the JSON output say
+which host is at fault.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from mlxcluster.checks.base import CheckContext, CheckResult, Status, check
+from mlxcluster.facts import HostFacts, all_facts
+
+BAD = "✗ "
+WARN = "! "
+
+
+@dataclass
+class Verdict:
+    status: Status
+    evidence: dict[str, str] = field(default_factory=dict)
+    hint: str | None = None
+
+
+def doctor_check(check_id: str, title: str, *, live: bool = False):
+    """Register ``fn(ctx) -> Verdict`` as check ``check_id``."""
+
+    def register(fn: Callable[[CheckContext], Verdict]):
+        def run(ctx: CheckContext) -> CheckResult:
+            v = fn(ctx)
+            # Evidence in inventory/capture order, whatever order the check filled it in.
+            order = list(ctx.captures) + [k for k in v.evidence if k not in ctx.captures]
+            evidence = {k: v.evidence[k] for k in order if k in v.evidence}
+            return CheckResult(check_id, title, v.status, evidence, v.hint)
+
+        run.__name__ = fn.__name__
+        run.__module__ = fn.__module__
+        run.__doc__ = fn.__doc__
+        check(check_id, title, live=live)(run)
+        return fn
+
+    return register
+
+
+def host_facts_of(ctx: CheckContext) -> dict[str, HostFacts]:
+    """Facts for every host (parsed once per doctor run)."""
+    if "facts" not in ctx.services:
+        ctx.services["facts"] = all_facts(ctx.captures)
+    return ctx.services["facts"]
+
+
+def probed_hosts(ctx: CheckContext) -> dict[str, HostFacts]:
+    """Facts of the hosts whose probe ran."""
+    return {n: f for n, f in host_facts_of(ctx).items() if f.probed}
+
+
+def unprobed_evidence(ctx: CheckContext) -> dict[str, str]:
+    """'not probed: why' for each host without probe output (blamed elsewhere)."""
+    out = {}
+    for name, capture in ctx.captures.items():
+        if capture.probe() is None:
+            out[name] = f"not probed ({capture.error or 'no probe.json'})"
+    return out
+
+
+def majority(values: dict[str, object]) -> object:
+    """The most common value (ties: the first host's)."""
+    counts = Counter(values.values())
+    best = max(counts.values())
+    return next(v for v in values.values() if counts[v] == best)
+
+
+def join_hosts(names) -> str:
+    return ", ".join(sorted(names))
+
+
+def skip(reason: str, evidence: dict[str, str] | None = None) -> Verdict:
+    return Verdict(Status.SKIP, evidence or {}, reason)
+
+
+def worst(blamed_fail: bool, blamed_warn: bool) -> Status:
+    if blamed_fail:
+        return Status.FAIL
+    if blamed_warn:
+        return Status.WARN
+    return Status.PASS

@@ -1,0 +1,120 @@
+"""Inventory and SSH checks: can we, mlx.launch and mpirun reach every host?
+
+Host-key problems are judged by ``host-keys`` alone; the other SSH checks
+point at it instead of failing too, so one cause gives one failing check.
+Likewise host-to-host SSH does not blame a host that nobody can reach
+(``ssh-paramiko`` already does).
+"""
+
+from __future__ import annotations
+
+from mlxcluster.checks.base import CheckContext, Status
+from mlxcluster.checks.common import BAD, Verdict, doctor_check, join_hosts, skip, worst
+from mlxcluster.openssh import explain_failure
+from mlxcluster.remote import SshError
+
+HOST_KEY_KINDS = ("unknown-host-key", "host-key-mismatch")
+
+
+def _live(ctx: CheckContext):
+    return ctx.services.get("live")
+
+
+def _hints(errors) -> str | None:
+    hints = []
+    for err in errors:
+        hint = getattr(err, "hint", None)
+        if hint and hint not in hints:
+            hints.append(hint)
+    return "; ".join(hints) or None
+
+
+def _kind(err) -> str:
+    return getattr(err, "kind", "ssh")
+
+
+@doctor_check("inventory-valid", "Inventory loads and validates")
+def inventory_valid(ctx: CheckContext) -> Verdict:
+    """Loading already validated it (a bad inventory stops doctor with exit 2)."""
+    inv = ctx.inventory
+    if inv is None:
+        return skip("no inventory (replay of a capture folder)")
+    evidence = {h.name: f"ssh {h.ssh}" + (f", data IPs {', '.join(h.ips)}" if h.ips else "") for h in inv.hosts}
+    return Verdict(Status.PASS, evidence, None)
+
+
+def _ssh_verdict(outcomes: dict, describe_ok) -> Verdict:
+    evidence, errors, failed = {}, [], False
+    for name, outcome in outcomes.items():
+        if outcome.ok:
+            evidence[name] = describe_ok(name, outcome)
+        elif _kind(outcome.error) in HOST_KEY_KINDS:
+            evidence[name] = "host key not trusted (see host-keys)"
+        else:
+            evidence[name] = BAD + str(outcome.error)
+            errors.append(outcome.error)
+            failed = True
+    return Verdict(worst(failed, False), evidence, _hints(errors))
+
+
+@doctor_check("ssh-paramiko", "SSH (keys only, no prompt) to every host", live=True)
+def ssh_paramiko(ctx: CheckContext) -> Verdict:
+    live = _live(ctx)
+    return _ssh_verdict(live.paramiko, lambda n, o: f"ok in {o.seconds:.2f} s")
+
+
+@doctor_check("ssh-openssh", "OpenSSH BatchMode (what mlx.launch and mpirun use)", live=True)
+def ssh_openssh(ctx: CheckContext) -> Verdict:
+    live = _live(ctx)
+    v = _ssh_verdict(live.openssh, lambda n, o: f"ssh -o BatchMode=yes ok in {o.seconds:.2f} s")
+    if v.status is Status.FAIL:
+        v.hint = (v.hint or "") + "; mlx.launch and mpirun run plain 'ssh HOST': fix it for that client"
+    return v
+
+
+@doctor_check("host-keys", "Host keys known (no trust-on-first-use prompt)", live=True)
+def host_keys(ctx: CheckContext) -> Verdict:
+    live = _live(ctx)
+    evidence, errors = {}, []
+    for name, outcome in live.paramiko.items():
+        batch = live.openssh.get(name)
+        bad = [o.error for o in (outcome, batch) if o is not None and not o.ok and _kind(o.error) in HOST_KEY_KINDS]
+        if bad:
+            evidence[name] = BAD + str(bad[0])
+            errors.extend(bad)
+        elif outcome.ok:
+            evidence[name] = "known"
+        else:
+            evidence[name] = f"not checked ({_kind(outcome.error)}, see ssh-paramiko)"
+    return Verdict(worst(bool(errors), False), evidence, _hints(errors))
+
+
+@doctor_check("host-to-host-ssh", "SSH from the first host to the others (mpirun's path)", live=True)
+def host_to_host(ctx: CheckContext) -> Verdict:
+    live = _live(ctx)
+    source = live.host_to_host_source
+    if source is None:
+        return skip("only one host")
+    if not live.host_to_host:
+        return skip(f"first host {source} is not reachable (see ssh-paramiko)")
+    evidence, errors, failing = {}, [], []
+    for name, outcome in live.host_to_host.items():
+        target_down = not live.paramiko[name].ok
+        if outcome.ok and outcome.value.exit_status == 0:
+            evidence[name] = f"{source} -> {name}: ok"
+            continue
+        err = outcome.error if not outcome.ok else explain_failure(
+            name, outcome.value.exit_status, outcome.value.stderr)
+        if target_down:
+            evidence[name] = f"{source} -> {name}: not judged, {name} is unreachable (see ssh-paramiko)"
+            continue
+        evidence[name] = BAD + f"{source} -> {name}: {err}"
+        errors.append(err)
+        failing.append(name)
+    hint = None
+    if errors:
+        hint = (f"on {source}: put your key in ~/.ssh/authorized_keys of {join_hosts(failing)} and accept their host "
+                f"keys once (ssh-copy-id; then ssh HOST true); mpirun starts its daemons from {source}")
+        extra = _hints(e for e in errors if isinstance(e, SshError))
+        hint = f"{hint}; {extra}" if extra else hint
+    return Verdict(worst(bool(errors), False), evidence, hint)

@@ -1,0 +1,145 @@
+"""``mlxcluster doctor``: find every cluster problem before a job hangs.
+
+    mlxcluster doctor -i cluster.yaml                 # live, every host in parallel
+    mlxcluster doctor -i cluster.yaml --json          # machine-readable
+    mlxcluster doctor -i cluster.yaml --collect DIR   # also save raw outputs per host
+    mlxcluster doctor --from DIR [-i cluster.yaml]    # replay a saved folder
+
+Exit codes: 0 nothing failed, 1 a check failed (or warned, with --strict),
+2 usage or inventory error.
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+from tabulate import tabulate
+
+from mlxcluster.capture import load_capture_dir, save_capture_dir
+from mlxcluster.checks.base import CheckResult, Status
+from mlxcluster.doctor import BACKENDS, DoctorReport, replay_doctor, run_doctor
+from mlxcluster.errors import EXIT_FAILED, EXIT_OK, InputError
+from mlxcluster.facts import HostFacts
+from mlxcluster.inventory import load_inventory
+
+MARKS = {
+    Status.PASS: ("[✓]", "green"),
+    Status.WARN: ("[!]", "yellow"),
+    Status.FAIL: ("[✗]", "red"),
+    Status.CRASH: ("[✗]", "red"),
+    Status.SKIP: ("[-]", None),
+}
+
+
+def exit_code(report: DoctorReport, strict: bool) -> int:
+    """0 when nothing failed; 1 on a failure (or a warning with --strict)."""
+    if report.failed() or (strict and report.warned()):
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def render_check(result: CheckResult, verbose: bool) -> list[tuple[str, str | None]]:
+    """Lines (text, colour) for one check: mark + title, evidence, fix."""
+    mark, colour = MARKS[result.status]
+    title = result.title + (" (crashed)" if result.status is Status.CRASH else "")
+    lines: list[tuple[str, str | None]] = [(f"{mark} {title}  [{result.id}]", colour)]
+    if result.status is Status.SKIP:
+        if result.hint:
+            lines.append((f"    skipped: {result.hint}", None))
+        if verbose:
+            lines += [(f"    {host}: {text}", None) for host, text in result.hosts.items()]
+        return lines
+    if result.status is not Status.PASS or verbose:
+        lines += [(f"    {host}: {text}", None) for host, text in result.hosts.items()]
+    if result.hint and result.status is not Status.PASS:
+        lines.append((f"    fix: {result.hint}", colour))
+    return lines
+
+
+def _gib(value: int | None) -> str:
+    return f"{value / 2**30:.0f} GiB" if value else "?"
+
+
+def facts_table(facts: dict[str, HostFacts]) -> str:
+    """The host facts table shown under the checks."""
+    rows = []
+    for name, f in facts.items():
+        rows.append([
+            name, f.hostname or "?", " ".join(x for x in (f.os_name, f.os_version, f.os_build) if x) or "?",
+            f.model or f.chip or "?", _gib(f.memory_bytes), f.python_version or "?", f.mlx_version or "-",
+            ",".join(b for b, ok in f.backends.items() if ok) or "-",
+            f.mpirun_version or "-",
+        ])
+    return tabulate(rows, headers=["host", "hostname", "os", "model", "memory", "python", "mlx",
+                                   "backends", "open mpi"])
+
+
+def verdict_line(report: DoctorReport) -> tuple[str, str]:
+    failed, warned = report.failed(), report.warned()
+    if failed:
+        return (f"✗ {len(failed)} check(s) failed: {', '.join(r.id for r in failed)}"
+                + (f"; {len(warned)} warning(s)" if warned else ""), "red")
+    if warned:
+        return f"! no failures, {len(warned)} warning(s): {', '.join(r.id for r in warned)}", "yellow"
+    return "✓ no issues found", "green"
+
+
+def render(report: DoctorReport, verbose: bool) -> None:
+    where = "live" if report.live else "replay"
+    click.echo(f"mlxcluster doctor: {report.cluster or 'captures'} ({len(report.captures)} hosts, {where}, "
+               f"{report.seconds:.1f} s)\n")
+    for result in report.results:
+        for text, colour in render_check(result, verbose):
+            click.secho(text, fg=colour)
+    click.echo("")
+    click.echo(facts_table(report.facts))
+    click.echo("")
+    text, colour = verdict_line(report)
+    click.secho(text, fg=colour, bold=True)
+
+
+@click.command("doctor")
+@click.option("-i", "--inventory", "inventory_path", type=click.Path(dir_okay=False),
+              help="Inventory YAML (required unless --from).")
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON report only.")
+@click.option("--strict", is_flag=True, help="Exit 1 on warnings too.")
+@click.option("--collect", "collect_dir", type=click.Path(file_okay=False),
+              help="Save every raw output as DIR/<host>/<file>.")
+@click.option("--from", "from_dir", type=click.Path(file_okay=False),
+              help="Replay a folder written by --collect (no live host needed).")
+@click.option("--accept-new-host-keys", is_flag=True,
+              help="Trust unknown host keys on first use and save them to known_hosts.")
+@click.option("--backend", type=click.Choice(BACKENDS), default=None,
+              help="The backend you will launch with (default: ring, what mlx.launch uses).")
+@click.option("--connect-timeout", type=click.FloatRange(0.5, 120), default=5.0, show_default=True,
+              help="Seconds to wait for each SSH connection.")
+@click.option("--no-data-path", is_flag=True, help="Skip the TCP data-path test.")
+@click.option("--hostfile", "hostfile", type=click.Path(dir_okay=False),
+              help="The hostfile you launch with: compared with the live cabling.")
+@click.option("-v", "--verbose", is_flag=True, help="Show evidence for passing checks too.")
+def command(inventory_path, as_json, strict, collect_dir, from_dir, accept_new_host_keys, backend,
+            connect_timeout, no_data_path, hostfile, verbose):
+    """Check every host of the cluster and say how to fix what is wrong."""
+    if from_dir and collect_dir:
+        raise InputError("--from and --collect exclude each other",
+                         "--collect saves a live run; --from replays a saved one")
+    if not from_dir and not inventory_path:
+        raise InputError("doctor needs an inventory", "pass -i cluster.yaml, or --from DIR to replay captures")
+    inventory = load_inventory(inventory_path) if inventory_path else None
+    if from_dir:
+        report = replay_doctor(load_capture_dir(from_dir), inventory=inventory, backend=backend,
+                               hostfile=hostfile)
+    else:
+        report = run_doctor(inventory, backend=backend, connect_timeout=connect_timeout,
+                            accept_new_host_keys=accept_new_host_keys, data_path=not no_data_path,
+                            hostfile=hostfile)
+        if collect_dir:
+            save_capture_dir(report.captures, collect_dir)
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2, sort_keys=False))
+    else:
+        render(report, verbose)
+        if collect_dir:
+            click.echo(f"raw outputs saved under {collect_dir}/<host>/")
+    click.get_current_context().exit(exit_code(report, strict))

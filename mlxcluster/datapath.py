@@ -1,0 +1,195 @@
+"""Data-path reachability: real TCP connects on the real ring ports.
+
+SSH working proves little about the data path: the ring backend and MPI
+connect to other IPs (Thunderbolt, a second NIC) and other ports (32323 and
+up), which a firewall or a missing route can block while ping and SSH work.
+So, on every host we start a short-lived listener on exactly the ports
+``mlx.launch --backend ring`` would give that host, then from every host we
+connect to every other host's data IPs, and report errno per pair.
+
+Both helpers are tiny standard-library scripts run with ``<python> -c``.
+The listener exits when its stdin closes or after ``LISTEN_SECONDS``.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from mlxcluster.remote import ParamikoRunner, read_line, run_parallel
+
+RING_STARTING_PORT = 32323  # mlx.launch --starting-port default
+LISTEN_SECONDS = 60
+CONNECT_TIMEOUT = 3.0
+
+LISTENER = r"""
+import errno, json, os, select, socket, sys, time
+spec = json.loads(sys.argv[1])
+socks, bound, errors = [], [], []
+for ip, port in spec["binds"]:
+    s = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind((ip, port))
+        s.listen(64)
+        socks.append(s)
+        bound.append([ip, port])
+    except OSError as e:
+        errors.append([ip, port, errno.errorcode.get(e.errno, str(e.errno))])
+        s.close()
+sys.stdout.write(json.dumps({"bound": bound, "errors": errors}) + "\n")
+sys.stdout.flush()
+deadline = time.time() + spec["seconds"]
+while time.time() < deadline:
+    ready = select.select(socks + [0], [], [], 0.5)[0]
+    if 0 in ready and not os.read(0, 4096):
+        break
+    for s in ready:
+        if s != 0:
+            conn = s.accept()[0]
+            conn.close()
+"""
+
+CONNECTOR = r"""
+import errno, json, socket, sys, threading, time
+spec = json.loads(sys.argv[1])
+results = [None] * len(spec["targets"])
+def one(i, ip, port):
+    t = time.time()
+    try:
+        socket.create_connection((ip, port), timeout=spec["timeout"]).close()
+        r = "ok"
+    except socket.timeout:
+        r = "ETIMEDOUT"
+    except OSError as e:
+        r = errno.errorcode.get(e.errno, str(e.errno))
+    results[i] = [ip, port, r, round(time.time() - t, 3)]
+threads = [threading.Thread(target=one, args=(i, ip, port)) for i, (ip, port) in enumerate(spec["targets"])]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+sys.stdout.write(json.dumps(results) + "\n")
+"""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    host: str
+    ip: str
+    port: int
+
+
+@dataclass(frozen=True)
+class Connect:
+    """One TCP connect from ``source`` to ``target``'s endpoint."""
+
+    source: str
+    target: str
+    ip: str
+    port: int
+    result: str  # "ok" or an errno name (ECONNREFUSED, ETIMEDOUT, EHOSTUNREACH...)
+    seconds: float
+
+
+@dataclass
+class DataPathReport:
+    endpoints: dict[str, list[Endpoint]]
+    # Per host: endpoints its listener could not bind ([ip, port, errno name]).
+    bind_errors: dict[str, list[tuple[str, int, str]]] = field(default_factory=dict)
+    connects: list[Connect] = field(default_factory=list)
+    # Hosts that could not take part, with why (no SSH, listener failed...).
+    skipped: dict[str, str] = field(default_factory=dict)
+
+
+def ring_endpoints(addresses: dict[str, list[str]], starting_port: int = RING_STARTING_PORT,
+                   connections_per_ip: int = 1) -> dict[str, list[Endpoint]]:
+    """The ip:port each host listens on, numbered as mlx.launch numbers them
+    (host order, then IP order, +1 per connection)."""
+    port = starting_port
+    plan: dict[str, list[Endpoint]] = {}
+    for host, ips in addresses.items():
+        plan[host] = []
+        for ip in ips:
+            for _ in range(connections_per_ip):
+                plan[host].append(Endpoint(host, ip, port))
+                port += 1
+    return plan
+
+
+def python_command(python: str, script: str, spec: dict) -> str:
+    """``python -c SCRIPT JSON`` with every argument quoted."""
+    return " ".join(shlex.quote(a) for a in (python, "-c", script, json.dumps(spec)))
+
+
+def check_data_paths(
+    runner: ParamikoRunner,
+    hosts: Iterable,  # inventory Hosts that answered over SSH
+    addresses: dict[str, list[str]],  # every inventory host, in inventory order
+    pythons: dict[str, str],
+    *,
+    starting_port: int = RING_STARTING_PORT,
+    connect_timeout: float = CONNECT_TIMEOUT,
+) -> DataPathReport:
+    """Listen on every reachable host's ring endpoints, connect from every other one.
+
+    Ports are numbered over ALL hosts (as mlx.launch numbers them), so a host
+    that is down does not shift the ports tested on the others.
+    """
+    hosts = {h.name: h for h in hosts}
+    report = DataPathReport(ring_endpoints(addresses, starting_port))
+    for name in report.endpoints:
+        if name not in hosts:
+            report.skipped[name] = "not reachable over SSH"
+    channels = {}
+
+    def listen(name: str):
+        host = hosts[name]
+        binds = [[e.ip, e.port] for e in report.endpoints[name]]
+        channel = runner.start(host.ssh, python_command(pythons[name], LISTENER,
+                               {"binds": binds, "seconds": LISTEN_SECONDS}), user=host.user, port=host.port)
+        channels[name] = channel
+        line = read_line(channel, runner.command_timeout)
+        if line is None:
+            raise RuntimeError("listener printed nothing")
+        return json.loads(line)
+
+    listened = run_parallel([n for n in report.endpoints if n in hosts], listen)
+    ready: dict[str, set[tuple[str, int]]] = {}
+    for name, outcome in listened.items():
+        if not outcome.ok:
+            report.skipped[name] = f"listener did not start: {outcome.error}"
+            continue
+        ready[name] = {(ip, port) for ip, port in outcome.value["bound"]}
+        if outcome.value["errors"]:
+            report.bind_errors[name] = [tuple(e) for e in outcome.value["errors"]]
+
+    def connect_from(name: str) -> list[Connect]:
+        host = hosts[name]
+        targets = [e for other, eps in report.endpoints.items() if other != name and other in ready
+                   for e in eps if (e.ip, e.port) in ready[other]]
+        if not targets:
+            return []
+        spec = {"targets": [[e.ip, e.port] for e in targets], "timeout": connect_timeout}
+        result = runner.run(host.ssh, python_command(pythons[name], CONNECTOR, spec),
+                            user=host.user, port=host.port, timeout=connect_timeout + runner.command_timeout)
+        rows = json.loads(result.stdout.strip().splitlines()[-1])
+        return [Connect(name, e.host, ip, port, r, secs) for e, (ip, port, r, secs) in zip(targets, rows, strict=True)]
+
+    try:
+        connected = run_parallel(list(ready), connect_from)
+    finally:
+        for channel in channels.values():
+            try:
+                channel.shutdown_write()  # the listener exits on stdin EOF
+                channel.close()
+            except (OSError, EOFError):
+                pass
+    for name, outcome in connected.items():
+        if outcome.ok:
+            report.connects.extend(outcome.value)
+        else:
+            report.skipped[name] = f"connect test did not run: {outcome.error}"
+    return report

@@ -1,0 +1,194 @@
+"""Collect what doctor needs from live hosts, every host in parallel.
+
+``collect_captures(inventory)`` pipes the probe to ``<python> -`` on every
+host over paramiko and returns one ``HostCapture`` per host (the probe's
+JSON as probe.json, the raw macOS outputs as their own capture files).
+``collect_live`` does that plus the live-only measurements doctor's checks
+judge: SSH via paramiko and via OpenSSH BatchMode, host-to-host SSH from the
+first host, and data-path TCP connects.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import shlex
+import socket
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mlxcluster.capture import PROBE, HostCapture
+from mlxcluster.datapath import DataPathReport, check_data_paths
+from mlxcluster.openssh import OpenSshRunner
+from mlxcluster.remote import CommandResult, Outcome, ParamikoRunner, run_parallel
+
+PROBE_TIMEOUT = 60.0
+
+
+def probe_source() -> str:
+    """The probe script's text (sent on stdin; nothing is installed remotely)."""
+    return (Path(__file__).with_name("probe_script.py")).read_text(encoding="utf-8")
+
+
+def probe_command(python: str, env: dict[str, str]) -> str:
+    """``env K=V ... <python> - --inventory-env K,...``, every part quoted."""
+    parts: list[str] = []
+    if env:
+        parts += ["env"] + [f"{k}={v}" for k, v in sorted(env.items())]
+    parts += [python, "-"]
+    if env:
+        parts += ["--inventory-env", ",".join(sorted(env))]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def capture_from_probe(name: str, result: CommandResult, python: str) -> HostCapture:
+    """Split the probe's output into capture files; explain a probe that did not run."""
+    lines = [ln for ln in result.stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        last = (result.stderr.strip().splitlines() or [f"exit {result.exit_status}"])[-1]
+        if result.exit_status == 127 or "No such file" in result.stderr:
+            why = f"python {python} not found on this host ({last})"
+        else:
+            why = f"probe failed with {python}: exit {result.exit_status}: {last}"
+        return HostCapture(name=name, error=why)
+    facts = json.loads(lines[-1])
+    raw = facts.pop("raw", {}) or {}
+    files = {PROBE: json.dumps(facts, indent=1, sort_keys=True) + "\n"}
+    files.update({k: v for k, v in raw.items() if isinstance(v, str)})
+    return HostCapture(name=name, files=files)
+
+
+def probe_host(runner: ParamikoRunner, host, timeout: float = PROBE_TIMEOUT) -> HostCapture:
+    """Run the probe on one host; SshError propagates (the caller records it)."""
+    result = runner.run(host.ssh, probe_command(host.python, dict(host.env)), user=host.user,
+                        port=host.port, stdin=probe_source(), timeout=timeout)
+    return capture_from_probe(host.name, result, host.python)
+
+
+def capture_or_error(name: str, outcome: Outcome) -> HostCapture:
+    if outcome.ok:
+        return outcome.value
+    return HostCapture(name=name, error=str(outcome.error))
+
+
+def collect_captures(inventory, *, runner: ParamikoRunner | None = None, connect_timeout: float = 5.0,
+                     command_timeout: float = PROBE_TIMEOUT,
+                     accept_new_host_keys: bool = False) -> dict[str, HostCapture]:
+    """Probe every inventory host in parallel; unreachable hosts get ``error`` set."""
+    own = runner is None
+    runner = runner or ParamikoRunner(inventory.ssh_config, connect_timeout=connect_timeout,
+                                      command_timeout=command_timeout,
+                                      accept_new_host_keys=accept_new_host_keys)
+    try:
+        hosts = {h.name: h for h in inventory.hosts}
+        outcomes = run_parallel(hosts, lambda n: probe_host(runner, hosts[n], command_timeout))
+        return {n: capture_or_error(n, o) for n, o in outcomes.items()}
+    finally:
+        if own:
+            runner.close()
+
+
+@dataclass
+class LiveCollection:
+    """Everything observed live; checks judge it, nothing here judges."""
+
+    captures: dict[str, HostCapture]
+    paramiko: dict[str, Outcome]  # host -> Outcome(value=HostCapture | error=SshError)
+    openssh: dict[str, Outcome]  # host -> Outcome(value=CommandResult | error)
+    host_to_host: dict[str, Outcome] = field(default_factory=dict)  # "a -> b" -> Outcome
+    host_to_host_source: str | None = None
+    data_path: DataPathReport | None = None
+
+
+def data_addresses(runner: ParamikoRunner, host) -> list[str]:
+    """The host's data IPs: inventory ``ips``, else the address SSH reached."""
+    if host.ips:
+        return list(host.ips)
+    target = runner.target(host.ssh, host.user, host.port)
+    try:
+        ipaddress.ip_address(target.hostname)
+        return [target.hostname]
+    except ValueError:
+        pass
+    peer = runner.peer_address(host.ssh, host.user, host.port)
+    if peer:
+        return [peer]
+    try:
+        return [socket.gethostbyname(target.hostname)]
+    except OSError:
+        return []
+
+
+def host_to_host_command(target: str, user: str | None, port: int | None, connect_timeout: float) -> str:
+    """What the first host runs to reach another: plain ssh with BatchMode, as mpirun does."""
+    argv = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(connect_timeout)}"]
+    if user:
+        argv += ["-l", user]
+    if port:
+        argv += ["-p", str(port)]
+    argv += [target, "true"]
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+def collect_live(inventory, *, connect_timeout: float = 5.0, command_timeout: float = PROBE_TIMEOUT,
+                 accept_new_host_keys: bool = False, data_path: bool = True,
+                 runner: ParamikoRunner | None = None) -> LiveCollection:
+    """Probe, SSH two ways, host-to-host and data-path tests; hosts in parallel."""
+    own = runner is None
+    runner = runner or ParamikoRunner(inventory.ssh_config, connect_timeout=connect_timeout,
+                                      command_timeout=command_timeout,
+                                      accept_new_host_keys=accept_new_host_keys)
+    openssh = OpenSshRunner(inventory.ssh_config, connect_timeout=connect_timeout,
+                            command_timeout=connect_timeout + 15)
+    hosts = {h.name: h for h in inventory.hosts}
+    try:
+        def probe_all():
+            return run_parallel(hosts, lambda n: probe_host(runner, hosts[n], command_timeout))
+
+        def batch_all():
+            return run_parallel(hosts, lambda n: openssh.run(hosts[n].ssh, "true", user=hosts[n].user,
+                                                              port=hosts[n].port))
+
+        if accept_new_host_keys:
+            # OpenSSH must see the keys paramiko just trusted and saved.
+            probed = probe_all()
+            batch = batch_all()
+        else:
+            # Both are I/O bound: overlap them.
+            with ThreadPoolExecutor(max_workers=2) as pool:
+                probe_f, ssh_f = pool.submit(probe_all), pool.submit(batch_all)
+                probed, batch = probe_f.result(), ssh_f.result()
+        live = LiveCollection({n: capture_or_error(n, o) for n, o in probed.items()}, probed, batch)
+        reachable = [hosts[n] for n, o in probed.items() if o.ok and o.value.probe() is not None]
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            h2h_f = pool.submit(collect_host_to_host, runner, list(hosts.values()), probed, connect_timeout)
+            dp_f = None
+            if data_path and len(reachable) > 1:
+                up = {h.name for h in reachable}
+                addresses = {n: data_addresses(runner, h) if n in up else list(h.ips) for n, h in hosts.items()}
+                dp_f = pool.submit(check_data_paths, runner, reachable, addresses,
+                                   {h.name: h.python for h in reachable})
+            live.host_to_host_source, live.host_to_host = h2h_f.result()
+            live.data_path = dp_f.result() if dp_f else None
+        return live
+    finally:
+        if own:
+            runner.close()
+
+
+def collect_host_to_host(runner: ParamikoRunner, hosts: list, probed: dict[str, Outcome],
+                         connect_timeout: float) -> tuple[str | None, dict[str, Outcome]]:
+    """From the first host, ssh BatchMode to every other host (mpirun's path)."""
+    if len(hosts) < 2:
+        return None, {}
+    first, others = hosts[0], hosts[1:]
+    if not probed[first.name].ok:
+        return first.name, {}
+
+    def hop(name: str) -> CommandResult:
+        other = next(h for h in others if h.name == name)
+        return runner.run(first.ssh, host_to_host_command(other.ssh, other.user, other.port, connect_timeout),
+                          user=first.user, port=first.port, timeout=connect_timeout + 15)
+
+    return first.name, run_parallel([h.name for h in others], hop)

@@ -1,0 +1,433 @@
+"""Run commands on many hosts over SSH with paramiko, in parallel.
+
+Honours the OpenSSH client config (Host, HostName, User, Port, IdentityFile,
+ProxyJump, ProxyCommand, UserKnownHostsFile) and the SSH agent. Keys only:
+no password is ever sent and nothing ever prompts. Every connect and every
+command has a timeout. Unknown host keys raise ``HostKeyUnknown`` (with the
+fingerprint and the fix) unless the runner was built with
+``accept_new_host_keys=True`` (trust on first use: the key is then appended
+to the known_hosts file, as ``ssh -o StrictHostKeyChecking=accept-new`` does).
+
+Like fabric, ``run_parallel`` returns one ``Outcome`` per host (a value or an
+error) after every host finished; it never raises for one host's failure.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import shlex
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+import paramiko
+
+from mlxcluster.errors import RemoteError
+
+DEFAULT_CONNECT_TIMEOUT = 5.0
+DEFAULT_COMMAND_TIMEOUT = 60.0
+MAX_PARALLEL = 32
+
+T = TypeVar("T")
+
+
+class SshError(RemoteError):
+    """An SSH connect or command failure; ``kind`` names the cause.
+
+    kinds: unknown-host-key, host-key-mismatch, auth, refused, timeout,
+    unreachable, dns, proxy, command-timeout, ssh.
+    """
+
+    def __init__(self, kind: str, message: str, hint: str | None = None):
+        super().__init__(message, hint)
+        self.kind = kind
+
+
+def ssh_command(host_id: str) -> str:
+    """'ssh HOST' for a known_hosts name, including the '[host]:port' form."""
+    if host_id.startswith("[") and "]:" in host_id:
+        host, port = host_id[1:].split("]:", 1)
+        return f"ssh -p {port} {shlex.quote(host)}"
+    return f"ssh {shlex.quote(host_id)}"
+
+
+class HostKeyUnknown(SshError):
+    """The server's host key is not in known_hosts."""
+
+    def __init__(self, host_id: str, key_type: str, fingerprint: str, known_hosts: str):
+        self.host_id = host_id
+        self.key_type = key_type
+        self.fingerprint = fingerprint
+        super().__init__(
+            "unknown-host-key",
+            f"host key of {host_id} is unknown ({key_type} {fingerprint})",
+            f"verify the fingerprint, then run '{ssh_command(host_id)}' once and answer yes, "
+            f"or rerun with --accept-new-host-keys (saves it to {known_hosts})",
+        )
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    """OpenSSH-style SHA256 fingerprint of a public key."""
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode("ascii").rstrip("=")
+
+
+@dataclass(frozen=True)
+class SshTarget:
+    """Where and how to connect, after the OpenSSH config was applied."""
+
+    alias: str  # what the user wrote (inventory ssh field)
+    hostname: str
+    port: int
+    user: str | None
+    key_files: tuple[str, ...] = ()
+    proxy_jump: tuple[str, ...] = ()  # each "user@host:port" or an alias
+    proxy_command: str | None = None
+    known_hosts: tuple[str, ...] = ()
+    use_agent: bool = True
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What one remote command produced."""
+
+    stdout: str
+    stderr: str
+    exit_status: int
+    seconds: float
+
+
+@dataclass
+class Outcome(Generic[T]):
+    """One host's result in a parallel run: a value or an error."""
+
+    host: str
+    value: T | None = None
+    error: Exception | None = None
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def load_ssh_config(path: str | None) -> paramiko.SSHConfig:
+    """Parse an OpenSSH client config file ('' / None => an empty config)."""
+    config = paramiko.SSHConfig()
+    if path:
+        p = Path(os.path.expanduser(path))
+        if p.is_file():
+            with p.open(encoding="utf-8") as f:
+                config.parse(f)
+    return config
+
+
+def resolve_target(
+    config: paramiko.SSHConfig, alias: str, user: str | None = None, port: int | None = None
+) -> SshTarget:
+    """Apply the config's Host blocks to an ssh target; explicit user/port win."""
+    entry = config.lookup(alias)
+    proxy_jump = entry.get("proxyjump")
+    proxy_command = entry.get("proxycommand")
+    known = entry.get("userknownhostsfile")
+    return SshTarget(
+        alias=alias,
+        hostname=entry.get("hostname", alias),
+        port=int(port or entry.get("port", 22)),
+        user=user or entry.get("user"),
+        key_files=tuple(os.path.expanduser(k) for k in entry.get("identityfile", [])),
+        proxy_jump=tuple(j.strip() for j in proxy_jump.split(",")) if proxy_jump and proxy_jump.lower() != "none" else (),
+        proxy_command=proxy_command if proxy_command and proxy_command.lower() != "none" else None,
+        known_hosts=tuple(os.path.expanduser(k) for k in known.split()) if known else (),
+        use_agent=entry.get("identityagent", "").lower() != "none",
+    )
+
+
+def split_jump(spec: str) -> tuple[str, str | None, int | None]:
+    """'user@host:port' -> (host, user, port); missing parts are None."""
+    user = None
+    if "@" in spec:
+        user, spec = spec.rsplit("@", 1)
+    port = None
+    if spec.count(":") == 1:
+        spec, port_text = spec.split(":")
+        port = int(port_text)
+    return spec, user, port
+
+
+class _KeyPolicy(paramiko.MissingHostKeyPolicy):
+    """Refuse unknown keys with a HostKeyUnknown, or accept and save them."""
+
+    def __init__(self, accept_new: bool, save_to: str, lock: threading.Lock):
+        self.accept_new = accept_new
+        self.save_to = save_to
+        self.lock = lock
+
+    def missing_host_key(self, client, hostname, key):
+        if not self.accept_new:
+            raise HostKeyUnknown(hostname, key.get_name(), fingerprint(key), self.save_to)
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        with self.lock:
+            path = Path(self.save_to)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a", encoding="utf-8") as f:
+                f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+
+
+def classify(exc: BaseException, target: SshTarget) -> SshError:
+    """Map a connect exception to an SshError with a cause and a fix."""
+    where = f"{target.hostname}:{target.port}"
+    if target.alias != target.hostname:
+        where = f"{target.alias} ({where})"
+    if isinstance(exc, SshError):
+        return exc
+    if isinstance(exc, paramiko.BadHostKeyException):
+        return SshError(
+            "host-key-mismatch",
+            f"host key of {where} CHANGED: expected {fingerprint(exc.expected_key)}, got {fingerprint(exc.key)}",
+            f"if the host was reinstalled, remove the old key: ssh-keygen -R {shlex.quote(target.hostname)}",
+        )
+    if isinstance(exc, paramiko.AuthenticationException):
+        user = target.user or os.environ.get("USER", "?")
+        return SshError(
+            "auth",
+            f"key authentication as {user} on {where} failed: {exc}",
+            f"install your public key: ssh-copy-id {shlex.quote(user + '@' + target.hostname)} "
+            "(or load it into ssh-agent); password logins are never used",
+        )
+    if isinstance(exc, socket.gaierror):
+        return SshError("dns", f"cannot resolve {target.hostname}: {exc}",
+                        "check the ssh target / HostName, or use the host's IP")
+    if isinstance(exc, TimeoutError):
+        return SshError("timeout", f"connect to {where} timed out",
+                        "host down, asleep, or a firewall drops port "
+                        f"{target.port}; check the cable/Wi-Fi and 'Remote Login' in System Settings")
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError) and exc.errors:
+        # One error per address tried; the first one names the cause.
+        exc = next(iter(exc.errors.values()))
+    if isinstance(exc, OSError):
+        code = exc.errno
+        if code in (111, 61):
+            return SshError("refused", f"connection to {where} refused (no sshd listening)",
+                            "enable Remote Login (System Settings > General > Sharing) or start sshd")
+        if code in (113, 65, 101, 51):
+            return SshError("unreachable", f"no route to {where}: {exc.strerror}",
+                            "check the link and the IP plan (ip route / netstat -rn)")
+        if code in (110, 60):
+            return SshError("timeout", f"connect to {where} timed out", "host down or port dropped by a firewall")
+    if isinstance(exc, paramiko.SSHException):
+        return SshError("ssh", f"SSH to {where} failed: {exc}", "run 'ssh -v' to that host for details")
+    return SshError("ssh", f"SSH to {where} failed: {type(exc).__name__}: {exc}", None)
+
+
+class ParamikoRunner:
+    """Connections cached per host alias; safe to use from many threads."""
+
+    def __init__(
+        self,
+        ssh_config: str | None = None,
+        *,
+        known_hosts: str | None = None,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        command_timeout: float = DEFAULT_COMMAND_TIMEOUT,
+        accept_new_host_keys: bool = False,
+    ):
+        self.config = load_ssh_config(ssh_config)
+        self.known_hosts = known_hosts
+        self.connect_timeout = connect_timeout
+        self.command_timeout = command_timeout
+        self.accept_new_host_keys = accept_new_host_keys
+        self._clients: dict[tuple[str, str | None, int | None], paramiko.SSHClient] = {}
+        self._lock = threading.Lock()
+        self._save_lock = threading.Lock()
+
+    def target(self, alias: str, user: str | None = None, port: int | None = None) -> SshTarget:
+        return resolve_target(self.config, alias, user, port)
+
+    def _known_hosts_files(self, target: SshTarget) -> list[str]:
+        if self.known_hosts:
+            return [self.known_hosts]
+        return list(target.known_hosts) or [os.path.expanduser("~/.ssh/known_hosts")]
+
+    def _open(self, target: SshTarget, depth: int = 0) -> paramiko.SSHClient:
+        sock: Any = None
+        if target.proxy_jump and depth < 4:
+            jump_host, jump_user, jump_port = split_jump(target.proxy_jump[-1])
+            jump = self.target(jump_host, jump_user, jump_port)
+            if len(target.proxy_jump) > 1:
+                jump = SshTarget(**{**jump.__dict__, "proxy_jump": target.proxy_jump[:-1]})
+            jump_client = self._open(jump, depth + 1)
+            try:
+                sock = jump_client.get_transport().open_channel(
+                    "direct-tcpip", (target.hostname, target.port), ("127.0.0.1", 0),
+                    timeout=self.connect_timeout,
+                )
+            except Exception as exc:
+                raise SshError("proxy", f"jump host {jump.alias} could not reach "
+                               f"{target.hostname}:{target.port}: {exc}",
+                               "check ProxyJump in your ssh config") from exc
+        elif target.proxy_command:
+            sock = paramiko.ProxyCommand(target.proxy_command)
+        client = paramiko.SSHClient()
+        files = self._known_hosts_files(target)
+        for f in files:
+            if os.path.isfile(f):
+                client.load_host_keys(f)
+        client.set_missing_host_key_policy(_KeyPolicy(self.accept_new_host_keys, files[0], self._save_lock))
+        try:
+            client.connect(
+                target.hostname, port=target.port, username=target.user,
+                key_filename=list(target.key_files) or None, sock=sock,
+                timeout=self.connect_timeout, banner_timeout=self.connect_timeout,
+                auth_timeout=self.connect_timeout, channel_timeout=self.connect_timeout,
+                allow_agent=target.use_agent, look_for_keys=True, password=None,
+            )
+        except Exception as exc:
+            client.close()
+            raise classify(exc, target) from exc
+        return client
+
+    def connect(self, alias: str, user: str | None = None, port: int | None = None) -> paramiko.SSHClient:
+        """An open client for this target (cached), or raise SshError."""
+        key = (alias, user, port)
+        with self._lock:
+            client = self._clients.get(key)
+        if client is not None and client.get_transport() and client.get_transport().is_active():
+            return client
+        client = self._open(self.target(alias, user, port))
+        with self._lock:
+            self._clients[key] = client
+        return client
+
+    def run(
+        self,
+        alias: str,
+        command: str,
+        *,
+        user: str | None = None,
+        port: int | None = None,
+        stdin: str | None = None,
+        timeout: float | None = None,
+    ) -> CommandResult:
+        """Run one shell command line (caller quotes every argument)."""
+        client = self.connect(alias, user, port)
+        limit = timeout or self.command_timeout
+        started = time.monotonic()
+        channel = client.get_transport().open_session(timeout=self.connect_timeout)
+        try:
+            channel.settimeout(limit)
+            channel.exec_command(command)
+            if stdin is not None:
+                channel.sendall(stdin.encode("utf-8"))
+            channel.shutdown_write()
+            out, err = read_channel(channel, started + limit)
+            if not channel.exit_status_ready():
+                raise SshError("command-timeout", f"{alias}: command did not finish within {limit:.0f} s",
+                               "the host is overloaded or the command hangs")
+            status = channel.recv_exit_status()
+        except TimeoutError as exc:
+            raise SshError("command-timeout", f"{alias}: command did not finish within {limit:.0f} s",
+                           "the host is overloaded or the command hangs") from exc
+        finally:
+            channel.close()
+        return CommandResult(out.decode("utf-8", "replace"), err.decode("utf-8", "replace"),
+                             status, time.monotonic() - started)
+
+    def start(self, alias: str, command: str, *, user: str | None = None,
+              port: int | None = None) -> paramiko.Channel:
+        """Start a long-running command; the caller reads and closes the channel."""
+        client = self.connect(alias, user, port)
+        channel = client.get_transport().open_session(timeout=self.connect_timeout)
+        channel.exec_command(command)
+        return channel
+
+    def peer_address(self, alias: str, user: str | None = None, port: int | None = None) -> str | None:
+        """The IP this runner reached the host at (None through a proxy)."""
+        try:
+            peer = self.connect(alias, user, port).get_transport().getpeername()
+        except (SshError, OSError, AttributeError, TypeError):
+            return None
+        return peer[0] if isinstance(peer, tuple) else None
+
+    def close(self) -> None:
+        with self._lock:
+            clients, self._clients = list(self._clients.values()), {}
+        for c in clients:
+            c.close()
+
+    def __enter__(self) -> ParamikoRunner:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def read_line(channel: paramiko.Channel, timeout: float) -> str | None:
+    """The first stdout line of a running command, or None after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    buf = bytearray()
+    while b"\n" not in buf:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        channel.settimeout(min(remaining, 1.0))
+        try:
+            chunk = channel.recv(65536)
+        except TimeoutError:
+            continue
+        if not chunk:  # EOF: the command ended
+            break
+        buf += chunk
+    if not buf:
+        return None
+    return buf.split(b"\n", 1)[0].decode("utf-8", "replace")
+
+
+def read_channel(channel: paramiko.Channel, deadline: float) -> tuple[bytes, bytes]:
+    """Read stdout until EOF (blocking, no polling), then the buffered stderr,
+    and wait for the exit status, all before ``deadline``."""
+    out, err = bytearray(), bytearray()
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return bytes(out), bytes(err)
+        channel.settimeout(min(remaining, 1.0))
+        try:
+            chunk = channel.recv(65536)
+        except TimeoutError:
+            # Keep stderr flowing so a chatty command cannot fill the window.
+            while channel.recv_stderr_ready():
+                err += channel.recv_stderr(65536)
+            continue
+        if not chunk:
+            break
+        out += chunk
+    channel.status_event.wait(max(0.0, deadline - time.monotonic()))
+    while channel.recv_stderr_ready():
+        err += channel.recv_stderr(65536)
+    return bytes(out), bytes(err)
+
+
+def run_parallel(names: Iterable[str], fn: Callable[[str], T], max_workers: int = MAX_PARALLEL) -> dict[str, Outcome[T]]:
+    """Call fn(name) for every name in threads; one Outcome per name, never raises."""
+    names = list(names)
+
+    def one(name: str) -> Outcome[T]:
+        started = time.monotonic()
+        try:
+            return Outcome(name, value=fn(name), seconds=time.monotonic() - started)
+        except Exception as exc:  # collected per host, like fabric's GroupResult
+            return Outcome(name, error=exc, seconds=time.monotonic() - started)
+
+    if not names:
+        return {}
+    with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(names)))) as pool:
+        results = list(pool.map(one, names))
+    return {o.host: o for o in results}

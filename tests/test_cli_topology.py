@@ -1,0 +1,96 @@
+"""``mlxcluster topology`` through click's runner, on assembled capture dirs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+from click.testing import CliRunner
+
+from mlxcluster.capture import load_capture_dir
+from mlxcluster.cli import main
+from tests.conftest import require
+from tests.topology_helpers import MACCLUSTER, OMLX, make_capture_dir
+
+
+def run(*args):
+    return CliRunner().invoke(main, ["topology", *args], catch_exceptions=False)
+
+
+def test_json_output(macos_fixtures, tmp_path):
+    d = make_capture_dir(macos_fixtures, tmp_path / "c", OMLX)
+    result = run("--from", str(d), "--json")
+    assert result.exit_code == 0
+    data = json.loads(result.output)
+    assert set(data) == {"hosts", "links", "ring", "full_mesh"}
+    assert data["links"] == [{"a": "mbp", "a_interface": "en1", "b": "studio",
+                              "b_interface": "en3", "speed_gbps": 80.0, "matched_by": "uuid"}]
+    assert data["ring"] == ["mbp", "studio"] and data["full_mesh"] is True
+    assert set(data["hosts"]["mbp"]) == {"ports", "rdma_devices", "bridge_holds_thunderbolt"}
+    assert set(data["hosts"]["mbp"]["ports"][0]) == {
+        "receptacle", "interface", "connected", "speed_gbps", "peer", "via", "devices"}
+
+
+def test_text_output(macos_fixtures, tmp_path):
+    d = make_capture_dir(macos_fixtures, tmp_path / "c", OMLX)
+    out = run("--from", str(d)).output
+    assert "mbp en1 <-> studio en3  80 Gb/s  (uuid)" in out
+    assert "receptacle 4  en5    connected 80 Gb/s   [Envoy Ultra]" in out
+    assert "ring: mbp -> studio -> mbp" in out and "full mesh: yes" in out
+
+
+def test_dot_marks_missing_and_unmatched(macos_fixtures, tmp_path):
+    d = make_capture_dir(macos_fixtures, tmp_path / "c", MACCLUSTER)
+    out = run("--from", str(d), "--dot").output
+    assert out.startswith("graph mlxcluster {")
+    assert '"mbp" -- "mini" [label="missing", style=dotted, color="grey"];' in out
+    assert '"mbp:en2" [shape=note, style=dashed, label="Mac mini (Mac16,11)\\nnot matched to a host"];' in out
+    text = run("--from", str(d)).output
+    assert "ring: none through all hosts" in text and "full mesh: no" in text
+
+
+def test_dot_marks_slow_cable(macos_fixtures, tmp_path):
+    from mlxcluster.topology import Link, Topology
+    from mlxcluster.topology_dot import to_dot
+    t = Topology({}, (Link("a", "en1", "b", "en2", 80.0, "uuid"),
+                      Link("a", "en3", "b", "en4", 40.0, "inferred")), ("a", "b"), True)
+    dot = to_dot(t)
+    assert '"a" -- "b" [label="en1 - en2\\n80 Gb/s"];' in dot
+    assert '"a" -- "b" [label="en3 - en4\\n40 Gb/s (inferred) slow", color="orange"];' in dot
+
+
+def test_png(macos_fixtures, tmp_path):
+    require(shutil.which("dot") is not None, "graphviz dot not installed")
+    d = make_capture_dir(macos_fixtures, tmp_path / "c", OMLX)
+    png = tmp_path / "t.png"
+    result = run("--from", str(d), "--png", str(png))
+    assert result.exit_code == 0, result.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_png_without_graphviz(macos_fixtures, tmp_path, monkeypatch):
+    d = make_capture_dir(macos_fixtures, tmp_path / "c", OMLX)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    result = run("--from", str(d), "--png", str(tmp_path / "t.png"))
+    assert result.exit_code == 3
+    assert "graphviz 'dot' is not installed" in result.output
+
+
+def test_bad_usage(tmp_path):
+    assert run().exit_code == 2
+    assert run("--from", str(tmp_path), "-i", "x.yaml").exit_code == 2
+    result = run("--from", str(tmp_path / "nope"))
+    assert result.exit_code == 2 and "does not exist" in result.output
+
+
+def test_live_uses_doctor_collector(macos_fixtures, tmp_path, monkeypatch):
+    d = make_capture_dir(macos_fixtures, tmp_path / "c", OMLX)
+    seen = {}
+    inv = tmp_path / "cluster.yaml"
+    inv.write_text("cluster: c\npython: /usr/bin/python3\nhosts:\n  - {name: mbp, ssh: mbp}\n"
+                   "  - {name: studio, ssh: studio}\n")
+    monkeypatch.setattr("mlxcluster.cli.topology.collect_captures",
+                        lambda inventory: seen.setdefault("names", inventory.names) and load_capture_dir(d))
+    result = run("-i", str(inv), "--json")
+    assert result.exit_code == 0 and seen["names"] == ["mbp", "studio"]
+    assert json.loads(result.output)["ring"] == ["mbp", "studio"]

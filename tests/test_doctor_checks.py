@@ -1,0 +1,220 @@
+"""doctor's checks on captures built from REAL probe output (run here) and the
+real macOS captures. Where a test needs a second host that differs, it edits
+one field of a copy of the real probe JSON: that is the unit under test."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlxcluster.capture import HARDWARE, PROBE, SW_VERS, HostCapture
+from mlxcluster.checks.base import Status
+from mlxcluster.checks.common import BAD, WARN
+from mlxcluster.doctor import replay_doctor
+from mlxcluster.doctor_collect import probe_source
+from mlxcluster.facts import host_facts
+
+VENV_BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="module")
+def real_probe() -> dict:
+    env = {"HOME": os.environ.get("HOME", "/root"), "PATH": f"{VENV_BIN}:/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, "-"], input=probe_source(), capture_output=True, text=True,
+                          env=env, timeout=60)
+    facts = json.loads(proc.stdout)
+    facts.pop("raw")
+    return facts
+
+
+def hosts_from(base: dict, n: int = 3, **edits) -> dict[str, HostCapture]:
+    """n hosts from the real probe, each with its own hostname; edits[name] mutates one."""
+    captures = {}
+    for i in range(1, n + 1):
+        name = f"h{i}"
+        facts = copy.deepcopy(base)
+        facts["hostname"] = name
+        if name in edits:
+            edits[name](facts)
+        captures[name] = HostCapture(name, {PROBE: json.dumps(facts)})
+    return captures
+
+
+def result(report, check_id):
+    return next(r for r in report.results if r.id == check_id)
+
+
+def blamed(r) -> list[str]:
+    return sorted(h for h, e in r.hosts.items() if e.startswith((BAD, WARN)))
+
+
+def test_identical_real_hosts_pass_every_software_check(real_probe):
+    report = replay_doctor(hosts_from(real_probe))
+    for check_id in ("hostnames-unique", "python-path", "mlx-version", "macos-version", "backends",
+                     "memory-imbalance", "mpirun-path", "openmpi-version", "openmpi5-for-launch",
+                     "metal-fast-synch", "mlx-env-differs"):
+        assert result(report, check_id).status is Status.PASS, result(report, check_id)
+    assert result(report, "ssh-paramiko").status is Status.SKIP  # live only
+    # The mlx[cpu] wheel's reference BLAS is really what this machine runs.
+    assert blamed(result(report, "reference-blas")) == ["h1", "h2", "h3"]
+    assert report.verdict == "warn"
+
+
+def test_shared_hostname_fails(real_probe):
+    caps = hosts_from(real_probe, h3=lambda f: f.update(hostname="h1"))
+    r = result(replay_doctor(caps), "hostnames-unique")
+    assert r.status is Status.FAIL
+    assert blamed(r) == ["h1", "h3"]
+
+
+def test_other_mlx_version_blames_that_host(real_probe):
+    caps = hosts_from(real_probe, h2=lambda f: f["mlx"].update(version="0.29.0"))
+    r = result(replay_doctor(caps), "mlx-version")
+    assert r.status is Status.FAIL
+    assert blamed(r) == ["h2"]
+    assert f"pip install mlx=={real_probe['mlx']['version']}" in r.hint
+
+
+def test_mlx_not_importable_fails(real_probe):
+    def broken(f):
+        f["mlx"].update(import_ok=False, version=None, import_error="ModuleNotFoundError: No module named 'mlx'")
+
+    r = result(replay_doctor(hosts_from(real_probe, h3=broken)), "mlx-version")
+    assert r.status is Status.FAIL and blamed(r) == ["h3"]
+    assert "No module named" in r.hosts["h3"]
+
+
+def test_mpirun_missing_on_one_host(real_probe):
+    require_mpi(real_probe)
+    caps = hosts_from(real_probe, h1=lambda f: f["mpi"]["mpirun"].update(path=None, version=None))
+    report = replay_doctor(caps)
+    assert blamed(result(report, "mpirun-path")) == ["h1"]
+    assert result(report, "mpirun-path").status is Status.FAIL
+    assert "zshenv" in result(report, "mpirun-path").hint
+    assert result(report, "openmpi-version").status is Status.PASS
+
+
+def test_old_open_mpi_fails_only_for_the_mpi_backend(real_probe):
+    require_mpi(real_probe)
+
+    def old(f):
+        f["mpi"]["mpirun"].update(version="4.1.4", output="mpirun (Open MPI) 4.1.4")
+
+    caps = hosts_from(real_probe, h2=old)
+    assert result(replay_doctor(caps, backend="mpi"), "openmpi5-for-launch").status is Status.FAIL
+    assert result(replay_doctor(caps), "openmpi5-for-launch").status is Status.WARN
+    assert result(replay_doctor(caps, backend="ring"), "openmpi5-for-launch").status is Status.SKIP
+    r = result(replay_doctor(caps), "openmpi-version")
+    assert r.status is Status.FAIL and blamed(r) == ["h2"]
+
+
+def test_libmpi_not_found_names_the_mlx_mpi_libname_to_use(real_probe):
+    require_mpi(real_probe)
+    candidate = next(c["path"] for c in real_probe["mpi"]["candidates"] if c["loadable"])
+    caps = hosts_from(real_probe)
+    r = result(replay_doctor(caps, backend="mpi"), "libmpi-loadable")
+    assert r.status is Status.FAIL
+    assert blamed(r) == ["h1", "h2", "h3"]
+    assert f"MLX_MPI_LIBNAME={candidate}" in r.hint
+    assert result(replay_doctor(caps), "libmpi-loadable").status is Status.SKIP
+    assert result(replay_doctor(caps, backend="mpi"), "backends").status is Status.FAIL
+
+
+def test_fast_synch_and_differing_env_warn(real_probe):
+    caps = hosts_from(real_probe, h2=lambda f: f["env"].update(MLX_METAL_FAST_SYNCH="1"))
+    report = replay_doctor(caps)
+    assert blamed(result(report, "metal-fast-synch")) == ["h2"]
+    assert result(report, "metal-fast-synch").status is Status.WARN
+    assert blamed(result(report, "mlx-env-differs")) == ["h2"]
+
+
+def test_macos_captures_without_probe(macos_fixtures):
+    caps = {
+        "air": HostCapture("air", {
+            SW_VERS: (macos_fixtures / "sw_vers_macos26.4_25E246_m2_macbook_air_double_tab.txt").read_text(),
+            HARDWARE: (macos_fixtures / "sp_hardware_m2_mbp14_mac14_7_blog_capture.json").read_text()}),
+        "mbp": HostCapture("mbp", {
+            SW_VERS: (macos_fixtures / "sw_vers_macos26.6.2_25G83.txt").read_text(),
+            HARDWARE: (macos_fixtures / "sp_hardware_cnquery_m4max_mbp_mac16_5.json").read_text()}),
+    }
+    report = replay_doctor(caps)
+    os_check = result(report, "macos-version")
+    assert os_check.status is Status.WARN
+    assert "26.4 (25E246)" in os_check.hosts["air"] and "26.6.2 (25G83)" in os_check.hosts["mbp"]
+    mem = result(report, "memory-imbalance")
+    assert mem.status is Status.WARN and blamed(mem) == ["air"]
+    assert mem.hosts["mbp"] == "48 GiB"
+    mlx = result(report, "mlx-version")
+    assert mlx.status is Status.SKIP and mlx.hosts["air"].startswith("not probed")
+    assert report.verdict == "warn"
+
+
+def test_facts_from_raw_macos_captures(macos_fixtures):
+    """No probe.json: OS, model, chip and memory come from sw_vers and SPHardware."""
+    f = host_facts(HostCapture("mbp", {
+        SW_VERS: (macos_fixtures / "sw_vers_macos12.6_21G115_m1pro_single_tab.txt").read_text(),
+        HARDWARE: (macos_fixtures / "sp_hardware_cnquery_m4max_mbp_mac16_5.json").read_text()}))
+    assert not f.probed
+    assert (f.os_name, f.os_version, f.os_build) == ("macOS", "12.6", "21G115")
+    assert (f.model, f.chip, f.memory_bytes) == ("Mac16,5", "Apple M4 Max", 48 * 2**30)
+
+
+def test_probe_facts_win_over_raw_captures(real_probe, macos_fixtures):
+    cap = HostCapture("x", {PROBE: json.dumps(real_probe),
+                            HARDWARE: (macos_fixtures / "sp_hardware_cnquery_m4max_mbp_mac16_5.json").read_text()})
+    f = host_facts(cap)
+    assert f.memory_bytes == real_probe["memory_bytes"]  # probe value kept
+    assert f.mlx_version == real_probe["mlx"]["version"]
+
+
+def require_mpi(real_probe: dict) -> None:
+    from tests.conftest import require
+
+    require(real_probe["mpi"]["mpirun"]["path"] is not None, "Open MPI in the test venv")
+
+
+PMSET_SLEEPS = """System-wide power settings:
+Currently in use:
+ standby              1
+ hibernatemode        3
+ displaysleep         10
+ sleep                1 (sleep prevented by sharingd)
+ disksleep            10
+"""
+PMSET_AWAKE = "System-wide power settings:\n SleepDisabled\t\t1\nCurrently in use:\n sleep                1\n"
+
+
+def test_pmset_parsing():
+    from mlxcluster.facts import parse_pmset
+
+    assert parse_pmset(PMSET_SLEEPS) == {"sleep_minutes": 1, "sleep_disabled": None}
+    assert parse_pmset(PMSET_AWAKE) == {"sleep_minutes": 1, "sleep_disabled": True}
+
+
+def test_sleeping_mac_warns(real_probe):
+    def mac(pmset):
+        return lambda f: f.update(platform="darwin", pmset=pmset)
+
+    caps = hosts_from(real_probe, h1=mac(PMSET_AWAKE), h2=mac(PMSET_SLEEPS), h3=mac(" sleep 0\n"))
+    r = result(replay_doctor(caps), "host-sleep")
+    assert r.status is Status.WARN and blamed(r) == ["h2"]
+    assert "pmset -a sleep 0" in r.hint
+    assert result(replay_doctor(hosts_from(real_probe)), "host-sleep").status is Status.SKIP  # Linux here
+
+
+def test_per_host_python_override_warns(real_probe):
+    from mlxcluster.inventory import parse_inventory
+
+    inv = parse_inventory(
+        "cluster: c\npython: /opt/venv/bin/python\nhosts:\n"
+        "  - name: h1\n    ssh: h1\n  - name: h2\n    ssh: h2\n"
+        "  - name: h3\n    ssh: h3\n    python: /Users/me/venv/bin/python\n")
+    r = result(replay_doctor(hosts_from(real_probe), inventory=inv), "python-path")
+    assert r.status is Status.WARN and blamed(r) == ["h3"]
+    assert "/Users/me/venv/bin/python differs from /opt/venv/bin/python" in r.hosts["h3"]

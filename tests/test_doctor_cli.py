@@ -1,0 +1,120 @@
+"""``mlxcluster doctor`` through click's runner: replay folders, JSON shape,
+exit codes (0 / 1 / 1 with --strict / 2) and usage errors without tracebacks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from mlxcluster.cli import main
+from mlxcluster.doctor_collect import probe_source
+
+VENV_BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="module")
+def capture_dir(tmp_path_factory, macos_fixtures) -> Path:
+    """Two hosts: this machine's real probe (+ its raw outputs) and a Mac
+    known only from real macOS captures (no probe.json)."""
+    root = tmp_path_factory.mktemp("captures")
+    env = {"HOME": os.environ.get("HOME", "/root"), "PATH": f"{VENV_BIN}:/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-"], input=probe_source(), capture_output=True, text=True,
+                         env=env, timeout=60).stdout
+    (root / "linux-1").mkdir()
+    (root / "linux-1" / "probe.json").write_text(out)
+    mac = root / "studio-1"
+    mac.mkdir()
+    (mac / "sw_vers.txt").write_text((macos_fixtures / "sw_vers_macos26.6.2_25G83.txt").read_text())
+    (mac / "system_profiler_SPHardwareDataType.json").write_text(
+        (macos_fixtures / "sp_hardware_cnquery_m4max_mbp_mac16_5.json").read_text())
+    return root
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(main, ["doctor", *args])
+
+
+def test_replay_json_shape_and_exit_codes(capture_dir):
+    result = invoke("--from", str(capture_dir), "--json")
+    assert result.exit_code == 0, result.output  # warnings only
+    doc = json.loads(result.output)
+    assert set(doc) == {"verdict", "hosts", "checks"}
+    assert doc["verdict"] == "warn"
+    assert set(doc["hosts"]) == {"linux-1", "studio-1"}
+    assert doc["hosts"]["studio-1"]["os_version"] == "26.6.2"
+    assert doc["hosts"]["studio-1"]["memory_bytes"] == 48 * 2**30
+    for c in doc["checks"]:
+        assert set(c) == {"id", "title", "status", "hosts", "hint"}
+        assert c["status"] in {"pass", "warn", "fail", "skip", "crash"}
+    statuses = {c["id"]: c["status"] for c in doc["checks"]}
+    assert statuses["memory-imbalance"] == "warn"  # 24-ish GiB here vs 48 GiB
+    assert statuses["ssh-paramiko"] == "skip"
+    assert invoke("--from", str(capture_dir), "--strict").exit_code == 1
+
+
+def test_replay_text_output(capture_dir):
+    result = invoke("--from", str(capture_dir))
+    assert result.exit_code == 0
+    assert "[!] Memory sizes balanced across hosts  [memory-imbalance]" in result.output
+    assert "    studio-1: 48 GiB" in result.output
+    assert "fix: " in result.output
+    assert "hostname" in result.output and "studio-1" in result.output  # facts table
+    assert result.output.strip().splitlines()[-1].startswith("! no failures")
+
+
+def test_failing_replay_exits_1(capture_dir):
+    result = invoke("--from", str(capture_dir), "--backend", "mpi")
+    assert result.exit_code == 1
+    assert "[✗]" in result.output and "check(s) failed" in result.output
+
+
+@pytest.mark.parametrize("args, message", [
+    ((), "doctor needs an inventory"),
+    (("-i", "/nonexistent/cluster.yaml"), "file not found"),
+    (("--from", "/nonexistent/dir"), "does not exist"),
+    (("--from", "/tmp", "--collect", "/tmp/x"), "exclude each other"),
+])
+def test_usage_errors_exit_2_without_traceback(args, message):
+    result = invoke(*args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert "Traceback" not in result.output
+
+
+def test_invalid_inventory_exits_2(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("cluster: c\npython: relative/python\nhosts:\n  - name: 'a;rm'\n    ssh: h\n")
+    result = invoke("-i", str(bad))
+    assert result.exit_code == 2
+    assert "invalid" in result.output and "Traceback" not in result.output
+
+
+def test_missing_ssh_config_exits_2(tmp_path):
+    inv = tmp_path / "c.yaml"
+    inv.write_text(f"cluster: c\npython: /opt/venv/bin/python\nssh_config: {tmp_path}/nope\n"
+                   "hosts:\n  - name: a\n    ssh: 127.0.0.1\n")
+    result = invoke("-i", str(inv))
+    assert result.exit_code == 2
+    assert "does not exist" in result.output
+
+
+def test_malformed_probe_is_survived(tmp_path, capture_dir):
+    """A broken probe.json on one host: doctor still reports every check."""
+    import shutil
+
+    root = tmp_path / "caps"
+    shutil.copytree(capture_dir, root)
+    (root / "broken").mkdir()
+    (root / "broken" / "probe.json").write_text('{"mlx": "garbage", "mpi": [1], "env": 3}')
+    result = invoke("--from", str(root), "--json")
+    doc = json.loads(result.output)
+    assert set(doc["hosts"]) == {"linux-1", "studio-1", "broken"}
+    assert all(c["status"] != "crash" for c in doc["checks"]), [c for c in doc["checks"] if c["status"] == "crash"]
+    mlx = next(c for c in doc["checks"] if c["id"] == "mlx-version")
+    assert mlx["status"] == "fail" and mlx["hosts"]["broken"].startswith("✗")

@@ -1,0 +1,190 @@
+"""doctor against the real 3-host lab: healthy => pass; each injected fault
+fails exactly the check that names it, blaming exactly the faulty host, and
+doctor still finishes within its timeouts.
+
+One lab is shared by the module; every test heals its fault before returning.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from mlxcluster.checks.base import Status
+from mlxcluster.checks.common import BAD
+from mlxcluster.cli import main
+from mlxcluster.doctor import DoctorReport, run_doctor
+from mlxcluster.inventory import load_inventory
+
+pytestmark = pytest.mark.lab
+
+CONNECT_TIMEOUT = 2.0
+# A dead host may cost the connect timeout (twice: paramiko and OpenSSH run
+# side by side, then host-to-host); anything near this bound is a hang.
+DOCTOR_BUDGET_S = 20.0
+OPENBLAS = "/usr/lib/x86_64-linux-gnu/libopenblas.so.0"
+OTHER_MLX = "0.31.0"
+
+
+@pytest.fixture(scope="module")
+def inventory_path(lab3, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("doctor") / "lab.yaml"
+    lab3.write_inventory(path)
+    # The documented fix for reference-blas on Linux; a healthy lab passes with it.
+    with path.open("a") as f:
+        f.write(f"env:\n  LD_PRELOAD: {OPENBLAS}\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def other_mlx_python(tmp_path_factory) -> str:
+    """A venv whose python reports mlx OTHER_MLX via importlib.metadata: a
+    dist-info of that version in its own site-packages, shadowing the real
+    (shared) mlx, which still imports through a .pth file."""
+    import subprocess
+    import sys
+    import sysconfig
+
+    root = tmp_path_factory.mktemp("oldmlx") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True, timeout=60)
+    site = root / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    dist = site / f"mlx-{OTHER_MLX}.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: mlx\nVersion: {OTHER_MLX}\n")
+    (site / "zz_shared.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return str(root / "bin" / "python")
+
+
+def doctor(path: Path, **kwargs) -> tuple[DoctorReport, float]:
+    started = time.monotonic()
+    report = run_doctor(load_inventory(path), connect_timeout=CONNECT_TIMEOUT, command_timeout=30, **kwargs)
+    return report, time.monotonic() - started
+
+
+def blamed(report: DoctorReport) -> dict[str, list[str]]:
+    """Failing check id -> the hosts its evidence blames."""
+    return {r.id: sorted(h for h, e in r.hosts.items() if e.startswith(BAD))
+            for r in report.results if r.status in (Status.FAIL, Status.CRASH)}
+
+
+def evidence(report: DoctorReport, check_id: str, host: str) -> str:
+    return next(r for r in report.results if r.id == check_id).hosts[host]
+
+
+def test_healthy_lab_passes_collects_and_replays(lab3, inventory_path, tmp_path):
+    runner = CliRunner()
+    collect = tmp_path / "captures"
+    result = runner.invoke(main, ["doctor", "-i", str(inventory_path), "--json", "--collect", str(collect)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["verdict"] == "pass", [c for c in doc["checks"] if c["status"] != "pass"]
+    assert sorted(doc["hosts"]) == ["labhost1", "labhost2", "labhost3"]
+    assert doc["hosts"]["labhost2"]["hostname"] == "labhost2"
+    ids = {c["id"] for c in doc["checks"]}
+    assert {"ssh-paramiko", "ssh-openssh", "host-keys", "host-to-host-ssh", "data-path", "mlx-version",
+            "mpirun-path", "libmpi-loadable"} <= ids
+    assert set(doc["checks"][0]) == {"id", "title", "status", "hosts", "hint"}
+    assert (collect / "labhost3" / "probe.json").is_file()
+
+    replay = runner.invoke(main, ["doctor", "--from", str(collect), "-i", str(inventory_path)])
+    assert replay.exit_code == 0, replay.output
+    assert "no issues found" in replay.output
+    assert "needs live hosts (replay)" in replay.output
+
+
+@pytest.mark.parametrize(
+    "fault, host, expected, cause",
+    [
+        ("link_down", "labhost2", {"ssh-paramiko", "ssh-openssh"}, ""),
+        ("stop_sshd", "labhost3", {"ssh-paramiko", "ssh-openssh"}, "refused"),
+        ("drop_ssh_port", "labhost2", {"ssh-paramiko", "ssh-openssh"}, "timed out"),
+        ("drop_data_ports", "labhost3", {"data-path"}, "a firewall drops the port"),
+        ("mpirun_off_path", "labhost3", {"mpirun-path"}, "mpirun not found"),
+        ("other_mlx", "labhost2", {"mlx-version"}, OTHER_MLX),
+        ("unknown_host_key", "labhost2", {"host-keys"}, "unknown"),
+    ],
+)
+def test_fault_fails_the_right_check_on_the_right_host(lab3, inventory_path, other_mlx_python,
+                                                       fault, host, expected, cause):
+    from tests.lab import SYSTEM_PATH
+
+    inject = {
+        "link_down": lambda: lab3.link_down(host),
+        "stop_sshd": lambda: lab3.stop_sshd(host),
+        "drop_ssh_port": lambda: lab3.drop_port(host, 22),
+        "drop_data_ports": lambda: lab3.drop_port(host, "32323-32400"),
+        "mpirun_off_path": lambda: lab3.set_host_path(host, f"{lab3.bin_dir}:{SYSTEM_PATH}"),
+        "other_mlx": lambda: lab3.set_host_python(host, other_mlx_python),
+        "unknown_host_key": lambda: lab3.forget_host_key(host),
+    }[fault]
+    inject()
+    try:
+        report, seconds = doctor(inventory_path)
+    finally:
+        lab3.heal(host)
+    assert seconds < DOCTOR_BUDGET_S
+    assert report.verdict == "fail"
+    assert blamed(report) == {check_id: [host] for check_id in expected}
+    first = sorted(expected)[0]
+    assert cause in evidence(report, first, host)
+
+
+def test_accept_new_host_keys_trusts_and_saves(lab3, inventory_path):
+    target = lab3.host("labhost3")
+    lab3.forget_host_key(target)
+    try:
+        report, _ = doctor(inventory_path, accept_new_host_keys=True)
+        saved = Path(lab3.known_hosts).read_text()
+    finally:
+        lab3.heal(target)
+    assert report.verdict == "pass", blamed(report)
+    assert target.ip in saved
+
+
+def test_paramiko_honours_proxyjump_from_the_ssh_config(lab3, tmp_path):
+    """An alias reached through the first host: sshd on labhost2 sees the
+    connection coming from labhost1's address."""
+    from mlxcluster.remote import ParamikoRunner
+
+    jump, target = lab3.hosts[0], lab3.hosts[1]
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(
+        f"Host via-jump\n  HostName {target.ip}\n  ProxyJump {jump.ip}\n"
+        f"  User root\n  IdentityFile {lab3.key}\n  UserKnownHostsFile {lab3.known_hosts}\n"
+        + Path(lab3.ssh_config).read_text())
+    with ParamikoRunner(str(cfg), connect_timeout=CONNECT_TIMEOUT) as runner:
+        result = runner.run("via-jump", 'hostname; echo "$SSH_CONNECTION"', timeout=20)
+    name, connection = result.stdout.split("\n")[:2]
+    assert name == target.name
+    assert connection.split()[0] == jump.ip
+
+
+def test_data_ip_not_on_its_host_blames_only_data_ips_present(lab3, inventory_path, tmp_path):
+    """An inventory IP that labhost3 does not have (e.g. renumbered after a reboot)."""
+    host = lab3.host("labhost3")
+    wrong = host.ip.rsplit(".", 1)[0] + ".99"  # in the lab subnet, assigned to nobody
+    path = tmp_path / "wrong_ip.yaml"
+    path.write_text(inventory_path.read_text().replace(f"ips: [{host.ip}]", f"ips: [{wrong}]"))
+    report, _ = doctor(path)
+    assert blamed(report) == {"data-ips-present": ["labhost3"]}
+    assert f"{wrong} is not assigned" in evidence(report, "data-ips-present", "labhost3")
+    assert "see data-ips-present" in evidence(report, "data-path", "labhost3")
+
+
+def test_collect_captures_for_other_commands(lab3, inventory_path):
+    """The public collector (topology uses it): one capture per host, an error for a dead one."""
+    from mlxcluster.doctor_collect import collect_captures
+
+    lab3.stop_sshd("labhost1")
+    try:
+        captures = collect_captures(load_inventory(inventory_path), connect_timeout=CONNECT_TIMEOUT)
+    finally:
+        lab3.heal("labhost1")
+    assert list(captures) == ["labhost1", "labhost2", "labhost3"]
+    assert captures["labhost1"].probe() is None and "refused" in captures["labhost1"].error
+    assert captures["labhost3"].probe()["hostname"] == "labhost3"
+    assert captures["labhost3"].error is None

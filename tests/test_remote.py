@@ -1,0 +1,194 @@
+"""SSH plumbing without the lab: config resolution, argv quoting, real
+loopback failures from OpenSSH and paramiko, parallel outcomes, and the
+data-path listener/connector scripts run for real on loopback."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import paramiko
+
+from mlxcluster.checks.base import CheckContext, Status
+from mlxcluster.checks.network import data_path
+from mlxcluster.datapath import (
+    CONNECTOR,
+    LISTENER,
+    Connect,
+    DataPathReport,
+    Endpoint,
+    ring_endpoints,
+)
+from mlxcluster.doctor_collect import LiveCollection, host_to_host_command
+from mlxcluster.openssh import OpenSshRunner, explain_failure, ssh_argv
+from mlxcluster.remote import (
+    ParamikoRunner,
+    SshError,
+    fingerprint,
+    load_ssh_config,
+    resolve_target,
+    run_parallel,
+    split_jump,
+)
+
+SSH_CONFIG = """\
+Host studio-*
+  User admin
+  Port 2222
+  IdentityFile ~/.ssh/id_cluster
+  UserKnownHostsFile /tmp/cluster_known_hosts
+Host studio-2
+  HostName 192.168.1.22
+  ProxyJump jump@bastion:2200
+Host *
+  ServerAliveInterval 30
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ssh_config_is_honoured(tmp_path):
+    cfg = tmp_path / "config"
+    cfg.write_text(SSH_CONFIG)
+    config = load_ssh_config(str(cfg))
+    t = resolve_target(config, "studio-2")
+    assert (t.hostname, t.port, t.user) == ("192.168.1.22", 2222, "admin")
+    assert t.key_files[0].endswith("/.ssh/id_cluster") and "~" not in t.key_files[0]
+    assert t.proxy_jump == ("jump@bastion:2200",)
+    assert t.known_hosts == ("/tmp/cluster_known_hosts",)
+    # Inventory user/port win over the config.
+    t = resolve_target(config, "studio-1", user="me", port=22)
+    assert (t.hostname, t.port, t.user, t.proxy_jump) == ("studio-1", 22, "me", ())
+    assert split_jump("jump@bastion:2200") == ("bastion", "jump", 2200)
+    assert split_jump("bastion") == ("bastion", None, None)
+
+
+def test_openssh_argv_is_batch_mode_and_never_a_shell(tmp_path):
+    argv = ssh_argv("studio-1", "true", ssh_config="/etc/cfg", connect_timeout=3, user="me", port=2222)
+    assert argv == ["ssh", "-F", "/etc/cfg", "-o", "BatchMode=yes", "-o", "ConnectTimeout=3",
+                    "-l", "me", "-p", "2222", "studio-1", "true"]
+    assert host_to_host_command("a b", "me", None, 5) == \
+        "ssh -o BatchMode=yes -o ConnectTimeout=5 -l me 'a b' true"
+
+
+def test_real_openssh_refused_on_loopback():
+    runner = OpenSshRunner("/dev/null", connect_timeout=2, command_timeout=10)
+    try:
+        runner.run("127.0.0.1", "true", port=free_port())
+    except SshError as err:
+        assert err.kind == "refused", err
+        assert "Remote Login" in err.hint
+    else:
+        raise AssertionError("ssh to a closed port succeeded")
+
+
+def test_openssh_stderr_causes():
+    assert explain_failure("h", 255, "Host key verification failed.\r\n").kind == "unknown-host-key"
+    assert explain_failure("h", 255, "root@h: Permission denied (publickey).\r\n").kind == "auth"
+    assert explain_failure("h", 255, "ssh: connect to host h port 22: No route to host\r\n").kind == "unreachable"
+    other = explain_failure("h", 255, "kex_exchange_identification: read: Connection reset by peer\n")
+    assert other.kind == "ssh" and "Connection reset" in str(other)
+
+
+def test_real_paramiko_refused_and_timeout_on_loopback(tmp_path):
+    known = tmp_path / "known_hosts"
+    with ParamikoRunner(None, known_hosts=str(known), connect_timeout=1.0) as runner:
+        started = time.monotonic()
+        try:
+            runner.run("127.0.0.1", "true", port=free_port())
+        except SshError as err:
+            assert err.kind == "refused", err
+        else:
+            raise AssertionError("connect to a closed port succeeded")
+        # A listener that never speaks SSH: the banner timeout bounds the wait.
+        with socket.socket() as silent:
+            silent.bind(("127.0.0.1", 0))
+            silent.listen(1)
+            try:
+                runner.run("127.0.0.1", "true", port=silent.getsockname()[1])
+            except SshError as err:
+                assert err.kind in ("timeout", "ssh"), err
+            else:
+                raise AssertionError("silent server accepted")
+        assert time.monotonic() - started < 8
+
+
+def test_fingerprint_matches_ssh_keygen(tmp_path):
+    key_file = tmp_path / "k"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key_file)], check=True, timeout=20)
+    out = subprocess.run(["ssh-keygen", "-lf", f"{key_file}.pub"], capture_output=True, text=True,
+                         timeout=20).stdout
+    key = paramiko.Ed25519Key.from_private_key_file(str(key_file))
+    assert fingerprint(key) == out.split()[1]
+
+
+def test_run_parallel_collects_errors_and_runs_concurrently():
+    def work(name: str) -> str:
+        time.sleep(0.2)
+        if name == "bad":
+            raise SshError("timeout", "bad timed out")
+        return name.upper()
+
+    started = time.monotonic()
+    outcomes = run_parallel(["a", "bad", "c", "d", "e", "f", "g", "h"], work)
+    assert time.monotonic() - started < 1.0  # 8 x 0.2 s in parallel
+    assert outcomes["a"].value == "A" and outcomes["a"].ok
+    assert not outcomes["bad"].ok and outcomes["bad"].error.kind == "timeout"
+    assert list(outcomes) == ["a", "bad", "c", "d", "e", "f", "g", "h"]
+
+
+def test_ring_endpoints_follow_mlx_launch_numbering():
+    plan = ring_endpoints({"a": ["10.0.0.1"], "b": ["10.0.0.2", "10.0.1.2"], "c": ["10.0.0.3"]})
+    assert [(e.host, e.ip, e.port) for eps in plan.values() for e in eps] == [
+        ("a", "10.0.0.1", 32323), ("b", "10.0.0.2", 32324), ("b", "10.0.1.2", 32325), ("c", "10.0.0.3", 32326)]
+
+
+def test_listener_and_connector_scripts_on_loopback():
+    """Real sockets: a bound port accepts, an unbound one is refused, an IP not
+    on this host cannot be bound (nothing is sent to it)."""
+    open_port, closed_port = free_port(), free_port()
+    spec = {"binds": [["127.0.0.1", open_port], ["198.51.100.250", open_port]], "seconds": 20}
+    listener = subprocess.Popen([sys.executable, "-c", LISTENER, json.dumps(spec)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        ready = json.loads(listener.stdout.readline())
+        assert ready["bound"] == [["127.0.0.1", open_port]]
+        assert ready["errors"] == [["198.51.100.250", open_port, "EADDRNOTAVAIL"]]
+        spec = {"targets": [["127.0.0.1", open_port], ["127.0.0.1", closed_port]], "timeout": 2}
+        out = subprocess.run([sys.executable, "-c", CONNECTOR, json.dumps(spec)], capture_output=True,
+                             text=True, timeout=20).stdout
+        rows = json.loads(out)
+        assert [r[2] for r in rows] == ["ok", "ECONNREFUSED"]
+    finally:
+        listener.stdin.close()  # stdin EOF ends the listener
+        assert listener.wait(timeout=5) == 0
+
+    report = DataPathReport(
+        endpoints={"a": [Endpoint("a", "127.0.0.1", open_port)], "b": [Endpoint("b", "127.0.0.1", closed_port)]},
+        bind_errors={"a": [("198.51.100.250", open_port, "EADDRNOTAVAIL")]},
+        connects=[Connect("b", "a", "127.0.0.1", open_port, rows[0][2], 0.0),
+                  Connect("a", "b", "127.0.0.1", closed_port, rows[1][2], 0.0)],
+    )
+    live = LiveCollection({}, {}, {}, data_path=report)
+    ctx = CheckContext({}, live=True, services={"live": live})
+    verdict = data_path(ctx)
+    assert verdict.status is Status.FAIL
+    # The missing IP is data-ips-present's finding: noted, not blamed here.
+    assert "198.51.100.250" in verdict.evidence["a"] and "see data-ips-present" in verdict.evidence["a"]
+    assert not verdict.evidence["a"].startswith("✗")
+    assert "from a: refused: nothing listening" in verdict.evidence["b"]
+    assert "allow TCP" in verdict.hint
+
+
+def test_host_key_hint_names_the_port():
+    from mlxcluster.remote import HostKeyUnknown
+
+    err = HostKeyUnknown("[10.0.0.2]:2222", "ssh-ed25519", "SHA256:abc", "/k")
+    assert "ssh -p 2222 10.0.0.2" in err.hint and "SHA256:abc" in str(err)
