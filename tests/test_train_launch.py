@@ -68,10 +68,19 @@ def test_job_from_inventory_and_hostfile(tmp_path):
         job_from_hostfile(hostfile, None, "/py")
 
 
-def test_hosts_with_different_pythons_are_refused():
+def test_hosts_with_different_pythons_or_env_are_refused():
     text = INVENTORY + "    python: /other/python\n"
     with pytest.raises(InputError, match="different python paths"):
         job_from_inventory(parse_inventory(text), "ring")
+    text = INVENTORY + "    env: {MLX_MPI_LIBNAME: /x/libmpi.so}\n"
+    with pytest.raises(InputError, match="different env values"):
+        job_from_inventory(parse_inventory(text), "ring")
+    shared = INVENTORY.replace("hosts:", "env: {MLX_MPI_LIBNAME: /x/libmpi.so}\nhosts:")
+    job = job_from_inventory(parse_inventory(shared), "mpi")
+    assert job.env == {"MLX_MPI_LIBNAME": "/x/libmpi.so"}
+    argv = launcher_argv(job, Path("/tmp/h"), ["-m", "x"])
+    assert argv.count("MLX_MPI_LIBNAME=/x/libmpi.so") == 1  # the inventory's value wins
+    assert not any(a.startswith("MLX_MPI_LIBNAME=/tmp") for a in argv)
 
 
 def test_launcher_commands_for_ring_and_mpi(tmp_path):

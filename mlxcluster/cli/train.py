@@ -8,6 +8,8 @@ from dataclasses import replace
 
 import click
 
+from mlxcluster.cli.doctor import render_check
+from mlxcluster.doctor import run_doctor
 from mlxcluster.errors import EXIT_FAILED, InputError, MlxclusterError
 from mlxcluster.inventory import load_inventory
 from mlxcluster.train_launch import (
@@ -68,6 +70,8 @@ def command(hostfile, inventory_path, local_ranks, backend, config, python, mpi_
     env = dict(os.environ)
     n = len(job.hosts)
 
+    if inventory_path and not no_preflight:
+        run_doctor_preflight(load_inventory(inventory_path), job.backend)
     if not no_preflight:
         probes = probe_hosts(job, env=env)
         problems = check_probes(job, probes)
@@ -108,3 +112,20 @@ def command(hostfile, inventory_path, local_ranks, backend, config, python, mpi_
         click.get_current_context().exit(
             outcome.exit_code if 0 < outcome.exit_code < 256 else EXIT_FAILED)
     click.echo(f"train finished on {n} rank(s) in {outcome.seconds:.1f} s")
+
+
+def run_doctor_preflight(inventory, backend: str) -> None:
+    """The doctor checks without the data-path listeners and connects (the slow part)."""
+    report = run_doctor(inventory, backend=backend, data_path=False, command_timeout=30.0)
+    failed = report.failed()
+    for result in failed:
+        for text, colour in render_check(result, verbose=False):
+            click.secho(text, fg=colour, err=True)
+    if failed:
+        raise MlxclusterError(f"doctor found {len(failed)} failing check(s) on this cluster",
+                              "fix them (details: mlxcluster doctor -i INVENTORY), or "
+                              "pass --no-preflight")
+    warned = len(report.warned())
+    click.echo(f"[✓] doctor: {len(report.results)} checks, none failed"
+               + (f", {warned} warning(s) (mlxcluster doctor shows them)" if warned else "")
+               + f" ({report.seconds:.1f} s)")
