@@ -96,3 +96,21 @@ def test_a_failing_rank_stops_every_host_and_gives_its_code(lab3, lab_data, tmp_
     # mlx.launch runs remote ranks on a terminal, so their stderr arrives on stdout
     assert "No module named 'mlx'" in proc.stdout + proc.stderr
     assert_nothing_left(lab3, out)
+
+
+def test_train_from_an_mlx_launch_hostfile(lab3, lab_data, tmp_path):
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text(json.dumps({"backend": "ring", "hosts": [
+        {"ssh": h.ip, "ips": [h.ip]} for h in lab3.hosts]}))
+    out = tmp_path / f"run-{uuid.uuid4().hex[:8]}"
+    env = lab3.env()
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mlxcluster", "train", "--hostfile", str(hostfile), "--python",
+         lab3.python, "--config", "tiny", "--", "--steps", "2", "--global_batch", "6",
+         "--data", str(lab_data), "--out", str(out), "--sample_tokens", "0"],
+        env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "[✓] 3 host(s) run" in proc.stdout and "all_sum over 3 ranks on ring = 3" in proc.stdout
+    assert "step      2/2 | loss" in proc.stdout
+    assert_nothing_left(lab3, out)
