@@ -24,9 +24,10 @@ from mlxcluster.checks.base import (
     run_checks,
     verdict,
 )
-from mlxcluster.doctor_collect import LiveCollection, collect_live
+from mlxcluster.doctor_collect import LiveCollection, collect_live, probe_locally
 from mlxcluster.errors import InputError
 from mlxcluster.facts import HostFacts, all_facts, facts_to_json
+from mlxcluster.inventory import local_inventory
 
 CHECK_MODULES = (
     "mlxcluster.checks.ssh",
@@ -103,6 +104,16 @@ def run_doctor(inventory, *, backend: str | None = None, connect_timeout: float 
                                         accept_new_host_keys=accept_new_host_keys, data_path=data_path)
     ctx = CheckContext(live.captures, inventory=inventory, live=True, backend=backend,
                        services={"live": live}, options={"hostfile": hostfile})
+    return _report(ctx, started, inventory.cluster)
+
+
+def run_local_doctor(*, backend: str | None = None, python: str | None = None) -> DoctorReport:
+    """Check this machine as the one host that local ranks (--local N) run on.
+    The probe runs as a subprocess; the checks that need SSH are skipped."""
+    started = time.monotonic()
+    inventory = local_inventory(1, python=python)
+    captures = {h.name: probe_locally(h) for h in inventory.hosts}
+    ctx = CheckContext(captures, inventory=inventory, live=False, backend=backend)
     return _report(ctx, started, inventory.cluster)
 
 

@@ -14,6 +14,8 @@ import ipaddress
 import json
 import shlex
 import socket
+import subprocess
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +65,19 @@ def probe_host(runner: ParamikoRunner, host, timeout: float = PROBE_TIMEOUT) -> 
     """Run the probe on one host; SshError propagates (the caller records it)."""
     result = runner.run(host.ssh, probe_command(host.python, dict(host.env)), user=host.user,
                         port=host.port, stdin=probe_source(), timeout=timeout)
+    return capture_from_probe(host.name, result, host.python)
+
+
+def probe_locally(host, timeout: float = PROBE_TIMEOUT) -> HostCapture:
+    """Run the probe on this machine without SSH: ranks on 127.0.0.1 are
+    started locally by mlx.launch too."""
+    started = time.monotonic()
+    try:
+        proc = subprocess.run(["/bin/sh", "-c", probe_command(host.python, dict(host.env))],
+                              input=probe_source(), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return HostCapture(name=host.name, error=f"probe timed out after {timeout:.0f}s")
+    result = CommandResult(proc.stdout, proc.stderr, proc.returncode, time.monotonic() - started)
     return capture_from_probe(host.name, result, host.python)
 
 

@@ -118,3 +118,16 @@ def test_malformed_probe_is_survived(tmp_path, capture_dir):
     assert all(c["status"] != "crash" for c in doc["checks"]), [c for c in doc["checks"] if c["status"] == "crash"]
     mlx = next(c for c in doc["checks"] if c["id"] == "mlx-version")
     assert mlx["status"] == "fail" and mlx["hosts"]["broken"].startswith("✗")
+
+
+def test_local_checks_this_machine_without_ssh():
+    """`doctor --local`: the real probe runs as a subprocess, SSH checks skip."""
+    result = CliRunner().invoke(main, ["doctor", "--local", "--json"])
+    report = json.loads(result.output)
+    checks = {c["id"]: c for c in report["checks"]}
+    assert list(report["hosts"]) == ["local-0"]
+    assert checks["mlx-version"]["status"] == "pass"
+    assert checks["ssh-paramiko"]["status"] == "skip"
+    assert report["verdict"] in ("pass", "warn") and result.exit_code == 0
+    bad = CliRunner().invoke(main, ["doctor", "--local", "--from", "x"])
+    assert bad.exit_code == 2 and "excludes" in bad.output

@@ -93,7 +93,7 @@ def test_healthy_lab_passes_collects_and_replays(lab3, inventory_path, tmp_path)
     replay = runner.invoke(main, ["doctor", "--from", str(collect), "-i", str(inventory_path)])
     assert replay.exit_code == 0, replay.output
     assert "no issues found" in replay.output
-    assert "needs live hosts (replay)" in replay.output
+    assert "needs hosts reached over SSH" in replay.output
 
 
 @pytest.mark.parametrize(

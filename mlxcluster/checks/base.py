@@ -90,7 +90,8 @@ def run_checks(ctx: CheckContext, specs: Iterable[CheckSpec]) -> list[CheckResul
     for spec in specs:
         if spec.live and not ctx.live:
             results.append(
-                CheckResult(spec.id, spec.title, Status.SKIP, {}, "needs live hosts (replay)")
+                CheckResult(spec.id, spec.title, Status.SKIP, {},
+                            "needs hosts reached over SSH (not run on a replay or --local)")
             )
             continue
         try:

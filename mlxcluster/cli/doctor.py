@@ -18,7 +18,7 @@ from tabulate import tabulate
 
 from mlxcluster.capture import load_capture_dir, save_capture_dir
 from mlxcluster.checks.base import CheckResult, Status
-from mlxcluster.doctor import BACKENDS, DoctorReport, replay_doctor, run_doctor
+from mlxcluster.doctor import BACKENDS, DoctorReport, replay_doctor, run_doctor, run_local_doctor
 from mlxcluster.errors import EXIT_FAILED, EXIT_OK, InputError
 from mlxcluster.facts import HostFacts
 from mlxcluster.inventory import load_inventory
@@ -86,7 +86,7 @@ def verdict_line(report: DoctorReport) -> tuple[str, str]:
 
 
 def render(report: DoctorReport, verbose: bool) -> None:
-    where = "live" if report.live else "replay"
+    where = "live" if report.live else ("this machine" if report.cluster == "local" else "replay")
     click.echo(f"mlxcluster doctor: {report.cluster or 'captures'} ({len(report.captures)} hosts, {where}, "
                f"{report.seconds:.1f} s)\n")
     for result in report.results:
@@ -108,6 +108,8 @@ def render(report: DoctorReport, verbose: bool) -> None:
               help="Save every raw output as DIR/<host>/<file>.")
 @click.option("--from", "from_dir", type=click.Path(file_okay=False),
               help="Replay a folder written by --collect (no live host needed).")
+@click.option("--local", "local", is_flag=True,
+              help="Check this machine, where local ranks (smoke/train --local N) run; no SSH.")
 @click.option("--accept-new-host-keys", is_flag=True,
               help="Trust unknown host keys on first use and save them to known_hosts.")
 @click.option("--backend", type=click.Choice(BACKENDS), default=None,
@@ -118,16 +120,23 @@ def render(report: DoctorReport, verbose: bool) -> None:
 @click.option("--hostfile", "hostfile", type=click.Path(dir_okay=False),
               help="The hostfile you launch with: compared with the live cabling.")
 @click.option("-v", "--verbose", is_flag=True, help="Show evidence for passing checks too.")
-def command(inventory_path, as_json, strict, collect_dir, from_dir, accept_new_host_keys, backend,
+def command(inventory_path, as_json, strict, collect_dir, from_dir, local, accept_new_host_keys, backend,
             connect_timeout, no_data_path, hostfile, verbose):
     """Check every host of the cluster and say how to fix what is wrong."""
     if from_dir and collect_dir:
         raise InputError("--from and --collect exclude each other",
                          "--collect saves a live run; --from replays a saved one")
-    if not from_dir and not inventory_path:
-        raise InputError("doctor needs an inventory", "pass -i cluster.yaml, or --from DIR to replay captures")
+    if local and (from_dir or inventory_path):
+        raise InputError("--local checks this machine; it excludes -i and --from")
+    if not from_dir and not inventory_path and not local:
+        raise InputError("doctor needs an inventory",
+                         "pass -i cluster.yaml, --from DIR to replay captures, or --local")
     inventory = load_inventory(inventory_path) if inventory_path else None
-    if from_dir:
+    if local:
+        report = run_local_doctor(backend=backend)
+        if collect_dir:
+            save_capture_dir(report.captures, collect_dir)
+    elif from_dir:
         report = replay_doctor(load_capture_dir(from_dir), inventory=inventory, backend=backend,
                                hostfile=hostfile)
     else:

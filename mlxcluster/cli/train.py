@@ -1,0 +1,131 @@
+"""`mlxcluster train`: preflight the cluster, then run the reference trainer on every host."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import replace
+
+import click
+
+from mlxcluster.cli.doctor import render_check
+from mlxcluster.doctor import run_doctor
+from mlxcluster.errors import EXIT_FAILED, InputError, MlxclusterError
+from mlxcluster.inventory import load_inventory
+from mlxcluster.train_launch import (
+    BACKENDS,
+    check_probes,
+    job_from_hostfile,
+    job_from_inventory,
+    job_local,
+    launch_training,
+    openblas_env,
+    probe_hosts,
+    smoke_all_sum,
+    trainer_command,
+)
+
+
+@click.command("train", context_settings={"ignore_unknown_options": True})
+@click.option("--hostfile", type=click.Path(exists=True, dir_okay=False),
+              help="An mlx.launch hostfile (JSON).")
+@click.option("-i", "--inventory", "inventory_path", type=click.Path(exists=True, dir_okay=False),
+              help="An mlxcluster inventory (YAML).")
+@click.option("--local", "local_ranks", type=click.IntRange(1, 64),
+              help="Run N ranks on this machine instead.")
+@click.option("--backend", type=click.Choice(BACKENDS), default=None,
+              help="Distributed backend (default: the hostfile's, else ring).")
+@click.option("--config", default="demo", show_default=True,
+              help="Trainer config: tiny, demo, blog or a YAML path.")
+@click.option("--python", "python", default=None,
+              help="Python on every host for --hostfile/--local (default: this one).")
+@click.option("--mpi-arg", "mpi_args", multiple=True, metavar="ARG",
+              help="Extra mpirun argument (repeatable; use --mpi-arg=--flag).")
+@click.option("--no-preflight", is_flag=True, help="Skip the host probe and all_sum smoke.")
+@click.option("--no-openblas", is_flag=True, help="Do not preload OpenBLAS on Linux hosts.")
+@click.option("--timeout", type=click.FloatRange(1), default=None,
+              help="Stop every rank after this many seconds.")
+@click.argument("trainer_args", nargs=-1, type=click.UNPROCESSED)
+def command(hostfile, inventory_path, local_ranks, backend, config, python, mpi_args,
+            no_preflight, no_openblas, timeout, trainer_args):
+    """Check the cluster, then run `python -m reference_train.train` on every host.
+
+    Arguments after `--` go to the trainer, e.g.
+    `mlxcluster train --local 2 --config tiny -- --steps 5 --out runs/t`.
+    Exits with the failing rank's exit code when a rank fails.
+    """
+    sources = [s for s in (hostfile, inventory_path, local_ranks) if s]
+    if len(sources) != 1:
+        raise InputError("give exactly one of --hostfile FILE, -i INVENTORY or --local N",
+                         "e.g. mlxcluster train --local 2 --config tiny")
+    args = ("--config", config, *trainer_args)
+    py = python or sys.executable
+    if inventory_path:
+        job = job_from_inventory(load_inventory(inventory_path), backend or "ring", args,
+                                 tuple(mpi_args))
+    elif hostfile:
+        job = job_from_hostfile(hostfile, backend, py, args, tuple(mpi_args))
+    else:
+        job = job_local(local_ranks, backend or "ring", py, args, tuple(mpi_args))
+    env = dict(os.environ)
+    n = len(job.hosts)
+
+    if inventory_path and not no_preflight:
+        run_doctor_preflight(load_inventory(inventory_path), job.backend)
+    if not no_preflight:
+        probes = probe_hosts(job, env=env)
+        problems = check_probes(job, probes)
+        if problems:
+            for p in problems:
+                click.secho(f"[✗] {p}", fg="red", err=True)
+            raise MlxclusterError(f"preflight found {len(problems)} problem(s)",
+                                  "fix the lines above; `mlxcluster doctor` checks more")
+        versions = sorted({p.facts["mlx"] for p in probes})
+        click.echo(f"[✓] {len(probes)} host(s) run {job.python} with mlx {versions[0]} "
+                   "and reference_train")
+        blas = {} if no_openblas else openblas_env(job, probes)
+        if blas:
+            job = replace(job, env={**job.env, **blas})
+            click.echo(f"[✓] preloading OpenBLAS on every rank: LD_PRELOAD={blas['LD_PRELOAD']} "
+                       f"OPENBLAS_NUM_THREADS={blas['OPENBLAS_NUM_THREADS']}")
+        elif any(str(p.facts.get("platform", "")).startswith("linux") for p in probes):
+            click.secho("[!] no OpenBLAS at one path on every Linux host: mlx uses its "
+                        "reference BLAS, ~15x slower (apt install libopenblas0-pthread)",
+                        fg="yellow")
+        ok, detail = smoke_all_sum(job, env=env)
+        if not ok:
+            click.secho(f"[✗] smoke: {detail}", fg="red", err=True)
+            raise MlxclusterError(f"the {job.backend} backend does not work across {n} rank(s)",
+                                  "run `mlxcluster smoke` / `mlxcluster doctor` for details")
+        click.echo(f"[✓] smoke: {detail}")
+
+    click.echo(f"launching {n} rank(s) on {job.backend}: {trainer_command(job)}")
+
+    def show(stream: str, line: str) -> None:
+        click.echo(line, err=stream == "stderr")
+
+    outcome = launch_training(job, show, env=env, timeout=timeout)
+    if outcome.exit_code != 0:
+        who = f"rank {outcome.failed_rank}" if outcome.failed_rank is not None else "a rank"
+        click.secho(f"train failed: {who} exited with code {outcome.exit_code}; "
+                    "every rank was stopped", fg="red", err=True)
+        click.get_current_context().exit(
+            outcome.exit_code if 0 < outcome.exit_code < 256 else EXIT_FAILED)
+    click.echo(f"train finished on {n} rank(s) in {outcome.seconds:.1f} s")
+
+
+def run_doctor_preflight(inventory, backend: str) -> None:
+    """The doctor checks without the data-path listeners and connects (the slow part)."""
+    report = run_doctor(inventory, backend=backend, data_path=False, command_timeout=30.0)
+    failed = report.failed()
+    for result in failed:
+        for text, colour in render_check(result, verbose=False):
+            click.secho(text, fg=colour, err=True)
+    if failed:
+        raise MlxclusterError(f"doctor found {len(failed)} failing check(s) on this cluster",
+                              "fix them (details: mlxcluster doctor -i INVENTORY), or "
+                              "pass --no-preflight")
+    warned = len(report.warned())
+    click.echo(f"[✓] doctor: {len(report.results)} checks, none failed"
+               + (f", {warned} warning(s) (mlxcluster doctor shows them)" if warned else "")
+               + f" ({report.seconds:.1f} s)")

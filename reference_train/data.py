@@ -1,0 +1,411 @@
+"""Token files on disk and the sharded, memory-mapped batches every rank reads.
+
+Format (written once by `python -m reference_train.prepare`, see docs/training.md):
+
+    DIR/meta.json     {"format": "reference_train.tokens/1", "dtype": "uint16",
+                       "vocab_size": 257, "eos_id": 256,
+                       "tokenizer": {"kind": "byte"},
+                       "splits": {"train": {"file": "train.bin", "tokens": 612345, "documents": 1900},
+                                  "val": {"file": "val.bin", "tokens": 31234, "documents": 100}},
+                       "source": "offline corpus (2000 generated stories, seed 0)"}
+    DIR/train.bin     flat little-endian token ids (uint16, or uint32 when vocab > 65536)
+    DIR/val.bin       same, for validation
+
+Documents are concatenated with `eos_id` after each. Sequence i of a split is
+the window tokens[i*L : i*L + L + 1] (inputs are the first L, targets the last L).
+
+Sharding: per epoch, the sequence indices are shuffled by (seed, epoch); optimizer
+step s of the epoch uses positions [s*G, (s+1)*G) of that order (G = global
+batch), and rank r of n takes the r-th contiguous slice of G/n of them. So the
+ranks of one step together see exactly the global batch a single process would,
+every sequence is used once per epoch, and the last `n_sequences % G` of the
+order are dropped (reported by `EpochPlan.dropped`). Each rank reads only its
+own rows from the memory-mapped file.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+FORMAT = "reference_train.tokens/1"
+
+
+class Group(Protocol):
+    """What sharding needs from a distributed group (mx.distributed.Group fits)."""
+
+    def rank(self) -> int: ...
+
+    def size(self) -> int: ...
+
+
+# ---------------------------------------------------------------- tokenizers
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as ids 0-255, plus an end-of-document id 256. Needs no download."""
+
+    vocab_size = 257
+    eos_id = 256
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+
+    def describe(self) -> dict:
+        return {"kind": "byte"}
+
+
+class HFTokenizer:
+    """A Hugging Face tokenizer (e.g. "gpt2"), through `transformers` or `tokenizers`."""
+
+    def __init__(self, name: str):
+        self.name = name
+        try:
+            from transformers import AutoTokenizer  # type: ignore[import-not-found]
+
+            tok = AutoTokenizer.from_pretrained(name)
+            self._encode = lambda s: tok.encode(s)
+            self._decode = lambda ids: tok.decode(list(ids))
+            self.vocab_size = len(tok)
+            eos = tok.eos_token_id
+        except ImportError:
+            try:
+                from tokenizers import Tokenizer  # type: ignore[import-not-found]
+            except ImportError as e:
+                raise DataError(
+                    f"tokenizer {name!r} needs the 'transformers' or 'tokenizers' package, "
+                    "and neither is installed",
+                    "pip install tokenizers, or use the default byte tokenizer (--tokenizer byte)",
+                ) from e
+            tok = Tokenizer.from_pretrained(name)
+            self._encode = lambda s: tok.encode(s).ids
+            self._decode = lambda ids: tok.decode(list(ids))
+            self.vocab_size = tok.get_vocab_size()
+            eos = tok.token_to_id("<|endoftext|>")
+        except OSError as e:  # transformers raises OSError when the hub is unreachable
+            raise DataError(f"could not load tokenizer {name!r}: {e}",
+                            "check the network, or use --tokenizer byte") from e
+        # Without an end-of-text token, documents are separated by an extra id.
+        self.eos_id = eos if eos is not None else self.vocab_size
+        self.vocab_size = max(self.vocab_size, self.eos_id + 1)
+
+    def encode(self, text: str) -> list[int]:
+        return self._encode(text)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self._decode([i for i in ids if i != self.eos_id])
+
+    def describe(self) -> dict:
+        return {"kind": "hf", "name": self.name}
+
+
+class DataError(Exception):
+    """A corpus or token directory problem, with a hint on what to do."""
+
+    def __init__(self, message: str, hint: str = ""):
+        super().__init__(message)
+        self.hint = hint
+
+    def __str__(self) -> str:
+        base = super().__str__()
+        return f"{base} (hint: {self.hint})" if self.hint else base
+
+
+def make_tokenizer(spec: dict | str):
+    """A tokenizer from "byte", a Hugging Face name, or a meta.json `tokenizer` entry."""
+    if isinstance(spec, dict):
+        spec = "byte" if spec.get("kind") == "byte" else spec["name"]
+    return ByteTokenizer() if spec == "byte" else HFTokenizer(spec)
+
+
+# ---------------------------------------------------------------- corpus readers
+
+
+def read_text_files(paths: Iterable[str | Path], separator: str = "<|endoftext|>") -> Iterator[str]:
+    """Documents from text files: one per file, or split on `separator` when present."""
+    for path in paths:
+        text = Path(path).read_text(encoding="utf-8")
+        for doc in text.split(separator):
+            if doc.strip():
+                yield doc.strip()
+
+
+def read_jsonl(paths: Iterable[str | Path], field: str = "text") -> Iterator[str]:
+    """Documents from JSON Lines files: the `field` of each object, one object a line."""
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg})") from e
+                if not isinstance(record, dict) or field not in record:
+                    raise DataError(f"{path}:{lineno}: no {field!r} field",
+                                    "choose the field with --text-field")
+                yield str(record[field])
+
+
+def read_hf_dataset(name: str, split: str, field: str = "text",
+                    max_docs: int | None = None) -> Iterator[str]:
+    """Documents from a Hugging Face dataset (e.g. roneneldan/TinyStories), streamed."""
+    try:
+        from datasets import load_dataset  # type: ignore[import-not-found]
+    except ImportError as e:
+        raise DataError(f"--hf-dataset {name} needs the 'datasets' package, which is not installed",
+                        "pip install datasets, or use text/JSONL files or the offline corpus") from e
+    try:
+        ds = load_dataset(name, split=split, streaming=True)
+        for i, record in enumerate(ds):
+            if max_docs is not None and i >= max_docs:
+                break
+            yield str(record[field])
+    except (OSError, ConnectionError, ValueError) as e:
+        raise DataError(f"could not read dataset {name!r} split {split!r}: {e}",
+                        "check the network and the name, or use local files") from e
+
+
+# ---------------------------------------------------------------- writing
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """uint16 while every id fits, else uint32."""
+    return np.dtype(np.uint16) if vocab_size <= 65536 else np.dtype(np.uint32)
+
+
+def write_token_files(documents: Iterable[str], tokenizer, out_dir: str | Path,
+                      val_every: int = 20, source: str = "") -> dict:
+    """Tokenize `documents` into out_dir/{train,val}.bin + meta.json; return the metadata.
+
+    Every `val_every`-th document goes to validation (deterministic, no shuffle
+    needed). The directory appears atomically: it is written under a temporary
+    name beside `out_dir` and renamed at the end.
+    """
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    dtype = token_dtype(tokenizer.vocab_size)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private; token files are meant to be shared
+    try:
+        counts = {"train": [0, 0], "val": [0, 0]}
+        with open(tmp / "train.bin", "wb") as ftrain, open(tmp / "val.bin", "wb") as fval:
+            for i, doc in enumerate(documents):
+                split = "val" if val_every > 0 and i % val_every == val_every - 1 else "train"
+                ids = tokenizer.encode(doc) + [tokenizer.eos_id]
+                np.asarray(ids, dtype=dtype).tofile(fval if split == "val" else ftrain)
+                counts[split][0] += len(ids)
+                counts[split][1] += 1
+        if counts["train"][0] == 0:
+            raise DataError("the corpus produced no training tokens", "check the input files")
+        meta = {
+            "format": FORMAT,
+            "dtype": dtype.name,
+            "vocab_size": tokenizer.vocab_size,
+            "eos_id": tokenizer.eos_id,
+            "tokenizer": tokenizer.describe(),
+            "splits": {s: {"file": f"{s}.bin", "tokens": c[0], "documents": c[1]}
+                       for s, c in counts.items()},
+            "source": source,
+        }
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        publish_dir(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return meta
+
+
+def publish_dir(tmp: Path, final: Path) -> None:
+    """Rename a finished temporary directory to `final`, replacing an old one.
+
+    When another process published the same directory first (ranks preparing the
+    default corpus side by side), its copy wins and ours is discarded.
+    """
+    if final.exists():
+        old = final.with_name(f".{final.name}.old.{os.getpid()}")
+        try:
+            final.rename(old)
+        except FileNotFoundError:
+            pass
+        else:
+            shutil.rmtree(old, ignore_errors=True)
+    try:
+        tmp.rename(final)
+    except OSError:
+        if not (final / "meta.json").exists():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- reading
+
+
+class TokenSplit:
+    """One split of a token directory, memory-mapped: a rank reads only the rows it asks for.
+
+    After copying rows out, their pages are released from this process's mapping
+    (MADV_DONTNEED; the OS page cache keeps them). Why: on Linux 6.x with large
+    folios, touching one 258-byte sequence mapped ~0.5 MB of file pages into the
+    process (measured), so resident memory grew batch after batch with the
+    dataset, although it was only clean, shared cache.
+    """
+
+    def __init__(self, path: str | Path, dtype: np.dtype, block_size: int):
+        self.block_size = block_size
+        self.itemsize = np.dtype(dtype).itemsize
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+        self.tokens = (np.frombuffer(self._mmap, dtype=dtype) if self._mmap is not None
+                       else np.zeros(0, dtype=dtype))
+
+    @property
+    def n_sequences(self) -> int:
+        return max(0, (len(self.tokens) - 1) // self.block_size)
+
+    def read(self, indices: Iterable[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Inputs and targets, int32 (len(indices), block_size), for these sequences only."""
+        L = self.block_size
+        rows = []
+        for i in indices:
+            start = int(i) * L
+            rows.append(self.tokens[start: start + L + 1].astype(np.int32))
+            self._release(start * self.itemsize, (L + 1) * self.itemsize)
+        batch = np.stack(rows)
+        return batch[:, :-1], batch[:, 1:]
+
+    def _release(self, offset: int, length: int) -> None:
+        if self._mmap is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        start = offset - offset % mmap.PAGESIZE
+        end = min(offset + length, len(self._mmap))
+        self._mmap.madvise(mmap.MADV_DONTNEED, start, end - start)
+
+
+def load_meta(data_dir: str | Path) -> dict:
+    """meta.json of a token directory, checked."""
+    path = Path(data_dir) / "meta.json"
+    if not path.exists():
+        raise DataError(f"{path} not found",
+                        f"create it with: python -m reference_train.prepare --out {data_dir}")
+    meta = json.loads(path.read_text())
+    if meta.get("format") != FORMAT:
+        raise DataError(f"{path}: format {meta.get('format')!r}, expected {FORMAT!r}")
+    return meta
+
+
+def open_split(data_dir: str | Path, split: str, block_size: int) -> TokenSplit:
+    """Memory-map one split of a token directory."""
+    meta = load_meta(data_dir)
+    info = meta["splits"][split]
+    return TokenSplit(Path(data_dir) / info["file"], np.dtype(meta["dtype"]), block_size)
+
+
+# ---------------------------------------------------------------- sharding
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """How many optimizer steps an epoch holds, and how many sequences it drops."""
+
+    n_sequences: int
+    global_batch: int
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.n_sequences // self.global_batch
+
+    @property
+    def dropped(self) -> int:
+        return self.n_sequences - self.steps_per_epoch * self.global_batch
+
+
+def split_batch(global_batch: int, world: int, grad_accum: int = 1) -> int:
+    """Sequences per rank per micro-step; ValueError showing the arithmetic when it does not divide."""
+    if global_batch <= 0 or world <= 0 or grad_accum <= 0:
+        raise ValueError(f"global_batch {global_batch}, ranks {world} and grad_accum "
+                         f"{grad_accum} must all be positive")
+    per_rank, rest = divmod(global_batch, world * grad_accum)
+    if rest:
+        raise ValueError(
+            f"global_batch {global_batch} does not split evenly: ranks {world} x grad_accum "
+            f"{grad_accum} = {world * grad_accum}, and {global_batch} % {world * grad_accum} "
+            f"= {rest}; choose a global_batch that is a multiple of {world * grad_accum}")
+    return per_rank
+
+
+def epoch_order(n_sequences: int, seed: int, epoch: int) -> np.ndarray:
+    """The shuffled sequence indices of one epoch; the same on every rank for (seed, epoch)."""
+    dtype = np.uint32 if n_sequences < 2**32 else np.uint64  # 4 bytes a sequence
+    rng = np.random.default_rng([seed, epoch])
+    return rng.permutation(n_sequences).astype(dtype)
+
+
+def rank_indices(order: np.ndarray, step_in_epoch: int, global_batch: int,
+                 rank: int, size: int) -> np.ndarray:
+    """Sequence indices rank `rank` of `size` uses at one step of the epoch."""
+    per_rank = global_batch // size
+    start = step_in_epoch * global_batch + rank * per_rank
+    return order[start: start + per_rank]
+
+
+class ShardedBatches:
+    """Training batches for one rank: step -> (inputs, targets) of global_batch / size rows.
+
+    The position in the data is a pure function of the global step, so a resumed
+    run (even with another number of ranks) continues exactly where it stopped.
+    """
+
+    def __init__(self, split: TokenSplit, global_batch: int, group: Group, seed: int):
+        self.split = split
+        self.global_batch = global_batch
+        self.rank, self.size = group.rank(), group.size()
+        self.per_rank = split_batch(global_batch, self.size)
+        self.seed = seed
+        self.plan = EpochPlan(split.n_sequences, global_batch)
+        if self.plan.steps_per_epoch == 0:
+            raise DataError(f"the training split has {split.n_sequences} sequences of "
+                            f"{split.block_size} tokens, fewer than one global batch "
+                            f"({global_batch})", "use more data, or a smaller block_size or global_batch")
+        self._epoch = -1
+        self._order: np.ndarray | None = None
+
+    def position(self, step: int) -> dict:
+        """Where global step `step` (0-based) reads: epoch and step within it."""
+        epoch, in_epoch = divmod(step, self.plan.steps_per_epoch)
+        return {"epoch": epoch, "step_in_epoch": in_epoch, "seed": self.seed}
+
+    def indices(self, step: int) -> np.ndarray:
+        pos = self.position(step)
+        if pos["epoch"] != self._epoch:
+            self._order = epoch_order(self.plan.n_sequences, self.seed, pos["epoch"])
+            self._epoch = pos["epoch"]
+        return rank_indices(self._order, pos["step_in_epoch"], self.global_batch,
+                            self.rank, self.size)
+
+    def batch(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.split.read(self.indices(step))
+
+
+def validation_batches(split: TokenSplit, global_batch: int, group: Group,
+                       max_batches: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The first `max_batches` global batches of validation, in order, this rank's slice."""
+    rank, size = group.rank(), group.size()
+    per_rank = global_batch // size
+    n = min(max_batches, split.n_sequences // global_batch)
+    for b in range(n):
+        start = b * global_batch + rank * per_rank
+        yield split.read(range(start, start + per_rank))

@@ -1,0 +1,136 @@
+"""A small Llama for data-parallel training: RMSNorm, RoPE, SwiGLU, causal attention.
+
+The model knows nothing about parallelism (train.py averages the gradients), so
+the same file serves 1 process and N hosts. Shapes use B (batch), L (sequence
+length), D (model width), H (query heads), K (key/value heads).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+
+
+@dataclass
+class ModelArgs:
+    """Shape of the model. `n_kv_heads` below `n_heads` turns on grouped-query attention."""
+
+    vocab_size: int = 257
+    dim: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int | None = None
+    hidden_dim: int = 512
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    tie_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        kv = self.n_kv_heads or self.n_heads
+        if self.dim % self.n_heads:
+            raise ValueError(f"dim {self.dim} is not divisible by n_heads {self.n_heads}")
+        if self.n_heads % kv:
+            raise ValueError(f"n_heads {self.n_heads} is not divisible by n_kv_heads {kv}")
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.n_heads = args.n_heads
+        self.n_kv_heads = args.n_kv_heads or args.n_heads
+        self.head_dim = args.dim // args.n_heads
+        self.scale = self.head_dim**-0.5
+        self.wq = nn.Linear(args.dim, self.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(self.n_heads * self.head_dim, args.dim, bias=False)
+        self.rope = nn.RoPE(self.head_dim, traditional=False, base=args.rope_theta)
+
+    def __call__(self, x: mx.array, mask: mx.array | str | None = "causal") -> mx.array:
+        B, L, _ = x.shape
+        q = self.wq(x).reshape(B, L, self.n_heads, -1).transpose(0, 2, 1, 3)
+        k = self.wk(x).reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        v = self.wv(x).reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        q, k = self.rope(q), self.rope(k)
+        # The fused kernel handles grouped-query attention (K < H) itself.
+        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
+        return self.wo(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.w1 = nn.Linear(args.dim, args.hidden_dim, bias=False)
+        self.w2 = nn.Linear(args.hidden_dim, args.dim, bias=False)
+        self.w3 = nn.Linear(args.dim, args.hidden_dim, bias=False)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.w2(nn.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.attention = Attention(args)
+        self.feed_forward = FeedForward(args)
+        self.attention_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
+        self.ffn_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        h = x + self.attention(self.attention_norm(x))
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Llama(nn.Module):
+    """Decoder-only transformer; `__call__` maps token ids (B, L) to logits (B, L, vocab)."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = [TransformerBlock(args) for _ in range(args.n_layers)]
+        self.norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
+        if not args.tie_embeddings:
+            self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+
+    def __call__(self, tokens: mx.array) -> mx.array:
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            h = layer(h)
+        h = self.norm(h)
+        if self.args.tie_embeddings:
+            return self.tok_embeddings.as_linear(h)
+        return self.output(h)
+
+
+def loss_fn(model: Llama, inputs: mx.array, targets: mx.array) -> mx.array:
+    """Mean next-token cross-entropy over every position of the batch."""
+    logits = model(inputs)
+    return nn.losses.cross_entropy(logits, targets, reduction="mean")
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of scalar parameters (tied embeddings counted once)."""
+    from mlx.utils import tree_flatten
+
+    return sum(v.size for _, v in tree_flatten(model.parameters()))
+
+
+def generate(model: Llama, prompt: list[int], n_tokens: int, key: mx.array,
+             temperature: float = 0.8, block_size: int = 256) -> list[int]:
+    """Sample `n_tokens` after `prompt` (no KV cache: a short sample at the end of training)."""
+    tokens = list(prompt)
+    for _ in range(n_tokens):
+        context = mx.array(tokens[-block_size:])[None]
+        logits = model(context)[0, -1]
+        key, sub = mx.random.split(key)
+        if temperature <= 0:
+            nxt = mx.argmax(logits)
+        else:
+            nxt = mx.random.categorical(logits / temperature, key=sub)
+        tokens.append(int(nxt.item()))
+    return tokens[len(prompt):]

@@ -1,0 +1,508 @@
+"""Sharded data-parallel Llama training with MLX: the same script on 1 process or N hosts.
+
+One process (no launcher; a distributed group of 1):
+
+    python -m reference_train.train --config tiny --out runs/tiny
+    python -m reference_train.train --config demo --out runs/demo --steps 200 --global_batch 32
+
+N processes on this machine, or one per host (hosts.json is an mlx.launch hostfile):
+
+    mlx.launch -n 2 --backend ring --python "$(which python)" -- \
+        -m reference_train.train --config demo --out runs/demo
+    mlx.launch --hostfile hosts.json --backend ring --python /abs/path/to/python -- \
+        -m reference_train.train --config demo --out runs/demo
+    mpirun -np 4 --hostfile mpi_hosts.txt -x MLX_MPI_LIBNAME=libmpi.so \
+        python -m reference_train.train --config demo --out runs/demo
+
+(or `mlxcluster train -i inventory.yaml --config demo`, which checks the cluster
+first.) Resume where a run stopped: add `--resume auto` (latest checkpoint in
+--out) or `--resume runs/demo/checkpoints/step_000100`.
+
+Every rank builds the same model from `seed`, reads its own slice of each global
+batch from memory-mapped token files (reference_train/data.py), and the compiled
+step averages gradients over ranks with `nn.average_gradients`, so the run with
+N ranks computes the same losses as one process with the same global batch.
+Settings: the TrainConfig fields below, from a YAML file in configs/ (`--config
+NAME` or a path) with any field overridden on the command line (`--field value`).
+On Linux, preload OpenBLAS (LD_PRELOAD) for a ~15x faster CPU step; `mlxcluster
+train` does this for you.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+from dataclasses import asdict, dataclass, fields
+from functools import partial
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+import yaml
+from mlx.utils import tree_map
+
+from .checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
+from .data import (
+    DataError,
+    ShardedBatches,
+    load_meta,
+    make_tokenizer,
+    open_split,
+    split_batch,
+    validation_batches,
+)
+from .model import Llama, ModelArgs, count_parameters, generate, loss_fn
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+
+
+@dataclass
+class TrainConfig:
+    """Every setting of a run; YAML configs and `--field value` flags set these."""
+
+    # data
+    data: str = ""  # token directory from reference_train.prepare; "" = bundled offline corpus
+    block_size: int = 128  # tokens per training sequence
+    # model (vocab_size comes from the data's meta.json)
+    dim: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int = 0  # 0 = n_heads; fewer = grouped-query attention
+    hidden_dim: int = 512
+    tie_embeddings: bool = False
+    rope_theta: float = 10000.0
+    # optimization
+    steps: int = 100  # total optimizer steps (the learning-rate schedule spans these)
+    stop_after: int = 0  # stop (with a checkpoint) after this step; 0 = run to `steps`
+    global_batch: int = 16  # sequences per optimizer step, summed over ranks
+    grad_accum: int = 1  # micro-batches per rank per step
+    lr: float = 3e-4
+    min_lr: float = 3e-5  # end of the cosine decay
+    warmup_steps: int = 10
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
+    seed: int = 0
+    compile: bool = True
+    # output
+    out: str = "runs/reference"
+    log_every: int = 10
+    eval_every: int = 50  # 0 = no validation
+    eval_batches: int = 4  # global batches of validation per evaluation
+    checkpoint_every: int = 0  # 0 = only at the end
+    keep_checkpoints: int = 2  # newest checkpoints kept; 0 = all
+    resume: str = ""  # "auto" = latest in --out if any, or a checkpoint path
+    sample_tokens: int = 200  # text sampled at the end; 0 = none
+    sample_prompt: str = "Once upon a time"
+    progress: bool = True  # progress bar, only when stdout is a terminal
+
+
+# ---------------------------------------------------------------- configuration
+
+
+def parse_bool(text: str) -> bool:
+    low = str(text).lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true or false, got {text!r}")
+
+
+def field_types() -> dict[str, type]:
+    """TrainConfig field name -> its Python type (annotations are strings here)."""
+    types = {"int": int, "float": float, "str": str, "bool": bool}
+    return {f.name: types[str(f.type)] for f in fields(TrainConfig)}
+
+
+def coerce(name: str, value, kind: type):
+    """A config value converted to its field's type, with the field named on failure."""
+    try:
+        if kind is bool:
+            return value if isinstance(value, bool) else parse_bool(value)
+        if kind is int and isinstance(value, float) and not value.is_integer():
+            raise ValueError(f"{value} is not a whole number")
+        return kind(value)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{name}: {e}") from None
+
+
+def load_config_file(name_or_path: str) -> dict:
+    """A config by name (configs/NAME.yaml) or path, as a dict of TrainConfig fields."""
+    path = Path(name_or_path)
+    if not path.exists():
+        path = CONFIG_DIR / f"{name_or_path}.yaml"
+    if not path.exists():
+        names = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+        raise ValueError(f"no config {name_or_path!r}: not a file, and not one of {names}")
+    values = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(values, dict):
+        raise ValueError(f"{path}: expected a mapping of field: value")
+    unknown = sorted(set(values) - set(field_types()))
+    if unknown:
+        raise ValueError(f"{path}: unknown fields {unknown}")
+    return values
+
+
+def build_config(argv: list[str]) -> TrainConfig:
+    """Defaults, then the --config file, then `--field value` flags."""
+    parser = argparse.ArgumentParser(prog="python -m reference_train.train",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default=None, help="configs/NAME.yaml or a path")
+    types = field_types()
+    for name, kind in types.items():
+        parser.add_argument(f"--{name}", default=None, metavar=kind.__name__.upper())
+    args = parser.parse_args(argv)
+    values = load_config_file(args.config) if args.config else {}
+    values.update({k: v for k, v in vars(args).items() if k in types and v is not None})
+    return TrainConfig(**{k: coerce(k, v, types[k]) for k, v in values.items()})
+
+
+def model_args(cfg: TrainConfig, vocab_size: int) -> ModelArgs:
+    return ModelArgs(vocab_size=vocab_size, dim=cfg.dim, n_layers=cfg.n_layers,
+                     n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads or None,
+                     hidden_dim=cfg.hidden_dim, rope_theta=cfg.rope_theta,
+                     tie_embeddings=cfg.tie_embeddings)
+
+
+def default_data_dir() -> Path:
+    """Where the bundled offline corpus is tokenized on first use (one copy per host)."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "reference_train" / "offline-v1"
+
+
+# ---------------------------------------------------------------- distributed
+
+
+def expected_world_size() -> int | None:
+    """The number of ranks a launcher asked for, when it says so in the environment."""
+    for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MLX_WORLD_SIZE"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    hostfile = os.environ.get("MLX_HOSTFILE")
+    if hostfile and os.path.isfile(hostfile):
+        try:
+            hosts = json.loads(Path(hostfile).read_text() or "[]")
+        except ValueError:
+            return None
+        return len(hosts) if isinstance(hosts, list) and hosts else None
+    return None
+
+
+def init_group():
+    """mx.distributed.init(), refusing the silent group of 1 a failed backend gives."""
+    hostfile = os.environ.get("MLX_HOSTFILE")
+    if hostfile and os.path.isfile(hostfile) and not Path(hostfile).read_text().strip():
+        # `mlx.launch -n 1` writes an empty hostfile, which init() fails to parse.
+        del os.environ["MLX_HOSTFILE"]
+    group = mx.distributed.init()
+    expected = expected_world_size()
+    if expected and expected > 1 and group.size() != expected:
+        raise RuntimeError(
+            f"launched as {expected} ranks but mx.distributed.init() gave a group of "
+            f"{group.size()}: the distributed backend did not start (for MPI, is "
+            "MLX_MPI_LIBNAME the libmpi of the mpirun used?)")
+    return group
+
+
+def peak_memory_mb() -> tuple[float, float]:
+    """(MLX allocator peak, process peak RSS) in MiB for this process."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    rss_bytes = rss if sys.platform == "darwin" else rss * 1024  # Linux reports KiB
+    return mx.get_peak_memory() / 2**20, rss_bytes / 2**20
+
+
+# ---------------------------------------------------------------- the run
+
+
+class Trainer:
+    """Holds the model, optimizer, data and compiled step of one rank."""
+
+    def __init__(self, cfg: TrainConfig, group, log=print):
+        self.cfg, self.group, self.log = cfg, group, log
+        self.rank, self.size = group.rank(), group.size()
+        self.micro_batch = split_batch(cfg.global_batch, self.size, cfg.grad_accum)
+        data_dir = Path(cfg.data) if cfg.data else ensure_default_data()
+        self.meta = load_meta(data_dir)
+        self.tokenizer = make_tokenizer(self.meta["tokenizer"])
+        self.train_data = ShardedBatches(open_split(data_dir, "train", cfg.block_size),
+                                         cfg.global_batch, group, cfg.seed)
+        self.val_split = open_split(data_dir, "val", cfg.block_size)
+        self.args = model_args(cfg, self.meta["vocab_size"])
+        mx.random.seed(cfg.seed)  # every rank draws the same initial weights
+        self.model = Llama(self.args)
+        self.optimizer = optim.AdamW(learning_rate=self.schedule(), betas=[cfg.beta1, cfg.beta2],
+                                     weight_decay=cfg.weight_decay)
+        self.optimizer.init(self.model.trainable_parameters())
+        mx.eval(self.model.parameters(), self.optimizer.state)
+        # All randomness after initialisation flows from this key (saved in checkpoints).
+        self.key = mx.random.key(cfg.seed + 1)
+        self.step = 0
+        self.out = Path(cfg.out)
+        self._steps = None
+
+    def schedule(self):
+        cfg = self.cfg
+        warmup = min(cfg.warmup_steps, cfg.steps)
+        cosine = optim.cosine_decay(cfg.lr, max(1, cfg.steps - warmup), cfg.min_lr)
+        if warmup == 0:
+            return cosine
+        return optim.join_schedules([optim.linear_schedule(cfg.lr / warmup, cfg.lr, warmup),
+                                     cosine], [warmup])
+
+    def build_steps(self):
+        """Compiled gradient and update functions (state captured, see mx.compile)."""
+        model, optimizer, group, clip = self.model, self.optimizer, self.group, self.cfg.grad_clip
+        loss_and_grad = nn.value_and_grad(model, loss_fn)
+        state = [model.state, optimizer.state]
+
+        def grad_step(x, y):
+            return loss_and_grad(model, x, y)
+
+        def update_step(grads):
+            grads = nn.average_gradients(grads, group=group)
+            if clip > 0:
+                grads, norm = optim.clip_grad_norm(grads, clip)
+            else:
+                norm = mx.array(0.0)
+            optimizer.update(model, grads)
+            return norm
+
+        if self.cfg.compile:
+            # value_and_grad writes the parameters back into the model, so the
+            # gradient step must declare the state as an output too.
+            compile_ = partial(mx.compile, inputs=state, outputs=state)
+            grad_step, update_step = compile_(grad_step), compile_(update_step)
+        return grad_step, update_step
+
+    def resume(self) -> None:
+        cfg = self.cfg
+        path = resolve_checkpoint(self.out if cfg.resume == "auto" else cfg.resume)
+        if path is None:
+            if cfg.resume == "auto":
+                self.log(f"no checkpoint in {self.out}; starting from step 0")
+                return
+            raise DataError(f"no checkpoint at {cfg.resume}",
+                            "give a checkpoints/step_NNNNNN directory or the run's --out")
+        with open(path / "state.json") as f:
+            saved_args = json.load(f)["model_args"]
+        if saved_args != asdict(self.args):
+            raise DataError(f"{path} holds a different model: {saved_args}",
+                            "resume with the same model settings")
+        state = load_checkpoint(path, self.model, self.optimizer)
+        self.step = state["step"]
+        self.key = mx.array(state["rng_key"], dtype=mx.uint32)
+        self.log(f"resumed from {path} at step {self.step} (data epoch "
+                 f"{state['data']['epoch']}, step {state['data']['step_in_epoch']})")
+
+    def checkpoint(self) -> None:
+        if self.rank != 0:  # every rank holds the same weights
+            return
+        state = {"data": self.train_data.position(self.step),
+                 "rng_key": np.array(self.key).tolist(), "config": asdict(self.cfg),
+                 "model_args": asdict(self.args), "world_size": self.size}
+        save_checkpoint(self.out / "checkpoints", self.step, self.model, self.optimizer,
+                        state, self.cfg.keep_checkpoints)
+
+    def evaluate(self) -> float:
+        """Validation loss averaged over every rank's share of `eval_batches` global batches."""
+        total, n = mx.array(0.0), 0
+        for x, y in validation_batches(self.val_split, self.cfg.global_batch, self.group,
+                                       self.cfg.eval_batches):
+            total = total + loss_fn(self.model, mx.array(x), mx.array(y))
+            n += 1
+        if n == 0:
+            return float("nan")
+        return (mx.distributed.all_sum(total, group=self.group) / (n * self.size)).item()
+
+    def gather_memory(self) -> tuple[list[float], list[float]]:
+        """Every rank's (MLX peak, RSS peak) in MiB, gathered on all ranks."""
+        mine = mx.array([peak_memory_mb()], dtype=mx.float32)
+        every = mx.distributed.all_gather(mine, group=self.group) if self.size > 1 else mine
+        every = np.array(every).reshape(-1, 2)
+        return [round(float(v), 1) for v in every[:, 0]], [round(float(v), 1) for v in every[:, 1]]
+
+    def train_step(self) -> tuple[mx.array, mx.array]:
+        """One optimizer step on this rank's slice of global batch `self.step`.
+
+        Returns (this rank's loss, gradient norm), evaluated; advances self.step.
+        """
+        cfg = self.cfg
+        if self._steps is None:  # built after any resume replaced the optimizer state
+            self._steps = self.build_steps()
+        grad_step, update_step = self._steps
+        x_all, y_all = self.train_data.batch(self.step)
+        step_loss, grads = mx.array(0.0), None
+        for m in range(cfg.grad_accum):
+            rows = slice(m * self.micro_batch, (m + 1) * self.micro_batch)
+            loss, g = grad_step(mx.array(x_all[rows]), mx.array(y_all[rows]))
+            grads = g if grads is None else tree_map(mx.add, grads, g)
+            step_loss = step_loss + loss
+            if cfg.grad_accum > 1:
+                mx.eval(grads, step_loss)  # bound memory to one micro-batch of activations
+        if cfg.grad_accum > 1:
+            grads = tree_map(lambda g: g / cfg.grad_accum, grads)
+        norm = update_step(grads)
+        step_loss = step_loss / cfg.grad_accum
+        mx.eval(self.model.parameters(), self.optimizer.state, step_loss, norm)
+        self.step += 1
+        return step_loss, norm
+
+    def run(self) -> dict:
+        """Train from self.step to the end (or stop_after); return the last metrics."""
+        cfg = self.cfg
+        if self.rank == 0:
+            self.out.mkdir(parents=True, exist_ok=True)
+            plan = self.train_data.plan
+            self.log(f"ranks {self.size} | global batch {cfg.global_batch} = {self.size} ranks x "
+                     f"{cfg.grad_accum} accum x {self.micro_batch} | model "
+                     f"{count_parameters(self.model) / 1e6:.2f}M params | train "
+                     f"{plan.n_sequences} sequences of {cfg.block_size}: {plan.steps_per_epoch} "
+                     f"steps/epoch, {plan.dropped} dropped per epoch")
+        if cfg.resume:
+            self.resume()
+        metrics_path = self.out / "metrics.jsonl"
+        if self.rank == 0:
+            truncate_metrics(metrics_path, self.step)
+        last = min(cfg.steps, cfg.stop_after) if cfg.stop_after else cfg.steps
+        tokens_per_step = cfg.global_batch * cfg.block_size
+        show_bar = cfg.progress and self.rank == 0 and sys.stdout.isatty()
+        record: dict = {}
+        loss_sum, interval_steps, t0 = mx.array(0.0), 0, time.perf_counter()
+        while self.step < last:
+            step_loss, norm = self.train_step()
+            loss_sum = loss_sum + step_loss
+            interval_steps += 1
+            if show_bar:
+                print_progress(self.step, last)
+            if self.step % cfg.log_every == 0 or self.step == last:
+                elapsed = time.perf_counter() - t0
+                loss = (mx.distributed.all_sum(loss_sum, group=self.group)
+                        / (self.size * interval_steps)).item()
+                mem, rss = self.gather_memory()
+                record = {"step": self.step, "loss": loss,
+                          "tokens_per_s": round(tokens_per_step * interval_steps / elapsed, 1),
+                          "lr": float(self.optimizer.learning_rate.item()),
+                          "grad_norm": float(norm.item()), "peak_mem_mb": mem,
+                          "peak_rss_mb": rss, "ranks": self.size}
+                if self.rank == 0:
+                    if show_bar:
+                        print("\r", end="")
+                    self.log(f"step {self.step:>6}/{cfg.steps} | loss {loss:.4f} | lr "
+                             f"{record['lr']:.2e} | {record['tokens_per_s']:,.0f} tok/s | peak MiB "
+                             f"per rank {'/'.join(f'{v:.0f}' for v in mem)} (mlx), "
+                             f"{'/'.join(f'{v:.0f}' for v in rss)} (rss)")
+                    append_metrics(metrics_path, record)
+                loss_sum, interval_steps = mx.array(0.0), 0
+            if cfg.eval_every and (self.step % cfg.eval_every == 0 or self.step == last):
+                val = self.evaluate()
+                if self.rank == 0:
+                    self.log(f"step {self.step:>6}/{cfg.steps} | val loss {val:.4f}")
+                    append_metrics(metrics_path, {"step": self.step, "val_loss": val})
+                record["val_loss"] = val
+            if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and self.step < last:
+                self.checkpoint()
+            if interval_steps == 0:
+                t0 = time.perf_counter()  # time only training, not logging or evaluation
+        self.checkpoint()
+        return record
+
+    def sample(self) -> str:
+        ids = self.tokenizer.encode(self.cfg.sample_prompt)
+        self.key, sub = mx.random.split(self.key)
+        out = generate(self.model, ids, self.cfg.sample_tokens, sub,
+                       block_size=self.cfg.block_size)
+        return self.cfg.sample_prompt + self.tokenizer.decode(out)
+
+
+def ensure_default_data() -> Path:
+    from .prepare import ensure_offline
+
+    return ensure_offline(default_data_dir())
+
+
+def print_progress(step: int, total: int, width: int = 30) -> None:
+    done = int(width * step / max(total, 1))
+    print(f"\r[{'#' * done}{'.' * (width - done)}] {step}/{total}", end="", flush=True)
+
+
+def append_metrics(path: Path, record: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Keep only records up to `step`, so a resumed run does not log steps twice."""
+    if not path.exists():
+        return
+    if step == 0:
+        path.unlink()
+        return
+    keep = [line for line in path.read_text().splitlines()
+            if line.strip() and json.loads(line).get("step", 0) <= step]
+    path.write_text("".join(line + "\n" for line in keep))
+
+
+def plot_metrics(metrics_path: Path, png: Path) -> str:
+    """Draw the loss curve; returns what happened (matplotlib is optional)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "loss curve skipped: matplotlib is not installed (pip install matplotlib)"
+    records = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    train = [(r["step"], r["loss"]) for r in records if "loss" in r]
+    val = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    if train:
+        ax.plot([s for s, _ in train], [v for _, v in train], label="train")
+    if val:
+        ax.plot([s for s, _ in val], [v for _, v in val], "o-", label="validation")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+    return f"loss curve: {png}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        cfg = build_config(sys.argv[1:] if argv is None else argv)
+        group = init_group()
+        is_root = group.rank() == 0
+
+        def log(msg: str) -> None:
+            if is_root:
+                print(msg, flush=True)
+
+        trainer = Trainer(cfg, group, log)
+        trainer.run()
+    except (ValueError, DataError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    if is_root:
+        metrics = trainer.out / "metrics.jsonl"
+        if metrics.exists():
+            log(plot_metrics(metrics, trainer.out / "loss.png"))
+        if cfg.sample_tokens > 0:
+            text = trainer.sample()
+            (trainer.out / "sample.txt").write_text(text + "\n")
+            log(f"sample: {text!r}")
+        log(f"done: step {trainer.step}, checkpoint in {trainer.out / 'checkpoints'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

@@ -1,0 +1,116 @@
+"""`mlxcluster train` across three real lab hosts, on ring and MPI, and when a host is broken."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from reference_train.prepare import prepare_offline
+
+pytestmark = pytest.mark.lab
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def lab_data(tmp_path_factory):
+    out = tmp_path_factory.mktemp("labdata") / "offline"
+    prepare_offline(out, n_stories=300)
+    return out
+
+
+def run_train(lab, tmp_path, data, backend, *extra, steps=3, timeout=300):
+    """mlxcluster train -i <lab inventory>; returns (process, the run's unique out dir)."""
+    inventory = lab.write_inventory(tmp_path / "inventory.yaml")
+    # as doctor advises: name the libmpi for MLX (the launcher passes inventory env to ranks)
+    libmpi = Path(sys.executable).parent.parent / "lib" / "libmpi.so.40"
+    inventory.write_text(inventory.read_text() + f"env:\n  MLX_MPI_LIBNAME: {libmpi}\n")
+    out = tmp_path / f"run-{uuid.uuid4().hex[:8]}"
+    env = lab.env()
+    env["PYTHONPATH"] = str(REPO)
+    env.pop("LD_PRELOAD", None)
+    cmd = [sys.executable, "-m", "mlxcluster", "train", "-i", str(inventory), "--backend",
+           backend, "--config", "tiny", *extra, "--", "--steps", str(steps), "--global_batch", "6", "--data", str(data),
+           "--out", str(out), "--sample_tokens", "0"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
+                          cwd=tmp_path)
+    return proc, out
+
+
+def assert_nothing_left(lab, out):
+    """No trainer of this run remains on any host (matched by its unique --out path;
+    the [r] keeps pgrep, and the ssh running it, from matching themselves)."""
+    for h in lab.hosts:
+        left = lab.ssh(h, f"pgrep -af '[r]eference_train.*{out.name}' || true").stdout.strip()
+        assert left == "", f"{h.name} still runs: {left}"
+
+
+@pytest.mark.parametrize("backend", ["ring", "mpi"])
+def test_train_across_three_hosts(lab3, lab_data, tmp_path, backend):
+    proc, out = run_train(lab3, tmp_path, lab_data, backend)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "[✓] 3 host(s) run" in proc.stdout
+    assert f"[✓] smoke: all_sum over 3 ranks on {backend} = 3" in proc.stdout
+    assert "ranks 3 | global batch 6 = 3 ranks x 1 accum x 2" in proc.stdout
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if "loss" in r]
+    assert [r["step"] for r in train] == [1, 2, 3]
+    assert all(r["ranks"] == 3 and len(r["peak_mem_mb"]) == 3 for r in train)
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step_000003"
+    assert "train finished on 3 rank(s)" in proc.stdout
+    assert_nothing_left(lab3, out)
+
+
+def test_preflight_names_the_host_with_the_wrong_python(lab3, lab_data, tmp_path):
+    other = os.path.join(sys.base_prefix, "bin", "python3")
+    try:
+        lab3.set_host_python(2, other)
+        proc, out = run_train(lab3, tmp_path, lab_data, "ring", timeout=120)
+    finally:
+        lab3.heal(2)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    # doctor's check names the host, and nothing was launched
+    assert "[✗] mlx importable, the same version everywhere  [mlx-version]" in proc.stderr
+    blamed = [ln for ln in proc.stderr.splitlines() if ln.strip().startswith("labhost3:")]
+    assert blamed and "0.32" not in blamed[0], proc.stderr
+    assert "doctor found 1 failing check(s)" in proc.stderr
+    assert not out.exists()
+
+
+def test_a_failing_rank_stops_every_host_and_gives_its_code(lab3, lab_data, tmp_path):
+    other = os.path.join(sys.base_prefix, "bin", "python3")
+    try:
+        lab3.set_host_python(2, other)  # rank 2 cannot import mlx: exits 1 at once
+        proc, out = run_train(lab3, tmp_path, lab_data, "ring", "--no-preflight", steps=1000,
+                              timeout=180)
+    finally:
+        lab3.heal(2)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "train failed: rank 2 exited with code 1" in proc.stderr
+    # mlx.launch runs remote ranks on a terminal, so their stderr arrives on stdout
+    assert "No module named 'mlx'" in proc.stdout + proc.stderr
+    assert_nothing_left(lab3, out)
+
+
+def test_train_from_an_mlx_launch_hostfile(lab3, lab_data, tmp_path):
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text(json.dumps({"backend": "ring", "hosts": [
+        {"ssh": h.ip, "ips": [h.ip]} for h in lab3.hosts]}))
+    out = tmp_path / f"run-{uuid.uuid4().hex[:8]}"
+    env = lab3.env()
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mlxcluster", "train", "--hostfile", str(hostfile), "--python",
+         lab3.python, "--config", "tiny", "--", "--steps", "2", "--global_batch", "6",
+         "--data", str(lab_data), "--out", str(out), "--sample_tokens", "0"],
+        env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "[✓] 3 host(s) run" in proc.stdout and "all_sum over 3 ranks on ring = 3" in proc.stdout
+    assert "step      2/2 | loss" in proc.stdout
+    assert_nothing_left(lab3, out)

@@ -1,0 +1,102 @@
+"""reference_train configuration and model: YAML configs, CLI overrides, the Llama itself."""
+
+from __future__ import annotations
+
+import sys
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+
+from reference_train.model import Llama, ModelArgs, count_parameters
+from reference_train.train import (
+    CONFIG_DIR,
+    TrainConfig,
+    build_config,
+    expected_world_size,
+    plot_metrics,
+)
+
+
+def test_bundled_configs_load_and_override():
+    assert sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")) == ["blog", "demo", "tiny"]
+    cfg = build_config(["--config", "tiny", "--steps", "5", "--seed", "3", "--global_batch",
+                        "16", "--tie_embeddings", "false", "--lr", "2e-3"])
+    assert (cfg.steps, cfg.seed, cfg.global_batch, cfg.tie_embeddings, cfg.lr) == (5, 3, 16, False, 2e-3)
+    assert cfg.dim == 32 and cfg.n_kv_heads == 2  # the rest from tiny.yaml
+    blog = build_config(["--config", "blog"])
+    assert (blog.n_layers, blog.dim, blog.hidden_dim, blog.n_heads, blog.global_batch,
+            blog.block_size, blog.lr) == (4, 256, 512, 4, 4, 512, 3e-4)
+    assert build_config([]) == TrainConfig()
+
+
+def test_config_errors_name_the_problem(tmp_path):
+    with pytest.raises(ValueError, match=r"no config 'nope'.*\['blog', 'demo', 'tiny'\]"):
+        build_config(["--config", "nope"])
+    with pytest.raises(ValueError, match="steps: invalid literal"):
+        build_config(["--steps", "many"])
+    with pytest.raises(ValueError, match="compile: expected true or false"):
+        build_config(["--compile", "maybe"])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("dim: 64\nlayers: 3\n")
+    with pytest.raises(ValueError, match=r"unknown fields \['layers'\]"):
+        build_config(["--config", str(bad)])
+
+
+def test_launcher_world_size_from_environment(monkeypatch, tmp_path):
+    for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MLX_WORLD_SIZE", "MLX_HOSTFILE"):
+        monkeypatch.delenv(var, raising=False)
+    assert expected_world_size() is None
+    hostfile = tmp_path / "h.json"
+    hostfile.write_text('[["127.0.0.1:5000"], ["127.0.0.1:5001"], ["127.0.0.1:5002"]]')
+    monkeypatch.setenv("MLX_HOSTFILE", str(hostfile))
+    assert expected_world_size() == 3
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "4")
+    assert expected_world_size() == 4
+
+
+@pytest.mark.parametrize("kv_heads,tied", [(None, False), (2, True), (1, False)])
+def test_model_shapes_gqa_and_tied_embeddings(kv_heads, tied):
+    args = ModelArgs(vocab_size=50, dim=32, n_layers=2, n_heads=4, n_kv_heads=kv_heads,
+                     hidden_dim=48, tie_embeddings=tied)
+    model = Llama(args)
+    logits = model(mx.zeros((3, 7), dtype=mx.int32))
+    assert logits.shape == (3, 7, 50)
+    assert ("output" in model) == (not tied)
+    head_dim, kv = 8, kv_heads or 4
+    assert model.layers[0].attention.wk.weight.shape == (kv * head_dim, 32)
+    per_layer = 32 * 32 * 2 + 2 * 32 * kv * head_dim + 3 * 32 * 48 + 2 * 32
+    assert count_parameters(model) == 50 * 32 * (1 if tied else 2) + 2 * per_layer + 32
+
+
+def test_attention_is_causal_and_matches_a_plain_implementation():
+    mx.random.seed(0)
+    args = ModelArgs(vocab_size=40, dim=32, n_layers=1, n_heads=4, n_kv_heads=2, hidden_dim=48)
+    model = Llama(args)
+    tokens = mx.random.randint(0, 40, (2, 9))
+    changed = mx.concatenate([tokens[:, :5], (tokens[:, 5:] + 1) % 40], axis=1)
+    a, b = model(tokens), model(changed)
+    assert np.allclose(np.array(a[:, :5]), np.array(b[:, :5]), atol=1e-5)  # the past ignores the future
+    assert not np.allclose(np.array(a[:, 5:]), np.array(b[:, 5:]), atol=1e-3)
+
+    attn = model.layers[0].attention
+    x = mx.random.normal((2, 9, 32))
+    B, L, _ = x.shape
+    q = attn.rope(attn.wq(x).reshape(B, L, 4, 8).transpose(0, 2, 1, 3))
+    k = attn.rope(attn.wk(x).reshape(B, L, 2, 8).transpose(0, 2, 1, 3))
+    v = attn.wv(x).reshape(B, L, 2, 8).transpose(0, 2, 1, 3)
+    k, v = mx.repeat(k, 2, axis=1), mx.repeat(v, 2, axis=1)
+    scores = (q @ k.transpose(0, 1, 3, 2)) * 8**-0.5
+    scores = scores + nn.MultiHeadAttention.create_additive_causal_mask(L)
+    plain = attn.wo((mx.softmax(scores, axis=-1) @ v).transpose(0, 2, 1, 3).reshape(B, L, -1))
+    assert np.allclose(np.array(attn(x)), np.array(plain), atol=1e-5)
+
+
+def test_loss_curve_is_skipped_with_a_note_without_matplotlib(tmp_path, monkeypatch):
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"step": 1, "loss": 2.0}\n{"step": 1, "val_loss": 2.1}\n')
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    note = plot_metrics(metrics, tmp_path / "loss.png")
+    assert note.startswith("loss curve skipped: matplotlib is not installed")
+    assert not (tmp_path / "loss.png").exists()

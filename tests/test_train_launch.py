@@ -1,0 +1,199 @@
+"""mlxcluster train: job building, launcher commands, failure handling, and the CLI on --local.
+
+The launchers are real (mlx.launch with local ranks, Open MPI's mpirun on
+localhost); only the programs they start are small stand-ins where a test
+needs one rank to fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from mlxcluster.cli import main as cli
+from mlxcluster.errors import BackendUnavailable, InputError
+from mlxcluster.inventory import parse_inventory
+from mlxcluster.train_launch import (
+    HostProbe,
+    RankHost,
+    check_probes,
+    common_openblas,
+    failed_rank,
+    job_from_hostfile,
+    job_from_inventory,
+    job_local,
+    launcher_argv,
+    openblas_env,
+    run_streaming,
+    write_hostfile,
+)
+
+from .conftest import require
+from .train_support import MLX_LAUNCH
+
+INVENTORY = """
+cluster: lab
+python: /opt/venv/bin/python
+ssh_config: /tmp/ssh_config
+hosts:
+  - name: mac1
+    ssh: mac1.local
+    ips: [10.0.0.1]
+  - name: mac2
+    ssh: 10.0.0.2
+"""
+
+
+def test_job_from_inventory_and_hostfile(tmp_path):
+    job = job_from_inventory(parse_inventory(INVENTORY), "ring", ("--config", "tiny"))
+    assert [(h.name, h.ssh, h.ip) for h in job.hosts] == [("mac1", "mac1.local", "10.0.0.1"),
+                                                          ("mac2", "10.0.0.2", "10.0.0.2")]
+    assert job.python == "/opt/venv/bin/python" and job.ssh_config == "/tmp/ssh_config"
+    hostfile = tmp_path / "h.json"
+    hostfile.write_text(json.dumps({"backend": "mpi", "hosts": [
+        {"ssh": "a", "ips": ["10.1.0.1"]}, {"ssh": "b", "ips": []}]}))
+    job = job_from_hostfile(hostfile, None, "/py")
+    assert job.backend == "mpi" and [h.ip for h in job.hosts] == ["10.1.0.1", "b"]
+    with pytest.raises(BackendUnavailable, match="not 'jaccl'"):
+        job_from_hostfile(hostfile, "jaccl", "/py")
+    hostfile.write_text("{not json")
+    with pytest.raises(InputError, match="cannot read hostfile"):
+        job_from_hostfile(hostfile, None, "/py")
+
+
+def test_hosts_with_different_pythons_or_env_are_refused():
+    text = INVENTORY + "    python: /other/python\n"
+    with pytest.raises(InputError, match="different python paths"):
+        job_from_inventory(parse_inventory(text), "ring")
+    text = INVENTORY + "    env: {MLX_MPI_LIBNAME: /x/libmpi.so}\n"
+    with pytest.raises(InputError, match="different env values"):
+        job_from_inventory(parse_inventory(text), "ring")
+    shared = INVENTORY.replace("hosts:", "env: {MLX_MPI_LIBNAME: /x/libmpi.so}\nhosts:")
+    job = job_from_inventory(parse_inventory(shared), "mpi")
+    assert job.env == {"MLX_MPI_LIBNAME": "/x/libmpi.so"}
+    argv = launcher_argv(job, Path("/tmp/h"), ["-m", "x"])
+    assert argv.count("MLX_MPI_LIBNAME=/x/libmpi.so") == 1  # the inventory's value wins
+    assert not any(a.startswith("MLX_MPI_LIBNAME=/tmp") for a in argv)
+
+
+def test_launcher_commands_for_ring_and_mpi(tmp_path):
+    job = job_from_inventory(parse_inventory(INVENTORY), "ring", ("--steps", "2"))
+    argv = launcher_argv(job, write_hostfile(job, tmp_path), ["-m", "reference_train.train"])
+    assert Path(argv[0]).name == "mlx.launch"
+    assert argv[argv.index("--python") + 1] == "/opt/venv/bin/python"
+    assert any(a.startswith("--env=PYTHONPATH=") for a in argv)
+    assert argv[-3:] == ["--", "-m", "reference_train.train"]
+    hosts = json.loads((tmp_path / "hosts.json").read_text())["hosts"]
+    assert hosts == [{"ssh": "mac1.local", "ips": ["10.0.0.1"]}, {"ssh": "10.0.0.2", "ips": ["10.0.0.2"]}]
+
+    mpi = job_from_inventory(parse_inventory(INVENTORY), "mpi",
+                             mpi_args=("--mca btl_tcp_if_include 10.0.0.0/24",))
+    argv = launcher_argv(mpi, write_hostfile(mpi, tmp_path), ["-m", "x"])
+    assert Path(argv[0]).name == "mpirun"
+    assert (tmp_path / "mpi_hosts").read_text() == "10.0.0.1 slots=1\n10.0.0.2 slots=1\n"
+    assert any(a.startswith("MLX_MPI_LIBNAME=") for a in argv)
+    assert argv[-7:] == ["--mca", "btl_tcp_if_include", "10.0.0.0/24",
+                         "--", "/opt/venv/bin/python", "-m", "x"]
+
+
+def probe(name, **facts):
+    return HostProbe(RankHost(name, name, name), facts)
+
+
+def test_probe_problems_and_openblas_choice():
+    job = job_local(2, "ring", sys.executable)
+    good = probe("a", mlx="0.32.4", reference_train=True, platform="linux", openblas="/lib/ob.so")
+    assert check_probes(job, [good]) == []
+    problems = check_probes(job, [
+        good,
+        probe("b", mlx="0.31.0", reference_train=True, platform="linux", openblas=None),
+        probe("c", mlx_error="ModuleNotFoundError: No module named 'mlx'"),
+        HostProbe(RankHost("d", "d", "d"), {}, "ssh: connect to host d port 22: Connection refused"),
+    ])
+    assert problems[0] == "c: mlx does not import: ModuleNotFoundError: No module named 'mlx'"
+    assert problems[1].startswith("d: cannot run") and "Connection refused" in problems[1]
+    assert problems[2] == "mlx versions differ between hosts: a 0.32.4, b 0.31.0"
+    assert common_openblas([good, good]) == "/lib/ob.so"
+    assert common_openblas([good, probe("b", platform="linux", openblas=None)]) is None
+    assert common_openblas([probe("m", platform="darwin", openblas="/x")]) is None
+    # 2 local ranks on an 8-core host: 4 OpenBLAS threads each
+    assert openblas_env(job, [probe("127.0.0.1", platform="linux", openblas="/o.so", cpus=8)]) == {
+        "LD_PRELOAD": "/o.so", "OPENBLAS_NUM_THREADS": "4"}
+    assert openblas_env(job, [probe("127.0.0.1", platform="darwin", cpus=8)]) == {}
+
+
+def test_failed_rank_from_real_launcher_messages():
+    ring = ["\x1b[33m[WARN] Node with rank 1 exited with code 7 \x1b[0m",
+            "\x1b[33m[WARN] Node with rank 0 was killed \x1b[0m"]
+    assert failed_rank(ring, 0) == (7, 1)
+    mpi = ["prterun detected that one or more processes exited with non-zero status,",
+           "   Process name: [prterun-vm-1873@1,2]", "   Exit code:    3"]
+    assert failed_rank(mpi, 3) == (3, 2)
+    assert failed_rank(["all good"], 0) == (0, None)
+
+
+# rank 1 fails after half a second; rank 0 would sleep for a minute unless stopped
+FAILING = ("import os, sys, time; r = int(os.environ.get('MLX_RANK') or "
+           "os.environ['OMPI_COMM_WORLD_RANK']); print(f'rank {r} pid {os.getpid()}', flush=True);"
+           " time.sleep(60 if r == 0 else 0.5); sys.exit(5 if r == 1 else 0)")
+
+
+@pytest.mark.parametrize("backend", ["ring", "mpi"])
+def test_one_failing_rank_stops_all_and_gives_its_code(backend, tmp_path):
+    require(MLX_LAUNCH is not None, "mlx.launch is not installed beside the test python")
+    job = job_local(3, backend, sys.executable)
+    argv = launcher_argv(job, write_hostfile(job, tmp_path), ["-c", FAILING])
+    lines: list[str] = []
+    start = time.monotonic()
+    outcome = run_streaming(argv, lambda stream, line: lines.append(line), timeout=60)
+    assert time.monotonic() - start < 30, "rank 0 was not stopped"
+    assert (outcome.exit_code, outcome.failed_rank) == (5, 1), lines
+    pids = [int(ln.split()[-1]) for ln in lines if ln.startswith("rank ") and " pid " in ln]
+    assert len(pids) == 3
+    time.sleep(0.5)
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(
+            f"/proc/{pid}/status").read_text().lower(), f"rank pid {pid} still running"
+
+
+def test_cli_needs_exactly_one_source():
+    result = CliRunner().invoke(cli, ["train", "--config", "tiny"])
+    assert result.exit_code == 2 and "exactly one of --hostfile" in result.output
+
+
+def test_cli_trains_on_two_local_ranks(tmp_path):
+    require(MLX_LAUNCH is not None, "mlx.launch is not installed beside the test python")
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    data = tmp_path / "data"
+    from reference_train.prepare import prepare_offline
+
+    prepare_offline(data, n_stories=300)
+    proc = subprocess.run([sys.executable, "-m", "mlxcluster", "train", "--local", "2",
+                           "--config", "tiny", "--", "--steps", "3", "--data", str(data),
+                           "--out", str(tmp_path / "run"), "--sample_tokens", "0"],
+                          env=env, capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[✓] smoke: all_sum over 2 ranks on ring = 2" in proc.stdout
+    assert "step      3/3 | loss" in proc.stdout
+    assert "train finished on 2 rank(s)" in proc.stdout
+    if sys.platform.startswith("linux") and "preloading OpenBLAS" in proc.stdout:
+        assert "LD_PRELOAD=" in proc.stdout
+    records = [json.loads(ln) for ln in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3]
+    assert records[0]["ranks"] == 2
+
+    bad = subprocess.run([sys.executable, "-m", "mlxcluster", "train", "--local", "2",
+                          "--no-preflight", "--config", "tiny", "--", "--global_batch", "7",
+                          "--data", str(data), "--out", str(tmp_path / "bad")],
+                         env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert bad.returncode == 2, bad.stdout + bad.stderr
+    assert "global_batch 7 does not split evenly" in bad.stderr
+    assert "train failed: rank" in bad.stderr and "exited with code 2" in bad.stderr

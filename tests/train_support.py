@@ -1,0 +1,53 @@
+"""Helpers for the trainer tests: run reference_train in 1 or N local processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from mlxcluster.blas import find_openblas, with_openblas
+
+REPO = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+MLX_LAUNCH = shutil.which("mlx.launch", path=str(Path(PYTHON).parent)) or shutil.which("mlx.launch")
+
+
+def trainer_env() -> dict[str, str]:
+    """The environment the trainer runs in: repo importable, OpenBLAS preloaded when present."""
+    env = with_openblas(os.environ, find_openblas())
+    # One BLAS thread per rank: this machine is small and shared (see mlxcluster.train_launch).
+    env["OPENBLAS_NUM_THREADS"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+def run_trainer(args: list[str], ranks: int = 1, timeout: float = 120,
+                port: int = 32323) -> subprocess.CompletedProcess:
+    """`python -m reference_train.train ARGS`, alone or under `mlx.launch -n RANKS` (ring)."""
+    cmd = ["-m", "reference_train.train", *args]
+    if ranks == 1:
+        full = [PYTHON, *cmd]
+    else:
+        assert MLX_LAUNCH, "mlx.launch not found beside the test python"
+        env = trainer_env()
+        full = [MLX_LAUNCH, "-n", str(ranks), "--backend", "ring", "--starting-port", str(port),
+                "--python", PYTHON, "--env", f"PYTHONPATH={env['PYTHONPATH']}"]
+        for key in ("LD_PRELOAD", "OPENBLAS_NUM_THREADS"):
+            if key in env:
+                full += ["--env", f"{key}={env[key]}"]
+        full += ["--", *cmd]
+    return subprocess.run(full, cwd=REPO, env=trainer_env(), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def read_metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
+            if line.strip()]
+
+
+def train_losses(out: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_metrics(out) if "loss" in r}
