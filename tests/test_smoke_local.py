@@ -144,7 +144,7 @@ def test_unavailable_backend_exits_3(backend):
 
 def test_bad_input_exits_2():
     for args in (["--local", "2", "--sizes", "2K:1K"], ["--local", "2", "--dtypes", "float64"],
-                 ["--local", "2", "--hostfile", "h.json"], ["--local", "2", "--plot", "x.png"], []):
+                 ["--local", "2", "--hostfile", "h.json"], ["--local", "2", "--plot", "x.png"], ["--local", "1"], []):
         result = CliRunner().invoke(main, ["smoke", "--backend", "ring", *args])
         assert result.exit_code == 2, (args, result.output)
         assert "Traceback" not in result.output

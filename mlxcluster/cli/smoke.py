@@ -92,7 +92,7 @@ def render_bench(report: SmokeReport) -> str:
               help="Backend to test; 'any' or none tries every backend the hosts support.")
 @click.option("--hostfile", type=click.Path(dir_okay=False), help="MLX JSON hostfile.")
 @click.option("-i", "--inventory", type=click.Path(dir_okay=False), help="Cluster inventory (YAML).")
-@click.option("--local", "local_n", type=click.IntRange(1, 64), help="Run N ranks on this machine.")
+@click.option("--local", "local_n", type=click.IntRange(2, 64), help="Run N ranks on this machine.")
 @click.option("--python", help="Python on the hosts (default: the inventory's, else this one).")
 @click.option("--bench", is_flag=True, help="Also time every op at power-of-two sizes.")
 @click.option("--sizes", default="1K:16M", show_default=True,
@@ -122,6 +122,9 @@ def command(backend, hostfile, inventory, local_n, python, bench, sizes, dtypes,
         hosts, file_backend = hosts_from_hostfile(hostfile, python)
     else:
         hosts = load_hosts(inventory, python)
+    if len(hosts) < 2:
+        raise InputError(f"smoke needs at least 2 hosts, got {len(hosts)}",
+                         "MLX's backends do not start a group of one; list more hosts")
     if backend is None and file_backend in BACKENDS and hostfile:
         backend = file_backend
     single = backend not in (None, "any")
