@@ -1,14 +1,22 @@
 """`make demo`: the main job on this one machine, step by step.
 
-A cluster of N local ranks (127.0.0.1 repeated) goes through every stage that
-exists: inventory -> doctor -> hostfile -> smoke (ring, MPI) -> trainer. Each
-step returns a ``StepResult``; the CLI prints them. A stage that is not built
-yet is reported as such, never faked.
+A cluster of N local ranks (127.0.0.1 repeated, started locally by mlx.launch
+and mpirun, no SSH) goes through the same commands a user runs on a cluster:
+
+    mlxcluster doctor --local
+    mlxcluster hostfile generate -i <local inventory> --backend ring|mpi
+    mlxcluster smoke --backend ring --local N --bench
+    mlxcluster smoke --backend mpi --local N
+    mlxcluster train --local N --config demo -- --steps S --out DIR
+
+Each step runs the real command as a subprocess (what the user would type),
+streams its output to ``on_output`` and returns a ``StepResult``. Nothing is
+simulated: a step that fails is reported as failed.
 """
 
 from __future__ import annotations
 
-import os
+import json
 import subprocess
 import sys
 import time
@@ -16,79 +24,130 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlxcluster.inventory import Inventory, local_inventory
+import yaml
 
-# Every rank prints its all_sum; strict init so a silent group of 1 fails.
-_ALLSUM = (
-    "import mlx.core as mx, sys\n"
-    "g = mx.distributed.init(strict=True, backend=sys.argv[1])\n"
-    "x = mx.distributed.all_sum(mx.full((1000,), g.rank() + 1.0), group=g)\n"
-    "mx.eval(x)\n"
-    "print(f'RANK {g.rank()} {g.size()} {x[0].item():.0f}', flush=True)\n"
-)
+from mlxcluster.inventory import local_inventory
 
 
 @dataclass
 class StepResult:
     name: str
-    ok: bool | None  # None: not run (stage not available)
+    ok: bool
     detail: str
+    command: list[str]
     seconds: float = 0.0
 
 
-def run_demo(ranks: int = 2, workdir: Path | None = None,
-             on_step: Callable[[StepResult], None] | None = None) -> list[StepResult]:
-    """Run every available stage on ``ranks`` local ranks; returns each step's result."""
-    workdir = Path(workdir or Path.cwd() / "runs" / "demo")
-    workdir.mkdir(parents=True, exist_ok=True)
-    inventory = local_inventory(ranks)
-    steps: list[Callable[[], StepResult]] = [
-        lambda: StepResult("inventory", True, f"{ranks} local ranks, python {inventory.python}"),
-        lambda: _allsum_step(inventory, "ring", workdir),
-        lambda: _allsum_step(inventory, "mpi", workdir),
+@dataclass(frozen=True)
+class Step:
+    name: str
+    args: list[str]  # after `python -m mlxcluster`
+    timeout: float
+    summarize: Callable[[subprocess.CompletedProcess, Path], tuple[bool, str]]
+
+
+def write_local_inventory(n: int, path: Path, python: str) -> Path:
+    """The embedded default cluster as an inventory file (for `hostfile generate`)."""
+    inv = local_inventory(n, python)
+    doc = {
+        "cluster": inv.cluster,
+        "python": inv.python,
+        "hosts": [{"name": h.name, "ssh": h.ssh, "ips": list(h.ips)} for h in inv.hosts],
+    }
+    path.write_text("# mlxcluster demo: N ranks on this machine\n" + yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def demo_steps(ranks: int, workdir: Path, steps: int, config: str = "demo") -> list[Step]:
+    inventory = workdir / "local.yaml"
+    train_out = workdir / "train"
+    return [
+        Step("doctor", ["doctor", "--local"], 120, _by_exit_code("no failing check")),
+        Step("hostfile ring", ["hostfile", "generate", "-i", str(inventory), "--backend", "ring",
+                               "-o", str(workdir / "hostfile-ring.json")], 60,
+             _by_exit_code(f"{workdir / 'hostfile-ring.json'} (for mlx.launch --hostfile)")),
+        Step("hostfile mpi", ["hostfile", "generate", "-i", str(inventory), "--backend", "mpi",
+                              "-o", str(workdir / "hostfile-mpi.txt")], 60,
+             _by_exit_code(f"{workdir / 'hostfile-mpi.txt'} + .args (for mpirun)")),
+        Step("smoke ring", ["smoke", "--backend", "ring", "--local", str(ranks), "--bench",
+                            "--sizes", "1K:1M", "--dtypes", "float32,bfloat16,int32"], 300,
+             _by_exit_code("all_sum, all_gather, send/recv correct on every rank")),
+        Step("smoke mpi", ["smoke", "--backend", "mpi", "--local", str(ranks),
+                           "--sizes", "1K:1M", "--dtypes", "float32,int32"], 300,
+             _by_exit_code("all_sum, all_gather, send/recv correct on every rank")),
+        Step("train", ["train", "--local", str(ranks), "--config", config, "--",
+                       "--steps", str(steps), "--out", str(train_out)], 600,
+             _train_summary(train_out)),
     ]
+
+
+def run_demo(ranks: int = 2, workdir: Path | str = "runs/demo", steps: int = 100,
+             config: str = "demo", python: str | None = None,
+             on_output: Callable[[str], None] | None = None,
+             on_step: Callable[[StepResult], None] | None = None,
+             on_start: Callable[[Step, list[str]], None] | None = None) -> list[StepResult]:
+    """Run every step in order; a failed step does not stop the later ones."""
+    workdir = Path(workdir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    py = python or sys.executable
+    write_local_inventory(ranks, workdir / "local.yaml", py)
     results = []
-    for step in steps:
-        start = time.monotonic()
-        result = step()
-        result.seconds = time.monotonic() - start
+    for step in demo_steps(ranks, workdir, steps, config):
+        argv = [py, "-m", "mlxcluster", *step.args]
+        if on_start:
+            on_start(step, argv)
+        started = time.monotonic()
+        try:
+            proc = _run_streaming(argv, step.timeout, on_output)
+            ok, detail = step.summarize(proc, workdir)
+        except subprocess.TimeoutExpired:
+            ok, detail = False, f"did not finish within {step.timeout:.0f} s"
+        result = StepResult(step.name, ok, detail, argv, time.monotonic() - started)
         results.append(result)
         if on_step:
             on_step(result)
     return results
 
 
-def _allsum_step(inventory: Inventory, backend: str, workdir: Path) -> StepResult:
-    n = len(inventory.hosts)
-    script = workdir / "allsum.py"
-    script.write_text(_ALLSUM)
-    bindir = Path(inventory.python).parent
-    env = dict(os.environ)
-    if backend == "ring":
-        cmd = [str(bindir / "mlx.launch"), "-n", str(n), "--backend", "ring",
-               "--python", inventory.python, str(script), "ring"]
-    else:
-        libdir = bindir.parent / "lib"
-        libmpi = next(iter(sorted(libdir.glob("libmpi.so.*")) + sorted(libdir.glob("libmpi*.dylib"))), None)
-        if libmpi is None or not (bindir / "mpirun").exists():
-            return StepResult(f"all_sum {backend}", False, f"Open MPI not found in {bindir.parent}")
-        cmd = [str(bindir / "mpirun"), "-n", str(n), "--oversubscribe"]
-        if os.geteuid() == 0:
-            cmd.append("--allow-run-as-root")
-        cmd += ["-x", f"MLX_MPI_LIBNAME={libmpi}", inventory.python, str(script), "mpi"]
+def _run_streaming(argv: list[str], timeout: float,
+                   on_output: Callable[[str], None] | None) -> subprocess.CompletedProcess:
+    lines: list[str] = []
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + timeout
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            if on_output:
+                on_output(lines[-1])
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(argv, timeout)
+        proc.wait(timeout=max(1.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
-        return StepResult(f"all_sum {backend}", False, "timed out after 120 s")
-    expected = n * (n + 1) // 2
-    rows = [line.split() for line in proc.stdout.splitlines() if line.startswith("RANK ")]
-    good = [r for r in rows if r[2] == str(n) and r[3] == str(expected)]
-    if len(good) == n:
-        return StepResult(f"all_sum {backend}", True, f"{n} ranks, every rank got {expected}")
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-    return StepResult(f"all_sum {backend}", False,
-                      f"{len(good)}/{n} ranks correct (rc {proc.returncode}): {' | '.join(tail)}")
+        proc.kill()
+        proc.wait()
+        raise
+    return subprocess.CompletedProcess(argv, proc.returncode, "\n".join(lines), "")
 
 
-def python_for_demo() -> str:
-    return sys.executable
+def _by_exit_code(success: str) -> Callable[[subprocess.CompletedProcess, Path], tuple[bool, str]]:
+    def summarize(proc: subprocess.CompletedProcess, _workdir: Path) -> tuple[bool, str]:
+        if proc.returncode == 0:
+            return True, success
+        last = [ln for ln in proc.stdout.splitlines() if ln.strip()][-1:] or ["no output"]
+        return False, f"exit code {proc.returncode}: {last[0]}"
+    return summarize
+
+
+def _train_summary(out: Path) -> Callable[[subprocess.CompletedProcess, Path], tuple[bool, str]]:
+    def summarize(proc: subprocess.CompletedProcess, _workdir: Path) -> tuple[bool, str]:
+        if proc.returncode != 0:
+            return _by_exit_code("")(proc, out)
+        records = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+        losses = [r for r in records if "loss" in r]
+        if not losses:
+            return False, f"no training step recorded in {out / 'metrics.jsonl'}"
+        first, last = losses[0], losses[-1]
+        return True, (f"{last['step']} steps, loss {first['loss']:.3f} -> {last['loss']:.3f}, "
+                      f"{last.get('tokens_per_s', 0):,.0f} tok/s; outputs in {out}")
+    return summarize

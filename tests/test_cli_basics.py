@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -41,8 +42,27 @@ def test_library_errors_become_message_and_exit_code_without_traceback():
     assert "fix:" in result.output and "Traceback" not in result.output
 
 
-def test_demo_runs_real_ring_and_mpi_all_sum(tmp_path):
-    result = CliRunner().invoke(main, ["demo", "--ranks", "2", "--workdir", str(tmp_path)])
+def test_demo_runs_every_stage_for_real(tmp_path):
+    """The README's `make demo`: doctor, hostfiles, smoke on ring and MPI and a
+    short training run, each through the real command on local ranks."""
+    result = CliRunner().invoke(main, ["demo", "--ranks", "2", "--steps", "6", "--config", "tiny",
+                                       "--workdir", str(tmp_path), "--quiet"])
     assert result.exit_code == 0, result.output
-    assert "[✓] all_sum ring" in result.output and "every rank got 3" in result.output
-    assert "[✓] all_sum mpi" in result.output
+    summary = result.output.split("summary", 1)[1]
+    for step in ("doctor", "hostfile ring", "hostfile mpi", "smoke ring", "smoke mpi", "train"):
+        assert f"[✓] {step} " in summary, summary
+    assert "6 steps, loss" in summary and "demo: all 6 steps passed" in summary
+    hostfile = json.loads((tmp_path / "hostfile-ring.json").read_text())
+    assert [h["ssh"] for h in hostfile["hosts"]] == ["127.0.0.1", "127.0.0.1"]
+    assert (tmp_path / "hostfile-mpi.txt").read_text() == "127.0.0.1 slots=1\n127.0.0.1 slots=1\n"
+    metrics = [json.loads(line) for line in (tmp_path / "train" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics if "loss" in m] == [1, 2, 3, 4, 5, 6]
+
+
+def test_demo_reports_a_failing_step(tmp_path):
+    """A step that fails is shown as failed and the demo exits 1 (never pretends)."""
+    result = CliRunner().invoke(main, ["demo", "--ranks", "2", "--steps", "1", "--config",
+                                       str(tmp_path / "missing.yaml"), "--workdir", str(tmp_path),
+                                       "--quiet"])
+    assert result.exit_code == 1
+    assert "[✗] train" in result.output and "[✓] smoke mpi" in result.output
