@@ -20,6 +20,8 @@ from dataclasses import dataclass, field, replace
 
 import yaml
 
+from mlxcluster.facts import HostFacts
+
 SSH_SERVICE = "_ssh._tcp.local."
 DEVICE_INFO_SERVICE = "_device-info._tcp.local."
 SERVICES = (SSH_SERVICE, DEVICE_INFO_SERVICE)
@@ -176,9 +178,10 @@ def inventory_name(instance: str) -> str:
     return name[:63]
 
 
-def render_inventory(hosts: list[DiscoveredHost], *, cluster: str, python: str,
-                     user: str | None = None) -> str:
-    """Inventory YAML for the discovered hosts (those with SSH only). Pure."""
+def inventory_entries(hosts: list[DiscoveredHost], prefer_ip: bool = False
+                      ) -> list[tuple[DiscoveredHost, dict]]:
+    """Each host that offers SSH with its inventory entry (unique, safe name).
+    ``prefer_ip``: ssh to the address that answered rather than the .local name. Pure."""
     entries = []
     used: set[str] = set()
     for host in hosts:
@@ -189,20 +192,47 @@ def render_inventory(hosts: list[DiscoveredHost], *, cluster: str, python: str,
         while name in used:
             name, i = f"{base}-{i}", i + 1
         used.add(name)
-        entry: dict = {"name": name, "ssh": host.ssh_target}
         ips = [a for a in host.addresses if _is_ip(a) and ":" not in a]
+        entry: dict = {"name": name, "ssh": ips[0] if prefer_ip and ips else host.ssh_target}
         if ips:
             entry["ips"] = ips
         if host.ssh_port not in (None, 22):
             entry["port"] = host.ssh_port
-        entries.append(entry)
+        entries.append((host, entry))
+    return entries
+
+
+def render_inventory(hosts: list[DiscoveredHost], *, cluster: str, python: str,
+                     user: str | None = None, ssh_config: str | None = None,
+                     prefer_ip: bool = False) -> str:
+    """Inventory YAML for the discovered hosts (those with SSH only). Pure."""
     doc: dict = {"cluster": cluster}
     if user:
         doc["user"] = user
     doc["python"] = python
-    doc["hosts"] = entries
+    if ssh_config:
+        doc["ssh_config"] = ssh_config
+    doc["hosts"] = [entry for _, entry in inventory_entries(hosts, prefer_ip)]
     header = "# Written by 'mlxcluster discover'. Check python and ips, then: mlxcluster doctor -i THIS_FILE\n"
     return header + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None)
+
+
+def probe_discovered(hosts: list[DiscoveredHost], *, python: str, user: str | None = None,
+                     ssh_config: str | None = None, connect_timeout: float = 5.0) -> dict[str, HostFacts]:
+    """Run doctor's probe over SSH on every discovered host that offers SSH;
+    facts by the host's Bonjour name (``facts.probed`` is False when it failed)."""
+    from mlxcluster.doctor_collect import collect_captures
+    from mlxcluster.facts import host_facts
+    from mlxcluster.inventory import parse_inventory
+
+    # Probe the address that just answered: no dependence on .local name resolution.
+    pairs = inventory_entries(hosts, prefer_ip=True)
+    if not pairs:
+        return {}
+    inventory = parse_inventory(render_inventory(hosts, cluster="discovered", python=python, user=user,
+                                                 ssh_config=ssh_config, prefer_ip=True), "<discovered>")
+    captures = collect_captures(inventory, connect_timeout=connect_timeout)
+    return {host.name: host_facts(captures[entry["name"]]) for host, entry in pairs}
 
 
 def _is_ip(value: str) -> bool:

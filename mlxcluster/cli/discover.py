@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 from tabulate import tabulate
 
-from mlxcluster.discovery import browse, probe_ssh, render_inventory
+from mlxcluster.discovery import browse, probe_discovered, probe_ssh, render_inventory
 from mlxcluster.errors import InputError
 from mlxcluster.inventory import parse_inventory
 
@@ -24,19 +24,40 @@ from mlxcluster.inventory import parse_inventory
 @click.option("--python", "python", default=None,
               help="Python path for every host in --write (default: this interpreter).")
 @click.option("--user", default=None, help="ssh user for --write.")
+@click.option("--ssh-config", "ssh_config", type=click.Path(dir_okay=False),
+              help="OpenSSH config for --probe (and written into the inventory).")
+@click.option("--probe", "deep_probe", is_flag=True,
+              help="Also log in (keys only) and run doctor's probe: python, mlx, chip, memory.")
+@click.option("--connect-timeout", type=click.FloatRange(0.5, 60), default=5.0, show_default=True)
 @click.option("--all", "show_all", is_flag=True, help="List non-Macs too.")
-def command(timeout, interfaces, write_path, cluster, python, user, show_all):
+def command(timeout, interfaces, write_path, cluster, python, user, ssh_config, deep_probe,
+            connect_timeout, show_all):
     """Browse Bonjour for _ssh._tcp and _device-info._tcp and probe what answers."""
     hosts = probe_ssh(browse(timeout=timeout, interfaces=list(interfaces) or None))
     shown = [h for h in hosts if show_all or h.is_mac or h.model is None]
+    python = python or sys.executable
+    facts = {}
+    if deep_probe and shown:
+        facts = probe_discovered(shown, python=python, user=user, ssh_config=ssh_config,
+                                 connect_timeout=connect_timeout)
     if not shown:
         click.echo("no hosts answered (are the Macs on this network with Remote Login on?)")
     else:
+        headers = ["name", "hostname", "addresses", "model", "ssh"]
         rows = [[h.name, h.hostname or "-", ", ".join(h.addresses) or "-", h.model or "?",
                  h.ssh_banner or (f"no: {h.ssh_error}" if h.ssh_error else "-")] for h in shown]
-        click.echo(tabulate(rows, headers=["name", "hostname", "addresses", "model", "ssh"]))
+        if deep_probe:
+            headers += ["hostname (probe)", "chip", "python", "mlx"]
+            for row, h in zip(rows, shown, strict=True):
+                f = facts.get(h.name)
+                if f is None or not f.probed:
+                    row += ["not probed", "-", "-", "-"]
+                else:
+                    row += [f.hostname or "?", f.chip or "?", f.python_version or "?",
+                            f.mlx_version or f"missing ({f.mlx_import_error or 'not importable'})"]
+        click.echo(tabulate(rows, headers=headers))
     if write_path:
-        text = render_inventory(shown, cluster=cluster, python=python or sys.executable, user=user)
+        text = render_inventory(shown, cluster=cluster, python=python, user=user, ssh_config=ssh_config)
         if "hosts: []" in text:
             raise InputError("no host with SSH was found; nothing to write",
                              "turn on Remote Login (System Settings > General > Sharing) on each Mac")
