@@ -84,10 +84,10 @@ def load_capture_dir(path: str | Path) -> dict[str, HostCapture]:
             if f.is_file():
                 files[name] = f.read_text(encoding="utf-8", errors="replace")
         captures[host_dir.name] = HostCapture(name=host_dir.name, files=files)
-    if not captures:
+    if not any(c.files for c in captures.values()):
         raise InputError(
-            f"capture directory {root} has no host folders",
-            "expected DIR/<host>/probe.json and friends, as written by 'doctor --collect'",
+            f"capture directory {root} holds no capture files in any host folder",
+            f"expected DIR/<host>/{PROBE} (or {THUNDERBOLT}, ...), as written by 'doctor --collect DIR'",
         )
     return captures
 

@@ -131,3 +131,12 @@ def test_local_checks_this_machine_without_ssh():
     assert report["verdict"] in ("pass", "warn") and result.exit_code == 0
     bad = CliRunner().invoke(main, ["doctor", "--local", "--from", "x"])
     assert bad.exit_code == 2 and "excludes" in bad.output
+
+
+def test_from_a_folder_without_captures_is_an_input_error(tmp_path):
+    (tmp_path / "not-a-host").mkdir()
+    (tmp_path / "not-a-host" / "notes.txt").write_text("hello")
+    for cmd in (["doctor", "--from", str(tmp_path)], ["topology", "--from", str(tmp_path)]):
+        result = CliRunner().invoke(main, cmd)
+        assert result.exit_code == 2, result.output
+        assert "holds no capture files" in result.output and "Traceback" not in result.output
