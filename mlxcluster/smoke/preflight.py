@@ -22,8 +22,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from mlxcluster.errors import MlxclusterError
+from mlxcluster.mpi import require_libmpi, require_mpirun
 from mlxcluster.smoke import remote
-from mlxcluster.smoke.launch import RankHost, libmpi_path, mpirun_path
+from mlxcluster.smoke.launch import RankHost
 
 JACCL_MIN_MACOS = (26, 2)
 TB5_MIN_GBPS = 40.0  # strictly above: TB4 links run at 40 Gb/s
@@ -137,7 +138,7 @@ def unavailable_reason(backend: str, hosts: Sequence[RankHost],
         return None
     if backend == "mpi":
         try:
-            libmpi_path(mpirun_path())
+            require_libmpi(require_mpirun())
         except MlxclusterError as err:
             return err.message
         return None
