@@ -85,6 +85,7 @@ class WorkerOptions:
     check: bool = True
     warmup: int = 5
     iters: int = 20
+    ops: tuple[str, ...] = ("all_sum", "all_gather", "send_recv")  # the worker's OPS
 
 
 @dataclass
@@ -196,7 +197,8 @@ def worker_args(backend: str, n: int, run_id: str, run_dir: str, opts: WorkerOpt
     """The worker's own arguments (after the script path)."""
     args = ["--backend", backend, "--expect", str(n), "--run-id", run_id,
             "--dtypes", ",".join(opts.dtypes), "--sizes", f"{opts.lo_bytes}:{opts.hi_bytes}",
-            "--warmup", str(opts.warmup), "--iters", str(opts.iters), "--stderr-dir", run_dir]
+            "--warmup", str(opts.warmup), "--iters", str(opts.iters), "--stderr-dir", run_dir,
+            "--ops", ",".join(opts.ops)]
     if opts.bench:
         args.append("--bench")
     if not opts.check:
@@ -262,10 +264,27 @@ def local_mpi_args(n: int, tcp_links: int, libmpi: str, envs: tuple[str, ...]) -
     return f"localhost slots={n}\n", args
 
 
+def without_mca(args: list[str], user_args: tuple[str, ...]) -> list[str]:
+    """``args`` less each ``--mca NAME VALUE`` that ``user_args`` also sets:
+    mpirun refuses a parameter given twice with different values, and the
+    user's value wins."""
+    names = {user_args[i + 1] for i, a in enumerate(user_args[:-1]) if a in ("--mca", "-mca")}
+    out, i = [], 0
+    while i < len(args):
+        if args[i] in ("--mca", "-mca") and i + 2 < len(args) and args[i + 1] in names:
+            i += 3
+            continue
+        out.append(args[i])
+        i += 1
+    return out
+
+
 def plan_mpirun(hosts: tuple[RankHost, ...], opts: WorkerOptions, environ: dict[str, str],
                 run_id: str | None = None, mpirun: str | None = None,
-                is_root: bool | None = None, tcp_links: int = 4) -> LaunchPlan:
-    """``mpirun --hostfile H -np N --mca btl tcp,self ... python worker.py ...``."""
+                is_root: bool | None = None, tcp_links: int = 4,
+                mpi_args: tuple[str, ...] = ()) -> LaunchPlan:
+    """``mpirun --hostfile H -np N --mca btl tcp,self ... python worker.py ...``;
+    ``mpi_args`` (already split) come last before the program, as the user gave them."""
     run_id = run_id or new_run_id()
     run_dir = f"/tmp/{run_id}"
     mpirun = mpirun or require_mpirun()
@@ -284,11 +303,11 @@ def plan_mpirun(hosts: tuple[RankHost, ...], opts: WorkerOptions, environ: dict[
     root = os.geteuid() == 0 if is_root is None else is_root
     # Smoke's own additions: root, the remote Open MPI prefix, no core binding
     # (ranks may share a host), and a pinned btl port range (probed on hangs).
+    mca = without_mca(["--mca", "btl_tcp_port_min_v4", str(MPI_BTL_PORT),
+                       "--mca", "btl_tcp_port_range_v4", str(MPI_BTL_PORT_RANGE), *args], mpi_args)
     argv = [mpirun, *(["--allow-run-as-root"] if root else []),
             "--hostfile", hostfile_path, "-np", str(n), "--prefix", prefix, "--bind-to", "none",
-            "--mca", "btl_tcp_port_min_v4", str(MPI_BTL_PORT),
-            "--mca", "btl_tcp_port_range_v4", str(MPI_BTL_PORT_RANGE),
-            *args, hosts[0].python, f"{run_dir}/worker.py",
+            *mca, *mpi_args, hosts[0].python, f"{run_dir}/worker.py",
             *worker_args("mpi", n, run_id, run_dir, opts)]
     env = dict(environ)
     if root:
@@ -299,13 +318,14 @@ def plan_mpirun(hosts: tuple[RankHost, ...], opts: WorkerOptions, environ: dict[
 
 
 def plan_launch(backend: str, hosts: tuple[RankHost, ...], opts: WorkerOptions,
-                environ: dict[str, str] | None = None, run_id: str | None = None) -> LaunchPlan:
-    """The launch plan for ``backend`` (mpirun for mpi, mlx.launch otherwise)."""
+                environ: dict[str, str] | None = None, run_id: str | None = None,
+                mpi_args: tuple[str, ...] = ()) -> LaunchPlan:
+    """The launch plan for ``backend`` (mpirun for mpi, with ``mpi_args``; mlx.launch otherwise)."""
     environ = dict(os.environ if environ is None else environ)
     if backend not in BACKENDS:
         raise InputError(f"unknown backend {backend!r}", f"use one of {', '.join(BACKENDS)}")
     if backend == "mpi":
-        return plan_mpirun(hosts, opts, environ, run_id)
+        return plan_mpirun(hosts, opts, environ, run_id, mpi_args=mpi_args)
     return plan_mlx_launch(backend, hosts, opts, environ, run_id)
 
 
