@@ -20,9 +20,7 @@ import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -37,6 +35,7 @@ from mlxcluster.mpi import find_libmpi, libmpi_env, require_mpirun
 from mlxcluster.openssh import ssh_argv
 from mlxcluster.smoke import launch as smoke_launch
 from mlxcluster.smoke.launch import WorkerOptions
+from mlxcluster.smoke.remote import for_each_host
 from mlxcluster.smoke.run import run_backend
 
 BACKENDS = ("ring", "mpi")
@@ -203,28 +202,20 @@ def probe_hosts(job: TrainJob, env: dict[str, str] | None = None,
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in rank_env(job).items())
     remote = f"env {exports} {shlex.quote(job.python)} -c {shlex.quote(script)}"
     distinct = list({(h.ssh, h.port, h.user): h for h in job.hosts}.values())
-    results: dict[int, HostProbe] = {}
 
-    def probe(i: int, host: RankHost) -> None:
+    def probe(host: RankHost) -> HostProbe:
         try:
             proc = subprocess.run(host_argv(job, host, remote), capture_output=True, text=True,
                                   timeout=timeout, env=env, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
-            results[i] = HostProbe(host, {}, f"no answer within {timeout:.0f} s")
-            return
+            return HostProbe(host, {}, f"no answer within {timeout:.0f} s")
         line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE ")), None)
         if line is None:
             detail = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
-            results[i] = HostProbe(host, {}, detail)
-        else:
-            results[i] = HostProbe(host, json.loads(line[len("PROBE "):]))
+            return HostProbe(host, {}, detail)
+        return HostProbe(host, json.loads(line[len("PROBE "):]))
 
-    threads = [threading.Thread(target=probe, args=(i, h)) for i, h in enumerate(distinct)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return [results[i] for i in range(len(distinct))]
+    return for_each_host(distinct, probe)
 
 
 def check_probes(job: TrainJob, probes: list[HostProbe]) -> list[str]:
@@ -297,13 +288,9 @@ def write_hostfile(job: TrainJob, directory: Path) -> Path:
 def launcher_argv(job: TrainJob, hostfile: Path, program: list[str]) -> list[str]:
     """mlx.launch (ring) or mpirun (mpi) argv running `python PROGRAM...` on every rank."""
     env = rank_env(job)
-    bindir = Path(sys.executable).parent
     if job.backend == "ring":
-        launch = shutil.which("mlx.launch", path=str(bindir)) or shutil.which("mlx.launch")
-        if launch is None:
-            raise BackendUnavailable("mlx.launch not found", "install mlx in this environment")
-        argv = [launch, "--hostfile", str(hostfile), "--backend", "ring", "--python", job.python,
-                "--starting-port", str(job.starting_port)]
+        argv = [smoke_launch.mlx_launch_path(), "--hostfile", str(hostfile), "--backend", "ring",
+                "--python", job.python, "--starting-port", str(job.starting_port)]
         argv += [f"--env={k}={v}" for k, v in env.items()]
         return argv + ["--", *program]
     mpirun = require_mpirun()

@@ -26,10 +26,9 @@ from mlxcluster.parsers.ibv import parse_ibv_devices
 from mlxcluster.parsers.sw_vers import parse_sw_vers
 from mlxcluster.smoke import remote
 from mlxcluster.smoke.launch import RankHost
-from mlxcluster.topology import build_host
+from mlxcluster.topology import TB5_MIN_GBPS, build_host
 
 JACCL_MIN_MACOS = (26, 2)
-TB5_MIN_GBPS = 40.0  # strictly above: TB4 links run at 40 Gb/s
 SECTION = "---mlxsmoke-section---"
 
 FACTS_SCRIPT = (
