@@ -22,7 +22,7 @@ from pathlib import Path
 
 from mlxcluster.capture import PROBE, HostCapture
 from mlxcluster.datapath import DataPathReport, check_data_paths
-from mlxcluster.openssh import OpenSshRunner
+from mlxcluster.openssh import OpenSshRunner, ssh_argv
 from mlxcluster.remote import CommandResult, Outcome, ParamikoRunner, run_parallel
 
 PROBE_TIMEOUT = 60.0
@@ -137,13 +137,7 @@ def data_addresses(runner: ParamikoRunner, host) -> list[str]:
 
 def host_to_host_command(target: str, user: str | None, port: int | None, connect_timeout: float) -> str:
     """What the first host runs to reach another: plain ssh with BatchMode, as mpirun does."""
-    argv = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(connect_timeout)}"]
-    if user:
-        argv += ["-l", user]
-    if port:
-        argv += ["-p", str(port)]
-    argv += [target, "true"]
-    return " ".join(shlex.quote(a) for a in argv)
+    return shlex.join(ssh_argv(target, "true", connect_timeout=connect_timeout, user=user, port=port))
 
 
 def collect_live(inventory, *, connect_timeout: float = 5.0, command_timeout: float = PROBE_TIMEOUT,

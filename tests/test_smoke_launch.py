@@ -138,3 +138,19 @@ def test_inventory_env_reaches_every_rank(tmp_path):
     odd = (hosts[0], RankHost("c", "10.0.0.3", ("10.0.0.3",), "/venv/bin/python", env=(("X", "1"),)))
     with pytest.raises(InputError, match="another env"):
         launch.plan_mlx_launch("ring", odd, WorkerOptions(), {})
+
+
+def test_user_mpi_args_override_the_plans_mca_parameters(tmp_path):
+    """mpirun refuses one MCA parameter twice with different values: the
+    user's --mpi-arg (mlxcluster train) replaces the plan's own."""
+    prefix = tmp_path / "ompi"
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "lib").mkdir()
+    (prefix / "bin" / "mpirun").write_text("")
+    (prefix / "lib" / "libmpi.so.40").write_text("")
+    plan = launch.plan_mpirun(launch.local_hosts(2), WorkerOptions(), {}, mpirun=str(prefix / "bin" / "mpirun"),
+                              mpi_args=("--mca", "btl_tcp_links", "2"))
+    links = [plan.argv[i + 2] for i, a in enumerate(plan.argv) if a == "--mca" and plan.argv[i + 1] == "btl_tcp_links"]
+    assert links == ["2"]
+    assert launch.without_mca(["--mca", "a", "1", "-x", "E=1", "--mca", "b", "2"], ("--mca", "b", "3")) == [
+        "--mca", "a", "1", "-x", "E=1"]

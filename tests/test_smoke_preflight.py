@@ -10,9 +10,9 @@ from mlxcluster.smoke.launch import local_hosts
 from mlxcluster.smoke.preflight import (
     HostFacts,
     jaccl_problems,
-    parse_ibv_devices,
-    parse_sw_vers,
-    parse_tb_link_gbps,
+    macos_version,
+    rdma_devices,
+    tb_link_gbps,
 )
 
 
@@ -21,31 +21,31 @@ def read(fixtures, name):
 
 
 def test_sw_vers_tabs_single_and_double(macos_fixtures):
-    assert parse_sw_vers(read(macos_fixtures, "sw_vers_macos26.4_25E246_m2_macbook_air_double_tab.txt")) == (26, 4)
-    assert parse_sw_vers(read(macos_fixtures, "sw_vers_macos12.6_21G115_m1pro_single_tab.txt")) == (12, 6)
-    assert parse_sw_vers(read(macos_fixtures, "sw_vers_macos26.6.2_25G83.txt")) == (26, 6, 2)
-    assert parse_sw_vers("") is None
+    assert macos_version(read(macos_fixtures, "sw_vers_macos26.4_25E246_m2_macbook_air_double_tab.txt")) == (26, 4)
+    assert macos_version(read(macos_fixtures, "sw_vers_macos12.6_21G115_m1pro_single_tab.txt")) == (12, 6)
+    assert macos_version(read(macos_fixtures, "sw_vers_macos26.6.2_25G83.txt")) == (26, 6, 2)
+    assert macos_version("") is None
 
 
 def test_ibv_devices_lists_rdma_devices(macos_fixtures):
-    assert parse_ibv_devices(read(macos_fixtures, "ibv_devices_apple_tn3205_m4pro_mini_3ports.txt")) == (
+    assert rdma_devices(read(macos_fixtures, "ibv_devices_apple_tn3205_m4pro_mini_3ports.txt")) == (
         "rdma_en2", "rdma_en3", "rdma_en4")
-    assert parse_ibv_devices(read(macos_fixtures, "ibv_devices_osaurus_m5max_mbp_peer_macos27.txt")) == (
+    assert rdma_devices(read(macos_fixtures, "ibv_devices_osaurus_m5max_mbp_peer_macos27.txt")) == (
         "rdma_en1", "rdma_en6", "rdma_en2")
-    assert parse_ibv_devices(read(macos_fixtures, "ibv_devices_osaurus_rdma_disabled_header_only.txt")) == ()
+    assert rdma_devices(read(macos_fixtures, "ibv_devices_osaurus_rdma_disabled_header_only.txt")) == ()
 
 
 def test_tb_link_speed_ignores_port_ratings(macos_fixtures):
     tb5 = read(macos_fixtures, "sp_thunderbolt_omlx_m5max_macbookpro_tb5_to_studio.json")
-    assert parse_tb_link_gbps(tb5) == 80.0  # not the "Up to 120 Gb/s" rating
+    assert tb_link_gbps(tb5) == 80.0  # not the "Up to 120 Gb/s" rating
     vm = read(macos_fixtures, "sp_thunderbolt_macos_vm_no_hardware_EXCERPT.json")
-    assert parse_tb_link_gbps(vm) is None
-    assert parse_tb_link_gbps("not json") is None
+    assert tb_link_gbps(vm) is None
+    assert tb_link_gbps("not json") is None
 
 
 def test_jaccl_problems_name_each_host_and_reason(macos_fixtures):
-    tb5 = parse_tb_link_gbps(read(macos_fixtures, "sp_thunderbolt_omlx_m5max_macbookpro_tb5_to_studio.json"))
-    devices = parse_ibv_devices(read(macos_fixtures, "ibv_devices_apple_tn3205_m4pro_mini_3ports.txt"))
+    tb5 = tb_link_gbps(read(macos_fixtures, "sp_thunderbolt_omlx_m5max_macbookpro_tb5_to_studio.json"))
+    devices = rdma_devices(read(macos_fixtures, "ibv_devices_apple_tn3205_m4pro_mini_3ports.txt"))
     good = HostFacts("mac1", "Darwin", (26, 4), devices, tb5)
     assert jaccl_problems([good]) == []
     problems = jaccl_problems([

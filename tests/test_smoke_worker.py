@@ -4,6 +4,8 @@ of one); send/recv needs a peer, so there a fake pair stands in for it."""
 
 from __future__ import annotations
 
+import json
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -125,3 +127,16 @@ def test_init_failure_is_reported(capsys):
     out = capsys.readouterr().out
     assert code == worker.EXIT_SETUP
     assert '"event": "error"' in out and "init(ring) failed" in out
+
+
+def test_ops_selects_the_collectives_checked(capsys, monkeypatch, group):
+    """--ops all_sum (the train preflight's option set): only all_sum verdicts."""
+    monkeypatch.setattr(worker.mx.distributed, "init", lambda **kwargs: group)
+    code = worker.main(["--backend", "ring", "--expect", "1", "--run-id", "mlxsmoke-test",
+                        "--ops", "all_sum", "--dtypes", "float32", "--sizes", "16:16"])
+    events = [json.loads(ln.split(" ", 1)[1]) for ln in capsys.readouterr().out.splitlines()]
+    checks = [e for e in events if e["event"] == "check"]
+    assert code == 0
+    assert checks and {e["op"] for e in checks} == {"all_sum"} and all(e["ok"] for e in checks)
+    with pytest.raises(SystemExit):
+        worker.parse_args(["--backend", "ring", "--expect", "2", "--run-id", "x", "--ops", "reduce"])

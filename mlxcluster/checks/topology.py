@@ -13,10 +13,9 @@ from mlxcluster.capture import IBV_DEVICES
 from mlxcluster.checks.base import CheckContext, CheckResult, Status, check
 from mlxcluster.errors import MlxclusterError
 from mlxcluster.hostfile import MlxHostfile, load_hostfile
-from mlxcluster.topology import Topology, build_topology
+from mlxcluster.topology import TB5_MIN_GBPS, Topology, build_topology
 
 # JACCL's RDMA needs Thunderbolt 5; rdma_* devices exist on TB4 too, where it crashes.
-TB5_MIN_GBPS = 40.0
 JACCL = ("jaccl", "jaccl-ring")
 
 

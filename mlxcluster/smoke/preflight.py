@@ -9,24 +9,26 @@ instead of a crash or a silent group of 1.
   devices also exist on TB4 links, where JACCL crashes).
 * nccl: every host's python sees CUDA (``mx.cuda.is_available()``).
 
-The parsers are pure functions over the commands' output; tests feed them
-real captures from Macs.
+The commands' output goes through the shared parsers (mlxcluster.parsers)
+and the topology model; tests feed them real captures from Macs.
 """
 
 from __future__ import annotations
 
-import json
-import re
 import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from mlxcluster.capture import THUNDERBOLT, HostCapture
 from mlxcluster.errors import MlxclusterError
+from mlxcluster.mpi import require_libmpi, require_mpirun
+from mlxcluster.parsers.ibv import parse_ibv_devices
+from mlxcluster.parsers.sw_vers import parse_sw_vers
 from mlxcluster.smoke import remote
-from mlxcluster.smoke.launch import RankHost, libmpi_path, mpirun_path
+from mlxcluster.smoke.launch import RankHost
+from mlxcluster.topology import TB5_MIN_GBPS, build_host
 
 JACCL_MIN_MACOS = (26, 2)
-TB5_MIN_GBPS = 40.0  # strictly above: TB4 links run at 40 Gb/s
 SECTION = "---mlxsmoke-section---"
 
 FACTS_SCRIPT = (
@@ -47,46 +49,22 @@ class HostFacts:
     tb_link_gbps: float | None  # fastest current Thunderbolt link, None if none
 
 
-def parse_sw_vers(text: str) -> tuple[int, ...] | None:
-    """``ProductVersion:<tabs>26.4`` -> (26, 4); None when absent (not macOS)."""
-    m = re.search(r"^ProductVersion:\s*([\d.]+)", text, re.MULTILINE)
-    return tuple(int(p) for p in m.group(1).split(".") if p) if m else None
+def macos_version(text: str) -> tuple[int, ...] | None:
+    """``sw_vers`` output -> (26, 4); None when absent (not macOS)."""
+    return parse_sw_vers(text).version_tuple or None
 
 
-def parse_ibv_devices(text: str) -> tuple[str, ...]:
-    """Device names listed under ``ibv_devices``' header (none when RDMA is off)."""
-    names = []
-    for line in text.splitlines():
-        first = line.split()[0] if line.split() else ""
-        if first and first not in ("device", "------") and not first.startswith("-"):
-            names.append(first)
-    return tuple(names)
+def rdma_devices(text: str) -> tuple[str, ...]:
+    """Device names ``ibv_devices`` lists, in its order (none when RDMA is off)."""
+    return tuple(d.name for d in parse_ibv_devices(text))
 
 
-def parse_tb_link_gbps(text: str) -> float | None:
-    """Fastest current link speed in ``system_profiler SPThunderboltDataType
-    -json`` (``"current_speed_key": "80 Gb/s"``; the "Up to ..." port ratings
-    are capabilities, not links)."""
-    try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, TypeError):
-        return None
-    speeds: list[float] = []
-
-    def walk(node) -> None:
-        if isinstance(node, dict):
-            for key, value in node.items():
-                if key == "current_speed_key" and isinstance(value, str):
-                    m = re.fullmatch(r"\s*([\d.]+)\s*Gb/s\s*", value)
-                    if m:
-                        speeds.append(float(m.group(1)))
-                else:
-                    walk(value)
-        elif isinstance(node, list):
-            for item in node:
-                walk(item)
-
-    walk(data)
+def tb_link_gbps(text: str) -> float | None:
+    """Fastest live Thunderbolt link in ``system_profiler SPThunderboltDataType
+    -json`` output, as the topology model sees the host's ports (the "Up to
+    ..." port ratings are capabilities, not links); None without a link."""
+    ports = build_host(HostCapture("host", {THUNDERBOLT: text})).ports
+    speeds = [p.speed_gbps for p in ports if p.connected and p.speed_gbps is not None]
     return max(speeds) if speeds else None
 
 
@@ -94,8 +72,8 @@ def parse_facts(host: str, output: str) -> HostFacts:
     """Split FACTS_SCRIPT's output into its sections and parse each."""
     parts = output.split(SECTION)
     parts += [""] * (4 - len(parts))
-    return HostFacts(host, parts[0].strip(), parse_sw_vers(parts[1]),
-                     parse_ibv_devices(parts[2]), parse_tb_link_gbps(parts[3]))
+    return HostFacts(host, parts[0].strip(), macos_version(parts[1]),
+                     rdma_devices(parts[2]), tb_link_gbps(parts[3]))
 
 
 def jaccl_problems(facts: Sequence[HostFacts]) -> list[str]:
@@ -137,7 +115,7 @@ def unavailable_reason(backend: str, hosts: Sequence[RankHost],
         return None
     if backend == "mpi":
         try:
-            libmpi_path(mpirun_path())
+            require_libmpi(require_mpirun())
         except MlxclusterError as err:
             return err.message
         return None

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import psutil
 
+from mlxcluster import openssh
 from mlxcluster.smoke.launch import LaunchPlan, RankHost
 
 SSH_TIMEOUT_S = 20
@@ -43,8 +44,7 @@ class HostResult:
 
 def ssh_argv(host: RankHost, script: str) -> list[str]:
     """``ssh`` that never prompts and gives up connecting after 5 s."""
-    return ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", *host.ssh_options,
-            host.ssh_target, script]
+    return openssh.ssh_argv(host.ssh_target, script, connect_timeout=5, options=host.ssh_options)
 
 
 def run_script(host: RankHost, script: str, stdin: str | None = None,

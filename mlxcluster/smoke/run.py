@@ -148,14 +148,15 @@ def run_plan(plan: LaunchPlan, timeout_s: float = 60.0,
 
 def run_backend(backend: str, hosts: tuple[RankHost, ...], opts: WorkerOptions,
                 timeout_s: float = 60.0, environ: dict[str, str] | None = None,
-                reason_unavailable: Callable[[str, tuple[RankHost, ...]], str | None] | None = None
-                ) -> SmokeReport:
-    """Preflight ``backend`` on ``hosts``; run the smoke workers when it can run."""
+                reason_unavailable: Callable[[str, tuple[RankHost, ...]], str | None] | None = None,
+                mpi_args: tuple[str, ...] = ()) -> SmokeReport:
+    """Preflight ``backend`` on ``hosts``; run the smoke workers when it can run
+    (``mpi_args``: extra mpirun arguments, for the mpi backend)."""
     check = reason_unavailable or preflight.unavailable_reason
     reason = check(backend, hosts)
     if reason:
         return SmokeReport(backend, "unavailable", reason=reason)
-    plan = plan_launch(backend, hosts, opts, environ)
+    plan = plan_launch(backend, hosts, opts, environ, mpi_args=mpi_args)
     return run_plan(plan, timeout_s)
 
 

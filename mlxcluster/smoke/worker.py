@@ -271,8 +271,9 @@ class Progress:
 
 
 def run_correctness(c: Collectives, dtypes: Sequence[str], lo: int, hi: int,
-                    progress: Progress, report: Callable[[dict], None]) -> bool:
-    """Run every check; report each verdict; True when all passed."""
+                    progress: Progress, report: Callable[[dict], None],
+                    ops: Sequence[str] = OPS) -> bool:
+    """Run the checks of ``ops``; report each verdict; True when all passed."""
     ok = True
     for dtype in dtypes:
         itemsize = DTYPES[dtype].size
@@ -280,7 +281,7 @@ def run_correctness(c: Collectives, dtypes: Sequence[str], lo: int, hi: int,
             for op, check in (("all_sum", check_all_sum),
                               ("all_gather", check_all_gather),
                               ("send_recv", check_send_recv)):
-                if op == "send_recv" and c.size < 2:
+                if op not in ops or (op == "send_recv" and c.size < 2):
                     continue
                 progress.set("correctness", f"{op} {dtype} {count}")
                 results = check(c, dtype, count)
@@ -336,10 +337,10 @@ def bench_op(c: Collectives, op: str, dtype: str, nbytes: int) -> tuple[Callable
 
 
 def run_bench(c: Collectives, dtype: str, lo: int, hi: int, warmup: int, iters: int,
-              progress: Progress) -> None:
-    """Time every op at every power-of-two size; one bench event per op and size."""
+              progress: Progress, ops: Sequence[str] = OPS) -> None:
+    """Time each op of ``ops`` at every power-of-two size; one bench event per op and size."""
     for op in OPS:
-        if op == "send_recv" and c.size < 2:
+        if op not in ops or (op == "send_recv" and c.size < 2):
             continue
         for nbytes in sweep_sizes(lo, hi):
             progress.set("bench", f"{op} {dtype} {nbytes}")
@@ -355,6 +356,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--run-id", required=True, help="unique marker of this run")
     p.add_argument("--dtypes", default="float32,float16,bfloat16,int32")
     p.add_argument("--sizes", default="1024:16777216", help="LO:HI in bytes")
+    p.add_argument("--ops", default=",".join(OPS), help="collectives to check and time")
     p.add_argument("--bench", action="store_true")
     p.add_argument("--no-check", action="store_true", help="skip the correctness phase")
     p.add_argument("--warmup", type=int, default=WARMUP)
@@ -365,6 +367,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     unknown = [d for d in args.dtypes if d not in DTYPES]
     if unknown:
         p.error(f"unknown dtype(s) {unknown}; known: {sorted(DTYPES)}")
+    args.ops = [o for o in args.ops.split(",") if o]
+    if not args.ops or any(o not in OPS for o in args.ops):
+        p.error(f"--ops {','.join(args.ops)!r}: choose among {', '.join(OPS)}")
     lo, _, hi = args.sizes.partition(":")
     args.lo, args.hi = int(lo), int(hi or lo)
     return args
@@ -425,9 +430,10 @@ def run_rank(args: argparse.Namespace, env_rank: int, progress: Progress) -> int
     ok = True
     if not args.no_check:
         ok = run_correctness(c, args.dtypes, args.lo, args.hi, progress,
-                             lambda fields: emit("check", **fields))
+                             lambda fields: emit("check", **fields), args.ops)
     if args.bench:
-        run_bench(c, args.dtypes[0], args.lo, args.hi, args.warmup, args.iters, progress)
+        run_bench(c, args.dtypes[0], args.lo, args.hi, args.warmup, args.iters, progress,
+                  args.ops)
     # A last barrier: no rank exits (closing its sockets) while a peer still reads.
     mx.eval(mx.distributed.all_sum(mx.array([1.0]), group=group))
     progress.set("done")
