@@ -16,6 +16,8 @@ nothing left running, and `TrainOutcome.exit_code` is the failing rank's code.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
@@ -424,6 +426,25 @@ def launch_training(job: TrainJob, on_line: Callable[[str, str], None],
         argv = launcher_argv(job, hostfile, ["-m", "reference_train.train", "--progress",
                                              "false", *job.trainer_args])
         return run_streaming(argv, on_line, env=env, timeout=timeout)
+
+
+def validate_trainer_args(args: tuple[str, ...]) -> None:
+    """Parse the trainer's own flags here, before anything starts on the hosts:
+    a typo must not cost a launch on every host to find out."""
+    from reference_train.train import build_config  # same code the ranks run
+
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            build_config(list(args))
+    except SystemExit:  # argparse: unknown flag or missing value
+        said = [ln for ln in captured.getvalue().splitlines() if ln.strip()]
+        raise InputError(f"trainer arguments rejected: {said[-1] if said else ' '.join(args)}",
+                         "python -m reference_train.train --help lists every --field") from None
+    except ValueError as err:
+        raise InputError(f"trainer arguments rejected: {err}",
+                         "configs are tiny, demo, blog or a YAML path; values must match "
+                         "TrainConfig's types") from None
 
 
 def trainer_command(job: TrainJob) -> str:

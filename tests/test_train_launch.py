@@ -197,3 +197,18 @@ def test_cli_trains_on_two_local_ranks(tmp_path):
     assert bad.returncode == 2, bad.stdout + bad.stderr
     assert "global_batch 7 does not split evenly" in bad.stderr
     assert "train failed: rank" in bad.stderr and "exited with code 2" in bad.stderr
+
+
+def test_bad_trainer_arguments_fail_before_launch():
+    """A typo in the trainer's flags is an input error (exit 2) found locally,
+    before any rank starts."""
+    from click.testing import CliRunner
+
+    from mlxcluster.cli import main
+
+    for extra, needle in ((["--config", "nope"], "no config 'nope'"),
+                          (["--config", "tiny", "--", "--steps", "x"], "steps"),
+                          (["--config", "tiny", "--", "--stepz", "3"], "unrecognized arguments: --stepz")):
+        result = CliRunner().invoke(main, ["train", "--local", "2", *extra])
+        assert result.exit_code == 2, result.output
+        assert needle in result.output and "launching" not in result.output

@@ -23,6 +23,7 @@ from mlxcluster.train_launch import (
     probe_hosts,
     smoke_all_sum,
     trainer_command,
+    validate_trainer_args,
 )
 
 
@@ -59,6 +60,7 @@ def command(hostfile, inventory_path, local_ranks, backend, config, python, mpi_
         raise InputError("give exactly one of --hostfile FILE, -i INVENTORY or --local N",
                          "e.g. mlxcluster train --local 2 --config tiny")
     args = ("--config", config, *trainer_args)
+    validate_trainer_args(args)
     py = python or sys.executable
     if inventory_path:
         job = job_from_inventory(load_inventory(inventory_path), backend or "ring", args,
