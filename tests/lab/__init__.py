@@ -128,9 +128,11 @@ class Lab:
         return str(self.bin_dir / "python")
 
     def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
-        """os.environ with the lab's ssh wrapper first on PATH."""
+        """os.environ with the lab's ssh wrapper first on PATH, then the venv's
+        bin (as in an activated venv: mlx.launch looks up mpirun on PATH)."""
         env = dict(os.environ if base is None else base)
-        env["PATH"] = f"{self.bin_dir}:{env.get('PATH', SYSTEM_PATH)}"
+        venv_bin = Path(self.default_python).parent
+        env["PATH"] = f"{self.bin_dir}:{venv_bin}:{env.get('PATH', SYSTEM_PATH)}"
         return env
 
     def host(self, ref: LabHost | str | int) -> LabHost:
