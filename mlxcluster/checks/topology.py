@@ -10,7 +10,8 @@ Bridge; ring and MPI merely run slower.
 from __future__ import annotations
 
 from mlxcluster.capture import IBV_DEVICES
-from mlxcluster.checks.base import CheckContext, CheckResult, Status, check
+from mlxcluster.checks.base import CheckContext, Status
+from mlxcluster.checks.common import Verdict, doctor_check
 from mlxcluster.errors import MlxclusterError
 from mlxcluster.hostfile import MlxHostfile, load_hostfile
 from mlxcluster.topology import TB5_MIN_GBPS, Topology, build_topology
@@ -44,12 +45,11 @@ def _cables_of(t: Topology, name: str) -> str:
     return ", ".join(parts)
 
 
-@check("thunderbolt-links", "Thunderbolt cables between the hosts")
-def check_thunderbolt_links(ctx: CheckContext) -> CheckResult:
+@doctor_check("thunderbolt-links", "Thunderbolt cables between the hosts")
+def check_thunderbolt_links(ctx: CheckContext) -> Verdict:
     t = _topology(ctx)
-    title = "Thunderbolt cables between the hosts"
     if len(t.hosts) < 2 or not _with_tb(t):
-        return CheckResult("thunderbolt-links", title, Status.SKIP,
+        return Verdict(Status.SKIP,
                            {n: f"thunderbolt: {h.state}" for n, h in t.hosts.items()},
                            "needs system_profiler SPThunderboltDataType -json from 2+ hosts")
     hosts, lonely = {}, []
@@ -66,23 +66,21 @@ def check_thunderbolt_links(ctx: CheckContext) -> CheckResult:
         if not cables:
             lonely.append(name)
     if not lonely:
-        return CheckResult("thunderbolt-links", title, Status.PASS, hosts)
+        return Verdict(Status.PASS, hosts)
     status = Status.FAIL if ctx.backend in JACCL else Status.WARN
-    return CheckResult(
-        "thunderbolt-links", title, status, hosts,
+    return Verdict(status, hosts,
         f"no Thunderbolt cable to another host from {', '.join(lonely)}: check the cables and "
         "run 'system_profiler SPThunderboltDataType' on each end; a Mac seen as 'not matched' "
         "could not be told apart from another one (capture all hosts, or SPHardwareDataType too)",
     )
 
 
-@check("ring-or-mesh", "A Thunderbolt ring or full mesh through every host")
-def check_ring_or_mesh(ctx: CheckContext) -> CheckResult:
+@doctor_check("ring-or-mesh", "A Thunderbolt ring or full mesh through every host")
+def check_ring_or_mesh(ctx: CheckContext) -> Verdict:
     t = _topology(ctx)
-    title = "A Thunderbolt ring or full mesh through every host"
     names = t.names()
     if len(names) < 2 or not _with_tb(t):
-        return CheckResult("ring-or-mesh", title, Status.SKIP, {}, "needs Thunderbolt captures from 2+ hosts")
+        return Verdict(Status.SKIP, {}, "needs Thunderbolt captures from 2+ hosts")
     evidence = {f"{a} -> {b}": "no cable" for i, a in enumerate(names) for b in names[i + 1:]
                 if not t.links_between(a, b)}
     evidence["ring"] = " -> ".join([*t.ring, t.ring[0]]) if t.ring else "none"
@@ -90,7 +88,7 @@ def check_ring_or_mesh(ctx: CheckContext) -> CheckResult:
     need_mesh = ctx.backend == "jaccl"
     ok = t.full_mesh if need_mesh else t.ring is not None
     if ok:
-        return CheckResult("ring-or-mesh", title, Status.PASS, evidence)
+        return Verdict(Status.PASS, evidence)
     if need_mesh and t.ring is not None:
         hint = ("jaccl needs a cable between every pair (the pairs above); "
                 "or use --backend jaccl-ring, which needs only the ring")
@@ -98,34 +96,31 @@ def check_ring_or_mesh(ctx: CheckContext) -> CheckResult:
         hint = ("cable the hosts listed above so that a ring passes through every host; "
                 "'mlxcluster topology --from DIR --png topo.png' shows the cabling")
     status = Status.FAIL if ctx.backend in ("jaccl", "jaccl-ring") else Status.WARN
-    return CheckResult("ring-or-mesh", title, status, evidence, hint)
+    return Verdict(status, evidence, hint)
 
 
-@check("tb4-for-jaccl", "Cables fast enough for JACCL (Thunderbolt 5)")
-def check_tb4_for_jaccl(ctx: CheckContext) -> CheckResult:
+@doctor_check("tb4-for-jaccl", "Cables fast enough for JACCL (Thunderbolt 5)")
+def check_tb4_for_jaccl(ctx: CheckContext) -> Verdict:
     t = _topology(ctx)
-    title = "Cables fast enough for JACCL (Thunderbolt 5)"
     if not t.links:
-        return CheckResult("tb4-for-jaccl", title, Status.SKIP, {}, "no Thunderbolt cables between hosts")
+        return Verdict(Status.SKIP, {}, "no Thunderbolt cables between hosts")
     slow = [lk for lk in t.links if lk.speed_gbps is None or lk.speed_gbps <= TB5_MIN_GBPS]
     evidence = {f"{lk.a} {lk.a_interface} <-> {lk.b} {lk.b_interface}": _speed(lk.speed_gbps)
                 for lk in t.links}
     if not slow:
-        return CheckResult("tb4-for-jaccl", title, Status.PASS, evidence)
+        return Verdict(Status.PASS, evidence)
     if ctx.backend not in JACCL:
-        return CheckResult("tb4-for-jaccl", title, Status.PASS, evidence,
+        return Verdict(Status.PASS, evidence,
                            "TB4-speed cables are fine for ring and MPI; JACCL would not work on them")
-    return CheckResult(
-        "tb4-for-jaccl", title, Status.FAIL, evidence,
+    return Verdict(Status.FAIL, evidence,
         "JACCL needs Thunderbolt 5 (80 Gb/s) on every cable; TB4 links expose rdma_* devices but "
         "JACCL crashes on them (ibv_reg_mr). Use TB5 ports and cables, or --backend ring",
     )
 
 
-@check("rdma-devices", "RDMA devices for JACCL")
-def check_rdma_devices(ctx: CheckContext) -> CheckResult:
+@doctor_check("rdma-devices", "RDMA devices for JACCL")
+def check_rdma_devices(ctx: CheckContext) -> Verdict:
     t = _topology(ctx)
-    title = "RDMA devices for JACCL"
     evidence, missing = {}, []
     for name, host in t.hosts.items():
         captured = ctx.captures[name].text(IBV_DEVICES) is not None
@@ -143,12 +138,11 @@ def check_rdma_devices(ctx: CheckContext) -> CheckResult:
             if absent:
                 missing.append(name)
     if ctx.backend not in JACCL:
-        return CheckResult("rdma-devices", title, Status.SKIP, evidence,
+        return Verdict(Status.SKIP, evidence,
                            "only needed for --backend jaccl / jaccl-ring")
     if not missing:
-        return CheckResult("rdma-devices", title, Status.PASS, evidence)
-    return CheckResult(
-        "rdma-devices", title, Status.FAIL, evidence,
+        return Verdict(Status.PASS, evidence)
+    return Verdict(Status.FAIL, evidence,
         f"enable RDMA on {', '.join(missing)}: boot into Recovery (hold the power button), "
         "open Terminal, run 'rdma_ctl enable', reboot; needs macOS 26.2+ on every host; "
         "check with 'ibv_devices'",
@@ -162,10 +156,9 @@ def _bridge_fix(name: str, members: tuple[str, ...]) -> str:
     return f"on {name}: " + "; ".join(cmds)
 
 
-@check("thunderbolt-bridge", "Thunderbolt Bridge does not hold the Thunderbolt ports")
-def check_thunderbolt_bridge(ctx: CheckContext) -> CheckResult:
+@doctor_check("thunderbolt-bridge", "Thunderbolt Bridge does not hold the Thunderbolt ports")
+def check_thunderbolt_bridge(ctx: CheckContext) -> Verdict:
     t = _topology(ctx)
-    title = "Thunderbolt Bridge does not hold the Thunderbolt ports"
     evidence, fixes = {}, []
     for name, host in t.hosts.items():
         if host.bridge_holds_thunderbolt is None:
@@ -176,35 +169,32 @@ def check_thunderbolt_bridge(ctx: CheckContext) -> CheckResult:
         else:
             evidence[name] = "bridge0 holds no Thunderbolt port"
     if all(h.bridge_holds_thunderbolt is None for h in t.hosts.values()):
-        return CheckResult("thunderbolt-bridge", title, Status.SKIP, evidence,
+        return Verdict(Status.SKIP, evidence,
                            "needs ifconfig and networksetup -listallhardwareports captures")
     if not fixes:
-        return CheckResult("thunderbolt-bridge", title, Status.PASS, evidence)
+        return Verdict(Status.PASS, evidence)
     why = ("JACCL fails with 'Changing queue pair to RTR failed with errno 22' while bridge0 holds "
            "the ports" if ctx.backend in JACCL else
            "the bridge makes broadcast storms in 3+ host loops and can take the default route")
-    return CheckResult(
-        "thunderbolt-bridge", title, Status.FAIL if ctx.backend in JACCL else Status.WARN, evidence,
+    return Verdict(Status.FAIL if ctx.backend in JACCL else Status.WARN, evidence,
         f"{why}. Fix: " + " | ".join(fixes) + ". macOS re-adds the ports after a reboot: re-run doctor",
     )
 
 
-@check("link-speeds-differ", "All Thunderbolt cables run at the same speed")
-def check_link_speeds_differ(ctx: CheckContext) -> CheckResult:
+@doctor_check("link-speeds-differ", "All Thunderbolt cables run at the same speed")
+def check_link_speeds_differ(ctx: CheckContext) -> Verdict:
     t = _topology(ctx)
-    title = "All Thunderbolt cables run at the same speed"
     if not t.links:
-        return CheckResult("link-speeds-differ", title, Status.SKIP, {}, "no Thunderbolt cables between hosts")
+        return Verdict(Status.SKIP, {}, "no Thunderbolt cables between hosts")
     evidence = {f"{lk.a} {lk.a_interface} <-> {lk.b} {lk.b_interface}": _speed(lk.speed_gbps)
                 for lk in t.links}
     speeds = {lk.speed_gbps for lk in t.links}
     if len(speeds) == 1:
-        return CheckResult("link-speeds-differ", title, Status.PASS, evidence)
+        return Verdict(Status.PASS, evidence)
     known = sorted(s for s in speeds if s is not None)
     slowest = _speed(known[0]) if known else "unknown"
     slow = [k for k, v in evidence.items() if v == slowest or v == "? Gb/s"]
-    return CheckResult(
-        "link-speeds-differ", title, Status.WARN, evidence,
+    return Verdict(Status.WARN, evidence,
         f"the ring runs at its slowest cable ({slowest}): {', '.join(slow)}; reseat or replace "
         "that cable (a TB4/USB-C cable or a dock in between caps the speed)",
     )
@@ -243,30 +233,28 @@ def _hostfile_problems(hf: MlxHostfile, t: Topology, inventory) -> dict[str, str
     return problems
 
 
-@check("hostfile-matches-topology", "The saved hostfile matches the cabling")
-def check_hostfile_matches_topology(ctx: CheckContext) -> CheckResult:
-    title = "The saved hostfile matches the cabling"
+@doctor_check("hostfile-matches-topology", "The saved hostfile matches the cabling")
+def check_hostfile_matches_topology(ctx: CheckContext) -> Verdict:
     path = ctx.options.get("hostfile")
     if not path:
-        return CheckResult("hostfile-matches-topology", title, Status.SKIP, {},
+        return Verdict(Status.SKIP, {},
                            "pass the hostfile you launch with (--hostfile FILE) to compare it")
     try:
         hf = load_hostfile(path)
     except MlxclusterError as err:
-        return CheckResult("hostfile-matches-topology", title, Status.FAIL, {"hostfile": err.message},
+        return Verdict(Status.FAIL, {"hostfile": err.message},
                            err.hint)
     if not isinstance(hf, MlxHostfile):
-        return CheckResult("hostfile-matches-topology", title, Status.SKIP,
+        return Verdict(Status.SKIP,
                            {"hostfile": f"{path} is an MPI hostfile (no interfaces to compare)"})
     t = _topology(ctx)
     problems = _hostfile_problems(hf, t, ctx.inventory)
     if not problems:
-        return CheckResult("hostfile-matches-topology", title, Status.PASS,
+        return Verdict(Status.PASS,
                            {h.ssh: "matches" for h in hf.hosts})
     backend = hf.backend or "ring"
     inv = ctx.inventory.path if ctx.inventory is not None and ctx.inventory.path else "INVENTORY"
-    return CheckResult(
-        "hostfile-matches-topology", title, Status.FAIL, problems,
+    return Verdict(Status.FAIL, problems,
         "interfaces are renumbered after a reboot or a re-cabling; regenerate: "
         f"mlxcluster hostfile generate -i {inv} --backend {backend} --from DIR -o {path}",
     )
