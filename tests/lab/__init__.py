@@ -26,7 +26,9 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import pwd
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -301,6 +303,9 @@ class Lab:
         (self.state / "authorized_keys").write_text(Path(f"{self.key}.pub").read_text())
 
     def _sshd_config(self, h: LabHost) -> Path:
+        # sshd's own limits (MaxSessions 10 per connection, MaxStartups
+        # 10:30:100) are left at their defaults, as on a Mac, so a tool that
+        # opens too many sessions at once fails here as it would there.
         conf = self.state / f"sshd_{h.name}.conf"
         conf.write_text(
             f"ListenAddress {h.ip}\n"
@@ -311,8 +316,6 @@ class Lab:
             "PermitRootLogin yes\n"
             "StrictModes no\n"
             "UsePAM no\n"
-            "MaxStartups 200\n"
-            "MaxSessions 100\n"
             f"PidFile {self.state}/sshd_{h.name}.pid\n"
             f"SetEnv PATH={h.path}\n"
         )
@@ -322,13 +325,30 @@ class Lab:
         conf = self._sshd_config(h)
         log = self.state / f"sshd_{h.name}.log"
         # `unshare --uts` gives the host its own hostname; Open MPI hangs when
-        # every host reports the same one. -D keeps sshd as our child (pid known).
+        # every host reports the same one. `--mount` lets the host have its own
+        # shell rc (see _shell_rc_mount). -D keeps sshd as our child (pid known).
         h.sshd = subprocess.Popen(
-            ["ip", "netns", "exec", h.netns, "unshare", "--uts", "sh", "-c",
-             f"hostname {h.name} && exec {SSHD} -D -f {conf} -E {log}"],
+            ["ip", "netns", "exec", h.netns, "unshare", "--uts", "--mount", "sh", "-c",
+             f"hostname {h.name} && {self._shell_rc_mount()}exec {SSHD} -D -f {conf} -E {log}"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
+
+    def _shell_rc_mount(self) -> str:
+        """Shell words that give the host's sessions an empty ~/.bashrc.
+
+        sshd runs every command through the login shell, and bash run by sshd
+        sources ~/.bashrc even when not interactive. This machine's root
+        .bashrc runs `pyenv init` (~0.1 CPU-s per session), which a Mac does
+        not: its login shell is zsh, which non-interactively reads only
+        ~/.zshenv. The hosts' PATH comes from sshd's SetEnv instead.
+        """
+        rc = Path(pwd.getpwnam("root").pw_dir) / ".bashrc"
+        if not rc.is_file():
+            return ""
+        empty = self.state / "host_bashrc"
+        empty.write_text("# lab host: non-interactive sessions read nothing (like zsh on a Mac)\n")
+        return f"mount --bind {shlex.quote(str(empty))} {shlex.quote(str(rc))} && "
 
     def _restart_sshd(self, h: LabHost) -> None:
         _stop_process(h.sshd)
