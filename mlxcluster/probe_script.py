@@ -5,7 +5,9 @@ uses psutil, netifaces and mlx only when they import. It prints ONE JSON
 object on stdout and never raises: a missing command is reported as
 "absent", a slow one as "timeout". Raw macOS outputs that doctor saves as
 capture files travel in ``raw`` (key = capture file name) and are split out
-of ``probe.json`` by the collector.
+of ``probe.json`` by the collector. Its external commands run concurrently in
+a thread pool, started before mlx is imported, so the probe takes about as
+long as its slowest command rather than their sum.
 
 Usage (doctor does this over SSH)::
 
@@ -36,9 +38,12 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 PROBE_VERSION = 1
 COMMAND_TIMEOUT = 15.0
+# Commands run concurrently: the probe's wall time is doctor's critical path.
+COMMAND_WORKERS = 8
 BACKENDS = ("ring", "mpi", "jaccl", "jaccl-ring", "nccl")
 
 # Raw outputs saved as capture files (names match mlxcluster/capture.py).
@@ -49,34 +54,81 @@ MACOS_CAPTURES = (
     ("ifconfig.txt", ["ifconfig"]),
     ("sw_vers.txt", ["sw_vers"]),
 )
-FIREWALL = "/usr/libexec/ApplicationFirewall/socketfilterfw"
+# The other commands the probe runs; start_commands and the probe_* functions
+# both read these, so what is started early is what is later asked for.
+SW_VERS_FIELDS = (("name", "-productName"), ("version", "-productVersion"), ("build", "-buildVersion"))
+SYSCTL_FIELDS = (("model", "hw.model"), ("chip", "machdep.cpu.brand_string"), ("memory_bytes", "hw.memsize"))
+MPI_TOOLS = (("mpirun", "--version"), ("ompi_info", "--version"))
+IBV_DEVICES = ["ibv_devices"]
+PMSET = ["pmset", "-g"]
+FIREWALL = ["/usr/libexec/ApplicationFirewall/socketfilterfw", "--getglobalstate"]
+DEFAULT_ROUTE = ["route", "-n", "get", "default"]
+
+# " ".join(argv) -> Future of execute(argv); filled and emptied by the main thread.
+STARTED = {}
 
 
-def run_command(argv, commands, timeout=COMMAND_TIMEOUT):
-    """Run argv; record ok/absent/timeout/error under its name; return stdout or None."""
-    key = " ".join(argv)
+def execute(argv, timeout):
+    """Run argv; return (status, stdout or None). Never raises."""
     exe = argv[0] if os.path.isabs(argv[0]) else shutil.which(argv[0])
     if exe is None or not os.path.exists(exe):
-        commands[key] = "absent"
-        return None
+        return "absent", None
     try:
         proc = subprocess.run(
             [exe] + list(argv[1:]), stdin=subprocess.DEVNULL, capture_output=True,
             timeout=timeout,
         )
     except subprocess.TimeoutExpired:
-        commands[key] = "timeout"
-        return None
+        return "timeout", None
     except OSError as exc:
-        commands[key] = f"error: {exc}"
-        return None
+        return f"error: {exc}", None
     out = proc.stdout.decode("utf-8", "replace")
     if proc.returncode != 0:
         err = proc.stderr.decode("utf-8", "replace").strip().splitlines()
-        commands[key] = "exit {}{}".format(proc.returncode, (": " + err[-1]) if err else "")
-        return out or None
-    commands[key] = "ok"
+        return "exit {}{}".format(proc.returncode, (": " + err[-1]) if err else ""), out or None
+    return "ok", out
+
+
+def start_commands(pool, argvs, timeout=COMMAND_TIMEOUT):
+    """Start argvs on the pool now; run_command picks up their results later."""
+    for argv in argvs:
+        key = " ".join(argv)
+        if key not in STARTED:
+            STARTED[key] = pool.submit(execute, argv, timeout)
+
+
+def run_command(argv, commands, timeout=COMMAND_TIMEOUT):
+    """Run argv (or collect it if started); record ok/absent/timeout/error under its name; return stdout or None."""
+    key = " ".join(argv)
+    future = STARTED.pop(key, None)
+    # The started command has its own timeout, so result() cannot wait forever.
+    status, out = future.result() if future is not None else execute(argv, timeout)
+    commands[key] = status
     return out
+
+
+def sw_vers_argv(flag):
+    return ["sw_vers", flag]
+
+
+def sysctl_argv(name):
+    return ["sysctl", "-n", name]
+
+
+def planned_commands():
+    """Every external command the probe will run on this platform, slowest first."""
+    argvs = []
+    if sys.platform == "darwin":
+        argvs += [argv for _, argv in MACOS_CAPTURES]
+        argvs += [sw_vers_argv(flag) for _, flag in SW_VERS_FIELDS]
+        argvs += [sysctl_argv(name) for _, name in SYSCTL_FIELDS]
+        argvs += [PMSET, FIREWALL, DEFAULT_ROUTE]
+    for tool, flag in MPI_TOOLS:
+        path = shutil.which(tool)
+        if path:
+            argvs.append([path, flag])
+    argvs.append(IBV_DEVICES)
+    return argvs
 
 
 def first_line(text):
@@ -97,8 +149,8 @@ def read_file(path):
 def probe_os(commands, raw):
     info = {"system": platform.system(), "release": platform.release(), "machine": platform.machine()}
     if sys.platform == "darwin":
-        for field, flag in (("name", "-productName"), ("version", "-productVersion"), ("build", "-buildVersion")):
-            info[field] = first_line(run_command(["sw_vers", flag], commands))
+        for field, flag in SW_VERS_FIELDS:
+            info[field] = first_line(run_command(sw_vers_argv(flag), commands))
     else:
         text = read_file("/etc/os-release") or ""
         values = dict(re.findall(r'^(\w+)="?([^"\n]*)"?$', text, re.M))
@@ -109,16 +161,12 @@ def probe_os(commands, raw):
     return info
 
 
-def sysctl(name, commands):
-    return first_line(run_command(["sysctl", "-n", name], commands))
-
-
 def probe_hardware(commands):
     hw = {"cpu_count": os.cpu_count(), "model": None, "chip": None, "memory_bytes": None}
     if sys.platform == "darwin":
-        hw["model"] = sysctl("hw.model", commands)
-        hw["chip"] = sysctl("machdep.cpu.brand_string", commands)
-        mem = sysctl("hw.memsize", commands)
+        for field, name in SYSCTL_FIELDS:
+            hw[field] = first_line(run_command(sysctl_argv(name), commands))
+        mem = hw["memory_bytes"]
         hw["memory_bytes"] = int(mem) if mem and mem.isdigit() else None
     else:
         hw["model"] = first_line(read_file("/sys/devices/virtual/dmi/id/product_name"))
@@ -187,7 +235,7 @@ def libmpi_candidates(mpirun_path):
 
 def probe_mpi(commands, inventory_env):
     mpi = {}
-    for tool, flag in (("mpirun", "--version"), ("ompi_info", "--version")):
+    for tool, flag in MPI_TOOLS:
         path = shutil.which(tool)
         entry = {"path": path, "version": None, "output": None, "open_mpi": None}
         if path:
@@ -233,20 +281,28 @@ def probe_blas(mx):
     return {"mapped": libs, "sgemm_provider": provider}
 
 
+def distribution_version(name):
+    """The installed distribution's version, or None."""
+    try:
+        from importlib import metadata
+        return metadata.version(name)
+    except Exception:  # PackageNotFoundError, or a broken install's metadata
+        return None
+
+
 def probe_mlx(errors):
     info = {"version": None, "import_ok": False, "import_error": None, "backends": {},
             "path": None, "blas": None}
     try:
-        from importlib import metadata
-        info["version"] = metadata.version("mlx")
-    except Exception as exc:  # PackageNotFoundError or a broken install
-        info["import_error"] = f"no mlx distribution: {exc}"
-    try:
         import mlx.core as mx
     except Exception as exc:
         info["import_error"] = f"{type(exc).__name__}: {exc}"
+        # A broken install may still name its distribution's version.
+        info["version"] = distribution_version("mlx")
         return info
     info["import_ok"] = True
+    # mx.__version__ is free once imported; importlib.metadata costs ~20 ms of imports.
+    info["version"] = getattr(mx, "__version__", None) or distribution_version("mlx")
     info["path"] = os.path.dirname(getattr(mx, "__file__", "") or "") or None
     for backend in BACKENDS:
         try:
@@ -304,7 +360,7 @@ def probe_default_route(commands):
                 gw = socket.inet_ntoa(int(parts[2], 16).to_bytes(4, "little"))
                 return {"interface": parts[0], "gateway": gw}
         return None
-    out = run_command(["route", "-n", "get", "default"], commands) or ""
+    out = run_command(DEFAULT_ROUTE, commands) or ""
     iface = re.search(r"interface:\s*(\S+)", out)
     gw = re.search(r"gateway:\s*(\S+)", out)
     if not iface:
@@ -323,6 +379,16 @@ def parse_args(argv):
 
 def main(argv):
     started = time.time()
+    # Leaving the with-block joins every thread (each command has a timeout).
+    with ThreadPoolExecutor(max_workers=COMMAND_WORKERS) as pool:
+        # Started before mlx is imported, so they run while it loads.
+        start_commands(pool, planned_commands())
+        facts = collect_facts(argv)
+    facts["duration_s"] = round(time.time() - started, 3)
+    return facts
+
+
+def collect_facts(argv):
     inventory_keys = parse_args(argv)
     commands, raw, errors = {}, {}, []
     facts = {"probe_version": PROBE_VERSION, "hostname": socket.gethostname(),
@@ -341,7 +407,7 @@ def main(argv):
     facts["mpi"] = probe_mpi(commands, inventory_env)
     facts["interfaces"] = probe_interfaces(errors)
     facts["default_route"] = probe_default_route(commands)
-    ibv = run_command(["ibv_devices"], commands)
+    ibv = run_command(IBV_DEVICES, commands)
     if ibv is not None:
         raw["ibv_devices.txt"] = ibv
     if sys.platform == "darwin":
@@ -349,12 +415,11 @@ def main(argv):
             out = run_command(argv_, commands)
             if out is not None:
                 raw[file_name] = out
-        facts["pmset"] = run_command(["pmset", "-g"], commands)
-        facts["firewall"] = first_line(run_command([FIREWALL, "--getglobalstate"], commands))
+        facts["pmset"] = run_command(PMSET, commands)
+        facts["firewall"] = first_line(run_command(FIREWALL, commands))
     facts["commands"] = commands
     facts["errors"] = errors
     facts["raw"] = raw
-    facts["duration_s"] = round(time.time() - started, 3)
     return facts
 
 

@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,7 @@ from tests.conftest import require
 VENV_BIN = Path(sys.executable).parent
 LIBMPI = VENV_BIN.parent / "lib" / "libmpi.so.40"
 OPENBLAS = "/usr/lib/x86_64-linux-gnu/libopenblas.so.0"
+PROBE_SCRIPT = Path(__file__).parent.parent / "mlxcluster" / "probe_script.py"
 
 
 def run_probe(env: dict[str, str], *args: str) -> dict:
@@ -93,6 +97,64 @@ def test_open_mpi_on_path_and_mlx_mpi_libname_honoured():
     assert "MLX_MPI_LIBNAME" not in facts["env"]
     assert facts["inventory_env"]["MLX_MPI_LIBNAME"] == str(LIBMPI)
     assert "openblas" in facts["mlx"]["blas"]["sgemm_provider"]
+
+
+def test_external_commands_run_concurrently(tmp_path):
+    # Stand-ins that each take 0.5 s: run one after another they need >= 1.5 s.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool, line in (("mpirun", "mpirun (Open MPI) 5.0.11"), ("ompi_info", "Open MPI v5.0.11"),
+                       ("ibv_devices", "    device          node GUID")):
+        script = bin_dir / tool
+        script.write_text(f"#!/bin/sh\nsleep 0.5\necho '{line}'\n")
+        script.chmod(0o755)
+    facts = run_probe({"HOME": os.environ.get("HOME", "/root"), "PATH": f"{bin_dir}:/usr/bin:/bin"})
+    assert facts["commands"] == {f"{bin_dir}/mpirun --version": "ok",
+                                 f"{bin_dir}/ompi_info --version": "ok", "ibv_devices": "ok"}
+    assert facts["mpi"]["mpirun"]["version"] == facts["mpi"]["ompi_info"]["version"] == "5.0.11"
+    assert facts["mpi"]["mpirun"]["open_mpi"] is True
+    assert "node GUID" in facts["raw"]["ibv_devices.txt"]
+    # Margin for a noisy 2-core box: concurrent is ~0.6 s, sequential >= 1.5 s.
+    assert facts["duration_s"] < 1.2
+
+
+def load_probe_module():
+    """The probe script as a module, for its functions (its main is not run)."""
+    spec = importlib.util.spec_from_file_location("probe_under_test", PROBE_SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_slow_command_times_out_whether_started_early_or_not():
+    probe = load_probe_module()
+    commands = {}
+    begun = time.monotonic()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        probe.start_commands(pool, [["sleep", "6"], ["sh", "-c", "echo x; echo oops >&2; exit 3"]], timeout=0.3)
+        assert probe.run_command(["sleep", "5"], commands, timeout=0.3) is None
+        assert probe.run_command(["sleep", "6"], commands) is None
+        assert probe.run_command(["sh", "-c", "echo x; echo oops >&2; exit 3"], commands) == "x\n"
+    assert time.monotonic() - begun < 3
+    assert commands == {"sleep 5": "timeout", "sleep 6": "timeout",
+                        "sh -c echo x; echo oops >&2; exit 3": "exit 3: oops"}
+    assert probe.STARTED == {}  # every started command was collected, none ran twice
+
+
+@pytest.mark.parametrize("platform", ["linux", "darwin"])
+def test_every_command_the_probe_runs_was_started_early(platform, monkeypatch):
+    # On Linux the macOS commands are absent or fail fast; what matters is that
+    # the early-start list and the probe functions name the same commands.
+    probe = load_probe_module()
+    monkeypatch.setattr(probe.sys, "platform", platform)
+    planned = [" ".join(argv) for argv in probe.planned_commands()]
+    with ThreadPoolExecutor(max_workers=probe.COMMAND_WORKERS) as pool:
+        probe.start_commands(pool, probe.planned_commands())
+        facts = probe.collect_facts([])
+    assert sorted(facts["commands"]) == sorted(planned)
+    assert probe.STARTED == {}
+    if platform == "darwin":
+        assert len(planned) >= 14 and "pmset -g" in planned
 
 
 def test_probe_command_quotes_everything():
