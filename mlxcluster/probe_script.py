@@ -301,8 +301,9 @@ def probe_mlx(errors):
         info["version"] = distribution_version("mlx")
         return info
     info["import_ok"] = True
-    # mx.__version__ is free once imported; importlib.metadata costs ~20 ms of imports.
-    info["version"] = getattr(mx, "__version__", None) or distribution_version("mlx")
+    # The installed distribution's version is what pip and mlx.launch users
+    # compare; mx.__version__ (free once imported) only when it has none.
+    info["version"] = distribution_version("mlx") or getattr(mx, "__version__", None)
     info["path"] = os.path.dirname(getattr(mx, "__file__", "") or "") or None
     for backend in BACKENDS:
         try:
