@@ -9,7 +9,11 @@ For 1, 4, 8 and 16 lab hosts it times, in one run:
               success` subprocess per host, one thread each
 and prints each time and its ratio to the 1-host time. Goal: 16 hosts within
 1.5x of 1 host. Every lab "host" shares this machine's CPUs, so CPU-bound
-steps (python + mlx start-up on each host) cannot scale here as on real Macs.
+steps (the probe, sshd and ssh key exchanges) cannot scale here as on real
+Macs. So it also prints the CPU one doctor run costs (doctor itself, the
+OpenSSH clients it starts, the lab hosts' sessions) and the "CPU floor": that
+CPU divided by this machine's CPU count, the least wall time any schedule
+needs here. doctor / floor near 1 means doctor waits on nothing but the CPUs.
 
     sudo python bench/doctor_scale.py [--sizes 1,4,8,16] [--repeat 3]
 """
@@ -47,11 +51,20 @@ def lab_cpu_seconds(lab) -> float:
 CPU: dict[str, list[float]] = {}
 
 
+def children_cpu_seconds() -> float:
+    """CPU of this process's reaped children: the OpenSSH clients doctor runs
+    (the lab's sshd masters stay alive, so they are not in it)."""
+    t = os.times()
+    return t.children_user + t.children_system
+
+
 def time_doctor(inventory, lab) -> float:
     started, own, hosts_cpu = time.monotonic(), time.process_time(), lab_cpu_seconds(lab)
+    clients = children_cpu_seconds()
     report = run_doctor(inventory, connect_timeout=5.0)
     elapsed = time.monotonic() - started
     CPU.setdefault("own", []).append(time.process_time() - own)
+    CPU.setdefault("clients", []).append(children_cpu_seconds() - clients)
     time.sleep(0.5)  # let the last sessions be reaped
     CPU.setdefault("hosts", []).append(lab_cpu_seconds(lab) - hosts_cpu)
     if report.failed():
@@ -105,18 +118,22 @@ def main() -> None:
             times.update({name: statistics.median(fn(inventory) for _ in range(args.repeat))
                           for name, fn in (("reach", time_reach), ("ssh-procs", time_ssh_procs))})
         times["own_cpu"] = statistics.median(CPU.pop("own"))
+        times["ssh_cpu"] = statistics.median(CPU.pop("clients"))
         times["hosts_cpu"] = statistics.median(CPU.pop("hosts"))
+        # The least wall time this machine needs for the CPU work of one doctor run.
+        times["floor"] = (times["own_cpu"] + times["ssh_cpu"] + times["hosts_cpu"]) / os.cpu_count()
         rows.append((n, times))
         print(f"{n:>3} hosts: " + "  ".join(f"{k} {v:.2f} s" for k, v in times.items()), flush=True)
     base = rows[0][1]
     print(f"\nmachine: {os.cpu_count()} CPUs shared by every lab host; medians of {args.repeat} runs")
-    print("hosts  doctor s (x1)      reach s (x1)      ssh-procs s (x1)   doctor own CPU s  lab hosts CPU s")
+    print("hosts  doctor s (x1)      reach s (x1)      ssh-procs s (x1)   "
+          "CPU s: doctor  ssh clients  lab hosts   CPU floor s  doctor / floor")
     for n, t in rows:
         print(f"{n:>5}  {t['doctor']:6.2f} ({t['doctor'] / base['doctor']:5.2f}x)  "
               f"{t['reach']:6.2f} ({t['reach'] / base['reach']:5.2f}x)  "
               f"{t['ssh-procs']:6.2f} ({t['ssh-procs'] / base['ssh-procs']:5.2f}x)  "
-              f"{t['own_cpu']:14.2f}  {t['hosts_cpu']:15.2f}")
-
+              f"{t['own_cpu']:13.2f}  {t['ssh_cpu']:11.2f}  {t['hosts_cpu']:9.2f}   {t['floor']:11.2f}  "
+              f"{t['doctor'] / t['floor']:13.2f}")
 
 if __name__ == "__main__":
     main()

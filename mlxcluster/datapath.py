@@ -30,17 +30,30 @@ AGENT = r"""
 import errno, json, os, select, socket, sys, threading, time
 spec = json.loads(sys.argv[1])
 socks, bound, errors = [], [], []
+
+def listen(ip, port, patience):
+    # A port still held by something that is exiting (the agent of a run that
+    # just ended, a finished job) frees within moments: retry that briefly.
+    give_up = time.time() + patience
+    while True:
+        s = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((ip, port))
+            s.listen(64)
+            return s
+        except OSError as e:
+            s.close()
+            if e.errno != errno.EADDRINUSE or time.time() > give_up:
+                raise
+            time.sleep(0.1)
+
 for ip, port in spec["binds"]:
-    s = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET, socket.SOCK_STREAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        s.bind((ip, port))
-        s.listen(64)
-        socks.append(s)
+        socks.append(listen(ip, port, spec.get("busy_patience", 2.0)))
         bound.append([ip, port])
     except OSError as e:
         errors.append([ip, port, errno.errorcode.get(e.errno, str(e.errno))])
-        s.close()
 sys.stdout.write(json.dumps({"bound": bound, "errors": errors}) + "\n")
 sys.stdout.flush()
 

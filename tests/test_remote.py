@@ -8,6 +8,7 @@ import json
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import paramiko
@@ -213,3 +214,24 @@ def test_hop_script_runs_every_hop_at_once_and_reports_each():
     assert not timed_out.ok and timed_out.error.kind == "command-timeout"
     denied = hop_outcome("c", rows[1], 1.5)
     assert denied.ok and denied.value.exit_status == 255  # the check explains 255 itself
+
+
+def test_data_path_agent_waits_briefly_for_a_busy_port():
+    """A port whose listener exits within the patience is taken; one held
+    longer is reported EADDRINUSE (the data-path check: 'port already in use')."""
+    freed, held = socket.socket(), socket.socket()
+    for s in (freed, held):
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+    freed_port, held_port = freed.getsockname()[1], held.getsockname()[1]
+    threading.Timer(0.4, freed.close).start()
+    spec = {"binds": [["127.0.0.1", freed_port], ["127.0.0.1", held_port]], "seconds": 20, "busy_patience": 1.0}
+    agent = subprocess.Popen([sys.executable, "-c", AGENT, json.dumps(spec)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        ready = json.loads(agent.stdout.readline())
+        assert ready == {"bound": [["127.0.0.1", freed_port]], "errors": [["127.0.0.1", held_port, "EADDRINUSE"]]}
+    finally:
+        agent.stdin.close()
+        held.close()
+        assert agent.wait(timeout=5) == 0
