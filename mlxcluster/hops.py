@@ -19,6 +19,10 @@ import json
 from mlxcluster.openssh import ssh_argv
 from mlxcluster.remote import CommandResult, Outcome, ParamikoRunner, SshError, python_command
 
+# SshError kind when the script itself could not run on the first host (its
+# python is broken): no hop was tried, so no other host is to blame.
+HOP_SCRIPT_FAILED = "hop-script"
+
 HOPS = r"""
 import json, subprocess, sys, threading, time
 spec = json.loads(sys.argv[1])
@@ -72,8 +76,8 @@ def run_hops(runner: ParamikoRunner, first, others: list, connect_timeout: float
         lines = [ln for ln in result.stdout.splitlines() if ln.startswith("[")]
         if not lines:
             last = (result.stderr.strip().splitlines() or [f"exit {result.exit_status}"])[-1]
-            raise SshError("ssh", f"the hop script did not run on {first.name} with {first.python}: {last}",
-                           "see python-path and mlx-import for that host")
+            raise SshError(HOP_SCRIPT_FAILED, f"the hop script did not run on {first.name} with "
+                           f"{first.python}: {last}", "see python-path for that host")
         rows = json.loads(lines[-1])
     except Exception as exc:  # the session failed: no hop was tried
         return {h.name: Outcome(h.name, error=exc) for h in others}

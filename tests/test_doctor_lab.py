@@ -106,6 +106,9 @@ def test_healthy_lab_passes_collects_and_replays(lab3, inventory_path, tmp_path)
         ("mpirun_off_path", "labhost3", {"mpirun-path"}, "mpirun not found"),
         ("other_mlx", "labhost2", {"mlx-version"}, OTHER_MLX),
         ("unknown_host_key", "labhost2", {"host-keys"}, "unknown"),
+        # The first host runs the host-to-host hops with its python: with that
+        # python gone the hops are not tried, and no other host is blamed.
+        ("python_missing_on_first", "labhost1", {"python-path"}, "not found"),
     ],
 )
 def test_fault_fails_the_right_check_on_the_right_host(lab3, inventory_path, other_mlx_python,
@@ -120,6 +123,7 @@ def test_fault_fails_the_right_check_on_the_right_host(lab3, inventory_path, oth
         "mpirun_off_path": lambda: lab3.set_host_path(host, f"{lab3.bin_dir}:{SYSTEM_PATH}"),
         "other_mlx": lambda: lab3.set_host_python(host, other_mlx_python),
         "unknown_host_key": lambda: lab3.forget_host_key(host),
+        "python_missing_on_first": lambda: lab3.set_host_python(host, "/nonexistent/python"),
     }[fault]
     inject()
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from mlxcluster.checks.base import CheckContext, Status
 from mlxcluster.checks.common import BAD, Verdict, doctor_check, join_hosts, skip, worst
+from mlxcluster.hops import HOP_SCRIPT_FAILED
 from mlxcluster.openssh import explain_failure
 from mlxcluster.remote import SshError
 
@@ -97,6 +98,9 @@ def host_to_host(ctx: CheckContext) -> Verdict:
         return skip("only one host")
     if not live.host_to_host:
         return skip(f"first host {source} is not reachable (see ssh-paramiko)")
+    untried = [o.error for o in live.host_to_host.values() if not o.ok and _kind(o.error) == HOP_SCRIPT_FAILED]
+    if untried:
+        return skip(f"not tested: {untried[0]}")
     evidence, errors, failing = {}, [], []
     for name, outcome in live.host_to_host.items():
         target_down = not live.paramiko[name].ok
