@@ -16,7 +16,7 @@ import shlex
 import socket
 import subprocess
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -141,13 +141,14 @@ def collect_live(inventory, *, connect_timeout: float = 5.0, command_timeout: fl
                  runner: ParamikoRunner | None = None) -> LiveCollection:
     """Every host at once, and every test at once.
 
-    First one paramiko connection per host (a dead host costs one connect
-    timeout, once), while the OpenSSH BatchMode test runs beside it. Then,
-    since none needs another's result, the probe, the data-path agents and
-    the host-to-host hops from the first host all run at once. Doctor's wall
-    time is the slowest of them, not their sum. With ``accept_new_host_keys``
-    the OpenSSH test waits for the connections: it must see the keys
-    paramiko accepted and saved.
+    One paramiko connection per host; each host's probe starts as soon as
+    that host is connected, and the host-to-host hops as soon as the first
+    host is, so a dead host (which costs one connect timeout) delays nothing
+    else. The OpenSSH BatchMode test runs beside the connects and the
+    data-path agents start once every connect has resolved (ports are
+    numbered over all hosts). Doctor's wall time is the slowest of these, not
+    their sum. With ``accept_new_host_keys`` the OpenSSH test waits for the
+    connects: it must see the keys paramiko accepted and saved.
     """
     own = runner is None
     runner = runner or ParamikoRunner(inventory.ssh_config, connect_timeout=connect_timeout,
@@ -156,6 +157,17 @@ def collect_live(inventory, *, connect_timeout: float = 5.0, command_timeout: fl
     openssh = OpenSshRunner(inventory.ssh_config, connect_timeout=connect_timeout,
                             command_timeout=connect_timeout + 15)
     hosts = {h.name: h for h in inventory.hosts}
+    links: dict[str, Future] = {n: Future() for n in hosts}  # -> Outcome of the connect
+
+    def connect_then_probe(name: str) -> HostCapture:
+        host = hosts[name]
+        try:
+            runner.connect(host.ssh, host.user, host.port)
+        except BaseException as exc:
+            links[name].set_result(Outcome(name, error=exc))
+            raise
+        links[name].set_result(Outcome(name, value=True))
+        return probe_host(runner, host, command_timeout)
 
     def batch_all():
         return run_parallel(hosts, lambda n: openssh.run(hosts[n].ssh, "true", user=hosts[n].user,
@@ -163,20 +175,18 @@ def collect_live(inventory, *, connect_timeout: float = 5.0, command_timeout: fl
 
     try:
         with ThreadPoolExecutor(max_workers=4) as pool:
-            # OpenSSH must see host keys paramiko accepts and saves, else it can start now.
             batch_f = None if accept_new_host_keys else pool.submit(batch_all)
-            connected = run_parallel(hosts, lambda n: runner.connect(hosts[n].ssh, hosts[n].user, hosts[n].port))
-            up = [h for n, h in hosts.items() if connected[n].ok]
+            probe_f = pool.submit(run_parallel, hosts, connect_then_probe)
+            h2h_f = pool.submit(collect_host_to_host, runner, list(hosts.values()), links, connect_timeout)
+            connected = {n: link.result() for n, link in links.items()}
             batch_f = batch_f or pool.submit(batch_all)
-            probe_f = pool.submit(run_parallel, [h.name for h in up],
-                                  lambda n: probe_host(runner, hosts[n], command_timeout))
-            h2h_f = pool.submit(collect_host_to_host, runner, list(hosts.values()), connected, connect_timeout)
+            up = [h for n, h in hosts.items() if connected[n].ok]
             dp_f = None
             if data_path and len(up) > 1:
                 addresses = {n: data_addresses(runner, h) if connected[n].ok else list(h.ips)
                              for n, h in hosts.items()}
                 dp_f = pool.submit(check_data_paths, runner, up, addresses, {h.name: h.python for h in up})
-            probed = {n: probe_f.result().get(n) or connected[n] for n in hosts}
+            probed = probe_f.result()
             live = LiveCollection({n: capture_or_error(n, o) for n, o in probed.items()}, probed,
                                   batch_f.result())
             live.host_to_host_source, live.host_to_host = h2h_f.result()
@@ -187,12 +197,13 @@ def collect_live(inventory, *, connect_timeout: float = 5.0, command_timeout: fl
             runner.close()
 
 
-def collect_host_to_host(runner: ParamikoRunner, hosts: list, connected: dict[str, Outcome],
+def collect_host_to_host(runner: ParamikoRunner, hosts: list, links: dict[str, Future],
                          connect_timeout: float) -> tuple[str | None, dict[str, Outcome]]:
-    """From the first host, ssh BatchMode to every other host (mpirun's path)."""
+    """From the first host, ssh BatchMode to every other host (mpirun's path),
+    as soon as the first host is connected."""
     if len(hosts) < 2:
         return None, {}
     first, others = hosts[0], hosts[1:]
-    if not connected[first.name].ok:
+    if not links[first.name].result().ok:
         return first.name, {}
     return first.name, run_hops(runner, first, others, connect_timeout)
