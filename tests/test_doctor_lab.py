@@ -213,3 +213,21 @@ def test_twelve_hosts_pass_within_sshd_default_session_limits(make_lab, tmp_path
     data = next(r for r in report.results if r.id == "data-path").hosts
     assert all("reachable from" in data[f"labhost{i}"] for i in range(1, 13))
     assert seconds < DOCTOR_BUDGET_S
+    assert doctor_helpers_left_after(5.0) == []
+
+
+def doctor_helpers_left_after(seconds: float) -> list:
+    """The data-path agents and hop scripts still running on any lab host
+    (they all run on this machine) once ``seconds`` have passed."""
+    import psutil
+
+    from mlxcluster.datapath import AGENT
+    from mlxcluster.hops import HOPS
+
+    deadline = time.monotonic() + seconds
+    while True:
+        left = [p.pid for p in psutil.process_iter(["cmdline"])
+                if any(script in (p.info["cmdline"] or []) for script in (AGENT, HOPS))]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
