@@ -15,7 +15,7 @@ import pytest
 
 from mlxcluster.capture import HARDWARE, PROBE, SW_VERS, HostCapture
 from mlxcluster.checks.base import Status
-from mlxcluster.checks.common import BAD, WARN
+from mlxcluster.checks.common import BAD, WARN, from_hosts, join_hosts
 from mlxcluster.doctor import replay_doctor
 from mlxcluster.doctor_collect import probe_source
 from mlxcluster.facts import host_facts
@@ -218,3 +218,11 @@ def test_per_host_python_override_warns(real_probe):
     r = result(replay_doctor(hosts_from(real_probe), inventory=inv), "python-path")
     assert r.status is Status.WARN and blamed(r) == ["h3"]
     assert "/Users/me/venv/bin/python differs from /opt/venv/bin/python" in r.hosts["h3"]
+
+
+def test_host_lists_read_naturally_and_collapse_when_everyone():
+    assert join_hosts(["studio-10", "studio-2", "mini", "studio-1"]) == "mini, studio-1, studio-2, studio-10"
+    everyone = [f"labhost{i}" for i in range(2, 17)]
+    assert from_hosts(everyone, everyone) == "every other host (15)"
+    assert from_hosts(everyone[:-1], everyone) == ", ".join(everyone[:-1])
+    assert from_hosts(["a", "b"], ["a", "b"]) == "a, b"  # two names are clearer than a count

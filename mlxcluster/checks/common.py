@@ -9,6 +9,7 @@ which host is at fault.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -75,8 +76,21 @@ def majority(values: dict[str, object]) -> object:
     return next(v for v in values.values() if counts[v] == best)
 
 
+def host_order(name: str) -> list:
+    """Sort key that puts studio-2 before studio-10 (numbers compared as numbers)."""
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name)]
+
+
 def join_hosts(names) -> str:
-    return ", ".join(sorted(names))
+    return ", ".join(sorted(names, key=host_order))
+
+
+def from_hosts(sources, everyone) -> str:
+    """``sources`` as words: "every other host (15)" when it is all of ``everyone``."""
+    sources = set(sources)
+    if len(sources) > 2 and sources == set(everyone):
+        return f"every other host ({len(sources)})"
+    return join_hosts(sources)
 
 
 def skip(reason: str, evidence: dict[str, str] | None = None) -> Verdict:

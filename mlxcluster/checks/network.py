@@ -14,6 +14,7 @@ from mlxcluster.checks.common import (
     BAD,
     Verdict,
     doctor_check,
+    from_hosts,
     join_hosts,
     probed_hosts,
     skip,
@@ -101,6 +102,7 @@ def data_path(ctx: CheckContext) -> Verdict:
                     for ip, port, err in binds if err != "EADDRNOTAVAIL"]
         failures: dict[tuple[str, int, str], list[str]] = {}
         ok_sources = set()
+        others = [h for h in report.endpoints if h != target and h not in report.skipped]
         for c in report.connects:
             if c.target != target:
                 continue
@@ -110,14 +112,14 @@ def data_path(ctx: CheckContext) -> Verdict:
                 failures.setdefault((c.ip, c.port, c.result), []).append(c.source)
                 causes.add(c.result)
         for (ip, port, err), sources in sorted(failures.items()):
-            problems.append(f"{ip}:{port} from {join_hosts(sources)}: {explain_errno(err)}")
+            problems.append(f"{ip}:{port} from {from_hosts(sources, others)}: {explain_errno(err)}")
         if problems:
             evidence[target] = BAD + "; ".join(problems + notes)
             bad.append(target)
         else:
             tested = {(c.ip, c.port) for c in report.connects if c.target == target}
             ports = ", ".join(f"{e.ip}:{e.port}" for e in endpoints if (e.ip, e.port) in tested) or "nothing"
-            evidence[target] = "; ".join([f"{ports} reachable from {join_hosts(ok_sources) or 'no other host'}"]
+            evidence[target] = "; ".join([f"{ports} reachable from {from_hosts(ok_sources, others) or 'no other host'}"]
                                          + notes)
     return Verdict(worst(bool(bad), False), evidence, _hint(bad, causes, report))
 
