@@ -27,9 +27,25 @@ LISTEN_SECONDS = 60
 CONNECT_TIMEOUT = 3.0
 
 AGENT = r"""
-import errno, json, os, select, socket, sys, threading, time
+import errno, json, os, re, select, socket, subprocess, sys, threading, time
 spec = json.loads(sys.argv[1])
-socks, bound, errors = [], [], []
+socks, bound, errors, holders = [], [], [], []
+
+def holder(port):
+    # Who listens on the port, as "name (pid N)": lsof (macOS, most Linux), else ss.
+    tools = (["lsof", "-nP", "-iTCP:%d" % port, "-sTCP:LISTEN", "-Fpc"], ["ss", "-ltnpH", "sport = :%d" % port])
+    for argv in tools:
+        try:
+            out = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=5).stdout
+        except (OSError, subprocess.SubprocessError):
+            continue
+        m = re.search(r"^p(\d+)\nc(.+)$", out, re.M)
+        if m:
+            return "%s (pid %s)" % (m.group(2), m.group(1))
+        m = re.search(r'\(\("([^"]+)",pid=(\d+)', out)
+        if m:
+            return "%s (pid %s)" % (m.group(1), m.group(2))
+    return None
 
 def listen(ip, port, patience):
     # A port still held by something that is exiting (the agent of a run that
@@ -54,7 +70,9 @@ for ip, port in spec["binds"]:
         bound.append([ip, port])
     except OSError as e:
         errors.append([ip, port, errno.errorcode.get(e.errno, str(e.errno))])
-sys.stdout.write(json.dumps({"bound": bound, "errors": errors}) + "\n")
+        if e.errno == errno.EADDRINUSE:
+            holders.append([ip, port, holder(port)])
+sys.stdout.write(json.dumps({"bound": bound, "errors": errors, "holders": holders}) + "\n")
 sys.stdout.flush()
 
 def one(results, i, ip, port, timeout):
@@ -126,6 +144,8 @@ class DataPathReport:
     connects: list[Connect] = field(default_factory=list)
     # Hosts that could not take part, with why (no SSH, listener failed...).
     skipped: dict[str, str] = field(default_factory=dict)
+    # Per host: who holds a port it could not bind (EADDRINUSE), "name (pid N)".
+    holders: dict[str, dict[tuple[str, int], str]] = field(default_factory=dict)
 
 
 def ring_endpoints(addresses: dict[str, list[str]], starting_port: int = RING_STARTING_PORT,
@@ -181,6 +201,9 @@ def check_data_paths(
         ready[name] = {(ip, port) for ip, port in outcome.value["bound"]}
         if outcome.value["errors"]:
             report.bind_errors[name] = [tuple(e) for e in outcome.value["errors"]]
+        found = {(ip, port): who for ip, port, who in outcome.value.get("holders", []) if who}
+        if found:
+            report.holders[name] = found
 
     def connect_from(name: str) -> list[Connect]:
         # Every listener is up before any host is told to connect.

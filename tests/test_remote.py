@@ -5,6 +5,7 @@ data-path listener/connector scripts run for real on loopback."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import time
 import paramiko
 
 from mlxcluster.checks.base import CheckContext, Status
+from mlxcluster.checks.common import BAD
 from mlxcluster.checks.network import data_path
 from mlxcluster.datapath import (
     AGENT,
@@ -230,8 +232,20 @@ def test_data_path_agent_waits_briefly_for_a_busy_port():
                              stdout=subprocess.PIPE, text=True)
     try:
         ready = json.loads(agent.stdout.readline())
-        assert ready == {"bound": [["127.0.0.1", freed_port]], "errors": [["127.0.0.1", held_port, "EADDRINUSE"]]}
+        assert ready["bound"] == [["127.0.0.1", freed_port]]
+        assert ready["errors"] == [["127.0.0.1", held_port, "EADDRINUSE"]]
+        # The holder is named (lsof, or ss): this test process.
+        [[ip, port, holder]] = ready["holders"]
+        assert (ip, port) == ("127.0.0.1", held_port) and holder.endswith(f"(pid {os.getpid()})"), holder
     finally:
         agent.stdin.close()
         held.close()
         assert agent.wait(timeout=5) == 0
+
+    report = DataPathReport(endpoints={"a": [Endpoint("a", "127.0.0.1", held_port)]},
+                            bind_errors={"a": [("127.0.0.1", held_port, "EADDRINUSE")]},
+                            holders={"a": {("127.0.0.1", held_port): holder}})
+    verdict = data_path(CheckContext({}, live=True, services={"live": LiveCollection({}, {}, {}, data_path=report)}))
+    assert verdict.status is Status.FAIL
+    assert verdict.evidence["a"] == f"{BAD}cannot listen on 127.0.0.1:{held_port}: port already in use by {holder}"
+    assert "--starting-port" in verdict.hint

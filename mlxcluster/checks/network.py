@@ -98,7 +98,7 @@ def data_path(ctx: CheckContext) -> Verdict:
         # An IP missing from its host is data-ips-present's finding; only note it here.
         notes = [f"{ip}:{port} not tested ({BIND_CAUSES[err]}, see data-ips-present)"
                  for ip, port, err in binds if err == "EADDRNOTAVAIL"]
-        problems = [f"cannot listen on {ip}:{port}: {BIND_CAUSES.get(err, err)}"
+        problems = [_bind_problem(ip, port, err, report.holders.get(target, {}).get((ip, port)))
                     for ip, port, err in binds if err != "EADDRNOTAVAIL"]
         failures: dict[tuple[str, int, str], list[str]] = {}
         ok_sources = set()
@@ -124,6 +124,12 @@ def data_path(ctx: CheckContext) -> Verdict:
     return Verdict(worst(bool(bad), False), evidence, _hint(bad, causes, report))
 
 
+def _bind_problem(ip: str, port: int, err: str, holder: str | None) -> str:
+    if err == "EADDRINUSE" and holder:
+        return f"cannot listen on {ip}:{port}: port already in use by {holder}"
+    return f"cannot listen on {ip}:{port}: {BIND_CAUSES.get(err, err)}"
+
+
 def _hint(bad: list[str], causes: set[str], report) -> str | None:
     if not bad:
         return None
@@ -136,6 +142,10 @@ def _hint(bad: list[str], causes: set[str], report) -> str | None:
     if causes & {"EHOSTUNREACH", "ENETUNREACH", "EHOSTDOWN"}:
         parts.append("check cables and the IP plan; for MPI restrict traffic to the working subnet with "
                      "--mca btl_tcp_if_include <subnet>")
+    busy = sorted({str(h) for h, errs in report.bind_errors.items() for _, _, err in errs if err == "EADDRINUSE"})
+    if busy:
+        parts.append(f"on {join_hosts(busy)} stop what holds the ring port (kill the pid named above: an old run "
+                     f"left behind?) or move the ring ports with mlx.launch --starting-port")
     if not parts:
         parts.append("fix the listed addresses")
     return "; ".join(parts)
