@@ -231,3 +231,27 @@ def doctor_helpers_left_after(seconds: float) -> list:
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.1)
+
+
+def test_busy_ring_port_is_blamed_on_its_host_with_the_holder(lab3, inventory_path):
+    """Something else listens on labhost2's ring port (an old run left behind):
+    data-path fails on labhost2 only and names the process holding the port."""
+    import subprocess
+    import sys
+
+    host = lab3.host("labhost2")
+    port = 32323 + host.index  # mlx.launch numbers one port per host IP, in host order
+    holder = subprocess.Popen(
+        ["ip", "netns", "exec", host.netns, sys.executable, "-c",
+         f"import socket, time; s = socket.socket(); s.bind(('{host.ip}', {port})); s.listen(1); "
+         "print('ready', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        report, _ = doctor(inventory_path)
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
+    assert blamed(report) == {"data-path": ["labhost2"]}
+    assert f"{host.ip}:{port}: port already in use by python" in evidence(report, "data-path", "labhost2")
+    assert f"(pid {holder.pid})" in evidence(report, "data-path", "labhost2")
