@@ -243,7 +243,9 @@ def test_busy_ring_port_is_blamed_on_its_host_with_the_holder(lab3, inventory_pa
     port = 32323 + host.index  # mlx.launch numbers one port per host IP, in host order
     holder = subprocess.Popen(
         ["ip", "netns", "exec", host.netns, sys.executable, "-c",
-         f"import socket, time; s = socket.socket(); s.bind(('{host.ip}', {port})); s.listen(1); "
+         # SO_REUSEADDR like any server: earlier runs leave this port in TIME-WAIT.
+         "import socket, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+         f"s.bind(('{host.ip}', {port})); s.listen(1); "
          "print('ready', flush=True); time.sleep(60)"],
         stdout=subprocess.PIPE, text=True)
     try:
