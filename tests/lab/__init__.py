@@ -129,12 +129,26 @@ class Lab:
         default python, or a host's override (``set_host_python``)."""
         return str(self.bin_dir / "python")
 
+    # Every host has its own TMPDIR, as every Mac has its own /tmp (and TMPDIR):
+    # Open MPI / PMIx keep session files and rendezvous sockets there named by
+    # host and pid. With one shared /tmp, the stale socket of a SIGKILLed
+    # daemon can make a later one that reuses its pid fail (PMIx's "listener
+    # thread failed to start", once in CI). All of it goes with the lab.
+    @property
+    def client_tmp(self) -> Path:
+        return self.state / "tc"
+
+    def host_tmp(self, h: LabHost) -> Path:
+        return self.state / f"t{h.index + 1}"
+
     def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
         """os.environ with the lab's ssh wrapper first on PATH, then the venv's
-        bin (as in an activated venv: mlx.launch looks up mpirun on PATH)."""
+        bin (as in an activated venv: mlx.launch looks up mpirun on PATH), and
+        the lab's own client TMPDIR."""
         env = dict(os.environ if base is None else base)
         venv_bin = Path(self.default_python).parent
         env["PATH"] = f"{self.bin_dir}:{venv_bin}:{env.get('PATH', SYSTEM_PATH)}"
+        env["TMPDIR"] = str(self.client_tmp)
         return env
 
     def host(self, ref: LabHost | str | int) -> LabHost:
@@ -262,6 +276,8 @@ class Lab:
         self.state.mkdir(mode=0o700)
         (self.state / "owner.pid").write_text(str(os.getpid()))
         self.bin_dir.mkdir()
+        for tmp in [self.client_tmp] + [self.host_tmp(h) for h in self.hosts]:
+            tmp.mkdir()
         self._make_keys()
         _run(["ip", "link", "add", self.bridge, "type", "bridge"])
         _run(["ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge])
@@ -317,7 +333,7 @@ class Lab:
             "StrictModes no\n"
             "UsePAM no\n"
             f"PidFile {self.state}/sshd_{h.name}.pid\n"
-            f"SetEnv PATH={h.path}\n"
+            f"SetEnv PATH={h.path} TMPDIR={self.host_tmp(h)}\n"
         )
         return conf
 
