@@ -16,9 +16,14 @@ simulated: a step that fails is reported as failed.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import queue
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +31,8 @@ from pathlib import Path
 
 import yaml
 
+from mlxcluster import interrupts
+from mlxcluster.errors import Interrupted
 from mlxcluster.inventory import local_inventory
 
 
@@ -92,7 +99,8 @@ def run_demo(ranks: int = 2, workdir: Path | str = "runs/demo", steps: int = 100
     py = python or sys.executable
     write_local_inventory(ranks, workdir / "local.yaml", py)
     results = []
-    for step in demo_steps(ranks, workdir, steps, config):
+    planned = demo_steps(ranks, workdir, steps, config)
+    for step in planned:
         argv = [py, "-m", "mlxcluster", *step.args]
         if on_start:
             on_start(step, argv)
@@ -102,6 +110,11 @@ def run_demo(ranks: int = 2, workdir: Path | str = "runs/demo", steps: int = 100
             ok, detail = step.summarize(proc, workdir)
         except subprocess.TimeoutExpired:
             ok, detail = False, f"did not finish within {step.timeout:.0f} s"
+        except KeyboardInterrupt as stop:
+            signum = interrupts.signum_of(stop)
+            raise Interrupted(signum, f"interrupted ({interrupts.signal_name(signum)}): the demo "
+                                      f"stopped in step '{step.name}', after "
+                                      f"{len(results)} of {len(planned)} steps") from None
         result = StepResult(step.name, ok, detail, argv, time.monotonic() - started)
         results.append(result)
         if on_step:
@@ -109,25 +122,63 @@ def run_demo(ranks: int = 2, workdir: Path | str = "runs/demo", steps: int = 100
     return results
 
 
+CHILD_STOP_GRACE_S = 60.0  # a stopped command cleans its run up on every host first
+
+
 def _run_streaming(argv: list[str], timeout: float,
                    on_output: Callable[[str], None] | None) -> subprocess.CompletedProcess:
+    """Run one step's command, streaming its output, within ``timeout`` (a
+    silent command too). Timed out or interrupted, the command is asked to
+    stop (SIGTERM, or the signal we got) so that it stops its own run on every
+    host; only if it has not ended after CHILD_STOP_GRACE_S is it killed."""
     lines: list[str] = []
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             stdin=subprocess.DEVNULL, start_new_session=True)
+    arrived: queue.Queue = queue.Queue()
+    threading.Thread(target=_forward_lines, args=(proc.stdout, arrived), daemon=True).start()
     deadline = time.monotonic() + timeout
     try:
-        for line in proc.stdout:
+        while True:
+            try:
+                line = arrived.get(timeout=max(0.0, min(0.5, deadline - time.monotonic())))
+            except queue.Empty:
+                if time.monotonic() >= deadline:
+                    raise subprocess.TimeoutExpired(argv, timeout) from None
+                continue
+            if line is None:
+                break
             lines.append(line.rstrip("\n"))
             if on_output:
                 on_output(lines[-1])
-            if time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(argv, timeout)
         proc.wait(timeout=max(1.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+        stop_child(proc, signal.SIGTERM)
+        raise
+    except KeyboardInterrupt as stop:
+        with interrupts.deferred():
+            stop_child(proc, interrupts.signum_of(stop))
         raise
     return subprocess.CompletedProcess(argv, proc.returncode, "\n".join(lines), "")
+
+
+def _forward_lines(stream, out: queue.Queue) -> None:
+    """Put each line of ``stream`` on ``out``, then None at its end."""
+    for line in stream:
+        out.put(line)
+    out.put(None)
+
+
+def stop_child(proc: subprocess.Popen, signum: int, grace_s: float = CHILD_STOP_GRACE_S) -> None:
+    """Send ``signum`` to a step's command and wait for it to clean up and
+    exit; kill its process group if it has not within ``grace_s``."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, signum)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def _by_exit_code(success: str) -> Callable[[subprocess.CompletedProcess, Path], tuple[bool, str]]:

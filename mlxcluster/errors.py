@@ -61,3 +61,23 @@ class BackendUnavailable(MlxclusterError):
     """The requested backend cannot run on this cluster (the reason says why)."""
 
     exit_code = EXIT_UNAVAILABLE
+
+
+class Interrupted(KeyboardInterrupt):
+    """The run was stopped by Ctrl-C, SIGTERM or SIGHUP, after it was cleaned up.
+
+    A KeyboardInterrupt, not an MlxclusterError, so that no ``except
+    MlxclusterError`` (a failed preflight, a host's error) can swallow it on
+    its way to the CLI, which exits with 128 + the signal number (130 for
+    Ctrl-C), as a shell reports a command killed by that signal.
+    """
+
+    def __init__(self, signum: int, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.signum = signum
+        self.message = message
+        self.hint = hint
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum

@@ -22,6 +22,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import tempfile
 import threading
@@ -30,8 +31,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mlxcluster import interrupts
 from mlxcluster.blas import OPENBLAS_CANDIDATES
-from mlxcluster.errors import BackendUnavailable, InputError, MlxclusterError
+from mlxcluster.errors import BackendUnavailable, InputError, Interrupted, MlxclusterError
 from mlxcluster.inventory import Host, Inventory, local_inventory
 from mlxcluster.mpi import find_libmpi, libmpi_env, require_mpirun
 from mlxcluster.openssh import ssh_argv
@@ -355,13 +357,16 @@ def run_streaming(argv: list[str], on_line: Callable[[str, str], None],
     tail: list[str] = []
     lock = threading.Lock()
 
+    stopping = threading.Event()  # set: the launcher is being stopped by us
+
     def pump(stream, name: str) -> None:
         for line in stream:
             line = line.rstrip("\n")
             with lock:
                 tail.append(line)
                 del tail[:-keep]
-                on_line(name, line)
+                if not stopping.is_set():  # not the launcher's own traceback as it stops
+                    on_line(name, line)
 
     pumps = [threading.Thread(target=pump, args=(proc.stdout, "stdout"), daemon=True),
              threading.Thread(target=pump, args=(proc.stderr, "stderr"), daemon=True)]
@@ -370,22 +375,38 @@ def run_streaming(argv: list[str], on_line: Callable[[str, str], None],
     try:
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        # SIGINT first: mlx.launch and mpirun then stop their ranks themselves.
-        os.killpg(proc.pid, 2)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait()
-        for t in pumps:
-            t.join(timeout=5)
+        stopping.set()
+        with interrupts.deferred():
+            stop_launcher(proc, pumps)
         raise MlxclusterError(f"the job did not finish within {timeout:.0f} s and was stopped",
                               "raise --timeout, or check the hosts for a hung rank") from None
+    except KeyboardInterrupt as stop:
+        stopping.set()
+        with interrupts.deferred():
+            stop_launcher(proc, pumps)
+        signum = interrupts.signum_of(stop)
+        raise Interrupted(signum, f"interrupted ({interrupts.signal_name(signum)}): the job was "
+                                  "stopped on every rank") from None
     for t in pumps:
         t.join(timeout=10)
     code, rank = failed_rank(tail, proc.returncode)
     return RunOutcome(exit_code=code, failed_rank=rank, seconds=time.monotonic() - start,
                       lines=tuple(tail))
+
+
+def stop_launcher(proc: subprocess.Popen, pumps: list[threading.Thread]) -> None:
+    """SIGINT the launcher's process group (mlx.launch and mpirun then stop
+    their ranks on every host themselves); KILL it if it is not gone in 20 s."""
+    for sig, wait_s in ((signal.SIGINT, 20.0), (signal.SIGKILL, None)):
+        with contextlib.suppress(ProcessLookupError):  # it may have just ended
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=wait_s)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    for t in pumps:
+        t.join(timeout=5)
 
 
 def smoke_hosts(job: TrainJob) -> tuple[smoke_launch.RankHost, ...]:

@@ -13,8 +13,8 @@ import sys
 
 import click
 
-from mlxcluster import __version__
-from mlxcluster.errors import MlxclusterError
+from mlxcluster import __version__, interrupts
+from mlxcluster.errors import Interrupted, MlxclusterError
 
 COMMAND_MODULES: tuple[str, ...] = (
     "demo",
@@ -30,10 +30,13 @@ COMMAND_MODULES: tuple[str, ...] = (
 class _Group(click.Group):
     def invoke(self, ctx: click.Context):
         try:
-            return super().invoke(ctx)
+            with interrupts.signals_raise():
+                return super().invoke(ctx)
         except MlxclusterError as err:
             report_error(err)
             ctx.exit(err.exit_code)
+        except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM, SIGHUP (after any cleanup)
+            ctx.exit(report_interrupt(stop))
 
 
 def report_error(err: MlxclusterError) -> None:
@@ -41,6 +44,18 @@ def report_error(err: MlxclusterError) -> None:
     click.secho(f"error: {err.message}", fg="red", err=True)
     if err.hint:
         click.echo(f"fix: {err.hint}", err=True)
+
+
+def report_interrupt(stop: KeyboardInterrupt) -> int:
+    """Say what was stopped; the exit code is 128 + the signal, as a shell's."""
+    if isinstance(stop, Interrupted):
+        click.secho(stop.message, fg="yellow", err=True)
+        if stop.hint:
+            click.echo(f"fix: {stop.hint}", err=True)
+        return stop.exit_code
+    signum = interrupts.signum_of(stop)
+    click.secho(f"interrupted ({interrupts.signal_name(signum)})", fg="yellow", err=True)
+    return 128 + signum
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

@@ -18,7 +18,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mlxcluster.errors import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE
+from mlxcluster import interrupts
+from mlxcluster.errors import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, Interrupted
 from mlxcluster.smoke import preflight, remote
 from mlxcluster.smoke.launch import LaunchPlan, RankHost, WorkerOptions, plan_launch, worker_source
 from mlxcluster.smoke.stats import BenchRow, OpFit, fit_ops
@@ -69,18 +70,57 @@ def run_plan(plan: LaunchPlan, timeout_s: float = 60.0,
     """Stage, launch and watch one run; always leaves nothing of it running.
 
     ``source`` replaces the worker script (bench/ stages a bare timing loop
-    that speaks the same protocol)."""
+    that speaks the same protocol). Interrupted (Ctrl-C, SIGTERM, SIGHUP), it
+    stops the run on every host first, then raises ``errors.Interrupted``."""
     started = clock()
     report = SmokeReport(plan.backend, "failed", run_id=plan.run_id, command=list(plan.argv))
-    staged = remote.stage(plan, source or worker_source(), env=plan.env)
-    bad_stage = [r for r in staged if not r.ok]
-    if bad_stage:
-        report.reason = "could not copy the worker to " + ", ".join(
-            f"{r.host} ({r.error})" for r in bad_stage)
-        remote.finish(plan, kill=False, env=plan.env)
-        report.duration_s = clock() - started
+    watch = Watch(plan, clock)
+    launched: Launched | None = None
+    blamed: list[RankOutcome] = []
+    try:
+        staged = remote.stage(plan, source or worker_source(), env=plan.env)
+        bad_stage = [r for r in staged if not r.ok]
+        if bad_stage:
+            report.reason = "could not copy the worker to " + ", ".join(
+                f"{r.host} ({r.error})" for r in bad_stage)
+        else:
+            launched = launch(plan)
+            blamed = watch_run(launched, watch, plan, timeout_s, clock)
+    except KeyboardInterrupt as stop:
+        with interrupts.deferred():
+            _, cleaned = stop_run(plan, launched, watch)
+        raise interrupted(plan, stop, cleaned) from None
+    with interrupts.deferred():
+        tails, cleaned = stop_run(plan, launched, watch)
+    report.duration_s = clock() - started
+    if launched is None:  # the worker never reached every host: nothing ran
         return report
+    report.cleanup_problems = [f"{r.host}: {r.error}" for r in cleaned if not r.ok]
+    report.launcher_stderr = "\n".join(watch.stderr_lines[-20:])
+    report.ranks = outcomes(watch, blamed, tails)
+    report.checks = sum(s.checks for s in watch.ranks)
+    if all(r.status == "passed" for r in report.ranks):
+        report.status = "passed"
+        report.bench = bench_rows(watch)
+        report.fits = fit_ops(report.bench)
+    else:
+        first = report.failed_ranks[0]  # the cause comes first
+        report.reason = f"rank {first.rank} on {first.host}: {first.detail}"
+    return report
 
+
+@dataclass
+class Launched:
+    """The running launcher and the queue its output lines arrive on."""
+
+    proc: subprocess.Popen
+    lines: queue.Queue
+    readers: list[threading.Thread]
+
+
+def launch(plan: LaunchPlan) -> Launched:
+    """Start the launcher in its own session (one process group to stop) and
+    forward its stdout and stderr lines to one queue."""
     proc = subprocess.Popen(plan.argv, env=plan.env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
@@ -89,9 +129,15 @@ def run_plan(plan: LaunchPlan, timeout_s: float = 60.0,
                for s, t in ((proc.stdout, "out"), (proc.stderr, "err"))]
     for t in readers:
         t.start()
-    watch = Watch(plan, clock)
+    return Launched(proc, lines, readers)
+
+
+def watch_run(launched: Launched, watch: Watch, plan: LaunchPlan, timeout_s: float,
+              clock: Callable[[], float]) -> list[RankOutcome]:
+    """Feed the launcher's lines to ``watch`` until every rank is done, one
+    failed, the launcher is gone or a rank hangs; the ranks blamed for a hang."""
+    proc, lines = launched.proc, launched.lines
     open_streams = 2
-    blamed: list[RankOutcome] = []
     stop_at: float | None = None
     done_at: float | None = None
     while True:
@@ -110,40 +156,46 @@ def run_plan(plan: LaunchPlan, timeout_s: float = 60.0,
             # stdout lines arrive: keep reading briefly before stopping.
             stop_at = clock() + FAILURE_GRACE_S
         if stop_at is not None and (clock() >= stop_at or open_streams == 0):
-            break
+            return []
         if watch.all_done():
             done_at = done_at or clock()
             if open_streams == 0 or proc.poll() is not None or clock() - done_at > EXIT_WAIT_S:
-                break
+                return []
         if open_streams == 0 and proc.poll() is not None:
-            break  # the launcher is gone; ranks without 'done' failed
-        overdue = watch.overdue(timeout_s)
-        if overdue:
-            blamed = blame_hang(watch, plan, timeout_s)
-            break
+            return []  # the launcher is gone; ranks without 'done' failed
+        if watch.overdue(timeout_s):
+            return blame_hang(watch, plan, timeout_s)
 
-    remote.kill_local_group(proc.pid)
-    proc.wait(timeout=10)
-    for t in readers:
-        t.join(timeout=2)
-    while not lines.empty():  # late lines: exit codes, last verdicts
-        tag, line = lines.get_nowait()
-        if line is not None:
-            (watch.on_stdout if tag == "out" else watch.on_stderr)(line)
-    tails, cleaned = remote.finish(plan, kill=True, env=plan.env)
-    report.cleanup_problems = [f"{r.host}: {r.error}" for r in cleaned if not r.ok]
-    report.launcher_stderr = "\n".join(watch.stderr_lines[-20:])
-    report.ranks = outcomes(watch, blamed, tails)
-    report.checks = sum(s.checks for s in watch.ranks)
-    if all(r.status == "passed" for r in report.ranks):
-        report.status = "passed"
-        report.bench = bench_rows(watch)
-        report.fits = fit_ops(report.bench)
-    else:
-        first = report.failed_ranks[0]  # the cause comes first
-        report.reason = f"rank {first.rank} on {first.host}: {first.detail}"
-    report.duration_s = clock() - started
-    return report
+
+def stop_run(plan: LaunchPlan, launched: Launched | None, watch: Watch
+             ) -> tuple[dict[int, str], list[remote.HostResult]]:
+    """Stop the launcher's process group, read its last lines into ``watch``,
+    then stop what is left of the run on every host and remove its files."""
+    if launched is not None:
+        remote.kill_local_group(launched.proc.pid)
+        launched.proc.wait(timeout=10)
+        for t in launched.readers:
+            t.join(timeout=2)
+        while not launched.lines.empty():  # late lines: exit codes, last verdicts
+            tag, line = launched.lines.get_nowait()
+            if line is not None:
+                (watch.on_stdout if tag == "out" else watch.on_stderr)(line)
+    return remote.finish(plan, kill=True, env=plan.env)
+
+
+def interrupted(plan: LaunchPlan, stop: BaseException,
+                cleaned: list[remote.HostResult]) -> Interrupted:
+    """The error for a run stopped by a signal, naming any host that may
+    still hold processes of the run."""
+    signum = interrupts.signum_of(stop)
+    left = [r for r in cleaned if not r.ok]
+    message = (f"interrupted ({interrupts.signal_name(signum)}): smoke {plan.backend} run "
+               f"{plan.run_id} stopped")
+    if not left:
+        return Interrupted(signum, message + " on every host")
+    return Interrupted(
+        signum, message + "; cleanup failed on " + ", ".join(f"{r.host} ({r.error})" for r in left),
+        f"processes of the run may be left there: ssh HOST pkill -f {plan.run_id}")
 
 
 def run_backend(backend: str, hosts: tuple[RankHost, ...], opts: WorkerOptions,

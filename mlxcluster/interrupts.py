@@ -1,0 +1,78 @@
+"""Ctrl-C, SIGTERM and SIGHUP: stop the run everywhere, then exit.
+
+Launchers (``mlx.launch``, ``mpirun``) and the commands ``demo`` runs are
+started in their own session, so that a run can be stopped as one process
+group; a terminal's Ctrl-C therefore reaches only mlxcluster, and stopping the
+ranks on every host is our job. The CLI makes SIGTERM (``kill``, a CI job's
+timeout) and SIGHUP (the terminal closed) raise the same exception as
+Ctrl-C, a ``KeyboardInterrupt`` (``Stop``, which knows its signal). Library
+code that starts processes catches it, stops and cleans up its run with
+further signals ``deferred`` (a second Ctrl-C must not cut the cleanup
+short), then raises ``errors.Interrupted``.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Stop(KeyboardInterrupt):
+    """A handled signal arrived (raised in the main thread by the handler)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def signum_of(exc: BaseException) -> int:
+    """The signal behind an interrupt (a bare KeyboardInterrupt is Ctrl-C)."""
+    return getattr(exc, "signum", signal.SIGINT)
+
+
+def signal_name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
+def _raise_stop(signum, _frame) -> None:
+    raise Stop(signum)
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+@contextmanager
+def signals_raise() -> Iterator[None]:
+    """Within: SIGINT, SIGTERM and SIGHUP raise ``Stop`` in the main thread.
+    (Signal handlers can only be set there; elsewhere this does nothing.)"""
+    if not _in_main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, _raise_stop) for s in HANDLED}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+@contextmanager
+def deferred() -> Iterator[list[int]]:
+    """Within: the handled signals are recorded, not raised, so that cleanup
+    runs to its end (it is bounded by its own timeouts); yields the list of
+    signals that arrived meanwhile."""
+    arrived: list[int] = []
+    if not _in_main_thread():
+        yield arrived
+        return
+    previous = {s: signal.signal(s, lambda signum, _f: arrived.append(signum)) for s in HANDLED}
+    try:
+        yield arrived
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
