@@ -1,0 +1,87 @@
+"""Interrupt a real ``mlxcluster`` command the way a user would, once its run
+is under way, and find what is left of the run afterwards.
+
+Ctrl-C in a terminal sends SIGINT to the foreground process group, which is
+mlxcluster (with the ssh chores it starts) but not the launchers, which run in
+sessions of their own; ``kill PID`` sends SIGTERM to mlxcluster alone. The lab's
+hosts share this machine's process table, so ``processes_with`` sees the ranks
+on every lab host too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import psutil
+
+
+def processes_with(*markers: str) -> list[str]:
+    """Command lines (other than this process's) that contain every marker."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            line = " ".join(proc.info["cmdline"] or [])
+        except psutil.Error:
+            continue
+        if proc.info["pid"] != os.getpid() and all(m in line for m in markers):
+            found.append(line)
+    return found
+
+
+@dataclass
+class Interrupted:
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds_to_exit: float  # from the signal to the command's exit
+
+
+def interrupt_when(argv: list[str], ready: Callable[[], bool], sig: int, *,
+                   env: dict[str, str] | None = None, cwd: str | None = None,
+                   ready_timeout: float = 120.0, exit_timeout: float = 90.0) -> Interrupted:
+    """Start ``argv`` in a session of its own (as a shell starts a job), send
+    ``sig`` once ``ready()`` holds (to the process group for SIGINT/SIGHUP, as
+    a terminal does; to the process alone for SIGTERM, as ``kill`` does), and
+    wait for it to exit. Fails if it never became ready or never exited."""
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + ready_timeout
+        while not ready():
+            if proc.poll() is not None:
+                out, err = proc.communicate()
+                raise AssertionError(f"exited ({proc.returncode}) before it was interrupted:\n"
+                                     f"{out[-2000:]}\n{err[-2000:]}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"not under way within {ready_timeout:.0f} s")
+            time.sleep(0.2)
+        sent = time.monotonic()
+        if sig == signal.SIGTERM:
+            os.kill(proc.pid, sig)
+        else:
+            os.killpg(proc.pid, sig)
+        out, err = proc.communicate(timeout=exit_timeout)
+        return Interrupted(proc.returncode, out, err, time.monotonic() - sent)
+    finally:
+        if proc.poll() is None:  # the test failed: leave nothing of it behind
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+
+
+def smoke_run_id(stderr: str) -> str:
+    """The run id the interrupt message names."""
+    found = re.search(r"run (mlxsmoke-[0-9a-f]+) stopped", stderr)
+    assert found, stderr
+    return found.group(1)
+
+
+def workers_running(count: int) -> Callable[[], bool]:
+    """Ready once ``count`` smoke workers run (then the run is under way)."""
+    return lambda: len(processes_with("worker.py", "mlxsmoke-")) >= count
