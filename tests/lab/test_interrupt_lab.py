@@ -1,0 +1,83 @@
+"""Ctrl-C / SIGTERM in the middle of a run across three real lab hosts: the
+command stops every rank on every host, removes the run's files there, and
+exits 128 + the signal. Checked over ssh on every host, as a user would."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from reference_train.prepare import prepare_offline
+from tests.interrupt_helpers import interrupt_when, processes_with, smoke_run_id, workers_running
+
+pytestmark = pytest.mark.lab
+
+REPO = Path(__file__).resolve().parents[2]
+MLXCLUSTER = [sys.executable, "-m", "mlxcluster"]
+
+
+def left_on_hosts(lab, pattern: str, paths: str = "") -> dict[str, str]:
+    """What each host still has of a run: live processes matching ``pattern``
+    (a bracketed regex, so pgrep does not match its own shell) and ``paths``.
+    An exited daemon its sshd session has not reaped yet (``<defunct>``, for
+    a moment) runs no more and is not counted."""
+    found = {}
+    for h in lab.hosts:
+        check = f"pgrep -af '{pattern}'; " + (f"ls -d {paths} 2>/dev/null; " if paths else "") + "true"
+        out = lab.ssh(h, check).stdout
+        live = [ln for ln in out.splitlines() if ln.strip() and not ln.endswith("<defunct>")]
+        if live:
+            found[h.name] = "\n".join(live)
+    return found
+
+
+def test_ctrl_c_stops_a_smoke_run_on_every_host(lab3, tmp_path):
+    inventory = lab3.write_inventory(tmp_path / "lab.yaml")
+    run = interrupt_when([*MLXCLUSTER, "smoke", "-i", str(inventory), "--backend", "ring",
+                          "--bench", "--sizes", "1K:64M", "--timeout", "120"],
+                         workers_running(3), signal.SIGINT, env=lab3.env())
+    assert run.returncode == 130, run.stderr
+    assert "interrupted (SIGINT): smoke ring run" in run.stderr
+    assert "stopped on every host" in run.stderr
+    run_id = smoke_run_id(run.stderr)
+    pattern = f"[{run_id[0]}]{run_id[1:]}"
+    assert left_on_hosts(lab3, pattern, f"/tmp/{pattern}") == {}
+    assert processes_with(run_id) == []
+
+
+@pytest.fixture(scope="module")
+def lab_data(tmp_path_factory):
+    out = tmp_path_factory.mktemp("labdata") / "offline"
+    prepare_offline(out, n_stories=300)
+    return out
+
+
+@pytest.mark.parametrize("backend, sig", [("ring", signal.SIGTERM), ("mpi", signal.SIGINT)])
+def test_interrupt_stops_training_on_every_host(lab3, lab_data, tmp_path, backend, sig):
+    inventory = lab3.write_inventory(tmp_path / "lab.yaml")
+    libmpi = Path(sys.executable).parent.parent / "lib" / "libmpi.so.40"
+    inventory.write_text(inventory.read_text() + f"env:\n  MLX_MPI_LIBNAME: {libmpi}\n")
+    out = tmp_path / "run"
+    metrics = out / "metrics.jsonl"
+    env = lab3.env()
+    env["PYTHONPATH"] = str(REPO)
+    env.pop("LD_PRELOAD", None)
+    run = interrupt_when(
+        [*MLXCLUSTER, "train", "-i", str(inventory), "--backend", backend, "--config", "tiny",
+         "--no-preflight", "--", "--steps", "100000", "--global_batch", "6", "--data",
+         str(lab_data), "--out", str(out), "--sample_tokens", "0"],
+        lambda: metrics.exists() and '"loss"' in metrics.read_text(), sig, env=env,
+        cwd=str(tmp_path), ready_timeout=180)
+    name = signal.Signals(sig).name
+    assert run.returncode == 128 + sig, run.stdout[-2000:] + run.stderr[-2000:]
+    assert f"interrupted ({name}): the job was stopped on every rank" in run.stderr
+    assert "Traceback" not in run.stdout + run.stderr
+    assert left_on_hosts(lab3, f"[r]eference_train.*{out.name}") == {}
+    assert left_on_hosts(lab3, "[p]rted") == {}  # no Open MPI daemon either
+    steps = metrics.read_text()
+    time.sleep(2)
+    assert metrics.read_text() == steps  # nobody trains on
