@@ -1,4 +1,4 @@
-from mlxcluster.cli import main
+from mlxcluster.cli import run
 
 if __name__ == "__main__":
-    main()
+    run()

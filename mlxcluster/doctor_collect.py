@@ -173,25 +173,31 @@ def collect_live(inventory, *, connect_timeout: float = 5.0, command_timeout: fl
         return run_parallel(hosts, lambda n: openssh.run(hosts[n].ssh, "true", user=hosts[n].user,
                                                           port=hosts[n].port))
 
+    pool = ThreadPoolExecutor(max_workers=4)
     try:
-        with ThreadPoolExecutor(max_workers=4) as pool:
-            batch_f = None if accept_new_host_keys else pool.submit(batch_all)
-            probe_f = pool.submit(run_parallel, hosts, connect_then_probe)
-            h2h_f = pool.submit(collect_host_to_host, runner, list(hosts.values()), links, connect_timeout)
-            connected = {n: link.result() for n, link in links.items()}
-            batch_f = batch_f or pool.submit(batch_all)
-            up = [h for n, h in hosts.items() if connected[n].ok]
-            dp_f = None
-            if data_path and len(up) > 1:
-                addresses = {n: data_addresses(runner, h) if connected[n].ok else list(h.ips)
-                             for n, h in hosts.items()}
-                dp_f = pool.submit(check_data_paths, runner, up, addresses, {h.name: h.python for h in up})
-            probed = probe_f.result()
-            live = LiveCollection({n: capture_or_error(n, o) for n, o in probed.items()}, probed,
-                                  batch_f.result())
-            live.host_to_host_source, live.host_to_host = h2h_f.result()
-            live.data_path = dp_f.result() if dp_f else None
+        batch_f = None if accept_new_host_keys else pool.submit(batch_all)
+        probe_f = pool.submit(run_parallel, hosts, connect_then_probe)
+        h2h_f = pool.submit(collect_host_to_host, runner, list(hosts.values()), links, connect_timeout)
+        connected = {n: link.result() for n, link in links.items()}
+        batch_f = batch_f or pool.submit(batch_all)
+        up = [h for n, h in hosts.items() if connected[n].ok]
+        dp_f = None
+        if data_path and len(up) > 1:
+            addresses = {n: data_addresses(runner, h) if connected[n].ok else list(h.ips)
+                         for n, h in hosts.items()}
+            dp_f = pool.submit(check_data_paths, runner, up, addresses, {h.name: h.python for h in up})
+        probed = probe_f.result()
+        live = LiveCollection({n: capture_or_error(n, o) for n, o in probed.items()}, probed,
+                              batch_f.result())
+        live.host_to_host_source, live.host_to_host = h2h_f.result()
+        live.data_path = dp_f.result() if dp_f else None
+        pool.shutdown()
         return live
+    except KeyboardInterrupt:
+        # Do not wait for threads blocked in a connect or a read: the
+        # connections close below, and the CLI exits without joining them.
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
     finally:
         if own:
             runner.close()

@@ -9,6 +9,7 @@ a message on stderr and the documented exit code; no traceback is shown.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import click
@@ -36,7 +37,10 @@ class _Group(click.Group):
             report_error(err)
             ctx.exit(err.exit_code)
         except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM, SIGHUP (after any cleanup)
+            _Group.interrupted = True
             ctx.exit(report_interrupt(stop))
+
+    interrupted = False  # set once an interrupt was reported (see ``run``)
 
 
 def report_error(err: MlxclusterError) -> None:
@@ -69,5 +73,21 @@ for _name in COMMAND_MODULES:
     main.add_command(_module.command)
 
 
+def run() -> None:
+    """The console script and ``python -m mlxcluster``: ``main``, except that
+    after an interrupt the process exits at once instead of joining worker
+    threads still blocked in an SSH connect or read (up to --connect-timeout
+    or a command timeout). The run was already stopped and cleaned up; the
+    exit closes those threads' sockets."""
+    try:
+        main()
+    except SystemExit as done:
+        if not _Group.interrupted:
+            raise
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(done.code if isinstance(done.code, int) else 1)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    run()

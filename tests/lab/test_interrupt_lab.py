@@ -81,3 +81,31 @@ def test_interrupt_stops_training_on_every_host(lab3, lab_data, tmp_path, backen
     steps = metrics.read_text()
     time.sleep(2)
     assert metrics.read_text() == steps  # nobody trains on
+
+
+@pytest.mark.parametrize("moment", ["agents running", "a host not answering"])
+def test_ctrl_c_stops_doctor_at_once_and_on_every_host(lab3, tmp_path, moment):
+    """Interrupted while its data-path agents run on the hosts, or while it
+    waits on a host whose SSH port drops packets (--connect-timeout 30),
+    doctor exits at once, not after its timeouts, and no agent or hop script
+    is left on any host."""
+    from mlxcluster.datapath import AGENT
+    from mlxcluster.hops import HOPS
+
+    inventory = lab3.write_inventory(tmp_path / "lab.yaml")
+    argv = [*MLXCLUSTER, "doctor", "-i", str(inventory), "--connect-timeout", "30"]
+    if moment == "agents running":
+        ready = lambda: bool(processes_with(AGENT))  # noqa: E731
+    else:
+        lab3.drop_port(lab3.hosts[2], 22)
+        started = time.monotonic()
+        ready = lambda: time.monotonic() - started > 2.0  # noqa: E731
+    try:
+        run = interrupt_when(argv, ready, signal.SIGINT, env=lab3.env())
+    finally:
+        lab3.heal(lab3.hosts[2])
+    assert run.returncode == 130, run.stdout + run.stderr
+    assert "interrupted (SIGINT)" in run.stderr and "Traceback" not in run.stderr
+    assert run.seconds_to_exit < 3.0
+    time.sleep(1.0)  # sshd ends a session's command once its connection is gone
+    assert processes_with(AGENT) == [] and processes_with(HOPS) == []
