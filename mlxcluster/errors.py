@@ -1,11 +1,12 @@
 """The exception hierarchy. Library code raises these; the CLI converts them
 once, at the boundary, into a message, a fix hint and an exit code.
 
-Exit codes (documented in README.md and docs/cli.md):
+Exit codes (documented in README.md):
   0  success
   1  a check or run failed (doctor found a failing check, a smoke rank failed)
   2  usage or input error (bad flags, inventory, hostfile)
   3  backend unavailable on this cluster (jaccl without TB5/RDMA, nccl without CUDA)
+  128 + signal  interrupted (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP), after cleanup
 """
 
 from __future__ import annotations
