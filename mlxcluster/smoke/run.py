@@ -77,6 +77,7 @@ def run_plan(plan: LaunchPlan, timeout_s: float = 60.0,
     watch = Watch(plan, clock)
     launched: Launched | None = None
     blamed: list[RankOutcome] = []
+    stopped_by: KeyboardInterrupt | None = None
     try:
         staged = remote.stage(plan, source or worker_source(), env=plan.env)
         bad_stage = [r for r in staged if not r.ok]
@@ -87,11 +88,11 @@ def run_plan(plan: LaunchPlan, timeout_s: float = 60.0,
             launched = launch(plan)
             blamed = watch_run(launched, watch, plan, timeout_s, clock)
     except KeyboardInterrupt as stop:
-        with interrupts.deferred():
-            _, cleaned = stop_run(plan, launched, watch)
-        raise interrupted(plan, stop, cleaned) from None
+        stopped_by = stop
     with interrupts.deferred():
         tails, cleaned = stop_run(plan, launched, watch)
+    if stopped_by is not None:
+        raise interrupted(plan, stopped_by, cleaned)
     report.duration_s = clock() - started
     if launched is None:  # the worker never reached every host: nothing ran
         return report
