@@ -42,11 +42,11 @@ class Interrupted:
     seconds_to_exit: float  # from the signal to the command's exit
 
 
-def interrupt_when(argv: list[str], ready: Callable[[], bool], sig: int, *,
+def interrupt_when(argv: list[str], ready: Callable[[subprocess.Popen], bool], sig: int, *,
                    env: dict[str, str] | None = None, cwd: str | None = None,
                    ready_timeout: float = 120.0, exit_timeout: float = 90.0) -> Interrupted:
     """Start ``argv`` in a session of its own (as a shell starts a job), send
-    ``sig`` once ``ready()`` holds (to the process group for SIGINT/SIGHUP, as
+    ``sig`` once ``ready(process)`` holds (to the process group for SIGINT/SIGHUP, as
     a terminal does; to the process alone for SIGTERM, as ``kill`` does), and
     wait for it to exit. Fails if it never became ready or never exited."""
     proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
@@ -54,7 +54,7 @@ def interrupt_when(argv: list[str], ready: Callable[[], bool], sig: int, *,
                             start_new_session=True)
     try:
         deadline = time.monotonic() + ready_timeout
-        while not ready():
+        while not ready(proc):
             if proc.poll() is not None:
                 out, err = proc.communicate()
                 raise AssertionError(f"exited ({proc.returncode}) before it was interrupted:\n"
@@ -82,6 +82,47 @@ def smoke_run_id(stderr: str) -> str:
     return found.group(1)
 
 
-def workers_running(count: int) -> Callable[[], bool]:
-    """Ready once ``count`` smoke workers run (then the run is under way)."""
-    return lambda: len(processes_with("worker.py", "mlxsmoke-")) >= count
+class SmokeWorkersRunning:
+    """Ready once ``count`` workers of the smoke run started by the process
+    (or by a command it started: demo) run, on any lab host too. The run id
+    is read from the process's own descendants (the launcher's command line
+    names it), so another smoke run on this machine cannot make it ready."""
+
+    def __init__(self, count: int):
+        self.count = count
+        self.run_id: str | None = None
+        self.family: list[psutil.Process] = []  # the process's descendants once ready
+
+    def __call__(self, proc: subprocess.Popen) -> bool:
+        if self.run_id is None:
+            self.run_id = _run_id_below(proc.pid)
+        ready = self.run_id is not None and len(processes_with("worker.py", self.run_id)) >= self.count
+        if ready:
+            self.family = psutil.Process(proc.pid).children(recursive=True)
+        return ready
+
+    def family_alive(self) -> list[str]:
+        """The descendants seen when the run was ready that still run."""
+        alive = []
+        for p in self.family:
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(" ".join(p.cmdline()))
+            except psutil.Error:
+                continue
+        return alive
+
+
+def _run_id_below(pid: int) -> str | None:
+    try:
+        family = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return None
+    for child in family:
+        try:
+            found = re.search(r"mlxsmoke-[0-9a-f]+", " ".join(child.cmdline()))
+        except psutil.Error:
+            continue
+        if found:
+            return found.group(0)
+    return None

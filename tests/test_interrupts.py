@@ -20,7 +20,12 @@ from mlxcluster import interrupts
 from mlxcluster.cli import main
 from mlxcluster.demo import _run_streaming
 from mlxcluster.errors import Interrupted
-from tests.interrupt_helpers import interrupt_when, processes_with, smoke_run_id, workers_running
+from tests.interrupt_helpers import (
+    SmokeWorkersRunning,
+    interrupt_when,
+    processes_with,
+    smoke_run_id,
+)
 
 MLXCLUSTER = [sys.executable, "-m", "mlxcluster"]
 LONG_SMOKE = ["--bench", "--sizes", "1K:64M", "--timeout", "120"]
@@ -89,14 +94,16 @@ def test_a_silent_step_times_out_and_is_asked_to_clean_up_first(tmp_path):
 
 @pytest.mark.parametrize("backend, sig", [("ring", signal.SIGINT), ("mpi", signal.SIGTERM)])
 def test_interrupted_smoke_stops_every_rank_and_removes_its_files(backend, sig):
+    workers = SmokeWorkersRunning(2)
     run = interrupt_when([*MLXCLUSTER, "smoke", "--local", "2", "--backend", backend, *LONG_SMOKE],
-                         workers_running(2), sig)
+                         workers, sig)
     name = signal.Signals(sig).name
     assert run.returncode == 128 + sig, run.stderr
     assert f"interrupted ({name}): smoke {backend} run" in run.stderr
     assert "stopped on every host" in run.stderr and "Traceback" not in run.stderr
     run_id = smoke_run_id(run.stderr)
-    assert processes_with(run_id) == []
+    assert run_id == workers.run_id
+    assert processes_with(run_id) == [] and workers.family_alive() == []
     assert not Path("/tmp", run_id).exists()
 
 
@@ -106,7 +113,8 @@ def test_interrupted_train_stops_every_rank(tmp_path):
     run = interrupt_when(
         [*MLXCLUSTER, "train", "--local", "2", "--config", "tiny", "--no-preflight", "--",
          "--steps", "100000", "--out", str(out), "--sample_tokens", "0"],
-        lambda: metrics.exists() and '"loss"' in metrics.read_text(), signal.SIGHUP, cwd=str(tmp_path))
+        lambda _: metrics.exists() and '"loss"' in metrics.read_text(), signal.SIGHUP,
+        cwd=str(tmp_path))
     assert run.returncode == 128 + signal.SIGHUP, run.stderr
     assert "interrupted (SIGHUP): the job was stopped on every rank" in run.stderr
     assert "Traceback" not in run.stdout + run.stderr
@@ -117,10 +125,12 @@ def test_interrupted_train_stops_every_rank(tmp_path):
 
 
 def test_interrupted_demo_stops_the_step_under_way(tmp_path):
+    workers = SmokeWorkersRunning(2)
     run = interrupt_when([*MLXCLUSTER, "demo", "--workdir", str(tmp_path), "--quiet"],
-                         workers_running(2), signal.SIGINT)
+                         workers, signal.SIGINT)
     assert run.returncode == 130, run.stdout + run.stderr
     assert "interrupted (SIGINT): the demo stopped in step 'smoke ring', after 3 of 6 steps" in run.stderr
-    assert processes_with("worker.py", "mlxsmoke-") == []
-    assert processes_with("mlxcluster", "smoke", "--local") == []
+    assert processes_with(workers.run_id) == []
+    assert len(workers.family) >= 4  # mlxcluster smoke, the launcher, 2 workers
+    assert workers.family_alive() == []
     assert json.loads((tmp_path / "hostfile-ring.json").read_text())["backend"] == "ring"

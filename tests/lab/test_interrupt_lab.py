@@ -12,7 +12,12 @@ from pathlib import Path
 import pytest
 
 from reference_train.prepare import prepare_offline
-from tests.interrupt_helpers import interrupt_when, processes_with, smoke_run_id, workers_running
+from tests.interrupt_helpers import (
+    SmokeWorkersRunning,
+    interrupt_when,
+    processes_with,
+    smoke_run_id,
+)
 
 pytestmark = pytest.mark.lab
 
@@ -39,7 +44,7 @@ def test_ctrl_c_stops_a_smoke_run_on_every_host(lab3, tmp_path):
     inventory = lab3.write_inventory(tmp_path / "lab.yaml")
     run = interrupt_when([*MLXCLUSTER, "smoke", "-i", str(inventory), "--backend", "ring",
                           "--bench", "--sizes", "1K:64M", "--timeout", "120"],
-                         workers_running(3), signal.SIGINT, env=lab3.env())
+                         SmokeWorkersRunning(3), signal.SIGINT, env=lab3.env())
     assert run.returncode == 130, run.stderr
     assert "interrupted (SIGINT): smoke ring run" in run.stderr
     assert "stopped on every host" in run.stderr
@@ -70,7 +75,7 @@ def test_interrupt_stops_training_on_every_host(lab3, lab_data, tmp_path, backen
         [*MLXCLUSTER, "train", "-i", str(inventory), "--backend", backend, "--config", "tiny",
          "--no-preflight", "--", "--steps", "100000", "--global_batch", "6", "--data",
          str(lab_data), "--out", str(out), "--sample_tokens", "0"],
-        lambda: metrics.exists() and '"loss"' in metrics.read_text(), sig, env=env,
+        lambda _: metrics.exists() and '"loss"' in metrics.read_text(), sig, env=env,
         cwd=str(tmp_path), ready_timeout=180)
     name = signal.Signals(sig).name
     assert run.returncode == 128 + sig, run.stdout[-2000:] + run.stderr[-2000:]
@@ -95,11 +100,11 @@ def test_ctrl_c_stops_doctor_at_once_and_on_every_host(lab3, tmp_path, moment):
     inventory = lab3.write_inventory(tmp_path / "lab.yaml")
     argv = [*MLXCLUSTER, "doctor", "-i", str(inventory), "--connect-timeout", "30"]
     if moment == "agents running":
-        ready = lambda: bool(processes_with(AGENT))  # noqa: E731
+        ready = lambda _: bool(processes_with(AGENT))  # noqa: E731
     else:
         lab3.drop_port(lab3.hosts[2], 22)
         started = time.monotonic()
-        ready = lambda: time.monotonic() - started > 2.0  # noqa: E731
+        ready = lambda _: time.monotonic() - started > 2.0  # noqa: E731
     try:
         run = interrupt_when(argv, ready, signal.SIGINT, env=lab3.env())
     finally:
