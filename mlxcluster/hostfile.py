@@ -19,7 +19,6 @@ may be a list when several cables join a pair.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import re
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from typing import Any
 
 from mlxcluster.capture import IBV_DEVICES, IFCONFIG
 from mlxcluster.errors import HostfileError
+from mlxcluster.inventory import parse_ip, ssh_target_ok
 from mlxcluster.parsers.ibv import parse_ibv_devices
 from mlxcluster.parsers.ifconfig import ipv4_addresses, parse_ifconfig
 
@@ -35,6 +35,7 @@ BACKENDS = ("ring", "jaccl", "jaccl-ring", "mpi", "nccl")
 JACCL_BACKENDS = ("jaccl", "jaccl-ring")
 
 RdmaEntry = str | tuple[str, ...] | None
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _RDMA = re.compile(r"^rdma_[A-Za-z0-9]+$")
@@ -130,14 +131,17 @@ def parse_mlx_hostfile(text: str, source: str = "<hostfile>") -> MlxHostfile:
         if not isinstance(raw, dict) or not isinstance(raw.get("ssh"), str) or not raw["ssh"]:
             problems.append(f"{where}: needs an \"ssh\" host name")
             continue
+        if not ssh_target_ok(raw["ssh"]):
+            # It reaches ssh's argv and mlx.launch's: a leading '-' would be an option.
+            problems.append(f"{where}: ssh {raw['ssh']!r} is not a [user@]Host alias, hostname or IP "
+                            "(no leading '-', spaces, quotes or shell characters)")
+            continue
         ips = raw.get("ips", [])
         if not isinstance(ips, list):
             problems.append(f"{where} ({raw['ssh']}): 'ips' must be a list")
             ips = []
         for ip in ips:
-            try:
-                ipaddress.ip_address(ip)
-            except (TypeError, ValueError):
+            if parse_ip(ip) is None:
                 problems.append(f"{where} ({raw['ssh']}): {ip!r} is not an IP address")
         rdma = raw.get("rdma", [])
         if not isinstance(rdma, list):
@@ -161,7 +165,8 @@ def structure_problems(hf: MlxHostfile) -> list[str]:
     problems = []
     seen: dict[str, int] = {}
     for i, h in enumerate(hf.hosts):
-        if h.ssh in seen:
+        # Local ranks (what `hostfile generate` writes for --local) share 127.0.0.1.
+        if h.ssh in seen and h.ssh not in LOOPBACK_HOSTS:
             problems.append(f"host {h.ssh!r} is listed twice (ranks {seen[h.ssh]} and {i})")
         seen.setdefault(h.ssh, i)
     owners: dict[str, str] = {}
@@ -207,6 +212,9 @@ def parse_mpi_hostfile(text: str, source: str = "<hostfile>") -> tuple[MpiHost, 
         if not m or (slots is not None and not (slots.isdigit() and int(slots) > 0)):
             problems.append(f"line {number}: expected 'host slots=N', got {raw.strip()!r}")
             continue
+        if not ssh_target_ok(m.group(1)):
+            problems.append(f"line {number}: {m.group(1)!r} is not a [user@]host name or IP")
+            continue
         if m.group(1) in seen:
             problems.append(f"line {number}: host {m.group(1)!r} is listed twice")
             continue
@@ -227,17 +235,27 @@ def dumps_mpi_hostfile(hosts: tuple[MpiHost, ...]) -> str:
     return "".join(f"{h.host} slots={h.slots}\n" for h in hosts)
 
 
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise HostfileError(f"cannot read hostfile {path}: {why}",
+                            "pass the path of a file written by 'mlxcluster hostfile generate'") from None
+
+
 def load_hostfile(path: str | Path) -> MlxHostfile | tuple[MpiHost, ...]:
     """Read either kind: JSON (starts with ``{`` or ``[``) or an MPI hostfile."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise HostfileError(f"cannot read hostfile {p}: {exc.strerror}",
-                            "pass the path of a file written by 'mlxcluster hostfile generate'") from None
+    text = _read(p)
     if text.lstrip()[:1] in ("{", "["):
         return parse_mlx_hostfile(text, str(p))
     return parse_mpi_hostfile(text, str(p))
+
+
+def load_mlx_hostfile(path: str | Path) -> MlxHostfile:
+    """Read and validate an MLX JSON hostfile (what mlx.launch --hostfile reads)."""
+    return parse_mlx_hostfile(_read(Path(path)), str(path))
 
 
 def cluster_problems(hf: MlxHostfile | tuple[MpiHost, ...], inventory=None,

@@ -39,6 +39,34 @@ _USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,31}$")
 _PATH_RE = re.compile(r"^/[A-Za-z0-9._+/@-]*$")
 _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
+# An IPv6 zone (fe80::1%en0) names an interface; ipaddress accepts any text there.
+_ZONE_RE = re.compile(r"^[A-Za-z0-9]{1,32}$")
+
+
+def ssh_target_ok(value: object) -> bool:
+    """``[user@]target`` that ssh cannot read as an option (no leading '-')
+    and a shell cannot read as code (no spaces, quotes or metacharacters)."""
+    if not isinstance(value, str):
+        return False
+    user, at, target = value.rpartition("@")
+    return bool(_TARGET_RE.match(target)) and (not at or bool(_USER_RE.match(user)))
+
+
+def parse_ip(value: object) -> str | None:
+    """``value`` as a normalized IP address, or None when it is not one (a
+    zone must be a plain interface name)."""
+    if not isinstance(value, str):
+        return None
+    try:
+        address = ipaddress.ip_address(value)
+    except ValueError:
+        return None
+    zone = getattr(address, "scope_id", None)
+    if zone is not None and not _ZONE_RE.match(zone):
+        return None
+    return str(address)
+
+
 _TOP_KEYS = {"cluster", "user", "python", "ssh_config", "hosts", "env"}
 _HOST_KEYS = {"name", "ssh", "ips", "user", "python", "port", "env"}
 
@@ -182,10 +210,11 @@ def _parse_host(v: _Validator, node, index: int, user, python, cluster_env) -> H
         else:
             for ip_node in ips_node.value:
                 value = getattr(ip_node, "value", None)
-                try:
-                    ips.append(str(ipaddress.ip_address(value)))
-                except (TypeError, ValueError):
+                ip = parse_ip(value)
+                if ip is None:
                     v.problem(ip_node, f"{label}.ips: {value!r} is not an IP address")
+                else:
+                    ips.append(ip)
     env = dict(cluster_env)
     env.update(v.env(fields.get("env"), f"{label}.env"))
     if name is None or ssh is None:

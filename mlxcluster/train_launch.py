@@ -34,6 +34,7 @@ from pathlib import Path
 from mlxcluster import interrupts
 from mlxcluster.blas import OPENBLAS_CANDIDATES
 from mlxcluster.errors import BackendUnavailable, InputError, Interrupted, MlxclusterError
+from mlxcluster.hostfile import load_mlx_hostfile
 from mlxcluster.inventory import Host, Inventory, local_inventory
 from mlxcluster.mpi import find_libmpi, libmpi_env, require_mpirun
 from mlxcluster.openssh import ssh_argv
@@ -148,24 +149,12 @@ def job_from_inventory(inv: Inventory, backend: str, trainer_args: tuple[str, ..
 def job_from_hostfile(path: str | Path, backend: str | None, python: str,
                       trainer_args: tuple[str, ...] = (),
                       mpi_args: tuple[str, ...] = ()) -> TrainJob:
-    """A job from an mlx.launch hostfile ({"backend": ..., "hosts": [{"ssh", "ips"}]})."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise InputError(f"cannot read hostfile {path}: {e}",
-                         'a hostfile is JSON: {"hosts": [{"ssh": "mac1", "ips": ["10.0.0.1"]}]}') from e
-    entries = data.get("hosts", []) if isinstance(data, dict) else data
-    backend = backend or (data.get("backend") if isinstance(data, dict) else None) or "ring"
+    """A job from an mlx.launch hostfile ({"backend": ..., "hosts": [{"ssh", "ips"}]}),
+    validated as ``hostfile check`` does."""
+    hostfile = load_mlx_hostfile(path)
+    backend = backend or hostfile.backend or "ring"
     check_backend(backend)
-    hosts = []
-    for i, entry in enumerate(entries if isinstance(entries, list) else []):
-        if not isinstance(entry, dict) or not isinstance(entry.get("ssh"), str):
-            raise InputError(f"hostfile {path}: host {i} has no 'ssh' name")
-        ips = entry.get("ips") or []
-        hosts.append(RankHost(name=entry["ssh"], ssh=entry["ssh"],
-                              ip=ips[0] if ips else entry["ssh"]))
-    if not hosts:
-        raise InputError(f"hostfile {path} lists no hosts")
+    hosts = [RankHost(name=h.ssh, ssh=h.ssh, ip=h.ips[0] if h.ips else h.ssh) for h in hostfile.hosts]
     return TrainJob(hosts=tuple(hosts), backend=backend, python=python,
                     trainer_args=trainer_args, mpi_args=mpi_args)
 

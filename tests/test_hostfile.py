@@ -264,3 +264,43 @@ def test_mpi_json_for_mlx_launch(inv, tmp_path):
         "MLX_MPI_LIBNAME=/v/lib/libmpi.so.40", "LD_LIBRARY_PATH=/v/lib", "MLX_METAL_FAST_SYNCH=0",
         "OMPI_MCA_btl_tcp_links=4", "OMPI_MCA_btl_tcp_if_include=10.0.0.0/24"],
         [("mbp.local", ["10.0.0.1"], []), ("studio.local", ["10.0.0.2"], [])])
+
+
+INJECTING_TARGETS = ["-oProxyCommand=touch {flag}", "mac1 -oProxyCommand=touch {flag}", "$(touch {flag})"]
+
+
+@pytest.mark.parametrize("target", INJECTING_TARGETS)
+def test_a_hostfile_ssh_value_that_could_inject_is_refused_everywhere(tmp_path, target):
+    """A hostfile's "ssh" reaches ssh's argv (ours and mlx.launch's): a value
+    that ssh would read as an option, or a shell as code, is an input error
+    for `hostfile check`, `smoke --hostfile` and `train --hostfile`, and
+    nothing runs."""
+    flag = tmp_path / "ran"
+    hostfile = tmp_path / "h.json"
+    hostfile.write_text(json.dumps({"backend": "ring", "hosts": [
+        {"ssh": target.format(flag=flag), "ips": ["10.0.0.1"]}, {"ssh": "mac2", "ips": ["10.0.0.2"]}]}))
+    runner = CliRunner()
+    for args in (["hostfile", "check", str(hostfile)],
+                 ["smoke", "--hostfile", str(hostfile)],
+                 ["train", "--hostfile", str(hostfile), "--no-preflight"]):
+        result = runner.invoke(main, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert "is not a [user@]Host alias, hostname or IP" in result.output, result.output
+        assert "Traceback" not in result.output
+    assert not flag.exists()
+
+
+def test_hostfile_targets_may_carry_a_user_and_ipv6_zones_must_be_interface_names():
+    ok = parse_mlx_hostfile(json.dumps({"hosts": [{"ssh": "me@mac1", "ips": ["fe80::1%en5"]},
+                                                  {"ssh": "mac2", "ips": ["10.0.0.2"]}]}))
+    assert [h.ssh for h in ok.hosts] == ["me@mac1", "mac2"]
+    with pytest.raises(HostfileError, match=r"'fe80::1%\$\(id\)' is not an IP address"):
+        parse_mlx_hostfile(json.dumps({"hosts": [{"ssh": "mac1", "ips": ["fe80::1%$(id)"]}]}))
+    with pytest.raises(HostfileError, match=r"'-F/tmp/x' is not a \[user@\]host"):
+        parse_mpi_hostfile("-F/tmp/x slots=1\n")
+
+
+def test_local_ranks_may_share_127_0_0_1_but_real_hosts_may_not_repeat():
+    parse_mlx_hostfile(json.dumps({"hosts": [{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * 2}))
+    with pytest.raises(HostfileError, match="'mac1' is listed twice"):
+        parse_mlx_hostfile(json.dumps({"hosts": [{"ssh": "mac1", "ips": ["10.0.0.1"]}] * 2}))

@@ -101,3 +101,11 @@ def test_local_inventory_repeats_loopback():
     assert len(set(inv.names)) == 3
     with pytest.raises(InventoryError):
         local_inventory(0)
+
+
+def test_an_ipv6_zone_must_be_an_interface_name():
+    """ipaddress accepts any text after '%'; an inventory IP must not carry shell syntax."""
+    base = "cluster: c\npython: /v/bin/python\nhosts:\n  - {name: a, ssh: a, ips: [%s]}\n"
+    assert parse_inventory(base % "'fe80::1%en5'").hosts[0].ips == ("fe80::1%en5",)
+    with pytest.raises(InventoryError, match=r"is not an IP address"):
+        parse_inventory(base % "'fe80::1%$(id)'")

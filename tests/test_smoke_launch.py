@@ -73,7 +73,7 @@ def test_hosts_from_the_mlx_docs_hostfile(macos_fixtures, tmp_path):
     assert hosts[2].rdma == ("rdma_en4", "rdma_en3", None, "rdma_en5")
     bad = tmp_path / "bad.json"
     bad.write_text("{")
-    with pytest.raises(InputError, match="not JSON"):
+    with pytest.raises(InputError, match="not valid JSON"):
         launch.hosts_from_hostfile(str(bad))
 
 

@@ -64,7 +64,7 @@ def test_job_from_inventory_and_hostfile(tmp_path):
     with pytest.raises(BackendUnavailable, match="not 'jaccl'"):
         job_from_hostfile(hostfile, "jaccl", "/py")
     hostfile.write_text("{not json")
-    with pytest.raises(InputError, match="cannot read hostfile"):
+    with pytest.raises(InputError, match="not valid JSON"):
         job_from_hostfile(hostfile, None, "/py")
 
 

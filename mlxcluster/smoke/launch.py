@@ -16,7 +16,6 @@ the marker the driver looks for to stop every process of a run on every host.
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import shutil
@@ -26,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlxcluster.errors import BackendUnavailable, InputError
-from mlxcluster.hostfile import HostEntry, MlxHostfile
+from mlxcluster.hostfile import HostEntry, MlxHostfile, load_mlx_hostfile
 from mlxcluster.hostfile_generate import generate_mpi
 from mlxcluster.inventory import Host, Inventory, local_inventory
 from mlxcluster.mpi import libmpi_env, require_libmpi, require_mpirun
@@ -121,25 +120,13 @@ def local_hosts(n: int, python: str | None = None) -> tuple[RankHost, ...]:
 
 
 def hosts_from_hostfile(path: str, python: str | None = None) -> tuple[tuple[RankHost, ...], str]:
-    """Read an MLX JSON hostfile (``{"backend", "envs", "hosts": [{"ssh", "ips",
-    "rdma"}]}`` or a bare list of hosts); returns the hosts and its backend."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except OSError as err:
-        raise InputError(f"cannot read hostfile {path}: {err.strerror}") from None
-    except json.JSONDecodeError as err:
-        raise InputError(f"hostfile {path} is not JSON: {err}") from None
-    backend = data.get("backend", "") if isinstance(data, dict) else ""
-    rows = data.get("hosts") if isinstance(data, dict) else data
-    if not isinstance(rows, list) or not rows:
-        raise InputError(f"hostfile {path} has no hosts", 'expected {"hosts": [{"ssh": ..., "ips": [...]}]}')
-    hosts = []
-    for i, row in enumerate(rows):
-        if not isinstance(row, dict) or not row.get("ssh"):
-            raise InputError(f"hostfile {path}: host {i} has no 'ssh' name")
-        hosts.append(RankHost(row["ssh"], row["ssh"], tuple(row.get("ips") or ()),
-                              python or sys.executable, tuple(row.get("rdma") or ())))
-    return tuple(hosts), backend
+    """Read and validate an MLX JSON hostfile (``{"backend", "envs", "hosts":
+    [{"ssh", "ips", "rdma"}]}`` or a bare list of hosts); returns the hosts and
+    its backend."""
+    hostfile = load_mlx_hostfile(path)
+    hosts = tuple(RankHost(h.ssh, h.ssh, h.ips, python or sys.executable, h.rdma)
+                  for h in hostfile.hosts)
+    return hosts, hostfile.backend
 
 
 def mlx_launch_path(python: str = sys.executable) -> str:
