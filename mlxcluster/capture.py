@@ -41,6 +41,8 @@ CAPTURE_FILES: tuple[str, ...] = (
     IBV_DEVICES,
     SW_VERS,
 )
+# What the probe returns raw (everything but its own facts).
+RAW_CAPTURE_FILES = frozenset(CAPTURE_FILES) - {PROBE}
 
 
 @dataclass
@@ -100,6 +102,8 @@ def save_capture_dir(captures: dict[str, HostCapture], path: str | Path) -> Path
         host_dir = root / name
         host_dir.mkdir(parents=True, exist_ok=True)
         for file_name, text in capture.files.items():
+            if file_name not in CAPTURE_FILES:  # a name is never a path
+                raise ValueError(f"not a capture file name: {file_name!r}")
             (host_dir / file_name).write_text(text, encoding="utf-8")
         if capture.error:
             (host_dir / "error.txt").write_text(capture.error + "\n", encoding="utf-8")

@@ -20,7 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mlxcluster.capture import PROBE, HostCapture
+from mlxcluster.capture import PROBE, RAW_CAPTURE_FILES, HostCapture
 from mlxcluster.datapath import DataPathReport, check_data_paths
 from mlxcluster.hops import run_hops
 from mlxcluster.openssh import OpenSshRunner
@@ -55,10 +55,19 @@ def capture_from_probe(name: str, result: CommandResult, python: str) -> HostCap
         else:
             why = f"probe failed with {python}: exit {result.exit_status}: {last}"
         return HostCapture(name=name, error=why)
-    facts = json.loads(lines[-1])
-    raw = facts.pop("raw", {}) or {}
+    try:
+        facts = json.loads(lines[-1])
+    except ValueError:
+        facts = None
+    if not isinstance(facts, dict):
+        return HostCapture(name=name, error=f"the probe printed no JSON object (last line: {lines[-1][:120]!r})")
+    raw = facts.pop("raw", None)
     files = {PROBE: json.dumps(facts, indent=1, sort_keys=True) + "\n"}
-    files.update({k: v for k, v in raw.items() if isinstance(v, str)})
+    # Raw outputs become files under --collect DIR/<host>/: keep only the
+    # documented names, whatever the host's output says ('../x' or '/x' would
+    # write outside DIR).
+    if isinstance(raw, dict):
+        files.update({k: v for k, v in raw.items() if k in RAW_CAPTURE_FILES and isinstance(v, str)})
     return HostCapture(name=name, files=files)
 
 

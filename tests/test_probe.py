@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from mlxcluster.capture import save_capture_dir
 from mlxcluster.doctor_collect import capture_from_probe, probe_command, probe_source
 from mlxcluster.remote import CommandResult
 from tests.conftest import require
@@ -173,6 +174,28 @@ def test_probe_output_splits_into_capture_files():
     cap = capture_from_probe("h", CommandResult(json.dumps(facts) + "\n", "", 0, 0.1), "/p")
     assert set(cap.files) == {"probe.json", "ifconfig.txt", "sw_vers.txt"}
     assert "raw" not in cap.probe()
+
+
+def test_a_host_cannot_name_files_outside_the_collect_dir(tmp_path):
+    """The probe's output is the host's to shape: raw names other than the
+    documented capture files ('../x', '/x') are dropped, and the writer
+    refuses any name that is not one."""
+    facts = {"hostname": "h", "raw": {"../../escaped.txt": "x", str(tmp_path / "abs.txt"): "y",
+                                      "ifconfig.txt": "en0: flags"}}
+    cap = capture_from_probe("h", CommandResult(json.dumps(facts) + "\n", "", 0, 0.1), "/p")
+    assert set(cap.files) == {"probe.json", "ifconfig.txt"}
+    save_capture_dir({"h": cap}, tmp_path / "collect")
+    assert sorted(p.name for p in (tmp_path / "collect" / "h").iterdir()) == ["ifconfig.txt", "probe.json"]
+    assert not (tmp_path / "escaped.txt").exists() and not (tmp_path / "abs.txt").exists()
+    cap.files["../evil"] = "z"
+    with pytest.raises(ValueError, match="not a capture file name"):
+        save_capture_dir({"h": cap}, tmp_path / "collect2")
+
+
+@pytest.mark.parametrize("line", ["{not json", "{1: 2}", '{"raw": "text"'])
+def test_a_probe_line_that_is_no_json_object_is_an_error_not_a_crash(line):
+    cap = capture_from_probe("h", CommandResult(line + "\n", "", 0, 0.1), "/p")
+    assert cap.probe() is None and cap.error.startswith("the probe printed no JSON object")
 
 
 def test_missing_python_is_explained():
