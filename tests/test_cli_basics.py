@@ -66,3 +66,16 @@ def test_demo_reports_a_failing_step(tmp_path):
                                        "--quiet"])
     assert result.exit_code == 1
     assert "[✗] train" in result.output and "[✓] smoke mpi" in result.output
+
+
+def test_nan_is_refused_for_every_duration_flag():
+    """click's FloatRange accepts 'nan', and a NaN deadline never expires."""
+    runner = CliRunner()
+    for args in (["smoke", "--local", "2", "--timeout", "nan"],
+                 ["doctor", "--local", "--connect-timeout", "nan"],
+                 ["train", "--local", "2", "--timeout", "nan"],
+                 ["discover", "--timeout", "nan"],
+                 ["discover", "--connect-timeout", "NaN"]):
+        result = runner.invoke(main, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert "is not a number of seconds" in result.output

@@ -8,13 +8,14 @@ from pathlib import Path
 import click
 from tabulate import tabulate
 
+from mlxcluster.cli.params import Seconds
 from mlxcluster.discovery import browse, probe_discovered, probe_ssh, render_inventory
 from mlxcluster.errors import InputError
 from mlxcluster.inventory import parse_inventory
 
 
 @click.command("discover")
-@click.option("--timeout", default=3.0, show_default=True, type=click.FloatRange(0.5, 60),
+@click.option("--timeout", default=3.0, show_default=True, type=Seconds(0.5, 60),
               help="Seconds to listen for Bonjour answers.")
 @click.option("--interface", "interfaces", multiple=True, metavar="IP",
               help="Local interface address to browse on (repeatable; default: all).")
@@ -28,7 +29,7 @@ from mlxcluster.inventory import parse_inventory
               help="OpenSSH config for --probe (and written into the inventory).")
 @click.option("--probe", "deep_probe", is_flag=True,
               help="Also log in (keys only) and run doctor's probe: python, mlx, chip, memory.")
-@click.option("--connect-timeout", type=click.FloatRange(0.5, 60), default=5.0, show_default=True)
+@click.option("--connect-timeout", type=Seconds(0.5, 60), default=5.0, show_default=True)
 @click.option("--all", "show_all", is_flag=True, help="List non-Macs too.")
 def command(timeout, interfaces, write_path, cluster, python, user, ssh_config, deep_probe,
             connect_timeout, show_all):

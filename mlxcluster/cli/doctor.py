@@ -18,6 +18,7 @@ from tabulate import tabulate
 
 from mlxcluster.capture import load_capture_dir, save_capture_dir
 from mlxcluster.checks.base import CheckResult, Status
+from mlxcluster.cli.params import Seconds
 from mlxcluster.doctor import BACKENDS, DoctorReport, replay_doctor, run_doctor, run_local_doctor
 from mlxcluster.errors import EXIT_FAILED, EXIT_OK, InputError
 from mlxcluster.facts import HostFacts
@@ -114,7 +115,7 @@ def render(report: DoctorReport, verbose: bool) -> None:
               help="Trust unknown host keys on first use and save them to known_hosts.")
 @click.option("--backend", type=click.Choice(BACKENDS), default=None,
               help="The backend you will launch with (default: ring, what mlx.launch uses).")
-@click.option("--connect-timeout", type=click.FloatRange(0.5, 120), default=5.0, show_default=True,
+@click.option("--connect-timeout", type=Seconds(0.5, 120), default=5.0, show_default=True,
               help="Seconds to wait for each SSH connection.")
 @click.option("--no-data-path", is_flag=True, help="Skip the TCP data-path test.")
 @click.option("--hostfile", "hostfile", type=click.Path(dir_okay=False),

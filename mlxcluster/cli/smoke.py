@@ -19,6 +19,7 @@ from dataclasses import replace
 import click
 from tabulate import tabulate
 
+from mlxcluster.cli.params import Seconds
 from mlxcluster.errors import InputError
 from mlxcluster.inventory import load_inventory
 from mlxcluster.smoke.launch import (
@@ -99,7 +100,7 @@ def render_bench(report: SmokeReport) -> str:
               help="LO:HI bytes: the benchmark sweep, and the correctness sizes (1 element, "
                    "one near LO, one above HI).")
 @click.option("--dtypes", default=",".join(DTYPE_CHOICES), show_default=True)
-@click.option("--timeout", "timeout_s", type=click.FloatRange(1, 3600), default=60.0, show_default=True,
+@click.option("--timeout", "timeout_s", type=Seconds(1, 3600), default=60.0, show_default=True,
               help="Per-phase deadline in seconds (init, correctness, bench).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (docs/smoke.md).")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG of busbw and latency.")
