@@ -17,11 +17,14 @@ from collections.abc import Sequence
 from mlxcluster.remote import CommandResult, SshError
 
 # Substrings of OpenSSH's stderr -> (kind, cause, fix).
+# A changed key prints both the CHANGED banner and "Host key verification
+# failed": the banner comes first here, so a changed key is never called unknown.
 _STDERR_CAUSES: tuple[tuple[str, str, str, str], ...] = (
-    ("Host key verification failed", "unknown-host-key", "host key unknown or changed",
-     "run 'ssh HOST' once interactively and accept the key (or ssh-keygen -R HOST if it changed)"),
     ("REMOTE HOST IDENTIFICATION HAS CHANGED", "host-key-mismatch", "host key changed",
-     "ssh-keygen -R HOST, then connect once to accept the new key"),
+     "find out why first (reinstalled host? another machine on that address?), then "
+     "ssh-keygen -R HOST and connect once to accept the new key"),
+    ("Host key verification failed", "unknown-host-key", "host key unknown",
+     "run 'ssh HOST' once interactively, check the fingerprint and accept the key"),
     ("Permission denied", "auth", "key authentication failed",
      "ssh-copy-id USER@HOST (BatchMode never falls back to a password)"),
     ("Connection refused", "refused", "connection refused (no sshd listening)",
