@@ -102,6 +102,18 @@ def test_parse_sizes():
             parse_size_range(bad)
 
 
+def test_sizes_must_be_finite_and_at_most_16g():
+    """'inf' and '1e400' overflowed int() (OverflowError traceback); a size of
+    99999999999999999999G reached the workers, which crashed."""
+    for bad in ("inf", "1e400", "1K:inf", "nan", "-inf:1K"):
+        with pytest.raises(InputError, match="not a finite number"):
+            parse_size_range(bad)
+    for bad in ("99999999999999999999G", "1K:17G", "16G:1e30"):
+        with pytest.raises(InputError, match="above the limit of 16G"):
+            parse_size_range(bad)
+    assert parse_size_range("1K:16G") == (1024, 16 << 30)
+
+
 def test_format_bytes():
     assert format_bytes(1024) == "1K"
     assert format_bytes(3 << 20) == "3M"

@@ -123,16 +123,27 @@ def fit_ops(rows: Iterable[BenchRow]) -> list[OpFit]:
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
+MAX_SIZE = 16 << 30  # 16 GiB: a buffer per rank (x ranks for all_gather) far above any link test
+
+
 def parse_size(text: str) -> int:
-    """'1K' -> 1024, '256M' -> 268435456, '4096' -> 4096 (binary units, 'KiB' too)."""
+    """'1K' -> 1024, '256M' -> 268435456, '4096' -> 4096 (binary units, 'KiB' too);
+    at least 1 byte, at most MAX_SIZE."""
     raw = text.strip().upper().removesuffix("IB").removesuffix("B")
     number, unit = raw, ""
     if raw and raw[-1] in _UNITS:
         number, unit = raw[:-1], raw[-1]
     try:
-        value = int(float(number) * _UNITS[unit])
+        amount = float(number)
     except ValueError:
         raise InputError(f"bad size {text!r}", "use a number of bytes with K, M or G, e.g. 64K") from None
+    if not math.isfinite(amount):  # 'inf', 'nan', '1e400' (float overflows to inf)
+        raise InputError(f"bad size {text!r}: not a finite number",
+                         "use a number of bytes with K, M or G, e.g. 64K")
+    if amount * _UNITS[unit] > MAX_SIZE:
+        raise InputError(f"size {text!r} is above the limit of {format_bytes(MAX_SIZE)}",
+                         f"use sizes up to {format_bytes(MAX_SIZE)}, e.g. --sizes 1K:256M")
+    value = int(amount * _UNITS[unit])
     if value < 1:
         raise InputError(f"bad size {text!r}: must be at least 1 byte")
     return value
