@@ -7,6 +7,7 @@ import shutil
 
 from click.testing import CliRunner
 
+from mlxcluster import capture as C
 from mlxcluster.capture import load_capture_dir
 from mlxcluster.cli import main
 from tests.conftest import require
@@ -94,3 +95,26 @@ def test_live_uses_doctor_collector(macos_fixtures, tmp_path, monkeypatch):
     result = run("-i", str(inv), "--json")
     assert result.exit_code == 0 and seen["names"] == ["mbp", "studio"]
     assert json.loads(result.output)["ring"] == ["mbp", "studio"]
+
+
+def _items_is_a_number(host, file_name, text):
+    """SPThunderboltDataType[0]._items = 5 on the MacBook Pro (a wrong-shaped capture)."""
+    if host != "mbp" or file_name != C.THUNDERBOLT:
+        return text
+    data = json.loads(text)
+    data["SPThunderboltDataType"][0]["_items"] = 5
+    return json.dumps(data)
+
+
+def test_wrong_shaped_thunderbolt_json_does_not_crash(macos_fixtures, tmp_path):
+    d = make_capture_dir(macos_fixtures, tmp_path / "c", OMLX, edit=_items_is_a_number)
+    result = run("--from", str(d), "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["hosts"]["mbp"]["ports"]
+    inv = tmp_path / "cluster.yaml"
+    inv.write_text("cluster: c\npython: /usr/bin/python3\nhosts:\n  - {name: mbp, ssh: mbp}\n"
+                   "  - {name: studio, ssh: studio}\n")
+    gen = CliRunner().invoke(main, ["hostfile", "generate", "-i", str(inv), "--backend", "jaccl",
+                                    "--from", str(d)])
+    assert not isinstance(gen.exception, TypeError), gen.output
+    assert "Traceback" not in gen.output

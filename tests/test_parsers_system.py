@@ -89,3 +89,54 @@ def test_truncated_or_garbled_input_never_raises(macos_fixtures):
             parse(variant)
             checked += 1
     assert checked > 500
+
+
+WRONG_TYPES = (5, None, "x", [], {}, [1], True, -1.5, {"_items": 5}, ["x", {}])
+
+
+def _paths(node, path=()):
+    """Every (path) to a value inside a JSON document, the root excluded."""
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, child in items:
+        yield path + (key,)
+        yield from _paths(child, path + (key,))
+
+
+def _replaced(doc, path, value):
+    import copy
+
+    out = copy.deepcopy(doc)
+    parent = out
+    for key in path[:-1]:
+        parent = parent[key]
+    parent[path[-1]] = value
+    return out
+
+
+def test_wrong_json_types_anywhere_never_raise(macos_fixtures):
+    """Every value of every real system_profiler -json capture replaced by each
+    wrong type (a number for a list, a list for an object...): the parsers and
+    the topology built from them never raise (``_items: 5`` used to)."""
+    import json
+
+    from mlxcluster import capture as C
+    from mlxcluster.topology import build_topology
+
+    checked = 0
+    for path in sorted(macos_fixtures.glob("sp_*.json")):
+        parse = PARSERS["sp_thunderbolt" if path.name.startswith("sp_thunderbolt") else "sp_hardware"]
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        key = C.THUNDERBOLT if parse is parse_thunderbolt else C.HARDWARE
+        for where in _paths(doc):
+            for value in WRONG_TYPES:
+                text = json.dumps(_replaced(doc, where, value))
+                parse(text)
+                build_topology({"a": C.HostCapture("a", {key: text})})
+                checked += 1
+    assert checked > 2000
+
+
+def test_json_nested_too_deep_to_decode_degrades():
+    deep = '{"SPThunderboltDataType": ' + "[" * 100_000
+    assert parse_thunderbolt(deep).state == "unknown"
+    assert parse_hardware(deep.replace("Thunderbolt", "Hardware")).chip is None

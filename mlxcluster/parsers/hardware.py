@@ -52,7 +52,7 @@ def parse_hardware_json(text: str | None) -> Hardware:
         item = data["SPHardwareDataType"][0]
         if not isinstance(item, dict):
             return Hardware()
-    except (ValueError, KeyError, IndexError, TypeError):
+    except (ValueError, KeyError, IndexError, TypeError, RecursionError):
         return Hardware()
     return Hardware(
         model_name=_s(item.get("machine_name")),

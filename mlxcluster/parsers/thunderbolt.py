@@ -90,6 +90,12 @@ def _int(value: object) -> int | None:
         return None
 
 
+def _dicts(value: object) -> list[dict]:
+    """The objects of a JSON list (``_items``); anything else (a number, a string, an
+    object where a list belongs) holds none."""
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
 def _bus_number(name: object) -> int | None:
     m = _BUS.search(name) if isinstance(name, str) else None
     return int(m.group(1)) if m else None
@@ -112,7 +118,7 @@ def _receptacle_tag(item: dict) -> dict:
 def _json_device(item: dict) -> TbDevice:
     upstream = item.get("receptacle_upstream_ambiguous_tag")
     speed = parse_speed(upstream.get("current_speed_key"))[0] if isinstance(upstream, dict) else None
-    children = tuple(_json_device(c) for c in item.get("_items") or [] if isinstance(c, dict))
+    children = tuple(_json_device(c) for c in _dicts(item.get("_items")))
     name = _str(item.get("_name")) or _str(item.get("device_name_key")) or "unknown"
     return TbDevice(
         name=name,
@@ -128,7 +134,7 @@ def _json_bus(item: dict) -> TbBus:
     tag = _receptacle_tag(item)
     speed, cap = parse_speed(tag.get("current_speed_key"))
     status = tag.get("receptacle_status_key")
-    devices = tuple(_json_device(c) for c in item.get("_items") or [] if isinstance(c, dict))
+    devices = tuple(_json_device(c) for c in _dicts(item.get("_items")))
     connected = status == "receptacle_connected" or (status is None and bool(devices))
     return TbBus(
         bus=_bus_number(item.get("_name")),
@@ -146,7 +152,7 @@ def parse_thunderbolt_json(text: str | None) -> ThunderboltReport:
     """Parse ``system_profiler SPThunderboltDataType -json`` output."""
     try:
         data = json.loads(text or "")
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deep to decode
         return ThunderboltReport("unknown")
     items = data.get("SPThunderboltDataType") if isinstance(data, dict) else None
     if not isinstance(items, list):
