@@ -3,10 +3,16 @@ naming the problem, before anything is launched (no traceback)."""
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+
 import pytest
 from click.testing import CliRunner
 
 from mlxcluster.cli import main as cli
+from mlxcluster.smoke.run import SmokeReport
+from mlxcluster.smoke.stats import BenchRow
 
 
 def invoke(*args: str):
@@ -22,3 +28,62 @@ def test_smoke_sizes_out_of_range(sizes, needle):
     assert result.exit_code == 2, result.output
     assert needle in result.output and "smoke ring" not in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+# ---- smoke --plot ---------------------------------------------------------------------
+
+def no_run(*_args, **_kwargs):
+    raise AssertionError("the smoke ran although its input was bad")
+
+
+@pytest.mark.parametrize("name,needle", [("nodir/x.png", "directory"),
+                                         ("out.txt", "cannot write .txt files"),
+                                         ("/proc/mlxcluster-nope.png", "cannot write there")])
+def test_smoke_plot_path_is_checked_before_running(name, needle, tmp_path, monkeypatch):
+    """A plot path that cannot be written was found only after the whole run
+    ('error: cannot write plot', or a ValueError traceback for .txt)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("mlxcluster.cli.smoke.run_backend", no_run)
+    result = invoke("smoke", "--local", "2", "--bench", "--plot", name)
+    assert result.exit_code == 2, result.output
+    assert needle in result.output and name in result.output
+    assert list(tmp_path.iterdir()) == []  # the probe leaves nothing behind
+
+
+def fake_passed_run(remove: Path):
+    def run_backend(name, hosts, opts, timeout_s):
+        shutil.rmtree(remove)  # the plot's directory goes away during the run
+        return SmokeReport(name, "passed", checks=24, duration_s=1.0, bench=[
+            BenchRow("all_sum", "float32", 1024, 2, 1e-4, 2e-4, 0.01, 0.01),
+            BenchRow("all_sum", "float32", 2048, 2, 2e-4, 3e-4, 0.01, 0.01)])
+    return run_backend
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_smoke_plot_failure_after_the_run_keeps_the_report(as_json, tmp_path, monkeypatch):
+    """A plot that cannot be written after the run lost the table and the
+    verdict; now they are printed, then the plot error, exit 1."""
+    plots = tmp_path / "plots"
+    plots.mkdir()
+    monkeypatch.setattr("mlxcluster.cli.smoke.run_backend", fake_passed_run(plots))
+    result = invoke("smoke", "--local", "2", "--backend", "ring", "--bench",
+                    "--plot", str(plots / "bw.png"), *(["--json"] if as_json else []))
+    assert result.exit_code == 1, result.output
+    if as_json:
+        data = json.loads(result.stdout)
+        assert data["backends"][0]["status"] == "passed" and data["exit_code"] == 1
+        assert "cannot write plot" in data["plot_error"]
+    else:
+        out = result.output
+        assert "✓ ring" in out and "busbw GB/s" in out
+        assert out.index("smoke passed") < out.index("error: cannot write plot")
+
+
+def test_smoke_plot_written_in_the_format_of_its_extension(tmp_path, monkeypatch):
+    keep = tmp_path / "other"
+    keep.mkdir()
+    monkeypatch.setattr("mlxcluster.cli.smoke.run_backend", fake_passed_run(keep))
+    result = invoke("smoke", "--local", "2", "--backend", "ring", "--bench",
+                    "--plot", str(tmp_path / "bw.svg"))
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "bw.svg").read_text().lstrip().startswith("<?xml")

@@ -11,7 +11,6 @@ exited or hung; 2 bad input; 3 the backend asked for cannot run here.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from dataclasses import replace
@@ -20,7 +19,7 @@ import click
 from tabulate import tabulate
 
 from mlxcluster.cli.params import Seconds
-from mlxcluster.errors import InputError
+from mlxcluster.errors import EXIT_FAILED, InputError, MlxclusterError
 from mlxcluster.inventory import load_inventory
 from mlxcluster.smoke.launch import (
     BACKENDS,
@@ -30,7 +29,7 @@ from mlxcluster.smoke.launch import (
     hosts_from_inventory,
     local_hosts,
 )
-from mlxcluster.smoke.report import reports_to_dict, write_plot
+from mlxcluster.smoke.report import check_plot_path, reports_to_dict, write_plot
 from mlxcluster.smoke.run import SmokeReport, exit_code_for, run_backend
 from mlxcluster.smoke.stats import format_bytes, parse_size_range
 
@@ -103,17 +102,18 @@ def render_bench(report: SmokeReport) -> str:
 @click.option("--timeout", "timeout_s", type=Seconds(1, 3600), default=60.0, show_default=True,
               help="Per-phase deadline in seconds (init, correctness, bench).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (docs/smoke.md).")
-@click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG of busbw and latency.")
+@click.option("--plot", type=click.Path(dir_okay=False),
+              help="Write a PNG of busbw and latency (or .pdf, .svg: the file's extension).")
 def command(backend, hostfile, inventory, local_n, python, bench, sizes, dtypes, timeout_s,
             as_json, plot):
     """Run all_sum / all_gather / send-recv smoke tests per backend."""
     sources = [s for s in (hostfile, inventory, local_n) if s]
     if len(sources) != 1:
         raise InputError("give exactly one of --hostfile, -i/--inventory, --local N")
-    if plot and importlib.util.find_spec("matplotlib") is None:
-        raise InputError("--plot needs matplotlib", "pip install 'mlxcluster[plot]'")
     if plot and not bench:
         raise InputError("--plot draws the benchmark", "add --bench")
+    if plot:
+        check_plot_path(plot)
     lo, hi = parse_size_range(sizes)
     opts = WorkerOptions(dtypes=parse_dtypes(dtypes), lo_bytes=lo, hi_bytes=hi, bench=bench)
     file_backend = ""
@@ -137,11 +137,17 @@ def command(backend, hostfile, inventory, local_n, python, bench, sizes, dtypes,
             click.echo(f"smoke {name}: {len(hosts)} rank(s) ...", err=True)
         reports.append(run_backend(name, hosts, opts, timeout_s))
     code = exit_code_for(reports, single)
+    plot_error = None
     if plot:
-        write_plot(reports, plot)
+        try:
+            write_plot(reports, plot)
+        except MlxclusterError as err:  # the results are still printed, this after them
+            plot_error = err
+    exit_with = (code or EXIT_FAILED) if plot_error else code
 
     if as_json:
-        click.echo(json.dumps(reports_to_dict(reports, code), indent=2))
+        click.echo(json.dumps(reports_to_dict(reports, exit_with,
+                                              plot_error and plot_error.message), indent=2))
     else:
         click.echo(render_summary(reports))
         for r in reports:
@@ -153,4 +159,8 @@ def command(backend, hostfile, inventory, local_n, python, bench, sizes, dtypes,
         verdict = {0: "smoke passed", 1: "smoke FAILED", 3: "backend unavailable"}[code]
         click.echo(f"\n{verdict}")
     sys.stdout.flush()
-    click.get_current_context().exit(code)
+    if plot_error:
+        click.secho(f"error: {plot_error.message}", fg="red", err=True)
+        if plot_error.hint:
+            click.echo(f"fix: {plot_error.hint}", err=True)
+    click.get_current_context().exit(exit_with)

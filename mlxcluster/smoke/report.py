@@ -5,10 +5,12 @@ The JSON form is documented by example in docs/smoke.md.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import asdict
+from pathlib import Path
 
-from mlxcluster.errors import InputError
+from mlxcluster.errors import InputError, MlxclusterError
 from mlxcluster.smoke.run import SmokeReport
 
 JSON_VERSION = 1
@@ -31,19 +33,61 @@ def report_to_dict(report: SmokeReport) -> dict:
     }
 
 
-def reports_to_dict(reports: Sequence[SmokeReport], exit_code: int) -> dict:
-    """Every backend's report plus the overall verdict and exit code."""
-    return {
+def reports_to_dict(reports: Sequence[SmokeReport], exit_code: int,
+                    plot_error: str | None = None) -> dict:
+    """Every backend's report plus the overall verdict and exit code (and,
+    only when ``--plot`` failed after the run, why)."""
+    data = {
         "version": JSON_VERSION,
         "ok": exit_code == 0,
         "exit_code": exit_code,
         "backends": [report_to_dict(r) for r in reports],
     }
+    if plot_error:
+        data["plot_error"] = plot_error
+    return data
+
+
+def plot_format(path: str) -> str:
+    """The image format ``--plot`` writes: FILE's extension, PNG without one."""
+    return Path(path).suffix.lower().lstrip(".") or "png"
+
+
+def check_plot_path(path: str) -> None:
+    """Refuse, before anything runs, a ``--plot`` file that could not be
+    written: no matplotlib, a format matplotlib does not write, a directory
+    that does not exist or does not take the file. The file is opened for
+    appending (created and removed again when new), so what the filesystem
+    refuses (read-only, /proc, no permission) is found here too."""
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:
+        raise InputError("--plot needs matplotlib", "pip install 'mlxcluster[plot]'") from None
+    formats = sorted(FigureCanvasBase.get_supported_filetypes())
+    fmt = plot_format(path)
+    if fmt not in formats:
+        raise InputError(f"--plot {path}: matplotlib cannot write .{fmt} files",
+                         f"name the file .png, .pdf or .svg (or one of {', '.join(formats)})")
+    parent = Path(path).parent
+    if not parent.is_dir():
+        raise InputError(f"--plot {path}: directory {parent} does not exist",
+                         f"create it first (mkdir -p {parent}) or write the plot elsewhere")
+    existed = os.path.lexists(path)
+    try:
+        with open(path, "ab"):
+            pass
+    except OSError as err:
+        raise InputError(f"--plot {path}: cannot write there: {err.strerror}",
+                         "choose a file in a directory you can write to") from None
+    if not existed:
+        os.unlink(path)
 
 
 def write_plot(reports: Sequence[SmokeReport], path: str) -> None:
-    """A PNG of bus bandwidth and p50 latency against size, one line per
-    backend and op (needs matplotlib: ``pip install mlxcluster[plot]``)."""
+    """A PNG (or FILE's format) of bus bandwidth and p50 latency against size,
+    one line per backend and op (needs matplotlib: ``pip install
+    mlxcluster[plot]``). Runs after the smoke: its errors are MlxclusterError
+    (exit 1), not input errors; check_plot_path refuses bad paths before."""
     try:
         import matplotlib
 
@@ -53,7 +97,8 @@ def write_plot(reports: Sequence[SmokeReport], path: str) -> None:
         raise InputError("--plot needs matplotlib", "pip install 'mlxcluster[plot]'") from None
     rows = [(r.backend, b) for r in reports for b in r.bench]
     if not rows:
-        raise InputError("--plot needs benchmark figures", "add --bench")
+        raise MlxclusterError(f"no plot written to {path}: no backend finished its benchmark",
+                              "the table above says why; rerun once a backend passes")
     fig, (ax_bw, ax_lat) = plt.subplots(1, 2, figsize=(11, 4.2))
     series: dict[tuple[str, str], list] = {}
     for backend, b in rows:
@@ -74,8 +119,11 @@ def write_plot(reports: Sequence[SmokeReport], path: str) -> None:
     fig.suptitle("mlxcluster smoke --bench")
     fig.tight_layout()
     try:
-        fig.savefig(path, dpi=110)
-    except OSError as err:
-        raise InputError(f"cannot write plot {path}: {err.strerror}") from None
+        fig.savefig(path, dpi=110, format=plot_format(path))
+    except (OSError, ValueError) as err:  # ValueError: a format matplotlib does not write
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        raise MlxclusterError(f"cannot write plot {path}: {reason}",
+                              "the results above are complete; rerun with another --plot "
+                              "file for the plot") from None
     finally:
         plt.close(fig)
