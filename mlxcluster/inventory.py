@@ -67,6 +67,63 @@ def parse_ip(value: object) -> str | None:
     return str(address)
 
 
+# Inventories nest four levels (top, hosts, host, ips/env); deeper is an error,
+# found before yaml.compose, whose recursion a deep file would exhaust.
+_MAX_DEPTH = 16
+# Echoed values are cut here: a message must not repeat a 5 MB value.
+_SHOW_MAX = 80
+_PORT_RE = re.compile(r"^[0-9]{1,5}\Z")
+
+
+def shorten(text: str, limit: int = _SHOW_MAX) -> str:
+    """``text`` cut to ``limit`` characters, with '...' when it was longer."""
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def show(value: object) -> str:
+    """A value as a message shows it: its repr, at most 80 characters."""
+    if isinstance(value, str) and len(value) > _SHOW_MAX:
+        value = value[: _SHOW_MAX + 1]  # repr of the head only: never of 5 MB
+    return shorten(repr(value))
+
+
+def _node_tokens(node):
+    """The text of a YAML node as the user wrote it, in pieces (see show_node)."""
+    if isinstance(node, yaml.ScalarNode):
+        value = node.value[: _SHOW_MAX + 1]
+        if node.tag.endswith(":null"):
+            yield value or "null"
+        elif node.tag.endswith((":int", ":float", ":bool")):
+            yield value
+        else:
+            yield repr(value)
+    elif isinstance(node, yaml.SequenceNode):
+        yield "["
+        for i, item in enumerate(node.value):
+            yield ", " if i else ""
+            yield from _node_tokens(item)
+        yield "]"
+    elif isinstance(node, yaml.MappingNode):
+        yield "{"
+        for i, (key, value) in enumerate(node.value):
+            yield ", " if i else ""
+            yield from _node_tokens(key)
+            yield ": "
+            yield from _node_tokens(value)
+        yield "}"
+
+
+def show_node(node) -> str:
+    """A YAML node as a message shows it ('abc', 1, [1, 2], {a: 1}), at most
+    80 characters: the user's value, never the parser's node objects."""
+    text = ""
+    for token in _node_tokens(node):
+        text += token
+        if len(text) > _SHOW_MAX:
+            break
+    return shorten(text)
+
+
 _TOP_KEYS = {"cluster", "user", "python", "ssh_config", "hosts", "env"}
 _HOST_KEYS = {"name", "ssh", "ips", "user", "python", "port", "env"}
 
@@ -114,12 +171,20 @@ def load_inventory(path: str | os.PathLike) -> Inventory:
     """Read and validate an inventory file; raise InventoryError with every problem."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        data = p.read_bytes()
     except FileNotFoundError:
         raise InventoryError(str(p), ["file not found"], "pass -i PATH to an inventory YAML; see inventory/example.yaml") from None
     except OSError as exc:
         raise InventoryError(str(p), [f"cannot read: {exc.strerror}"]) from None
-    return parse_inventory(text, source=str(p))
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise InventoryError(
+            str(p), [f"{p}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})"],
+            "pass an inventory YAML saved as UTF-8 text; see inventory/example.yaml",
+        ) from None
+    return parse_inventory(text, source=str(p), check_files=True)
 
 
 def local_inventory(n: int, python: str | None = None) -> Inventory:
@@ -133,14 +198,46 @@ def local_inventory(n: int, python: str | None = None) -> Inventory:
     return Inventory(cluster="local", python=py, hosts=hosts, path=None)
 
 
-def parse_inventory(text: str, source: str = "<string>") -> Inventory:
-    """Validate inventory YAML text. Pure: no file or network access."""
+def _nesting_too_deep(text: str) -> int | None:
+    """The line where ``text`` nests deeper than _MAX_DEPTH, else None.
+    yaml.parse is a loop (yaml.compose recurses once per level)."""
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > _MAX_DEPTH:
+                return event.start_mark.line + 1
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+    return None
+
+
+def _compose(text: str, source: str):
+    """The YAML node tree of ``text``; every YAML problem as an InventoryError with its line."""
     try:
-        root = yaml.compose(text)
+        deep = _nesting_too_deep(text)
+        if deep is None:
+            return yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.reader.ReaderError as exc:  # a control character: no mark, a position
+        line = text.count("\n", 0, exc.position) + 1
+        raise InventoryError(source, [f"{source}:{line}: not valid YAML: control character "
+                                      f"#x{exc.character:04x} is not allowed"]) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}: " if mark is not None else ""
-        raise InventoryError(source, [f"{where}not valid YAML: {getattr(exc, 'problem', exc)}"]) from None
+        where = f"{source}:{mark.line + 1}: " if mark is not None else f"{source}: "
+        why = ", ".join(filter(None, (getattr(exc, "context", None), getattr(exc, "problem", None))))
+        raise InventoryError(source, [f"{where}not valid YAML: {why or exc}"]) from None
+    except RecursionError:
+        deep = 0
+    where = f"{source}:{deep}: " if deep else f"{source}: "
+    raise InventoryError(source, [f"{where}values nest more than {_MAX_DEPTH} levels deep; "
+                                  "an inventory nests four (top, hosts, host, ips)"])
+
+
+def parse_inventory(text: str, source: str = "<string>", *, check_files: bool = False) -> Inventory:
+    """Validate inventory YAML text. Pure (no file or network access) unless
+    ``check_files``: then an ``ssh_config`` that is a directory is a problem too."""
+    root = _compose(text, source)
     v = _Validator(source)
     if not isinstance(root, yaml.MappingNode):
         raise InventoryError(source, ["the file must be a mapping with 'cluster', 'python' and 'hosts'"])
@@ -152,6 +249,9 @@ def parse_inventory(text: str, source: str = "<string>") -> Inventory:
     ssh_config = v.scalar(top, "ssh_config", root)
     if ssh_config is not None:
         ssh_config = os.path.expanduser(ssh_config)
+        if check_files and os.path.isdir(ssh_config):
+            v.problem(top["ssh_config"], f"'ssh_config' = {show(ssh_config)} is a directory, "
+                                         "not an OpenSSH config file (e.g. ~/.ssh/config)")
     env = v.env(top.get("env"), "env")
 
     hosts: list[Host] = []
@@ -195,13 +295,12 @@ def _parse_host(v: _Validator, node, index: int, user, python, cluster_env) -> H
     port_node = fields.get("port")
     port = None
     if port_node is not None:
-        try:
-            port = int(port_node.value)
-            if not 1 <= port <= 65535:
-                raise ValueError
-        except (TypeError, ValueError):
-            v.problem(port_node, f"{label}.port must be a TCP port number 1-65535, got {port_node.value!r}")
-            port = None
+        # Plain decimal only: int() would also take '2_2', ' 22 ', '+22' and non-ASCII digits.
+        value = port_node.value if isinstance(port_node, yaml.ScalarNode) else ""
+        if _PORT_RE.match(value) and 1 <= int(value) <= 65535:
+            port = int(value)
+        else:
+            v.problem(port_node, f"{label}.port must be a TCP port number 1-65535, got {show_node(port_node)}")
     ips: list[str] = []
     ips_node = fields.get("ips")
     if ips_node is not None:
@@ -209,10 +308,9 @@ def _parse_host(v: _Validator, node, index: int, user, python, cluster_env) -> H
             v.problem(ips_node, f"{label}.ips must be a list like [192.168.1.21]")
         else:
             for ip_node in ips_node.value:
-                value = getattr(ip_node, "value", None)
-                ip = parse_ip(value)
+                ip = parse_ip(ip_node.value) if isinstance(ip_node, yaml.ScalarNode) else None
                 if ip is None:
-                    v.problem(ip_node, f"{label}.ips: {value!r} is not an IP address")
+                    v.problem(ip_node, f"{label}.ips: {show_node(ip_node)} is not an IP address")
                 else:
                     ips.append(ip)
     env = dict(cluster_env)
@@ -243,12 +341,27 @@ class _Validator:
     def sorted_problems(self) -> list[str]:
         return [text for _, text in sorted(self._found, key=lambda item: item[0])]
 
+    def keys(self, node, label: str):
+        """(key, key node, value node) of a mapping's plain keys; a key that is
+        a list or mapping, or given twice, is a problem (YAML would let the
+        last one win silently)."""
+        first: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                self.problem(key_node, f"{label}: a field name must be a plain name, got {show_node(key_node)}")
+                continue
+            key = key_node.value
+            if key in first:
+                self.problem(key_node, f"{label}: {show(key)} is given twice (first at line {first[key]}); keep one")
+                continue
+            first[key] = key_node.start_mark.line + 1
+            yield key, key_node, value_node
+
     def mapping(self, node, allowed: set[str], label: str) -> dict:
         out = {}
-        for key_node, value_node in node.value:
-            key = key_node.value
+        for key, key_node, value_node in self.keys(node, label):
             if key not in allowed:
-                self.problem(key_node, f"{label}: unknown field '{key}' (allowed: {', '.join(sorted(allowed))})")
+                self.problem(key_node, f"{label}: unknown field {show(key)} (allowed: {', '.join(sorted(allowed))})")
                 continue
             out[key] = value_node
         return out
@@ -265,7 +378,7 @@ class _Validator:
             return None
         value = node.value
         if pattern is not None and not pattern.match(value):
-            self.problem(node, f"'{name}' = {value!r} is not {what}")
+            self.problem(node, f"'{name}' = {show(value)} is not {what}")
             return None
         return value
 
@@ -276,11 +389,11 @@ class _Validator:
             self.problem(node, f"{label} must be a mapping of NAME: value")
             return {}
         out = {}
-        for key_node, value_node in node.value:
-            if not _ENV_KEY_RE.match(key_node.value):
-                self.problem(key_node, f"{label}: {key_node.value!r} is not a valid environment variable name")
+        for key, key_node, value_node in self.keys(node, label):
+            if not _ENV_KEY_RE.match(key):
+                self.problem(key_node, f"{label}: {show(key)} is not a valid environment variable name")
             elif not isinstance(value_node, yaml.ScalarNode):
-                self.problem(value_node, f"{label}.{key_node.value} must be a single value")
+                self.problem(value_node, f"{label}.{key} must be a single value")
             else:
-                out[key_node.value] = value_node.value
+                out[key] = value_node.value
         return out
