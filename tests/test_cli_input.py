@@ -87,3 +87,35 @@ def test_smoke_plot_written_in_the_format_of_its_extension(tmp_path, monkeypatch
                     "--plot", str(tmp_path / "bw.svg"))
     assert result.exit_code == 0, result.output
     assert (tmp_path / "bw.svg").read_text().lstrip().startswith("<?xml")
+
+
+# ---- smoke --hostfile backend ----------------------------------------------------------
+
+def jaccl_ring_hostfile(tmp_path: Path) -> Path:
+    """What `hostfile generate --backend jaccl-ring` writes for two hosts."""
+    path = tmp_path / "jr.json"
+    path.write_text(json.dumps({"backend": "jaccl-ring", "envs": [], "hosts": [
+        {"ssh": "127.0.0.1", "ips": ["127.0.0.1"], "rdma": [None, "rdma_en1"]},
+        {"ssh": "127.0.0.1", "ips": ["127.0.0.2"], "rdma": ["rdma_en2", None]}]}))
+    return path
+
+
+def test_smoke_refuses_a_hostfile_backend_it_does_not_test(tmp_path, monkeypatch):
+    """A jaccl-ring hostfile silently ran every backend, starting with ring."""
+    monkeypatch.setattr("mlxcluster.cli.smoke.run_backend", no_run)
+    result = invoke("smoke", "--hostfile", str(jaccl_ring_hostfile(tmp_path)))
+    assert result.exit_code == 2, result.output
+    assert "for the jaccl-ring backend, which smoke does not test" in result.output
+    assert "pass --backend" in result.output
+
+
+def test_smoke_backend_flag_overrides_the_hostfile_backend(tmp_path, monkeypatch):
+    ran = []
+
+    def run_backend(name, hosts, opts, timeout_s):
+        ran.append(name)
+        return SmokeReport(name, "passed", checks=1, duration_s=1.0)
+
+    monkeypatch.setattr("mlxcluster.cli.smoke.run_backend", run_backend)
+    result = invoke("smoke", "--hostfile", str(jaccl_ring_hostfile(tmp_path)), "--backend", "ring")
+    assert (result.exit_code, ran) == (0, ["ring"]), result.output

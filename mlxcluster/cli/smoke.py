@@ -126,7 +126,13 @@ def command(backend, hostfile, inventory, local_n, python, bench, sizes, dtypes,
     if len(hosts) < 2:
         raise InputError(f"smoke needs at least 2 hosts, got {len(hosts)}",
                          "MLX's backends do not start a group of one; list more hosts")
-    if backend is None and file_backend in BACKENDS and hostfile:
+    if backend is None and file_backend:
+        if file_backend not in BACKENDS:  # e.g. jaccl-ring: do not quietly try every backend
+            raise InputError(
+                f"hostfile {hostfile} is for the {file_backend} backend, which smoke does not "
+                f"test (it tests {', '.join(BACKENDS)})",
+                "pass --backend: ring or mpi to test these hosts over TCP, or jaccl with a "
+                "full-mesh hostfile (mlxcluster hostfile generate --backend jaccl)")
         backend = file_backend
     single = backend not in (None, "any")
     backends = [backend] if single else list(BACKENDS)
