@@ -31,16 +31,16 @@ import yaml
 from mlxcluster.errors import InventoryError
 
 # A host name becomes a folder name (capture dirs) and a table key: keep it plain.
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}\Z")
 # ssh target: Host alias, DNS name, IPv4, or IPv6 (optionally bracketed / with %zone).
-_TARGET_RE = re.compile(r"^[A-Za-z0-9_\[][A-Za-z0-9._:%\[\]-]{0,252}$")
-_USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,31}$")
+_TARGET_RE = re.compile(r"^[A-Za-z0-9_\[][A-Za-z0-9._:%\[\]-]{0,252}\Z")
+_USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,31}\Z")
 # An absolute path with no shell metacharacters or spaces.
-_PATH_RE = re.compile(r"^/[A-Za-z0-9._+/@-]*$")
-_ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_PATH_RE = re.compile(r"^/[A-Za-z0-9._+/@-]*\Z")
+_ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 
 # An IPv6 zone (fe80::1%en0) names an interface; ipaddress accepts any text there.
-_ZONE_RE = re.compile(r"^[A-Za-z0-9]{1,32}$")
+_ZONE_RE = re.compile(r"^[A-Za-z0-9]{1,32}\Z")
 
 
 def ssh_target_ok(value: object) -> bool:

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from mlxcluster.cli import main
 from mlxcluster.errors import EXIT_USAGE, InventoryError
-from mlxcluster.inventory import load_inventory, parse_inventory
+from mlxcluster.inventory import load_inventory, parse_inventory, parse_ip, ssh_target_ok
 
 HEAD = "cluster: lab\npython: /v/bin/python\n"
 
@@ -110,3 +110,15 @@ def test_utf8_bom_is_accepted(tmp_path):
     path = tmp_path / "inv.yaml"
     path.write_bytes(b"\xef\xbb\xbf" + (HEAD + "hosts:\n  - {name: a, ssh: a}\n").encode())
     assert load_inventory(path).cluster == "lab"
+
+
+@pytest.mark.parametrize("field", ["cluster", "python", "name", "ssh", "user"])
+def test_a_trailing_newline_does_not_pass_a_pattern(field):
+    """'$' matches before a final newline; a quoted "a\\n" must not pass as a name."""
+    values = {"cluster": "lab", "python": "/v/bin/python", "name": "a", "ssh": "a", "user": "me"}
+    values[field] += "\\n"
+    text = (f'cluster: "{values["cluster"]}"\npython: "{values["python"]}"\nhosts:\n'
+            f'  - {{name: "{values["name"]}", ssh: "{values["ssh"]}", user: "{values["user"]}"}}\n')
+    with pytest.raises(InventoryError, match=field):
+        parse_inventory(text)
+    assert not ssh_target_ok("mac1\n") and parse_ip("fe80::1%en0\n") is None
