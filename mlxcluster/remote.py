@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import paramiko
+from paramiko.hostkeys import InvalidHostKey
 
 from mlxcluster.errors import RemoteError
 
@@ -43,7 +44,9 @@ class SshError(RemoteError):
     """An SSH connect or command failure; ``kind`` names the cause.
 
     kinds: unknown-host-key, host-key-mismatch, auth, refused, timeout,
-    unreachable, dns, proxy, command-timeout, ssh.
+    unreachable, dns, proxy, command-timeout, ssh, and known-hosts (a
+    known_hosts file this client cannot read, e.g. an OpenSSH
+    ``@cert-authority`` or ``@revoked`` line: no host is tried then).
     """
 
     def __init__(self, kind: str, message: str, hint: str | None = None):
@@ -176,6 +179,48 @@ def open_tcp(hostname: str, port: int, timeout: float) -> socket.socket:
     return sock
 
 
+class _PromptRefused(paramiko.AuthenticationException):
+    """The server wants keyboard-interactive authentication after the key."""
+
+
+class _NoPromptTransport(paramiko.Transport):
+    """A Transport that refuses keyboard-interactive instead of prompting.
+
+    When the server accepts a key only as a first factor and offers
+    keyboard-interactive (or password), paramiko's SSHClient calls
+    ``auth_interactive_dumb``, which prints the server's text and reads the
+    answer with input(): a prompt nobody sees, that hangs a parallel run.
+    """
+
+    def auth_interactive_dumb(self, username, handler=None, submethods=""):
+        raise _PromptRefused("the server asks for keyboard-interactive authentication "
+                            "(a code or password); mlxcluster never prompts")
+
+
+def known_hosts_error(path: str, exc: InvalidHostKey | UnicodeDecodeError) -> SshError:
+    """A known_hosts file paramiko cannot load, naming the file and the line.
+
+    paramiko skips lines it does not understand, except these, which stop the
+    whole file: a key field that is not base64 (InvalidHostKey), which is
+    where OpenSSH's marker lines put the key type, and a non-UTF-8 byte.
+    Skipping a ``@revoked`` line would trust a revoked key, so this is an
+    error for every host, not a warning.
+    """
+    hint = (f"edit {path}, or point UserKnownHostsFile (in the ssh config) for these hosts at "
+            "a known_hosts holding only their plain host keys")
+    if isinstance(exc, UnicodeDecodeError):
+        return SshError("known-hosts", f"cannot read known_hosts {path}: not UTF-8 text ({exc.reason})", hint)
+    lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+    lineno = next((n for n, text in enumerate(lines, 1) if text.strip() == exc.line), "?")
+    if exc.line.startswith("@"):
+        problem = f"{exc.line.split()[0]} lines are not supported"
+        hint = "mlxcluster (paramiko) cannot honour @cert-authority or @revoked lines: " + hint
+    else:
+        problem = f"the key is not valid base64 ({exc.exc})"
+    return SshError("known-hosts", f"cannot read known_hosts {path} line {lineno}: {problem}: "
+                    f"{exc.line[:60]!r}", hint)
+
+
 class _KeyPolicy(paramiko.MissingHostKeyPolicy):
     """Refuse unknown keys with a HostKeyUnknown, or accept and save them."""
 
@@ -188,11 +233,18 @@ class _KeyPolicy(paramiko.MissingHostKeyPolicy):
         if not self.accept_new:
             raise HostKeyUnknown(hostname, key.get_name(), fingerprint(key), self.save_to)
         client.get_host_keys().add(hostname, key.get_name(), key)
+        line = f"{hostname} {key.get_name()} {key.get_base64()}\n".encode()
         with self.lock:
             path = Path(self.save_to)
             path.parent.mkdir(parents=True, exist_ok=True)
-            with path.open("a", encoding="utf-8") as f:
-                f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+            with path.open("a+b") as f:
+                # A last line without its newline (a hand edit) would be
+                # joined with ours into one unreadable line.
+                if f.seek(0, os.SEEK_END) > 0:
+                    f.seek(-1, os.SEEK_END)
+                    if f.read(1) != b"\n":
+                        line = b"\n" + line
+                f.write(line)
 
 
 def classify(exc: BaseException, target: SshTarget) -> SshError:
@@ -207,6 +259,14 @@ def classify(exc: BaseException, target: SshTarget) -> SshError:
             "host-key-mismatch",
             f"host key of {where} CHANGED: expected {fingerprint(exc.expected_key)}, got {fingerprint(exc.key)}",
             f"if the host was reinstalled, remove the old key: ssh-keygen -R {shlex.quote(target.hostname)}",
+        )
+    if isinstance(exc, _PromptRefused):
+        user = target.user or os.environ.get("USER", "?")
+        return SshError(
+            "auth",
+            f"key authentication as {user} on {where} is not enough: {exc}",
+            "allow key-only login for this user (sshd_config: AuthenticationMethods publickey, "
+            "e.g. in a 'Match User' block), or use a key the server accepts alone",
         )
     if isinstance(exc, paramiko.AuthenticationException):
         user = target.user or os.environ.get("USER", "?")
@@ -271,6 +331,16 @@ class ParamikoRunner:
         return list(target.known_hosts) or [os.path.expanduser("~/.ssh/known_hosts")]
 
     def _open(self, target: SshTarget, depth: int = 0) -> paramiko.SSHClient:
+        client = paramiko.SSHClient()
+        files = self._known_hosts_files(target)
+        for f in files:
+            if os.path.isfile(f):
+                try:
+                    client.load_host_keys(f)
+                except (InvalidHostKey, UnicodeDecodeError) as exc:
+                    # Before any socket is opened: nothing to close.
+                    raise known_hosts_error(f, exc) from exc
+        client.set_missing_host_key_policy(_KeyPolicy(self.accept_new_host_keys, files[0], self._save_lock))
         sock: Any = None
         if target.proxy_jump and depth < 4:
             jump_host, jump_user, jump_port = split_jump(target.proxy_jump[-1])
@@ -289,17 +359,11 @@ class ParamikoRunner:
                                "check ProxyJump in your ssh config") from exc
         elif target.proxy_command:
             sock = paramiko.ProxyCommand(target.proxy_command)
-        client = paramiko.SSHClient()
         try:
             if sock is None:
                 sock = open_tcp(target.hostname, target.port, self.connect_timeout)
         except Exception as exc:
             raise classify(exc, target) from exc
-        files = self._known_hosts_files(target)
-        for f in files:
-            if os.path.isfile(f):
-                client.load_host_keys(f)
-        client.set_missing_host_key_policy(_KeyPolicy(self.accept_new_host_keys, files[0], self._save_lock))
         try:
             client.connect(
                 target.hostname, port=target.port, username=target.user,
@@ -307,6 +371,7 @@ class ParamikoRunner:
                 timeout=self.connect_timeout, banner_timeout=self.connect_timeout,
                 auth_timeout=self.connect_timeout, channel_timeout=self.connect_timeout,
                 allow_agent=target.use_agent, look_for_keys=True, password=None,
+                transport_factory=_NoPromptTransport,
             )
         except Exception as exc:
             client.close()
@@ -342,7 +407,7 @@ class ParamikoRunner:
         channel = client.get_transport().open_session(timeout=self.connect_timeout)
         try:
             channel.settimeout(limit)
-            channel.exec_command(command)
+            exec_bounded(channel, command, started + limit - time.monotonic(), alias, limit)
             if stdin is not None:
                 channel.sendall(stdin.encode("utf-8"))
             channel.shutdown_write()
@@ -361,10 +426,12 @@ class ParamikoRunner:
 
     def start(self, alias: str, command: str, *, user: str | None = None,
               port: int | None = None) -> paramiko.Channel:
-        """Start a long-running command; the caller reads and closes the channel."""
+        """Start a long-running command; the caller reads and closes the channel.
+
+        The server must accept the command within ``command_timeout``."""
         client = self.connect(alias, user, port)
         channel = client.get_transport().open_session(timeout=self.connect_timeout)
-        channel.exec_command(command)
+        exec_bounded(channel, command, self.command_timeout, alias, self.command_timeout)
         return channel
 
     def peer_address(self, alias: str, user: str | None = None, port: int | None = None) -> str | None:
@@ -386,6 +453,40 @@ class ParamikoRunner:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def exec_bounded(channel: paramiko.Channel, command: str, seconds: float, alias: str, limit: float) -> None:
+    """``channel.exec_command`` that gives up after ``seconds``.
+
+    paramiko waits for the server's reply to the exec request with no
+    timeout, so a server that delays it (or a link that dies right then)
+    would block for as long as it likes. Closing the channel from a timer
+    ends that wait. ``limit`` is the command's whole timeout, for the message.
+    """
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
+        try:
+            channel.close()
+        except (paramiko.SSHException, OSError, EOFError):
+            # close() wakes the waiter before it sends EOF and CLOSE; by then
+            # the caller may be closing the connection: nothing left to do.
+            pass
+
+    timer = threading.Timer(max(0.0, seconds), expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        channel.exec_command(command)
+    except (paramiko.SSHException, OSError, EOFError):
+        if not expired.is_set():
+            raise
+    finally:
+        timer.cancel()
+    if expired.is_set():  # also when it fired just after the reply: the channel is closed
+        raise SshError("command-timeout", f"{alias}: the command was not started within {limit:.0f} s "
+                       "(no reply to the exec request)", "the host is overloaded or the link is down")
 
 
 def python_command(python: str, script: str, spec: dict) -> str:
