@@ -36,10 +36,12 @@ from mlxcluster.blas import OPENBLAS_CANDIDATES
 from mlxcluster.errors import BackendUnavailable, InputError, Interrupted, MlxclusterError
 from mlxcluster.hostfile import load_mlx_hostfile
 from mlxcluster.inventory import Host, Inventory, local_inventory
+from mlxcluster.launcher_ssh import launcher_environment
 from mlxcluster.mpi import find_libmpi, libmpi_env, require_mpirun
 from mlxcluster.openssh import ssh_argv
 from mlxcluster.smoke import launch as smoke_launch
 from mlxcluster.smoke.launch import WorkerOptions
+from mlxcluster.smoke.preflight import require_python_here
 from mlxcluster.smoke.remote import for_each_host
 from mlxcluster.smoke.run import run_backend
 
@@ -161,7 +163,8 @@ def job_from_hostfile(path: str | Path, backend: str | None, python: str,
 
 def job_local(n: int, backend: str, python: str, trainer_args: tuple[str, ...] = (),
               mpi_args: tuple[str, ...] = ()) -> TrainJob:
-    """N ranks on this machine."""
+    """N ranks on this machine (its python must exist here)."""
+    require_python_here(python)
     return job_from_inventory(local_inventory(n, python), backend, trainer_args, mpi_args)
 
 
@@ -428,14 +431,20 @@ def smoke_all_sum(job: TrainJob, env: dict[str, str] | None = None,
 def launch_training(job: TrainJob, on_line: Callable[[str, str], None],
                     env: dict[str, str] | None = None,
                     timeout: float | None = None) -> RunOutcome:
-    """Run `python -m reference_train.train ARGS` on every rank and wait for the end."""
+    """Run `python -m reference_train.train ARGS` on every rank and wait for the end.
+
+    The launcher reaches the hosts through launcher_ssh's ssh (keepalive,
+    BatchMode, the inventory's ssh_config): a host that dies mid-run ends that
+    rank within ~15 s instead of leaving the job waiting forever."""
     with tempfile.TemporaryDirectory(prefix="mlxcluster-train.") as tmp:
         hostfile = write_hostfile(job, Path(tmp))
         # Output arrives here line by line, so a progress bar (mpirun gives ranks a
         # terminal) would only add noise; the user's own --progress still wins.
         argv = launcher_argv(job, hostfile, ["-m", "reference_train.train", "--progress",
                                              "false", *job.trainer_args])
-        return run_streaming(argv, on_line, env=env, timeout=timeout)
+        launcher_env = launcher_environment(dict(os.environ if env is None else env),
+                                            Path(tmp) / "bin", job.ssh_config)
+        return run_streaming(argv, on_line, env=launcher_env, timeout=timeout)
 
 
 def validate_trainer_args(args: tuple[str, ...]) -> None:

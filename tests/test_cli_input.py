@@ -119,3 +119,14 @@ def test_smoke_backend_flag_overrides_the_hostfile_backend(tmp_path, monkeypatch
     monkeypatch.setattr("mlxcluster.cli.smoke.run_backend", run_backend)
     result = invoke("smoke", "--hostfile", str(jaccl_ring_hostfile(tmp_path)), "--backend", "ring")
     assert (result.exit_code, ran) == (0, ["ring"]), result.output
+
+
+# ---- a --python that does not exist here -----------------------------------------------
+
+@pytest.mark.parametrize("command", ["smoke", "train"])
+def test_local_runs_refuse_a_missing_python(command, monkeypatch):
+    monkeypatch.setattr("mlxcluster.cli.smoke.run_backend", no_run)
+    monkeypatch.setattr("mlxcluster.cli.train.probe_hosts", no_run)
+    result = invoke(command, "--local", "2", "--python", "/nonexistent/python")
+    assert result.exit_code == 2, result.output
+    assert "python not found: /nonexistent/python" in result.output

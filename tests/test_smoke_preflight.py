@@ -4,9 +4,13 @@ unavailable (not crashing) on this Linux machine."""
 from __future__ import annotations
 
 import platform
+import sys
 
+import pytest
+
+from mlxcluster.errors import InputError
 from mlxcluster.smoke import preflight
-from mlxcluster.smoke.launch import local_hosts
+from mlxcluster.smoke.launch import RankHost, local_hosts
 from mlxcluster.smoke.preflight import (
     HostFacts,
     jaccl_problems,
@@ -82,3 +86,14 @@ def test_this_machine_cannot_run_jaccl_or_nccl():
     assert nccl == "local-0 has no CUDA (NCCL runs on NVIDIA GPUs only)"
     assert preflight.unavailable_reason("ring", hosts) is None
     assert preflight.unavailable_reason("mpi", hosts) is None
+
+
+def test_local_ranks_need_a_python_that_exists_here():
+    """--local 2 --python /nonexistent/python launched, and its ranks 'exited
+    with code 127'; now it is bad input. Remote hosts are asked over ssh later."""
+    preflight.require_local_pythons(local_hosts(2, sys.executable))
+    preflight.require_python_here("sh")  # a name on PATH is fine
+    with pytest.raises(InputError, match="python not found: /nonexistent/python"):
+        preflight.require_local_pythons(local_hosts(2, "/nonexistent/python"))
+    remote = RankHost("mac1", "mac1.local", ("10.0.0.1",), "/nonexistent/python")
+    preflight.require_local_pythons([remote])

@@ -29,6 +29,7 @@ from mlxcluster.smoke.launch import (
     hosts_from_inventory,
     local_hosts,
 )
+from mlxcluster.smoke.preflight import require_local_pythons
 from mlxcluster.smoke.report import check_plot_path, reports_to_dict, write_plot
 from mlxcluster.smoke.run import SmokeReport, exit_code_for, run_backend
 from mlxcluster.smoke.stats import format_bytes, parse_size_range
@@ -126,6 +127,7 @@ def command(backend, hostfile, inventory, local_n, python, bench, sizes, dtypes,
     if len(hosts) < 2:
         raise InputError(f"smoke needs at least 2 hosts, got {len(hosts)}",
                          "MLX's backends do not start a group of one; list more hosts")
+    require_local_pythons(hosts)
     if backend is None and file_backend:
         if file_backend not in BACKENDS:  # e.g. jaccl-ring: do not quietly try every backend
             raise InputError(

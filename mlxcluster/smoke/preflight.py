@@ -16,11 +16,12 @@ and the topology model; tests feed them real captures from Macs.
 from __future__ import annotations
 
 import shlex
+import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from mlxcluster.capture import THUNDERBOLT, HostCapture
-from mlxcluster.errors import MlxclusterError
+from mlxcluster.errors import InputError, MlxclusterError
 from mlxcluster.mpi import require_libmpi, require_mpirun
 from mlxcluster.parsers.ibv import parse_ibv_devices
 from mlxcluster.parsers.sw_vers import parse_sw_vers
@@ -96,6 +97,22 @@ def jaccl_problems(facts: Sequence[HostFacts]) -> list[str]:
 def cuda_script(python: str) -> str:
     """Ask a host's python whether MLX sees CUDA."""
     return f"{shlex.quote(python)} -c 'import mlx.core as mx; print(mx.cuda.is_available())'"
+
+
+def require_python_here(python: str) -> None:
+    """Ranks on this machine run ``python``: it must exist here (a path, or a
+    name on PATH). A missing one is bad input (exit 2), not a launch whose
+    ranks exit with code 127. Remote hosts' pythons are asked over ssh."""
+    if shutil.which(python) is None:
+        raise InputError(f"python not found: {python} (the python the local ranks run)",
+                         "pass --python with the path of a python that has mlx installed, "
+                         "or leave it out to use this one")
+
+
+def require_local_pythons(hosts: Sequence[RankHost]) -> None:
+    """require_python_here for every python of a rank on this machine."""
+    for python in sorted({h.python for h in hosts if h.is_local}):
+        require_python_here(python)
 
 
 Runner = Callable[[RankHost, str], remote.HostResult]
