@@ -12,8 +12,13 @@ host's inventory name, with these files (any may be missing)::
     DIR/studio-1/ibv_devices.txt
     DIR/studio-1/sw_vers.txt
 
+plus ``error.txt`` when the host could not be probed. A folder with none of
+these files is not a host.
+
 Live runs produce the same ``HostCapture`` values, so every check that needs
-no live host runs identically on a replay.
+no live host runs identically on a replay. A file that is present but cannot
+be read as its command's output (not JSON where JSON belongs, binary data) is
+named by ``HostCapture.problems()``; the checks then treat it as missing.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ HARDWARE_PORTS = "networksetup_listallhardwareports.txt"
 IFCONFIG = "ifconfig.txt"
 IBV_DEVICES = "ibv_devices.txt"
 SW_VERS = "sw_vers.txt"
+ERROR = "error.txt"
 
 CAPTURE_FILES: tuple[str, ...] = (
     PROBE,
@@ -43,6 +49,37 @@ CAPTURE_FILES: tuple[str, ...] = (
 )
 # What the probe returns raw (everything but its own facts).
 RAW_CAPTURE_FILES = frozenset(CAPTURE_FILES) - {PROBE}
+# The JSON capture files and the list each must hold (system_profiler -json).
+# The system_profiler files may also hold the plain-text form (not JSON).
+JSON_LISTS = {THUNDERBOLT: "SPThunderboltDataType", HARDWARE: "SPHardwareDataType"}
+
+
+def _json_kind(value: object) -> str:
+    return {dict: "object", list: "list", str: "string", bool: "true/false",
+            type(None): "null"}.get(type(value), "number")
+
+
+def file_problem(file_name: str, text: str) -> str | None:
+    """Why ``text`` cannot be the output captured as ``file_name``; None when it can."""
+    if "\x00" in text or text.count("\ufffd") > max(2, len(text) // 20):
+        return "binary data, not command output"
+    json_form = file_name == PROBE or text.lstrip()[:1] in ("{", "[")
+    if not json_form:
+        return "empty" if file_name in JSON_LISTS and not text.strip() else None
+    if not text.strip():
+        return "empty"
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        return "not valid JSON (nested too deep)"
+    except ValueError as exc:
+        return f"not valid JSON ({exc})"
+    if not isinstance(value, dict):
+        return f"a JSON {_json_kind(value)}, not an object"
+    key = JSON_LISTS.get(file_name)
+    if key is not None and not isinstance(value.get(key), list):
+        return f"no {key} list in it"
+    return None
 
 
 @dataclass
@@ -53,6 +90,8 @@ class HostCapture:
     files: dict[str, str] = field(default_factory=dict)
     # Why the host could not be probed at all (connect failure...), else None.
     error: str | None = None
+    # The folder the files were read from (a replay), else None.
+    source: str | None = None
 
     def text(self, file_name: str) -> str | None:
         """The raw text of one capture file, or None when it was not captured."""
@@ -61,17 +100,34 @@ class HostCapture:
     def probe(self) -> dict | None:
         """The probe's JSON facts, or None when missing or unreadable."""
         raw = self.files.get(PROBE)
-        if raw is None:
+        if raw is None or file_problem(PROBE, raw) is not None:
             return None
-        try:
-            value = json.loads(raw)
-        except ValueError:
-            return None
-        return value if isinstance(value, dict) else None
+        return json.loads(raw)
+
+    def problems(self) -> dict[str, str]:
+        """Capture file name -> why it cannot be read, for each unreadable file."""
+        found = {name: file_problem(name, text) for name, text in self.files.items()}
+        return {name: why for name, why in found.items() if why is not None}
+
+    def path(self, file_name: str) -> str:
+        """Where a capture file was read from (its name alone on a live run)."""
+        return str(Path(self.source) / file_name) if self.source else file_name
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror or exc}",
+                         "make the capture folder readable (or collect it again)") from None
 
 
 def load_capture_dir(path: str | Path) -> dict[str, HostCapture]:
-    """Read a capture directory; host name = folder name, sorted by name."""
+    """Read a capture directory; host name = folder name, sorted by name.
+
+    Raises InputError when no host folder holds a readable capture file (or
+    the error that kept its host from being probed): nothing could be checked.
+    """
     root = Path(path)
     if not root.is_dir():
         raise InputError(
@@ -84,12 +140,25 @@ def load_capture_dir(path: str | Path) -> dict[str, HostCapture]:
         for name in CAPTURE_FILES:
             f = host_dir / name
             if f.is_file():
-                files[name] = f.read_text(encoding="utf-8", errors="replace")
-        captures[host_dir.name] = HostCapture(name=host_dir.name, files=files)
-    if not any(c.files for c in captures.values()):
+                files[name] = _read(f)
+        error = None
+        if (host_dir / ERROR).is_file():  # the host could not be probed when collected
+            error = _read(host_dir / ERROR).strip() or "no reason saved"
+        captures[host_dir.name] = HostCapture(name=host_dir.name, files=files, error=error,
+                                              source=str(host_dir))
+    if not any(c.files or c.error for c in captures.values()):
         raise InputError(
             f"capture directory {root} holds no capture files in any host folder",
             f"expected DIR/<host>/{PROBE} (or {THUNDERBOLT}, ...), as written by 'doctor --collect DIR'",
+        )
+    if not any(set(c.files) - set(c.problems()) for c in captures.values()):
+        why = [f"{c.path(f)}: {p}" for c in captures.values() for f, p in c.problems().items()]
+        why += [f"{c.name} was not probed: {c.error}" for c in captures.values() if c.error]
+        raise InputError(
+            f"capture directory {root} holds no readable capture file, so nothing can be checked:\n"
+            + "\n".join(f"  - {w}" for w in why),
+            "collect the hosts again (mlxcluster doctor -i INVENTORY --collect NEWDIR), or replace "
+            "the files named with the output of their command",
         )
     return captures
 

@@ -31,6 +31,7 @@ from mlxcluster.inventory import local_inventory
 
 CHECK_MODULES = (
     "mlxcluster.checks.ssh",
+    "mlxcluster.checks.captures",
     "mlxcluster.checks.software",
     "mlxcluster.checks.mpi",
     "mlxcluster.checks.network",
@@ -119,8 +120,19 @@ def run_local_doctor(*, backend: str | None = None, python: str | None = None) -
 
 def replay_doctor(captures: dict[str, HostCapture], *, inventory=None, backend: str | None = None,
                   hostfile: str | None = None) -> DoctorReport:
-    """Run the checks that need no live host on saved captures."""
+    """Run the checks that need no live host on saved captures.
+
+    With an inventory that names none of the captured hosts nothing could be
+    checked against it: that is an InputError, not an empty passing report.
+    """
     started = time.monotonic()
+    if inventory is not None and not set(inventory.names) & set(captures):
+        raise InputError(
+            f"the inventory{' ' + inventory.path if inventory.path else ''} names none of the captured hosts "
+            f"(inventory: {', '.join(inventory.names)}; captured: {', '.join(captures) or 'none'})",
+            "pass the inventory the folder was collected with (the folder names are its host names), "
+            "or replay without -i",
+        )
     ctx = CheckContext(captures, inventory=inventory, live=False, backend=backend,
-                       options={"hostfile": hostfile})
+                       options={"hostfile": hostfile, "replay": True})
     return _report(ctx, started, inventory.cluster if inventory else None)

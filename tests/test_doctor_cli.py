@@ -140,3 +140,92 @@ def test_from_a_folder_without_captures_is_an_input_error(tmp_path):
         result = CliRunner().invoke(main, cmd)
         assert result.exit_code == 2, result.output
         assert "holds no capture files" in result.output and "Traceback" not in result.output
+
+
+def _copy(capture_dir: Path, root: Path) -> Path:
+    import shutil
+
+    shutil.copytree(capture_dir, root)
+    return root
+
+
+@pytest.mark.parametrize("text, why", [
+    ("{not json", "not valid JSON"),
+    ("[1,2,3]", "a JSON list, not an object"),
+])
+def test_only_unreadable_probes_is_an_input_error(tmp_path, text, why):
+    """Every host's probe.json corrupt: nothing can be checked, so no report passes (was: every
+    check skipped, '[✓] python-path', 'no issues found', exit 0)."""
+    for host in ("a", "b"):
+        (tmp_path / host).mkdir()
+        (tmp_path / host / "probe.json").write_text(text)
+    result = invoke("--from", str(tmp_path))
+    assert result.exit_code == 2, result.output
+    assert "holds no readable capture file" in result.output
+    assert f"{tmp_path}/a/probe.json: {why}" in result.output
+    assert f"{tmp_path}/b/probe.json: {why}" in result.output
+    assert "no issues found" not in result.output and "Traceback" not in result.output
+
+
+def test_unreadable_probe_beside_a_good_host_fails_naming_host_and_file(tmp_path, capture_dir):
+    root = _copy(capture_dir, tmp_path / "caps")
+    (root / "broken").mkdir()
+    (root / "broken" / "probe.json").write_text("{not json")
+    result = invoke("--from", str(root), "--json")
+    assert result.exit_code == 1, result.output
+    checks = {c["id"]: c for c in json.loads(result.output)["checks"]}
+    readable = checks["captures-readable"]
+    assert readable["status"] == "fail"
+    assert readable["hosts"]["broken"].startswith("✗ ")
+    assert f"{root}/broken/probe.json: not valid JSON" in readable["hosts"]["broken"]
+    assert not readable["hosts"]["linux-1"].startswith("✗")
+    assert "probe.json unreadable" in checks["mlx-version"]["hosts"]["broken"]
+
+
+def _inventory(tmp_path: Path, *names: str) -> Path:
+    inv = tmp_path / "cluster.yaml"
+    inv.write_text("cluster: c\npython: /opt/venv/bin/python\nhosts:\n"
+                   + "".join(f"  - {{name: {n}, ssh: {n}, ips: [10.0.0.{i + 1}]}}\n" for i, n in enumerate(names)))
+    return inv
+
+
+def test_inventory_naming_none_of_the_captured_hosts_is_an_input_error(tmp_path, capture_dir):
+    """Was: 'Inventory data IPs are assigned ✓' and 'no issues found' with no host checked."""
+    result = invoke("--from", str(capture_dir), "-i", str(_inventory(tmp_path, "a", "b")))
+    assert result.exit_code == 2, result.output
+    assert "names none of the captured hosts" in result.output
+    assert "inventory: a, b; captured: linux-1, studio-1" in result.output
+
+
+def test_inventory_host_without_a_capture_folder_fails_naming_it(tmp_path, capture_dir):
+    result = invoke("--from", str(capture_dir), "-i", str(_inventory(tmp_path, "linux-1", "studio-1", "c")),
+                    "--json")
+    assert result.exit_code == 1, result.output
+    checks = {c["id"]: c for c in json.loads(result.output)["checks"]}
+    readable = checks["captures-readable"]
+    assert readable["status"] == "fail"
+    assert readable["hosts"]["c"] == f"✗ in the inventory, but {capture_dir} has no folder c/"
+    assert "nothing was checked on c" in readable["hint"]
+
+
+def test_a_check_that_saw_no_host_does_not_pass(tmp_path):
+    """Hosts with only raw macOS captures (no probe.json): python-path and data-ips-present
+    looked at nothing, so they skip instead of passing."""
+    (tmp_path / "mac").mkdir()
+    (tmp_path / "mac" / "sw_vers.txt").write_text("ProductName:\tmacOS\nProductVersion:\t26.2\n")
+    result = invoke("--from", str(tmp_path), "-i", str(_inventory(tmp_path, "mac")), "--json")
+    checks = {c["id"]: c["status"] for c in json.loads(result.output)["checks"]}
+    assert checks["python-path"] == "skip" and checks["data-ips-present"] == "skip"
+
+
+def test_a_host_that_could_not_be_probed_fails_the_replay(tmp_path, capture_dir):
+    """error.txt (written by --collect for a host it could not probe) is read back."""
+    root = _copy(capture_dir, tmp_path / "caps")
+    (root / "down").mkdir()
+    (root / "down" / "error.txt").write_text("ssh: connection refused\n")
+    result = invoke("--from", str(root), "--json")
+    assert result.exit_code == 1, result.output
+    doc = json.loads(result.output)
+    readable = next(c for c in doc["checks"] if c["id"] == "captures-readable")
+    assert "down" in doc["hosts"]
+    assert readable["hosts"]["down"] == "✗ not probed when the folder was collected: ssh: connection refused"

@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from mlxcluster.capture import PROBE
 from mlxcluster.checks.base import CheckContext, CheckResult, Status, check
 from mlxcluster.facts import HostFacts, all_facts
 
@@ -65,8 +66,16 @@ def unprobed_evidence(ctx: CheckContext) -> dict[str, str]:
     out = {}
     for name, capture in ctx.captures.items():
         if capture.probe() is None:
-            out[name] = f"not probed ({capture.error or 'no probe.json'})"
+            out[name] = f"not probed ({_why_unprobed(capture)})"
     return out
+
+
+def _why_unprobed(capture) -> str:
+    if capture.error:
+        return capture.error
+    if capture.text(PROBE) is not None:
+        return f"{PROBE} unreadable, see captures-readable"
+    return f"no {PROBE}"
 
 
 def majority(values: dict[str, object]) -> object:

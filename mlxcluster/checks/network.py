@@ -75,6 +75,11 @@ def data_ips_present(ctx: CheckContext) -> Verdict:
         else:
             evidence[host.name] = ", ".join(f"{ip} on {owned[str(ipaddress.ip_address(ip))].get('name')}"
                                             for ip in host.ips)
+    # Nothing checked is no pass: no data IPs to look for, or no host to look on.
+    if not any(h.ips for h in ctx.inventory.hosts):
+        return skip("no data IPs in the inventory", evidence)
+    if not any(h.ips and h.name in facts and facts[h.name].interfaces for h in ctx.inventory.hosts):
+        return skip("no host with data IPs was probed", evidence)
     hint = None
     if bad:
         hint = (f"fix the IP plan on {join_hosts(bad)} or the inventory ips (interfaces renumber after a "

@@ -61,7 +61,9 @@ def python_path(ctx: CheckContext) -> Verdict:
             evidence[name] = BAD + capture.error
             failed.append(name)
         else:
-            evidence[name] = f"not probed ({capture.error or 'no probe.json'})"
+            evidence[name] = unprobed_evidence(ctx)[name]
+    if not probed_hosts(ctx) and not failed:
+        return skip("no host was probed", evidence)
     paths = inv_paths or {n: f.python for n, f in probed_hosts(ctx).items() if f.python}
     if len(set(paths.values())) > 1:
         common = majority(paths)
