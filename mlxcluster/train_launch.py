@@ -460,10 +460,10 @@ def validate_trainer_args(args: tuple[str, ...]) -> None:
         said = [ln for ln in captured.getvalue().splitlines() if ln.strip()]
         raise InputError(f"trainer arguments rejected: {said[-1] if said else ' '.join(args)}",
                          "python -m reference_train.train --help lists every --field") from None
-    except ValueError as err:
+    except ValueError as err:  # a config file's problem, a type or a value out of range
         raise InputError(f"trainer arguments rejected: {err}",
-                         "configs are tiny, demo, blog or a YAML path; values must match "
-                         "TrainConfig's types") from None
+                         "configs are tiny, demo, blog or a YAML file; docs/training.md lists "
+                         "every field, its type and its allowed values") from None
 
 
 def trainer_command(job: TrainJob) -> str:

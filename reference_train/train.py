@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import sys
@@ -135,20 +136,87 @@ def coerce(name: str, value, kind: type):
 
 
 def load_config_file(name_or_path: str) -> dict:
-    """A config by name (configs/NAME.yaml) or path, as a dict of TrainConfig fields."""
+    """A config by path or by name (configs/NAME.yaml), as a dict of TrainConfig fields.
+
+    A file at that path wins over a bundled config of that name. A directory is
+    never a config: it is refused, and when a bundled config has its name the
+    error says how to ask for either. Every problem is a ValueError naming the file.
+    """
     path = Path(name_or_path)
+    bundled = CONFIG_DIR / f"{name_or_path}.yaml"
+    if path.is_dir():
+        if bundled.is_file():
+            raise ValueError(
+                f"--config {name_or_path} is ambiguous: {name_or_path} is a directory here and "
+                f"also the name of a bundled config; for the bundled one pass --config {bundled}, "
+                f"for one of your own pass the YAML file's path")
+        raise ValueError(f"config {name_or_path} is a directory, not a YAML file")
     if not path.exists():
-        path = CONFIG_DIR / f"{name_or_path}.yaml"
+        path = bundled
     if not path.exists():
         names = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
         raise ValueError(f"no config {name_or_path!r}: not a file, and not one of {names}")
-    values = yaml.safe_load(path.read_text()) or {}
+    try:
+        values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except OSError as e:
+        raise ValueError(f"config {path} cannot be read: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"config {path} is not UTF-8 text") from None
+    except yaml.YAMLError as e:
+        raise ValueError(f"config {path} is not valid YAML: {yaml_problem(e)}") from None
     if not isinstance(values, dict):
         raise ValueError(f"{path}: expected a mapping of field: value")
+    not_names = [k for k in values if not isinstance(k, str)]
+    if not_names:
+        raise ValueError(f"{path}: field names must be text, got {not_names!r}")
     unknown = sorted(set(values) - set(field_types()))
     if unknown:
         raise ValueError(f"{path}: unknown fields {unknown}")
     return values
+
+
+def yaml_problem(err: yaml.YAMLError) -> str:
+    """PyYAML's error in one line: what and where ('found unhashable key at line 1, column 2')."""
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    mark = getattr(err, "problem_mark", None)
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else problem
+
+
+# Allowed values of the numeric fields: (lowest, highest (excluded), lowest included);
+# None = no bound.
+# Floats must also be finite (NaN passes every comparison and trained a NaN loss).
+RANGES: dict[str, tuple[float | None, float | None, bool]] = {
+    "block_size": (1, None, True), "dim": (1, None, True), "n_layers": (1, None, True),
+    "n_heads": (1, None, True), "n_kv_heads": (0, None, True), "hidden_dim": (1, None, True),
+    "rope_theta": (0, None, False), "steps": (1, None, True), "stop_after": (0, None, True),
+    "global_batch": (1, None, True), "grad_accum": (1, None, True), "lr": (0, None, False),
+    "min_lr": (0, None, True), "warmup_steps": (0, None, True), "weight_decay": (0, None, True),
+    "beta1": (0, 1, True), "beta2": (0, 1, True), "grad_clip": (0, None, True),
+    "seed": (0, 2**63, True), "log_every": (1, None, True), "eval_every": (0, None, True),
+    "eval_batches": (1, None, True), "checkpoint_every": (0, None, True),
+    "keep_checkpoints": (0, None, True), "sample_tokens": (0, None, True),
+}
+
+
+def range_problem(name: str, value, low, high, low_included: bool) -> str | None:
+    """Why ``value`` is not allowed for field ``name``, or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{name} {value}: must be a finite number"
+    if low is not None and (value < low if low_included else value <= low):
+        return f"{name} {value}: must be {'at least' if low_included else 'above'} {low}"
+    if high is not None and value >= high:
+        return f"{name} {value}: must be below {high}"
+    return None
+
+
+def check_config(cfg: TrainConfig) -> None:
+    """ValueError naming every value out of range, and a model shape that does not
+    divide (the checks the ranks would otherwise hit only after launch)."""
+    problems = [p for name, bounds in RANGES.items()
+                if (p := range_problem(name, getattr(cfg, name), *bounds))]
+    if problems:
+        raise ValueError("; ".join(problems))
+    model_args(cfg, vocab_size=2)  # ModelArgs checks dim / n_heads / n_kv_heads
 
 
 def build_config(argv: list[str]) -> TrainConfig:
@@ -162,7 +230,9 @@ def build_config(argv: list[str]) -> TrainConfig:
     args = parser.parse_args(argv)
     values = load_config_file(args.config) if args.config else {}
     values.update({k: v for k, v in vars(args).items() if k in types and v is not None})
-    return TrainConfig(**{k: coerce(k, v, types[k]) for k, v in values.items()})
+    cfg = TrainConfig(**{k: coerce(k, v, types[k]) for k, v in values.items()})
+    check_config(cfg)
+    return cfg
 
 
 def model_args(cfg: TrainConfig, vocab_size: int) -> ModelArgs:

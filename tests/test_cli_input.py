@@ -130,3 +130,36 @@ def test_local_runs_refuse_a_missing_python(command, monkeypatch):
     result = invoke(command, "--local", "2", "--python", "/nonexistent/python")
     assert result.exit_code == 2, result.output
     assert "python not found: /nonexistent/python" in result.output
+
+
+# ---- train: the trainer's config and values, checked here before launch ----------------
+
+@pytest.mark.parametrize("args,needle", [
+    (["--config", "adir"], "config adir is a directory, not a YAML file"),
+    (["--config", "tiny", "--", "--config", "adir"], "config adir is a directory"),
+    (["--config", "bad.yaml"], "config bad.yaml is not valid YAML"),
+    (["--config", "keys.yaml"], "not valid YAML: found unhashable key"),
+    (["--config", "tiny", "--", "--lr", "nan"], "lr nan: must be a finite number"),
+    (["--config", "tiny", "--", "--global_batch", "0"], "global_batch 0: must be at least 1"),
+    (["--config", "tiny", "--", "--steps", "-5"], "steps -5: must be at least 1"),
+])
+def test_train_refuses_bad_trainer_config_before_launch(args, needle, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "bad.yaml").write_text("steps: [1\n")
+    (tmp_path / "keys.yaml").write_text("{[1]: 2}\n")
+    monkeypatch.setattr("mlxcluster.cli.train.probe_hosts", no_run)
+    monkeypatch.setattr("mlxcluster.cli.train.launch_training", no_run)
+    result = invoke("train", "--local", "2", *args)
+    assert result.exit_code == 2, result.output
+    assert needle in result.output and "Traceback" not in result.output
+
+
+def test_train_config_named_like_a_folder_here_says_which(tmp_path, monkeypatch):
+    """`train --config tiny` run in a directory holding a folder 'tiny'."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny").mkdir()
+    monkeypatch.setattr("mlxcluster.cli.train.probe_hosts", no_run)
+    result = invoke("train", "--local", "2", "--config", "tiny")
+    assert result.exit_code == 2, result.output
+    assert "--config tiny is ambiguous" in result.output and "configs/tiny.yaml" in result.output

@@ -44,6 +44,53 @@ def test_config_errors_name_the_problem(tmp_path):
         build_config(["--config", str(bad)])
 
 
+def test_config_file_problems_name_the_file(tmp_path, monkeypatch):
+    """A directory, a YAML syntax error or non-text keys were tracebacks
+    (IsADirectoryError, yaml errors, TypeError) instead of a ValueError that
+    the trainer and `mlxcluster train` report in one line."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine").mkdir()
+    with pytest.raises(ValueError, match="config mine is a directory, not a YAML file"):
+        build_config(["--config", "mine"])
+    (tmp_path / "tiny").mkdir()  # a folder named like a bundled config
+    with pytest.raises(ValueError, match=r"--config tiny is ambiguous: .*--config \S+/configs/tiny\.yaml"):
+        build_config(["--config", "tiny"])
+    cases = {"syntax.yaml": ("steps: [1\n", r"syntax.yaml is not valid YAML: .* at line 2, column 1"),
+             "unhashable.yaml": ("{[1]: 2}\n", "not valid YAML: found unhashable key at line 1"),
+             "intkey.yaml": ("1: 2\nsteps: 3\n", r"intkey.yaml: field names must be text, got \[1\]"),
+             "latin1.yaml": (b"steps: 3 # caf\xe9\n", "latin1.yaml is not UTF-8 text")}
+    for name, (text, message) in cases.items():
+        path = tmp_path / name
+        path.write_bytes(text if isinstance(text, bytes) else text.encode())
+        with pytest.raises(ValueError, match=message):
+            build_config(["--config", str(path)])
+
+
+@pytest.mark.parametrize("flag,value,message", [
+    ("lr", "nan", "lr nan: must be a finite number"),
+    ("lr", "inf", "lr inf: must be a finite number"),
+    ("lr", "0", "lr 0.0: must be above 0"),
+    ("global_batch", "0", "global_batch 0: must be at least 1"),
+    ("steps", "-5", "steps -5: must be at least 1"),
+    ("seed", "-1", "seed -1: must be at least 0"),
+    ("beta2", "1", "beta2 1.0: must be below 1"),
+    ("log_every", "0", "log_every 0: must be at least 1"),
+    ("n_heads", "0", "n_heads 0: must be at least 1"),
+    ("grad_clip", "-1", "grad_clip -1.0: must be at least 0"),
+    ("dim", "30", "dim 30 is not divisible by n_heads 4"),
+])
+def test_values_out_of_range_are_refused(flag, value, message):
+    """--lr nan trained a NaN loss and exited 0; --global_batch 0 and --steps -5
+    were found only on the ranks, after launch."""
+    with pytest.raises(ValueError, match=message):
+        build_config(["--config", "tiny", f"--{flag}", value])
+
+
+def test_bundled_configs_are_in_range():
+    for name in ("tiny", "demo", "blog"):
+        build_config(["--config", name])
+
+
 def test_launcher_world_size_from_environment(monkeypatch, tmp_path):
     for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MLX_WORLD_SIZE", "MLX_HOSTFILE"):
         monkeypatch.delenv(var, raising=False)
