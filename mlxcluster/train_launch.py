@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mlxcluster import interrupts
 from mlxcluster.blas import OPENBLAS_CANDIDATES
@@ -44,6 +45,9 @@ from mlxcluster.smoke.launch import WorkerOptions
 from mlxcluster.smoke.preflight import require_python_here
 from mlxcluster.smoke.remote import for_each_host
 from mlxcluster.smoke.run import run_backend
+
+if TYPE_CHECKING:
+    from reference_train.train import TrainConfig
 
 BACKENDS = ("ring", "mpi")
 PROBE_TIMEOUT = 30.0
@@ -447,16 +451,32 @@ def launch_training(job: TrainJob, on_line: Callable[[str, str], None],
         return run_streaming(argv, on_line, env=launcher_env, timeout=timeout)
 
 
-def validate_trainer_args(args: tuple[str, ...]) -> None:
+def trainer_help(args: tuple[str, ...]) -> str | None:
+    """The trainer's own help text when ``args`` ask for it (``-- --help``), else None."""
+    from reference_train.train import build_config
+
+    shown = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(shown), contextlib.redirect_stderr(io.StringIO()):
+            build_config(list(args))
+    except SystemExit as done:  # argparse exits 0 after printing the help
+        return shown.getvalue() if done.code in (0, None) else None
+    except ValueError:  # validate_trainer_args reports it
+        return None
+    return None
+
+
+def validate_trainer_args(args: tuple[str, ...]) -> TrainConfig:
     """Parse the trainer's own flags here, before anything starts on the hosts:
-    a typo must not cost a launch on every host to find out."""
+    a typo must not cost a launch on every host to find out. Returns the
+    config every rank will build."""
     from reference_train.train import build_config  # same code the ranks run
 
     captured = io.StringIO()
     try:
-        with contextlib.redirect_stderr(captured):
-            build_config(list(args))
-    except SystemExit:  # argparse: unknown flag or missing value
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(captured):
+            return build_config(list(args))
+    except SystemExit:  # argparse: unknown flag or missing value (--help: see trainer_help)
         said = [ln for ln in captured.getvalue().splitlines() if ln.strip()]
         raise InputError(f"trainer arguments rejected: {said[-1] if said else ' '.join(args)}",
                          "python -m reference_train.train --help lists every --field") from None
@@ -464,6 +484,28 @@ def validate_trainer_args(args: tuple[str, ...]) -> None:
         raise InputError(f"trainer arguments rejected: {err}",
                          "configs are tiny, demo, blog or a YAML file; docs/training.md lists "
                          "every field, its type and its allowed values") from None
+
+
+def check_out_here(out: str) -> None:
+    """For ranks on this machine: rank 0 writes the run to the trainer's
+    ``--out``, so it must be a directory here or creatable here (checked by
+    creating and removing a directory beside where it will be made)."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise InputError(f"trainer --out {out} exists and is not a directory",
+                         "give --out a directory path (new or existing), e.g. -- --out runs/mine")
+    base = path
+    while not base.exists() and base != base.parent:
+        base = base.parent
+    if not base.is_dir():
+        raise InputError(f"trainer --out {out} cannot be created: {base} is not a directory",
+                         "give --out a path under a directory, e.g. -- --out runs/mine")
+    try:
+        probe = tempfile.mkdtemp(prefix=".mlxcluster-out-probe.", dir=base)
+    except OSError as err:
+        raise InputError(f"trainer --out {out} cannot be created: {err.strerror} in {base}",
+                         "give --out a path in a directory you can write to") from None
+    os.rmdir(probe)
 
 
 def trainer_command(job: TrainJob) -> str:

@@ -429,7 +429,7 @@ class Trainer:
         """Train from self.step to the end (or stop_after); return the last metrics."""
         cfg = self.cfg
         if self.rank == 0:
-            self.out.mkdir(parents=True, exist_ok=True)
+            make_out_dir(self.out)
             plan = self.train_data.plan
             self.log(f"ranks {self.size} | global batch {cfg.global_batch} = {self.size} ranks x "
                      f"{cfg.grad_accum} accum x {self.micro_batch} | model "
@@ -490,6 +490,17 @@ class Trainer:
         out = generate(self.model, ids, self.cfg.sample_tokens, sub,
                        block_size=self.cfg.block_size)
         return self.cfg.sample_prompt + self.tokenizer.decode(out)
+
+
+def make_out_dir(out: Path) -> None:
+    """Create --out (rank 0); a DataError naming it when that is impossible."""
+    if out.exists() and not out.is_dir():
+        raise DataError(f"--out {out} exists and is not a directory", "give --out a directory path")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DataError(f"--out {out} cannot be created: {e.strerror}",
+                        "give --out a path in a directory you can write to") from None
 
 
 def ensure_default_data() -> Path:

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from mlxcluster.cli import main as cli
 from mlxcluster.smoke.run import SmokeReport
 from mlxcluster.smoke.stats import BenchRow
+from mlxcluster.train_launch import RunOutcome
 
 
 def invoke(*args: str):
@@ -163,3 +164,45 @@ def test_train_config_named_like_a_folder_here_says_which(tmp_path, monkeypatch)
     result = invoke("train", "--local", "2", "--config", "tiny")
     assert result.exit_code == 2, result.output
     assert "--config tiny is ambiguous" in result.output and "configs/tiny.yaml" in result.output
+
+
+# ---- train -- --help --------------------------------------------------------------------
+
+@pytest.mark.parametrize("args", [["--local", "2", "--config", "tiny", "--", "--help"],
+                                  ["--", "-h"]])
+def test_train_passes_help_to_the_trainer(args, monkeypatch):
+    """`train ... -- --help` printed the trainer's help, then 'error: trainer
+    arguments rejected', exit 2."""
+    monkeypatch.setattr("mlxcluster.cli.train.probe_hosts", no_run)
+    monkeypatch.setattr("mlxcluster.cli.train.launch_training", no_run)
+    result = invoke("train", *args)
+    assert result.exit_code == 0, result.output
+    assert "usage: python -m reference_train.train" in result.output
+    assert "--global_batch" in result.output and "error" not in result.output
+
+
+# ---- train --out, for ranks on this machine -----------------------------------------------
+
+@pytest.mark.parametrize("out,needle", [("afile", "--out afile exists and is not a directory"),
+                                        ("afile/sub", "afile is not a directory"),
+                                        ("/proc/mlxcluster-nope", "cannot be created")])
+def test_train_local_out_checked_before_launch(out, needle, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("")
+    monkeypatch.setattr("mlxcluster.cli.train.probe_hosts", no_run)
+    monkeypatch.setattr("mlxcluster.cli.train.launch_training", no_run)
+    result = invoke("train", "--local", "2", "--config", "tiny", "--", "--out", out)
+    assert result.exit_code == 2, result.output
+    assert needle in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]  # the probe left nothing
+
+
+def test_train_local_out_that_can_be_made_passes_the_check(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    launched = []
+    monkeypatch.setattr("mlxcluster.cli.train.launch_training",
+                        lambda job, *a, **k: launched.append(job) or RunOutcome(0, seconds=0.1))
+    result = invoke("train", "--local", "2", "--no-preflight", "--config", "tiny", "--",
+                    "--out", "runs/new/deeper")
+    assert result.exit_code == 0, result.output
+    assert len(launched) == 1 and list(tmp_path.iterdir()) == []

@@ -147,3 +147,23 @@ def test_loss_curve_is_skipped_with_a_note_without_matplotlib(tmp_path, monkeypa
     note = plot_metrics(metrics, tmp_path / "loss.png")
     assert note.startswith("loss curve skipped: matplotlib is not installed")
     assert not (tmp_path / "loss.png").exists()
+
+
+def test_rank0_reports_an_unusable_out_in_one_line(tmp_path, capsys):
+    """--out naming a file, or a path that cannot be created, was a
+    FileExistsError / FileNotFoundError traceback on rank 0."""
+    from reference_train.prepare import prepare_offline
+    from reference_train.train import main
+
+    data = tmp_path / "data"
+    prepare_offline(data, n_stories=300)
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for out, message in ((afile, f"--out {afile} exists and is not a directory"),
+                         (afile / "sub", f"--out {afile / 'sub'} cannot be created"),
+                         ("/proc/mlxcluster-nope", "--out /proc/mlxcluster-nope cannot be created")):
+        code = main(["--config", "tiny", "--data", str(data), "--out", str(out), "--steps", "1",
+                     "--sample_tokens", "0"])
+        err = capsys.readouterr().err
+        assert code == 2 and err.startswith(f"error: {message}"), err
+        assert len(err.strip().splitlines()) == 1

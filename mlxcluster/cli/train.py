@@ -15,6 +15,7 @@ from mlxcluster.errors import EXIT_FAILED, InputError, MlxclusterError
 from mlxcluster.inventory import load_inventory
 from mlxcluster.train_launch import (
     BACKENDS,
+    check_out_here,
     check_probes,
     job_from_hostfile,
     job_from_inventory,
@@ -24,6 +25,7 @@ from mlxcluster.train_launch import (
     probe_hosts,
     smoke_all_sum,
     trainer_command,
+    trainer_help,
     validate_trainer_args,
 )
 
@@ -56,12 +58,18 @@ def command(hostfile, inventory_path, local_ranks, backend, config, python, mpi_
     `mlxcluster train --local 2 --config tiny -- --steps 5 --out runs/t`.
     Exits with the failing rank's exit code when a rank fails.
     """
+    args = ("--config", config, *trainer_args)
+    shown = trainer_help(args)
+    if shown is not None:  # `-- --help`: the trainer's help, nothing launched
+        click.echo(shown, nl=False)
+        return
     sources = [s for s in (hostfile, inventory_path, local_ranks) if s]
     if len(sources) != 1:
         raise InputError("give exactly one of --hostfile FILE, -i INVENTORY or --local N",
                          "e.g. mlxcluster train --local 2 --config tiny")
-    args = ("--config", config, *trainer_args)
-    validate_trainer_args(args)
+    cfg = validate_trainer_args(args)
+    if local_ranks:  # remote hosts: rank 0 reports a bad --out itself, in one line
+        check_out_here(cfg.out)
     py = python or sys.executable
     if inventory_path:
         job = job_from_inventory(load_inventory(inventory_path), backend or "ring", args,
