@@ -78,21 +78,104 @@ class HostFacts:
     default_route: dict[str, Any] | None = None
     pmset: str | None = None
     firewall: str | None = None
+    # probe.json fields of the wrong type, read as unknown ("memory_bytes is a string ('x'), ...").
+    problems: tuple[str, ...] = ()
 
 
-def _section(facts: dict, key: str) -> dict:
-    """A nested probe object, or {} when missing or malformed (an older or broken probe)."""
-    value = facts.get(key)
-    return dict(value) if isinstance(value, dict) else {}
+_KINDS = {str: "a string", int: "an integer", bool: "true or false", dict: "an object", list: "a list"}
 
 
-def _items(facts: dict, key: str) -> list:
-    value = facts.get(key)
-    return list(value) if isinstance(value, list) else []
+def _kind(value: object) -> str:
+    if isinstance(value, bool):
+        return "true or false"
+    if value is None:
+        return "null"
+    if isinstance(value, float):
+        return "a number"
+    return next((k for t, k in _KINDS.items() if isinstance(value, t)), type(value).__name__)
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+class _Reader:
+    """Typed reads from the probe's JSON. A value of the wrong type (a string
+    where the memory size belongs, a list for the hostname) reads as None, as
+    if absent, and is recorded in ``problems``; nothing here raises."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    def wrong(self, where: str, value: object, kind: type) -> None:
+        shown = f" ({_shown(value)})" if isinstance(value, (str, int, float)) else ""
+        self.problems.append(f"{where} is {_kind(value)}{shown}, expected {_KINDS[kind]}")
+
+    def get(self, obj: dict, key: str, kind: type, where: str = "") -> Any:
+        value = obj.get(key)
+        if value is None:
+            return None
+        if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+            return value
+        self.wrong(where + key, value, kind)
+        return None
+
+    def positive(self, obj: dict, key: str) -> int | None:
+        value = self.get(obj, key, int)
+        if value is not None and value <= 0:
+            self.problems.append(f"{key} is {value}, expected a positive integer")
+            return None
+        return value
+
+    def section(self, obj: dict, key: str, where: str = "") -> dict:
+        """A nested probe object, or {} when missing or malformed (an older or broken probe)."""
+        return dict(self.get(obj, key, dict, where) or {})
+
+    def items(self, obj: dict, key: str, where: str = "") -> list:
+        return list(self.get(obj, key, list, where) or [])
+
+    def fields(self, obj: dict, spec: dict[str, type], where: str) -> dict[str, Any]:
+        """The keys of ``spec`` that hold their type (others dropped, recorded)."""
+        out = {k: self.get(obj, k, t, where) for k, t in spec.items()}
+        return {k: v for k, v in out.items() if v is not None}
+
+    def mapping(self, obj: dict, key: str, kind: type, where: str = "") -> dict[str, Any]:
+        """An object whose values must all be ``kind`` (env, backends)."""
+        out = {}
+        for k, v in self.section(obj, key, where).items():
+            if v is None or isinstance(v, kind):
+                out[k] = v
+            else:
+                self.wrong(f"{where}{key}.{k}", v, kind)
+        return out
+
+    def dicts(self, obj: dict, key: str, spec: dict[str, type], where: str = "") -> list[dict]:
+        """A list of objects, each reduced to the fields of ``spec`` that hold their type."""
+        out = []
+        for i, item in enumerate(self.items(obj, key, where)):
+            if isinstance(item, dict):
+                out.append(self.fields(item, spec, f"{where}{key}[{i}]."))
+            else:
+                self.wrong(f"{where}{key}[{i}]", item, dict)
+        return out
+
+
+_LIBMPI = {"name": str, "path": str, "error": str, "library_version": str, "loadable": bool, "from_env": bool}
+_INTERFACE = {"name": str, "up": bool, "addrs": list}
+_ADDR = {"address": str, "family": str, "netmask": str}
+
+
+def _interfaces(r: _Reader, p: dict) -> tuple[dict[str, Any], ...]:
+    out = []
+    for i, iface in enumerate(r.dicts(p, "interfaces", _INTERFACE)):
+        iface["addrs"] = r.dicts(iface, "addrs", _ADDR, f"interfaces[{i}].")
+        out.append(iface)
+    return tuple(out)
 
 
 def host_facts(capture: HostCapture) -> HostFacts:
-    """Parse one host's capture into HostFacts (missing parts stay None)."""
+    """Parse one host's capture into HostFacts (missing or wrong-typed parts stay None)."""
     p = capture.probe()
     extra: dict[str, Any] = {}
     sw = capture.text(SW_VERS)
@@ -107,35 +190,41 @@ def host_facts(capture: HostCapture) -> HostFacts:
                       if v is not None})
     if p is None:
         return HostFacts(name=capture.name, probed=False, **extra)
-    os_, mlx, mpi = _section(p, "os"), _section(p, "mlx"), _section(p, "mpi")
-    mpirun, ompi, blas = _section(mpi, "mpirun"), _section(mpi, "ompi_info"), _section(mlx, "blas")
+    r = _Reader()
+    os_, mlx, mpi = r.section(p, "os"), r.section(p, "mlx"), r.section(p, "mpi")
+    python = r.section(p, "python")
+    mpirun, ompi = r.section(mpi, "mpirun", "mpi."), r.section(mpi, "ompi_info", "mpi.")
+    blas = r.section(mlx, "blas", "mlx.")
     values: dict[str, Any] = dict(
-        hostname=p.get("hostname"), platform=p.get("platform"),
-        os_name=os_.get("name"), os_version=os_.get("version"), os_build=os_.get("build"),
-        model=p.get("model"), chip=p.get("chip"), memory_bytes=p.get("memory_bytes"),
-        cpu_count=p.get("cpu_count"),
-        python=_section(p, "python").get("executable"),
-        python_version=_section(p, "python").get("version"),
-        mlx_version=mlx.get("version") if mlx.get("import_ok") else None,
-        mlx_import_error=mlx.get("import_error"),
-        backends=_section(mlx, "backends"),
-        mpirun=mpirun.get("path"), mpirun_version=mpirun.get("version"),
-        mpirun_is_open_mpi=mpirun.get("open_mpi"),
-        ompi_info=ompi.get("path"), ompi_info_version=ompi.get("version"),
-        libmpi=_section(mpi, "libmpi"),
-        libmpi_candidates=tuple(c for c in _items(mpi, "candidates") if isinstance(c, dict)),
-        env=_section(p, "env"), inventory_env=_section(p, "inventory_env"),
-        path_env=p.get("path_env"),
-        blas_provider=blas.get("sgemm_provider"), blas_mapped=tuple(_items(blas, "mapped")),
-        interfaces=tuple(i for i in _items(p, "interfaces") if isinstance(i, dict)),
-        default_route=_section(p, "default_route") or None,
-        pmset=p.get("pmset"), firewall=p.get("firewall"),
+        hostname=r.get(p, "hostname", str), platform=r.get(p, "platform", str),
+        os_name=r.get(os_, "name", str, "os."), os_version=r.get(os_, "version", str, "os."),
+        os_build=r.get(os_, "build", str, "os."),
+        model=r.get(p, "model", str), chip=r.get(p, "chip", str), memory_bytes=r.positive(p, "memory_bytes"),
+        cpu_count=r.positive(p, "cpu_count"),
+        python=r.get(python, "executable", str, "python."),
+        python_version=r.get(python, "version", str, "python."),
+        mlx_version=r.get(mlx, "version", str, "mlx.") if r.get(mlx, "import_ok", bool, "mlx.") else None,
+        mlx_import_error=r.get(mlx, "import_error", str, "mlx."),
+        backends=r.mapping(mlx, "backends", bool, "mlx."),
+        mpirun=r.get(mpirun, "path", str, "mpi.mpirun."), mpirun_version=r.get(mpirun, "version", str, "mpi.mpirun."),
+        mpirun_is_open_mpi=r.get(mpirun, "open_mpi", bool, "mpi.mpirun."),
+        ompi_info=r.get(ompi, "path", str, "mpi.ompi_info."),
+        ompi_info_version=r.get(ompi, "version", str, "mpi.ompi_info."),
+        libmpi=r.fields(r.section(mpi, "libmpi", "mpi."), _LIBMPI, "mpi.libmpi."),
+        libmpi_candidates=tuple(c for c in r.dicts(mpi, "candidates", _LIBMPI, "mpi.") if "name" in c),
+        env=r.mapping(p, "env", str), inventory_env=r.mapping(p, "inventory_env", str),
+        path_env=r.get(p, "path_env", str),
+        blas_provider=r.get(blas, "sgemm_provider", str, "mlx.blas."),
+        blas_mapped=tuple(m for m in r.items(blas, "mapped", "mlx.blas.") if isinstance(m, str)),
+        interfaces=_interfaces(r, p),
+        default_route=r.section(p, "default_route") or None,
+        pmset=r.get(p, "pmset", str), firewall=r.get(p, "firewall", str),
     )
     # Raw captures fill what the probe left empty (e.g. a probe without sysctl).
     for k, v in extra.items():
         if values.get(k) is None:
             values[k] = v
-    return HostFacts(name=capture.name, probed=True, **values)
+    return HostFacts(name=capture.name, probed=True, problems=tuple(r.problems), **values)
 
 
 def all_facts(captures: dict[str, HostCapture]) -> dict[str, HostFacts]:

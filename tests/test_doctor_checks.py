@@ -226,3 +226,54 @@ def test_host_lists_read_naturally_and_collapse_when_everyone():
     assert from_hosts(everyone, everyone) == "every other host (15)"
     assert from_hosts(everyone[:-1], everyone) == ", ".join(everyone[:-1])
     assert from_hosts(["a", "b"], ["a", "b"]) == "a, b"  # two names are clearer than a count
+
+
+WRONG_TYPES = ("x", 5, -1.5, True, [1], {"a": [1]}, None)
+
+
+def _probe_paths(node, path=()):
+    """Paths to the values of a probe JSON (lists cut to their first two entries)."""
+    items = (node.items() if isinstance(node, dict) else
+             list(enumerate(node))[:2] if isinstance(node, list) else ())
+    for key, child in items:
+        yield path + (key,)
+        yield from _probe_paths(child, path + (key,))
+
+
+def test_wrong_typed_probe_fields_never_crash(real_probe):
+    """Each value of a real probe replaced by each wrong type (``"memory_bytes": "x"``, a list
+    for the hostname, an object for the platform...): facts parse, no check crashes, the
+    report renders (was: TypeError in the facts table, checks 'crashed ... a bug')."""
+    from mlxcluster.cli.doctor import facts_table
+
+    good = json.dumps(real_probe)
+    runs = 0
+    for path in _probe_paths(real_probe):
+        for value in WRONG_TYPES:
+            bad = copy.deepcopy(real_probe)
+            parent = bad
+            for key in path[:-1]:
+                parent = parent[key]
+            parent[path[-1]] = value
+            caps = {"good": HostCapture("good", {PROBE: good}), "bad": HostCapture("bad", {PROBE: json.dumps(bad)})}
+            report = replay_doctor(caps, backend="mpi")
+            crashed = [(r.id, r.hosts) for r in report.results if r.status is Status.CRASH]
+            assert not crashed, (path, value, crashed)
+            facts_table(report.facts)
+            json.dumps(report.to_json())
+            runs += 1
+    assert runs > 300
+
+
+def test_a_wrong_typed_field_is_unknown_and_named(real_probe):
+    bad = dict(real_probe, memory_bytes="x", hostname=["h"], platform={"a": 1}, cpu_count=True)
+    f = host_facts(HostCapture("bad", {PROBE: json.dumps(bad)}))
+    assert f.probed and f.memory_bytes is None and f.hostname is None and f.platform is None
+    assert f.cpu_count is None
+    assert "memory_bytes is a string ('x'), expected an integer" in f.problems
+    report = replay_doctor({"bad": HostCapture("bad", {PROBE: json.dumps(bad)})})
+    r = result(report, "captures-readable")
+    assert r.status is Status.WARN and blamed(r) == ["bad"]
+    assert r.hosts["bad"].startswith(WARN + "probe.json: hostname is a list, expected a string; ")
+    assert "memory_bytes is a string ('x'), expected an integer" in r.hosts["bad"]
+    assert "hostname is a list" in r.hosts["bad"] and "platform is an object" in r.hosts["bad"]

@@ -229,3 +229,17 @@ def test_a_host_that_could_not_be_probed_fails_the_replay(tmp_path, capture_dir)
     readable = next(c for c in doc["checks"] if c["id"] == "captures-readable")
     assert "down" in doc["hosts"]
     assert readable["hosts"]["down"] == "✗ not probed when the folder was collected: ssh: connection refused"
+
+
+def test_wrong_typed_probe_fields_are_warned_not_crashed(tmp_path, capture_dir):
+    """Was: TypeError in the facts table (memory_bytes "x") with a traceback."""
+    root = _copy(capture_dir, tmp_path / "caps")
+    (root / "odd").mkdir()
+    (root / "odd" / "probe.json").write_text(json.dumps(
+        {"hostname": ["x"], "platform": {"a": 1}, "memory_bytes": "x", "cpu_count": "x", "interfaces": "eth0",
+         "mlx": {"import_ok": True, "version": 5, "backends": {"ring": "yes"}}, "env": {"MLX_X": [1]}}))
+    result = invoke("--from", str(root))
+    assert "Traceback" not in result.output and "crashed" not in result.output, result.output
+    assert "odd: ! " in result.output and "memory_bytes is a string ('x'), expected an integer" in result.output
+    assert "mlx.backends.ring is a string ('yes'), expected true or false" in result.output
+    assert "odd       ?           ?" in result.output  # facts table: unknown, not the wrong value

@@ -1,4 +1,5 @@
-"""What doctor read: every capture file readable, every inventory host captured.
+"""What doctor read: every capture file readable, every inventory host captured,
+every probe.json field of its type.
 
 A check that finds nothing to look at skips, so without this check a replay
 of a folder whose files are corrupt (or that lacks some of the inventory's
@@ -10,8 +11,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mlxcluster.capture import PROBE
 from mlxcluster.checks.base import CheckContext
-from mlxcluster.checks.common import BAD, Verdict, doctor_check, join_hosts, worst
+from mlxcluster.checks.common import (
+    BAD,
+    WARN,
+    Verdict,
+    doctor_check,
+    host_facts_of,
+    join_hosts,
+    worst,
+)
 
 
 def _folder(ctx: CheckContext) -> str:
@@ -24,16 +34,21 @@ def _folder(ctx: CheckContext) -> str:
 def captures_readable(ctx: CheckContext) -> Verdict:
     replay = bool(ctx.options.get("replay"))
     evidence: dict[str, str] = {}
-    unreadable, unprobed, missing = [], [], []
+    unreadable, unprobed, missing, wrong_typed = [], [], [], []
+    facts = host_facts_of(ctx)
     for name, capture in ctx.captures.items():
         problems = [f"{capture.path(f)}: {why}" for f, why in capture.problems().items()]
+        if problems:
+            unreadable.append(name)
         if replay and capture.error:
             problems.append(f"not probed when the folder was collected: {capture.error}")
             unprobed.append(name)
+        failing = bool(problems)
+        if facts[name].problems:  # wrong-typed fields: the rest of the probe was read
+            problems.append(f"{capture.path(PROBE)}: " + "; ".join(facts[name].problems) + " (read as unknown)")
+            wrong_typed.append(name)
         if problems:
-            evidence[name] = BAD + "; ".join(problems)
-            if capture.problems():
-                unreadable.append(name)
+            evidence[name] = (BAD if failing else WARN) + "; ".join(problems)
         else:
             evidence[name] = ", ".join(capture.files) or "nothing captured"
     if replay and ctx.inventory is not None:
@@ -52,4 +67,8 @@ def captures_readable(ctx: CheckContext) -> Verdict:
     if missing:
         hints.append(f"nothing was checked on {join_hosts(missing)}: collect every inventory host "
                      "(doctor -i INVENTORY --collect NEWDIR), or pass the inventory this folder was collected with")
-    return Verdict(worst(bool(unreadable or unprobed or missing), False), evidence, "; ".join(hints) or None)
+    if wrong_typed:
+        hints.append(f"{join_hosts(wrong_typed)}: the probe.json fields named have the wrong type (an edited "
+                     "or foreign file?), so the checks that need them saw nothing there: collect those hosts again")
+    return Verdict(worst(bool(unreadable or unprobed or missing), bool(wrong_typed)), evidence,
+                   "; ".join(hints) or None)

@@ -55,15 +55,17 @@ def python_path(ctx: CheckContext) -> Verdict:
     inv_paths = {h.name: h.python for h in ctx.inventory.hosts} if ctx.inventory else {}
     for name, capture in ctx.captures.items():
         f = host_facts_of(ctx)[name]
-        if f.probed:
-            evidence[name] = f"{f.python} (Python {f.python_version})"
+        if f.probed and f.python:
+            evidence[name] = f"{f.python} (Python {f.python_version or '?'})"
+        elif f.probed:
+            evidence[name] = "python path unknown (see captures-readable)"
         elif capture.error and capture.error.startswith("python "):
             evidence[name] = BAD + capture.error
             failed.append(name)
         else:
             evidence[name] = unprobed_evidence(ctx)[name]
-    if not probed_hosts(ctx) and not failed:
-        return skip("no host was probed", evidence)
+    if not any(f.python for f in probed_hosts(ctx).values()) and not failed:
+        return skip("no host reported its python", evidence)
     paths = inv_paths or {n: f.python for n, f in probed_hosts(ctx).items() if f.python}
     if len(set(paths.values())) > 1:
         common = majority(paths)
@@ -94,7 +96,8 @@ def mlx_version(ctx: CheckContext) -> Verdict:
     odd = [n for n, v in versions.items() if v != common]
     for n, f in facts.items():
         if n in broken:
-            evidence[n] = BAD + f"mlx does not import with {f.python}: {f.mlx_import_error}"
+            evidence[n] = BAD + (f"mlx does not import with {f.python or 'the inventory python'}: "
+                                 f"{f.mlx_import_error or 'no mlx version in probe.json'}")
         elif n in odd:
             evidence[n] = BAD + f"mlx {f.mlx_version} (others: {common}) with {f.python}"
         else:
