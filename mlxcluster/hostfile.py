@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mlxcluster.capture import IBV_DEVICES, IFCONFIG
 from mlxcluster.errors import HostfileError
-from mlxcluster.inventory import parse_ip, ssh_target_ok
+from mlxcluster.inventory import parse_ip, shorten, show, ssh_target_ok
 from mlxcluster.parsers.ibv import parse_ibv_devices
 from mlxcluster.parsers.ifconfig import ipv4_addresses, parse_ifconfig
 
@@ -38,8 +38,14 @@ RdmaEntry = str | tuple[str, ...] | None
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
-_RDMA = re.compile(r"^rdma_[A-Za-z0-9]+$")
-_MPI_LINE = re.compile(r"^(\S+)(?:\s+slots=(\S+))?(?:\s+(.*))?$")
+_RDMA = re.compile(r"^rdma_[A-Za-z0-9]+\Z")
+# Open MPI hostfile keywords we write or accept (``host slots=N max_slots=M``);
+# ASCII digits only (str.isdigit() is true for '²' and '٣').
+_MPI_KEYWORDS = ("slots", "max_slots")
+_MPI_SETTING = re.compile(r"^([A-Za-z_-]+)=([0-9]{1,10})\Z")
+_MPI_BLANKS = " \t\f\v"  # what Open MPI's hostfile lexer skips between words
+_MPI_MAX_SLOTS = 2**31 - 1  # Open MPI keeps slot counts in an int
+_JSON_START = ("{", "[", '"')
 
 
 @dataclass(frozen=True)
@@ -91,12 +97,12 @@ def _rdma_entry(value: Any, where: str, problems: list[str]) -> RdmaEntry:
         return None
     if isinstance(value, str):
         if not _RDMA.match(value):
-            problems.append(f"{where}: {value!r} is not an RDMA device name like rdma_en3")
+            problems.append(f"{where}: {show(value)} is not an RDMA device name like rdma_en3")
         return value
     if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
         for v in value:
             if not _RDMA.match(v):
-                problems.append(f"{where}: {v!r} is not an RDMA device name like rdma_en3")
+                problems.append(f"{where}: {show(v)} is not an RDMA device name like rdma_en3")
         return tuple(value)
     problems.append(f"{where}: must be null, a device name or a list of device names")
     return None
@@ -109,6 +115,15 @@ def parse_mlx_hostfile(text: str, source: str = "<hostfile>") -> MlxHostfile:
     except ValueError as exc:
         raise HostfileError(f"{source} is not valid JSON ({exc})",
                             "regenerate it: mlxcluster hostfile generate -i INVENTORY --backend ...") from None
+    except RecursionError:
+        raise HostfileError(f"{source} is not a hostfile: its JSON nests too deeply to read",
+                            "regenerate it: mlxcluster hostfile generate -i INVENTORY --backend ...") from None
+    if not isinstance(data, (dict, list)):
+        raise HostfileError(
+            f"{source} holds the JSON value {show(data)}, not a hostfile "
+            '(an object with "hosts", or a list of hosts)',
+            "regenerate it: mlxcluster hostfile generate -i INVENTORY --backend ... "
+            "(an MPI hostfile line is 'host slots=1')")
     problems: list[str] = []
     backend, envs, raw_hosts = "", [], data
     if isinstance(data, dict):
@@ -116,12 +131,12 @@ def parse_mlx_hostfile(text: str, source: str = "<hostfile>") -> MlxHostfile:
         envs = data.get("envs", [])
         raw_hosts = data.get("hosts")
         for key in sorted(set(data) - {"backend", "envs", "hosts"}):
-            problems.append(f"unknown top-level key {key!r}")
+            problems.append(f"unknown top-level key {show(key)}")
     if not isinstance(raw_hosts, list) or not raw_hosts:
         problems.append("'hosts' must be a non-empty list")
         raw_hosts = []
     if backend not in ("", *BACKENDS):
-        problems.append(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
+        problems.append(f"backend {show(backend)} is not one of {', '.join(BACKENDS)}")
     if not isinstance(envs, list) or not all(isinstance(e, str) and _ENV.match(e) for e in envs):
         problems.append("'envs' must be a list of \"NAME=value\" strings")
         envs = []
@@ -133,7 +148,7 @@ def parse_mlx_hostfile(text: str, source: str = "<hostfile>") -> MlxHostfile:
             continue
         if not ssh_target_ok(raw["ssh"]):
             # It reaches ssh's argv and mlx.launch's: a leading '-' would be an option.
-            problems.append(f"{where}: ssh {raw['ssh']!r} is not a [user@]Host alias, hostname or IP "
+            problems.append(f"{where}: ssh {show(raw['ssh'])} is not a [user@]Host alias, hostname or IP "
                             "(no leading '-', spaces, quotes or shell characters)")
             continue
         ips = raw.get("ips", [])
@@ -142,7 +157,7 @@ def parse_mlx_hostfile(text: str, source: str = "<hostfile>") -> MlxHostfile:
             ips = []
         for ip in ips:
             if parse_ip(ip) is None:
-                problems.append(f"{where} ({raw['ssh']}): {ip!r} is not an IP address")
+                problems.append(f"{where} ({raw['ssh']}): {show(ip)} is not an IP address")
         rdma = raw.get("rdma", [])
         if not isinstance(rdma, list):
             problems.append(f"{where} ({raw['ssh']}): 'rdma' must be a list")
@@ -200,26 +215,47 @@ def structure_problems(hf: MlxHostfile) -> list[str]:
     return problems
 
 
+def _mpi_settings(rest: str) -> tuple[dict[str, int], str | None]:
+    """``slots=N max_slots=M`` (spaces around '=' allowed, as Open MPI reads
+    them) as a dict, or the reason the text is not that."""
+    settings: dict[str, int] = {}
+    for token in re.sub(r"[ ]*=[ ]*", "=", rest).split(" ") if rest else ():
+        m = _MPI_SETTING.match(token)
+        if not m or m.group(1) not in _MPI_KEYWORDS:
+            return settings, f"{show(token)} is not slots=N or max_slots=N"
+        key, value = m.group(1), int(m.group(2))
+        if key in settings:
+            return settings, f"{key} is given twice"
+        if not 1 <= value <= _MPI_MAX_SLOTS:
+            return settings, f"{key} must be a whole number from 1 to {_MPI_MAX_SLOTS}"
+        settings[key] = value
+    if settings.get("max_slots", _MPI_MAX_SLOTS) < settings.get("slots", 1):
+        return settings, "max_slots is less than slots"
+    return settings, None
+
+
 def parse_mpi_hostfile(text: str, source: str = "<hostfile>") -> tuple[MpiHost, ...]:
-    """Parse an Open MPI hostfile (``host slots=N`` per line, ``#`` comments)."""
+    """Parse an Open MPI hostfile: ``host [slots=N] [max_slots=M]`` per line,
+    ``#`` comments; anything else on a line is a problem (Open MPI refuses it)."""
     problems, hosts, seen = [], [], set()
-    for number, raw in enumerate(text.splitlines(), 1):
-        line = raw.split("#", 1)[0].strip()
+    for number, raw in enumerate(text.split("\n"), 1):  # only '\n' ends a line for Open MPI
+        line = raw.split("#", 1)[0].strip(_MPI_BLANKS + "\r")
         if not line:
             continue
-        m = _MPI_LINE.match(line)
-        slots = m.group(2) if m else None
-        if not m or (slots is not None and not (slots.isdigit() and int(slots) > 0)):
-            problems.append(f"line {number}: expected 'host slots=N', got {raw.strip()!r}")
+        host, _, rest = re.sub(f"[{_MPI_BLANKS}]+", " ", line).partition(" ")
+        settings, why = _mpi_settings(rest)
+        if why is not None:
+            problems.append(f"line {number}: expected 'host slots=N' (optionally max_slots=M), "
+                            f"got {show(raw.strip())}: {why}")
             continue
-        if not ssh_target_ok(m.group(1)):
-            problems.append(f"line {number}: {m.group(1)!r} is not a [user@]host name or IP")
+        if not ssh_target_ok(host):
+            problems.append(f"line {number}: {show(host)} is not a [user@]host name or IP")
             continue
-        if m.group(1) in seen:
-            problems.append(f"line {number}: host {m.group(1)!r} is listed twice")
+        if host in seen:
+            problems.append(f"line {number}: host {show(host)} is listed twice")
             continue
-        seen.add(m.group(1))
-        hosts.append(MpiHost(m.group(1), int(slots) if slots else 1))
+        seen.add(host)
+        hosts.append(MpiHost(host, settings.get("slots", 1)))
     if not hosts and not problems:
         problems.append("no hosts listed")
     if problems:
@@ -236,19 +272,37 @@ def dumps_mpi_hostfile(hosts: tuple[MpiHost, ...]) -> str:
 
 
 def _read(path: Path) -> str:
+    """The file's text; a UTF-8 BOM (some editors write one) is dropped."""
+    hint = "pass the path of a file written by 'mlxcluster hostfile generate'"
     try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-        raise HostfileError(f"cannot read hostfile {path}: {why}",
-                            "pass the path of a file written by 'mlxcluster hostfile generate'") from None
+        data = path.read_bytes()
+    except OSError as exc:
+        raise HostfileError(f"cannot read hostfile {path}: {exc.strerror or exc}", hint) from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise HostfileError(f"cannot read hostfile {path}: line {line} is not UTF-8 text "
+                            f"(byte 0x{data[exc.start]:02x} at offset {exc.start})", hint) from None
+
+
+def is_json_text(text: str) -> bool:
+    """Whether ``text`` is (meant as) JSON: it starts like JSON, or parses as
+    a JSON value ('5'). Such a file is never reread as an MPI hostfile."""
+    if text.lstrip()[:1] in _JSON_START:
+        return True
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 def load_hostfile(path: str | Path) -> MlxHostfile | tuple[MpiHost, ...]:
-    """Read either kind: JSON (starts with ``{`` or ``[``) or an MPI hostfile."""
+    """Read either kind: JSON (see is_json_text) or an MPI hostfile."""
     p = Path(path)
     text = _read(p)
-    if text.lstrip()[:1] in ("{", "["):
+    if is_json_text(text):
         return parse_mlx_hostfile(text, str(p))
     return parse_mpi_hostfile(text, str(p))
 
@@ -258,17 +312,38 @@ def load_mlx_hostfile(path: str | Path) -> MlxHostfile:
     return parse_mlx_hostfile(_read(Path(path)), str(path))
 
 
+@dataclass(frozen=True)
+class ClusterCheck:
+    """What ``check_against_cluster`` found: ``problems`` (mismatches), and
+    the hosts whose IPs / RDMA devices could not be checked, with why."""
+
+    problems: list[str] = field(default_factory=list)
+    unchecked: dict[str, str] = field(default_factory=dict)  # host -> why ("ssh (rank i)" when repeated)
+    checked: list[str] = field(default_factory=list)  # hosts compared with a capture
+
+
 def cluster_problems(hf: MlxHostfile | tuple[MpiHost, ...], inventory=None,
                      captures: dict | None = None) -> list[str]:
-    """Problems against the cluster: hosts missing from the inventory, IPs that
-    no interface of their host carries, RDMA devices the host does not have.
+    """The mismatches of ``check_against_cluster`` (hosts it could not check are not problems)."""
+    return check_against_cluster(hf, inventory, captures).problems
+
+
+def check_against_cluster(hf: MlxHostfile | tuple[MpiHost, ...], inventory=None,
+                          captures: dict | None = None) -> ClusterCheck:
+    """Check a hostfile against the cluster: hosts missing from the inventory,
+    IPs that no interface of their host carries, RDMA devices the host does
+    not have.
 
     ``captures`` (host name -> HostCapture) supplies each host's ``ifconfig``
-    and ``ibv_devices``; hosts without a capture are not IP-checked.
+    and ``ibv_devices``. A host with IPs or RDMA devices to check but no
+    usable capture (no folder of its name, not probed, the file missing or
+    unreadable) is ``unchecked``, never silently passed. Without captures
+    nothing is compared and nothing is reported unchecked.
     """
     entries = hf.hosts if isinstance(hf, MlxHostfile) else tuple(
         HostEntry(h.host) for h in hf)
-    problems = []
+    result = ClusterCheck()
+    problems, unchecked = result.problems, result.unchecked
     names: dict[str, str] = {}
     if inventory is not None:
         for host in inventory.hosts:
@@ -279,21 +354,50 @@ def cluster_problems(hf: MlxHostfile | tuple[MpiHost, ...], inventory=None,
         for e in entries:
             if e.ssh not in names:
                 problems.append(f"{e.ssh}: not a host of inventory {inventory.path or inventory.cluster}")
-    for e in entries:
+    if captures is None:
+        return result
+    repeated = {e.ssh for i, e in enumerate(entries) if e.ssh in {x.ssh for x in entries[:i]}}
+    for rank, e in enumerate(entries):
+        label = f"{e.ssh} (rank {rank})" if e.ssh in repeated else e.ssh
         name = names.get(e.ssh, e.ssh)
-        cap = (captures or {}).get(name)
+        wanted = {d for r in e.rdma if r for d in ((r,) if isinstance(r, str) else r)}
+        if not e.ips and not wanted:
+            continue  # nothing of this host to compare
+        cap = captures.get(name)
         if cap is None:
+            unchecked[label] = (f"no capture of {name}" if inventory is not None
+                                else f"no capture folder named {name!r} (capture folders carry inventory "
+                                     "host names: pass -i INVENTORY to map ssh targets to them)")
             continue
-        if cap.text(IFCONFIG) is not None:
-            interfaces = parse_ifconfig(cap.text(IFCONFIG))
-            present = {ip: i.name for i in interfaces.values() for ip in ipv4_addresses(i)}
-            for ip in e.ips:
-                if ip not in present and ":" not in ip:
-                    problems.append(f"{e.ssh}: IP {ip} is not on any interface of {name}")
-        if cap.text(IBV_DEVICES) is not None:
-            have = {d.name for d in parse_ibv_devices(cap.text(IBV_DEVICES))}
-            wanted = {d for r in e.rdma if r for d in ((r,) if isinstance(r, str) else r)}
-            for dev in sorted(wanted - have):
-                problems.append(f"{e.ssh}: RDMA device {dev} does not exist on {name} "
-                                f"(ibv_devices lists {', '.join(sorted(have)) or 'none'})")
-    return problems
+        if cap.error is not None and not cap.files:
+            unchecked[label] = f"{name} could not be probed: {shorten(cap.error)}"
+            continue
+        why = []
+        if e.ips:
+            text, bad = cap.text(IFCONFIG), cap.problems().get(IFCONFIG)
+            interfaces = parse_ifconfig(text) if text is not None and bad is None else {}
+            if text is None or bad is not None:
+                why.append(f"its {IFCONFIG} capture is {bad or 'missing'}")
+            elif not interfaces:
+                why.append(f"its {IFCONFIG} capture lists no interface")
+            else:
+                present = {ip for i in interfaces.values() for ip in ipv4_addresses(i)}
+                for ip in e.ips:
+                    if ":" in ip:
+                        why.append(f"IPv6 {ip} not compared (only IPv4 addresses are)")
+                    elif ip not in present:
+                        problems.append(f"{e.ssh}: IP {ip} is not on any interface of {name}")
+        if wanted:
+            text, bad = cap.text(IBV_DEVICES), cap.problems().get(IBV_DEVICES)
+            if text is None or bad is not None:
+                why.append(f"its {IBV_DEVICES} capture is {bad or 'missing'}")
+            else:
+                have = {d.name for d in parse_ibv_devices(text)}
+                for dev in sorted(wanted - have):
+                    problems.append(f"{e.ssh}: RDMA device {dev} does not exist on {name} "
+                                    f"(ibv_devices lists {', '.join(sorted(have)) or 'none'})")
+        if why:
+            unchecked[label] = "; ".join(why)
+        else:
+            result.checked.append(label)
+    return result

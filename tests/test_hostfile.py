@@ -209,9 +209,19 @@ def test_check_reports_every_error_case(tmp_path):
     assert "cannot read hostfile" in cli("check", str(tmp_path / "missing.json")).output
 
 
+IFCONFIG_TEXT = ("en0: flags=8863<UP,BROADCAST,SMART,RUNNING,SIMPLEX,MULTICAST> mtu 1500\n"
+                 "\tinet {ip} netmask 0xffffff00 broadcast 10.0.0.255\n")
+
+
+def write_ifconfig(capture_dir, ips: dict[str, str]) -> None:
+    for host, ip in ips.items():
+        (capture_dir / host / "ifconfig.txt").write_text(IFCONFIG_TEXT.format(ip=ip))
+
+
 def test_check_against_inventory_and_captures(inv, omlx_dir, tmp_path, macos_fixtures):
     good = tmp_path / "good.json"
     cli("generate", "-i", str(inv), "--backend", "jaccl", "--from", str(omlx_dir), "-o", str(good))
+    write_ifconfig(omlx_dir, {"mbp": "10.0.0.1", "studio": "10.0.0.2"})
     ok = cli("check", str(good), "-i", str(inv), "--from", str(omlx_dir))
     assert ok.exit_code == 0 and "ok: " in ok.output and "2 hosts, backend jaccl" in ok.output
     data = json.loads(good.read_text())

@@ -9,11 +9,11 @@ import click
 
 from mlxcluster.capture import load_capture_dir
 from mlxcluster.doctor_collect import collect_captures
-from mlxcluster.errors import HostfileError, InputError
+from mlxcluster.errors import EXIT_FAILED, HostfileError, InputError
 from mlxcluster.hostfile import (
     BACKENDS,
     MlxHostfile,
-    cluster_problems,
+    check_against_cluster,
     load_hostfile,
 )
 from mlxcluster.hostfile_generate import (
@@ -131,23 +131,46 @@ def generate(inventory_path, backend, output, from_dir, envs, tcp_links, if_incl
 @click.option("--from", "from_dir", type=click.Path(file_okay=False),
               help="Capture directory: check IPs and RDMA devices against each host's captures.")
 def check(file, inventory_path, from_dir):
-    """Validate a hostfile (MLX JSON or MPI) and say what is wrong."""
+    """Validate a hostfile (MLX JSON or MPI) and say what is wrong.
+
+    Exit 0: well-formed and, with -i / --from, every host's IPs and RDMA
+    devices match. Exit 2: malformed or a mismatch. Exit 1: well-formed, no
+    mismatch found, but some hosts could not be checked (named, with why).
+    """
     hf = load_hostfile(file)
     inventory = load_inventory(inventory_path) if inventory_path else None
     captures = load_capture_dir(from_dir) if from_dir else None
     if captures is None and inventory is not None:
         captures = collect_captures(inventory)  # check the IPs on the live hosts
-    problems = cluster_problems(hf, inventory, captures)
-    if problems:
+    found = check_against_cluster(hf, inventory, captures)
+    not_checked = [f"  - {host}: {why}" for host, why in found.unchecked.items()]
+    if found.problems:
         raise HostfileError(
-            f"hostfile {file} does not match the cluster ({len(problems)} problem(s)):\n"
-            + "\n".join(f"  - {p}" for p in problems),
+            f"hostfile {file} does not match the cluster ({len(found.problems)} problem(s)):\n"
+            + "\n".join(f"  - {p}" for p in found.problems)
+            + ("\nnot checked:\n" + "\n".join(not_checked) if not_checked else ""),
             "regenerate it: mlxcluster hostfile generate -i INVENTORY --backend ... (--from DIR)",
         )
     if isinstance(hf, MlxHostfile):
-        click.echo(f"ok: {file}: {len(hf.hosts)} hosts, backend {hf.backend or '(unset)'}")
+        shape = f"{len(hf.hosts)} hosts, backend {hf.backend or '(unset)'}"
     else:
-        click.echo(f"ok: {file}: MPI hostfile, {len(hf)} hosts, {sum(h.slots for h in hf)} slots")
+        shape = f"MPI hostfile, {len(hf)} hosts, {sum(h.slots for h in hf)} slots"
     if captures is None:
+        click.echo(f"ok: {file}: {shape}")
         click.echo("note: IPs and RDMA devices were not checked against the hosts; pass "
                    "--from DIR (doctor --collect DIR) to check them", err=True)
+        return
+    if not found.unchecked:
+        click.echo(f"ok: {file}: {shape}; IPs and RDMA devices match "
+                   f"{'the captures in ' + from_dir if from_dir else 'the live hosts'}")
+        return
+    click.echo(f"{file}: {shape}; well-formed")
+    if found.checked:
+        click.echo(f"checked: {', '.join(found.checked)}")
+    click.secho(f"error: {len(found.unchecked)} host(s) of {file} were not checked against the cluster:\n"
+                + "\n".join(not_checked), fg="red", err=True)
+    click.echo("fix: " + ("capture every host (mlxcluster doctor -i INVENTORY --collect DIR) and pass "
+                          "--from DIR with -i INVENTORY" if from_dir else
+                          "make those hosts reachable (mlxcluster doctor -i INVENTORY says why), "
+                          "or check against a capture: --from DIR"), err=True)
+    click.get_current_context().exit(EXIT_FAILED)
