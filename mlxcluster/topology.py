@@ -78,7 +78,7 @@ class HostTopology:
     ports: tuple[Port, ...]
     rdma_devices: tuple[str, ...]
     bridge_holds_thunderbolt: bool | None  # None: ifconfig or networksetup missing
-    state: str = "ok"  # thunderbolt parse state: ok / no_hardware / unknown / missing
+    state: str = "ok"  # thunderbolt parse state: ok / no_hardware / unknown / missing / unreadable
     model_name: str | None = None  # what peers call this Mac ("Mac Studio")
     model_id: str | None = None  # "Mac15,14" when SPHardware was captured
     bridge_members: tuple[str, ...] = ()
@@ -166,11 +166,31 @@ def _non_mac_names(devices: tuple[TbDevice, ...]) -> list[str]:
     return names
 
 
+# The capture files the topology is built from.
+TOPOLOGY_FILES = (THUNDERBOLT, HARDWARE_PORTS, IFCONFIG, IBV_DEVICES, HARDWARE)
+
+
+def unreadable_files(captures: dict[str, HostCapture]) -> dict[str, dict[str, str]]:
+    """Host -> {path of a topology capture file: why it cannot be read}; such a file
+    counts as not captured (the host's Thunderbolt state is then "unreadable")."""
+    out = {}
+    for name, capture in captures.items():
+        problems = {capture.path(f): why for f, why in capture.problems().items() if f in TOPOLOGY_FILES}
+        if problems:
+            out[name] = problems
+    return out
+
+
 def build_host(capture: HostCapture) -> HostTopology:
     """One host's ports, RDMA devices and bridge state from its raw captures."""
-    tb_text = capture.text(THUNDERBOLT)
+    problems = capture.problems()
+
+    def text(file_name: str) -> str | None:  # an unreadable file counts as not captured
+        return None if file_name in problems else capture.text(file_name)
+
+    tb_text = text(THUNDERBOLT)
     report = parse_thunderbolt(tb_text) if tb_text is not None else None
-    hw_ports_text = capture.text(HARDWARE_PORTS)
+    hw_ports_text = text(HARDWARE_PORTS)
     hw_ports = parse_hardware_ports(hw_ports_text) if hw_ports_text is not None else ()
     tb_ifaces = thunderbolt_interfaces(hw_ports)
     ports = []
@@ -190,10 +210,10 @@ def build_host(capture: HostCapture) -> HostTopology:
     # Receptacle order, unknown receptacles last: buses come listed out of order.
     ports.sort(key=lambda p: (p.receptacle is None, p.receptacle or 0))
 
-    ibv_text = capture.text(IBV_DEVICES)
+    ibv_text = text(IBV_DEVICES)
     rdma = tuple(sorted(d.name for d in parse_ibv_devices(ibv_text))) if ibv_text else ()
 
-    ifconfig_text = capture.text(IFCONFIG)
+    ifconfig_text = text(IFCONFIG)
     interfaces = parse_ifconfig(ifconfig_text) if ifconfig_text is not None else {}
     bridge_name = bridge_interface(hw_ports) or "bridge0"
     members = interfaces[bridge_name].members if bridge_name in interfaces else ()
@@ -202,7 +222,7 @@ def build_host(capture: HostCapture) -> HostTopology:
     else:
         holds = any(m in tb_ifaces.values() for m in members)
 
-    hardware = parse_hardware(capture.text(HARDWARE)) if capture.text(HARDWARE) else None
+    hardware = parse_hardware(text(HARDWARE)) if text(HARDWARE) else None
     bus_names = {b.host_name for b in report.buses if b.host_name} if report else set()
     model_name = (hardware.model_name if hardware else None) or (
         next(iter(bus_names)) if len(bus_names) == 1 else None)
@@ -211,7 +231,7 @@ def build_host(capture: HostCapture) -> HostTopology:
         ports=tuple(ports),
         rdma_devices=rdma,
         bridge_holds_thunderbolt=holds,
-        state=report.state if report else "missing",
+        state=report.state if report else "unreadable" if THUNDERBOLT in problems else "missing",
         model_name=model_name,
         model_id=hardware.model_id if hardware else None,
         bridge_members=tuple(members),

@@ -118,3 +118,15 @@ def test_wrong_shaped_thunderbolt_json_does_not_crash(macos_fixtures, tmp_path):
                                     "--from", str(d)])
     assert not isinstance(gen.exception, TypeError), gen.output
     assert "Traceback" not in gen.output
+
+
+def test_corrupt_thunderbolt_capture_is_named_not_shown_as_unknown(macos_fixtures, tmp_path):
+    d = make_capture_dir(macos_fixtures, tmp_path / "c", OMLX)
+    broken = d / "mbp" / C.THUNDERBOLT
+    broken.write_text('{"SPThunderboltDataType": ')
+    result = run("--from", str(d))
+    assert result.exit_code == 1, result.output
+    assert "mbp  (thunderbolt: unreadable;" in result.output
+    assert f"error: mbp: {broken} is unreadable (not valid JSON (" in result.output
+    assert "studio  (thunderbolt: ok;" in result.output  # the readable host is still shown
+    assert json.loads(run("--from", str(d), "--json").stdout)["hosts"]["mbp"]["ports"] == []

@@ -10,7 +10,7 @@ from mlxcluster.capture import load_capture_dir
 from mlxcluster.doctor_collect import collect_captures
 from mlxcluster.errors import InputError
 from mlxcluster.inventory import load_inventory
-from mlxcluster.topology import Topology, build_topology
+from mlxcluster.topology import Topology, build_topology, unreadable_files
 from mlxcluster.topology_dot import render_png, to_dot
 
 
@@ -80,10 +80,19 @@ def command(inventory, from_dir, as_json, as_dot, png):
         click.echo(f"wrote {path}")
     else:
         click.echo(render_text(t))
-    # A host we could not probe makes every cable to it look missing: say why, fail.
+    # A host we could not probe, or whose capture is unreadable, makes every cable to
+    # it look missing: say why, fail.
     unreachable = {name: c.error for name, c in captures.items() if c.error}
     for name, error in unreachable.items():
         click.secho(f"error: {name} could not be probed: {error}", fg="red", err=True)
     if unreachable:
         click.echo("fix: run 'mlxcluster doctor -i INVENTORY' to see why", err=True)
+    unreadable = unreadable_files(captures)
+    for name, problems in unreadable.items():
+        for path, why in problems.items():
+            click.secho(f"error: {name}: {path} is unreadable ({why}); read as not captured", fg="red", err=True)
+    if unreadable:
+        click.echo("fix: capture those hosts again (mlxcluster doctor -i INVENTORY --collect NEWDIR), or replace "
+                   "the files named with the output of their command", err=True)
+    if unreachable or unreadable:
         click.get_current_context().exit(1)
