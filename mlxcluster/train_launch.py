@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 from mlxcluster import interrupts
 from mlxcluster.blas import OPENBLAS_CANDIDATES
 from mlxcluster.errors import BackendUnavailable, InputError, Interrupted, MlxclusterError
+from mlxcluster.hostfile import BACKENDS as MLX_BACKENDS
 from mlxcluster.hostfile import load_mlx_hostfile
 from mlxcluster.inventory import Host, Inventory, local_inventory
 from mlxcluster.launcher_ssh import launcher_environment
@@ -173,6 +174,12 @@ def job_local(n: int, backend: str, python: str, trainer_args: tuple[str, ...] =
 
 
 def check_backend(backend: str) -> None:
+    """An unknown name is bad input (exit 2); an MLX backend train does not run
+    (jaccl, jaccl-ring, nccl) is unavailable (exit 3)."""
+    if backend not in MLX_BACKENDS:
+        raise InputError(f"unknown backend {backend!r} (MLX's backends are "
+                         f"{', '.join(MLX_BACKENDS)})",
+                         "use --backend ring (TCP, always available) or mpi")
     if backend not in BACKENDS:
         raise BackendUnavailable(f"mlxcluster train supports the {' and '.join(BACKENDS)} "
                                  f"backends, not {backend!r}",
@@ -342,6 +349,45 @@ def failed_rank(lines: list[str], returncode: int) -> tuple[int, int | None]:
     return returncode, None
 
 
+HELP_RULE_RE = re.compile(r"^-{20,}$")  # Open MPI frames its own messages with these
+HELP_DETAIL_RE = re.compile(r"^\s+([A-Z][\w ]*):\s+(\S.*)$")  # "  Option: --bogus-flag"
+ARGPARSE_ERROR_RE = re.compile(r"^mlx\.launch: error: (.+)$", re.M)
+
+
+def launcher_error(lines: list[str] | tuple[str, ...]) -> str | None:
+    """The launcher's own error when it failed without naming a rank, else None.
+
+    mpirun (Open MPI 5, prterun) refuses an unknown option, a bad directive, a
+    missing executable or a hostfile without slots before any rank runs: it
+    prints a message framed by lines of dashes ("An unrecognized option was
+    included on the mpirun command line:" / "Option: --bogus-flag") and exits
+    with its own code (213, 183...). mlx.launch exits 2 with "mlx.launch:
+    error: ...". A failing rank is named instead ("Node with rank R exited",
+    "Process name:" / "Exit code:"), and then this returns None.
+    """
+    text = ANSI_RE.sub("", "\n".join(lines))
+    if WARN_RE.search(text) or MPI_RANK_RE.search(text) or MPI_CODE_RE.search(text):
+        return None
+    argparse_error = ARGPARSE_ERROR_RE.search(text)
+    if argparse_error:
+        return argparse_error.group(1).strip()
+    body = text.splitlines()
+    rules = [i for i, line in enumerate(body) if HELP_RULE_RE.match(line.strip())]
+    if len(rules) < 2:
+        return None
+    block = body[rules[0] + 1:rules[1]]
+    summary: list[str] = []
+    for line in block:  # the first paragraph says what went wrong
+        if not line.strip():
+            if summary:
+                break
+            continue
+        summary.append(line.strip())
+    details = [f"{m.group(1)}: {m.group(2).strip()}" for m in map(HELP_DETAIL_RE.match, block) if m]
+    message = " ".join(summary).rstrip(":")
+    return f"{message} ({'; '.join(details)})" if details else message or None
+
+
 def run_streaming(argv: list[str], on_line: Callable[[str, str], None],
                   env: dict[str, str] | None = None, timeout: float | None = None,
                   keep: int = 400) -> RunOutcome:
@@ -426,10 +472,18 @@ def smoke_all_sum(job: TrainJob, env: dict[str, str] | None = None,
         return False, str(e)
     if report.passed:
         return True, f"all_sum over {n} ranks on {job.backend} = {n} ({report.duration_s:.1f} s)"
+    why = launcher_error(report.launcher_stderr.splitlines()) if report.ranks else None
+    if why:  # e.g. a bad --mpi-arg: no rank ran, so none is to blame
+        return False, f"{launcher_name(job)} did not start the ranks: {why}"
     # Every rank's verdict, the one that failed first leading (unavailable: no ranks ran).
     verdicts = "; ".join(f"rank {r.rank} on {r.host} {r.status}" + (f": {r.detail}" if r.detail else "")
                          for r in report.failed_ranks)
     return False, verdicts or report.reason or report.status
+
+
+def launcher_name(job: TrainJob) -> str:
+    """What starts the ranks of ``job``, as the user knows it."""
+    return "mpirun" if job.backend == "mpi" else "mlx.launch"
 
 
 def launch_training(job: TrainJob, on_line: Callable[[str, str], None],

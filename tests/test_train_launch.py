@@ -20,6 +20,7 @@ from click.testing import CliRunner
 from mlxcluster.cli import main as cli
 from mlxcluster.errors import BackendUnavailable, InputError
 from mlxcluster.inventory import parse_inventory
+from mlxcluster.mpi import find_mpirun
 from mlxcluster.train_launch import (
     HostProbe,
     RankHost,
@@ -30,6 +31,7 @@ from mlxcluster.train_launch import (
     job_from_inventory,
     job_local,
     launcher_argv,
+    launcher_error,
     openblas_env,
     run_streaming,
     write_hostfile,
@@ -137,6 +139,82 @@ def test_failed_rank_from_real_launcher_messages():
            "   Process name: [prterun-vm-1873@1,2]", "   Exit code:    3"]
     assert failed_rank(mpi, 3) == (3, 2)
     assert failed_rank(["all good"], 0) == (0, None)
+
+
+# What mpirun (Open MPI 5.0) printed here for a bad option, a bad directive and a
+# missing program: none of them started a rank.
+MPIRUN_UNKNOWN_OPTION = """--------------------------------------------------------------------------
+An unrecognized option was included on the mpirun command line:
+
+  Option: --bogus-flag
+
+Please use the "mpirun --help" command to obtain a list of all
+supported options.
+--------------------------------------------------------------------------"""
+MPIRUN_BAD_DIRECTIVE = """--------------------------------------------------------------------------
+The specified mapby directive is not recognized:
+
+  Directive: foo
+  Valid directives: slot:hwthread:core:l1cache:l2cache:l3cache:numa:package:node:seq:ppr:rankfile:pe-list=
+
+Please check for a typo or ensure that the directive is a supported one.
+--------------------------------------------------------------------------"""
+MPIRUN_NO_PROGRAM = """--------------------------------------------------------------------------
+prterun was unable to launch the specified application as it could not
+access an executable:
+
+   Executable: /nonexistent/x
+   Node: vm
+
+while attempting to start process rank 0.
+--------------------------------------------------------------------------"""
+
+
+def test_launcher_error_only_when_no_rank_is_named():
+    """mpirun refusing --mpi-arg=--bogus-flag (exit 213) was reported as 'a rank
+    exited with code 213' though no rank ever started."""
+    assert launcher_error(MPIRUN_UNKNOWN_OPTION.splitlines()) == (
+        "An unrecognized option was included on the mpirun command line (Option: --bogus-flag)")
+    assert launcher_error(MPIRUN_BAD_DIRECTIVE.splitlines()).startswith(
+        "The specified mapby directive is not recognized (Directive: foo; Valid directives: ")
+    assert launcher_error(MPIRUN_NO_PROGRAM.splitlines()) == (
+        "prterun was unable to launch the specified application as it could not access an "
+        "executable (Executable: /nonexistent/x; Node: vm)")
+    assert launcher_error(["usage: mlx.launch [-h] ...", "mlx.launch: error: The hostfile is "
+                           "malformed: no RDMA device is listed for a to b"]) == (
+        "The hostfile is malformed: no RDMA device is listed for a to b")
+    rank_failed = ["-" * 74, "prterun detected that one or more processes exited with non-zero "
+                   "status,", "   Process name: [prterun-vm-1873@1,2]", "   Exit code:    3", "-" * 74]
+    assert launcher_error(rank_failed) is None
+    assert launcher_error(["\x1b[33m[WARN] Node with rank 1 exited with code 7 \x1b[0m"]) is None
+    assert launcher_error(["error: global_batch 7 does not split evenly"]) is None
+
+
+def test_unknown_backend_is_input_and_known_unsupported_is_unavailable():
+    with pytest.raises(InputError, match="unknown backend 'bogus'"):
+        job_from_inventory(parse_inventory(INVENTORY), "bogus")
+    with pytest.raises(BackendUnavailable, match="not 'nccl'"):
+        job_from_inventory(parse_inventory(INVENTORY), "nccl")
+
+
+def test_train_hostfile_with_unknown_backend_exits_2(tmp_path):
+    hostfile = tmp_path / "h.json"
+    hostfile.write_text(json.dumps({"backend": "bogus", "hosts": [
+        {"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}, {"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}]}))
+    result = CliRunner().invoke(cli, ["train", "--hostfile", str(hostfile), "--config", "tiny"])
+    assert result.exit_code == 2, result.output
+    assert "bogus" in result.output
+
+
+def test_mpirun_refusing_an_option_is_not_blamed_on_a_rank(tmp_path):
+    require(find_mpirun() is not None, "Open MPI's mpirun is not installed")
+    result = CliRunner().invoke(cli, ["train", "--local", "2", "--backend", "mpi", "--no-preflight",
+                                      "--mpi-arg=--bogus-flag", "--config", "tiny", "--",
+                                      "--out", str(tmp_path / "run")])
+    assert result.exit_code == 1, result.output
+    assert ("train failed: mpirun did not start the job, no rank ran: An unrecognized option "
+            "was included on the mpirun command line (Option: --bogus-flag)") in result.output
+    assert "rank exited" not in result.output
 
 
 # rank 1 fails after half a second; rank 0 would sleep for a minute unless stopped

@@ -21,6 +21,8 @@ from mlxcluster.train_launch import (
     job_from_inventory,
     job_local,
     launch_training,
+    launcher_error,
+    launcher_name,
     openblas_env,
     probe_hosts,
     smoke_all_sum,
@@ -116,6 +118,14 @@ def command(hostfile, inventory_path, local_ranks, backend, config, python, mpi_
         click.echo(line, err=stream == "stderr")
 
     outcome = launch_training(job, show, env=env, timeout=timeout)
+    why = launcher_error(outcome.lines) if outcome.exit_code and outcome.failed_rank is None else None
+    if why:  # the launcher refused to start: no rank ran, none is to blame
+        click.secho(f"train failed: {launcher_name(job)} did not start the job, no rank ran: {why}",
+                    fg="red", err=True)
+        click.echo("fix: check the --mpi-arg values and the hostfile (the launcher's message "
+                   "is above)" if job.backend == "mpi" else
+                   "fix: the launcher's message is above", err=True)
+        click.get_current_context().exit(EXIT_FAILED)
     if outcome.exit_code != 0:
         who = f"rank {outcome.failed_rank}" if outcome.failed_rank is not None else "a rank"
         click.secho(f"train failed: {who} exited with code {outcome.exit_code}; "
