@@ -13,7 +13,8 @@ host's inventory name, with these files (any may be missing)::
     DIR/studio-1/sw_vers.txt
 
 plus ``error.txt`` when the host could not be probed. A folder with none of
-these files is not a host.
+these files, a hidden folder and ``__MACOSX`` are not hosts (``read_capture_dir``
+lists them as ignored).
 
 Live runs produce the same ``HostCapture`` values, so every check that needs
 no live host runs identically on a replay. A file that is present but cannot
@@ -122,8 +123,35 @@ def _read(path: Path) -> str:
                          "make the capture folder readable (or collect it again)") from None
 
 
+@dataclass
+class CaptureFolder:
+    """A capture directory as read: its hosts, and the folders that are not hosts."""
+
+    captures: dict[str, HostCapture]
+    ignored: dict[str, str] = field(default_factory=dict)  # folder name -> why it is not a host
+
+
+def _not_a_host(folder: Path) -> str | None:
+    """Why a folder of a capture directory is not a host, or None when it is one."""
+    if folder.name == "__MACOSX":
+        return "macOS archive metadata"
+    if folder.name.startswith("."):
+        return "hidden"
+    if not any((folder / name).is_file() for name in (*CAPTURE_FILES, ERROR)):
+        return "no capture file"
+    return None
+
+
 def load_capture_dir(path: str | Path) -> dict[str, HostCapture]:
-    """Read a capture directory; host name = folder name, sorted by name.
+    """Read a capture directory; host name = folder name, sorted by name."""
+    return read_capture_dir(path).captures
+
+
+def read_capture_dir(path: str | Path) -> CaptureFolder:
+    """Read a capture directory: one host per folder holding a capture file (or
+    ``error.txt``), sorted by name. Hidden folders, ``__MACOSX`` (added when a
+    zip is unpacked on a Mac) and folders with no capture file are not hosts:
+    they are listed in ``ignored``.
 
     Raises InputError when no host folder holds a readable capture file (or
     the error that kept its host from being probed): nothing could be checked.
@@ -135,7 +163,12 @@ def load_capture_dir(path: str | Path) -> dict[str, HostCapture]:
             "pass the folder written by 'mlxcluster doctor --collect DIR'",
         )
     captures: dict[str, HostCapture] = {}
+    ignored: dict[str, str] = {}
     for host_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+        why = _not_a_host(host_dir)
+        if why is not None:
+            ignored[host_dir.name] = why
+            continue
         files = {}
         for name in CAPTURE_FILES:
             f = host_dir / name
@@ -146,7 +179,7 @@ def load_capture_dir(path: str | Path) -> dict[str, HostCapture]:
             error = _read(host_dir / ERROR).strip() or "no reason saved"
         captures[host_dir.name] = HostCapture(name=host_dir.name, files=files, error=error,
                                               source=str(host_dir))
-    if not any(c.files or c.error for c in captures.values()):
+    if not captures:
         raise InputError(
             f"capture directory {root} holds no capture files in any host folder",
             f"expected DIR/<host>/{PROBE} (or {THUNDERBOLT}, ...), as written by 'doctor --collect DIR'",
@@ -160,7 +193,7 @@ def load_capture_dir(path: str | Path) -> dict[str, HostCapture]:
             "collect the hosts again (mlxcluster doctor -i INVENTORY --collect NEWDIR), or replace "
             "the files named with the output of their command",
         )
-    return captures
+    return CaptureFolder(captures, ignored)
 
 
 def save_capture_dir(captures: dict[str, HostCapture], path: str | Path) -> Path:

@@ -16,7 +16,7 @@ import json
 import click
 from tabulate import tabulate
 
-from mlxcluster.capture import load_capture_dir, save_capture_dir
+from mlxcluster.capture import read_capture_dir, save_capture_dir
 from mlxcluster.checks.base import CheckResult, Status
 from mlxcluster.cli.params import Seconds
 from mlxcluster.doctor import BACKENDS, DoctorReport, replay_doctor, run_doctor, run_local_doctor
@@ -86,10 +86,19 @@ def verdict_line(report: DoctorReport) -> tuple[str, str]:
     return "✓ no issues found", "green"
 
 
+def ignored_text(ignored: dict[str, str]) -> str:
+    """'__MACOSX/ (macOS archive metadata), notes/ (no capture file)'."""
+    return ", ".join(f"{name}/ ({why})" for name, why in ignored.items())
+
+
 def render(report: DoctorReport, verbose: bool) -> None:
     where = "live" if report.live else ("this machine" if report.cluster == "local" else "replay")
     click.echo(f"mlxcluster doctor: {report.cluster or 'captures'} ({len(report.captures)} hosts, {where}, "
-               f"{report.seconds:.1f} s)\n")
+               f"{report.seconds:.1f} s)")
+    ignored = report.extra.get("ignored")
+    if ignored:
+        click.echo(f"ignored (not hosts): {ignored_text(ignored)}")
+    click.echo("")
     for result in report.results:
         for text, colour in render_check(result, verbose):
             click.secho(text, fg=colour)
@@ -138,8 +147,9 @@ def command(inventory_path, as_json, strict, collect_dir, from_dir, local, accep
         if collect_dir:
             save_capture_dir(report.captures, collect_dir)
     elif from_dir:
-        report = replay_doctor(load_capture_dir(from_dir), inventory=inventory, backend=backend,
-                               hostfile=hostfile)
+        folder = read_capture_dir(from_dir)
+        report = replay_doctor(folder.captures, inventory=inventory, backend=backend, hostfile=hostfile)
+        report.extra["ignored"] = folder.ignored
     else:
         report = run_doctor(inventory, backend=backend, connect_timeout=connect_timeout,
                             accept_new_host_keys=accept_new_host_keys, data_path=not no_data_path,

@@ -6,7 +6,8 @@ import json
 
 import click
 
-from mlxcluster.capture import load_capture_dir
+from mlxcluster.capture import read_capture_dir
+from mlxcluster.cli.doctor import ignored_text
 from mlxcluster.doctor_collect import collect_captures
 from mlxcluster.errors import InputError
 from mlxcluster.inventory import load_inventory
@@ -69,7 +70,13 @@ def command(inventory, from_dir, as_json, as_dot, png):
                          "e.g. mlxcluster topology --from captures/")
     if sum(map(bool, (as_json, as_dot, png))) > 1:
         raise InputError("choose one of --json, --dot, --png")
-    captures = load_capture_dir(from_dir) if from_dir else collect_captures(load_inventory(inventory))
+    if from_dir:
+        folder = read_capture_dir(from_dir)
+        captures = folder.captures
+        if folder.ignored:
+            click.echo(f"note: ignored (not hosts): {ignored_text(folder.ignored)}", err=True)
+    else:
+        captures = collect_captures(load_inventory(inventory))
     t = build_topology(captures)
     if as_json:
         click.echo(json.dumps(t.to_json(), indent=2, sort_keys=False))
