@@ -32,8 +32,9 @@ from pathlib import Path
 import yaml
 
 from mlxcluster import interrupts
-from mlxcluster.errors import Interrupted
+from mlxcluster.errors import InputError, Interrupted
 from mlxcluster.inventory import local_inventory
+from mlxcluster.train_launch import validate_trainer_args
 
 
 @dataclass
@@ -93,11 +94,20 @@ def run_demo(ranks: int = 2, workdir: Path | str = "runs/demo", steps: int = 100
              on_output: Callable[[str], None] | None = None,
              on_step: Callable[[StepResult], None] | None = None,
              on_start: Callable[[Step, list[str]], None] | None = None) -> list[StepResult]:
-    """Run every step in order; a failed step does not stop the later ones."""
+    """Run every step in order; a failed step does not stop the later ones.
+
+    Bad input (a trainer config or steps the trainer refuses, a workdir that
+    cannot be made) is an InputError before the first step."""
+    validate_trainer_args(("--config", config, "--steps", str(steps)))
     workdir = Path(workdir).resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
     py = python or sys.executable
-    write_local_inventory(ranks, workdir / "local.yaml", py)
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        write_local_inventory(ranks, workdir / "local.yaml", py)
+    except OSError as err:
+        where = f" ({err.filename})" if err.filename and str(err.filename) != str(workdir) else ""
+        raise InputError(f"--workdir {workdir} cannot be used: {err.strerror}{where}",
+                         "give --workdir a directory you can write to (it is created)") from None
     results = []
     planned = demo_steps(ranks, workdir, steps, config)
     for step in planned:

@@ -206,3 +206,22 @@ def test_train_local_out_that_can_be_made_passes_the_check(tmp_path, monkeypatch
                     "--out", "runs/new/deeper")
     assert result.exit_code == 0, result.output
     assert len(launched) == 1 and list(tmp_path.iterdir()) == []
+
+
+# ---- demo ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args,needle", [
+    (["--workdir", "afile/sub"], "afile/sub cannot be used: Not a directory"),
+    (["--workdir", "/proc/mlxdemo"], "--workdir /proc/mlxdemo cannot be used"),
+    (["--config", "bogus"], "no config 'bogus'"),
+    (["--config", "tiny", "--steps", "3", "--workdir", "afile/sub"], "Not a directory"),
+])
+def test_demo_input_checked_before_the_first_step(args, needle, tmp_path, monkeypatch):
+    """A bad --workdir was a NotADirectoryError / FileNotFoundError traceback;
+    --config bogus was found only at the last step, after doctor and both smokes."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("")
+    monkeypatch.setattr("mlxcluster.demo._run_streaming", no_run)
+    result = invoke("demo", *args)
+    assert result.exit_code == 2, result.output
+    assert needle in result.output and "== doctor" not in result.output
