@@ -25,10 +25,12 @@ named by ``HostCapture.problems()``; the checks then treat it as missing.
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mlxcluster.errors import InputError
+from mlxcluster.errors import InputError, MlxclusterError
 
 PROBE = "probe.json"
 THUNDERBOLT = "system_profiler_SPThunderboltDataType.json"
@@ -196,17 +198,61 @@ def read_capture_dir(path: str | Path) -> CaptureFolder:
     return CaptureFolder(captures, ignored)
 
 
-def save_capture_dir(captures: dict[str, HostCapture], path: str | Path) -> Path:
-    """Write captures as DIR/<host>/<file>; returns the directory."""
+def prepare_capture_dir(path: str | Path) -> Path:
+    """Check, before any host is probed, that captures can be saved in ``path``:
+    a new or empty folder (created now) that this user can write.
+
+    A folder that already holds files is refused: writing one capture over
+    another mixes their host folders, and a later replay would show hosts
+    that are no longer in the cluster.
+    """
     root = Path(path)
-    root.mkdir(parents=True, exist_ok=True)
-    for name, capture in captures.items():
-        host_dir = root / name
-        host_dir.mkdir(parents=True, exist_ok=True)
-        for file_name, text in capture.files.items():
-            if file_name not in CAPTURE_FILES:  # a name is never a path
-                raise ValueError(f"not a capture file name: {file_name!r}")
-            (host_dir / file_name).write_text(text, encoding="utf-8")
-        if capture.error:
-            (host_dir / "error.txt").write_text(capture.error + "\n", encoding="utf-8")
+    if root.exists() and not root.is_dir():
+        raise InputError(f"cannot save captures in {root}: it is a file, not a folder",
+                         "pass a new or empty folder to --collect")
+    if root.is_dir() and any(root.iterdir()):
+        entries = sorted(p.name for p in root.iterdir())
+        shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
+        raise InputError(
+            f"cannot save captures in {root}: it is not empty ({shown})",
+            "pass a new or empty folder to --collect (a capture written over another one mixes their host "
+            "folders, and a later --from shows hosts that are gone), or delete the old capture first",
+        )
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=root, prefix=".write-test-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise InputError(f"cannot save captures in {root}: {exc.strerror or exc}",
+                         "pass a folder you can create and write to --collect") from None
+    return root
+
+
+def save_capture_dir(captures: dict[str, HostCapture], path: str | Path) -> Path:
+    """Write captures as DIR/<host>/<file>; returns the directory.
+
+    A write that fails (disk full, a file in the way) raises MlxclusterError
+    naming the path; the caller has the captures and the report in hand.
+    """
+    root = Path(path)
+    target = root
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        for name, capture in captures.items():
+            host_dir = target = root / name
+            host_dir.mkdir(parents=True, exist_ok=True)
+            for file_name, text in capture.files.items():
+                if file_name not in CAPTURE_FILES:  # a name is never a path
+                    raise ValueError(f"not a capture file name: {file_name!r}")
+                target = host_dir / file_name
+                target.write_text(text, encoding="utf-8")
+            if capture.error:
+                target = host_dir / ERROR
+                target.write_text(capture.error + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise MlxclusterError(
+            f"could not save the captures in {root}: {target}: {exc.strerror or exc}",
+            "the report is complete; free the disk or fix what is in the way, and collect again into a new folder",
+        ) from None
     return root

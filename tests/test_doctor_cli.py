@@ -243,3 +243,21 @@ def test_wrong_typed_probe_fields_are_warned_not_crashed(tmp_path, capture_dir):
     assert "odd: ! " in result.output and "memory_bytes is a string ('x'), expected an integer" in result.output
     assert "mlx.backends.ring is a string ('yes'), expected true or false" in result.output
     assert "odd       ?           ?" in result.output  # facts table: unknown, not the wrong value
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "cannot read hostfile {}: No such file or directory"),
+    (b"\x88\x3d\x10garbage", "cannot read hostfile {}"),
+    (b"[]", "hostfile {} is invalid"),
+])
+def test_bad_hostfile_is_an_input_error_before_probing(tmp_path, monkeypatch, content, message):
+    """Was: a failing hostfile-matches-topology check, exit 1, after the whole probe."""
+    def probed(**kwargs):
+        raise AssertionError("probed before the hostfile was checked")
+    monkeypatch.setattr("mlxcluster.cli.doctor.run_local_doctor", probed)
+    path = tmp_path / "hostfile.json"
+    if content is not None:
+        path.write_bytes(content)
+    result = invoke("--local", "--hostfile", str(path))
+    assert result.exit_code == 2, result.output
+    assert "error: " + message.format(path) in result.output and "Traceback" not in result.output

@@ -5,8 +5,9 @@
     mlxcluster doctor -i cluster.yaml --collect DIR   # also save raw outputs per host
     mlxcluster doctor --from DIR [-i cluster.yaml]    # replay a saved folder
 
-Exit codes: 0 nothing failed, 1 a check failed (or warned, with --strict),
-2 usage or inventory error.
+Exit codes: 0 nothing failed, 1 a check failed (or warned, with --strict, or
+the --collect folder could not be written), 2 usage, inventory, hostfile or
+--collect folder error (checked before any host is probed).
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ import json
 import click
 from tabulate import tabulate
 
-from mlxcluster.capture import read_capture_dir, save_capture_dir
+from mlxcluster.capture import prepare_capture_dir, read_capture_dir, save_capture_dir
 from mlxcluster.checks.base import CheckResult, Status
 from mlxcluster.cli.params import Seconds
 from mlxcluster.doctor import BACKENDS, DoctorReport, replay_doctor, run_doctor, run_local_doctor
 from mlxcluster.errors import EXIT_FAILED, EXIT_OK, InputError
 from mlxcluster.facts import HostFacts
+from mlxcluster.hostfile import load_hostfile
 from mlxcluster.inventory import load_inventory
 
 MARKS = {
@@ -142,10 +144,13 @@ def command(inventory_path, as_json, strict, collect_dir, from_dir, local, accep
         raise InputError("doctor needs an inventory",
                          "pass -i cluster.yaml, --from DIR to replay captures, or --local")
     inventory = load_inventory(inventory_path) if inventory_path else None
+    # Input problems stop doctor before any host is probed (exit 2), not after the run.
+    if hostfile:
+        load_hostfile(hostfile)
+    if collect_dir:
+        prepare_capture_dir(collect_dir)
     if local:
         report = run_local_doctor(backend=backend)
-        if collect_dir:
-            save_capture_dir(report.captures, collect_dir)
     elif from_dir:
         folder = read_capture_dir(from_dir)
         report = replay_doctor(folder.captures, inventory=inventory, backend=backend, hostfile=hostfile)
@@ -154,12 +159,13 @@ def command(inventory_path, as_json, strict, collect_dir, from_dir, local, accep
         report = run_doctor(inventory, backend=backend, connect_timeout=connect_timeout,
                             accept_new_host_keys=accept_new_host_keys, data_path=not no_data_path,
                             hostfile=hostfile)
-        if collect_dir:
-            save_capture_dir(report.captures, collect_dir)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2, sort_keys=False))
     else:
         render(report, verbose)
-        if collect_dir:
+    if collect_dir:
+        # After the report is printed: a failed write (an error, exit 1) does not lose it.
+        save_capture_dir(report.captures, collect_dir)
+        if not as_json:
             click.echo(f"raw outputs saved under {collect_dir}/<host>/")
     click.get_current_context().exit(exit_code(report, strict))
