@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
 from click.testing import CliRunner
 
 from mlxcluster import capture as C
@@ -130,3 +131,19 @@ def test_corrupt_thunderbolt_capture_is_named_not_shown_as_unknown(macos_fixture
     assert f"error: mbp: {broken} is unreadable (not valid JSON (" in result.output
     assert "studio  (thunderbolt: ok;" in result.output  # the readable host is still shown
     assert json.loads(run("--from", str(d), "--json").stdout)["hosts"]["mbp"]["ports"] == []
+
+
+def test_png_to_a_bad_path_is_an_input_error_before_any_work(macos_fixtures, tmp_path, monkeypatch):
+    """Was: exit 1 after the work, 'graphviz dot failed ... run with --dot'."""
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/dot")  # graphviz is not what is wrong
+    monkeypatch.setattr("mlxcluster.cli.topology.read_capture_dir",
+                        lambda path: pytest.fail("captures read before the --png path was checked"))
+    (tmp_path / "afolder").mkdir()
+    for bad, why in ((tmp_path / "nodir" / "x.png", f"the folder {tmp_path / 'nodir'} does not exist"),
+                     (tmp_path / "afolder", "is a directory")):
+        result = run("--from", str(tmp_path), "--png", str(bad))
+        assert result.exit_code == 2, result.output
+        assert why in result.output and "run with --dot" not in result.output
+    result = run("--from", str(tmp_path), "--png", str(tmp_path / "nodir" / "x.png"))
+    assert f"error: cannot write the PNG to {tmp_path / 'nodir' / 'x.png'}" in result.output
+    assert "fix: create it first (mkdir -p" in result.output

@@ -12,7 +12,7 @@ from mlxcluster.doctor_collect import collect_captures
 from mlxcluster.errors import InputError
 from mlxcluster.inventory import load_inventory
 from mlxcluster.topology import Topology, build_topology, unreadable_files
-from mlxcluster.topology_dot import render_png, to_dot
+from mlxcluster.topology_dot import check_png_output, render_png, to_dot
 
 
 def render_text(t: Topology) -> str:
@@ -70,6 +70,8 @@ def command(inventory, from_dir, as_json, as_dot, png):
                          "e.g. mlxcluster topology --from captures/")
     if sum(map(bool, (as_json, as_dot, png))) > 1:
         raise InputError("choose one of --json, --dot, --png")
+    if png:
+        check_png_output(png)  # before any host is probed
     if from_dir:
         folder = read_capture_dir(from_dir)
         captures = folder.captures
