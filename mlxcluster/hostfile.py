@@ -251,7 +251,7 @@ def parse_mpi_hostfile(text: str, source: str = "<hostfile>") -> tuple[MpiHost, 
         if not ssh_target_ok(host):
             problems.append(f"line {number}: {show(host)} is not a [user@]host name or IP")
             continue
-        if host in seen:
+        if host in seen and host not in LOOPBACK_HOSTS:  # local ranks share 127.0.0.1, as in JSON
             problems.append(f"line {number}: host {show(host)} is listed twice")
             continue
         seen.add(host)

@@ -14,6 +14,7 @@ Output is deterministic: same inputs, byte-identical text.
 from __future__ import annotations
 
 import ipaddress
+import re
 import shlex
 from dataclasses import dataclass
 
@@ -25,13 +26,19 @@ from mlxcluster.hostfile import (
     MlxHostfile,
     MpiHost,
     dumps_mpi_hostfile,
+    parse_mpi_hostfile,
+    structure_problems,
 )
+from mlxcluster.inventory import abs_path_ok, env_name_ok, show
 from mlxcluster.ipplan import IpPlan
 from mlxcluster.mpi import libmpi_env
 from mlxcluster.parsers.ifconfig import ipv4_addresses
 from mlxcluster.topology import Topology
 
 DEFAULT_TCP_LINKS = 4
+# An interface name as Open MPI's if_include/if_exclude take it (en0, bridge0, lo).
+_INTERFACE_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,31}\Z")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 
 
 @dataclass(frozen=True)
@@ -49,14 +56,63 @@ class MpiFiles:
         return shlex.join(self.args) + "\n"
 
 
+def check_env_flags(extra: tuple[str, ...]) -> None:
+    """Each ``--env`` is NAME=value: NAME letters, digits and '_' (not a digit
+    first), the value one line (it becomes an "envs" entry and an ``-x``)."""
+    for e in extra:
+        name, eq, value = e.partition("=")
+        if not eq or not env_name_ok(name):
+            raise InputError(f"--env {show(e)} is not NAME=value with a variable name "
+                             "(letters, digits and '_', not starting with a digit)",
+                             "e.g. --env MLX_METAL_FAST_SYNCH=1")
+        if _CONTROL_RE.search(value):
+            raise InputError(f"--env {show(e)}: the value holds a control character (a newline...)",
+                             "pass a one-line value")
+
+
+def check_if_include(value: str) -> None:
+    """``--if-include``: comma-separated interface names or CIDR subnets, as
+    Open MPI's btl/oob_tcp_if_include take them."""
+    for item in value.split(","):
+        if _INTERFACE_RE.match(item):
+            continue
+        try:
+            ok = "/" in item and ipaddress.ip_network(item, strict=False) is not None
+        except ValueError:
+            ok = False
+        if not ok:
+            raise InputError(f"--if-include {show(value)}: {show(item)} is neither an interface name "
+                             "nor a subnet like 192.168.0.0/16",
+                             "e.g. --if-include en5,192.168.0.0/16 (comma-separated, no spaces)")
+
+
+def check_mpi_libname(value: str) -> None:
+    """``--mpi-libname``: the absolute path of libmpi on the hosts (its
+    directory becomes LD/DYLD_LIBRARY_PATH; a relative name would make it '.')."""
+    if not abs_path_ok(value):
+        raise InputError(f"--mpi-libname {show(value)} is not an absolute path without spaces or shell characters",
+                         "e.g. --mpi-libname /opt/venv/lib/libmpi.40.dylib")
+
+
 def cluster_envs(inventory, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The cluster-wide environment as "K=V": inventory ``env`` (sorted) then ``extra``."""
+    check_env_flags(extra)
     envs = [f"{k}={v}" for k, v in sorted(inventory.env.items())]
     for e in extra:
-        if "=" not in e or not e.split("=", 1)[0]:
-            raise InputError(f"--env {e!r} is not NAME=value")
         envs = [x for x in envs if x.split("=", 1)[0] != e.split("=", 1)[0]] + [e]
     return tuple(envs)
+
+
+def _works(hf: MlxHostfile, inventory) -> MlxHostfile:
+    """``hf`` when ``hostfile check`` would accept it; else refuse to write it."""
+    problems = structure_problems(hf)
+    if problems:
+        raise HostfileError(
+            f"the {hf.backend} hostfile for {inventory.path or inventory.cluster} would not work "
+            f"({len(problems)} problem(s)):\n" + "\n".join(f"  - {p}" for p in problems),
+            "give the hosts their data-path IPs (ips: [...]) in the inventory, or pick another backend",
+        )
+    return hf
 
 
 def _require_topology_hosts(inventory, topology: Topology) -> None:
@@ -106,7 +162,14 @@ def _link_ip(topology: Topology, plan: IpPlan | None, host: str, link) -> str:
 
 def generate_mlx_hostfile(inventory, backend: str, topology: Topology | None = None,
                           envs: tuple[str, ...] = (), plan: IpPlan | None = None) -> MlxHostfile:
-    """The MLX JSON hostfile for ``backend`` (not mpi: see generate_mpi)."""
+    """The MLX JSON hostfile for ``backend`` (not mpi: see generate_mpi);
+    HostfileError when ``hostfile check`` would reject it (nccl without an
+    IP for rank 0...)."""
+    return _works(_mlx_hostfile(inventory, backend, topology, envs, plan), inventory)
+
+
+def _mlx_hostfile(inventory, backend: str, topology: Topology | None,
+                  envs: tuple[str, ...], plan: IpPlan | None) -> MlxHostfile:
     if backend not in BACKENDS or backend == "mpi":
         raise InputError(f"backend {backend!r} has no MLX JSON hostfile here",
                          "use --backend mpi for the MPI hostfile and mpirun arguments")
@@ -213,6 +276,21 @@ def generate_mpi(inventory, envs: tuple[str, ...] = (), tcp_links: int = DEFAULT
     return MpiFiles(dumps_mpi_hostfile(hosts), tuple(args), hosts)
 
 
+def checked_mpi_files(files: MpiFiles, inventory) -> MpiFiles:
+    """``files`` when ``hostfile check`` accepts its hostfile; else refuse to
+    write it (smoke runs generate_mpi's output directly: Open MPI reads a
+    host listed twice as two slots)."""
+    try:
+        parse_mpi_hostfile(files.hostfile, "<generated>")
+    except HostfileError as err:
+        problems = err.message.split("\n", 1)[1] if "\n" in err.message else err.message
+        raise HostfileError(
+            f"the MPI hostfile for {inventory.path or inventory.cluster} would not pass "
+            f"'hostfile check':\n{problems}",
+            "give every inventory host its own ssh target") from None
+    return files
+
+
 def generate_mpi_json(inventory, envs: tuple[str, ...] = (), tcp_links: int = DEFAULT_TCP_LINKS,
                       if_include: str | None = None, libmpi: str | None = None,
                       plan: IpPlan | None = None) -> MlxHostfile:
@@ -229,4 +307,4 @@ def generate_mpi_json(inventory, envs: tuple[str, ...] = (), tcp_links: int = DE
     if data_path:
         env.append(f"OMPI_MCA_btl_tcp_if_include={data_path}")
     hosts = tuple(HostEntry(h.ssh, tuple(_first_ip(h))) for h in inventory.hosts)
-    return MlxHostfile("mpi", tuple(env), hosts)
+    return _works(MlxHostfile("mpi", tuple(env), hosts), inventory)

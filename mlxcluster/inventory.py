@@ -52,6 +52,26 @@ def ssh_target_ok(value: object) -> bool:
     return bool(_TARGET_RE.match(target)) and (not at or bool(_USER_RE.match(user)))
 
 
+def name_ok(value: object) -> bool:
+    """A plain name (cluster, host): letters, digits, '.', '_', '-'."""
+    return isinstance(value, str) and bool(_NAME_RE.match(value))
+
+
+def user_ok(value: object) -> bool:
+    """A user name ssh may log in as."""
+    return isinstance(value, str) and bool(_USER_RE.match(value))
+
+
+def abs_path_ok(value: object) -> bool:
+    """An absolute path without spaces or shell characters (python, libmpi)."""
+    return isinstance(value, str) and bool(_PATH_RE.match(value))
+
+
+def env_name_ok(value: object) -> bool:
+    """An environment variable name: letters, digits, '_', not starting with a digit."""
+    return isinstance(value, str) and bool(_ENV_KEY_RE.match(value))
+
+
 def parse_ip(value: object) -> str | None:
     """``value`` as a normalized IP address, or None when it is not one (a
     zone must be a plain interface name)."""

@@ -5,6 +5,7 @@ was to be checked against the cluster was."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from click.testing import CliRunner
@@ -19,6 +20,7 @@ from mlxcluster.hostfile import (
     load_mlx_hostfile,
     parse_mpi_hostfile,
 )
+from tests.topology_helpers import OMLX, make_capture_dir
 
 RING = {"backend": "ring", "hosts": [{"ssh": "a", "ips": ["10.0.0.1"]}, {"ssh": "b", "ips": ["10.0.0.2"]}]}
 INVENTORY = """cluster: t
@@ -145,3 +147,143 @@ def test_check_against_live_hosts_that_cannot_be_probed_is_not_ok(ring, monkeypa
     r = cli("check", str(hf), "-i", str(inv))
     assert r.exit_code == 1 and "ok:" not in r.output
     assert "studio.local: studio could not be probed: ssh studio.local: connection refused" in r.output
+
+
+# ---- `hostfile generate` writes only what `hostfile check` accepts --------------------
+
+GENERATE_INVENTORIES = {
+    "two-hosts": INVENTORY,
+    "local-ranks": "cluster: l\npython: /v/bin/python\nhosts:\n"
+                   "  - {name: l0, ssh: 127.0.0.1, ips: [127.0.0.1]}\n  - {name: l1, ssh: 127.0.0.1, ips: [127.0.0.1]}\n",
+    "ip-targets-no-ips": "cluster: n\npython: /v/bin/python\nhosts:\n"
+                         "  - {name: a, ssh: 10.0.0.5}\n  - {name: b, ssh: 10.0.0.6}\n",
+    "names-no-ips": "cluster: n\npython: /v/bin/python\nhosts:\n  - {name: a, ssh: a}\n  - {name: b, ssh: b}\n",
+    "same-target-twice": "cluster: n\npython: /v/bin/python\nhosts:\n"
+                         "  - {name: a, ssh: mac1, ips: [10.0.0.1]}\n  - {name: b, ssh: mac1, ips: [10.0.0.2]}\n",
+}
+GENERATE_ARGS = {
+    "ring": ["--backend", "ring"],
+    "nccl": ["--backend", "nccl"],
+    "mpi": ["--backend", "mpi", "--mpi-libname", "/v/lib/libmpi.so"],
+    "mpi-mlx": ["--backend", "mpi", "--format", "mlx", "--mpi-libname", "/v/lib/libmpi.so"],
+}
+
+
+@pytest.mark.parametrize("inventory", sorted(GENERATE_INVENTORIES))
+@pytest.mark.parametrize("backend", sorted(GENERATE_ARGS))
+def test_generate_then_check_round_trips(tmp_path, inventory, backend):
+    """Either generate refuses (exit 2/3, nothing written) or `check` accepts what it wrote."""
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(GENERATE_INVENTORIES[inventory])
+    out = tmp_path / "hf"
+    r = cli("generate", "-i", str(inv), *GENERATE_ARGS[backend], "-o", str(out))
+    assert "Traceback" not in r.output
+    if r.exit_code != 0:
+        assert r.exit_code in (2, 3) and isinstance(r.exception, SystemExit), r.output
+        assert not out.exists() and not (tmp_path / "hf.args").exists()
+        return
+    checked = cli("check", str(out))
+    assert checked.exit_code == 0 and checked.output.startswith("ok: "), (r.output, checked.output)
+
+
+def test_jaccl_generated_from_captures_passes_check(macos_fixtures, tmp_path):
+    caps = make_capture_dir(macos_fixtures, tmp_path / "cap", OMLX)
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(INVENTORY)
+    for backend in ("jaccl", "jaccl-ring", "ring"):
+        out = tmp_path / f"{backend}.json"
+        r = cli("generate", "-i", str(inv), "--backend", backend, "--from", str(caps), "--plan-ips", "-o", str(out))
+        assert r.exit_code == 0, r.output
+        assert cli("check", str(out)).exit_code == 0
+
+
+def test_nccl_without_an_ip_for_rank_0_is_refused_at_generate(tmp_path):
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(GENERATE_INVENTORIES["names-no-ips"])
+    r = cli("generate", "-i", str(inv), "--backend", "nccl")
+    assert r.exit_code == 2 and "a: rank 0 needs an IP (the coordinator address)" in r.output
+    assert '"backend"' not in r.output  # nothing printed as a hostfile
+
+
+@pytest.mark.parametrize("env", ["BAD NAME=1", "1X=y", "NOEQUALS", "=v", "A-B=1", "A=line\nbreak"])
+def test_env_flag_is_validated_before_anything_runs(tmp_path, env):
+    r = cli("generate", "-i", str(tmp_path / "missing.yaml"), "--backend", "ring", "--env", env)
+    assert r.exit_code == 2 and "--env" in r.output, r.output
+    assert "file not found" not in r.output  # checked before the inventory is read
+
+
+@pytest.mark.parametrize("flag, value", [
+    ("--if-include", "; rm -rf /"), ("--if-include", "en0, en1"), ("--if-include", ""),
+    ("--if-include", "10.0.0.0/33"), ("--if-include", "$(id)"),
+    ("--mpi-libname", "relative lib.so"), ("--mpi-libname", "libmpi.so"), ("--mpi-libname", "/a b/libmpi.so"),
+])
+def test_mpi_flags_are_validated(tmp_path, flag, value):
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(INVENTORY)
+    r = cli("generate", "-i", str(inv), "--backend", "mpi", flag, value, "-o", str(tmp_path / "h"))
+    assert r.exit_code == 2 and flag in r.output, r.output
+    assert not (tmp_path / "h").exists()
+
+
+def test_good_mpi_flags_are_used(tmp_path):
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(INVENTORY)
+    r = cli("generate", "-i", str(inv), "--backend", "mpi", "--if-include", "en5,192.168.0.0/16,lo",
+            "--mpi-libname", "/v/lib/libmpi.so", "-o", str(tmp_path / "h"))
+    assert r.exit_code == 0, r.output
+    assert "btl_tcp_if_include en5,192.168.0.0/16,lo" in (tmp_path / "h.args").read_text()
+
+
+# ---- outputs: never the input, never half-written --------------------------------------
+
+
+def test_output_that_is_the_inventory_is_refused(tmp_path, monkeypatch):
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(INVENTORY)
+    monkeypatch.chdir(tmp_path)
+    for out in ("inv.yaml", str(inv), "./sub/../inv.yaml"):
+        (tmp_path / "sub").mkdir(exist_ok=True)
+        r = cli("generate", "-i", "inv.yaml", "--backend", "ring", "-o", out)
+        assert r.exit_code == 2 and "is the inventory (-i) file" in r.output, r.output
+        assert inv.read_text() == INVENTORY
+    (tmp_path / "h.args").symlink_to(inv)  # mpi's second output
+    r = cli("generate", "-i", "inv.yaml", "--backend", "mpi", "--mpi-libname", "/v/lib/libmpi.so", "-o", "h")
+    assert r.exit_code == 2 and inv.read_text() == INVENTORY and not (tmp_path / "h").exists()
+
+
+def test_mpi_outputs_are_checked_before_either_is_written(tmp_path):
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(INVENTORY)
+    (tmp_path / "h").write_text("previous\n")
+    (tmp_path / "h.args").mkdir()
+    r = cli("generate", "-i", str(inv), "--backend", "mpi", "--mpi-libname", "/v/lib/libmpi.so",
+            "-o", str(tmp_path / "h"))
+    assert r.exit_code == 2 and "h.args: it is a directory" in r.output
+    assert (tmp_path / "h").read_text() == "previous\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["h", "h.args", "inv.yaml"]  # no temp file left
+
+
+def test_outputs_are_written_atomically_and_keep_their_mode(tmp_path, monkeypatch):
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(INVENTORY)
+    out = tmp_path / "h.json"
+    out.write_text("previous\n")
+    out.chmod(0o640)
+    replaced = []
+    real_replace = os.replace
+    monkeypatch.setattr("mlxcluster.cli.hostfile.os.replace",
+                        lambda src, dst: replaced.append((src, dst)) or real_replace(src, dst))
+    r = cli("generate", "-i", str(inv), "--backend", "ring", "-o", str(out))
+    assert r.exit_code == 0, r.output
+    (src, dst), = replaced
+    assert str(dst) == str(out) and os.path.dirname(src) == str(tmp_path)
+    assert out.stat().st_mode & 0o777 == 0o640 and json.loads(out.read_text())["backend"] == "ring"
+
+
+@pytest.mark.parametrize("out, needle", [("", "the output path is empty"), ("nodir/h.json", "does not exist")])
+def test_bad_output_paths_are_input_errors(tmp_path, monkeypatch, out, needle):
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(INVENTORY)
+    monkeypatch.chdir(tmp_path)
+    r = cli("generate", "-i", str(inv), "--backend", "ring", "-o", out)
+    assert r.exit_code == 2 and needle in r.output and '"backend"' not in r.output, r.output

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shlex
+import tempfile
 from pathlib import Path
 
 import click
@@ -18,6 +20,10 @@ from mlxcluster.hostfile import (
 )
 from mlxcluster.hostfile_generate import (
     DEFAULT_TCP_LINKS,
+    check_env_flags,
+    check_if_include,
+    check_mpi_libname,
+    checked_mpi_files,
     cluster_envs,
     generate_mlx_hostfile,
     generate_mpi,
@@ -34,16 +40,70 @@ def command():
     """Generate and check hostfiles for mlx.launch and mpirun."""
 
 
-def _write(path: str, text: str) -> None:
+def check_output_paths(paths: list[str], inputs: dict[str, str | None], *, force: bool = True) -> None:
+    """Refuse, before any work, an output that is empty, a directory, in a
+    folder that does not exist, the same file as an input (``inputs``:
+    flag -> path), or (unless ``force``) an existing file."""
+    for path in paths:
+        if not path.strip():
+            raise InputError("the output path is empty", "pass a file name, or leave -o out to print to stdout")
+        target = Path(path)
+        for flag, given in inputs.items():
+            if given and target.resolve() == Path(given).resolve():
+                raise InputError(f"{path} is the {flag} file: writing it would replace its input",
+                                 "pass another output path")
+        if target.is_dir():
+            raise InputError(f"cannot write {path}: it is a directory", "pass a file path")
+        folder = target.resolve().parent
+        if not folder.is_dir():
+            raise InputError(f"cannot write {path}: folder {target.parent} does not exist",
+                             "create the folder first, or pass another path")
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise InputError(f"cannot write {path}: folder {target.parent} is not writable",
+                             "pass a path in a writable folder")
+        if not force and target.exists():
+            raise InputError(f"{path} already exists", "pass --force to replace it, or another path")
+
+
+def write_files(texts: dict[str, str]) -> None:
+    """Write every file or none: each to a temporary file beside it first, then
+    renamed over its target (a reader never sees a half-written file, and a
+    failure leaves earlier versions in place)."""
+    written: list[tuple[str, Path, str]] = []
+    current = ""
     try:
-        Path(path).write_text(text, encoding="utf-8")
+        for current, text in texts.items():
+            target = Path(os.path.realpath(current))  # through a symlink, as a plain write does
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+            written.append((tmp, target, current))
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.chmod(tmp, _file_mode(target))
+        for tmp, target, path in written:
+            current = path  # named if the rename fails
+            os.replace(tmp, target)
     except OSError as exc:
-        raise InputError(f"cannot write {path}: {exc.strerror}") from None
+        raise InputError(f"cannot write {current}: {exc.strerror or exc}",
+                         "pass a path in a writable folder") from None
+    finally:
+        for tmp, _, _ in written:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+
+def _file_mode(target: Path) -> int:
+    """The target's mode when it exists, else what a plain write would give (0666 less the umask)."""
+    try:
+        return target.stat().st_mode & 0o7777
+    except OSError:
+        mask = os.umask(0)
+        os.umask(mask)
+        return 0o666 & ~mask
 
 
 def _emit_json(hf: MlxHostfile, output: str | None) -> None:
     if output:
-        _write(output, hf.dumps())
+        write_files({output: hf.dumps()})
         click.echo(f"wrote {output} ({len(hf.hosts)} hosts, backend {hf.backend})")
     else:
         click.echo(hf.dumps(), nl=False)
@@ -55,8 +115,7 @@ def _emit_mpirun(files, python: str, script: str, output: str | None) -> None:
     mpirun_cmd = str(mpirun) if mpirun.exists() else "mpirun"
     program = [python, script]
     if output:
-        _write(output, files.hostfile)
-        _write(output + ".args", files.args_line())
+        write_files({output: files.hostfile, output + ".args": files.args_line()})
         click.echo(f"wrote {output} and {output}.args")
         click.echo(shlex.join(files.command(output, program, mpirun_cmd)))
     else:
@@ -94,6 +153,15 @@ def _emit_mpirun(files, python: str, script: str, output: str | None) -> None:
 def generate(inventory_path, backend, output, from_dir, envs, tcp_links, if_include,
              mpi_libname, mpi_args, fmt, script, plan_ips_flag, apply_plan):
     """Write a hostfile for BACKEND from the inventory (and topology)."""
+    # Every flag and output path first: nothing is read, probed or written before they are known good.
+    check_env_flags(tuple(envs))
+    if if_include is not None:
+        check_if_include(if_include)
+    if mpi_libname is not None:
+        check_mpi_libname(mpi_libname)
+    if output is not None:
+        outputs = [output, output + ".args"] if backend == "mpi" and fmt == "mpirun" else [output]
+        check_output_paths(outputs, {"inventory (-i)": inventory_path})
     inventory = load_inventory(inventory_path)
     topology = build_topology(load_capture_dir(from_dir)) if from_dir else None
     if (plan_ips_flag or apply_plan) and topology is None:
@@ -109,7 +177,8 @@ def generate(inventory_path, backend, output, from_dir, envs, tcp_links, if_incl
         if fmt == "mlx":
             _emit_json(generate_mpi_json(inventory, env, tcp_links, if_include, libmpi, plan), output)
         else:
-            files = generate_mpi(inventory, env, tcp_links, if_include, libmpi, tuple(mpi_args), plan)
+            files = checked_mpi_files(
+                generate_mpi(inventory, env, tcp_links, if_include, libmpi, tuple(mpi_args), plan), inventory)
             _emit_mpirun(files, inventory.python, script, output)
         if libmpi is None:
             click.echo("warning: no libmpi found beside the inventory's python; pass "
