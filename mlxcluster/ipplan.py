@@ -40,16 +40,18 @@ class IpPlan:
     def subnets(self) -> list[str]:
         return [c.network for c in self.cables]
 
-    def commands(self, host: str) -> list[str]:
-        """The shell commands that set ``host``'s addresses (sudo, macOS)."""
-        cmds = ["sudo ifconfig bridge0 down"]
+    def commands(self, host: str, sudo: str = "sudo") -> list[str]:
+        """The shell commands that set ``host``'s addresses (macOS). ``sudo``
+        prefixes each: "sudo" to print for a person, "sudo -n" over SSH (fail,
+        never wait for a password no one can type)."""
+        cmds = [f"{sudo} ifconfig bridge0 down"]
         for c in self.cables:
             for end, iface, mine, peer in ((c.link.a, c.link.a_interface, c.a_ip, c.b_ip),
                                            (c.link.b, c.link.b_interface, c.b_ip, c.a_ip)):
                 if end != host:
                     continue
-                cmds.append(f"sudo ifconfig {shlex.quote(iface)} inet {mine} netmask {NETMASK}")
-                cmds.append(f"sudo route change {peer} -interface {shlex.quote(iface)}")
+                cmds.append(f"{sudo} ifconfig {shlex.quote(iface)} inet {mine} netmask {NETMASK}")
+                cmds.append(f"{sudo} route change {peer} -interface {shlex.quote(iface)}")
         return cmds
 
 
@@ -76,17 +78,19 @@ def plan_ips(topology: Topology) -> IpPlan:
 Runner = Callable[..., subprocess.CompletedProcess]
 
 
-def _ssh(host, command: str) -> list[str]:
-    return ssh_argv(host.ssh, command, connect_timeout=5, user=host.user, port=host.port)
+def _ssh(inventory, host, command: str) -> list[str]:
+    return ssh_argv(host.ssh, command, ssh_config=inventory.ssh_config, connect_timeout=5,
+                    user=host.user, port=host.port)
 
 
 def apply_ip_plan(inventory, plan: IpPlan, run: Runner = subprocess.run) -> dict[str, str]:
-    """Run each host's commands over SSH, after checking passwordless sudo on
-    every host first (nothing is changed unless all hosts pass)."""
+    """Run each host's commands over SSH (the inventory's ssh_config, ``sudo -n``),
+    after checking passwordless sudo on every host first (nothing is changed
+    unless all hosts pass)."""
     no_sudo = []
     for host in inventory.hosts:
         try:
-            r = run(_ssh(host, "sudo -n true"), capture_output=True, text=True, timeout=SSH_TIMEOUT_S)
+            r = run(_ssh(inventory, host, "sudo -n true"), capture_output=True, text=True, timeout=SSH_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             no_sudo.append(f"{host.name} (ssh timed out)")
             continue
@@ -99,9 +103,9 @@ def apply_ip_plan(inventory, plan: IpPlan, run: Runner = subprocess.run) -> dict
         )
     done = {}
     for host in inventory.hosts:
-        command = " && ".join(plan.commands(host.name))
+        command = " && ".join(plan.commands(host.name, sudo="sudo -n"))
         try:
-            r = run(_ssh(host, command), capture_output=True, text=True, timeout=SSH_TIMEOUT_S)
+            r = run(_ssh(inventory, host, command), capture_output=True, text=True, timeout=SSH_TIMEOUT_S)
         except subprocess.TimeoutExpired as exc:
             raise RemoteError(f"{host.name}: applying the IP plan timed out") from exc
         if r.returncode != 0:

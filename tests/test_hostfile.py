@@ -158,9 +158,28 @@ def test_ip_plan_and_apply(omlx_dir):
     assert all(c[-1] == "sudo -n true" for c in calls)  # nothing applied before every host passed
     calls.clear()
     done = apply_ip_plan(inv, plan, run=lambda cmd, **kw: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0, "", ""))
-    assert done["mbp"] == ("sudo ifconfig bridge0 down && sudo ifconfig en1 inet 192.168.0.1 "
-                           "netmask 255.255.255.252 && sudo route change 192.168.0.2 -interface en1")
+    assert done["mbp"] == ("sudo -n ifconfig bridge0 down && sudo -n ifconfig en1 inet 192.168.0.1 "
+                           "netmask 255.255.255.252 && sudo -n route change 192.168.0.2 -interface en1")
     assert calls[-1][:5] == ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5"]
+
+
+def test_ip_plan_apply_never_prompts_and_uses_the_inventorys_ssh_config(omlx_dir, tmp_path):
+    """The applied commands use 'sudo -n' (a password prompt over a BatchMode
+    ssh would hang until the timeout), and every ssh call reads the
+    inventory's ssh_config, as every other ssh call of ours does."""
+    plan = plan_ips(build_topology(load_capture_dir(omlx_dir)))
+    config = tmp_path / "ssh_config"
+    config.write_text("Host *\n  User me\n")
+    inv = parse_inventory(INVENTORY.replace("env:", f"ssh_config: {config}\nenv:"))
+    calls = []
+    apply_ip_plan(inv, plan, run=lambda cmd, **kw: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0, "", ""))
+    assert len(calls) == 4  # sudo -n true on both hosts, then each host's commands
+    assert all(c[:3] == ["ssh", "-F", str(config)] for c in calls)
+    for applied in calls[2:]:
+        steps = applied[-1].split(" && ")
+        assert steps and all(step.startswith("sudo -n ") for step in steps), applied[-1]
+    # What is printed for a person to run stays plain sudo (it may prompt).
+    assert plan.commands("mbp")[0] == "sudo ifconfig bridge0 down"
 
 
 def test_mlx_docs_hostfile_is_accepted(macos_fixtures):
