@@ -28,7 +28,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -46,6 +46,14 @@ from mlxcluster.smoke.launch import WorkerOptions
 from mlxcluster.smoke.preflight import require_python_here
 from mlxcluster.smoke.remote import for_each_host
 from mlxcluster.smoke.run import run_backend
+from mlxcluster.train_cleanup import (
+    LauncherStopNoise,
+    lost_host,
+    marked_program,
+    new_run_id,
+    sweep,
+    unstopped_hint,
+)
 
 if TYPE_CHECKING:
     from reference_train.train import TrainConfig
@@ -122,6 +130,9 @@ class RunOutcome:
     failed_rank: int | None = None
     seconds: float = 0.0
     lines: tuple[str, ...] = ()
+    run_id: str = ""  # on every rank's command line (train_cleanup)
+    lost_host: str | None = None  # the host whose ssh connection failed or was lost
+    unstopped: str | None = None  # hosts the final sweep could not reach, and what to run there
 
 
 # ---------------------------------------------------------------- building a job
@@ -402,13 +413,18 @@ def run_streaming(argv: list[str], on_line: Callable[[str, str], None],
     stopping = threading.Event()  # set: the launcher is being stopped by us
 
     def pump(stream, name: str) -> None:
-        for line in stream:
-            line = line.rstrip("\n")
+        noise = LauncherStopNoise()
+        for raw in stream:
+            for line in noise.feed(raw.rstrip("\n")):
+                with lock:
+                    tail.append(line)
+                    del tail[:-keep]
+                    if not stopping.is_set():  # not the launcher's own traceback as it stops
+                        on_line(name, line)
+        for line in noise.flush():
             with lock:
                 tail.append(line)
-                del tail[:-keep]
-                if not stopping.is_set():  # not the launcher's own traceback as it stops
-                    on_line(name, line)
+                on_line(name, line)
 
     pumps = [threading.Thread(target=pump, args=(proc.stdout, "stdout"), daemon=True),
              threading.Thread(target=pump, args=(proc.stderr, "stderr"), daemon=True)]
@@ -493,16 +509,31 @@ def launch_training(job: TrainJob, on_line: Callable[[str, str], None],
 
     The launcher reaches the hosts through launcher_ssh's ssh (keepalive,
     BatchMode, the inventory's ssh_config): a host that dies mid-run ends that
-    rank within ~15 s instead of leaving the job waiting forever."""
-    with tempfile.TemporaryDirectory(prefix="mlxcluster-train.") as tmp:
-        hostfile = write_hostfile(job, Path(tmp))
-        # Output arrives here line by line, so a progress bar (mpirun gives ranks a
-        # terminal) would only add noise; the user's own --progress still wins.
-        argv = launcher_argv(job, hostfile, ["-m", "reference_train.train", "--progress",
-                                             "false", *job.trainer_args])
-        launcher_env = launcher_environment(dict(os.environ if env is None else env),
-                                            Path(tmp) / "bin", job.ssh_config)
-        return run_streaming(argv, on_line, env=launcher_env, timeout=timeout)
+    rank within ~15 s instead of leaving the job waiting forever. However the
+    job ends (also timed out or interrupted), every host is then swept for
+    ranks of it (train_cleanup)."""
+    run_id = new_run_id()
+    base_env = dict(os.environ if env is None else env)
+    try:
+        with tempfile.TemporaryDirectory(prefix="mlxcluster-train.") as tmp:
+            hostfile = write_hostfile(job, Path(tmp))
+            # Output arrives here line by line, so a progress bar (mpirun gives ranks a
+            # terminal) would only add noise; the user's own --progress still wins.
+            program = marked_program(run_id, ["-m", "reference_train.train", "--progress", "false",
+                                              *job.trainer_args])
+            argv = launcher_argv(job, hostfile, program)
+            launcher_env = launcher_environment(base_env, Path(tmp) / "bin", job.ssh_config)
+            outcome = run_streaming(argv, on_line, env=launcher_env, timeout=timeout)
+    except (MlxclusterError, Interrupted) as err:  # timed out or interrupted: sweep, then say so
+        with interrupts.deferred():
+            hint = unstopped_hint(sweep(smoke_hosts(job), run_id, base_env), run_id)
+        if hint:
+            err.hint = f"{err.hint}; {hint}" if err.hint else hint
+        raise
+    with interrupts.deferred():
+        unstopped = unstopped_hint(sweep(smoke_hosts(job), run_id, base_env), run_id)
+    lost = lost_host(outcome.exit_code, outcome.failed_rank, [h.name for h in job.hosts], outcome.lines)
+    return replace(outcome, run_id=run_id, lost_host=lost, unstopped=unstopped)
 
 
 def trainer_help(args: tuple[str, ...]) -> str | None:

@@ -126,10 +126,20 @@ def command(hostfile, inventory_path, local_ranks, backend, config, python, mpi_
                    "is above)" if job.backend == "mpi" else
                    "fix: the launcher's message is above", err=True)
         click.get_current_context().exit(EXIT_FAILED)
+    if outcome.unstopped:
+        click.secho(f"warning: {outcome.unstopped}", fg="yellow", err=True)
     if outcome.exit_code != 0:
         who = f"rank {outcome.failed_rank}" if outcome.failed_rank is not None else "a rank"
-        click.secho(f"train failed: {who} exited with code {outcome.exit_code}; "
-                    "every rank was stopped", fg="red", err=True)
+        if outcome.lost_host:
+            click.secho(f"train failed: the ssh connection to {outcome.lost_host} failed or was lost "
+                        f"({who} exited with ssh's code 255: the host stopped answering, went to "
+                        "sleep or lost its link); every other rank was stopped", fg="red", err=True)
+            click.echo(f"fix: bring {outcome.lost_host} back (mlxcluster doctor checks every host), "
+                       "then rerun with '-- --resume auto' to continue from the last checkpoint",
+                       err=True)
+        else:
+            click.secho(f"train failed: {who} exited with code {outcome.exit_code}; "
+                        "every rank was stopped", fg="red", err=True)
         click.get_current_context().exit(
             outcome.exit_code if 0 < outcome.exit_code < 256 else EXIT_FAILED)
     click.echo(f"train finished on {n} rank(s) in {outcome.seconds:.1f} s")

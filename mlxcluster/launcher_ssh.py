@@ -1,0 +1,82 @@
+"""The ``ssh`` that mlx.launch and mpirun start remote ranks with.
+
+Both run plain ``ssh`` from PATH, with the user's defaults: no keepalive, so
+a host that dies or loses its link mid-run is never noticed and the job
+waits forever; no BatchMode, so a host that wants a password can stall the
+launch; and not the inventory's ``ssh_config``. For a job we put a small
+``ssh`` script first on the launcher's PATH that runs the real ssh with:
+
+- ``ServerAliveInterval=5``, ``ServerAliveCountMax=3``: a host that stops
+  answering ends its ssh within ~15 s (exit 255), so the launcher sees that
+  rank fail and stops the others;
+- ``BatchMode=yes``: never prompt;
+- ``ConnectTimeout``: a dead host also fails the launcher's own stop calls;
+- ``-F <inventory ssh_config>`` when the inventory names one.
+
+Options given on the command line win over the config files, and the
+launchers' own arguments follow ours.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import stat
+from pathlib import Path
+
+from mlxcluster.errors import InputError
+
+KEEPALIVE_INTERVAL_S = 5
+KEEPALIVE_COUNT = 3
+CONNECT_TIMEOUT_S = 10
+WRAPPER_MARK = "# mlxcluster launcher ssh"
+
+
+def ssh_options(ssh_config: str | None) -> list[str]:
+    """The options every launcher ssh call gets."""
+    options = []
+    if ssh_config:
+        options += ["-F", os.path.expanduser(ssh_config)]
+    options += ["-o", "BatchMode=yes",
+                "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
+                "-o", f"ServerAliveInterval={KEEPALIVE_INTERVAL_S}",
+                "-o", f"ServerAliveCountMax={KEEPALIVE_COUNT}"]
+    return options
+
+
+def real_ssh(path_env: str) -> str:
+    """The ssh the launcher would have run (first on ``path_env``), skipping
+    wrappers of ours so that they never call each other."""
+    for directory in path_env.split(os.pathsep):
+        candidate = Path(directory or ".") / "ssh"
+        if not (candidate.is_file() and os.access(candidate, os.X_OK)):
+            continue
+        try:
+            if WRAPPER_MARK in candidate.read_text(errors="replace")[:400]:
+                continue
+        except OSError:
+            continue
+        return str(candidate)
+    found = shutil.which("ssh")
+    if not found:
+        raise InputError("no ssh client found on PATH", "install OpenSSH's client (ssh)")
+    return found
+
+
+def write_wrapper(directory: Path, ssh_config: str | None, path_env: str) -> Path:
+    """Write ``directory/ssh`` (executable); returns the directory."""
+    directory.mkdir(parents=True, exist_ok=True)
+    argv = [real_ssh(path_env), *ssh_options(ssh_config)]
+    script = f"#!/bin/sh\n{WRAPPER_MARK}\nexec {shlex.join(argv)} \"$@\"\n"
+    wrapper = directory / "ssh"
+    wrapper.write_text(script)
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return directory
+
+
+def launcher_environment(env: dict[str, str], directory: Path, ssh_config: str | None) -> dict[str, str]:
+    """``env`` with a wrapper written to ``directory`` first on PATH."""
+    path_env = env.get("PATH", os.defpath)
+    write_wrapper(directory, ssh_config, path_env)
+    return {**env, "PATH": f"{directory}{os.pathsep}{path_env}"}

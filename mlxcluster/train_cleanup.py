@@ -1,0 +1,116 @@
+"""After a training job: make sure no rank is left on any host, and name the
+host a job lost.
+
+Every rank's command line carries the job's run id (``python -X
+mlxcluster_run=mlxtrain-<hex> -m reference_train.train ...``; Python keeps
+unknown ``-X`` options in ``sys._xoptions`` and ignores them), so that
+whatever the launcher could not stop (a host that was unreachable when the
+job ended, a launcher killed by SIGKILL) can be found by ``pkill -f`` on every
+host afterwards, as smoke does with its run ids.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+
+from mlxcluster.smoke import remote
+from mlxcluster.smoke.launch import RankHost
+
+RUN_MARK = "mlxcluster_run"
+SSH_LOST = 255  # ssh's own exit code: the connection failed or was lost
+_MPI_REMOTE_HOST = re.compile(r"^\s*Remote host:\s+(\S+)\s*$")
+
+
+def new_run_id() -> str:
+    return f"mlxtrain-{secrets.token_hex(5)}"
+
+
+def marked_program(run_id: str, program: list[str]) -> list[str]:
+    """The python arguments of every rank, carrying the run id."""
+    return ["-X", f"{RUN_MARK}={run_id}", *program]
+
+
+def stop_script(run_id: str) -> str:
+    """TERM, then KILL, every process carrying the run id (the bracketed
+    pattern never matches the shell running it)."""
+    pattern = remote.bracketed(run_id)
+    return f"pkill -TERM -f '{pattern}'; sleep 0.5; pkill -KILL -f '{pattern}'; true"
+
+
+def sweep(hosts: tuple[RankHost, ...], run_id: str,
+          env: dict[str, str] | None = None) -> list[remote.HostResult]:
+    """Stop anything of the job still running, here and on every remote host;
+    one result per remote host (not ok: that host may still hold ranks)."""
+    remote.kill_local_marked(run_id)
+    seen: dict[str, RankHost] = {}
+    for h in hosts:
+        if not h.is_local:
+            seen.setdefault(h.ssh, h)
+    script = stop_script(run_id)
+    return remote.for_each_host(list(seen.values()), lambda h: remote.run_script(h, script, env=env))
+
+
+def unstopped_hint(results: list[remote.HostResult], run_id: str) -> str | None:
+    """How to finish the job by hand on hosts the sweep could not reach."""
+    left = [r for r in results if not r.ok]
+    if not left:
+        return None
+    names = ", ".join(f"{r.host} ({r.error.splitlines()[-1] if r.error else 'failed'})" for r in left)
+    return (f"could not reach {names} to make sure no rank of the job is left there; "
+            f"when it answers again: ssh HOST pkill -f {run_id}")
+
+
+def lost_host(exit_code: int, failed_rank: int | None, host_names: list[str],
+              lines: tuple[str, ...]) -> str | None:
+    """The host whose ssh connection failed or was lost, when the job ended
+    that way (exit 255 is ssh's code; mpirun names the host of a daemon that
+    failed)."""
+    if exit_code != SSH_LOST:
+        return None
+    for line in reversed(lines):
+        found = _MPI_REMOTE_HOST.match(line)
+        if found:
+            return found.group(1)
+    if failed_rank is not None and 0 <= failed_rank < len(host_names):
+        return host_names[failed_rank]
+    return None
+
+
+class LauncherStopNoise:
+    """Drops mlx.launch's own tracebacks from stopping the other ranks.
+
+    After a rank fails, each of mlx.launch's threads stops its rank with
+    ``ssh HOST 'kill $(cat PIDFILE)...'``, where PIDFILE was read from a pty
+    line still ending in '\\r': the script fails and the thread prints an
+    ``Exception in thread ... (_thread_fn)`` ... ``CalledProcessError: ...
+    returned non-zero exit status 1.`` traceback. The ranks stop anyway (their
+    ssh sessions close). Only such blocks are dropped; any other line passes.
+    """
+
+    START = re.compile(r"^Exception in thread .*\(_thread_fn\):\s*$")
+    END = re.compile(r"returned non-zero exit status -?\d+\.\s*$")
+    MAX_LINES = 80  # a block this long without its end is not the one we know
+
+    def __init__(self) -> None:
+        self.block: list[str] = []
+
+    def feed(self, line: str) -> list[str]:
+        """The lines to show now (none while a block is being read)."""
+        if not self.block:
+            if self.START.match(line):
+                self.block = [line]
+                return []
+            return [line]
+        self.block.append(line)
+        if self.END.search(line) and any("_distributed_utils/launch.py" in b for b in self.block):
+            self.block = []
+            return []
+        if len(self.block) >= self.MAX_LINES:
+            return self.flush()
+        return []
+
+    def flush(self) -> list[str]:
+        """Whatever is held back (the stream ended inside a block)."""
+        block, self.block = self.block, []
+        return block

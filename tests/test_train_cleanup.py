@@ -1,0 +1,103 @@
+"""The launchers' ssh (keepalive, BatchMode, the inventory's ssh_config), the
+run marker and sweep script, naming a lost host, and dropping mlx.launch's
+own stop-path tracebacks. The multi-host behaviour is in
+tests/lab/test_dead_host_lab.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from mlxcluster.launcher_ssh import WRAPPER_MARK, launcher_environment, real_ssh
+from mlxcluster.train_cleanup import (
+    LauncherStopNoise,
+    lost_host,
+    marked_program,
+    new_run_id,
+    stop_script,
+)
+
+# What mlx.launch 0.32.4 printed on stderr when it stopped the other ranks
+# after labhost3's ssh was lost (lab run; paths shortened).
+LAUNCHER_STOP_TRACEBACK = """\
+Exception in thread Thread-2 (_thread_fn):
+Traceback (most recent call last):
+  File "/root/.pyenv/versions/3.11.7/lib/python3.11/threading.py", line 1045, in _bootstrap_inner
+    self.run()
+  File "/work/main/.venv/lib/python3.11/site-packages/mlx/_distributed_utils/launch.py", line 228, in _thread_fn
+    command.terminate()
+  File "/work/main/.venv/lib/python3.11/site-packages/mlx/_distributed_utils/launch.py", line 97, in terminate
+    c = run(
+        ^^^^
+  File "/root/.pyenv/versions/3.11.7/lib/python3.11/subprocess.py", line 571, in run
+    raise CalledProcessError(retcode, process.args,
+subprocess.CalledProcessError: Command 'ssh root@10.77.122.12 'pid=$(cat /tmp/lab/t2/tmp.ePmRlcjYNy
+); if ps -p $pid >/dev/null; then     kill $pid;     echo 1; else     echo 0; fi; rm /tmp/lab/t2/tmp.ePmRlcjYNy
+'' returned non-zero exit status 1.""".splitlines()
+
+RANK_TRACEBACK = """\
+Traceback (most recent call last):
+  File "/x/reference_train/train.py", line 10, in <module>
+    main()
+ValueError: global_batch 7 does not divide by 2 ranks""".splitlines()
+
+
+def feed_all(lines: list[str]) -> list[str]:
+    noise = LauncherStopNoise()
+    shown = [out for line in lines for out in noise.feed(line)]
+    return shown + noise.flush()
+
+
+def test_the_launchers_stop_traceback_is_dropped_and_everything_else_kept():
+    lines = ["step 5 | loss 5.8", *LAUNCHER_STOP_TRACEBACK, "[WARN] Node with rank 2 exited with code 255",
+             *RANK_TRACEBACK]
+    assert feed_all(lines) == ["step 5 | loss 5.8", "[WARN] Node with rank 2 exited with code 255",
+                               *RANK_TRACEBACK]
+
+
+def test_a_block_that_does_not_end_as_the_launchers_does_is_shown_whole():
+    unfinished = LAUNCHER_STOP_TRACEBACK[:6]
+    assert feed_all(unfinished) == unfinished
+    other_thread = ["Exception in thread Thread-1 (_thread_fn):", "Traceback (most recent call last):",
+                    '  File "/x/y.py", line 1, in f', "RuntimeError: returned non-zero exit status 1."]
+    assert feed_all(other_thread) == other_thread  # not mlx.launch's code
+
+
+def test_the_lost_host_is_named_from_the_rank_or_from_mpiruns_message():
+    hosts = ["labhost1", "labhost2", "labhost3"]
+    assert lost_host(255, 2, hosts, ()) == "labhost3"
+    mpi = ("A daemon failed to report back after being spawned.", "  Local host:    vm",
+           "  Remote host:   labhost3", "  Daemon exit status: 255")
+    assert lost_host(255, None, hosts, mpi) == "labhost3"
+    assert lost_host(1, 2, hosts, mpi) is None  # a rank's own failure is not ssh's
+    assert lost_host(255, None, hosts, ()) is None
+
+
+def test_every_rank_carries_the_run_id_and_python_accepts_the_marker():
+    run_id = new_run_id()
+    program = marked_program(run_id, ["-c", "import sys; print(sys._xoptions['mlxcluster_run'])"])
+    assert subprocess.run([sys.executable, *program], capture_output=True, text=True,
+                          timeout=30).stdout.strip() == run_id
+    script = stop_script(run_id)
+    assert run_id not in script and f"[{run_id[0]}]{run_id[1:]}" in script
+
+
+def test_the_launchers_ssh_adds_keepalive_batchmode_and_the_inventory_config(tmp_path):
+    real_dir = tmp_path / "real"
+    real_dir.mkdir()
+    record = tmp_path / "argv"
+    fake = real_dir / "ssh"
+    fake.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {record}\n')
+    fake.chmod(0o755)
+    env = launcher_environment({"PATH": f"{real_dir}:/usr/bin:/bin"}, tmp_path / "bin", "~/.ssh/cluster")
+    assert env["PATH"].split(":")[0] == str(tmp_path / "bin")
+    # what mlx.launch runs: plain `ssh` from PATH
+    subprocess.run(["ssh", "-tt", "-o", "LogLevel=QUIET", "mac1", "echo hi"], env=env, check=True, timeout=30)
+    argv = record.read_text().splitlines()
+    assert argv == ["-F", os.path.expanduser("~/.ssh/cluster"), "-o", "BatchMode=yes",
+                    "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=5",
+                    "-o", "ServerAliveCountMax=3", "-tt", "-o", "LogLevel=QUIET", "mac1", "echo hi"]
+    # a wrapper first on PATH is never taken for the real ssh (no loop)
+    assert WRAPPER_MARK in (tmp_path / "bin" / "ssh").read_text()
+    assert real_ssh(env["PATH"]) == str(fake)
