@@ -136,6 +136,11 @@ def test_check_from_dir_names_the_hosts_it_could_not_check(ring, tmp_path):
     (caps / "studio" / "ifconfig.txt").write_text(IFCONFIG.format(ip="10.0.0.2"))
     r = cli("check", str(hf), "-i", str(inv), "--from", str(caps))
     assert r.exit_code == 0 and r.output.startswith("ok: "), r.output
+    assert f"IPs and RDMA devices match the captures in {caps}" in r.output
+    mpi = tmp_path / "hosts"
+    mpi.write_text("mbp.local slots=1\nstudio.local slots=1\n")
+    r = cli("check", str(mpi), "-i", str(inv), "--from", str(caps))
+    assert r.exit_code == 0 and "it lists no IPs or RDMA devices to compare" in r.output, r.output
 
 
 def test_check_against_live_hosts_that_cannot_be_probed_is_not_ok(ring, monkeypatch):

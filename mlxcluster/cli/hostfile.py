@@ -230,8 +230,9 @@ def check(file, inventory_path, from_dir):
                    "--from DIR (doctor --collect DIR) to check them", err=True)
         return
     if not found.unchecked:
-        click.echo(f"ok: {file}: {shape}; IPs and RDMA devices match "
-                   f"{'the captures in ' + from_dir if from_dir else 'the live hosts'}")
+        against = f"the captures in {from_dir}" if from_dir else "the live hosts"
+        click.echo(f"ok: {file}: {shape}; " + (f"IPs and RDMA devices match {against}" if found.checked
+                                               else "it lists no IPs or RDMA devices to compare"))
         return
     click.echo(f"{file}: {shape}; well-formed")
     if found.checked:
