@@ -118,7 +118,12 @@ def command(hostfile, inventory_path, local_ranks, backend, config, python, mpi_
         click.echo(line, err=stream == "stderr")
 
     outcome = launch_training(job, show, env=env, timeout=timeout)
-    why = launcher_error(outcome.lines) if outcome.exit_code and outcome.failed_rank is None else None
+    if outcome.unstopped:
+        click.secho(f"warning: {outcome.unstopped}", fg="yellow", err=True)
+    # A host lost to ssh comes first: mpirun frames that in the same kind of
+    # message as an option it refuses, but ranks did run.
+    refused = outcome.exit_code and outcome.failed_rank is None and not outcome.lost_host
+    why = launcher_error(outcome.lines) if refused else None
     if why:  # the launcher refused to start: no rank ran, none is to blame
         click.secho(f"train failed: {launcher_name(job)} did not start the job, no rank ran: {why}",
                     fg="red", err=True)
@@ -126,8 +131,6 @@ def command(hostfile, inventory_path, local_ranks, backend, config, python, mpi_
                    "is above)" if job.backend == "mpi" else
                    "fix: the launcher's message is above", err=True)
         click.get_current_context().exit(EXIT_FAILED)
-    if outcome.unstopped:
-        click.secho(f"warning: {outcome.unstopped}", fg="yellow", err=True)
     if outcome.exit_code != 0:
         who = f"rank {outcome.failed_rank}" if outcome.failed_rank is not None else "a rank"
         if outcome.lost_host:
