@@ -10,6 +10,8 @@ launch; and not the inventory's ``ssh_config``. For a job we put a small
   answering ends its ssh within ~15 s (exit 255), so the launcher sees that
   rank fail and stops the others;
 - ``BatchMode=yes``: never prompt;
+- ``StrictHostKeyChecking=yes``: an unknown or changed host key fails, even
+  where the user's config says ``no`` or ``accept-new``;
 - ``ConnectTimeout``: a dead host also fails the launcher's own stop calls;
 - ``-F <inventory ssh_config>`` when the inventory names one.
 
@@ -38,7 +40,7 @@ def ssh_options(ssh_config: str | None) -> list[str]:
     options = []
     if ssh_config:
         options += ["-F", os.path.expanduser(ssh_config)]
-    options += ["-o", "BatchMode=yes",
+    options += ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
                 "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
                 "-o", f"ServerAliveInterval={KEEPALIVE_INTERVAL_S}",
                 "-o", f"ServerAliveCountMax={KEEPALIVE_COUNT}"]

@@ -4,7 +4,9 @@
 cmd``; paramiko succeeding does not prove that path works (another key, an
 agent only paramiko sees, a host key only in our known_hosts...). So doctor
 also runs ``ssh -F CONFIG -o BatchMode=yes -o ConnectTimeout=N host cmd``:
-BatchMode makes ssh fail instead of prompting for a password or a host key.
+BatchMode makes ssh fail instead of prompting for a password or a host key,
+and StrictHostKeyChecking=yes makes an unknown or changed host key fail
+whatever the user's config says.
 """
 
 from __future__ import annotations
@@ -52,14 +54,19 @@ def ssh_argv(
     argv = [ssh]
     if ssh_config:
         argv += ["-F", os.path.expanduser(ssh_config)]
-    argv += ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, int(round(connect_timeout)))}"]
+    # BatchMode: never prompt. StrictHostKeyChecking=yes: an unknown or changed
+    # host key fails even where the user's config says 'no' or 'accept-new'
+    # (options given here win over the config file), as it does for paramiko.
+    argv += ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+             "-o", f"ConnectTimeout={max(1, int(round(connect_timeout)))}"]
     if user:
         argv += ["-l", user]
     if port:
         argv += ["-p", str(port)]
     argv += options
-    # Inventory validation forbids a leading '-', so the target cannot be read as an option.
-    argv += [target, command]
+    # Inventories and hostfiles forbid a leading '-' in a target; '--' makes
+    # sure ssh never reads one as an option anyway.
+    argv += ["--", target, command]
     return argv
 
 

@@ -160,7 +160,8 @@ def test_ip_plan_and_apply(omlx_dir):
     done = apply_ip_plan(inv, plan, run=lambda cmd, **kw: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0, "", ""))
     assert done["mbp"] == ("sudo -n ifconfig bridge0 down && sudo -n ifconfig en1 inet 192.168.0.1 "
                            "netmask 255.255.255.252 && sudo -n route change 192.168.0.2 -interface en1")
-    assert calls[-1][:5] == ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5"]
+    assert calls[-1][:7] == ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+                             "-o", "ConnectTimeout=5"]
 
 
 def test_ip_plan_apply_never_prompts_and_uses_the_inventorys_ssh_config(omlx_dir, tmp_path):

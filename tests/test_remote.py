@@ -75,10 +75,10 @@ def test_ssh_config_is_honoured(tmp_path):
 
 def test_openssh_argv_is_batch_mode_and_never_a_shell(tmp_path):
     argv = ssh_argv("studio-1", "true", ssh_config="/etc/cfg", connect_timeout=3, user="me", port=2222)
-    assert argv == ["ssh", "-F", "/etc/cfg", "-o", "BatchMode=yes", "-o", "ConnectTimeout=3",
-                    "-l", "me", "-p", "2222", "studio-1", "true"]
-    assert hop_argv("a b", "me", None, 5) == ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-l", "me",
-                                              "a b", "true"]
+    assert argv == ["ssh", "-F", "/etc/cfg", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+                    "-o", "ConnectTimeout=3", "-l", "me", "-p", "2222", "--", "studio-1", "true"]
+    assert hop_argv("a b", "me", None, 5) == ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+                                              "-o", "ConnectTimeout=5", "-l", "me", "--", "a b", "true"]
 
 
 def test_real_openssh_refused_on_loopback():

@@ -96,7 +96,7 @@ def test_the_launchers_ssh_adds_keepalive_batchmode_and_the_inventory_config(tmp
     subprocess.run(["ssh", "-tt", "-o", "LogLevel=QUIET", "mac1", "echo hi"], env=env, check=True, timeout=30)
     argv = record.read_text().splitlines()
     assert argv == ["-F", os.path.expanduser("~/.ssh/cluster"), "-o", "BatchMode=yes",
-                    "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=5",
+                    "-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=5",
                     "-o", "ServerAliveCountMax=3", "-tt", "-o", "LogLevel=QUIET", "mac1", "echo hi"]
     # a wrapper first on PATH is never taken for the real ssh (no loop)
     assert WRAPPER_MARK in (tmp_path / "bin" / "ssh").read_text()
