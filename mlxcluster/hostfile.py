@@ -27,6 +27,7 @@ from typing import Any
 
 from mlxcluster.capture import IBV_DEVICES, IFCONFIG
 from mlxcluster.errors import HostfileError
+from mlxcluster.facts import host_facts
 from mlxcluster.inventory import parse_ip, shorten, show, ssh_target_ok
 from mlxcluster.parsers.ibv import parse_ibv_devices
 from mlxcluster.parsers.ifconfig import ipv4_addresses, parse_ifconfig
@@ -328,6 +329,12 @@ def cluster_problems(hf: MlxHostfile | tuple[MpiHost, ...], inventory=None,
     return check_against_cluster(hf, inventory, captures).problems
 
 
+def probe_ipv4_addresses(cap) -> set[str]:
+    """The IPv4 addresses the probe saw on the host's interfaces (every platform)."""
+    return {a["address"] for iface in host_facts(cap).interfaces for a in iface.get("addrs", ())
+            if a.get("family") == "inet" and a.get("address")}
+
+
 def check_against_cluster(hf: MlxHostfile | tuple[MpiHost, ...], inventory=None,
                           captures: dict | None = None) -> ClusterCheck:
     """Check a hostfile against the cluster: hosts missing from the inventory,
@@ -376,12 +383,17 @@ def check_against_cluster(hf: MlxHostfile | tuple[MpiHost, ...], inventory=None,
         if e.ips:
             text, bad = cap.text(IFCONFIG), cap.problems().get(IFCONFIG)
             interfaces = parse_ifconfig(text) if text is not None and bad is None else {}
-            if text is None or bad is not None:
+            # Hosts without ifconfig output (Linux) list their addresses in the probe.
+            probed = probe_ipv4_addresses(cap) if not interfaces else set()
+            if probed:
+                present = probed
+            elif text is None or bad is not None:
                 why.append(f"its {IFCONFIG} capture is {bad or 'missing'}")
             elif not interfaces:
                 why.append(f"its {IFCONFIG} capture lists no interface")
             else:
                 present = {ip for i in interfaces.values() for ip in ipv4_addresses(i)}
+            if not why:
                 for ip in e.ips:
                     if ":" in ip:
                         why.append(f"IPv6 {ip} not compared (only IPv4 addresses are)")

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from click.testing import CliRunner
 
+import reference_train
 from mlxcluster import __version__
 from mlxcluster.cli import main
 from mlxcluster.errors import InventoryError
@@ -61,10 +63,15 @@ def test_demo_runs_every_stage_for_real(tmp_path):
 
 def test_demo_reports_a_failing_step(tmp_path):
     """A step that fails is shown as failed and the demo exits 1 (never pretends)."""
+    # A config that loads here but that the ranks refuse: 7 sequences do not
+    # divide between 2 ranks (only the ranks know how many they are).
+    config = tmp_path / "odd.yaml"
+    tiny = (Path(reference_train.__file__).parent / "configs" / "tiny.yaml").read_text()
+    assert "global_batch: 8 " in tiny
+    config.write_text(tiny.replace("global_batch: 8 ", "global_batch: 7 "))
     result = CliRunner().invoke(main, ["demo", "--ranks", "2", "--steps", "1", "--config",
-                                       str(tmp_path / "missing.yaml"), "--workdir", str(tmp_path),
-                                       "--quiet"])
-    assert result.exit_code == 1
+                                       str(config), "--workdir", str(tmp_path / "work"), "--quiet"])
+    assert result.exit_code == 1, result.output
     assert "[✗] train" in result.output and "[✓] smoke mpi" in result.output
 
 

@@ -334,3 +334,22 @@ def test_local_ranks_may_share_127_0_0_1_but_real_hosts_may_not_repeat():
     parse_mlx_hostfile(json.dumps({"hosts": [{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * 2}))
     with pytest.raises(HostfileError, match="'mac1' is listed twice"):
         parse_mlx_hostfile(json.dumps({"hosts": [{"ssh": "mac1", "ips": ["10.0.0.1"]}] * 2}))
+
+
+def test_hosts_without_ifconfig_are_checked_against_the_probes_interfaces():
+    """Linux hosts (the lab) capture no ifconfig.txt; their probe lists the
+    interfaces, and that is what the hostfile's IPs are compared with."""
+    import json as _json
+
+    from mlxcluster.capture import HostCapture
+    from mlxcluster.hostfile import check_against_cluster
+
+    probe = {"hostname": "lab1", "interfaces": [
+        {"name": "eth0", "up": True, "addrs": [{"family": "inet", "address": "10.0.0.1", "netmask": "255.255.255.0"}]}]}
+    captures = {"lab1": HostCapture("lab1", files={"probe.json": _json.dumps(probe)})}
+    good = parse_mlx_hostfile(_json.dumps({"hosts": [{"ssh": "lab1", "ips": ["10.0.0.1"]}]}))
+    result = check_against_cluster(good, captures=captures)
+    assert result.problems == [] and result.unchecked == {}
+    bad = parse_mlx_hostfile(_json.dumps({"hosts": [{"ssh": "lab1", "ips": ["10.0.0.9"]}]}))
+    assert check_against_cluster(bad, captures=captures).problems == [
+        "lab1: IP 10.0.0.9 is not on any interface of lab1"]

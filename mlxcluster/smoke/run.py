@@ -17,9 +17,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from mlxcluster import interrupts
 from mlxcluster.errors import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, Interrupted
+from mlxcluster.launcher_ssh import launcher_environment
 from mlxcluster.smoke import preflight, remote
 from mlxcluster.smoke.launch import LaunchPlan, RankHost, WorkerOptions, plan_launch, worker_source
 from mlxcluster.smoke.stats import BenchRow, OpFit, fit_ops
@@ -121,8 +123,11 @@ class Launched:
 
 def launch(plan: LaunchPlan) -> Launched:
     """Start the launcher in its own session (one process group to stop) and
-    forward its stdout and stderr lines to one queue."""
-    proc = subprocess.Popen(plan.argv, env=plan.env, stdin=subprocess.DEVNULL,
+    forward its stdout and stderr lines to one queue. It reaches the hosts
+    through launcher_ssh's ssh (the inventory's ssh_config, BatchMode,
+    keepalive), written into the local run directory."""
+    env = launcher_environment(plan.env, Path(plan.run_dir) / "bin", inventory_ssh_config(plan.hosts))
+    proc = subprocess.Popen(plan.argv, env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
     lines: queue.Queue = queue.Queue()
@@ -131,6 +136,15 @@ def launch(plan: LaunchPlan) -> Launched:
     for t in readers:
         t.start()
     return Launched(proc, lines, readers)
+
+
+def inventory_ssh_config(hosts: tuple[RankHost, ...]) -> str | None:
+    """The ``-F`` config the ranks' own ssh calls use (from the inventory)."""
+    for host in hosts:
+        options = list(host.ssh_options)
+        if "-F" in options[:-1]:
+            return options[options.index("-F") + 1]
+    return None
 
 
 def watch_run(launched: Launched, watch: Watch, plan: LaunchPlan, timeout_s: float,

@@ -11,48 +11,23 @@ import re
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from reference_train.prepare import prepare_offline
+from tests.lab.jobs import bracketed, left_on_hosts, training_setup
 
 pytestmark = pytest.mark.lab
 
-REPO = Path(__file__).resolve().parents[2]
 # ~15 s of keepalive, the launcher's stop, and the sweep's 5 s connect timeout
 # to the dead host; well under the 90 s the job used to wait before it was stopped by hand.
 DEAD_HOST_BUDGET_S = 60
 
 
-@pytest.fixture(scope="module")
-def lab_data(tmp_path_factory):
-    out = tmp_path_factory.mktemp("labdata") / "offline"
-    prepare_offline(out, n_stories=300)
-    return out
-
-
-def live_ranks(lab, run_id: str) -> dict[str, str]:
-    pattern = f"[{run_id[0]}]{run_id[1:]}"
-    found = {}
-    for h in lab.hosts:
-        out = lab.ssh(h, f"pgrep -af '{pattern}' || true").stdout
-        live = [ln for ln in out.splitlines() if ln.strip() and not ln.endswith("<defunct>")]
-        if live:
-            found[h.name] = "\n".join(live)
-    return found
-
-
 @pytest.mark.parametrize("backend", ["ring", "mpi"])
 def test_a_host_lost_mid_training_ends_the_job_and_is_named(lab3, lab_data, tmp_path, backend):
-    inventory = lab3.write_inventory(tmp_path / "lab.yaml")
-    libmpi = Path(sys.executable).parent.parent / "lib" / "libmpi.so.40"
-    inventory.write_text(inventory.read_text() + f"env:\n  MLX_MPI_LIBNAME: {libmpi}\n")
+    inventory, env = training_setup(lab3, tmp_path)
     out = tmp_path / "run"
     metrics = out / "metrics.jsonl"
-    env = lab3.env()
-    env["PYTHONPATH"] = str(REPO)
-    env.pop("LD_PRELOAD", None)
     proc = subprocess.Popen(
         [sys.executable, "-m", "mlxcluster", "train", "-i", str(inventory), "--backend", backend,
          "--config", "tiny", "--no-preflight", "--", "--steps", "100000", "--global_batch", "6",
@@ -82,7 +57,7 @@ def test_a_host_lost_mid_training_ends_the_job_and_is_named(lab3, lab_data, tmp_
     assert advice, stderr[-2000:]
     run_id = advice.group(1)
     # Every other host is clear already; follow the advice on labhost3 as a user would.
-    assert set(live_ranks(lab3, run_id)) <= {"labhost3"}
-    lab3.ssh(lab3.hosts[2], f"pkill -f '[{run_id[0]}]{run_id[1:]}' || true")
+    assert set(left_on_hosts(lab3, bracketed(run_id))) <= {"labhost3"}
+    lab3.ssh(lab3.hosts[2], f"pkill -f '{bracketed(run_id)}' || true")
     time.sleep(1)
-    assert live_ranks(lab3, run_id) == {}
+    assert left_on_hosts(lab3, bracketed(run_id)) == {}

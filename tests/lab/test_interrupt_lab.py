@@ -7,37 +7,20 @@ from __future__ import annotations
 import signal
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from reference_train.prepare import prepare_offline
 from tests.interrupt_helpers import (
     SmokeWorkersRunning,
     interrupt_when,
     processes_with,
     smoke_run_id,
 )
+from tests.lab.jobs import left_on_hosts, training_setup
 
 pytestmark = pytest.mark.lab
 
-REPO = Path(__file__).resolve().parents[2]
 MLXCLUSTER = [sys.executable, "-m", "mlxcluster"]
-
-
-def left_on_hosts(lab, pattern: str, paths: str = "") -> dict[str, str]:
-    """What each host still has of a run: live processes matching ``pattern``
-    (a bracketed regex, so pgrep does not match its own shell) and ``paths``.
-    An exited daemon its sshd session has not reaped yet (``<defunct>``, for
-    a moment) runs no more and is not counted."""
-    found = {}
-    for h in lab.hosts:
-        check = f"pgrep -af '{pattern}'; " + (f"ls -d {paths} 2>/dev/null; " if paths else "") + "true"
-        out = lab.ssh(h, check).stdout
-        live = [ln for ln in out.splitlines() if ln.strip() and not ln.endswith("<defunct>")]
-        if live:
-            found[h.name] = "\n".join(live)
-    return found
 
 
 def test_ctrl_c_stops_a_smoke_run_on_every_host(lab3, tmp_path):
@@ -54,23 +37,11 @@ def test_ctrl_c_stops_a_smoke_run_on_every_host(lab3, tmp_path):
     assert processes_with(run_id) == []
 
 
-@pytest.fixture(scope="module")
-def lab_data(tmp_path_factory):
-    out = tmp_path_factory.mktemp("labdata") / "offline"
-    prepare_offline(out, n_stories=300)
-    return out
-
-
 @pytest.mark.parametrize("backend, sig", [("ring", signal.SIGTERM), ("mpi", signal.SIGINT)])
 def test_interrupt_stops_training_on_every_host(lab3, lab_data, tmp_path, backend, sig):
-    inventory = lab3.write_inventory(tmp_path / "lab.yaml")
-    libmpi = Path(sys.executable).parent.parent / "lib" / "libmpi.so.40"
-    inventory.write_text(inventory.read_text() + f"env:\n  MLX_MPI_LIBNAME: {libmpi}\n")
+    inventory, env = training_setup(lab3, tmp_path)
     out = tmp_path / "run"
     metrics = out / "metrics.jsonl"
-    env = lab3.env()
-    env["PYTHONPATH"] = str(REPO)
-    env.pop("LD_PRELOAD", None)
     run = interrupt_when(
         [*MLXCLUSTER, "train", "-i", str(inventory), "--backend", backend, "--config", "tiny",
          "--no-preflight", "--", "--steps", "100000", "--global_batch", "6", "--data",

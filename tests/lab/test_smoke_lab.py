@@ -90,3 +90,18 @@ def test_dropped_data_port_names_its_host(lab3, inventory, backend):
     assert "unreachable from here (timed out)" in run["reason"]
     assert [r["status"] for r in run["ranks"]] == ["stopped", "stopped", "hung"]
     assert_nothing_left(lab3, run)
+
+
+@pytest.mark.parametrize("backend", ["ring", "mpi"])
+def test_the_inventorys_ssh_config_reaches_the_launcher(lab3, tmp_path, backend):
+    """Hosts named by Host aliases that only the inventory's ssh_config
+    defines, and the plain ssh on PATH (not the lab's wrapper, which adds -F):
+    mlx.launch and mpirun still reach every host, through the launcher ssh
+    mlxcluster gives them. Before, only our own ssh calls read ssh_config."""
+    inventory = lab3.write_inventory(tmp_path / "aliases.yaml", use_names=True)
+    path = ":".join(p for p in lab3.env()["PATH"].split(":") if p != str(lab3.bin_dir))
+    code, run, _ = smoke(lab3, inventory, "--backend", backend, *SMALL, env={"PATH": path})
+    assert code == 0, run["reason"]
+    assert [(r["host"], r["status"]) for r in run["ranks"]] == [
+        ("labhost1", "passed"), ("labhost2", "passed"), ("labhost3", "passed")]
+    assert_nothing_left(lab3, run)

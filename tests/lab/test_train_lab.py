@@ -7,34 +7,18 @@ import os
 import subprocess
 import sys
 import uuid
-from pathlib import Path
 
 import pytest
 
-from reference_train.prepare import prepare_offline
+from tests.lab.jobs import REPO, training_setup
 
 pytestmark = pytest.mark.lab
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def lab_data(tmp_path_factory):
-    out = tmp_path_factory.mktemp("labdata") / "offline"
-    prepare_offline(out, n_stories=300)
-    return out
 
 
 def run_train(lab, tmp_path, data, backend, *extra, steps=3, timeout=300):
     """mlxcluster train -i <lab inventory>; returns (process, the run's unique out dir)."""
-    inventory = lab.write_inventory(tmp_path / "inventory.yaml")
-    # as doctor advises: name the libmpi for MLX (the launcher passes inventory env to ranks)
-    libmpi = Path(sys.executable).parent.parent / "lib" / "libmpi.so.40"
-    inventory.write_text(inventory.read_text() + f"env:\n  MLX_MPI_LIBNAME: {libmpi}\n")
+    inventory, env = training_setup(lab, tmp_path)
     out = tmp_path / f"run-{uuid.uuid4().hex[:8]}"
-    env = lab.env()
-    env["PYTHONPATH"] = str(REPO)
-    env.pop("LD_PRELOAD", None)
     cmd = [sys.executable, "-m", "mlxcluster", "train", "-i", str(inventory), "--backend",
            backend, "--config", "tiny", *extra, "--", "--steps", str(steps), "--global_batch", "6", "--data", str(data),
            "--out", str(out), "--sample_tokens", "0"]

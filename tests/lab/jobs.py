@@ -1,0 +1,42 @@
+"""Running jobs on the lab the way users do, and looking for what is left
+of them on every host afterwards."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def training_setup(lab, tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A lab inventory and environment for `mlxcluster train`: the inventory
+    names the libmpi MLX must load, as doctor advises (the launcher passes the
+    inventory's env to every rank); PYTHONPATH finds reference_train."""
+    inventory = lab.write_inventory(tmp_path / "inventory.yaml")
+    libmpi = Path(sys.executable).parent.parent / "lib" / "libmpi.so.40"
+    inventory.write_text(inventory.read_text() + f"env:\n  MLX_MPI_LIBNAME: {libmpi}\n")
+    env = lab.env()
+    env["PYTHONPATH"] = str(REPO)
+    env.pop("LD_PRELOAD", None)
+    return inventory, env
+
+
+def left_on_hosts(lab, pattern: str, paths: str = "") -> dict[str, str]:
+    """What each host still has of a run, asked over ssh as a user would:
+    live processes matching ``pattern`` (a bracketed regex, so pgrep does not
+    match its own shell) and ``paths``. An exited process its sshd session has
+    not reaped yet (``<defunct>``, for a moment) runs no more and is not counted."""
+    found = {}
+    for h in lab.hosts:
+        check = f"pgrep -af '{pattern}'; " + (f"ls -d {paths} 2>/dev/null; " if paths else "") + "true"
+        out = lab.ssh(h, check).stdout
+        live = [ln for ln in out.splitlines() if ln.strip() and not ln.endswith("<defunct>")]
+        if live:
+            found[h.name] = "\n".join(live)
+    return found
+
+
+def bracketed(marker: str) -> str:
+    """A pgrep/pkill pattern matching ``marker`` whose own text does not."""
+    return f"[{marker[0]}]{marker[1:]}"
