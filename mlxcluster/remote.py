@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import json
 import os
 import shlex
@@ -31,7 +32,7 @@ from typing import Any, Generic, TypeVar
 import paramiko
 from paramiko.hostkeys import InvalidHostKey
 
-from mlxcluster.errors import RemoteError
+from mlxcluster.errors import InputError, RemoteError
 
 DEFAULT_CONNECT_TIMEOUT = 5.0
 DEFAULT_COMMAND_TIMEOUT = 60.0
@@ -123,13 +124,19 @@ class Outcome(Generic[T]):
 
 
 def load_ssh_config(path: str | None) -> paramiko.SSHConfig:
-    """Parse an OpenSSH client config file ('' / None => an empty config)."""
+    """Parse an OpenSSH client config file ('' / None => an empty config).
+    A file paramiko cannot read is an InputError naming it (paramiko reads
+    Match lines only when a host is looked up: one lookup here finds them)."""
     config = paramiko.SSHConfig()
     if path:
         p = Path(os.path.expanduser(path))
         if p.is_file():
-            with p.open(encoding="utf-8") as f:
-                config.parse(f)
+            try:
+                config.parse(io.StringIO(p.read_text(encoding="utf-8")))
+                config.lookup("mlxcluster-config-check")
+            except (paramiko.ssh_exception.ConfigParseError, UnicodeDecodeError, ValueError) as exc:
+                raise InputError(f"ssh config {p} cannot be read: {exc}",
+                                 f"fix that file ('ssh -G -F {p} HOST' shows how OpenSSH reads it)") from None
     return config
 
 

@@ -13,6 +13,7 @@ import threading
 import time
 
 import paramiko
+import pytest
 
 from mlxcluster.checks.base import CheckContext, Status
 from mlxcluster.checks.common import BAD
@@ -249,3 +250,14 @@ def test_data_path_agent_waits_briefly_for_a_busy_port():
     assert verdict.status is Status.FAIL
     assert verdict.evidence["a"] == f"{BAD}cannot listen on 127.0.0.1:{held_port}: port already in use by {holder}"
     assert "--starting-port" in verdict.hint
+
+
+@pytest.mark.parametrize("text", ["Match bogus\n", "Host a\n  Port notanumber\n  =x\n", b"\xff\xfe\x00bin"])
+def test_an_ssh_config_paramiko_cannot_read_is_an_input_error(tmp_path, text):
+    from mlxcluster.errors import InputError
+    from mlxcluster.remote import load_ssh_config
+
+    cfg = tmp_path / "config"
+    cfg.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(InputError, match=f"ssh config {cfg} cannot be read"):
+        load_ssh_config(str(cfg))

@@ -9,6 +9,8 @@ Bridge; ring and MPI merely run slower.
 
 from __future__ import annotations
 
+import shlex
+
 from mlxcluster.capture import IBV_DEVICES
 from mlxcluster.checks.base import CheckContext, Status
 from mlxcluster.checks.common import Verdict, doctor_check
@@ -150,7 +152,8 @@ def check_rdma_devices(ctx: CheckContext) -> Verdict:
 
 
 def _bridge_fix(name: str, members: tuple[str, ...]) -> str:
-    cmds = [f"sudo ifconfig bridge0 deletem {m}" for m in members]
+    # Member names come from the host's ifconfig output: quote them in a command to paste.
+    cmds = [f"sudo ifconfig bridge0 deletem {shlex.quote(m)}" for m in members]
     cmds += ["sudo ifconfig bridge0 down",
              "sudo networksetup -setnetworkserviceenabled 'Thunderbolt Bridge' off"]
     return f"on {name}: " + "; ".join(cmds)
