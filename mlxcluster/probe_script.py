@@ -398,7 +398,9 @@ def collect_facts(argv):
     facts["env"] = {k: v for k, v in sorted(os.environ.items())
                     if k.startswith("MLX_") and k not in inventory_keys}
     inventory_env = {k: os.environ[k] for k in inventory_keys if k in os.environ}
-    facts["inventory_env"] = inventory_env
+    # probe.json goes into bug reports (doctor --collect): record the values
+    # of MLX_* variables only (checks read them); others only as set.
+    facts["inventory_env"] = {k: (v if k.startswith("MLX_") else "(set)") for k, v in inventory_env.items()}
     facts["path_env"] = os.environ.get("PATH")
     facts["os"] = probe_os(commands, raw)
     facts.update(probe_hardware(commands))

@@ -203,3 +203,14 @@ def test_missing_python_is_explained():
     cap = capture_from_probe("h", result, "/opt/venv/bin/python")
     assert cap.probe() is None
     assert cap.error.startswith("python /opt/venv/bin/python not found")
+
+
+def test_inventory_env_values_other_than_mlx_are_not_recorded():
+    """probe.json is what `doctor --collect` saves for a bug report: an API
+    token in an inventory's env must not end up there; MLX_* values, which
+    checks read, are kept."""
+    facts = run_probe({"HOME": os.environ.get("HOME", "/root"), "PATH": "/usr/bin:/bin",
+                       "HF_TOKEN": "hf_s3cr3t", "MLX_METAL_FAST_SYNCH": "1"},
+                      "--inventory-env", "HF_TOKEN,MLX_METAL_FAST_SYNCH")
+    assert facts["inventory_env"] == {"HF_TOKEN": "(set)", "MLX_METAL_FAST_SYNCH": "1"}
+    assert "hf_s3cr3t" not in json.dumps(facts)
