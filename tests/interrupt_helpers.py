@@ -96,7 +96,7 @@ class SmokeWorkersRunning:
     def __call__(self, proc: subprocess.Popen) -> bool:
         if self.run_id is None:
             self.run_id = _run_id_below(proc.pid)
-        ready = self.run_id is not None and len(processes_with("worker.py", self.run_id)) >= self.count
+        ready = self.run_id is not None and len(worker_processes(self.run_id)) >= self.count
         if ready:
             self.family = psutil.Process(proc.pid).children(recursive=True)
         return ready
@@ -111,6 +111,19 @@ class SmokeWorkersRunning:
             except psutil.Error:
                 continue
         return alive
+
+
+def worker_processes(run_id: str) -> list[psutil.Process]:
+    """Python processes running the smoke worker of ``run_id`` (not the ssh
+    commands that stage it or the launcher's ssh that starts it, whose
+    command lines name it too)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        args = proc.info["cmdline"] or []
+        if (len(args) > 1 and os.path.basename(args[0]).startswith("python")
+                and args[1].endswith("/worker.py") and run_id in args[1]):
+            found.append(proc)
+    return found
 
 
 def _run_id_below(pid: int) -> str | None:

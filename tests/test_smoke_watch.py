@@ -99,6 +99,14 @@ def test_open_mpi_exit_report_names_the_rank():
     assert outcomes(watch, [], {})[2].detail == "exited with code 3 in phase init"
 
 
+def test_ssh_s_exit_code_is_explained_as_a_lost_connection():
+    """mlx.launch passes on ssh's 255 when a host stops answering (keepalive)."""
+    watch, _, _ = watch_of(3)
+    watch.on_stderr("[WARN] Node with rank 2 exited with code 255 ")
+    detail = outcomes(watch, [], {})[2].detail
+    assert detail.startswith("its ssh connection failed or was lost in phase init (exit 255")
+
+
 def test_bench_rows_need_every_rank():
     watch, _, _ = watch_of(2)
     say(watch, event="bench", rank=0, op="all_sum", dtype="float32", bytes=1024, times=[1e-4, 2e-4])

@@ -17,6 +17,7 @@ from mlxcluster.smoke.launch import LaunchPlan
 from mlxcluster.smoke.stats import BenchRow, summarize
 
 PREFIX = "MLXSMOKE "
+SSH_LOST = 255  # ssh's own exit code, passed on by mlx.launch for a remote rank
 HEARTBEAT_SILENCE_S = 5.0  # no line from a rank this long: it is gone or unreachable
 PROBE_TIMEOUT_S = 1.5
 STDERR_KEEP = 200  # launcher stderr lines kept for the report
@@ -249,6 +250,9 @@ def describe_failure(state: RankState) -> str:
     if state.errors:
         return state.errors[0]
     code = state.exit_code if state.exit_code not in (None, 0) else state.launcher_code
+    if code == SSH_LOST:
+        return (f"its ssh connection failed or was lost in phase {state.phase} (exit 255, ssh's "
+                "code: the host stopped answering, went to sleep or lost its link)")
     if code is not None and code < 0:
         return f"killed by signal {-code} in phase {state.phase}"
     if code is not None:

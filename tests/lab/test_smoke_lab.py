@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from mlxcluster.smoke.launch import MPI_BTL_PORT, RING_PORT
+from tests.interrupt_helpers import SmokeWorkersRunning
 
 pytestmark = pytest.mark.lab
 
@@ -105,3 +106,36 @@ def test_the_inventorys_ssh_config_reaches_the_launcher(lab3, tmp_path, backend)
     assert [(r["host"], r["status"]) for r in run["ranks"]] == [
         ("labhost1", "passed"), ("labhost2", "passed"), ("labhost3", "passed")]
     assert_nothing_left(lab3, run)
+
+
+def test_a_host_lost_mid_run_is_named_and_the_rest_stopped(lab3, inventory):
+    """labhost3's link goes down while the benchmark runs: the run ends within
+    its deadline, blames rank 2 on labhost3 for a lost ssh connection, stops
+    the others, and names labhost3 as a host it could not clean up."""
+    ready = SmokeWorkersRunning(3)
+    proc = subprocess.Popen([sys.executable, "-m", "mlxcluster", "smoke", "-i", str(inventory),
+                             "--backend", "ring", "--bench", "--sizes", "1K:64M", "--timeout", "30",
+                             "--json"], env=lab3.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not ready(proc):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.2)
+        lab3.link_down(lab3.hosts[2])
+        lost_at = time.monotonic()
+        out, err = proc.communicate(timeout=120)
+        ended_after = time.monotonic() - lost_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        lab3.heal(lab3.hosts[2])
+    run = json.loads(out)["backends"][0]
+    assert proc.returncode == 1 and ended_after < 30 + 25, (ended_after, err)
+    assert run["reason"].startswith("rank 2 on labhost3: its ssh connection failed or was lost"), run["reason"]
+    assert [r["status"] for r in run["ranks"]] == ["stopped", "stopped", "exited"]
+    assert [p.split(":")[0] for p in run["cleanup_problems"]] == ["labhost3"]
+    # Once labhost3 is back, do what the report says for it; then no host holds anything of the run.
+    pattern = f"[{ready.run_id[0]}]{ready.run_id[1:]}"
+    lab3.ssh(lab3.hosts[2], f"pkill -f '{pattern}'; rm -rf /tmp/{pattern}; true")
+    assert_nothing_left(lab3, {**run, "cleanup_problems": []})
