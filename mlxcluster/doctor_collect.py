@@ -124,6 +124,7 @@ class LiveCollection:
     host_to_host: dict[str, Outcome] = field(default_factory=dict)  # "a -> b" -> Outcome
     host_to_host_source: str | None = None
     data_path: DataPathReport | None = None
+    ssh_options: dict[str, Outcome] = field(default_factory=dict)  # host -> Outcome(value=ssh -G dict)
 
 
 def data_addresses(runner: ParamikoRunner, host) -> list[str]:
@@ -185,6 +186,10 @@ def collect_live(inventory, *, connect_timeout: float = 5.0, command_timeout: fl
     pool = ThreadPoolExecutor(max_workers=4)
     try:
         batch_f = None if accept_new_host_keys else pool.submit(batch_all)
+        # What plain `ssh HOST` would do (ssh -G, local): the policy mlx.launch
+        # and mpirun get when run without mlxcluster.
+        options_f = pool.submit(run_parallel, hosts, lambda n: openssh.resolved_options(
+            hosts[n].ssh, user=hosts[n].user, port=hosts[n].port))
         probe_f = pool.submit(run_parallel, hosts, connect_then_probe)
         h2h_f = pool.submit(collect_host_to_host, runner, list(hosts.values()), links, connect_timeout)
         connected = {n: link.result() for n, link in links.items()}
@@ -200,6 +205,7 @@ def collect_live(inventory, *, connect_timeout: float = 5.0, command_timeout: fl
                               batch_f.result())
         live.host_to_host_source, live.host_to_host = h2h_f.result()
         live.data_path = dp_f.result() if dp_f else None
+        live.ssh_options = options_f.result()
         pool.shutdown()
         return live
     except KeyboardInterrupt:

@@ -70,6 +70,17 @@ def ssh_argv(
     return argv
 
 
+def parse_ssh_g(text: str) -> dict[str, str]:
+    """``ssh -G`` output (``keyword value`` lines, keywords lower-case) as a
+    dict; a keyword given several times (identityfile) keeps its first value."""
+    options: dict[str, str] = {}
+    for line in text.splitlines():
+        key, _, value = line.strip().partition(" ")
+        if key:
+            options.setdefault(key.lower(), value.strip())
+    return options
+
+
 def explain_failure(target: str, status: int, stderr: str) -> SshError:
     """Turn ssh's exit 255 + stderr into an SshError naming the cause."""
     for needle, kind, cause, fix in _STDERR_CAUSES:
@@ -89,6 +100,24 @@ class OpenSshRunner:
         self.command_timeout = command_timeout
         self.env = env
         self.ssh = ssh
+
+    def resolved_options(self, target: str, *, user: str | None = None,
+                         port: int | None = None) -> dict[str, str]:
+        """The options plain ``ssh HOST`` would use for ``target`` with this
+        config (``ssh -G``: reads the config files, contacts nobody)."""
+        argv = [self.ssh]
+        if self.ssh_config:
+            argv += ["-F", os.path.expanduser(self.ssh_config)]
+        argv += ["-G"] + (["-l", user] if user else []) + (["-p", str(port)] if port else [])
+        try:
+            proc = subprocess.run([*argv, "--", target], stdin=subprocess.DEVNULL, capture_output=True,
+                                  text=True, timeout=10, env=self.env)
+        except (subprocess.TimeoutExpired, FileNotFoundError) as exc:
+            raise SshError("ssh", f"ssh -G {target}: {exc}", "check the OpenSSH client") from exc
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+            raise SshError("ssh", f"ssh -G {target}: {last}", "check the ssh config file")
+        return parse_ssh_g(proc.stdout)
 
     def run(self, target: str, command: str, *, user: str | None = None, port: int | None = None,
             timeout: float | None = None) -> CommandResult:

@@ -257,3 +257,24 @@ def test_busy_ring_port_is_blamed_on_its_host_with_the_holder(lab3, inventory_pa
     assert blamed(report) == {"data-path": ["labhost2"]}
     assert f"{host.ip}:{port}: port already in use by python" in evidence(report, "data-path", "labhost2")
     assert f"(pid {holder.pid})" in evidence(report, "data-path", "labhost2")
+
+
+def test_an_ssh_config_that_accepts_any_key_is_warned_for_every_host(lab3, inventory_path, tmp_path):
+    """The lab's own ssh config with 'StrictHostKeyChecking no' in front: the
+    SSH checks still pass (our calls force checking and the keys are known),
+    and ssh-host-key-policy warns for every host that plain ssh, as
+    mlx.launch or mpirun run by hand, would accept any key."""
+    weak = tmp_path / "weak_ssh_config"
+    weak.write_text("Host *\n  StrictHostKeyChecking no\n\n" + Path(lab3.ssh_config).read_text())
+    path = tmp_path / "weak.yaml"
+    path.write_text(inventory_path.read_text().replace(f"ssh_config: {lab3.ssh_config}",
+                                                       f"ssh_config: {weak}"))
+    assert str(weak) in path.read_text()
+    report, _ = doctor(path, data_path=False)
+    policy = next(r for r in report.results if r.id == "ssh-host-key-policy")
+    assert policy.status is Status.WARN
+    assert sorted(h for h, e in policy.hosts.items() if e.startswith("! StrictHostKeyChecking no")) == [
+        "labhost1", "labhost2", "labhost3"]
+    assert blamed(report) == {}
+    healthy, _ = doctor(inventory_path, data_path=False)
+    assert next(r for r in healthy.results if r.id == "ssh-host-key-policy").status is Status.PASS

@@ -9,7 +9,7 @@ Likewise host-to-host SSH does not blame a host that nobody can reach
 from __future__ import annotations
 
 from mlxcluster.checks.base import CheckContext, Status
-from mlxcluster.checks.common import BAD, Verdict, doctor_check, join_hosts, skip, worst
+from mlxcluster.checks.common import BAD, WARN, Verdict, doctor_check, join_hosts, skip, worst
 from mlxcluster.hops import HOP_SCRIPT_FAILED
 from mlxcluster.openssh import explain_failure
 from mlxcluster.remote import SshError
@@ -88,6 +88,44 @@ def host_keys(ctx: CheckContext) -> Verdict:
         else:
             evidence[name] = f"not checked ({_kind(outcome.error)}, see ssh-paramiko)"
     return Verdict(worst(bool(errors), False), evidence, _hints(errors))
+
+
+# ssh -G values that verify nothing: no checking, or an empty known_hosts.
+_NO_CHECKING = ("false", "no", "off")
+
+
+@doctor_check("ssh-host-key-policy", "Plain ssh verifies host keys (mlx.launch, mpirun without mlxcluster)",
+              live=True)
+def ssh_host_key_policy(ctx: CheckContext) -> Verdict:
+    """mlxcluster's own ssh calls, and the ssh it gives mlx.launch and mpirun,
+    force StrictHostKeyChecking=yes; run by hand with a hostfile, they use the
+    config as it is. Warn where it accepts any key for a host."""
+    live = _live(ctx)
+    evidence, weak = {}, []
+    for name, outcome in live.ssh_options.items():
+        if not outcome.ok:
+            evidence[name] = f"not read ({outcome.error})"
+            continue
+        options = outcome.value
+        strict = options.get("stricthostkeychecking", "ask")
+        known = options.get("userknownhostsfile", "")
+        problems = []
+        if strict in _NO_CHECKING:
+            problems.append("StrictHostKeyChecking no")
+        if known and all(f == "/dev/null" for f in known.split()):
+            problems.append("UserKnownHostsFile /dev/null")
+        if problems:
+            evidence[name] = WARN + f"{', '.join(problems)}: any key is accepted for {options.get('hostname', name)}"
+            weak.append(name)
+        else:
+            evidence[name] = f"StrictHostKeyChecking {strict}" + (" (trusts a new key on first use)"
+                                                                  if strict == "accept-new" else "")
+    hint = None
+    if weak:
+        hint = (f"remove 'StrictHostKeyChecking no' / 'UserKnownHostsFile /dev/null' for {join_hosts(weak)} "
+                "in the ssh config (ssh -G HOST shows what applies), then connect once to each host and "
+                "check its fingerprint; mlxcluster smoke and train verify keys whatever the config says")
+    return Verdict(worst(False, bool(weak)), evidence, hint)
 
 
 @doctor_check("host-to-host-ssh", "SSH from the first host to the others (mpirun's path)", live=True)
