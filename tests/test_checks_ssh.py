@@ -3,14 +3,15 @@ collection itself is exercised against real sshd hosts in tests/lab)."""
 
 from __future__ import annotations
 
+import importlib
 import re
 import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
-import mlxcluster.checks  # noqa: F401  (registers every check)
 from mlxcluster.checks.base import REGISTRY, CheckContext, Status
 from mlxcluster.checks.ssh import ssh_host_key_policy
+from mlxcluster.doctor import CHECK_MODULES, OPTIONAL_CHECK_MODULES
 from mlxcluster.openssh import OpenSshRunner, parse_ssh_g
 from mlxcluster.remote import Outcome, SshError
 
@@ -54,6 +55,12 @@ def test_ssh_g_output_is_parsed_first_value_wins():
     assert parse_ssh_g("identityfile ~/.ssh/a\nidentityfile ~/.ssh/b\n") == {"identityfile": "~/.ssh/a"}
 
 
-def test_every_check_has_its_section_in_docs_doctor_md():
+def test_every_check_has_its_section_in_the_docs():
+    """docs/doctor.md ('### id') and docs/doctor-topology.md ('## id') say what
+    each check is, why, and how to fix it."""
+    for module in (*CHECK_MODULES, *OPTIONAL_CHECK_MODULES):  # what doctor registers
+        importlib.import_module(module)
     sections = set(re.findall(r"^### (\S+)$", DOCS.read_text(), re.M))
+    sections |= set(re.findall(r"^## (\S+)$", (DOCS.parent / "doctor-topology.md").read_text(), re.M))
+    assert "thunderbolt-bridge" in REGISTRY and "ssh-host-key-policy" in REGISTRY
     assert sorted(set(REGISTRY) - sections) == []
