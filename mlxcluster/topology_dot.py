@@ -8,12 +8,12 @@ Mac that could not be matched to a host is drawn to a dashed note.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
-from mlxcluster.errors import BackendUnavailable, InputError, MlxclusterError
+from mlxcluster.errors import BackendUnavailable, MlxclusterError
+from mlxcluster.outputs import check_output_path
 from mlxcluster.topology import Topology
 
 DOT_TIMEOUT_S = 30
@@ -79,17 +79,7 @@ def check_png_output(path: str | Path) -> Path:
     """Before any work: ``dot`` is installed and ``path`` can be written (a file
     in an existing, writable folder). A bad path is an InputError naming it."""
     _dot_program()
-    out = Path(path)
-    folder = out.parent
-    if out.is_dir():
-        raise InputError(f"cannot write the PNG to {out}: it is a folder", "pass a file name, e.g. topology.png")
-    if not folder.is_dir():
-        raise InputError(f"cannot write the PNG to {out}: the folder {folder} does not exist",
-                         f"create it first (mkdir -p {folder}) or pass a path in an existing folder")
-    if not os.access(folder, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
-        raise InputError(f"cannot write the PNG to {out}: permission denied",
-                         "pass a path in a folder you can write")
-    return out
+    return check_output_path(path, what="the PNG to ")
 
 
 def render_png(dot_text: str, path: str | Path) -> Path:

@@ -276,7 +276,7 @@ def test_outputs_are_written_atomically_and_keep_their_mode(tmp_path, monkeypatc
     out.chmod(0o640)
     replaced = []
     real_replace = os.replace
-    monkeypatch.setattr("mlxcluster.cli.hostfile.os.replace",
+    monkeypatch.setattr("mlxcluster.outputs.os.replace",
                         lambda src, dst: replaced.append((src, dst)) or real_replace(src, dst))
     r = cli("generate", "-i", str(inv), "--backend", "ring", "-o", str(out))
     assert r.exit_code == 0, r.output

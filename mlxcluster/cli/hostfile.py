@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import shlex
-import tempfile
 from pathlib import Path
 
 import click
@@ -32,73 +30,13 @@ from mlxcluster.hostfile_generate import (
 from mlxcluster.inventory import load_inventory
 from mlxcluster.ipplan import apply_ip_plan, plan_ips
 from mlxcluster.mpi import find_libmpi
+from mlxcluster.outputs import check_output_paths, write_files
 from mlxcluster.topology import build_topology
 
 
 @click.group("hostfile")
 def command():
     """Generate and check hostfiles for mlx.launch and mpirun."""
-
-
-def check_output_paths(paths: list[str], inputs: dict[str, str | None], *, force: bool = True) -> None:
-    """Refuse, before any work, an output that is empty, a directory, in a
-    folder that does not exist, the same file as an input (``inputs``:
-    flag -> path), or (unless ``force``) an existing file."""
-    for path in paths:
-        if not path.strip():
-            raise InputError("the output path is empty", "pass a file name, or leave -o out to print to stdout")
-        target = Path(path)
-        for flag, given in inputs.items():
-            if given and target.resolve() == Path(given).resolve():
-                raise InputError(f"{path} is the {flag} file: writing it would replace its input",
-                                 "pass another output path")
-        if target.is_dir():
-            raise InputError(f"cannot write {path}: it is a directory", "pass a file path")
-        folder = target.resolve().parent
-        if not folder.is_dir():
-            raise InputError(f"cannot write {path}: folder {target.parent} does not exist",
-                             "create the folder first, or pass another path")
-        if not os.access(folder, os.W_OK | os.X_OK):
-            raise InputError(f"cannot write {path}: folder {target.parent} is not writable",
-                             "pass a path in a writable folder")
-        if not force and target.exists():
-            raise InputError(f"{path} already exists", "pass --force to replace it, or another path")
-
-
-def write_files(texts: dict[str, str]) -> None:
-    """Write every file or none: each to a temporary file beside it first, then
-    renamed over its target (a reader never sees a half-written file, and a
-    failure leaves earlier versions in place)."""
-    written: list[tuple[str, Path, str]] = []
-    current = ""
-    try:
-        for current, text in texts.items():
-            target = Path(os.path.realpath(current))  # through a symlink, as a plain write does
-            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-            written.append((tmp, target, current))
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-            os.chmod(tmp, _file_mode(target))
-        for tmp, target, path in written:
-            current = path  # named if the rename fails
-            os.replace(tmp, target)
-    except OSError as exc:
-        raise InputError(f"cannot write {current}: {exc.strerror or exc}",
-                         "pass a path in a writable folder") from None
-    finally:
-        for tmp, _, _ in written:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-
-
-def _file_mode(target: Path) -> int:
-    """The target's mode when it exists, else what a plain write would give (0666 less the umask)."""
-    try:
-        return target.stat().st_mode & 0o7777
-    except OSError:
-        mask = os.umask(0)
-        os.umask(mask)
-        return 0o666 & ~mask
 
 
 def _emit_json(hf: MlxHostfile, output: str | None) -> None:
