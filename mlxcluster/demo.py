@@ -16,9 +16,7 @@ simulated: a step that fails is reported as failed.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import queue
 import signal
 import subprocess
@@ -179,16 +177,10 @@ def _forward_lines(stream, out: queue.Queue) -> None:
 
 
 def stop_child(proc: subprocess.Popen, signum: int, grace_s: float = CHILD_STOP_GRACE_S) -> None:
-    """Send ``signum`` to a step's command and wait for it to clean up and
-    exit; kill its process group if it has not within ``grace_s``."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(proc.pid, signum)
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    """Send ``signum`` to a step's command (it alone: it stops its own run on
+    every host) and wait for it; kill its process group if it has not ended
+    within ``grace_s``."""
+    interrupts.stop_process(proc, signum, grace_s, group=False)
 
 
 def _by_exit_code(success: str) -> Callable[[subprocess.CompletedProcess, Path], tuple[bool, str]]:

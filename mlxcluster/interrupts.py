@@ -13,7 +13,10 @@ short), then raises ``errors.Interrupted``.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
+import subprocess
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -76,3 +79,21 @@ def deferred() -> Iterator[list[int]]:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def stop_process(proc: subprocess.Popen, signum: int, grace_s: float, *, group: bool) -> None:
+    """Ask ``proc`` to stop with ``signum`` (sent to its whole process group
+    when ``group``, as a terminal does; else to it alone, so that it stops its
+    own children its way), wait up to ``grace_s``, then SIGKILL its process
+    group. A process that has just ended is no error."""
+    with contextlib.suppress(ProcessLookupError):
+        if group:
+            os.killpg(proc.pid, signum)
+        else:
+            os.kill(proc.pid, signum)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

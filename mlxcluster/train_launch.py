@@ -455,14 +455,7 @@ def run_streaming(argv: list[str], on_line: Callable[[str, str], None],
 def stop_launcher(proc: subprocess.Popen, pumps: list[threading.Thread]) -> None:
     """SIGINT the launcher's process group (mlx.launch and mpirun then stop
     their ranks on every host themselves); KILL it if it is not gone in 20 s."""
-    for sig, wait_s in ((signal.SIGINT, 20.0), (signal.SIGKILL, None)):
-        with contextlib.suppress(ProcessLookupError):  # it may have just ended
-            os.killpg(proc.pid, sig)
-        try:
-            proc.wait(timeout=wait_s)
-            break
-        except subprocess.TimeoutExpired:
-            continue
+    interrupts.stop_process(proc, signal.SIGINT, 20.0, group=True)
     for t in pumps:
         t.join(timeout=5)
 
