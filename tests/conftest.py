@@ -1,4 +1,4 @@
-"""Shared test fixtures: where the real macOS captures are, and CI policy.
+"""Test fixtures used across modules: where the real macOS captures are, and CI policy.
 
 Under CI=true a test that needs the lab, mlx or Open MPI and cannot run FAILS;
 it never skips. Outside CI it skips with one clear reason.
@@ -15,19 +15,6 @@ REPO = Path(__file__).resolve().parents[1]
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
-def find_shared_dir() -> Path | None:
-    """../shared beside the checkout (CI clones main with shared/ beside it);
-    MLXCLUSTER_SHARED overrides."""
-    env = os.environ.get("MLXCLUSTER_SHARED")
-    if env:
-        return Path(env)
-    for parent in REPO.parents:
-        candidate = parent / "shared"
-        if (candidate / "fixtures" / "macos").is_dir():
-            return candidate
-    return None
-
-
 def require(condition: bool, reason: str) -> None:
     """Skip outside CI, fail under CI=true, when a test's prerequisite is missing."""
     if condition:
@@ -37,11 +24,14 @@ def require(condition: bool, reason: str) -> None:
     pytest.skip(reason)
 
 
+# Real captures from real Macs, each with its source in SOURCES.md beside them.
+# They live in the repository: a clone alone must pass its tests.
+MACOS_FIXTURES = REPO / "tests" / "fixtures" / "macos"
+
+
 @pytest.fixture(scope="session")
 def macos_fixtures() -> Path:
-    shared = find_shared_dir()
-    require(shared is not None, "../shared/fixtures/macos not found beside the checkout")
-    return shared / "fixtures" / "macos"
+    return MACOS_FIXTURES
 
 
 # ---- the multi-host lab (tests/lab) ---------------------------------------------------

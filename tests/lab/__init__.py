@@ -6,7 +6,7 @@ reach the hosts through an ``ssh`` wrapper first on PATH that points OpenSSH
 at the lab's own ssh_config (``~/.ssh`` is never touched), so ``mlx.launch``,
 ``mpirun``, paramiko and mlxcluster all talk to real servers with no prompt.
 
-Follows ../shared/docs/LAB.md. Rules kept here:
+Follows docs/lab.md. Rules kept here:
 - only addresses of hosts the lab made are ever contacted (a private /24 that
   no interface of this machine uses yet);
 - everything made (namespaces, links, processes, temp files) is removed on
