@@ -70,10 +70,10 @@ def demo_steps(ranks: int, workdir: Path, steps: int, config: str = "demo") -> l
     return [
         Step("doctor", ["doctor", "--local"], 120, _by_exit_code("no failing check")),
         Step("hostfile ring", ["hostfile", "generate", "-i", str(inventory), "--backend", "ring",
-                               "-o", str(workdir / "hostfile-ring.json")], 60,
+                               "-o", str(workdir / "hostfile-ring.json"), "--force"], 60,
              _by_exit_code(f"{workdir / 'hostfile-ring.json'} (for mlx.launch --hostfile)")),
         Step("hostfile mpi", ["hostfile", "generate", "-i", str(inventory), "--backend", "mpi",
-                              "-o", str(workdir / "hostfile-mpi.txt")], 60,
+                              "-o", str(workdir / "hostfile-mpi.txt"), "--force"], 60,
              _by_exit_code(f"{workdir / 'hostfile-mpi.txt'} + .args (for mpirun)")),
         Step("smoke ring", ["smoke", "--backend", "ring", "--local", str(ranks), "--bench",
                             "--sizes", "1K:1M", "--dtypes", "float32,bfloat16,int32"], 300,

@@ -15,6 +15,16 @@ REPO = Path(__file__).resolve().parents[1]
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
+@pytest.fixture(autouse=True)
+def _no_user_inventory(monkeypatch, tmp_path_factory):
+    """No test picks up the default inventory of the person running the tests
+    ($MLXCLUSTER_INVENTORY, ~/.config/mlxcluster/cluster.yaml): commands see an
+    inventory only where a test puts one. Tests that need "no ./cluster.yaml"
+    chdir to a folder of their own."""
+    monkeypatch.delenv("MLXCLUSTER_INVENTORY", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("xdg-config")))
+
+
 def require(condition: bool, reason: str) -> None:
     """Skip outside CI, fail under CI=true, when a test's prerequisite is missing."""
     if condition:

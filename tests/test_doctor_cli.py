@@ -75,12 +75,13 @@ def test_failing_replay_exits_1(capture_dir):
 
 
 @pytest.mark.parametrize("args, message", [
-    ((), "doctor needs an inventory"),
+    ((), "no inventory: none given and none found"),
     (("-i", "/nonexistent/cluster.yaml"), "file not found"),
     (("--from", "/nonexistent/dir"), "does not exist"),
     (("--from", "/tmp", "--collect", "/tmp/x"), "exclude each other"),
 ])
-def test_usage_errors_exit_2_without_traceback(args, message):
+def test_usage_errors_exit_2_without_traceback(args, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no ./cluster.yaml here
     result = invoke(*args)
     assert result.exit_code == 2, result.output
     assert message in result.output

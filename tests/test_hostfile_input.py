@@ -262,7 +262,7 @@ def test_mpi_outputs_are_checked_before_either_is_written(tmp_path):
     (tmp_path / "h").write_text("previous\n")
     (tmp_path / "h.args").mkdir()
     r = cli("generate", "-i", str(inv), "--backend", "mpi", "--mpi-libname", "/v/lib/libmpi.so",
-            "-o", str(tmp_path / "h"))
+            "-o", str(tmp_path / "h"), "--force")
     assert r.exit_code == 2 and "h.args: it is a directory" in r.output
     assert (tmp_path / "h").read_text() == "previous\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["h", "h.args", "inv.yaml"]  # no temp file left
@@ -278,7 +278,7 @@ def test_outputs_are_written_atomically_and_keep_their_mode(tmp_path, monkeypatc
     real_replace = os.replace
     monkeypatch.setattr("mlxcluster.outputs.os.replace",
                         lambda src, dst: replaced.append((src, dst)) or real_replace(src, dst))
-    r = cli("generate", "-i", str(inv), "--backend", "ring", "-o", str(out))
+    r = cli("generate", "-i", str(inv), "--backend", "ring", "-o", str(out), "--force")
     assert r.exit_code == 0, r.output
     (src, dst), = replaced
     assert str(dst) == str(out) and os.path.dirname(src) == str(tmp_path)

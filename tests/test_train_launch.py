@@ -241,9 +241,13 @@ def test_one_failing_rank_stops_all_and_gives_its_code(backend, tmp_path):
             f"/proc/{pid}/status").read_text().lower(), f"rank pid {pid} still running"
 
 
-def test_cli_needs_exactly_one_source():
+def test_cli_needs_a_source(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no ./cluster.yaml
     result = CliRunner().invoke(cli, ["train", "--config", "tiny"])
-    assert result.exit_code == 2 and "exactly one of --hostfile" in result.output
+    assert result.exit_code == 2 and "no inventory: none given" in result.output
+    assert "--hostfile FILE or --local N" in result.output
+    result = CliRunner().invoke(cli, ["train", "--config", "tiny", "--local", "2", "--hostfile", "h.json"])
+    assert result.exit_code == 2 and "not several" in result.output
 
 
 def test_cli_trains_on_two_local_ranks(tmp_path):

@@ -1,5 +1,6 @@
 """``mlxcluster doctor``: find every cluster problem before a job hangs.
 
+    mlxcluster doctor                                 # live, the default inventory (./cluster.yaml...)
     mlxcluster doctor -i cluster.yaml                 # live, every host in parallel
     mlxcluster doctor -i cluster.yaml --json          # machine-readable
     mlxcluster doctor -i cluster.yaml --collect DIR   # also save raw outputs per host
@@ -19,7 +20,7 @@ from tabulate import tabulate
 
 from mlxcluster.capture import prepare_capture_dir, read_capture_dir, save_capture_dir
 from mlxcluster.checks.base import CheckResult, Status
-from mlxcluster.cli.params import Seconds
+from mlxcluster.cli.params import Seconds, inventory_option, load_chosen_inventory
 from mlxcluster.doctor import BACKENDS, DoctorReport, replay_doctor, run_doctor, run_local_doctor
 from mlxcluster.errors import EXIT_FAILED, EXIT_OK, InputError
 from mlxcluster.facts import HostFacts
@@ -112,8 +113,8 @@ def render(report: DoctorReport, verbose: bool) -> None:
 
 
 @click.command("doctor")
-@click.option("-i", "--inventory", "inventory_path", type=click.Path(dir_okay=False),
-              help="Inventory YAML (required unless --from).")
+@inventory_option("Inventory YAML (default: $MLXCLUSTER_INVENTORY, else ./cluster.yaml, else "
+                  "~/.config/mlxcluster/cluster.yaml; with --from only when given).")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report only.")
 @click.option("--strict", is_flag=True, help="Exit 1 on warnings too.")
 @click.option("--collect", "collect_dir", type=click.Path(file_okay=False),
@@ -140,10 +141,13 @@ def command(inventory_path, as_json, strict, collect_dir, from_dir, local, accep
                          "--collect saves a live run; --from replays a saved one")
     if local and (from_dir or inventory_path):
         raise InputError("--local checks this machine; it excludes -i and --from")
-    if not from_dir and not inventory_path and not local:
-        raise InputError("doctor needs an inventory",
-                         "pass -i cluster.yaml, --from DIR to replay captures, or --local")
-    inventory = load_inventory(inventory_path) if inventory_path else None
+    # A replay names its hosts by folder, so it uses an inventory only when given one.
+    if from_dir:
+        inventory = load_inventory(inventory_path) if inventory_path else None
+    elif local:
+        inventory = None
+    else:
+        inventory = load_chosen_inventory(inventory_path, other_sources="--from DIR to replay captures, or --local")
     # Input problems stop doctor before any host is probed (exit 2), not after the run.
     if hostfile:
         load_hostfile(hostfile)

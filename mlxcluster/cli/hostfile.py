@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from mlxcluster.capture import load_capture_dir
+from mlxcluster.cli.params import choose_inventory, inventory_option
 from mlxcluster.doctor_collect import collect_captures
 from mlxcluster.errors import EXIT_FAILED, HostfileError, InputError
 from mlxcluster.hostfile import (
@@ -39,6 +40,12 @@ def command():
     """Generate and check hostfiles for mlx.launch and mpirun."""
 
 
+def default_output(backend: str, fmt: str) -> str:
+    """The file generate writes when -o is not given, in the current folder:
+    hostfile-ring.json, ... ; for mpirun, hostfile-mpi.txt (and .args beside it)."""
+    return f"hostfile-{backend}.txt" if backend == "mpi" and fmt == "mpirun" else f"hostfile-{backend}.json"
+
+
 def _emit_json(hf: MlxHostfile, output: str | None) -> None:
     if output:
         write_files({output: hf.dumps()})
@@ -65,10 +72,12 @@ def _emit_mpirun(files, python: str, script: str, output: str | None) -> None:
 
 
 @command.command("generate")
-@click.option("-i", "--inventory", "inventory_path", required=True, type=click.Path(dir_okay=False))
+@inventory_option()
 @click.option("--backend", required=True, type=click.Choice(BACKENDS))
-@click.option("-o", "--output", type=click.Path(dir_okay=False),
-              help="Write the hostfile here (mpi: also OUTPUT.args).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True),
+              help="Write the hostfile here (mpi: also OUTPUT.args); '-' prints it. "
+                   "Default: hostfile-BACKEND.json (mpi: hostfile-mpi.txt).")
+@click.option("--force", is_flag=True, help="Replace an output file that exists.")
 @click.option("--from", "from_dir", type=click.Path(file_okay=False),
               help="Capture directory: take ring order, interfaces and RDMA devices from the topology.")
 @click.option("--env", "envs", multiple=True, help="Extra NAME=value for every rank (repeatable).")
@@ -88,7 +97,7 @@ def _emit_mpirun(files, python: str, script: str, output: str | None) -> None:
               help="Assign a /30 per Thunderbolt cable and print the commands.")
 @click.option("--apply", "apply_plan", is_flag=True,
               help="With --plan-ips: run the commands over SSH (needs passwordless sudo).")
-def generate(inventory_path, backend, output, from_dir, envs, tcp_links, if_include,
+def generate(inventory_path, backend, output, force, from_dir, envs, tcp_links, if_include,
              mpi_libname, mpi_args, fmt, script, plan_ips_flag, apply_plan):
     """Write a hostfile for BACKEND from the inventory (and topology)."""
     # Every flag and output path first: nothing is read, probed or written before they are known good.
@@ -97,10 +106,15 @@ def generate(inventory_path, backend, output, from_dir, envs, tcp_links, if_incl
         check_if_include(if_include)
     if mpi_libname is not None:
         check_mpi_libname(mpi_libname)
-    if output is not None:
+    chosen = choose_inventory(inventory_path)
+    if output is None:
+        output = default_output(backend, fmt)
+    if output == "-":
+        output = None  # printed to stdout
+    else:
         outputs = [output, output + ".args"] if backend == "mpi" and fmt == "mpirun" else [output]
-        check_output_paths(outputs, {"inventory (-i)": inventory_path})
-    inventory = load_inventory(inventory_path)
+        check_output_paths(outputs, {"inventory (-i)": str(chosen.path)}, force=force)
+    inventory = load_inventory(chosen.path)
     topology = build_topology(load_capture_dir(from_dir)) if from_dir else None
     if (plan_ips_flag or apply_plan) and topology is None:
         raise InputError("--plan-ips needs the Thunderbolt topology", "pass --from DIR")

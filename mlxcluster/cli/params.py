@@ -1,10 +1,14 @@
-"""Flag types shared by the commands."""
+"""Flag types and flags shared by the commands."""
 
 from __future__ import annotations
 
 import math
 
 import click
+
+from mlxcluster.errors import InputError
+from mlxcluster.inventory import Inventory, load_inventory
+from mlxcluster.inventory_search import InventoryChoice, find_inventory
 
 
 class Seconds(click.FloatRange):
@@ -19,3 +23,34 @@ class Seconds(click.FloatRange):
         if math.isnan(number):
             self.fail(f"{value!r} is not a number of seconds", param, ctx)
         return number
+
+
+INVENTORY_HELP = ("Inventory YAML (default: $MLXCLUSTER_INVENTORY, else ./cluster.yaml, else "
+                  "~/.config/mlxcluster/cluster.yaml).")
+
+
+def inventory_option(help_text: str = INVENTORY_HELP):
+    """The -i/--inventory flag of every command that reads an inventory; the
+    value is None when not given (``load_chosen_inventory`` finds the default)."""
+    return click.option("-i", "--inventory", "inventory_path", type=click.Path(dir_okay=False),
+                        default=None, help=help_text)
+
+
+def choose_inventory(given: str | None, *, other_sources: str = "") -> InventoryChoice:
+    """-i, or the default inventory, naming on stderr the file found by
+    default (stdout stays clean for --json). ``other_sources`` ("--hostfile
+    FILE or --local N") joins the hint when there is no inventory at all."""
+    try:
+        choice = find_inventory(given)
+    except InputError as err:
+        if other_sources:
+            err.hint = f"{err.hint}; or give {other_sources}"
+        raise
+    if not choice.given:
+        click.echo(choice.describe(), err=True)
+    return choice
+
+
+def load_chosen_inventory(given: str | None, *, other_sources: str = "") -> Inventory:
+    """``choose_inventory``, loaded."""
+    return load_inventory(choose_inventory(given, other_sources=other_sources).path)

@@ -4,6 +4,7 @@ measure how fast, and never hang.
     mlxcluster smoke --backend ring --local 3
     mlxcluster smoke --backend mpi -i cluster.yaml --bench --sizes 1K:256M --plot bw.png
     mlxcluster smoke -i cluster.yaml            # every backend, one row each
+    mlxcluster smoke --backend ring             # the default inventory (./cluster.yaml...)
 
 Exit codes: 0 every rank of every backend that ran passed; 1 a rank failed,
 exited or hung; 2 bad input; 3 the backend asked for cannot run here.
@@ -18,9 +19,8 @@ from dataclasses import replace
 import click
 from tabulate import tabulate
 
-from mlxcluster.cli.params import Seconds
+from mlxcluster.cli.params import Seconds, inventory_option, load_chosen_inventory
 from mlxcluster.errors import EXIT_FAILED, InputError, MlxclusterError
-from mlxcluster.inventory import load_inventory
 from mlxcluster.smoke.launch import (
     BACKENDS,
     RankHost,
@@ -38,9 +38,10 @@ DTYPE_CHOICES = ("float32", "float16", "bfloat16", "int32")
 MARK = {"passed": "✓", "failed": "✗", "unavailable": "-"}
 
 
-def load_hosts(path: str, python: str | None) -> tuple[RankHost, ...]:
-    """One rank per inventory host; --python overrides the inventory's."""
-    hosts = hosts_from_inventory(load_inventory(path))
+def load_hosts(path: str | None, python: str | None) -> tuple[RankHost, ...]:
+    """One rank per inventory host (-i, else the default inventory); --python
+    overrides the inventory's."""
+    hosts = hosts_from_inventory(load_chosen_inventory(path, other_sources="--hostfile FILE or --local N"))
     return tuple(replace(h, python=python) for h in hosts) if python else hosts
 
 
@@ -92,7 +93,8 @@ def render_bench(report: SmokeReport) -> str:
 @click.option("--backend", type=click.Choice([*BACKENDS, "any"]), default=None,
               help="Backend to test; 'any' or none tries every backend the hosts support.")
 @click.option("--hostfile", type=click.Path(dir_okay=False), help="MLX JSON hostfile.")
-@click.option("-i", "--inventory", type=click.Path(dir_okay=False), help="Cluster inventory (YAML).")
+@inventory_option("Cluster inventory (YAML). Used when no --hostfile or --local is given; default: "
+                  "$MLXCLUSTER_INVENTORY, else ./cluster.yaml, else ~/.config/mlxcluster/cluster.yaml.")
 @click.option("--local", "local_n", type=click.IntRange(2, 64), help="Run N ranks on this machine.")
 @click.option("--python", help="Python on the hosts (default: the inventory's, else this one).")
 @click.option("--bench", is_flag=True, help="Also time every op at power-of-two sizes.")
@@ -105,12 +107,13 @@ def render_bench(report: SmokeReport) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (docs/smoke.md).")
 @click.option("--plot", type=click.Path(dir_okay=False),
               help="Write a PNG of busbw and latency (or .pdf, .svg: the file's extension).")
-def command(backend, hostfile, inventory, local_n, python, bench, sizes, dtypes, timeout_s,
+def command(backend, hostfile, inventory_path, local_n, python, bench, sizes, dtypes, timeout_s,
             as_json, plot):
     """Run all_sum / all_gather / send-recv smoke tests per backend."""
-    sources = [s for s in (hostfile, inventory, local_n) if s]
-    if len(sources) != 1:
-        raise InputError("give exactly one of --hostfile, -i/--inventory, --local N")
+    sources = [s for s in (hostfile, inventory_path, local_n) if s]
+    if len(sources) > 1:
+        raise InputError("give one of --hostfile, -i/--inventory, --local N, not several",
+                         "with none of them smoke uses the default inventory (./cluster.yaml...)")
     if plot and not bench:
         raise InputError("--plot draws the benchmark", "add --bench")
     if plot:
@@ -123,7 +126,7 @@ def command(backend, hostfile, inventory, local_n, python, bench, sizes, dtypes,
     elif hostfile:
         hosts, file_backend = hosts_from_hostfile(hostfile, python)
     else:
-        hosts = load_hosts(inventory, python)
+        hosts = load_hosts(inventory_path, python)
     if len(hosts) < 2:
         raise InputError(f"smoke needs at least 2 hosts, got {len(hosts)}",
                          "MLX's backends do not start a group of one; list more hosts")

@@ -8,9 +8,9 @@ import click
 
 from mlxcluster.capture import read_capture_dir
 from mlxcluster.cli.doctor import ignored_text
+from mlxcluster.cli.params import inventory_option, load_chosen_inventory
 from mlxcluster.doctor_collect import collect_captures
 from mlxcluster.errors import InputError
-from mlxcluster.inventory import load_inventory
 from mlxcluster.topology import Topology, build_topology, unreadable_files
 from mlxcluster.topology_dot import check_png_output, render_png, to_dot
 
@@ -56,17 +56,17 @@ def render_text(t: Topology) -> str:
 
 
 @click.command("topology")
-@click.option("-i", "--inventory", "inventory", type=click.Path(dir_okay=False),
-              help="Inventory file: probe the hosts live.")
+@inventory_option("Inventory file: probe the hosts live (default: $MLXCLUSTER_INVENTORY, else "
+                  "./cluster.yaml, else ~/.config/mlxcluster/cluster.yaml).")
 @click.option("--from", "from_dir", type=click.Path(file_okay=False),
               help="Capture directory (DIR/<host>/...), as written by 'doctor --collect'.")
 @click.option("--json", "as_json", is_flag=True, help="Print the topology as JSON.")
 @click.option("--dot", "as_dot", is_flag=True, help="Print the topology as graphviz DOT.")
 @click.option("--png", "png", type=click.Path(dir_okay=False), help="Draw the topology to a PNG file.")
-def command(inventory, from_dir, as_json, as_dot, png):
+def command(inventory_path, from_dir, as_json, as_dot, png):
     """Show the Thunderbolt cabling: ports, cables, ring and mesh."""
-    if bool(inventory) == bool(from_dir):
-        raise InputError("give exactly one of -i INVENTORY or --from DIR",
+    if inventory_path and from_dir:
+        raise InputError("give one of -i INVENTORY or --from DIR, not both",
                          "e.g. mlxcluster topology --from captures/")
     if sum(map(bool, (as_json, as_dot, png))) > 1:
         raise InputError("choose one of --json, --dot, --png")
@@ -78,7 +78,7 @@ def command(inventory, from_dir, as_json, as_dot, png):
         if folder.ignored:
             click.echo(f"note: ignored (not hosts): {ignored_text(folder.ignored)}", err=True)
     else:
-        captures = collect_captures(load_inventory(inventory))
+        captures = collect_captures(load_chosen_inventory(inventory_path, other_sources="--from DIR"))
     t = build_topology(captures)
     if as_json:
         click.echo(json.dumps(t.to_json(), indent=2, sort_keys=False))

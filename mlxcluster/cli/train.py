@@ -9,10 +9,9 @@ from dataclasses import replace
 import click
 
 from mlxcluster.cli.doctor import render_check
-from mlxcluster.cli.params import Seconds
+from mlxcluster.cli.params import Seconds, inventory_option, load_chosen_inventory
 from mlxcluster.doctor import run_doctor
 from mlxcluster.errors import EXIT_FAILED, InputError, MlxclusterError
-from mlxcluster.inventory import load_inventory
 from mlxcluster.train_launch import (
     BACKENDS,
     check_out_here,
@@ -35,8 +34,9 @@ from mlxcluster.train_launch import (
 @click.command("train", context_settings={"ignore_unknown_options": True})
 @click.option("--hostfile", type=click.Path(exists=True, dir_okay=False),
               help="An mlx.launch hostfile (JSON).")
-@click.option("-i", "--inventory", "inventory_path", type=click.Path(exists=True, dir_okay=False),
-              help="An mlxcluster inventory (YAML).")
+@inventory_option("An mlxcluster inventory (YAML). Used when no --hostfile or --local is given; "
+                  "default: $MLXCLUSTER_INVENTORY, else ./cluster.yaml, else "
+                  "~/.config/mlxcluster/cluster.yaml.")
 @click.option("--local", "local_ranks", type=click.IntRange(1, 64),
               help="Run N ranks on this machine instead.")
 @click.option("--backend", type=click.Choice(BACKENDS), default=None,
@@ -66,16 +66,19 @@ def command(hostfile, inventory_path, local_ranks, backend, config, python, mpi_
         click.echo(shown, nl=False)
         return
     sources = [s for s in (hostfile, inventory_path, local_ranks) if s]
-    if len(sources) != 1:
-        raise InputError("give exactly one of --hostfile FILE, -i INVENTORY or --local N",
+    if len(sources) > 1:
+        raise InputError("give one of --hostfile FILE, -i INVENTORY or --local N, not several",
+                         "with none of them train uses the default inventory (./cluster.yaml...); "
                          "e.g. mlxcluster train --local 2 --config tiny")
     cfg = validate_trainer_args(args)
     if local_ranks:  # remote hosts: rank 0 reports a bad --out itself, in one line
         check_out_here(cfg.out)
     py = python or sys.executable
-    if inventory_path:
-        job = job_from_inventory(load_inventory(inventory_path), backend or "ring", args,
-                                 tuple(mpi_args))
+    inventory = None
+    if not hostfile and not local_ranks:
+        inventory = load_chosen_inventory(inventory_path, other_sources="--hostfile FILE or --local N")
+    if inventory is not None:
+        job = job_from_inventory(inventory, backend or "ring", args, tuple(mpi_args))
     elif hostfile:
         job = job_from_hostfile(hostfile, backend, py, args, tuple(mpi_args))
     else:
@@ -83,8 +86,8 @@ def command(hostfile, inventory_path, local_ranks, backend, config, python, mpi_
     env = dict(os.environ)
     n = len(job.hosts)
 
-    if inventory_path and not no_preflight:
-        run_doctor_preflight(load_inventory(inventory_path), job.backend)
+    if inventory is not None and not no_preflight:
+        run_doctor_preflight(inventory, job.backend)
     if not no_preflight:
         probes = probe_hosts(job, env=env)
         problems = check_probes(job, probes)
