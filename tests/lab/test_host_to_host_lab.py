@@ -138,3 +138,18 @@ def test_mpi_verdict_matches_what_mpirun_does(untrusted, inventory, tmp_path):
         else:
             assert proc.returncode != 0 and results == [], proc.stdout
             assert tried == [("labhost1", lab.hosts[2].ip)]
+
+
+@pytest.mark.parametrize("backend", ["ring", "mpi"])
+def test_train_preflight_and_launch_need_no_host_to_host_ssh(untrusted, lab_data, tmp_path, backend):
+    """`mlxcluster train -i` used to stop at its doctor preflight here
+    ("doctor found 1 failing check(s)": host-to-host-ssh) although neither
+    launcher needs hosts to ssh each other."""
+    from tests.lab.test_train_lab import run_train
+
+    proc, out = run_train(untrusted, tmp_path, lab_data, backend, steps=2, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "[✓] doctor:" in proc.stdout and "train finished on 3 rank(s)" in proc.stdout
+    # mpi: only the preflight doctor's own hops from the first host (they warn).
+    hops = {("labhost1", h.ip) for h in untrusted.hosts[1:]} if backend == "mpi" else set()
+    assert sorted(attempts(untrusted)) == sorted(hops)
