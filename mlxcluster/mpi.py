@@ -23,9 +23,10 @@ from mlxcluster.errors import BackendUnavailable
 # (docs/doctor.md, host-to-host-ssh) with no host-to-host trust: with the
 # default radix (64) every daemon of 2-8 hosts came from mpirun's machine and
 # the jobs ran; with the radix forced to 2, hosts 1 and 2 ssh'd onward and
-# mpirun exited 255 within a second printing nothing. With this flag every
+# mpirun exited 255 within 1.5 s printing nothing. With this flag every
 # daemon is started from mpirun's machine at any size, so host-to-host SSH is
-# never needed (Open MPI 4 names it plm_rsh_no_tree_spawn; 5 accepts both).
+# never needed. (Open MPI 4's name is plm_rsh_no_tree_spawn, which 5.0.11
+# also honours; 4 was not tried.)
 NO_TREE_SPAWN_PARAM = "plm_ssh_no_tree_spawn"
 NO_TREE_SPAWN = ("--mca", NO_TREE_SPAWN_PARAM, "1")
 ROUTED_RADIX = 64  # PRRTE's default routed_radix: tree spawn starts above this many hosts

@@ -68,10 +68,11 @@ def _values(argv, name: str) -> list[str]:
     (("--prtemca", "plm_rsh_no_tree_spawn", "0"), {"plm_ssh_no_tree_spawn": [], "plm_rsh_no_tree_spawn": ["0"]}),
 ])
 def test_generated_mpirun_starts_every_daemon_from_this_machine(tmp_path, user_args, expected):
-    """hostfile generate / smoke (generate_mpi) and train (launcher_argv) turn
-    tree spawn off, so no host ever has to ssh to another (docs/doctor.md)."""
+    """hostfile generate (generate_mpi), smoke (plan_mpirun) and train
+    (launcher_argv) turn tree spawn off, so no host ever has to ssh to another (docs/doctor.md)."""
     from mlxcluster.hostfile_generate import generate_mpi
     from mlxcluster.inventory import parse_inventory
+    from mlxcluster.smoke.launch import RankHost, WorkerOptions, plan_mpirun
     from mlxcluster.train_launch import job_from_inventory, launcher_argv, write_hostfile
 
     inventory = parse_inventory(INVENTORY)
@@ -79,6 +80,8 @@ def test_generated_mpirun_starts_every_daemon_from_this_machine(tmp_path, user_a
     job = job_from_inventory(inventory, "mpi", mpi_args=(" ".join(user_args),) if user_args else ())
     require(find_mpirun(sys.executable) is not None, "no mpirun beside the test python or on PATH")
     trained = launcher_argv(job, write_hostfile(job, tmp_path), ["-m", "x"])
-    for argv in (generated, trained):
+    hosts = tuple(RankHost(h.name, h.ssh, h.ips, "/opt/venv/bin/python") for h in inventory.hosts)
+    smoked = plan_mpirun(hosts, WorkerOptions(), {}, mpirun=find_mpirun(sys.executable), mpi_args=user_args).argv
+    for argv in (generated, trained, smoked):
         for name, values in expected.items():
             assert _values(argv, name) == values, (name, argv)
