@@ -1,7 +1,8 @@
 """How doctor's wall time grows with the number of hosts (lab, root + Linux).
 
 For 1, 4, 8 and 16 lab hosts it times, in one run:
-  doctor      the full live doctor (probe, SSH both ways, host-to-host, data path)
+  doctor      the full live doctor (probe, SSH both ways, host-to-host with
+              --backend mpi, data path)
   reach       just the SSH reachability part through our paramiko runner
               (connect + `true` on every host in parallel)
   ssh-procs   the same reachability check done the way mlx.distributed_config
@@ -61,7 +62,8 @@ def children_cpu_seconds() -> float:
 def time_doctor(inventory, lab) -> float:
     started, own, hosts_cpu = time.monotonic(), time.process_time(), lab_cpu_seconds(lab)
     clients = children_cpu_seconds()
-    report = run_doctor(inventory, connect_timeout=5.0)
+    # mpi: the only backend for which doctor also makes the host-to-host hops.
+    report = run_doctor(inventory, backend="mpi", connect_timeout=5.0)
     elapsed = time.monotonic() - started
     CPU.setdefault("own", []).append(time.process_time() - own)
     CPU.setdefault("clients", []).append(children_cpu_seconds() - clients)

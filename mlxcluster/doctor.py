@@ -102,7 +102,9 @@ def run_doctor(inventory, *, backend: str | None = None, connect_timeout: float 
                          "fix the inventory's ssh_config path or remove the line")
     live: LiveCollection = collect_live(inventory, connect_timeout=connect_timeout,
                                         command_timeout=command_timeout,
-                                        accept_new_host_keys=accept_new_host_keys, data_path=data_path)
+                                        accept_new_host_keys=accept_new_host_keys, data_path=data_path,
+                                        # Only mpi may need SSH between hosts (checks/ssh.py host_to_host).
+                                        host_to_host=backend == "mpi")
     ctx = CheckContext(live.captures, inventory=inventory, live=True, backend=backend,
                        services={"live": live}, options={"hostfile": hostfile})
     return _report(ctx, started, inventory.cluster)

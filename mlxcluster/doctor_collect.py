@@ -148,7 +148,7 @@ def data_addresses(runner: ParamikoRunner, host) -> list[str]:
 
 def collect_live(inventory, *, connect_timeout: float = 5.0, command_timeout: float = PROBE_TIMEOUT,
                  accept_new_host_keys: bool = False, data_path: bool = True,
-                 runner: ParamikoRunner | None = None) -> LiveCollection:
+                 runner: ParamikoRunner | None = None, host_to_host: bool = True) -> LiveCollection:
     """Every host at once, and every test at once.
 
     One paramiko connection per host; each host's probe starts as soon as
@@ -158,7 +158,8 @@ def collect_live(inventory, *, connect_timeout: float = 5.0, command_timeout: fl
     data-path agents start once every connect has resolved (ports are
     numbered over all hosts). Doctor's wall time is the slowest of these, not
     their sum. With ``accept_new_host_keys`` the OpenSSH test waits for the
-    connects: it must see the keys paramiko accepted and saved.
+    connects: it must see the keys paramiko accepted and saved. Without
+    ``host_to_host`` (only mpirun started on a host needs it) no hop is made.
     """
     own = runner is None
     runner = runner or ParamikoRunner(inventory.ssh_config, connect_timeout=connect_timeout,
@@ -191,7 +192,8 @@ def collect_live(inventory, *, connect_timeout: float = 5.0, command_timeout: fl
         options_f = pool.submit(run_parallel, hosts, lambda n: openssh.resolved_options(
             hosts[n].ssh, user=hosts[n].user, port=hosts[n].port))
         probe_f = pool.submit(run_parallel, hosts, connect_then_probe)
-        h2h_f = pool.submit(collect_host_to_host, runner, list(hosts.values()), links, connect_timeout)
+        h2h_f = (pool.submit(collect_host_to_host, runner, list(hosts.values()), links, connect_timeout)
+                 if host_to_host else None)
         connected = {n: link.result() for n, link in links.items()}
         batch_f = batch_f or pool.submit(batch_all)
         up = [h for n, h in hosts.items() if connected[n].ok]
@@ -203,7 +205,8 @@ def collect_live(inventory, *, connect_timeout: float = 5.0, command_timeout: fl
         probed = probe_f.result()
         live = LiveCollection({n: capture_or_error(n, o) for n, o in probed.items()}, probed,
                               batch_f.result())
-        live.host_to_host_source, live.host_to_host = h2h_f.result()
+        if h2h_f is not None:
+            live.host_to_host_source, live.host_to_host = h2h_f.result()
         live.data_path = dp_f.result() if dp_f else None
         live.ssh_options = options_f.result()
         pool.shutdown()

@@ -6,8 +6,9 @@
 - jaccl / jaccl-ring: the rdma matrix from the cables (``rdma_<enX>`` of the
   local end; null on the diagonal; a list when several cables join a pair).
 - nccl: inventory order, rank 0's IP is the coordinator.
-- mpi: ``host slots=1`` lines plus mpirun arguments (btl_tcp_links, the data
-  path's subnets for btl/oob_tcp_if_include, ``-x`` of the environment).
+- mpi: ``host slots=1`` lines plus mpirun arguments (btl_tcp_links, no tree
+  spawn, the data path's subnets for btl/oob_tcp_if_include, ``-x`` of the
+  environment).
 Output is deterministic: same inputs, byte-identical text.
 """
 
@@ -31,7 +32,7 @@ from mlxcluster.hostfile import (
 )
 from mlxcluster.inventory import abs_path_ok, env_name_ok, show
 from mlxcluster.ipplan import IpPlan
-from mlxcluster.mpi import libmpi_env
+from mlxcluster.mpi import libmpi_env, no_tree_spawn_args
 from mlxcluster.parsers.ifconfig import ipv4_addresses
 from mlxcluster.topology import Topology
 
@@ -268,6 +269,8 @@ def generate_mpi(inventory, envs: tuple[str, ...] = (), tcp_links: int = DEFAULT
     hosts = tuple(MpiHost(h.ssh, 1) for h in inventory.hosts)
     data_path = _mpi_data_path(inventory, if_include, plan)
     args: list[str] = ["--mca", "btl", "tcp,self", "--mca", "btl_tcp_links", str(tcp_links)]
+    # Every daemon started from mpirun's machine: no host-to-host SSH needed (see mlxcluster/mpi.py).
+    args += no_tree_spawn_args(extra_args)
     if data_path:
         args += ["--mca", "btl_tcp_if_include", data_path, "--mca", "oob_tcp_if_include", data_path]
     for e in _mpi_env(envs, libmpi):

@@ -17,6 +17,21 @@ from pathlib import Path
 
 from mlxcluster.errors import BackendUnavailable
 
+# Open MPI 5 (PRRTE) starts its daemons as a tree when tree spawn is on (the
+# default): mpirun ssh's to the first ROUTED_RADIX hosts and each of those
+# daemons ssh's onward to the next ones, with ITS keys. Measured in the lab
+# (docs/doctor.md, host-to-host-ssh) with no host-to-host trust: with the
+# default radix (64) every daemon of 2-8 hosts came from mpirun's machine and
+# the jobs ran; with the radix forced to 2, hosts 1 and 2 ssh'd onward and
+# mpirun exited 255 within 1.5 s printing nothing. With this flag every
+# daemon is started from mpirun's machine at any size, so host-to-host SSH is
+# never needed. (Open MPI 4's name is plm_rsh_no_tree_spawn, which 5.0.11
+# also honours; 4 was not tried.)
+NO_TREE_SPAWN_PARAM = "plm_ssh_no_tree_spawn"
+NO_TREE_SPAWN = ("--mca", NO_TREE_SPAWN_PARAM, "1")
+ROUTED_RADIX = 64  # PRRTE's default routed_radix: tree spawn starts above this many hosts
+_TREE_SPAWN_PARAMS = (NO_TREE_SPAWN_PARAM, "plm_rsh_no_tree_spawn")
+
 # Exact names first (Open MPI 4 and 5 both ship ABI 40), then any version, then
 # the unversioned development links.
 LIBMPI_PATTERNS = ("libmpi.so.40", "libmpi.40.dylib", "libmpi.so.[0-9]*", "libmpi.[0-9]*.dylib",
@@ -75,3 +90,14 @@ def libmpi_env(libmpi: str) -> dict[str, str]:
     LD_ on Linux, told apart by the library's name), for every rank."""
     path_var = "DYLD_LIBRARY_PATH" if libmpi.endswith(".dylib") else "LD_LIBRARY_PATH"
     return {"MLX_MPI_LIBNAME": libmpi, path_var: str(Path(libmpi).parent)}
+
+
+def no_tree_spawn_args(user_args) -> tuple[str, ...]:
+    """NO_TREE_SPAWN, unless the user's mpirun arguments already set it (either
+    name, with --mca or --prtemca): mpirun refuses a parameter given twice with
+    different values, and the user's value wins."""
+    args = list(user_args)
+    for i, arg in enumerate(args[:-1]):
+        if arg in ("--mca", "-mca", "--prtemca") and args[i + 1] in _TREE_SPAWN_PARAMS:
+            return ()
+    return NO_TREE_SPAWN

@@ -85,9 +85,10 @@ def explain_failure(target: str, status: int, stderr: str) -> SshError:
     """Turn ssh's exit 255 + stderr into an SshError naming the cause."""
     for needle, kind, cause, fix in _STDERR_CAUSES:
         if needle in stderr:
-            return SshError(kind, f"ssh {target}: {cause}", fix.replace("HOST", target))
+            return SshError(kind, f"ssh {target}: {cause}", fix.replace("HOST", target),
+                            target=target if "HOST" in fix else None)
     last = stderr.strip().splitlines()[-1] if stderr.strip() else f"exit {status}"
-    return SshError("ssh", f"ssh {target}: {last}", f"run 'ssh -v {target} true' for details")
+    return SshError("ssh", f"ssh {target}: {last}", f"run 'ssh -v {target} true' for details", target=target)
 
 
 class OpenSshRunner:

@@ -48,11 +48,15 @@ class SshError(RemoteError):
     unreachable, dns, proxy, command-timeout, ssh, and known-hosts (a
     known_hosts file this client cannot read, e.g. an OpenSSH
     ``@cert-authority`` or ``@revoked`` line: no host is tried then).
+
+    ``target`` is the host text written into ``hint`` (name, IP or ssh
+    target), if any: doctor takes it out to give one fix for many hosts.
     """
 
-    def __init__(self, kind: str, message: str, hint: str | None = None):
+    def __init__(self, kind: str, message: str, hint: str | None = None, target: str | None = None):
         super().__init__(message, hint)
         self.kind = kind
+        self.target = target
 
 
 def ssh_command(host_id: str) -> str:
@@ -70,11 +74,13 @@ class HostKeyUnknown(SshError):
         self.host_id = host_id
         self.key_type = key_type
         self.fingerprint = fingerprint
+        host = host_id[1:].split("]:", 1)[0] if host_id.startswith("[") and "]:" in host_id else host_id
         super().__init__(
             "unknown-host-key",
             f"host key of {host_id} is unknown ({key_type} {fingerprint})",
             f"verify the fingerprint, then run '{ssh_command(host_id)}' once and answer yes, "
             f"or rerun with --accept-new-host-keys (saves it to {known_hosts})",
+            target=shlex.quote(host),
         )
 
 
@@ -266,6 +272,7 @@ def classify(exc: BaseException, target: SshTarget) -> SshError:
             "host-key-mismatch",
             f"host key of {where} CHANGED: expected {fingerprint(exc.expected_key)}, got {fingerprint(exc.key)}",
             f"if the host was reinstalled, remove the old key: ssh-keygen -R {shlex.quote(target.hostname)}",
+            target=shlex.quote(target.hostname),
         )
     if isinstance(exc, _PromptRefused):
         user = target.user or os.environ.get("USER", "?")
@@ -282,6 +289,7 @@ def classify(exc: BaseException, target: SshTarget) -> SshError:
             f"key authentication as {user} on {where} failed: {exc}",
             f"install your public key: ssh-copy-id {shlex.quote(user + '@' + target.hostname)} "
             "(or load it into ssh-agent); password logins are never used",
+            target=target.hostname,
         )
     if isinstance(exc, socket.gaierror):
         return SshError("dns", f"cannot resolve {target.hostname}: {exc}",

@@ -39,7 +39,7 @@ from mlxcluster.hostfile import BACKENDS as MLX_BACKENDS
 from mlxcluster.hostfile import load_mlx_hostfile
 from mlxcluster.inventory import Host, Inventory, local_inventory
 from mlxcluster.launcher_ssh import launcher_environment
-from mlxcluster.mpi import find_libmpi, libmpi_env, require_mpirun
+from mlxcluster.mpi import find_libmpi, libmpi_env, no_tree_spawn_args, require_mpirun
 from mlxcluster.openssh import ssh_argv
 from mlxcluster.smoke import launch as smoke_launch
 from mlxcluster.smoke.launch import WorkerOptions
@@ -316,7 +316,7 @@ def launcher_argv(job: TrainJob, hostfile: Path, program: list[str]) -> list[str
     if libmpi:  # MLX dlopens libmpi: name the one of this mpirun, unless the inventory does
         env = {**libmpi_env(libmpi), **env}
     argv = [mpirun, "--hostfile", str(hostfile), "-np", str(len(job.hosts)),
-            "--mca", "btl", "tcp,self", "-x", "PATH"]
+            "--mca", "btl", "tcp,self", *no_tree_spawn_args(split_mpi_args(job)), "-x", "PATH"]
     if os.geteuid() == 0:
         argv.append("--allow-run-as-root")
     if len({h.ip for h in job.hosts}) < len(job.hosts):

@@ -277,3 +277,15 @@ def test_a_wrong_typed_field_is_unknown_and_named(real_probe):
     assert r.hosts["bad"].startswith(WARN + "probe.json: hostname is a list, expected a string; ")
     assert "memory_bytes is a string ('x'), expected an integer" in r.hosts["bad"]
     assert "hostname is a list" in r.hosts["bad"] and "platform is an object" in r.hosts["bad"]
+
+
+def test_mlx_fix_is_given_once_for_all_hosts_that_need_it(real_probe):
+    """Eight hosts without mlx: one pip command naming all eight, not eight sentences."""
+    def broken(f):
+        f["mlx"].update(import_ok=False, version=None, import_error="ModuleNotFoundError: No module named 'mlx'")
+
+    caps = hosts_from(real_probe, 9, **{f"h{i}": broken for i in range(2, 10)})
+    r = result(replay_doctor(caps), "mlx-version")
+    assert r.status is Status.FAIL and blamed(r) == sorted(f"h{i}" for i in range(2, 10))
+    assert r.hint.count("-m pip install") == 1
+    assert r.hint.startswith(f"on {join_hosts(f'h{i}' for i in range(2, 10))}: ")

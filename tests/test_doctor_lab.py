@@ -8,6 +8,7 @@ One lab is shared by the module; every test heals its fault before returning.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -198,15 +199,16 @@ def test_collect_captures_for_other_commands(lab3, inventory_path):
 
 
 def test_twelve_hosts_pass_within_sshd_default_session_limits(make_lab, tmp_path):
-    """The first host reaches 11 others. The lab keeps sshd's default
-    MaxSessions (10 per connection), so one session per hop over doctor's
-    connection to the first host would be refused; doctor runs them all from
-    one session and the whole cluster passes."""
+    """The first host reaches 11 others (hops are made for the mpi backend).
+    The lab keeps sshd's default MaxSessions (10 per connection), so one
+    session per hop over doctor's connection to the first host would be
+    refused; doctor runs them all from one session and the whole cluster passes."""
     lab = make_lab(12)
     path = lab.write_inventory(tmp_path / "lab12.yaml")
+    libmpi = Path(sys.executable).parent.parent / "lib" / "libmpi.so.40"
     with path.open("a") as f:
-        f.write(f"env:\n  LD_PRELOAD: {OPENBLAS}\n")
-    report, seconds = doctor(path)
+        f.write(f"env:\n  LD_PRELOAD: {OPENBLAS}\n  MLX_MPI_LIBNAME: {libmpi}\n")
+    report, seconds = doctor(path, backend="mpi")
     assert report.verdict == "pass", {r.id: r.hosts for r in report.results if r.status is not Status.PASS}
     hops = next(r for r in report.results if r.id == "host-to-host-ssh").hosts
     assert hops == {f"labhost{i}": f"labhost1 -> labhost{i}: ok" for i in range(2, 13)}

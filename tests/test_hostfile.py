@@ -131,8 +131,8 @@ def test_mpi_files(tmp_path, mpirun_beside_python):
     assert r.exit_code == 0, r.output
     assert out.read_text() == "mbp.local slots=1\nstudio.local slots=1\n"
     assert (tmp_path / "hosts.args").read_text() == (
-        "--mca btl tcp,self --mca btl_tcp_links 8 --mca btl_tcp_if_include 10.0.0.0/24 "
-        "--mca oob_tcp_if_include 10.0.0.0/24 -x MLX_MPI_LIBNAME=/v/lib/libmpi.40.dylib "
+        "--mca btl tcp,self --mca btl_tcp_links 8 --mca plm_ssh_no_tree_spawn 1 "
+        "--mca btl_tcp_if_include 10.0.0.0/24 --mca oob_tcp_if_include 10.0.0.0/24 -x MLX_MPI_LIBNAME=/v/lib/libmpi.40.dylib "
         "-x DYLD_LIBRARY_PATH=/v/lib -x MLX_METAL_FAST_SYNCH=0 -x FOO=1 --allow-run-as-root\n")
     command = r.output.splitlines()[-1]
     mpirun = str(venv_bin / "mpirun") if mpirun_beside_python else "mpirun"

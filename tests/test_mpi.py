@@ -42,3 +42,46 @@ def test_missing_libmpi_is_backend_unavailable(tmp_path):
     (tmp_path / "bin").mkdir()
     with pytest.raises(BackendUnavailable, match="no libmpi in"):
         require_libmpi(str(tmp_path / "bin" / "mpirun"))
+
+
+INVENTORY = """
+cluster: lab
+python: /opt/venv/bin/python
+hosts:
+  - name: mac1
+    ssh: mac1.local
+    ips: [10.0.0.1]
+  - name: mac2
+    ssh: 10.0.0.2
+"""
+
+
+def _values(argv, name: str) -> list[str]:
+    """Every value given to parameter ``name`` (--mca or --prtemca) in ``argv``."""
+    return [argv[i + 2] for i, a in enumerate(argv[:-2]) if a in ("--mca", "--prtemca") and argv[i + 1] == name]
+
+
+@pytest.mark.parametrize("user_args, expected", [
+    ((), {"plm_ssh_no_tree_spawn": ["1"]}),
+    # The user's value wins, whichever name (Open MPI 4 or 5) or option it comes with.
+    (("--mca", "plm_ssh_no_tree_spawn", "0"), {"plm_ssh_no_tree_spawn": ["0"]}),
+    (("--prtemca", "plm_rsh_no_tree_spawn", "0"), {"plm_ssh_no_tree_spawn": [], "plm_rsh_no_tree_spawn": ["0"]}),
+])
+def test_generated_mpirun_starts_every_daemon_from_this_machine(tmp_path, user_args, expected):
+    """hostfile generate (generate_mpi), smoke (plan_mpirun) and train
+    (launcher_argv) turn tree spawn off, so no host ever has to ssh to another (docs/doctor.md)."""
+    from mlxcluster.hostfile_generate import generate_mpi
+    from mlxcluster.inventory import parse_inventory
+    from mlxcluster.smoke.launch import RankHost, WorkerOptions, plan_mpirun
+    from mlxcluster.train_launch import job_from_inventory, launcher_argv, write_hostfile
+
+    inventory = parse_inventory(INVENTORY)
+    generated = list(generate_mpi(inventory, extra_args=user_args).args)
+    job = job_from_inventory(inventory, "mpi", mpi_args=(" ".join(user_args),) if user_args else ())
+    require(find_mpirun(sys.executable) is not None, "no mpirun beside the test python or on PATH")
+    trained = launcher_argv(job, write_hostfile(job, tmp_path), ["-m", "x"])
+    hosts = tuple(RankHost(h.name, h.ssh, h.ips, "/opt/venv/bin/python") for h in inventory.hosts)
+    smoked = plan_mpirun(hosts, WorkerOptions(), {}, mpirun=find_mpirun(sys.executable), mpi_args=user_args).argv
+    for argv in (generated, trained, smoked):
+        for name, values in expected.items():
+            assert _values(argv, name) == values, (name, argv)

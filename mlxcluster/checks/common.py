@@ -102,6 +102,45 @@ def from_hosts(sources, everyone) -> str:
     return join_hosts(sources)
 
 
+_SLOT = "\0"  # where a fix named its host, while fixes are compared
+
+
+def _host_taken_out(fix: str, target: str) -> str:
+    """``fix`` with each whole-word ``target`` replaced by _SLOT (10.0.0.2 in
+    'root@10.0.0.2' is one; 10.0.0.2 in 10.0.0.21 is not)."""
+    return re.sub(rf"(?<![\w.-]){re.escape(target)}(?![\w.-])", _SLOT, fix)
+
+
+def grouped_fixes(fixes) -> str | None:
+    """Each distinct fix once, naming every host it is for.
+
+    ``fixes``: ``(host, fix, target)`` triples; ``target`` is the text the fix
+    was written for (host name, IP or ssh target as it appears in ``fix``) or
+    None. Fixes that differ only in it are one fix: eight hosts with an
+    unknown key give one "for each HOST in a, b, ...: run 'ssh HOST' once ..."
+    instead of eight sentences. A fix that does not name its host gets the
+    hosts in front ("a, b: host down or ..."). None when there is no fix.
+    """
+    groups: dict[str, list[tuple[str, str | None]]] = {}
+    for host, fix, target in fixes:
+        if not fix:
+            continue
+        template = _host_taken_out(fix, target) if target else fix
+        members = groups.setdefault(template, [])
+        entry = (host, target if _SLOT in template else None)
+        if entry not in members:
+            members.append(entry)
+    sentences = []
+    for template, members in groups.items():
+        if _SLOT in template:
+            targets = list(dict.fromkeys(t for _, t in members))
+            sentences.append(template.replace(_SLOT, targets[0]) if len(targets) == 1 else
+                             f"for each HOST in {join_hosts(targets)}: {template.replace(_SLOT, 'HOST')}")
+        else:
+            sentences.append(f"{join_hosts(dict.fromkeys(h for h, _ in members))}: {template}")
+    return "; ".join(sentences) or None
+
+
 def skip(reason: str, evidence: dict[str, str] | None = None) -> Verdict:
     return Verdict(Status.SKIP, evidence or {}, reason)
 

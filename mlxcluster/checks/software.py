@@ -106,7 +106,11 @@ def mlx_version(ctx: CheckContext) -> Verdict:
     if broken or odd:
         targets = [facts[n] for n in broken + odd]
         pin = f"mlx=={common}" if common else "mlx"
-        hint = "; ".join(f"on {t.name}: {shlex.quote(t.python or 'python3')} -m pip install {pin}" for t in targets)
+        # One command per python path, naming all its hosts (not one sentence per host).
+        by_python: dict[str, list[str]] = {}
+        for t in targets:
+            by_python.setdefault(shlex.quote(t.python or "python3"), []).append(t.name)
+        hint = "; ".join(f"on {join_hosts(names)}: {python} -m pip install {pin}" for python, names in by_python.items())
     return Verdict(worst(bool(broken or odd), False), evidence, hint)
 
 

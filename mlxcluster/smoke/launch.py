@@ -28,7 +28,13 @@ from mlxcluster.errors import BackendUnavailable, InputError
 from mlxcluster.hostfile import HostEntry, MlxHostfile, load_mlx_hostfile
 from mlxcluster.hostfile_generate import generate_mpi
 from mlxcluster.inventory import Host, Inventory, local_inventory
-from mlxcluster.mpi import libmpi_env, require_libmpi, require_mpirun
+from mlxcluster.mpi import (
+    NO_TREE_SPAWN_PARAM,
+    libmpi_env,
+    no_tree_spawn_args,
+    require_libmpi,
+    require_mpirun,
+)
 
 LOCAL_TARGETS = ("127.0.0.1",)  # the only ssh name mlx.launch runs without ssh
 RING_PORT = 32323  # mlx.launch's default --starting-port
@@ -286,6 +292,8 @@ def plan_mpirun(hosts: tuple[RankHost, ...], opts: WorkerOptions, environ: dict[
         # 'host slots=1' lines, btl/oob_tcp_if_include on the data subnets, -x env.
         files = generate_mpi(inventory_of(hosts), envs=envs, tcp_links=tcp_links, libmpi=libmpi)
         hostfile, args = files.hostfile, list(files.args)
+        if not no_tree_spawn_args(mpi_args):  # the user sets tree spawn (under either name): theirs wins
+            args = without_mca(args, ("--mca", NO_TREE_SPAWN_PARAM, ""))
     hostfile_path = f"{run_dir}/mpi_hosts"
     root = os.geteuid() == 0 if is_root is None else is_root
     # Smoke's own additions: root, the remote Open MPI prefix, no core binding

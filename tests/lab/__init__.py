@@ -103,6 +103,10 @@ class Lab:
         self.host_key = self.state / "ssh_host_ed25519_key"
         self.known_hosts = self.state / "known_hosts"
         self.ssh_config = self.state / "ssh_config"
+        # deny_host_to_host: a key no host authorizes, its config, and the log of attempts.
+        self.untrusted_key = self.state / "id_untrusted"
+        self.untrusted_config = self.state / "ssh_config_untrusted"
+        self.host_to_host_log = self.state / "host_to_host.log"
         self.bridge = f"{self.tag}br"
         self.subnet = _free_subnet()
         net = ipaddress.ip_network(self.subnet)
@@ -248,6 +252,42 @@ class Lab:
         self._write_known_hosts(exclude={h.ip, h.name})
         h.faults.add("host_key")
 
+    def deny_host_to_host(self, hosts=None) -> Path:
+        """Take away host-to-host SSH trust from ``hosts`` (default: all).
+
+        The hosts share this machine's filesystem and root home, so any ssh a
+        host runs (the lab wrapper on PATH, or a wrapper of mlx.launch/mpirun
+        by absolute path, even one passing ``-F <lab config>``) would use the
+        lab key. The wrapper now looks at the hostname it runs under: on a
+        denied host it drops every ``-F`` and uses a config whose key no host
+        authorizes, so ssh fails with "Permission denied (publickey)", as on
+        Macs where only this machine's key was copied to the others. This
+        machine keeps its access. Each attempt from a denied host is appended
+        to the returned log as "FROM ARGS..."; ``heal`` restores trust.
+        """
+        for h in [self.host(r) for r in hosts] if hosts is not None else self.hosts:
+            h.faults.add("no_host_to_host")
+        if not self.untrusted_key.exists():
+            _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"mlxcluster-lab-{self.id}-untrusted",
+                  "-f", str(self.untrusted_key)])
+        config = self.ssh_config.read_text().replace(f"IdentityFile {self.key}\n",
+                                                     f"IdentityFile {self.untrusted_key}\n")
+        self.untrusted_config.write_text(config)
+        self.host_to_host_log.touch()
+        self._write_ssh_wrapper()
+        return self.host_to_host_log
+
+    def host_to_host_attempts(self) -> list[tuple[str, list[str]]]:
+        """(from host, ssh arguments) of each ssh a denied host tried."""
+        if not self.host_to_host_log.exists():
+            return []
+        rows = []
+        for line in self.host_to_host_log.read_text().splitlines():
+            if line.strip():
+                source, *args = line.split()
+                rows.append((source, args))
+        return rows
+
     def heal(self, host=None) -> None:
         """Undo every fault on one host (or all hosts)."""
         for h in [self.host(host)] if host is not None else self.hosts:
@@ -263,6 +303,7 @@ class Lab:
                 self._restart_sshd(h)
             h.faults.clear()
         self._write_python_dispatch()
+        self._write_ssh_wrapper()
         self._write_known_hosts()
         for h in [self.host(host)] if host is not None else self.hosts:
             self._wait_ssh(h)
@@ -406,10 +447,34 @@ class Lab:
             "  ConnectTimeout 5\n"
             "  LogLevel ERROR\n"
         )
-        wrapper = self.bin_dir / "ssh"
-        wrapper.write_text(f'#!/bin/sh\nexec /usr/bin/ssh -F {self.ssh_config} "$@"\n')
-        wrapper.chmod(0o755)
+        self._write_ssh_wrapper()
         self._write_python_dispatch()
+
+    def _write_ssh_wrapper(self) -> None:
+        denied = "|".join(h.name for h in self.hosts if "no_host_to_host" in h.faults)
+        deny = ""
+        if denied:
+            # Keep every argument but -F FILE / -FFILE: a launcher's wrapper
+            # passing the lab config must not bring the lab key back.
+            deny = (
+                'case "$(cat /proc/sys/kernel/hostname)" in\n'
+                f"  {denied})\n"
+                f'    echo "$(cat /proc/sys/kernel/hostname) $*" >> {self.host_to_host_log}\n'
+                '    skip=\n'
+                '    for a in "$@"; do\n'
+                '      shift\n'
+                '      if [ -n "$skip" ]; then skip=; continue; fi\n'
+                '      case "$a" in -F) skip=1; continue ;; -F*) continue ;; esac\n'
+                '      set -- "$@" "$a"\n'
+                '    done\n'
+                f'    exec /usr/bin/ssh -F {self.untrusted_config} "$@" ;;\n'
+                "esac\n"
+            )
+        wrapper = self.bin_dir / "ssh"
+        tmp = self.bin_dir / ".ssh.tmp"
+        tmp.write_text(f'#!/bin/sh\n{deny}exec /usr/bin/ssh -F {self.ssh_config} "$@"\n')
+        tmp.chmod(0o755)
+        tmp.replace(wrapper)
 
     def _write_python_dispatch(self) -> None:
         # One path for every host (MLX wants that); the hostname picks the interpreter.

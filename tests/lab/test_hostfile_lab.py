@@ -45,7 +45,7 @@ def test_generated_mpi_command_runs(lab3, tmp_path):
                    "--mpi-arg=--allow-run-as-root", "--script", str(HERE / "allsum.py"))
     assert hostfile.read_text() == "".join(f"{h.ip} slots=1\n" for h in lab3.hosts)
     args = (tmp_path / "hosts.args").read_text()
-    assert f"--mca btl_tcp_links 4 --mca btl_tcp_if_include {lab3.subnet}" in args
+    assert f"--mca btl_tcp_links 4 --mca plm_ssh_no_tree_spawn 1 --mca btl_tcp_if_include {lab3.subnet}" in args
     command = shlex.split(out.splitlines()[-1])  # the printed, ready-to-run command
     assert command[:5] == ["mpirun", "--hostfile", str(hostfile), "-np", "3"]
     # The inventory python here is the lab dispatcher, with no mpirun beside it.

@@ -69,7 +69,8 @@ def test_ctrl_c_stops_doctor_at_once_and_on_every_host(lab3, tmp_path, moment):
     from mlxcluster.hops import HOPS
 
     inventory = lab3.write_inventory(tmp_path / "lab.yaml")
-    argv = [*MLXCLUSTER, "doctor", "-i", str(inventory), "--connect-timeout", "30"]
+    # --backend mpi: doctor makes the host-to-host hops only for mpi.
+    argv = [*MLXCLUSTER, "doctor", "-i", str(inventory), "--backend", "mpi", "--connect-timeout", "30"]
     if moment == "agents running":
         ready = lambda _: bool(processes_with(AGENT))  # noqa: E731
     else:
