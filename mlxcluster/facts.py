@@ -206,6 +206,7 @@ def host_facts(capture: HostCapture) -> HostFacts:
     python = r.section(p, "python")
     mpirun, ompi = r.section(mpi, "mpirun", "mpi."), r.section(mpi, "ompi_info", "mpi.")
     mpirun_path = r.get(mpirun, "path", str, "mpi.mpirun.")
+    launch = r.fields(r.section(mpi, "launch_libmpi", "mpi."), _LAUNCH_LIBMPI, "mpi.launch_libmpi.")
     if "path_mpirun" in mpi:
         on_path = r.section(mpi, "path_mpirun", "mpi.")
         path_mpirun = r.get(on_path, "path", str, "mpi.path_mpirun.")
@@ -232,7 +233,7 @@ def host_facts(capture: HostCapture) -> HostFacts:
         ompi_info_version=r.get(ompi, "version", str, "mpi.ompi_info."),
         libmpi=r.fields(r.section(mpi, "libmpi", "mpi."), _LIBMPI, "mpi.libmpi."),
         libmpi_candidates=tuple(c for c in r.dicts(mpi, "candidates", _LIBMPI, "mpi.") if "name" in c),
-        launch_libmpi=r.fields(r.section(mpi, "launch_libmpi", "mpi."), _LAUNCH_LIBMPI, "mpi.launch_libmpi."),
+        launch_libmpi=launch if "name" in launch else {},  # a library without a name is none
         env=r.mapping(p, "env", str), inventory_env=r.mapping(p, "inventory_env", str),
         path_env=r.get(p, "path_env", str),
         blas_provider=r.get(blas, "sgemm_provider", str, "mlx.blas."),
