@@ -62,13 +62,23 @@ class HostFacts:
     mlx_version: str | None = None
     mlx_import_error: str | None = None
     backends: dict[str, bool | None] = field(default_factory=dict)
+    # The mpirun mlxcluster starts (beside the python, else on PATH, as
+    # mlxcluster/mpi.py find_mpirun) and where it was found: "beside python" or "PATH".
     mpirun: str | None = None
+    mpirun_found: str | None = None
     mpirun_version: str | None = None
     mpirun_is_open_mpi: bool | None = None
+    # The mpirun a non-interactive shell's PATH gives (what `mpirun` and
+    # mlx.launch typed by hand start); may differ from ``mpirun``.
+    path_mpirun: str | None = None
+    path_mpirun_version: str | None = None
     ompi_info: str | None = None
     ompi_info_version: str | None = None
     libmpi: dict[str, Any] = field(default_factory=dict)
     libmpi_candidates: tuple[dict[str, Any], ...] = ()
+    # The libmpi mlxcluster sets as MLX_MPI_LIBNAME (the first candidate), with
+    # "mlx_mpi_available": mx.distributed.is_available("mpi") under it; {} when none.
+    launch_libmpi: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     inventory_env: dict[str, str] = field(default_factory=dict)
     path_env: str | None = None
@@ -162,6 +172,7 @@ class _Reader:
 
 
 _LIBMPI = {"name": str, "path": str, "error": str, "library_version": str, "loadable": bool, "from_env": bool}
+_LAUNCH_LIBMPI = {**_LIBMPI, "mlx_mpi_available": bool}
 _INTERFACE = {"name": str, "up": bool, "addrs": list}
 _ADDR = {"address": str, "family": str, "netmask": str}
 
@@ -194,6 +205,14 @@ def host_facts(capture: HostCapture) -> HostFacts:
     os_, mlx, mpi = r.section(p, "os"), r.section(p, "mlx"), r.section(p, "mpi")
     python = r.section(p, "python")
     mpirun, ompi = r.section(mpi, "mpirun", "mpi."), r.section(mpi, "ompi_info", "mpi.")
+    mpirun_path = r.get(mpirun, "path", str, "mpi.mpirun.")
+    launch = r.fields(r.section(mpi, "launch_libmpi", "mpi."), _LAUNCH_LIBMPI, "mpi.launch_libmpi.")
+    if "path_mpirun" in mpi:
+        on_path = r.section(mpi, "path_mpirun", "mpi.")
+        path_mpirun = r.get(on_path, "path", str, "mpi.path_mpirun.")
+        path_mpirun_version = r.get(on_path, "version", str, "mpi.path_mpirun.")
+    else:  # an older probe looked on PATH only
+        path_mpirun, path_mpirun_version = mpirun_path, r.get(mpirun, "version", str, "mpi.mpirun.")
     blas = r.section(mlx, "blas", "mlx.")
     values: dict[str, Any] = dict(
         hostname=r.get(p, "hostname", str), platform=r.get(p, "platform", str),
@@ -206,12 +225,15 @@ def host_facts(capture: HostCapture) -> HostFacts:
         mlx_version=r.get(mlx, "version", str, "mlx.") if r.get(mlx, "import_ok", bool, "mlx.") else None,
         mlx_import_error=r.get(mlx, "import_error", str, "mlx."),
         backends=r.mapping(mlx, "backends", bool, "mlx."),
-        mpirun=r.get(mpirun, "path", str, "mpi.mpirun."), mpirun_version=r.get(mpirun, "version", str, "mpi.mpirun."),
+        mpirun=mpirun_path, mpirun_version=r.get(mpirun, "version", str, "mpi.mpirun."),
+        mpirun_found=r.get(mpirun, "found", str, "mpi.mpirun.") or ("PATH" if mpirun_path else None),
         mpirun_is_open_mpi=r.get(mpirun, "open_mpi", bool, "mpi.mpirun."),
+        path_mpirun=path_mpirun, path_mpirun_version=path_mpirun_version,
         ompi_info=r.get(ompi, "path", str, "mpi.ompi_info."),
         ompi_info_version=r.get(ompi, "version", str, "mpi.ompi_info."),
         libmpi=r.fields(r.section(mpi, "libmpi", "mpi."), _LIBMPI, "mpi.libmpi."),
         libmpi_candidates=tuple(c for c in r.dicts(mpi, "candidates", _LIBMPI, "mpi.") if "name" in c),
+        launch_libmpi=launch if "name" in launch else {},  # a library without a name is none
         env=r.mapping(p, "env", str), inventory_env=r.mapping(p, "inventory_env", str),
         path_env=r.get(p, "path_env", str),
         blas_provider=r.get(blas, "sgemm_provider", str, "mlx.blas."),
@@ -238,7 +260,9 @@ def facts_to_json(f: HostFacts) -> dict[str, Any]:
         "hostname": f.hostname, "os": f.os_name, "os_version": f.os_version, "os_build": f.os_build,
         "model": f.model, "chip": f.chip, "memory_bytes": f.memory_bytes, "cpu_count": f.cpu_count,
         "python": f.python, "python_version": f.python_version, "mlx_version": f.mlx_version,
-        "backends": f.backends, "mpirun": f.mpirun, "open_mpi_version": f.mpirun_version,
+        "backends": f.backends, "mpirun": f.mpirun, "mpirun_found": f.mpirun_found,
+        "mpirun_on_path": f.path_mpirun, "open_mpi_version": f.mpirun_version,
         "libmpi": f.libmpi.get("path") or f.libmpi.get("name"),
+        "launch_libmpi": f.launch_libmpi.get("name"),
         "mlx_env": f.env, "blas": f.blas_provider,
     }

