@@ -15,6 +15,7 @@ from mlxcluster.errors import EXIT_FAILED, InputError, MlxclusterError
 from mlxcluster.inventory import load_inventory
 from mlxcluster.train_launch import (
     BACKENDS,
+    check_batch_split,
     check_out_here,
     check_probes,
     job_from_hostfile,
@@ -80,6 +81,7 @@ def command(hostfile, inventory_path, local_ranks, backend, config, python, mpi_
         job = job_from_hostfile(hostfile, backend, py, args, tuple(mpi_args))
     else:
         job = job_local(local_ranks, backend or "ring", py, args, tuple(mpi_args))
+    check_batch_split(cfg, len(job.hosts))  # before any preflight or launch: ranks are known
     env = dict(os.environ)
     n = len(job.hosts)
 
