@@ -38,7 +38,6 @@ from mlxcluster.train_launch import (
     run_streaming,
     write_hostfile,
 )
-
 from reference_train.data import split_batch
 from reference_train.train import build_config
 
