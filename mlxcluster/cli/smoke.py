@@ -21,6 +21,7 @@ from tabulate import tabulate
 from mlxcluster.cli.params import Seconds
 from mlxcluster.errors import EXIT_FAILED, InputError, MlxclusterError
 from mlxcluster.inventory import load_inventory
+from mlxcluster.smoke.jaccl import run_jaccl
 from mlxcluster.smoke.launch import (
     BACKENDS,
     RankHost,
@@ -75,6 +76,12 @@ def render_failures(report: SmokeReport) -> str:
     for problem in report.cleanup_problems:
         lines.append(f"  cleanup: {problem} (processes of run {report.run_id} may be left there)")
     return "\n".join(lines)
+
+
+def render_unavailable(report: SmokeReport) -> str:
+    lines = [f"{report.backend} unavailable:"]
+    lines += [f"  {host}: {why}" for host, why in report.host_reasons.items()]
+    return "\n".join(lines + ([f"fix: {report.hint}"] if report.hint else []))
 
 
 def render_bench(report: SmokeReport) -> str:
@@ -143,7 +150,10 @@ def command(backend, hostfile, inventory, local_n, python, bench, sizes, dtypes,
     for name in backends:
         if not as_json:
             click.echo(f"smoke {name}: {len(hosts)} rank(s) ...", err=True)
-        reports.append(run_backend(name, hosts, opts, timeout_s))
+        if name == "jaccl" and inventory:  # the RDMA matrix comes from the live topology
+            reports.append(run_jaccl(load_inventory(inventory), hosts, opts, timeout_s))
+        else:
+            reports.append(run_backend(name, hosts, opts, timeout_s))
     code = exit_code_for(reports, single)
     plot_error = None
     if plot:
@@ -159,6 +169,8 @@ def command(backend, hostfile, inventory, local_n, python, bench, sizes, dtypes,
     else:
         click.echo(render_summary(reports))
         for r in reports:
+            if r.status == "unavailable" and r.host_reasons:
+                click.echo("\n" + render_unavailable(r))
             if r.status == "failed":
                 click.echo(f"\n{r.backend} failed (run {r.run_id}):")
                 click.echo(render_failures(r))
