@@ -564,6 +564,29 @@ def validate_trainer_args(args: tuple[str, ...]) -> TrainConfig:
                          "every field, its type and its allowed values") from None
 
 
+def check_batch_split(cfg: TrainConfig, ranks: int) -> None:
+    """InputError when the global batch does not split over ``ranks`` x
+    ``grad_accum`` micro-batches. The ranks check this too (reference_train
+    split_batch), but only after a launch on every host, and then every rank
+    dies with the same error; the number of ranks is known here before that."""
+    unit = ranks * cfg.grad_accum
+    rest = cfg.global_batch % unit
+    if not rest:
+        return
+    over = f"{ranks} ranks" if cfg.grad_accum == 1 else \
+        f"{ranks} ranks x grad_accum {cfg.grad_accum} = {unit} micro-batches"
+    below, above = cfg.global_batch - rest, cfg.global_batch - rest + unit
+    choices = f"{below} or {above}" if below else f"{above}"
+    divisors = [n for n in range(1, cfg.global_batch + 1)
+                if cfg.global_batch % (n * cfg.grad_accum) == 0]
+    raise InputError(
+        f"global_batch {cfg.global_batch} does not split over {over} "
+        f"({cfg.global_batch} % {unit} = {rest}): use --global_batch {choices}",
+        f"pass it to the trainer after '--' (e.g. -- --global_batch {above}) or set it in the "
+        f"config; or run on a number of ranks it splits over: "
+        f"{', '.join(map(str, divisors[:8]))}{', ...' if len(divisors) > 8 else ''}")
+
+
 def check_out_here(out: str) -> None:
     """For ranks on this machine: rank 0 writes the run to the trainer's
     ``--out``, so it must be a directory here or creatable here (checked by

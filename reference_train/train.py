@@ -226,6 +226,12 @@ def build_config(argv: list[str]) -> TrainConfig:
     parser.add_argument("--config", default=None, help="configs/NAME.yaml or a path")
     types = field_types()
     for name, kind in types.items():
+        if name == "resume":  # `--resume` alone means auto, as the docs and messages teach it
+            parser.add_argument("--resume", nargs="?", const="auto", default=None,
+                                metavar="auto|PATH",
+                                help="continue from the latest checkpoint in --out (auto, "
+                                     "also when --resume is given alone) or from PATH")
+            continue
         parser.add_argument(f"--{name}", default=None, metavar=kind.__name__.upper())
     args = parser.parse_args(argv)
     values = load_config_file(args.config) if args.config else {}

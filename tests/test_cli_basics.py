@@ -63,8 +63,8 @@ def test_demo_runs_every_stage_for_real(tmp_path):
 
 def test_demo_reports_a_failing_step(tmp_path):
     """A step that fails is shown as failed and the demo exits 1 (never pretends)."""
-    # A config that loads here but that the ranks refuse: 7 sequences do not
-    # divide between 2 ranks (only the ranks know how many they are).
+    # A config that loads alone but does not fit the run: 7 sequences do not
+    # divide between 2 ranks (the train step refuses it before launch, exit 2).
     config = tmp_path / "odd.yaml"
     tiny = (Path(reference_train.__file__).parent / "configs" / "tiny.yaml").read_text()
     assert "global_batch: 8 " in tiny

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from mlxcluster.mpi import find_mpirun
 from mlxcluster.train_launch import (
     HostProbe,
     RankHost,
+    check_batch_split,
     check_probes,
     common_openblas,
     failed_rank,
@@ -36,6 +38,8 @@ from mlxcluster.train_launch import (
     run_streaming,
     write_hostfile,
 )
+from reference_train.data import split_batch
+from reference_train.train import build_config
 
 from .conftest import require
 from .train_support import MLX_LAUNCH
@@ -272,12 +276,14 @@ def test_cli_trains_on_two_local_ranks(tmp_path):
     assert [r["step"] for r in records if "loss" in r] == [1, 2, 3]
     assert records[0]["ranks"] == 2
 
+    # A data folder that is missing on the hosts: only the ranks can tell, and
+    # the one that fails is named with its exit code.
     bad = subprocess.run([sys.executable, "-m", "mlxcluster", "train", "--local", "2",
-                          "--no-preflight", "--config", "tiny", "--", "--global_batch", "7",
-                          "--data", str(data), "--out", str(tmp_path / "bad")],
+                          "--no-preflight", "--config", "tiny", "--",
+                          "--data", str(tmp_path / "no-data"), "--out", str(tmp_path / "bad")],
                          env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert bad.returncode == 2, bad.stdout + bad.stderr
-    assert "global_batch 7 does not split evenly" in bad.stderr
+    assert f"error: {tmp_path / 'no-data' / 'meta.json'} not found" in bad.stderr
     assert "train failed: rank" in bad.stderr and "exited with code 2" in bad.stderr
 
 
@@ -294,3 +300,125 @@ def test_bad_trainer_arguments_fail_before_launch():
         result = CliRunner().invoke(main, ["train", "--local", "2", *extra])
         assert result.exit_code == 2, result.output
         assert needle in result.output and "launching" not in result.output
+
+
+def test_batch_split_is_checked_for_every_rank_count_like_the_ranks_do():
+    """check_batch_split refuses exactly what the ranks' own split_batch refuses,
+    and every value it suggests is one the ranks accept."""
+    tiny = build_config(["--config", "tiny"])
+    refused = 0
+    for accum in (1, 2, 3):
+        for ranks in range(1, 9):
+            for batch in range(1, 41):
+                cfg = replace(tiny, global_batch=batch, grad_accum=accum)
+                try:
+                    split_batch(batch, ranks, accum)
+                    ranks_accept = True
+                except ValueError:
+                    ranks_accept = False
+                if ranks_accept:
+                    check_batch_split(cfg, ranks)
+                    continue
+                refused += 1
+                with pytest.raises(InputError) as err:
+                    check_batch_split(cfg, ranks)
+                suggested = err.value.message.split("use --global_batch ")[1].split(" or ")
+                assert suggested, err.value.message
+                for value in map(int, suggested):
+                    split_batch(value, ranks, accum)  # raises if the ranks would refuse it
+                    assert abs(value - batch) < ranks * accum
+    assert refused > 700  # the loop did exercise the refusals
+
+
+def test_batch_split_message_shows_the_arithmetic_and_the_fix():
+    tiny = build_config(["--config", "tiny"])
+    with pytest.raises(InputError) as err:
+        check_batch_split(tiny, 3)
+    assert err.value.message == ("global_batch 8 does not split over 3 ranks (8 % 3 = 2): "
+                                 "use --global_batch 6 or 9")
+    assert "-- --global_batch 9" in err.value.hint and "1, 2, 4, 8" in err.value.hint
+    accum = build_config(["--config", "tiny", "--grad_accum", "2", "--global_batch", "4"])
+    with pytest.raises(InputError) as err:
+        check_batch_split(accum, 3)
+    assert err.value.message == ("global_batch 4 does not split over 3 ranks x grad_accum 2 = 6 "
+                                 "micro-batches (4 % 6 = 4): use --global_batch 6")
+    check_batch_split(tiny, 4)  # 8 over 4: fine
+
+
+@pytest.fixture
+def nothing_may_start(monkeypatch):
+    """Every step of `mlxcluster train` that reaches a host or starts a process
+    records that it was called (and starts nothing)."""
+    import mlxcluster.cli.train as train_cli
+
+    called: list[str] = []
+
+    def recorder(name):
+        def record(*args, **kwargs):
+            called.append(name)
+            raise AssertionError(f"{name} was called")
+        return record
+
+    for name in ("run_doctor_preflight", "probe_hosts", "smoke_all_sum", "launch_training"):
+        monkeypatch.setattr(train_cli, name, recorder(name))
+    monkeypatch.setattr(subprocess, "Popen", recorder("subprocess.Popen"))
+    return called
+
+
+def test_batch_that_does_not_split_fails_before_anything_starts(tmp_path, nothing_may_start):
+    """The tiny config's 8 sequences over 3 ranks: exit 2 with the arithmetic,
+    from an inventory, a hostfile or --local, with or without the preflight;
+    no probe, no smoke, no launcher."""
+    inventory = tmp_path / "inv.yaml"
+    inventory.write_text(INVENTORY + "  - name: mac3\n    ssh: 10.0.0.3\n")
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text(json.dumps({"backend": "ring", "hosts": [
+        {"ssh": f"10.0.0.{i}", "ips": [f"10.0.0.{i}"]} for i in (1, 2, 3)]}))
+    for source in (["-i", str(inventory)], ["--hostfile", str(hostfile)], ["--local", "3"],
+                   ["--local", "3", "--no-preflight"], ["-i", str(inventory), "--backend", "mpi"]):
+        start = time.monotonic()
+        result = CliRunner().invoke(cli, ["train", *source, "--config", "tiny", "--",
+                                          "--out", str(tmp_path / "run")])
+        assert result.exit_code == 2, (source, result.output)
+        assert ("error: global_batch 8 does not split over 3 ranks (8 % 3 = 2): "
+                "use --global_batch 6 or 9") in result.output, result.output
+        assert "launching" not in result.output and "[✓]" not in result.output
+        assert time.monotonic() - start < 5
+    assert nothing_may_start == []
+    # The same hosts with a batch that splits reach the preflight (which the fixture stops).
+    result = CliRunner().invoke(cli, ["train", "-i", str(inventory), "--config", "tiny", "--",
+                                      "--global_batch", "9"])
+    assert nothing_may_start == ["run_doctor_preflight"], result.output
+
+
+def test_resume_alone_means_auto(tmp_path, monkeypatch):
+    """`--resume` with no value (for the trainer, before or after `--`) is
+    `--resume auto`; `--resume PATH` and `--resume auto` are kept."""
+    assert build_config(["--resume"]).resume == "auto"
+    assert build_config(["--resume", "--steps", "3"]).resume == "auto"
+    assert build_config(["--steps", "3", "--resume"]).steps == 3
+    assert build_config(["--resume", "auto"]).resume == "auto"
+    assert build_config(["--resume", "runs/x/checkpoints/step_000005"]).resume == \
+        "runs/x/checkpoints/step_000005"
+    assert build_config([]).resume == ""
+
+    import mlxcluster.cli.train as train_cli
+    from mlxcluster.train_launch import RunOutcome
+
+    launched: list[tuple[str, ...]] = []
+
+    def fake_launch(job, on_line, env=None, timeout=None):
+        launched.append(job.trainer_args)
+        return RunOutcome(exit_code=0, failed_rank=None, seconds=0.1)
+
+    monkeypatch.setattr(train_cli, "launch_training", fake_launch)
+    for args, want in ((["--resume", "--", "--steps", "2"], "auto"),
+                       (["--", "--steps", "2", "--resume"], "auto"),
+                       (["--", "--resume"], "auto"),
+                       (["--", "--resume", "auto"], "auto"),
+                       (["--", "--resume", str(tmp_path / "ck")], str(tmp_path / "ck"))):
+        result = CliRunner().invoke(cli, ["train", "--local", "2", "--no-preflight",
+                                          "--config", "tiny", *args])
+        assert result.exit_code == 0, (args, result.output)
+        # The ranks parse the same arguments with the same code:
+        assert build_config(list(launched[-1])).resume == want, launched[-1]

@@ -72,7 +72,8 @@ def test_resume_continues_exactly(offline_data, tmp_path):
     check(run_trainer([*common, "--out", str(tmp_path / "straight")]))
     check(run_trainer([*common, "--out", str(tmp_path / "split"), "--stop_after", "5"]))
     assert max(train_losses(tmp_path / "split")) == 5
-    proc = check(run_trainer([*common, "--out", str(tmp_path / "split"), "--resume", "auto"]))
+    # `--resume` alone means auto (test_resume_on_another_rank_count passes auto).
+    proc = check(run_trainer([*common, "--out", str(tmp_path / "split"), "--resume"]))
     assert "resumed from" in proc.stdout and "at step 5" in proc.stdout
     straight, split = train_losses(tmp_path / "straight"), train_losses(tmp_path / "split")
     assert sorted(split) == list(range(1, 11))  # no step logged twice

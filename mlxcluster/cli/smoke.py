@@ -21,6 +21,8 @@ from tabulate import tabulate
 
 from mlxcluster.cli.params import Seconds, inventory_option, load_chosen_inventory
 from mlxcluster.errors import EXIT_FAILED, InputError, MlxclusterError
+from mlxcluster.inventory import Inventory
+from mlxcluster.smoke.jaccl import run_jaccl
 from mlxcluster.smoke.launch import (
     BACKENDS,
     RankHost,
@@ -38,10 +40,9 @@ DTYPE_CHOICES = ("float32", "float16", "bfloat16", "int32")
 MARK = {"passed": "✓", "failed": "✗", "unavailable": "-"}
 
 
-def load_hosts(path: str | None, python: str | None) -> tuple[RankHost, ...]:
-    """One rank per inventory host (-i, else the default inventory); --python
-    overrides the inventory's."""
-    hosts = hosts_from_inventory(load_chosen_inventory(path, other_sources="--hostfile FILE or --local N"))
+def inventory_hosts(inventory: Inventory, python: str | None) -> tuple[RankHost, ...]:
+    """One rank per inventory host; --python overrides the inventory's."""
+    hosts = hosts_from_inventory(inventory)
     return tuple(replace(h, python=python) for h in hosts) if python else hosts
 
 
@@ -76,6 +77,12 @@ def render_failures(report: SmokeReport) -> str:
     for problem in report.cleanup_problems:
         lines.append(f"  cleanup: {problem} (processes of run {report.run_id} may be left there)")
     return "\n".join(lines)
+
+
+def render_unavailable(report: SmokeReport) -> str:
+    lines = [f"{report.backend} unavailable:"]
+    lines += [f"  {host}: {why}" for host, why in report.host_reasons.items()]
+    return "\n".join(lines + ([f"fix: {report.hint}"] if report.hint else []))
 
 
 def render_bench(report: SmokeReport) -> str:
@@ -121,12 +128,14 @@ def command(backend, hostfile, inventory_path, local_n, python, bench, sizes, dt
     lo, hi = parse_size_range(sizes)
     opts = WorkerOptions(dtypes=parse_dtypes(dtypes), lo_bytes=lo, hi_bytes=hi, bench=bench)
     file_backend = ""
+    inventory = None
     if local_n:
         hosts = local_hosts(local_n, python)
     elif hostfile:
         hosts, file_backend = hosts_from_hostfile(hostfile, python)
-    else:
-        hosts = load_hosts(inventory_path, python)
+    else:  # -i, else the default inventory
+        inventory = load_chosen_inventory(inventory_path, other_sources="--hostfile FILE or --local N")
+        hosts = inventory_hosts(inventory, python)
     if len(hosts) < 2:
         raise InputError(f"smoke needs at least 2 hosts, got {len(hosts)}",
                          "MLX's backends do not start a group of one; list more hosts")
@@ -146,7 +155,10 @@ def command(backend, hostfile, inventory_path, local_n, python, bench, sizes, dt
     for name in backends:
         if not as_json:
             click.echo(f"smoke {name}: {len(hosts)} rank(s) ...", err=True)
-        reports.append(run_backend(name, hosts, opts, timeout_s))
+        if name == "jaccl" and inventory is not None:  # the RDMA matrix comes from the live topology
+            reports.append(run_jaccl(inventory, hosts, opts, timeout_s))
+        else:
+            reports.append(run_backend(name, hosts, opts, timeout_s))
     code = exit_code_for(reports, single)
     plot_error = None
     if plot:
@@ -162,6 +174,8 @@ def command(backend, hostfile, inventory_path, local_n, python, bench, sizes, dt
     else:
         click.echo(render_summary(reports))
         for r in reports:
+            if r.status == "unavailable" and r.host_reasons:
+                click.echo("\n" + render_unavailable(r))
             if r.status == "failed":
                 click.echo(f"\n{r.backend} failed (run {r.run_id}):")
                 click.echo(render_failures(r))

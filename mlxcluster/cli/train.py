@@ -14,6 +14,7 @@ from mlxcluster.doctor import run_doctor
 from mlxcluster.errors import EXIT_FAILED, InputError, MlxclusterError
 from mlxcluster.train_launch import (
     BACKENDS,
+    check_batch_split,
     check_out_here,
     check_probes,
     job_from_hostfile,
@@ -83,6 +84,7 @@ def command(hostfile, inventory_path, local_ranks, backend, config, python, mpi_
         job = job_from_hostfile(hostfile, backend, py, args, tuple(mpi_args))
     else:
         job = job_local(local_ranks, backend or "ring", py, args, tuple(mpi_args))
+    check_batch_split(cfg, len(job.hosts))  # before any preflight or launch: ranks are known
     env = dict(os.environ)
     n = len(job.hosts)
 

@@ -216,7 +216,8 @@ def plan_mlx_launch(backend: str, hosts: tuple[RankHost, ...], opts: WorkerOptio
     run_dir = f"/tmp/{run_id}"
     if backend == "jaccl" and any(len(h.rdma) != len(hosts) for h in hosts):
         raise InputError("jaccl needs the RDMA device matrix (an 'rdma' row per host)",
-                         "pass an MLX hostfile with rdma rows: --hostfile FILE")
+                         "use -i INVENTORY (the matrix is built from the hosts' topology) or an "
+                         "MLX hostfile with rdma rows: --hostfile FILE")
     if any(not h.ips for h in hosts) and backend == "ring":
         raise InputError("the ring backend needs a data-path IP for every host",
                          'give each host "ips" in the hostfile or inventory')

@@ -22,6 +22,8 @@ def report_to_dict(report: SmokeReport) -> dict:
         "backend": report.backend,
         "status": report.status,
         "reason": report.reason,
+        "host_reasons": report.host_reasons,
+        "hint": report.hint,
         "run_id": report.run_id,
         "duration_s": round(report.duration_s, 3),
         "checks": report.checks,

@@ -47,6 +47,8 @@ class SmokeReport:
     command: list[str] = field(default_factory=list)
     cleanup_problems: list[str] = field(default_factory=list)
     launcher_stderr: str = ""
+    host_reasons: dict[str, str] = field(default_factory=dict)  # unavailable: host -> why
+    hint: str = ""  # unavailable: what to do about it
 
     @property
     def passed(self) -> bool:

@@ -139,3 +139,25 @@ def test_a_host_lost_mid_run_is_named_and_the_rest_stopped(lab3, inventory):
     pattern = f"[{ready.run_id[0]}]{ready.run_id[1:]}"
     lab3.ssh(lab3.hosts[2], f"pkill -f '{pattern}'; rm -rf /tmp/{pattern}; true")
     assert_nothing_left(lab3, {**run, "cleanup_problems": []})
+
+
+def test_jaccl_from_the_inventory_is_unavailable_per_host(lab3, inventory):
+    """No --hostfile needed: the RDMA matrix would come from the hosts' live
+    topology; these Linux hosts have no RDMA and no Thunderbolt, each says so,
+    exit 3, and no worker was copied or started anywhere."""
+    proc = subprocess.run([sys.executable, "-m", "mlxcluster", "smoke", "--backend", "jaccl",
+                           "-i", str(inventory)], env=lab3.env(), capture_output=True, text=True,
+                          timeout=90)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert "3 of 3 host(s) cannot take part" in proc.stdout
+    for h in lab3.hosts:
+        assert (f"  {h.name}: runs Linux, not macOS (JACCL needs macOS 26.2 or later); no rdma_* "
+                "devices (ibv_devices not found); no Thunderbolt link faster than 40 Gb/s (no "
+                "Thunderbolt cable to another host)") in proc.stdout, proc.stdout
+    assert "backend unavailable" in proc.stdout
+    code, run, _ = smoke(lab3, inventory, "--backend", "jaccl")
+    assert code == 3 and run["status"] == "unavailable"
+    # No run was planned: a run id and a launcher command exist from the plan on.
+    assert run["run_id"] == "" and run["command"] == [] and run["ranks"] == []
+    assert sorted(run["host_reasons"]) == [h.name for h in lab3.hosts]

@@ -98,3 +98,35 @@ def test_train_from_an_mlx_launch_hostfile(lab3, lab_data, tmp_path):
     assert "[✓] 3 host(s) run" in proc.stdout and "all_sum over 3 ranks on ring = 3" in proc.stdout
     assert "step      2/2 | loss" in proc.stdout
     assert_nothing_left(lab3, out)
+
+
+def ssh_logins(lab) -> dict[str, int]:
+    """How many ssh logins each host's sshd has accepted so far (its own log)."""
+    counts = {}
+    for h in lab.hosts:
+        log = lab.state / f"sshd_{h.name}.log"
+        text = log.read_text(errors="replace") if log.exists() else ""
+        counts[h.name] = text.count("Accepted publickey")
+    return counts
+
+
+def test_a_batch_that_does_not_split_over_the_hosts_starts_nothing(lab3, lab_data, tmp_path):
+    """The tiny config's global batch of 8 over 3 hosts: exit 2 with the
+    arithmetic and the fix before any preflight; no host is even logged into."""
+    inventory, env = training_setup(lab3, tmp_path)
+    out = tmp_path / f"run-{uuid.uuid4().hex[:8]}"
+    lab3.ssh(0, "true", check=True)  # the logs are live: this login is counted
+    before = ssh_logins(lab3)
+    assert before["labhost1"] >= 1, before
+    proc = subprocess.run(
+        [sys.executable, "-m", "mlxcluster", "train", "-i", str(inventory), "--config", "tiny",
+         "--", "--steps", "3", "--data", str(lab_data), "--out", str(out)],
+        env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert ("error: global_batch 8 does not split over 3 ranks (8 % 3 = 2): use --global_batch "
+            "6 or 9") in proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert "launching" not in proc.stdout and "[✓]" not in proc.stdout
+    assert ssh_logins(lab3) == before  # no probe, no smoke, no rank on any host
+    assert not out.exists()
+    assert_nothing_left(lab3, out)
