@@ -306,3 +306,7 @@ def test_local_mpi_doctor_agrees_with_smoke_using_the_venvs_open_mpi():
     assert checks["libmpi-by-hand"]["status"] == "warn"
     assert f"MLX_MPI_LIBNAME={libmpi}" in checks["libmpi-by-hand"]["hint"]
     assert checks["openmpi5-for-launch"]["status"] == "pass"
+    # The facts table says the same as the backends check: mpi, as mlxcluster launches it.
+    table = run_cli("doctor", "--local", "--backend", "mpi")
+    row = next(line for line in table.stdout.splitlines() if line.startswith("local-0 "))
+    assert " mpi,ring " in row, row

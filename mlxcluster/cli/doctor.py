@@ -20,6 +20,7 @@ from tabulate import tabulate
 
 from mlxcluster.capture import prepare_capture_dir, read_capture_dir, save_capture_dir
 from mlxcluster.checks.base import CheckResult, Status
+from mlxcluster.checks.mpi import mpi_available
 from mlxcluster.cli.params import Seconds, inventory_option, load_chosen_inventory
 from mlxcluster.doctor import BACKENDS, DoctorReport, replay_doctor, run_doctor, run_local_doctor
 from mlxcluster.errors import EXIT_FAILED, EXIT_OK, InputError
@@ -61,6 +62,12 @@ def render_check(result: CheckResult, verbose: bool) -> list[tuple[str, str | No
     return lines
 
 
+def launchable_backends(f: HostFacts) -> dict[str, bool | None]:
+    """The backends as mlxcluster launches them: mpi counts with the
+    MLX_MPI_LIBNAME mlxcluster sets (as the backends check judges it)."""
+    return {**f.backends, "mpi": mpi_available(f)} if f.backends else {}
+
+
 def _gib(value: int | None) -> str:
     return f"{value / 2**30:.0f} GiB" if value else "?"
 
@@ -72,7 +79,7 @@ def facts_table(facts: dict[str, HostFacts]) -> str:
         rows.append([
             name, f.hostname or "?", " ".join(x for x in (f.os_name, f.os_version, f.os_build) if x) or "?",
             f.model or f.chip or "?", _gib(f.memory_bytes), f.python_version or "?", f.mlx_version or "-",
-            ",".join(b for b, ok in f.backends.items() if ok) or "-",
+            ",".join(b for b, ok in launchable_backends(f).items() if ok) or "-",
             f.mpirun_version or "-",
         ])
     return tabulate(rows, headers=["host", "hostname", "os", "model", "memory", "python", "mlx",
