@@ -250,6 +250,7 @@ def test_cli_needs_a_source(tmp_path, monkeypatch):
     result = CliRunner().invoke(cli, ["train", "--config", "tiny"])
     assert result.exit_code == 2 and "no inventory: none given" in result.output
     assert "--hostfile FILE or --local N" in result.output
+    (tmp_path / "h.json").write_text('{"hosts": [{"ssh": "a"}, {"ssh": "b"}]}')
     result = CliRunner().invoke(cli, ["train", "--config", "tiny", "--local", "2", "--hostfile", "h.json"])
     assert result.exit_code == 2 and "not several" in result.output
 

@@ -121,12 +121,14 @@ def test_mpi_verdict_matches_what_mpirun_does(untrusted, inventory, tmp_path):
     # mpirun -> labhost1, labhost2 and labhost1 -> labhost3.
     hostfile = tmp_path / "hosts"
     for tree_spawn, expect_ok in (("1", True), ("0", False)):
-        out = CliRunner().invoke(main, [
-            "hostfile", "generate", "-i", str(inventory), "--backend", "mpi", "-o", str(hostfile),
+        generated = CliRunner().invoke(main, [
+            "hostfile", "generate", "-i", str(inventory), "--backend", "mpi", "-o", str(hostfile), "--force",
             "--mpi-libname", str(LIBMPI), "--script", str(HERE / "allsum.py"), "--mpi-arg=--allow-run-as-root",
             "--mpi-arg=--prtemca", "--mpi-arg=routed_radix", "--mpi-arg=2",
             "--mpi-arg=--mca", "--mpi-arg=plm_ssh_no_tree_spawn", f"--mpi-arg={tree_spawn}"],
-            catch_exceptions=False).output
+            catch_exceptions=False)
+        assert generated.exit_code == 0, generated.output
+        out = generated.output
         command = shlex.split(out.splitlines()[-1])
         command[0] = str(VENV / "bin" / "mpirun")
         proc = subprocess.run(command + ["mpi"], env=lab.env(), capture_output=True, text=True, timeout=90)
