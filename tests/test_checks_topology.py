@@ -122,7 +122,7 @@ def test_hostfile_matches_then_renumbered(macos_fixtures, tmp_path):
     bad = run(after, backend="jaccl", hostfile=str(path), inventory=inv)["hostfile-matches-topology"]
     assert bad.status == Status.FAIL
     assert bad.hosts == {"studio.local -> mbp.local": "hostfile says rdma_en3, the cable is now on rdma_en7"}
-    assert f"--backend jaccl --from DIR -o {path}" in bad.hint
+    assert f"--backend jaccl --from DIR -o {path} --force" in bad.hint  # it replaces the stale file
     path.write_text("{broken")
     broken = run(after, hostfile=str(path))["hostfile-matches-topology"]
     assert broken.status == Status.FAIL and "not valid JSON" in broken.hosts["hostfile"]

@@ -259,5 +259,5 @@ def check_hostfile_matches_topology(ctx: CheckContext) -> Verdict:
     inv = ctx.inventory.path if ctx.inventory is not None and ctx.inventory.path else "INVENTORY"
     return Verdict(Status.FAIL, problems,
         "interfaces are renumbered after a reboot or a re-cabling; regenerate: "
-        f"mlxcluster hostfile generate -i {inv} --backend {backend} --from DIR -o {path}",
+        f"mlxcluster hostfile generate -i {inv} --backend {backend} --from DIR -o {path} --force",
     )
