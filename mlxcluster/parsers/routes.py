@@ -29,6 +29,11 @@ class Route:
     neighbour: bool = False  # an ARP/neighbour cache entry, not a configured route
 
     @property
+    def scoped(self) -> bool:
+        """macOS flag I: used only by traffic bound to that interface (not for lookups)."""
+        return "I" in self.flags
+
+    @property
     def default(self) -> bool:
         return self.network.prefixlen == 0
 
