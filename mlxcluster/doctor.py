@@ -38,7 +38,7 @@ CHECK_MODULES = (
     "mlxcluster.checks.env",
     "mlxcluster.checks.power",
 )
-OPTIONAL_CHECK_MODULES = ("mlxcluster.checks.topology",)
+OPTIONAL_CHECK_MODULES = ("mlxcluster.checks.topology", "mlxcluster.checks.jaccl")
 BACKENDS = ("any", "ring", "mpi", "jaccl", "jaccl-ring", "nccl")
 
 
