@@ -44,7 +44,7 @@ def test_the_tb5_pair_launches_what_hostfile_generate_writes(macos_fixtures, tmp
     inv_path = tmp_path / "inv.yaml"
     inv_path.write_text(inventory_text(["mbp", "studio"]))
     written = CliRunner().invoke(main, ["hostfile", "generate", "-i", str(inv_path), "--backend",
-                                        "jaccl", "--from", str(captures_dir)])
+                                        "jaccl", "--from", str(captures_dir), "-o", "-"])
     assert written.exit_code == 0, written.output
 
     inventory = parse_inventory(inv_path.read_text(), str(inv_path))
