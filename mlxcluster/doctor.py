@@ -35,6 +35,7 @@ CHECK_MODULES = (
     "mlxcluster.checks.software",
     "mlxcluster.checks.mpi",
     "mlxcluster.checks.network",
+    "mlxcluster.checks.routes",
     "mlxcluster.checks.env",
     "mlxcluster.checks.power",
 )
