@@ -74,7 +74,9 @@ def route_problems(routes, ip: str, own: bool) -> list[str]:
         if _connected(r) and addr in r.network and r.network.prefixlen < 32:
             claims.setdefault(r.interface, r)
     if len(claims) > 1:
-        shown = " and ".join(r.shown() + (" (scoped)" if r.scoped else "") for r in claims.values())
+        # Most specific first: the one the kernel uses for an unbound socket.
+        ordered = sorted(claims.values(), key=lambda r: (-r.network.prefixlen, r.scoped))
+        shown = " and ".join(r.shown() + (" (scoped)" if r.scoped else "") for r in ordered)
         problems.append(f"{ip}: claimed by {len(claims)} interfaces: {shown}")
     if not own:
         best = best_route(routes, addr)
