@@ -8,9 +8,9 @@ import random
 from mlxcluster.parsers.hardware import parse_hardware
 from mlxcluster.parsers.hardware_ports import parse_hardware_ports, thunderbolt_interfaces
 from mlxcluster.parsers.ibv import parse_ibv_devices, parse_ibv_devinfo
+from mlxcluster.parsers.ifconfig import parse_ifconfig
 from mlxcluster.parsers.rdma_ctl import parse_rdma_ctl_status
 from mlxcluster.parsers.routes import parse_routes
-from mlxcluster.parsers.ifconfig import parse_ifconfig
 from mlxcluster.parsers.sw_vers import MacOSVersion, parse_sw_vers
 from mlxcluster.parsers.thunderbolt import parse_thunderbolt
 

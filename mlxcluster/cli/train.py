@@ -12,6 +12,7 @@ from mlxcluster.cli.doctor import render_check
 from mlxcluster.cli.params import Seconds, inventory_option, load_chosen_inventory
 from mlxcluster.doctor import run_doctor
 from mlxcluster.errors import EXIT_FAILED, InputError, MlxclusterError
+from mlxcluster.known_errors import diagnose
 from mlxcluster.train_launch import (
     BACKENDS,
     check_batch_split,
@@ -148,6 +149,8 @@ def command(hostfile, inventory_path, local_ranks, backend, config, python, mpi_
         else:
             click.secho(f"train failed: {who} exited with code {outcome.exit_code}; "
                         "every rank was stopped", fg="red", err=True)
+        for known in diagnose(outcome.lines):  # cause and fix of a known message (docs/errors.md)
+            click.echo(f"known error: {known.text()}", err=True)
         click.get_current_context().exit(
             outcome.exit_code if 0 < outcome.exit_code < 256 else EXIT_FAILED)
     click.echo(f"train finished on {n} rank(s) in {outcome.seconds:.1f} s")

@@ -113,7 +113,7 @@ def parse_ip_route(text: str | None) -> tuple[Route, ...]:
             network = ipaddress.IPv4Network(dest, strict=False)
         except ValueError:
             continue
-        values = dict(zip(words[1::2], words[2::2])) if len(words) > 2 else {}
+        values: dict[str, str] = {}
         # "dev X" / "via Y" may sit anywhere after the destination.
         for i, w in enumerate(words[:-1]):
             if w in ("dev", "via"):

@@ -1,0 +1,70 @@
+"""Known run-time errors mapped to cause and fix, on the real lines ranks printed."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from mlxcluster.known_errors import KNOWN_ERRORS, diagnose
+
+REAL = "mlx_distributed_runtime_error_lines.txt"
+DOC = Path(__file__).resolve().parents[1] / "docs" / "errors.md"
+
+
+def real_lines(fixtures):
+    return [line for line in (fixtures / REAL).read_text().splitlines() if not line.startswith("###")]
+
+
+def keys(lines):
+    return [d.error.key for d in diagnose(lines)]
+
+
+def test_each_real_line_is_recognised(macos_fixtures):
+    lines = real_lines(macos_fixtures)
+    expected = {
+        "ValueError: [jaccl] Changing queue pair to RTR failed with errno 22": ["jaccl-rtr-errno-22"],
+        "[jaccl] Creating the queue pair failed with errno 16. Thunderbolt RDMA devices": ["jaccl-qp-errno-16"],
+        "[  0.004s]   qp[10] FAILED errno=16 (Resource busy)": ["jaccl-qp-errno-16"],
+        "- `[jaccl] Couldn't allocate protection domain`": ["jaccl-protection-domain"],
+        "[ring] Couldn't connect (error: 60)": ["connect-timeout"],
+        "#   RuntimeError: [jaccl] Couldn't connect (error: 60)": ["connect-timeout"],
+        "[ring] Sending to socket 3 failed with errno 22": ["ring-2gib"],
+        "[ring] Too many send/recv errors. Aborting...": [],
+    }
+    assert sorted(expected) == sorted(lines)
+    for line, want in expected.items():
+        assert keys([line]) == want, line
+
+
+def test_the_same_message_on_linux_and_macos_errnos():
+    # ring's message format (mlx ring.cpp: "Couldn't connect (error: <errno>)") with Linux numbers.
+    assert keys(["[ring] Couldn't connect (error: 110)"]) == ["connect-timeout"]
+    assert keys(["[ring] Couldn't connect (error: 61)", "[ring] Couldn't connect (error: 111)"]) == ["connect-refused"]
+    assert keys(["[ring] Couldn't connect (error: 65)"]) == ["connect-no-route"]
+    # The #4280 line's format with ECONNRESET (macOS 54, Linux 104): no real capture of these.
+    assert keys(["[ring] Receiving from socket 4 failed with errno 54"]) == ["peer-reset"]
+    assert keys(["[ring] Sending to socket 3 failed with errno 104"]) == ["peer-reset"]
+    # Other errnos are not guessed at.
+    assert keys(["[jaccl] Changing queue pair to RTR failed with errno 96", "[ring] Couldn't connect (error: 2)"]) == []
+
+
+def test_a_fixed_bug_names_the_mlx_that_fixes_it(macos_fixtures):
+    [d] = diagnose(["[ring] Sending to socket 3 failed with errno 22"])
+    old = d.text("0.32.0")
+    assert "this cluster runs mlx 0.32.0; mlx 0.32.1 fixes it" in old and "#4281" in old
+    assert "fixes it" not in d.text("0.32.4") and "fixes it" not in d.text(None)
+    [rtr] = diagnose(real_lines(macos_fixtures)[:1])
+    assert rtr.text("0.30.0").startswith("ValueError: [jaccl] Changing queue pair to RTR failed with errno 22: "
+                                         "a Thunderbolt port JACCL uses has no IPv4 address yet")
+
+
+def test_first_seen_once_each():
+    lines = ["[ring] Couldn't connect (error: 60)", "[jaccl] Couldn't allocate protection domain",
+             "[ring] Couldn't connect (error: 60)"]
+    assert keys(lines) == ["connect-timeout", "jaccl-protection-domain"]
+
+
+def test_the_docs_table_lists_every_known_error():
+    table = DOC.read_text()
+    documented = re.findall(r"^\| `([a-z0-9-]+)` \|", table, re.M)
+    assert documented == [e.key for e in KNOWN_ERRORS]
