@@ -68,3 +68,36 @@ def test_the_docs_table_lists_every_known_error():
     table = DOC.read_text()
     documented = re.findall(r"^\| `([a-z0-9-]+)` \|", table, re.M)
     assert documented == [e.key for e in KNOWN_ERRORS]
+
+
+def test_smoke_prints_cause_and_fix_under_the_failed_rank(macos_fixtures):
+    from mlxcluster.cli.smoke import render_failures
+    from mlxcluster.smoke.run import SmokeReport
+    from mlxcluster.smoke.watch import RankOutcome
+
+    tail = "\n".join(real_lines(macos_fixtures)[-2:])  # the #4280 lines
+    report = SmokeReport("ring", "failed", ranks=[
+        RankOutcome(0, "mini1", "failed", "exited with code 1", cause=True, stderr_tail=tail),
+        RankOutcome(1, "mini2", "stopped")])
+    text = render_failures(report)
+    assert ("  known error: [ring] Sending to socket 3 failed with errno 22: one ring send/recv of 2 GiB or "
+            "more") in text
+    assert text.count("known error") == 1
+    assert "known error" not in render_failures(SmokeReport("ring", "failed", ranks=[
+        RankOutcome(0, "mini1", "failed", "exited with code 1", cause=True, stderr_tail="Traceback ...")]))
+
+
+def test_train_prints_cause_and_fix_when_a_rank_fails(monkeypatch, macos_fixtures):
+    from click.testing import CliRunner
+
+    import mlxcluster.cli.train as train_cli
+    from mlxcluster.cli import main
+    from mlxcluster.train_launch import RunOutcome
+
+    rtr = real_lines(macos_fixtures)[0]
+    monkeypatch.setattr(train_cli, "launch_training", lambda job, on_line, env=None, timeout=None: RunOutcome(
+        exit_code=1, failed_rank=1, seconds=0.1, lines=("step 1", rtr)))
+    result = CliRunner().invoke(main, ["train", "--local", "2", "--no-preflight", "--config", "tiny"])
+    assert result.exit_code == 1, result.output
+    assert f"known error: {rtr}: a Thunderbolt port JACCL uses has no IPv4 address yet" in result.output
+    assert "ml-explore/mlx #3467" in result.output
