@@ -88,3 +88,44 @@ def test_garbled_routes_never_crash(macos_fixtures):
             chars[rng.randrange(len(chars))] = rng.choice(" /.\n:#0123456789abcdefUHGSLI")
         r = run({"mac": HostCapture("mac", {C.ROUTES: "".join(chars)})}, inv)
         assert r.status in (Status.PASS, Status.FAIL)
+
+
+GLPI_IFCONFIG = "ifconfig_a_glpi_mbp16_apple_silicon_2021_macos14.4_bridge0_en1_en2_en3.txt"
+GLPI_PORTS = "networksetup_listallhardwareports_glpi_mbp16_apple_silicon_2021_macos14.4.txt"
+TN3205_IFCONFIG = "ifconfig_en2_apple_tn3205_thunderbolt_ip_linklocal.txt"
+OSAURUS_PORTS = "networksetup_listallhardwareports_osaurus_m5max_mbp_macos27.txt"
+
+
+def kinds(captures, inv, backend="ring"):
+    ctx = CheckContext(captures=captures, inventory=inv, backend=backend)
+    return run_checks(ctx, [REGISTRY["data-ip-kinds"]])[0]
+
+
+def files(fixtures, **names):
+    return {key: (fixtures / name).read_text(encoding="utf-8") for key, name in names.items()}
+
+
+def test_wifi_and_thunderbolt_data_ips_mixed_warn_with_the_cost(macos_fixtures):
+    # The glpi MacBook Pro's address is on en0 = "Wi-Fi"; the TN3205 Mac mini's
+    # self-assigned one on en2 = "Thunderbolt 3" (osaurus' port list has en2 so).
+    caps = {"mbp": HostCapture("mbp", files(macos_fixtures, **{C.IFCONFIG: GLPI_IFCONFIG, C.HARDWARE_PORTS: GLPI_PORTS})),
+            "mini": HostCapture("mini", files(macos_fixtures, **{C.IFCONFIG: TN3205_IFCONFIG,
+                                                                 C.HARDWARE_PORTS: OSAURUS_PORTS}))}
+    inv = inventory(mbp=["192.168.2.46"], mini=["169.254.205.255"])
+    r = kinds(caps, inv)
+    assert r.status == Status.WARN
+    assert r.hosts == {"mbp": "! 192.168.2.46 on en0 (Wi-Fi, speed unknown); 192.168.2.46 is on Wi-Fi",
+                       "mini": "169.254.205.255 on en2 (Thunderbolt, speed unknown)"}
+    assert "the data IPs mix Thunderbolt (mini) and Wi-Fi (mbp)" in r.hint
+    assert "data travels over Wi-Fi on mbp" in r.hint
+    assert "25.4 tok/s" in r.hint and "274 s" in r.hint and "#2309" in r.hint
+    assert kinds(caps, inv, "jaccl").status == Status.SKIP
+    assert kinds(caps, inv, "mpi").status == Status.WARN
+
+
+def test_all_thunderbolt_passes(macos_fixtures):
+    one = files(macos_fixtures, **{C.IFCONFIG: TN3205_IFCONFIG, C.HARDWARE_PORTS: OSAURUS_PORTS})
+    caps = {"a": HostCapture("a", one), "b": HostCapture("b", one)}
+    r = kinds(caps, inventory(a=["169.254.205.255"], b=["169.254.205.255"]))
+    assert r.status == Status.PASS
+    assert kinds({"a": HostCapture("a")}, inventory(a=["10.0.0.1"])).status == Status.SKIP

@@ -46,3 +46,24 @@ def test_a_stray_route_that_claims_the_data_ips_fails_on_its_host(make_lab, tmp_
     assert "10.0.0.0/8 dev stray0" in (collect / "labhost1" / "routes.txt").read_text()
     replay = CliRunner().invoke(main, ["doctor", "--from", str(collect), "-i", str(inv_path)])
     assert "claimed by 2 interfaces" in replay.output and replay.exit_code == 1
+
+
+def test_a_data_ip_not_on_the_hosts_fastest_interface_warns(make_lab, tmp_path):
+    lab = make_lab(2)
+    # labhost1's data IP sits on a second interface (a bridge: no link speed)
+    # while eth0, its 10 Gb/s veth, carries the lab address.
+    for cmd in (["ip", "link", "add", "stray0", "type", "bridge"],
+                ["ip", "addr", "add", "10.98.0.1/24", "dev", "stray0"], ["ip", "link", "set", "stray0", "up"]):
+        lab.netns_exec("labhost1", cmd)
+    inv_path = tmp_path / "lab.yaml"
+    lab.write_inventory(inv_path)
+    text = inv_path.read_text().replace(f"ips: [{lab.hosts[0].ip}]", "ips: [10.98.0.1]")
+    assert "10.98.0.1" in text
+    inv_path.write_text(text)
+    report = run_doctor(load_inventory(inv_path), connect_timeout=2.0, command_timeout=30, data_path=False)
+    r = next(x for x in report.results if x.id == "data-ip-kinds")
+    assert r.status == Status.WARN
+    assert r.hosts["labhost1"] == (f"! 10.98.0.1 on stray0 (LAN, speed unknown); eth0 (LAN, 10 Gb/s) has "
+                                   f"{lab.hosts[0].ip} and is faster")
+    assert r.hosts["labhost2"] == f"{lab.hosts[1].ip} on eth0 (LAN, 10 Gb/s)"
+    assert "not on their host's fastest interface" in r.hint

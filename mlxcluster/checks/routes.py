@@ -1,4 +1,9 @@
-"""Does each host's routing table send the data IPs where they belong?
+"""Where the data IPs live and how each host's routes reach them.
+
+data-ip-kinds (ring, mpi): every data IP on the same kind of link (all
+Thunderbolt or all LAN), none on Wi-Fi, each on its host's fastest interface.
+
+Does each host's routing table send the data IPs where they belong?
 (replayable: reads ``routes.txt``, i.e. ``netstat -rn -f inet`` on macOS and
 ``ip route`` on Linux, as collected by the probe).
 
@@ -18,11 +23,22 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from dataclasses import dataclass
 
-from mlxcluster.capture import ROUTES
-from mlxcluster.checks.base import CheckContext
-from mlxcluster.checks.common import BAD, Verdict, doctor_check, join_hosts, skip, worst
-from mlxcluster.parsers.ifconfig import ipv4_addresses
+from mlxcluster.capture import HARDWARE_PORTS, IFCONFIG, ROUTES
+from mlxcluster.checks.base import CheckContext, Status
+from mlxcluster.checks.common import (
+    BAD,
+    WARN,
+    Verdict,
+    doctor_check,
+    host_facts_of,
+    join_hosts,
+    skip,
+    worst,
+)
+from mlxcluster.parsers.hardware_ports import parse_hardware_ports
+from mlxcluster.parsers.ifconfig import ipv4_addresses, parse_ifconfig
 from mlxcluster.parsers.routes import Route, parse_routes
 from mlxcluster.topology import build_topology
 
@@ -120,3 +136,131 @@ def data_ip_routes(ctx: CheckContext) -> Verdict:
                 "cover it), remove the stray address or route from the other interface, or give the data "
                 "path its own subnet (mlxcluster hostfile generate --plan-ips)")
     return Verdict(worst(bool(bad), False), evidence, hint)
+
+
+# ---- data-ip-kinds ------------------------------------------------------------------
+
+WIFI, LAN, THUNDERBOLT = "Wi-Fi", "LAN", "Thunderbolt"
+# What the field measured (docs/doctor.md, data-ip-kinds).
+KIND_COST = ("ring hostfiles that mix Wi-Fi/LAN and Thunderbolt addresses fail with '[ring] Couldn't connect "
+             "(error: 60)' or crawl (exo #2309, #2295); measured: JACCL 25.4 tok/s vs ring over Wi-Fi "
+             "8.7 tok/s, MPI over Wi-Fi 274 s vs 11 s over Thunderbolt (mlx #1210)")
+
+
+@dataclass(frozen=True)
+class HostInterface:
+    name: str
+    ipv4: tuple[str, ...]
+    kind: str  # WIFI / LAN / THUNDERBOLT
+    speed_mbps: int | None = None
+    up: bool | None = None
+
+
+def _kind(name: str, ports) -> str:
+    port = next((p.name for p in ports if p.device == name), None)
+    if port is not None:
+        if port == "Wi-Fi":
+            return WIFI
+        if re.fullmatch(r"Thunderbolt( \d+| Bridge)", port):
+            return THUNDERBOLT
+        return LAN
+    if re.match(r"^(wl|wlan|wifi)", name):
+        return WIFI
+    if name.startswith(("thunderbolt", "bridge0")):
+        return THUNDERBOLT
+    return LAN
+
+
+def host_interfaces(ctx: CheckContext, name: str) -> list[HostInterface]:
+    """The host's interfaces with IPv4, from the probe (with link speeds) or ifconfig."""
+    capture = ctx.captures[name]
+    ports = parse_hardware_ports(None if HARDWARE_PORTS in capture.problems() else capture.text(HARDWARE_PORTS))
+    facts = host_facts_of(ctx).get(name)
+    out = []
+    if facts is not None and facts.interfaces:
+        for iface in facts.interfaces:
+            ipv4 = tuple(a["address"] for a in iface.get("addrs", []) if a.get("family") == "inet" and "address" in a)
+            if ipv4 and iface.get("name") and not ipv4[0].startswith("127."):
+                out.append(HostInterface(iface["name"], ipv4, _kind(iface["name"], ports),
+                                         iface.get("speed_mbps"), iface.get("up")))
+        return out
+    text = None if IFCONFIG in capture.problems() else capture.text(IFCONFIG)
+    for iface in parse_ifconfig(text).values():
+        ipv4 = tuple(a for a in ipv4_addresses(iface) if not a.startswith("127."))
+        if ipv4:
+            out.append(HostInterface(iface.name, ipv4, _kind(iface.name, ports), None, iface.up))
+    return out
+
+
+def _speed(mbps: int | None) -> str:
+    if not mbps:
+        return "speed unknown"
+    return f"{mbps / 1000:g} Gb/s" if mbps >= 1000 else f"{mbps} Mb/s"
+
+
+def _faster(mine: HostInterface, other: HostInterface) -> bool:
+    """Is ``other`` a better home for a data IP than ``mine``?"""
+    if other.up is False or other is mine:
+        return False
+    if mine.kind != THUNDERBOLT and other.kind == THUNDERBOLT:
+        return True
+    if mine.kind == WIFI and other.kind == LAN:
+        return True
+    if other.kind == mine.kind and other.speed_mbps:
+        return not mine.speed_mbps or other.speed_mbps > mine.speed_mbps
+    return False
+
+
+@doctor_check("data-ip-kinds", "Data IPs all on Thunderbolt or all on LAN, none on Wi-Fi (ring, mpi)")
+def data_ip_kinds(ctx: CheckContext) -> Verdict:
+    if ctx.backend not in (None, "any", "ring", "mpi"):
+        return skip("only for ring and mpi (JACCL uses the Thunderbolt ports by design)")
+    if ctx.inventory is None or not any(h.ips for h in ctx.inventory.hosts):
+        return skip("no data IPs in the inventory")
+    evidence, warned, kinds = {}, [], {}
+    for host in ctx.inventory.hosts:
+        if host.name not in ctx.captures or not host.ips:
+            continue
+        interfaces = host_interfaces(ctx, host.name)
+        if not interfaces:
+            evidence[host.name] = "interfaces not captured"
+            continue
+        parts, notes = [], []
+        for ip in host.ips:
+            mine = next((i for i in interfaces if ip in i.ipv4), None)
+            if mine is None:
+                parts.append(f"{ip} on no interface (see data-ips-present)")
+                continue
+            kinds.setdefault(mine.kind, []).append(host.name)
+            parts.append(f"{ip} on {mine.name} ({mine.kind}, {_speed(mine.speed_mbps)})")
+            if mine.kind == WIFI:
+                notes.append(f"{ip} is on Wi-Fi")
+            better = [o for o in interfaces if _faster(mine, o)]
+            if better:
+                o = better[0]
+                notes.append(f"{o.name} ({o.kind}, {_speed(o.speed_mbps)}) has {', '.join(o.ipv4)} and is faster")
+        evidence[host.name] = (WARN if notes else "") + "; ".join(parts + notes)
+        if notes:
+            warned.append(host.name)
+    mixed = THUNDERBOLT in kinds and len(kinds) > 1
+    if mixed:
+        slow = sorted({n for k, names in kinds.items() if k != THUNDERBOLT for n in names})
+        for n in slow:
+            if not evidence[n].startswith(WARN):
+                evidence[n] = WARN + evidence[n]
+                warned.append(n)
+    if not kinds:
+        return skip("no data IP found on a captured interface", evidence)
+    if not warned:
+        return Verdict(Status.PASS, evidence)
+    what = []
+    if mixed:
+        what.append("the data IPs mix " + " and ".join(
+            f"{k} ({join_hosts(set(v))})" for k, v in sorted(kinds.items())))
+    if WIFI in kinds:
+        what.append(f"data travels over Wi-Fi on {join_hosts(set(kinds[WIFI]))}")
+    if any("is faster" in evidence[n] for n in warned):
+        what.append("some data IPs are not on their host's fastest interface")
+    return Verdict(Status.WARN, evidence,
+                   "; ".join(what) + f". {KIND_COST}. Put every host's data IP on the same kind of link, the "
+                   "fastest one (Thunderbolt: mlxcluster hostfile generate --plan-ips --from DIR)")
