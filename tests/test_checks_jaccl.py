@@ -158,3 +158,53 @@ def test_doctor_from_names_the_mac_port_and_fix(macos_fixtures, tmp_path):
                                                   "--json"]).output)
     by_id = {c["id"]: c for c in report["checks"]}
     assert by_id["rdma-enabled"]["status"] == "fail" and by_id["rdma-ports-active"]["status"] == "fail"
+
+
+def qp(captures, backend="jaccl", **options):
+    ctx = CheckContext(captures=captures, backend=backend, options=options)
+    return run_checks(ctx, [REGISTRY["jaccl-queue-pairs"]])[0]
+
+
+def test_queue_pairs_of_the_real_tb5_pair(macos_fixtures, tmp_path):
+    c = caps(macos_fixtures, tmp_path, OMLX)
+    mesh = qp(c)
+    assert mesh.status == Status.PASS
+    assert mesh.hosts == {"mbp": "queue pairs per device: rdma_en1 1", "studio": "queue pairs per device: rdma_en3 1"}
+    # jaccl-ring with two hosts: the left and the right neighbour are the same Mac,
+    # so its one device carries a queue pair for each direction.
+    assert qp(c, "jaccl-ring").hosts["mbp"] == "queue pairs per device: rdma_en1 2"
+    assert qp(c, "ring").status == Status.SKIP
+
+
+def test_queue_pair_arithmetic_from_mlx_jaccl():
+    from mlxcluster.checks.jaccl import queue_pairs
+
+    hosts = ["a", "b", "c", "d"]
+    # A 4-host mesh, one cable per pair: one queue pair per device per run.
+    rows = {h: {p: (f"rdma_to_{p}",) for p in hosts if p != h} for h in hosts}
+    assert queue_pairs(rows, hosts, "jaccl")["a"] == {"rdma_to_b": 1, "rdma_to_c": 1, "rdma_to_d": 1}
+    # The ring uses the neighbours only; two cables to a neighbour are two devices.
+    rows["a"]["b"] = ("rdma_en1", "rdma_en2")
+    assert queue_pairs(rows, hosts, "jaccl-ring")["a"] == {"rdma_en1": 1, "rdma_en2": 1, "rdma_to_d": 1}
+    # One device named for every peer (a hostfile written by hand) carries them all.
+    shared = {"a": {p: ("rdma_en2",) for p in hosts if p != "a"}}
+    assert queue_pairs(shared, hosts, "jaccl")["a"] == {"rdma_en2": 3}
+
+
+def test_a_hostfile_over_the_limit_warns(tmp_path):
+    import json
+
+    from mlxcluster.capture import HostCapture
+
+    n = 12
+    hosts = []
+    for i in range(n):
+        row = [None if j == i else ("rdma_en2" if i == 0 else f"rdma_en{j + 3}") for j in range(n)]
+        hosts.append({"ssh": f"m{i}", "ips": [f"10.0.0.{i + 1}"], "rdma": row})
+    path = tmp_path / "hostfile.json"
+    path.write_text(json.dumps({"backend": "jaccl", "hosts": hosts}))
+    r = qp({f"m{i}": HostCapture(f"m{i}") for i in range(n)}, hostfile=str(path))
+    assert r.status == Status.WARN
+    assert r.hosts["m0"] == BAD.replace("✗", "!") + "queue pairs per device: rdma_en2 11"
+    assert r.hosts["mesh"].endswith("12 hosts; MLX's JACCL mesh takes at most 8")
+    assert "on m0 the plan (hostfile" in r.hint and "errno 16" in r.hint and "jaccl-ring" in r.hint

@@ -9,6 +9,8 @@ beyond the cabling (replayable: they read captures only).
 - thunderbolt-ipv4: every Thunderbolt interface on such a cable has an IPv4
   address (JACCL takes only IPv4-mapped GIDs, which exist only once the port
   has one: "Changing queue pair to RTR failed with errno 22", mlx #3467).
+- jaccl-queue-pairs: the queue pairs the plan opens on each RDMA device stay
+  within macOS's 10 per device (mlx PR #4209), and a mesh within MLX's 8 hosts.
 
 The cables the plan uses: with ``--backend jaccl`` every cable between hosts
 (the full mesh), with ``jaccl-ring`` the cables between ring neighbours.
@@ -19,6 +21,7 @@ from __future__ import annotations
 from mlxcluster.capture import IBV_DEVICES, IBV_DEVINFO, RDMA_CTL
 from mlxcluster.checks.base import CheckContext, Status
 from mlxcluster.checks.common import BAD, Verdict, doctor_check, grouped_fixes, join_hosts, skip
+from mlxcluster.checks.common import WARN as WARN_MARK
 from mlxcluster.checks.topology import JACCL, _topology
 from mlxcluster.errors import MlxclusterError
 from mlxcluster.ipplan import plan_ips
@@ -191,3 +194,105 @@ def _ipv4_hint(t: Topology, bare: list[str]) -> str:
     except MlxclusterError:
         return why + "."
     return why + ": " + " | ".join(f"on {h}: " + "; ".join(plan.commands(h)) for h in bare)
+
+
+# ---- jaccl-queue-pairs ----------------------------------------------------------------
+
+# macOS 26.5.1: the 11th ibv_create_qp on one Thunderbolt RDMA device fails with
+# errno 16 (EBUSY), whether spread over contexts or not (mlx PR #4209, issue #3162).
+QUEUE_PAIRS_PER_DEVICE = 10
+# mlx/distributed/jaccl/mesh.cpp: "The JACCL mesh supports up to 8 peers" (size, self included).
+MESH_MAX_HOSTS = 8
+
+
+def queue_pairs(rows: dict[str, dict[str, tuple[str, ...]]], order: list[str], backend: str) -> dict[str, dict[str, int]]:
+    """Host -> device -> queue pairs one run creates on it.
+
+    From MLX's JACCL (mlx/distributed/jaccl/mesh.cpp, ring.cpp): the mesh
+    opens one Connection, with one queue pair, per peer on the device its row
+    names for that peer; the ring opens one per device to its left neighbour
+    and one per device to its right, so with two hosts (left == right) each
+    device carries two. ``rows[host][peer]`` are the devices ``host`` uses to
+    reach ``peer`` (the hostfile's rdma row)."""
+    n = len(order)
+    out: dict[str, dict[str, int]] = {}
+    for i, host in enumerate(order):
+        counts: dict[str, int] = {}
+        if backend == "jaccl-ring":
+            peers = [order[(i - 1) % n], order[(i + 1) % n]] if n > 1 else []
+        else:
+            peers = [p for p in order if p != host]
+        for peer in peers:
+            for dev in rows.get(host, {}).get(peer, ()):
+                counts[dev] = counts.get(dev, 0) + 1
+        out[host] = counts
+    return out
+
+
+def _rows_from_topology(t: Topology, backend: str | None) -> tuple[dict, list[str]]:
+    order = list(t.ring) if backend == "jaccl-ring" and t.ring else t.names()
+    rows: dict[str, dict[str, tuple[str, ...]]] = {h: {} for h in order}
+    for lk in planned_links(t, backend):
+        for me, other in ((lk.a, lk.b), (lk.b, lk.a)):
+            iface = lk.interface_of(me)
+            if iface and me in rows:
+                rows[me][other] = rows[me].get(other, ()) + (f"rdma_{iface}",)
+    return rows, order
+
+
+def _rows_from_hostfile(path: str, ctx: CheckContext) -> tuple[dict, list[str]] | None:
+    from mlxcluster.hostfile import MlxHostfile, load_hostfile
+
+    try:
+        hf = load_hostfile(path)
+    except MlxclusterError:
+        return None  # hostfile-matches-topology reports it
+    if not isinstance(hf, MlxHostfile) or not any(h.rdma for h in hf.hosts):
+        return None
+    names = {h.ssh: h.name for h in ctx.inventory.hosts} if ctx.inventory is not None else {}
+    order = [names.get(h.ssh, h.ssh) for h in hf.hosts]
+    rows = {}
+    for me, entry in zip(order, hf.hosts, strict=True):
+        rows[me] = {order[j]: ((d,) if isinstance(d, str) else tuple(d))
+                    for j, d in enumerate(entry.rdma) if d is not None and j < len(order)}
+    return rows, order
+
+
+@doctor_check("jaccl-queue-pairs", "The JACCL plan fits each RDMA device's 10 queue pairs")
+def jaccl_queue_pairs(ctx: CheckContext) -> Verdict:
+    if ctx.backend not in JACCL:
+        return skip(ONLY_JACCL)
+    path = ctx.options.get("hostfile")
+    planned = _rows_from_hostfile(path, ctx) if path else None
+    source = f"hostfile {path}" if planned else "the cables"
+    if planned is None:
+        t = _topology(ctx)
+        if not t.links:
+            return skip("no Thunderbolt cable between hosts known, and no --hostfile with an rdma matrix")
+        planned = _rows_from_topology(t, ctx.backend)
+    rows, order = planned
+    counts = queue_pairs(rows, order, ctx.backend)
+    evidence, over = {}, []
+    for host, per_device in counts.items():
+        if not per_device:
+            evidence[host] = "no RDMA device planned"
+            continue
+        too_many = {d: c for d, c in per_device.items() if c > QUEUE_PAIRS_PER_DEVICE}
+        shown = ", ".join(f"{d} {c}" for d, c in sorted(per_device.items()))
+        evidence[host] = (WARN_MARK if too_many else "") + f"queue pairs per device: {shown}"
+        if too_many:
+            over.append(host)
+    big_mesh = ctx.backend == "jaccl" and len(order) > MESH_MAX_HOSTS
+    if big_mesh:
+        evidence["mesh"] = WARN_MARK + f"{len(order)} hosts; MLX's JACCL mesh takes at most {MESH_MAX_HOSTS}"
+    if not over and not big_mesh:
+        return Verdict(Status.PASS, evidence)
+    hint = []
+    if over:
+        hint.append(f"on {join_hosts(over)} the plan ({source}) needs more than {QUEUE_PAIRS_PER_DEVICE} queue pairs "
+                    "on one device: macOS gives 10 per Thunderbolt RDMA device and the 11th ibv_create_qp fails "
+                    "with errno 16 (mlx PR #4209); spread the connections over more ports/cables")
+    if big_mesh:
+        hint.append(f"a JACCL mesh of {len(order)} hosts fails at start ('The JACCL mesh supports up to "
+                    f"{MESH_MAX_HOSTS} peers'): use --backend jaccl-ring, or at most {MESH_MAX_HOSTS} hosts")
+    return Verdict(Status.WARN, evidence, "; ".join(hint))
