@@ -91,9 +91,24 @@ class HostTopology:
         """ibv_devinfo shows ``device`` and none of its ports is PORT_ACTIVE."""
         return self.rdma_active.get(device) is False
 
+    def port_ipv4(self, port: Port) -> list[str] | None:
+        """The IPv4 addresses (169.254 self-assigned included) on a port's
+        interface; None when ifconfig was not captured or the port has no interface."""
+        if not self.interfaces or not port.interface:
+            return None
+        iface = self.interfaces.get(port.interface)
+        return [a.split("/")[0] for a in iface.inet] if iface else []
+
     def to_json(self) -> dict[str, Any]:
+        ports = []
+        for p in self.ports:
+            entry = p.to_json()
+            entry["ipv4"] = self.port_ipv4(p)
+            device = f"rdma_{p.interface}" if p.interface else None
+            entry["rdma_active"] = self.rdma_active.get(device) if device else None
+            ports.append(entry)
         return {
-            "ports": [p.to_json() for p in self.ports],
+            "ports": ports,
             "rdma_devices": list(self.rdma_devices),
             "bridge_holds_thunderbolt": self.bridge_holds_thunderbolt,
         }

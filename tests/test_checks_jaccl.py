@@ -208,3 +208,16 @@ def test_a_hostfile_over_the_limit_warns(tmp_path):
     assert r.hosts["m0"] == BAD.replace("✗", "!") + "queue pairs per device: rdma_en2 11"
     assert r.hosts["mesh"].endswith("12 hosts; MLX's JACCL mesh takes at most 8")
     assert "on m0 the plan (hostfile" in r.hint and "errno 16" in r.hint and "jaccl-ring" in r.hint
+
+
+def test_topology_ties_each_thunderbolt_port_to_its_ipv4_and_port_state(macos_fixtures, tmp_path):
+    from mlxcluster.topology import build_topology
+
+    layout = with_files(OSAURUS, peer={C.IFCONFIG: TN3205_IFCONFIG, C.IBV_DEVINFO: OSAURUS_DEVINFO})
+    t = build_topology(caps(macos_fixtures, tmp_path, layout))
+    ports = {p["interface"]: p for p in t.to_json()["hosts"]["peer"]["ports"]}
+    # osaurus' Thunderbolt 3 is en2, where TN3205's capture has its self-assigned address.
+    assert ports["en2"]["ipv4"] == ["169.254.205.255"] and ports["en2"]["rdma_active"] is False
+    assert ports["en6"]["ipv4"] == [] and ports["en6"]["rdma_active"] is False
+    local = t.to_json()["hosts"]["local"]["ports"]
+    assert all(p["ipv4"] is None and p["rdma_active"] is None for p in local)
