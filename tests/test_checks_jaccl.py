@@ -221,3 +221,38 @@ def test_topology_ties_each_thunderbolt_port_to_its_ipv4_and_port_state(macos_fi
     assert ports["en6"]["ipv4"] == [] and ports["en6"]["rdma_active"] is False
     local = t.to_json()["hosts"]["local"]["ports"]
     assert all(p["ipv4"] is None and p["rdma_active"] is None for p in local)
+
+
+def test_garbled_captures_never_crash_a_check(macos_fixtures, tmp_path):
+    """Every new capture of a real layout cut short or sprinkled with junk: the
+    JACCL and route checks report, they never crash."""
+    import random
+
+    import mlxcluster.checks.routes  # noqa: F401
+    from mlxcluster.capture import HostCapture
+
+    layout = with_files(OMLX, mbp={C.RDMA_CTL: RECOVERY_MSG, C.IBV_DEVINFO: OSAURUS_DEVINFO, C.IFCONFIG: GLPI_IFCONFIG,
+                                   C.ROUTES: "netstat_rn_macos_clashx_tun_tailscale_utun3_tb_en7_linklocal.txt"},
+                        studio={C.RDMA_CTL: ENABLED, C.IBV_DEVINFO: TN3205_DEVINFO, C.IFCONFIG: TN3205_IFCONFIG,
+                                C.ROUTES: "netstat_rn_mac_studio_tailscale_utun4_vm_bridges_bridge0_en2_en7_INET_EXCERPT.txt"})
+    base = caps(macos_fixtures, tmp_path, layout)
+    ids = IDS + ["jaccl-queue-pairs", "data-ip-routes", "data-ip-kinds"]
+    rng = random.Random(11)
+    checked = 0
+    for name in (C.RDMA_CTL, C.IBV_DEVINFO, C.IFCONFIG, C.ROUTES):
+        text = base["mbp"].files[name]
+        variants = [text[:cut] for cut in range(0, len(text), max(1, len(text) // 8))]
+        for _ in range(6):
+            chars = list(text)
+            for _ in range(max(1, len(chars) // 25)):
+                chars[rng.randrange(len(chars))] = rng.choice(' \t\n:/.#0123456789abcdefPORT_ACTIVEhca_id')
+            variants.append("".join(chars))
+        for variant in variants:
+            captures = dict(base)
+            captures["mbp"] = HostCapture("mbp", {**base["mbp"].files, name: variant})
+            for backend in ("jaccl", "jaccl-ring", "ring"):
+                ctx = CheckContext(captures=captures, backend=backend)
+                results = run_checks(ctx, [REGISTRY[i] for i in ids])
+                assert not [r for r in results if r.status == Status.CRASH], (name, variant[:80])
+                checked += 1
+    assert checked > 100
