@@ -256,3 +256,18 @@ def test_garbled_captures_never_crash_a_check(macos_fixtures, tmp_path):
                 assert not [r for r in results if r.status == Status.CRASH], (name, variant[:80])
                 checked += 1
     assert checked > 100
+
+
+def test_with_a_hostfile_its_matrix_is_the_plan(macos_fixtures, tmp_path):
+    import json
+
+    layout = with_files(OSAURUS, peer={C.IBV_DEVINFO: OSAURUS_DEVINFO})
+    c = caps(macos_fixtures, tmp_path, layout)
+    path = tmp_path / "hostfile.json"
+    path.write_text(json.dumps({"backend": "jaccl", "hosts": [
+        {"ssh": "local", "ips": ["10.0.0.1"], "rdma": [None, "rdma_en6"]},
+        {"ssh": "peer", "ips": [], "rdma": ["rdma_en2", None]}]}))
+    ctx = CheckContext(captures=c, backend="jaccl", options={"hostfile": str(path)})
+    r = run_checks(ctx, [REGISTRY["rdma-ports-active"]])[0]
+    assert r.status == Status.FAIL
+    assert r.hosts["peer"] == BAD + "rdma_en2 (cable to local) PORT_DOWN"

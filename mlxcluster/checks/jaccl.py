@@ -50,6 +50,26 @@ def _ends(links: list[Link], host: str) -> list[tuple[str | None, str]]:
     return [(lk.interface_of(host), lk.b if host == lk.a else lk.a) for lk in links if host in (lk.a, lk.b)]
 
 
+def planned_ends(ctx: CheckContext, t: Topology) -> tuple[dict[str, list[tuple[str | None, str]]], str]:
+    """Host -> (interface, peer) of each RDMA connection the plan makes, and
+    where the plan came from: the ``--hostfile`` rdma matrix when given (the
+    neighbours only for jaccl-ring), else the cables."""
+    path = ctx.options.get("hostfile")
+    planned = _rows_from_hostfile(path, ctx) if path else None
+    if planned is None:
+        links = planned_links(t, ctx.backend)
+        return {name: _ends(links, name) for name in t.hosts}, "the cables"
+    rows, order = planned
+    n = len(order)
+    ends: dict[str, list[tuple[str | None, str]]] = {}
+    for i, host in enumerate(order):
+        peers = [order[(i - 1) % n], order[(i + 1) % n]] if ctx.backend == "jaccl-ring" else order
+        for peer in dict.fromkeys(p for p in peers if p != host):
+            for dev in rows.get(host, {}).get(peer, ()):
+                ends.setdefault(host, []).append((dev.removeprefix("rdma_"), peer))
+    return ends, f"hostfile {path}"
+
+
 def rdma_state(capture) -> tuple[str | None, str]:
     """(ENABLED / DISABLED / None for unknown, evidence) of one host's captures."""
     text = None if RDMA_CTL in capture.problems() else capture.text(RDMA_CTL)
@@ -91,7 +111,7 @@ def rdma_ports_active(ctx: CheckContext) -> Verdict:
     if ctx.backend not in JACCL:
         return skip(ONLY_JACCL)
     t = _topology(ctx)
-    links = planned_links(t, ctx.backend)
+    plan, _ = planned_ends(ctx, t)
     evidence, down, unknown = {}, [], []
     fixes = []
     for name, capture in ctx.captures.items():
@@ -101,7 +121,7 @@ def rdma_ports_active(ctx: CheckContext) -> Verdict:
             unknown.append(name)
             continue
         states = {d.name: d for d in parse_ibv_devinfo(text)}
-        ends = _ends(links, name)
+        ends = plan.get(name, [])
         if not ends:  # no cable known: at least one port must be up for JACCL to use this Mac
             shown = ", ".join(f"{d} {'PORT_ACTIVE' if i.active else '/'.join(i.port_states) or '?'}"
                               for d, i in states.items()) or "no device"
@@ -154,12 +174,12 @@ def thunderbolt_ipv4(ctx: CheckContext) -> Verdict:
     if ctx.backend not in JACCL:
         return skip(ONLY_JACCL)
     t = _topology(ctx)
-    links = planned_links(t, ctx.backend)
-    if not links:
+    plan, _ = planned_ends(ctx, t)
+    if not any(plan.values()):
         return skip("no Thunderbolt cable between hosts known (see thunderbolt-links)")
     evidence, bare, unknown = {}, [], []
     for name in t.hosts:
-        ends = _ends(links, name)
+        ends = plan.get(name, [])
         if not ends:
             continue
         parts, missing = [], False
