@@ -271,3 +271,15 @@ def test_with_a_hostfile_its_matrix_is_the_plan(macos_fixtures, tmp_path):
     r = run_checks(ctx, [REGISTRY["rdma-ports-active"]])[0]
     assert r.status == Status.FAIL
     assert r.hosts["peer"] == BAD + "rdma_en2 (cable to local) PORT_DOWN"
+
+
+def test_topology_text_shows_port_ipv4_and_state(macos_fixtures, tmp_path):
+    from click.testing import CliRunner
+
+    from mlxcluster.cli import main
+
+    layout = with_files(OSAURUS, peer={C.IFCONFIG: TN3205_IFCONFIG, C.IBV_DEVINFO: OSAURUS_DEVINFO})
+    folder = make_capture_dir(macos_fixtures, tmp_path / "cap", layout)
+    out = CliRunner().invoke(main, ["topology", "--from", str(folder)]).output
+    # peer's cable to local is on Thunderbolt 2 = en6: no address there, device down.
+    assert "receptacle 2  en6    connected 80 Gb/s   -> MacBook Pro (Mac17,6)  ipv4: none  rdma_en6: PORT_DOWN" in out
