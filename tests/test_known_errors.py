@@ -101,3 +101,22 @@ def test_train_prints_cause_and_fix_when_a_rank_fails(monkeypatch, macos_fixture
     assert result.exit_code == 1, result.output
     assert f"known error: {rtr}: a Thunderbolt port JACCL uses has no IPv4 address yet" in result.output
     assert "ml-explore/mlx #3467" in result.output
+
+
+def test_train_names_the_mlx_release_that_fixes_it(monkeypatch, macos_fixtures):
+    from click.testing import CliRunner
+
+    import mlxcluster.cli.train as train_cli
+    from mlxcluster.cli import main
+    from mlxcluster.train_launch import HostProbe, RunOutcome
+
+    too_big = real_lines(macos_fixtures)[-2]  # mlx #4280, fixed in 0.32.1
+    monkeypatch.setattr(train_cli, "probe_hosts", lambda job, env=None: [
+        HostProbe(h, {"mlx": "0.32.0", "platform": "darwin", "reference_train": True}) for h in job.hosts])
+    monkeypatch.setattr(train_cli, "check_probes", lambda job, probes: [])
+    monkeypatch.setattr(train_cli, "smoke_all_sum", lambda job, env=None: (True, "all_sum ok"))
+    monkeypatch.setattr(train_cli, "launch_training", lambda job, on_line, env=None, timeout=None: RunOutcome(
+        exit_code=1, failed_rank=0, seconds=0.1, lines=(too_big, "[ring] Too many send/recv errors. Aborting...")))
+    result = CliRunner().invoke(main, ["train", "--local", "2", "--config", "tiny", "--no-openblas"])
+    assert result.exit_code == 1, result.output
+    assert "this cluster runs mlx 0.32.0; mlx 0.32.1 fixes it" in result.output
