@@ -24,6 +24,7 @@ from mlxcluster.checks.common import BAD, Verdict, doctor_check, grouped_fixes, 
 from mlxcluster.checks.common import WARN as WARN_MARK
 from mlxcluster.checks.topology import JACCL, _topology
 from mlxcluster.errors import MlxclusterError
+from mlxcluster.hostfile import MlxHostfile, load_hostfile
 from mlxcluster.ipplan import plan_ips
 from mlxcluster.parsers.ibv import parse_ibv_devices, parse_ibv_devinfo
 from mlxcluster.parsers.ifconfig import ipv4_addresses
@@ -261,8 +262,6 @@ def _rows_from_topology(t: Topology, backend: str | None) -> tuple[dict, list[st
 
 
 def _rows_from_hostfile(path: str, ctx: CheckContext) -> tuple[dict, list[str]] | None:
-    from mlxcluster.hostfile import MlxHostfile, load_hostfile
-
     try:
         hf = load_hostfile(path)
     except MlxclusterError:
