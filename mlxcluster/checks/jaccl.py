@@ -104,7 +104,7 @@ def rdma_enabled(ctx: CheckContext) -> Verdict:
         return Verdict(Status.PASS, evidence)
     return Verdict(Status.FAIL, evidence,
                    f"RDMA is not confirmed on {join_hosts(off)}; on each of them: {RECOVERY_STEPS}. "
-                   "rdma_ctl exits 0 even when RDMA is off: doctor reads what it prints")
+                   "rdma_ctl exits 0 whether RDMA is on or off: doctor reads what it prints")
 
 
 @doctor_check("rdma-ports-active", "The RDMA devices on the planned cables are PORT_ACTIVE (ibv_devinfo)")
