@@ -11,6 +11,9 @@ host's inventory name, with these files (any may be missing)::
     DIR/studio-1/ifconfig.txt
     DIR/studio-1/ibv_devices.txt
     DIR/studio-1/sw_vers.txt
+    DIR/studio-1/rdma_ctl_status.txt                          # `rdma_ctl status` (stdout and stderr)
+    DIR/studio-1/ibv_devinfo.txt                              # every RDMA device's port state
+    DIR/studio-1/routes.txt                                   # `netstat -rn -f inet` (macOS), `ip route` (Linux)
 
 plus ``error.txt`` when the host could not be probed. A folder with none of
 these files, a hidden folder and ``__MACOSX`` are not hosts (``read_capture_dir``
@@ -39,6 +42,9 @@ HARDWARE_PORTS = "networksetup_listallhardwareports.txt"
 IFCONFIG = "ifconfig.txt"
 IBV_DEVICES = "ibv_devices.txt"
 SW_VERS = "sw_vers.txt"
+RDMA_CTL = "rdma_ctl_status.txt"
+IBV_DEVINFO = "ibv_devinfo.txt"
+ROUTES = "routes.txt"
 ERROR = "error.txt"
 
 CAPTURE_FILES: tuple[str, ...] = (
@@ -49,6 +55,9 @@ CAPTURE_FILES: tuple[str, ...] = (
     IFCONFIG,
     IBV_DEVICES,
     SW_VERS,
+    RDMA_CTL,
+    IBV_DEVINFO,
+    ROUTES,
 )
 # What the probe returns raw (everything but its own facts).
 RAW_CAPTURE_FILES = frozenset(CAPTURE_FILES) - {PROBE}

@@ -35,10 +35,11 @@ CHECK_MODULES = (
     "mlxcluster.checks.software",
     "mlxcluster.checks.mpi",
     "mlxcluster.checks.network",
+    "mlxcluster.checks.routes",
     "mlxcluster.checks.env",
     "mlxcluster.checks.power",
 )
-OPTIONAL_CHECK_MODULES = ("mlxcluster.checks.topology",)
+OPTIONAL_CHECK_MODULES = ("mlxcluster.checks.topology", "mlxcluster.checks.jaccl")
 BACKENDS = ("any", "ring", "mpi", "jaccl", "jaccl-ring", "nccl")
 
 

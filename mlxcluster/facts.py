@@ -173,7 +173,7 @@ class _Reader:
 
 _LIBMPI = {"name": str, "path": str, "error": str, "library_version": str, "loadable": bool, "from_env": bool}
 _LAUNCH_LIBMPI = {**_LIBMPI, "mlx_mpi_available": bool}
-_INTERFACE = {"name": str, "up": bool, "addrs": list}
+_INTERFACE = {"name": str, "up": bool, "addrs": list, "speed_mbps": int}
 _ADDR = {"address": str, "family": str, "netmask": str}
 
 

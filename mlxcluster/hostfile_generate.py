@@ -222,10 +222,52 @@ def _mlx_hostfile(inventory, backend: str, topology: Topology | None,
                 row.append(None)
                 continue
             devs = tuple(f"rdma_{lk.interface_of(name)}"
-                         for lk in topology.links_between(name, other)[:count])
+                         for lk in rdma_links(topology, name, other)[:count])
             row.append(devs[0] if len(devs) == 1 else devs)
         hosts.append(HostEntry(by_name[name].ssh, tuple(_first_ip(by_name[name])), tuple(row)))
     return MlxHostfile(backend, envs, tuple(hosts))
+
+
+def _down_ends(topology: Topology, link) -> list[tuple[str, str]]:
+    """(host, device) of each end of ``link`` that ibv_devinfo shows PORT_DOWN."""
+    ends = [(h, f"rdma_{link.interface_of(h)}") for h in (link.a, link.b)]
+    return [(h, d) for h, d in ends if topology.hosts[h].port_down(d)]
+
+
+def rdma_links(topology: Topology, a: str, b: str) -> list:
+    """The cables between a and b, those with no PORT_DOWN end first (as
+    omlx-plus's topology does): a PORT_DOWN device in the matrix fails with
+    "[jaccl] Couldn't allocate protection domain". Stable otherwise."""
+    links = topology.links_between(a, b)
+    return sorted(links, key=lambda lk: bool(_down_ends(topology, lk)))
+
+
+def rdma_port_notes(inventory, topology: Topology | None, hf: MlxHostfile) -> list[str]:
+    """What the rdma matrix of ``hf`` left out or kept although ibv_devinfo
+    shows it PORT_DOWN, one sentence each (empty without ibv_devinfo captures)."""
+    if topology is None or hf.backend not in JACCL_BACKENDS:
+        return []
+    names = {h.ssh: h.name for h in inventory.hosts}
+    order = [names.get(h.ssh, h.ssh) for h in hf.hosts]
+    notes = []
+    for i, entry in enumerate(hf.hosts):
+        for j, dev in enumerate(entry.rdma):
+            if dev is None or j <= i:
+                continue
+            a, b = order[i], order[j]
+            used = set((dev,) if isinstance(dev, str) else dev)
+            for lk in rdma_links(topology, a, b):
+                down = _down_ends(topology, lk)
+                if not down:
+                    continue
+                shown = ", ".join(f"{d} on {h}" for h, d in down)
+                if f"rdma_{lk.interface_of(a)}" in used:
+                    notes.append(f"{shown} (cable {a} <-> {b}) is PORT_DOWN yet in the matrix (no other "
+                                 f"cable joins {a} and {b} to use instead): JACCL will fail with \"Couldn't allocate protection domain\"; reseat "
+                                 "that cable (mlxcluster doctor --backend jaccl, check rdma-ports-active)")
+                else:
+                    notes.append(f"skipped {shown} (cable {a} <-> {b}): PORT_DOWN in ibv_devinfo")
+    return notes
 
 
 def _subnets(ips: list[str]) -> list[str]:

@@ -57,7 +57,18 @@ MACOS_CAPTURES = (
     ("networksetup_listallhardwareports.txt", ["networksetup", "-listallhardwareports"]),
     ("ifconfig.txt", ["ifconfig"]),
     ("sw_vers.txt", ["sw_vers"]),
+    # rdma_ctl exits 0 whether RDMA is on or off, and may say why on stderr:
+    # its text is the answer (see MERGE_STDERR).
+    ("rdma_ctl_status.txt", ["rdma_ctl", "status"]),
+    # VPN (utun) and overlay (Tailscale 100.64/10) routes that capture data IPs.
+    ("routes.txt", ["netstat", "-rn", "-f", "inet"]),
 )
+# Captured on every platform: the RDMA devices' port states, and (Linux) the routes.
+IBV_DEVINFO = ["ibv_devinfo"]
+LINUX_ROUTES = ["ip", "route"]
+# Commands whose stderr belongs with their stdout in the capture.
+MERGE_STDERR = frozenset({"rdma_ctl status"})
+SBIN_PATH = "/usr/sbin:/sbin"
 # The other commands the probe runs; start_commands and the probe_* functions
 # both read these, so what is started early is what is later asked for.
 SW_VERS_FIELDS = (("name", "-productName"), ("version", "-productVersion"), ("build", "-buildVersion"))
@@ -82,12 +93,16 @@ STARTED = {}
 
 def execute(argv, timeout, env=None):
     """Run argv (with ``env`` added to the environment); return (status, stdout or None). Never raises."""
-    exe = argv[0] if os.path.isabs(argv[0]) else shutil.which(argv[0])
+    # ip (Linux) lives in /usr/sbin, which a non-interactive shell's PATH often lacks.
+    exe = argv[0] if os.path.isabs(argv[0]) else (
+        shutil.which(argv[0]) or shutil.which(argv[0], path=SBIN_PATH))
     if exe is None or not os.path.exists(exe):
         return "absent", None
+    merge = " ".join(argv) in MERGE_STDERR
     try:
         proc = subprocess.run(
-            [exe] + list(argv[1:]), stdin=subprocess.DEVNULL, capture_output=True,
+            [exe] + list(argv[1:]), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT if merge else subprocess.PIPE,
             timeout=timeout, env=dict(os.environ, **env) if env else None,
         )
     except subprocess.TimeoutExpired:
@@ -96,7 +111,7 @@ def execute(argv, timeout, env=None):
         return f"error: {exc}", None
     out = proc.stdout.decode("utf-8", "replace")
     if proc.returncode != 0:
-        err = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+        err = (proc.stderr or b"").decode("utf-8", "replace").strip().splitlines()
         return "exit {}{}".format(proc.returncode, (": " + err[-1]) if err else ""), out or None
     return "ok", out
 
@@ -142,7 +157,9 @@ def planned_commands():
     on_path = shutil.which("mpirun")
     if on_path and on_path != find_tool("mpirun")[0]:
         argvs.append([on_path, "--version"])  # probe_mpi's path_mpirun
-    argvs.append(IBV_DEVICES)
+    argvs += [IBV_DEVICES, IBV_DEVINFO]
+    if sys.platform.startswith("linux"):
+        argvs.append(LINUX_ROUTES)
     return argvs
 
 
@@ -494,6 +511,13 @@ def collect_facts(argv):
     ibv = run_command(IBV_DEVICES, commands)
     if ibv is not None:
         raw["ibv_devices.txt"] = ibv
+    devinfo = run_command(IBV_DEVINFO, commands)
+    if devinfo is not None:
+        raw["ibv_devinfo.txt"] = devinfo
+    if sys.platform.startswith("linux"):
+        routes = run_command(LINUX_ROUTES, commands)
+        if routes is not None:
+            raw["routes.txt"] = routes
     if sys.platform == "darwin":
         for file_name, argv_ in MACOS_CAPTURES:
             out = run_command(argv_, commands)

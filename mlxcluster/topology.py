@@ -20,6 +20,7 @@ from mlxcluster.capture import (
     HARDWARE,
     HARDWARE_PORTS,
     IBV_DEVICES,
+    IBV_DEVINFO,
     IFCONFIG,
     THUNDERBOLT,
     HostCapture,
@@ -30,7 +31,7 @@ from mlxcluster.parsers.hardware_ports import (
     parse_hardware_ports,
     thunderbolt_interfaces,
 )
-from mlxcluster.parsers.ibv import parse_ibv_devices
+from mlxcluster.parsers.ibv import parse_ibv_devices, parse_ibv_devinfo
 from mlxcluster.parsers.ifconfig import Interface, parse_ifconfig
 from mlxcluster.parsers.thunderbolt import TbDevice, parse_thunderbolt
 
@@ -83,10 +84,31 @@ class HostTopology:
     model_id: str | None = None  # "Mac15,14" when SPHardware was captured
     bridge_members: tuple[str, ...] = ()
     interfaces: dict[str, Interface] = field(default_factory=dict, compare=False)
+    # RDMA device -> PORT_ACTIVE or not, from ibv_devinfo; {} when not captured.
+    rdma_active: dict[str, bool] = field(default_factory=dict, compare=False)
+
+    def port_down(self, device: str) -> bool:
+        """ibv_devinfo shows ``device`` and none of its ports is PORT_ACTIVE."""
+        return self.rdma_active.get(device) is False
+
+    def port_ipv4(self, port: Port) -> list[str] | None:
+        """The IPv4 addresses (169.254 self-assigned included) on a port's
+        interface; None when ifconfig was not captured or the port has no interface."""
+        if not self.interfaces or not port.interface:
+            return None
+        iface = self.interfaces.get(port.interface)
+        return [a.split("/")[0] for a in iface.inet] if iface else []
 
     def to_json(self) -> dict[str, Any]:
+        ports = []
+        for p in self.ports:
+            entry = p.to_json()
+            entry["ipv4"] = self.port_ipv4(p)
+            device = f"rdma_{p.interface}" if p.interface else None
+            entry["rdma_active"] = self.rdma_active.get(device) if device else None
+            ports.append(entry)
         return {
-            "ports": [p.to_json() for p in self.ports],
+            "ports": ports,
             "rdma_devices": list(self.rdma_devices),
             "bridge_holds_thunderbolt": self.bridge_holds_thunderbolt,
         }
@@ -167,7 +189,7 @@ def _non_mac_names(devices: tuple[TbDevice, ...]) -> list[str]:
 
 
 # The capture files the topology is built from.
-TOPOLOGY_FILES = (THUNDERBOLT, HARDWARE_PORTS, IFCONFIG, IBV_DEVICES, HARDWARE)
+TOPOLOGY_FILES = (THUNDERBOLT, HARDWARE_PORTS, IFCONFIG, IBV_DEVICES, IBV_DEVINFO, HARDWARE)
 
 
 def unreadable_files(captures: dict[str, HostCapture]) -> dict[str, dict[str, str]]:
@@ -213,6 +235,9 @@ def build_host(capture: HostCapture) -> HostTopology:
     ibv_text = text(IBV_DEVICES)
     rdma = tuple(sorted(d.name for d in parse_ibv_devices(ibv_text))) if ibv_text else ()
 
+    devinfo_text = text(IBV_DEVINFO)
+    rdma_active = {d.name: d.active for d in parse_ibv_devinfo(devinfo_text)} if devinfo_text else {}
+
     ifconfig_text = text(IFCONFIG)
     interfaces = parse_ifconfig(ifconfig_text) if ifconfig_text is not None else {}
     bridge_name = bridge_interface(hw_ports) or "bridge0"
@@ -236,6 +261,7 @@ def build_host(capture: HostCapture) -> HostTopology:
         model_id=hardware.model_id if hardware else None,
         bridge_members=tuple(members),
         interfaces=interfaces,
+        rdma_active=rdma_active,
     )
 
 

@@ -30,7 +30,7 @@ def test_json_output(macos_fixtures, tmp_path):
     assert data["ring"] == ["mbp", "studio"] and data["full_mesh"] is True
     assert set(data["hosts"]["mbp"]) == {"ports", "rdma_devices", "bridge_holds_thunderbolt"}
     assert set(data["hosts"]["mbp"]["ports"][0]) == {
-        "receptacle", "interface", "connected", "speed_gbps", "peer", "via", "devices"}
+        "receptacle", "interface", "connected", "speed_gbps", "peer", "via", "devices", "ipv4", "rdma_active"}
 
 
 def test_text_output(macos_fixtures, tmp_path):

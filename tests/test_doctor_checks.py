@@ -284,6 +284,30 @@ def test_macos_captures_without_probe(macos_fixtures):
     assert report.verdict == "warn"
 
 
+def test_macos_versions_that_differ_fail_for_jaccl_only(macos_fixtures):
+    caps = {
+        "air": HostCapture("air", {SW_VERS: (macos_fixtures / "sw_vers_macos26.4_25E246_m2_macbook_air_double_tab.txt").read_text()}),
+        "mbp": HostCapture("mbp", {SW_VERS: (macos_fixtures / "sw_vers_macos26.6.2_25G83.txt").read_text()}),
+        "mini": HostCapture("mini", {SW_VERS: (macos_fixtures / "sw_vers_macos26.6.2_25G83.txt").read_text()}),
+    }
+    for backend in ("jaccl", "jaccl-ring"):
+        r = result(replay_doctor(caps, backend=backend), "macos-version")
+        assert r.status is Status.FAIL and blamed(r) == ["air"]
+        assert r.hosts["air"] == BAD + "macOS 26.4 (25E246), others macOS 26.6.2 (25G83)"
+        assert "update air to macOS 26.6.2 (25G83)" in r.hint and "betas included" in r.hint
+    for backend in ("ring", "mpi", None):
+        assert result(replay_doctor(caps, backend=backend), "macos-version").status is Status.WARN
+
+
+def test_same_macos_version_other_build_fails_for_jaccl(real_probe):
+    def beta(f):
+        f["os"]["build"] = f["os"]["build"] + "-beta"
+    caps = hosts_from(real_probe, h3=beta)
+    r = result(replay_doctor(caps, backend="jaccl"), "macos-version")
+    assert r.status is Status.FAIL and blamed(r) == ["h3"]
+    assert result(replay_doctor(hosts_from(real_probe), backend="jaccl"), "macos-version").status is Status.PASS
+
+
 def test_facts_from_raw_macos_captures(macos_fixtures):
     """No probe.json: OS, model, chip and memory come from sw_vers and SPHardware."""
     f = host_facts(HostCapture("mbp", {

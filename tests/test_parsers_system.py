@@ -9,6 +9,8 @@ from mlxcluster.parsers.hardware import parse_hardware
 from mlxcluster.parsers.hardware_ports import parse_hardware_ports, thunderbolt_interfaces
 from mlxcluster.parsers.ibv import parse_ibv_devices, parse_ibv_devinfo
 from mlxcluster.parsers.ifconfig import parse_ifconfig
+from mlxcluster.parsers.rdma_ctl import parse_rdma_ctl_status
+from mlxcluster.parsers.routes import parse_routes
 from mlxcluster.parsers.sw_vers import MacOSVersion, parse_sw_vers
 from mlxcluster.parsers.thunderbolt import parse_thunderbolt
 
@@ -67,6 +69,9 @@ PARSERS = {
     "ibv_devices": parse_ibv_devices,
     "ibv_devinfo": parse_ibv_devinfo,
     "sw_vers": parse_sw_vers,
+    "rdma_ctl_status": parse_rdma_ctl_status,
+    "netstat_rn": parse_routes,
+    "ip_route": parse_routes,
 }
 
 

@@ -156,17 +156,22 @@ def test_external_commands_run_concurrently(tmp_path, python_without_mpi):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for tool, line in (("mpirun", "mpirun (Open MPI) 5.0.11"), ("ompi_info", "Open MPI v5.0.11"),
-                       ("ibv_devices", "    device          node GUID")):
+                       ("ibv_devices", "    device          node GUID"),
+                       ("ibv_devinfo", "hca_id:\trdma_en2")):
         script = bin_dir / tool
         script.write_text(f"#!/bin/sh\nsleep 0.5\necho '{line}'\n")
         script.chmod(0o755)
     facts = run_probe({"HOME": os.environ.get("HOME", "/root"), "PATH": f"{bin_dir}:/usr/bin:/bin"},
                       python=python_without_mpi)
     assert facts["commands"] == {f"{bin_dir}/mpirun --version": "ok",
-                                 f"{bin_dir}/ompi_info --version": "ok", "ibv_devices": "ok"}
+                                 f"{bin_dir}/ompi_info --version": "ok", "ibv_devices": "ok",
+                                 "ibv_devinfo": "ok", "ip route": "ok"}
     assert facts["mpi"]["mpirun"]["version"] == facts["mpi"]["ompi_info"]["version"] == "5.0.11"
     assert facts["mpi"]["mpirun"]["open_mpi"] is True
     assert "node GUID" in facts["raw"]["ibv_devices.txt"]
+    assert facts["raw"]["ibv_devinfo.txt"] == "hca_id:\trdma_en2\n"
+    # ip is found in /usr/sbin although PATH lacks it; its routes are this host's.
+    assert facts["raw"]["routes.txt"].startswith("default via ")
     # Margin for a noisy 2-core box: concurrent is ~0.6 s, sequential >= 1.5 s.
     assert facts["duration_s"] < 1.2
 
@@ -271,3 +276,22 @@ def test_inventory_env_values_other_than_mlx_are_not_recorded():
                       "--inventory-env", "HF_TOKEN,MLX_METAL_FAST_SYNCH")
     assert facts["inventory_env"] == {"HF_TOKEN": "(set)", "MLX_METAL_FAST_SYNCH": "1"}
     assert "hf_s3cr3t" not in json.dumps(facts)
+
+
+def test_rdma_ctl_status_keeps_what_it_says_on_stderr(tmp_path, monkeypatch):
+    # rdma_ctl exits 0 whether RDMA is on or not; outside Recovery it may explain
+    # itself on stderr. The capture must hold that text, which is the answer.
+    probe = load_probe_module()
+    fake = tmp_path / "rdma_ctl"
+    fake.write_text("#!/bin/sh\necho 'rdma_ctl: This tool needs to be executed from Recovery OS.' >&2\n")
+    fake.chmod(0o755)
+    commands = {}
+    out = probe.run_command([str(fake), "status"], commands)
+    assert out == "" and commands[f"{fake} status"] == "ok"  # other commands drop stderr
+    monkeypatch.setattr(probe, "MERGE_STDERR", frozenset({f"{fake} status"}))
+    assert probe.run_command([str(fake), "status"], commands) == (
+        "rdma_ctl: This tool needs to be executed from Recovery OS.\n")
+
+
+def test_the_probe_merges_rdma_ctl_stderr():
+    assert "rdma_ctl status" in load_probe_module().MERGE_STDERR

@@ -30,7 +30,8 @@ def test_omlx_pair_matched_by_uuid(macos_fixtures, tmp_path):
     assert [p["receptacle"] for p in studio["ports"]] == [1, 2, 3, 4, 5, 6]
     port4 = studio["ports"][3]
     assert port4 == {"receptacle": 4, "interface": "en5", "connected": True, "speed_gbps": 80.0,
-                     "peer": None, "via": [], "devices": ["Envoy Ultra"]}
+                     "peer": None, "via": [], "devices": ["Envoy Ultra"],
+                     "ipv4": None, "rdma_active": None}  # no ifconfig, no ibv_devinfo captured
     # That networksetup capture lists Thunderbolt 1-4 only: 5 and 6 stay unknown.
     assert studio["ports"][4]["interface"] is None
     assert studio["rdma_devices"] == ["rdma_en2", "rdma_en3", "rdma_en4"]

@@ -123,19 +123,26 @@ def macos_version(ctx: CheckContext) -> Verdict:
     key = {n: (f.os_name, f.os_version, f.os_build) for n, f in facts.items()}
     common = majority(key)
     evidence = unprobed_evidence(ctx)
+    # RDMA peers must run exactly the same macOS build, betas included (exo
+    # README; exo PR #1436): for JACCL a mismatch is a failure, not a nuisance.
+    fatal = ctx.backend in ("jaccl", "jaccl-ring")
+    mark = BAD if fatal else WARN
     odd = []
     for n, f in facts.items():
         text = f"{f.os_name} {f.os_version} ({f.os_build})"
         if key[n] != common:
-            evidence[n] = WARN + f"{text}, others {common[0]} {common[1]} ({common[2]})"
+            evidence[n] = mark + f"{text}, others {common[0]} {common[1]} ({common[2]})"
             odd.append(n)
         else:
             evidence[n] = text
     hint = None
-    if odd:
+    if odd and fatal:
+        hint = (f"update {join_hosts(odd)} to {common[0]} {common[1]} ({common[2]}): JACCL's RDMA peers must "
+                "run exactly the same macOS version and build, betas included (check with 'sw_vers' on each host)")
+    elif odd:
         hint = (f"update {join_hosts(odd)} to {common[0]} {common[1]} ({common[2]}): RDMA/JACCL needs "
                 "matching builds and mixed versions make failures hard to compare")
-    return Verdict(worst(False, bool(odd)), evidence, hint)
+    return Verdict(worst(fatal and bool(odd), not fatal and bool(odd)), evidence, hint)
 
 
 _BACKEND_HINTS = {

@@ -27,6 +27,7 @@ from mlxcluster.hostfile_generate import (
     generate_mlx_hostfile,
     generate_mpi,
     generate_mpi_json,
+    rdma_port_notes,
 )
 from mlxcluster.inventory import load_inventory
 from mlxcluster.ipplan import apply_ip_plan, plan_ips
@@ -123,7 +124,10 @@ def generate(inventory_path, backend, output, force, from_dir, envs, tcp_links, 
     plan = plan_ips(topology) if plan_ips_flag else None
     env = cluster_envs(inventory, tuple(envs))
     if backend != "mpi":
-        _emit_json(generate_mlx_hostfile(inventory, backend, topology, env, plan), output)
+        hf = generate_mlx_hostfile(inventory, backend, topology, env, plan)
+        _emit_json(hf, output)
+        for note in rdma_port_notes(inventory, topology, hf):
+            click.echo(f"note: {note}", err=True)
     else:
         libmpi = mpi_libname or find_libmpi(python=inventory.python)
         if fmt == "mlx":

@@ -22,6 +22,7 @@ from tabulate import tabulate
 from mlxcluster.cli.params import Seconds, inventory_option, load_chosen_inventory
 from mlxcluster.errors import EXIT_FAILED, InputError, MlxclusterError
 from mlxcluster.inventory import Inventory
+from mlxcluster.known_errors import diagnose
 from mlxcluster.smoke.jaccl import run_jaccl
 from mlxcluster.smoke.launch import (
     BACKENDS,
@@ -74,6 +75,10 @@ def render_failures(report: SmokeReport) -> str:
         if o.stderr_tail and o.status != "stopped":
             lines.append("    stderr (tail):")
             lines += [f"      {line}" for line in o.stderr_tail.splitlines()[-12:]]
+    # Messages whose cause is known (docs/errors.md): cause and fix under the failure.
+    output = [o.detail for o in report.failed_ranks] + [
+        line for o in report.failed_ranks for line in o.stderr_tail.splitlines()]
+    lines += [f"  known error: {d.text()}" for d in diagnose(output + report.launcher_stderr.splitlines())]
     for problem in report.cleanup_problems:
         lines.append(f"  cleanup: {problem} (processes of run {report.run_id} may be left there)")
     return "\n".join(lines)

@@ -34,6 +34,13 @@ def render_text(t: Topology) -> str:
             if others:
                 what += (" " if what else "") + f"[{', '.join(others)}]"
             state = "connected" if p.connected else "empty"
+            # What JACCL needs of the port, where captured: an IPv4 address, a PORT_ACTIVE device.
+            ipv4 = host.port_ipv4(p)
+            if p.connected and ipv4 is not None:
+                what += f"  ipv4: {', '.join(ipv4) or 'none'}"
+            active = host.rdma_active.get(f"rdma_{p.interface}") if p.interface else None
+            if p.connected and active is not None:
+                what += f"  rdma_{p.interface}: {'PORT_ACTIVE' if active else 'PORT_DOWN'}"
             out.append(f"  receptacle {p.receptacle if p.receptacle is not None else '?'}"
                        f"  {p.interface or '?':<6} {state:<9} {speed:<9} {what}".rstrip())
     out.append("")

@@ -12,6 +12,7 @@ from mlxcluster.cli.doctor import render_check
 from mlxcluster.cli.params import Seconds, inventory_option, load_chosen_inventory
 from mlxcluster.doctor import run_doctor
 from mlxcluster.errors import EXIT_FAILED, InputError, MlxclusterError
+from mlxcluster.known_errors import diagnose
 from mlxcluster.train_launch import (
     BACKENDS,
     check_batch_split,
@@ -88,6 +89,7 @@ def command(hostfile, inventory_path, local_ranks, backend, config, python, mpi_
     env = dict(os.environ)
     n = len(job.hosts)
 
+    mlx_version = None  # the cluster's, when the preflight asked (known errors name the fixing release)
     if inventory is not None and not no_preflight:
         run_doctor_preflight(inventory, job.backend)
     if not no_preflight:
@@ -99,6 +101,7 @@ def command(hostfile, inventory_path, local_ranks, backend, config, python, mpi_
             raise MlxclusterError(f"preflight found {len(problems)} problem(s)",
                                   "fix the lines above; `mlxcluster doctor` checks more")
         versions = sorted({p.facts["mlx"] for p in probes})
+        mlx_version = versions[0]
         click.echo(f"[✓] {len(probes)} host(s) run {job.python} with mlx {versions[0]} "
                    "and reference_train")
         blas = {} if no_openblas else openblas_env(job, probes)
@@ -148,6 +151,8 @@ def command(hostfile, inventory_path, local_ranks, backend, config, python, mpi_
         else:
             click.secho(f"train failed: {who} exited with code {outcome.exit_code}; "
                         "every rank was stopped", fg="red", err=True)
+        for known in diagnose(outcome.lines):  # cause and fix of a known message (docs/errors.md)
+            click.echo(f"known error: {known.text(mlx_version)}", err=True)
         click.get_current_context().exit(
             outcome.exit_code if 0 < outcome.exit_code < 256 else EXIT_FAILED)
     click.echo(f"train finished on {n} rank(s) in {outcome.seconds:.1f} s")
