@@ -97,11 +97,12 @@ def write_page(html: str, path: str | Path) -> Path:
     return Path(path)
 
 
-def report_from_folder(folder: str | Path, *, inventory=None, smoke: str | Path | None = None,
-                       runs: tuple[str | Path, ...] = (), command: str = "") -> Report:
+def report_from_folder(folder: str | Path | None, *, inventory=None, backend: str | None = None,
+                       smoke: str | Path | None = None, runs: tuple[str | Path, ...] = (),
+                       command: str = "") -> Report:
     """The page's inputs from a ``doctor --collect`` folder (replayed as
     ``doctor --from``, against ``inventory`` when given), a ``smoke --json``
-    file and training run folders."""
+    file and training run folders; any of them may be missing (not all)."""
     import json
 
     from mlxcluster.capture import read_capture_dir
@@ -110,9 +111,14 @@ def report_from_folder(folder: str | Path, *, inventory=None, smoke: str | Path 
     from mlxcluster.report.train_view import read_metrics
     from mlxcluster.topology import build_topology
 
-    captured = read_capture_dir(folder)
-    doctor = replay_doctor(captured.captures, inventory=inventory)
-    doctor.extra["ignored"] = captured.ignored
+    if folder is None and smoke is None and not runs:
+        raise InputError("nothing to report", "give a 'doctor --collect' folder, --smoke FILE or --run DIR")
+    doctor = topology = None
+    if folder is not None:
+        captured = read_capture_dir(folder)
+        doctor = replay_doctor(captured.captures, inventory=inventory, backend=backend)
+        doctor.extra["ignored"] = captured.ignored
+        topology = build_topology(captured.captures)
     smoke_doc = None
     if smoke is not None:
         try:
@@ -128,5 +134,5 @@ def report_from_folder(folder: str | Path, *, inventory=None, smoke: str | Path 
                              "pass the file 'mlxcluster smoke --json > FILE' wrote")
     for run in runs:
         read_metrics(run)  # a missing or broken metrics.jsonl is an input error, up front
-    return Report(doctor=doctor, topology=build_topology(captured.captures), smoke=smoke_doc,
+    return Report(doctor=doctor, topology=topology, smoke=smoke_doc,
                   runs=list(runs), command=command)

@@ -19,6 +19,7 @@ import subprocess
 from markupsafe import Markup
 
 DOT_TIMEOUT_S = 30
+FONT = "Helvetica,Arial,sans-serif"
 
 _PROLOGUE = re.compile(r"<\?xml[^>]*\?>|<!DOCTYPE[^>]*>|<!--.*?-->", re.S)
 _METADATA = re.compile(r"<metadata>.*?</metadata>", re.S)
@@ -68,7 +69,9 @@ def dot_svg(dot_text: str) -> Markup | None:
     if dot is None:
         return None
     try:
-        proc = subprocess.run([dot, "-Tsvg"], input=dot_text.encode(), capture_output=True,
+        # The page's sans-serif font for boxes and labels (graphviz defaults to Times).
+        proc = subprocess.run([dot, "-Tsvg", f"-Nfontname={FONT}", f"-Efontname={FONT}",
+                               "-Nfontsize=12", "-Efontsize=11"], input=dot_text.encode(), capture_output=True,
                               timeout=DOT_TIMEOUT_S, check=True)
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError):
         return None
