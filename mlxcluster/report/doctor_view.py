@@ -96,10 +96,10 @@ def doctor_view(report: DoctorReport) -> DoctorView:
         counts[v.word] = counts.get(v.word, 0) + 1
     if report.live:
         source = "live"
-    elif report.cluster == "local":
-        source = "this machine (--local)"
-    else:
+    elif "ignored" in report.extra:  # set by every replay of a folder (doctor --from, report DIR)
         source = "replay of a --collect folder"
+    else:
+        source = "this machine (--local)"
     return DoctorView(
         verdict=report.verdict, headline=headline(report), source=source,
         cluster=report.cluster or "captures", seconds=report.seconds,
