@@ -60,6 +60,7 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
 
 def _loss_plot(train, val):
     plt = pyplot()
+    from matplotlib.ticker import MaxNLocator
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
     if train:
         ax.plot([s for s, _ in train], [v for _, v in train], label="train loss")
@@ -67,6 +68,7 @@ def _loss_plot(train, val):
         ax.plot([s for s, _ in val], [v for _, v in val], "o-", markersize=3, label="validation loss")
     ax.set_title("loss and validation loss")
     ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("loss")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="small")
@@ -76,10 +78,12 @@ def _loss_plot(train, val):
 
 def _speed_plot(speed):
     plt = pyplot()
+    from matplotlib.ticker import MaxNLocator
     fig, ax = plt.subplots(figsize=(6.4, 3.0))
     ax.plot([s for s, _ in speed], [v for _, v in speed], color="tab:green")
     ax.set_title("tokens/s")
     ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("tokens/s (all ranks)")
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
@@ -88,6 +92,7 @@ def _speed_plot(speed):
 
 def _memory_plot(mem_rows):
     plt = pyplot()
+    from matplotlib.ticker import MaxNLocator
     fig, ax = plt.subplots(figsize=(6.4, 3.0))
     ranks = max(len(m) for _, m in mem_rows)
     for rank in range(ranks):
@@ -95,6 +100,7 @@ def _memory_plot(mem_rows):
         ax.plot([s for s, _ in points], [v for _, v in points], label=f"rank {rank}")
     ax.set_title("peak memory per rank")
     ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("peak mlx memory (MiB)")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="small", ncol=4)
