@@ -105,6 +105,16 @@ def test_without_graphviz_the_topology_is_a_table(tmp_path, macos_fixtures, monk
     assert "no cable" in section and "en6 – en6" in section and "80 Gb/s" in section
 
 
+def test_topology_html_alone(tmp_path, macos_fixtures):
+    root = failing_cluster(macos_fixtures, tmp_path / "captures")
+    result = invoke("topology", "--from", str(root), "--json", "--html", str(tmp_path / "t.html"))
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["full_mesh"] is False  # --json output stays JSON
+    html = (tmp_path / "t.html").read_text()
+    assert "topology: ring none through all hosts; 5 slow or missing link(s)" in html
+    assert "<svg" in html and 'id="checks"' not in html and external_references(html) == []
+
+
 def test_eight_hosts_bench_and_300_steps_stay_under_1_mb(tmp_path, macos_fixtures, probe):
     root = eight_hosts(macos_fixtures, tmp_path / "captures", probe)
     (tmp_path / "smoke.json").write_text(json.dumps(smoke_doc(ranks=8)))

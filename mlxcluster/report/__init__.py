@@ -49,7 +49,7 @@ def _environment():
                        undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
 
 
-def _overall(doctor, smoke, runs) -> tuple[str, str]:
+def _overall(doctor, topology, smoke, runs) -> tuple[str, str]:
     """(css class, one line): the page's verdict over every section."""
     parts, worst = [], "pass"
     rank = {"pass": 0, "warn": 1, "fail": 2}
@@ -61,6 +61,12 @@ def _overall(doctor, smoke, runs) -> tuple[str, str]:
 
     if doctor is not None:
         note(doctor.verdict, f"doctor: {doctor.headline}")
+    elif topology is not None:  # alone (topology --html); with doctor, its checks judge the cabling
+        if not topology.ports:
+            note("warn", "topology: no Thunderbolt port captured")
+        else:
+            note("warn" if topology.problems else "pass",
+                 f"topology: ring {topology.ring}; {len(topology.problems)} slow or missing link(s)")
     if smoke is not None:
         for b in smoke.backends:
             note(b.css, f"smoke {b.backend}: {b.status}")
@@ -82,7 +88,7 @@ def build_page(report: Report) -> str:
     topology = topology_view(report.topology) if report.topology is not None else None
     smoke = smoke_view(report.smoke) if report.smoke is not None else None
     runs = [run_view(r) for r in report.runs]
-    css, verdict = _overall(doctor, smoke, runs)
+    css, verdict = _overall(doctor, topology, smoke, runs)
     generated = report.generated or _dt.datetime.now(_dt.timezone.utc)
     return _environment().get_template("report.html.j2").render(
         title=report.title, verdict=verdict, verdict_css=css, doctor=doctor, topology=topology,
