@@ -80,8 +80,10 @@ class _Pipe:
             self.events.append(event)
 
 
-def render(page: Path, png: Path, width: int = 1200) -> Rendered:
-    """Open ``page`` in headless chromium; screenshot the whole page to ``png``."""
+def render(page: Path, png: Path, width: int = 1200, from_id: str | None = None,
+           height: int | None = None) -> Rendered:
+    """Open ``page`` in headless chromium; screenshot the whole page to
+    ``png`` (or ``height`` pixels of it, from the element ``from_id``)."""
     started = time.monotonic()
     to_browser_r, to_browser_w = os.pipe()
     from_browser_r, from_browser_w = os.pipe()
@@ -119,14 +121,17 @@ def render(page: Path, png: Path, width: int = 1200) -> Rendered:
             return pipe.call("Runtime.evaluate", {"expression": expression, "returnByValue": True},
                              session=session)["result"]["value"]
 
-        height = int(evaluate("document.documentElement.scrollHeight"))
+        height_all = int(evaluate("document.documentElement.scrollHeight"))
         text = evaluate("document.body.innerText")
+        top = int(evaluate(f"document.getElementById({json.dumps(from_id)}).offsetTop")) - 16 \
+            if from_id else 0
         shot = pipe.call("Page.captureScreenshot", {
             "format": "png", "captureBeyondViewport": True,
-            "clip": {"x": 0, "y": 0, "width": width, "height": height, "scale": 1}}, session=session,
-            timeout=60)
+            "clip": {"x": 0, "y": top, "width": width,
+                     "height": min(height or height_all, height_all - top), "scale": 1}},
+            session=session, timeout=60)
         png.write_bytes(base64.b64decode(shot["data"]))
-        result = Rendered(text, height, seconds=time.monotonic() - started)
+        result = Rendered(text, height_all, seconds=time.monotonic() - started)
         for event in pipe.events:
             method, params = event.get("method"), event.get("params", {})
             if method == "Network.requestWillBeSent":
@@ -152,3 +157,13 @@ def render(page: Path, png: Path, width: int = 1200) -> Rendered:
             proc.kill()
             proc.wait()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+if __name__ == "__main__":  # docs/ screenshots: python -m tests.browser PAGE PNG [ID|- HEIGHT]
+    import sys
+
+    args = sys.argv[1:]
+    shown = render(Path(args[0]), Path(args[1]), from_id=args[2] if len(args) > 2 and args[2] != "-" else None,
+                   height=int(args[3]) if len(args) > 3 else None)
+    print(f"{args[1]}: page {shown.height} px tall, rendered in {shown.seconds:.1f} s; "
+          f"requests {shown.requests}; console {shown.console}")
