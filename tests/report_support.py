@@ -77,7 +77,9 @@ def smoke_doc(ranks: int = 8, backends=("ring", "mpi", "jaccl"), lo: int = 2**10
             "bench": bench,
             "fits": [{"op": "all_sum", "alpha_s": 40e-6, "beta_gbps": peak}],
             "cleanup_problems": [],
-            "command": ["mlx.launch", "--backend", backend, "--hostfile", "/tmp/hostfile.json"],
+            "command": ["mlx.launch", "--backend", backend, "--hostfile", "/tmp/hostfile.json", "--",
+                        "/tmp/worker.py", "--expect", str(ranks), "--dtypes", "float32,bfloat16",
+                        "--sizes", f"{lo}:{hi}", "--ops", "all_sum,all_gather,send_recv", "--bench"],
         })
     return {"version": 1, "ok": True, "exit_code": 0, "backends": docs}
 

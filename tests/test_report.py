@@ -17,6 +17,7 @@ from mlxcluster.cli import main
 from mlxcluster.demo import write_local_inventory
 from mlxcluster.doctor import replay_doctor
 from mlxcluster.report import Report, build_page
+from mlxcluster.report.smoke_view import smoke_view
 from mlxcluster.report.train_view import train_view
 from mlxcluster.topology import build_topology
 from tests.report_support import (
@@ -150,6 +151,24 @@ def test_live_and_its_collect_replay_say_the_same(tmp_path):
     assert said(live_page.read_text()) == said(replay_page.read_text())
     assert "this machine (--local)" in live_page.read_text()
     assert "replay of a --collect folder" in replay_page.read_text()
+
+
+def test_smoke_correctness_per_op_dtype_and_size():
+    doc = smoke_doc(ranks=3, backends=("ring",), lo=1024, hi=4096)
+    backend = doc["backends"][0]
+    backend["status"] = "failed"
+    backend["ranks"][1].update(status="failed", detail="all_sum bfloat16 wrong", failures=[
+        {"rank": 1, "op": "all_sum", "dtype": "bfloat16", "size": 2050, "bytes": 4100, "ok": False,
+         "bad_index": 7, "got": 3.0, "expected": 6.0}])
+    view = smoke_view(doc).backends[0]
+    # The counts the worker checks: 1 element, one near LO and one above HI that 3 ranks do not divide.
+    assert [(op, dtype, [c for c, _, _ in cells]) for op, dtype, cells in view.grid][:2] == [
+        ("all_sum", "float32", [1, 257, 1025]), ("all_sum", "bfloat16", [1, 515, 2050])]
+    assert view.grid[1][2][2] == (2050, 4100, [1])  # failed on rank 1
+    assert all(bad == [] for _, _, cells in view.grid[2:] for _, _, bad in cells)
+    html = build_page(Report(smoke=doc))
+    assert "✗ 2050 (4100 B): rank 1" in html and "✓ 1025 (4096 B)" not in html
+    assert "element 7: got 3.0, expected 6.0" in html and "2050 el. (4100 B)" in html
 
 
 def test_training_numbers():

@@ -23,7 +23,7 @@ FAILING = ("thunderbolt-links", "ring-or-mesh", "rdma-devices", "thunderbolt-bri
 DOCTOR_TEXTS = ("4 check(s) failed", *FAILING, "local", "mbp", "mini", "peer", "What to fix first",
                 "Every check", "Thunderbolt topology", "macOS 26.6.2 (25G83)")
 SMOKE_TEXTS = ("bus bandwidth against size", "p50 latency against size", "smoke ring: passed",
-               "local-0", "local-1")
+               "local-0", "local-1", "checked sizes", "send_recv")
 TRAIN_TEXTS = ("loss and validation loss", "tokens/s", "peak memory per rank", "rank 0", "rank 1",
                "5 steps")
 

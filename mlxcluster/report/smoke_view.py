@@ -27,6 +27,9 @@ class BackendView:
     bench: list[dict]
     fits: list[dict]
     command: str
+    # Correctness per op and dtype: [(op, dtype, [(elements, bytes, failed ranks)])]; None
+    # when the worker's arguments are not in the command (they say what was checked).
+    grid: list[tuple[str, str, list[tuple[int, int, list[int]]]]] | None = None
 
 
 @dataclass
@@ -48,14 +51,57 @@ def _size(n: int) -> str:
 
 
 def _failures(rank: dict) -> list[dict]:
+    """A rank's failed checks; the worker's events name the size in elements
+    (``size``) and bytes, and the first wrong element (docs/smoke.md)."""
     out = []
     for f in rank.get("failures") or []:
-        size = f.get("size")
+        detail = str(f.get("detail") or f.get("error") or "")
+        if not detail and "bad_index" in f:
+            detail = (f"element {f['bad_index']}: got {f.get('got')}, expected {f.get('expected')}"
+                      + (f" (from rank {f['peer']})" if "peer" in f else ""))
+        size = f"{f.get('size', '?')} el."
+        if isinstance(f.get("bytes"), int):
+            size += f" ({_size(f['bytes'])} B)"
         out.append({"rank": rank.get("rank"), "host": rank.get("host", ""), "op": f.get("op", "?"),
-                    "dtype": f.get("dtype", "?"),
-                    "size": _size(size) if isinstance(size, int) else str(size),
-                    "detail": str(f.get("detail") or f.get("error") or f.get("max_err") or "")})
+                    "dtype": f.get("dtype", "?"), "size": size, "detail": detail})
     return out
+
+
+def _worker_args(command: list) -> dict[str, str]:
+    """The worker's --dtypes / --sizes / --ops / --expect from the launch command."""
+    args = [str(a) for a in command]
+    return {key: args[i + 1] for i, key in enumerate(args[:-1])
+            if key in ("--dtypes", "--sizes", "--ops", "--expect")}
+
+
+def correctness_grid(doc: dict):
+    """What the smoke checked, op x dtype x size, and which ranks failed each
+    check: rebuilt from the worker's arguments (the counts the worker checks,
+    ``correctness_counts``) and the ranks' failures. None when unknown."""
+    args = _worker_args(doc.get("command") or [])
+    if not {"--dtypes", "--sizes", "--expect"} <= set(args):
+        return None
+    try:
+        from mlxcluster.smoke.worker import DTYPES, OPS, correctness_counts
+
+        n = int(args["--expect"])
+        lo, _, hi = args["--sizes"].partition(":")
+        ops = [op for op in args.get("--ops", ",".join(OPS)).split(",") if op in OPS]
+        dtypes = [d for d in args["--dtypes"].split(",") if d in DTYPES]
+        failed: dict[tuple, list[int]] = {}
+        for rank in doc.get("ranks") or []:
+            for f in rank.get("failures") or []:
+                failed.setdefault((f.get("op"), f.get("dtype"), f.get("size")), []).append(rank.get("rank"))
+        grid = []
+        for op in ops:
+            for dtype in dtypes:
+                size = DTYPES[dtype].size
+                cells = [(count, count * size, sorted(set(failed.get((op, dtype, count), []))))
+                         for count in correctness_counts(n, int(lo), int(hi), size)]
+                grid.append((op, dtype, cells))
+        return grid
+    except (ValueError, ImportError):
+        return None
 
 
 def backend_view(doc: dict) -> BackendView:
@@ -72,6 +118,7 @@ def backend_view(doc: dict) -> BackendView:
                 "p90_us": b["p90_s"] * 1e6} for b in bench],
         fits=list(doc.get("fits") or []),
         command=" ".join(str(a) for a in doc.get("command") or []),
+        grid=correctness_grid(doc) if doc.get("status") in ("passed", "failed") else None,
     )
 
 
