@@ -8,6 +8,7 @@ the console, and what a reader needs must be on the rendered page."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -28,9 +29,9 @@ TRAIN_TEXTS = ("loss and validation loss", "tokens/s", "peak memory per rank", "
                "5 steps")
 
 
-def mlxcluster(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def mlxcluster(*args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "mlxcluster", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +47,11 @@ def pages(tmp_path_factory, macos_fixtures):
     assert smoke.returncode == 0, smoke.stderr[-2000:]
     (tmp / "smoke.json").write_text(smoke.stdout)
     assert json.loads(smoke.stdout)["ok"]
+    # A real wrong result: the worker's test hook corrupts one element on rank 1.
+    failed = mlxcluster("smoke", "--backend", "ring", "--local", "2", "--sizes", "1K:2K", "--dtypes",
+                        "bfloat16", "--html", str(tmp / "smoke-failed.html"),
+                        env={"MLXCLUSTER_SMOKE_CORRUPT_RANK": "1"})
+    assert failed.returncode == 1, failed.stderr[-2000:]
     train = mlxcluster("train", "--local", "2", "--config", "tiny", "--html", str(tmp / "train.html"),
                        "--", "--steps", "5", "--out", str(tmp / "run"))
     assert train.returncode == 0, train.stderr[-2000:]
@@ -60,6 +66,8 @@ def pages(tmp_path_factory, macos_fixtures):
 @pytest.mark.parametrize(("name", "texts"), [
     ("doctor", DOCTOR_TEXTS),
     ("smoke", SMOKE_TEXTS),
+    ("smoke-failed", ("smoke ring: failed", "rank 1 on local-1: wrong result in all_sum bfloat16",
+                      "✗ 1 (2 B): rank 1", "element 0: got 4.0, expected 3.0")),
     ("train", TRAIN_TEXTS),
     ("all", (*DOCTOR_TEXTS, *SMOKE_TEXTS, *TRAIN_TEXTS)),
 ])
