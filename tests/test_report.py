@@ -209,3 +209,28 @@ def test_doctor_json_stays_json_with_html(tmp_path, macos_fixtures):
     assert result.exit_code == 0
     assert json.loads(result.stdout)["verdict"] == "warn"
     assert (tmp_path / "d.html").read_text().startswith("<!DOCTYPE html>")
+
+
+def test_html_path_checked_before_any_work(tmp_path):
+    bad = str(tmp_path / "missing" / "page.html")
+    for args in (["doctor", "--local", "--html", bad],
+                 ["smoke", "--local", "2", "--html", bad],
+                 ["train", "--local", "2", "--config", "tiny", "--html", bad, "--", "--steps", "1",
+                  "--out", str(tmp_path / "run")],
+                 ["topology", "--from", str(tmp_path), "--html", bad]):
+        started = time.monotonic()
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert "cannot write the HTML page to" in result.output and "does not exist" in result.output
+        assert time.monotonic() - started < 5  # nothing probed, launched or trained
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_page_needs_the_metrics_here(tmp_path, capsys):
+    """Rank 0 writes metrics.jsonl on its host: elsewhere train says how to make the page."""
+    from mlxcluster.cli.train import write_run_page
+
+    write_run_page(tmp_path / "on-another-host", str(tmp_path / "t.html"))
+    err = capsys.readouterr().err
+    assert "no HTML page written" in err and "mlxcluster report --run" in err
+    assert not (tmp_path / "t.html").exists()
