@@ -234,3 +234,10 @@ def test_train_page_needs_the_metrics_here(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "no HTML page written" in err and "mlxcluster report --run" in err
     assert not (tmp_path / "t.html").exists()
+
+
+def test_a_failed_run_says_so(tmp_path):
+    run = write_run(tmp_path / "run", metrics_rows(steps=7, ranks=2))
+    html = build_page(Report(runs=[run], failed_runs={str(run): "rank 1 exited with code 2"}))
+    assert 'class="verdict fail"' in html and "training run: FAILED after 7 steps" in html
+    assert "the run failed: rank 1 exited with code 2" in html

@@ -153,6 +153,8 @@ def command(hostfile, inventory_path, local_ranks, backend, config, python, mpi_
         else:
             click.secho(f"train failed: {who} exited with code {outcome.exit_code}; "
                         "every rank was stopped", fg="red", err=True)
+        if html_path:  # what the run logged before it stopped
+            write_run_page(cfg.out, html_path, failed=f"{who} exited with code {outcome.exit_code}")
         click.get_current_context().exit(
             outcome.exit_code if 0 < outcome.exit_code < 256 else EXIT_FAILED)
     click.echo(f"train finished on {n} rank(s) in {outcome.seconds:.1f} s")
@@ -160,14 +162,15 @@ def command(hostfile, inventory_path, local_ranks, backend, config, python, mpi_
         write_run_page(cfg.out, html_path)
 
 
-def write_run_page(out, html_path: str) -> None:
-    """The run's page from its metrics.jsonl, when rank 0 wrote it on this machine."""
+def write_run_page(out, html_path: str, failed: str | None = None) -> None:
+    """The run's page from its metrics.jsonl, when rank 0 wrote it on this
+    machine (``failed``: why the run stopped early, shown on the page)."""
     if not (Path(out) / "metrics.jsonl").is_file():
         click.secho(f"warning: no {out}/metrics.jsonl on this machine (rank 0 writes it on its host): "
                     "no HTML page written", fg="yellow", err=True)
         click.echo(f"fix: copy {out} here, then: mlxcluster report --run {out} -o {html_path}", err=True)
         return
-    emit_page(Report(runs=[out]), html_path)
+    emit_page(Report(runs=[out], failed_runs={str(out): failed} if failed else {}), html_path)
 
 
 def run_doctor_preflight(inventory, backend: str) -> None:

@@ -36,6 +36,7 @@ class Report:
     topology: Topology | None = None
     smoke: dict | None = None  # a `smoke --json` document
     runs: list[str | Path] = field(default_factory=list)  # training run folders (metrics.jsonl)
+    failed_runs: dict[str, str] = field(default_factory=dict)  # str(run folder) -> why it stopped
     title: str = "mlxcluster report"
     command: str = ""  # the command that made the page, shown at its foot
     generated: _dt.datetime | None = None  # default: now (UTC)
@@ -71,7 +72,8 @@ def _overall(doctor, topology, smoke, runs) -> tuple[str, str]:
         for b in smoke.backends:
             note(b.css, f"smoke {b.backend}: {b.status}")
     for run in runs:
-        note("pass", f"training {run.name}: {run.steps} steps"
+        note("fail" if run.failed else "pass",
+             f"training {run.name}: {'FAILED after ' if run.failed else ''}{run.steps} steps"
              + (f", loss {run.first_loss:.3f} → {run.last_loss:.3f}" if run.last_loss is not None else ""))
     if not parts:
         return "warn", "nothing to report"
@@ -87,7 +89,7 @@ def build_page(report: Report) -> str:
     doctor = doctor_view(report.doctor) if report.doctor is not None else None
     topology = topology_view(report.topology) if report.topology is not None else None
     smoke = smoke_view(report.smoke) if report.smoke is not None else None
-    runs = [run_view(r) for r in report.runs]
+    runs = [run_view(r, failed=report.failed_runs.get(str(r))) for r in report.runs]
     css, verdict = _overall(doctor, topology, smoke, runs)
     generated = report.generated or _dt.datetime.now(_dt.timezone.utc)
     return _environment().get_template("report.html.j2").render(

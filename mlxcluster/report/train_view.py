@@ -35,6 +35,7 @@ class TrainView:
     speed_plot: object | None = None
     memory_plot: object | None = None
     notes: list[str] = field(default_factory=list)
+    failed: str | None = None  # why the run stopped early; None: it finished
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
@@ -138,6 +139,8 @@ def train_view(records: list[dict], name: str) -> TrainView:
     return view
 
 
-def run_view(run_dir: str | Path) -> TrainView:
-    """train_view of a run folder (its metrics.jsonl)."""
-    return train_view(read_metrics(run_dir), Path(run_dir).name or str(run_dir))
+def run_view(run_dir: str | Path, failed: str | None = None) -> TrainView:
+    """train_view of a run folder (its metrics.jsonl); ``failed``: why it stopped early."""
+    view = train_view(read_metrics(run_dir), Path(run_dir).name or str(run_dir))
+    view.failed = failed
+    return view
