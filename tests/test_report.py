@@ -132,6 +132,11 @@ def test_eight_hosts_bench_and_300_steps_stay_under_1_mb(tmp_path, macos_fixture
     assert size < 1_000_000
     html = out.read_text()
     assert all(f"mac-studio-{i}.local" in html for i in range(1, 9))
+    # Past 4 hosts the drawing shows cables only; the pairs without one are folded below it.
+    topology = html[html.index('<section id="topology">'):html.index('<section id="smoke">')]
+    drawing = topology[topology.index("<svg"):topology.index("</svg>")]
+    assert ">missing<" not in drawing and ">en1 &#45; en3<" in drawing  # graphviz escapes "-"
+    assert "26 pairs of hosts without a cable" in topology
     assert html.count("<svg") == 5 and external_references(html) == []
 
 

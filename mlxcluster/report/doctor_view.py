@@ -128,6 +128,10 @@ class TopologyView:
     full_mesh: bool
     ports: int  # Thunderbolt ports seen over every host (0: nothing to draw)
     problems: list[str]
+    missing_drawn: bool = True  # the drawing shows uncabled pairs (dotted grey)
+
+
+MAX_HOSTS_WITH_MISSING_EDGES = 4
 
 
 def _speed(value: float | None) -> str:
@@ -151,6 +155,13 @@ def topology_view(t: Topology, *, draw: bool = True) -> TopologyView:
                 rows.append(LinkRow(a, b, "", "", "missing"))
     ports = sum(len(h.ports) for h in t.hosts.values())
     problems = [f"{r.a} – {r.b}: {r.note}" for r in rows if r.note in ("slow", "missing")]
-    svg = dot_svg(to_dot(t)) if draw and ports else None
+    dot_text = to_dot(t)
+    # Past 4 hosts the dotted "missing" edges of every uncabled pair (a ring of 8 has 20)
+    # hide the cables: the drawing leaves them out, the table below keeps them.
+    missing_drawn = len(names) <= MAX_HOSTS_WITH_MISSING_EDGES
+    if not missing_drawn:
+        dot_text = "".join(line for line in dot_text.splitlines(keepends=True)
+                           if 'label="missing"' not in line)
+    svg = dot_svg(dot_text) if draw and ports else None
     ring = " → ".join([*t.ring, t.ring[0]]) if t.ring else "none through all hosts"
-    return TopologyView(svg, rows, ring, t.full_mesh, ports, problems)
+    return TopologyView(svg, rows, ring, t.full_mesh, ports, problems, missing_drawn)
