@@ -3,15 +3,17 @@
 A cluster of N local ranks (127.0.0.1 repeated, started locally by mlx.launch
 and mpirun, no SSH) goes through the same commands a user runs on a cluster:
 
-    mlxcluster doctor --local
+    mlxcluster doctor --local --collect DIR/captures
     mlxcluster hostfile generate -i <local inventory> --backend ring|mpi
-    mlxcluster smoke --backend ring --local N --bench
+    mlxcluster smoke --backend ring --local N --bench --json   (saved as DIR/smoke-ring.json)
     mlxcluster smoke --backend mpi --local N
     mlxcluster train --local N --config demo -- --steps S --out DIR
 
 Each step runs the real command as a subprocess (what the user would type),
 streams its output to ``on_output`` and returns a ``StepResult``. Nothing is
-simulated: a step that fails is reported as failed.
+simulated: a step that fails is reported as failed. At the end
+``write_demo_report`` makes DIR/report.html (as ``mlxcluster report``) from
+what the steps left: the captures, the smoke JSON, the training run.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class Step:
     args: list[str]  # after `python -m mlxcluster`
     timeout: float
     summarize: Callable[[subprocess.CompletedProcess, Path], tuple[bool, str]]
+    show_output: bool = True  # False: machine-readable output, kept by summarize
 
 
 def write_local_inventory(n: int, path: Path, python: str) -> Path:
@@ -68,16 +71,17 @@ def demo_steps(ranks: int, workdir: Path, steps: int, config: str = "demo") -> l
     inventory = workdir / "local.yaml"
     train_out = workdir / "train"
     return [
-        Step("doctor", ["doctor", "--local"], 120, _by_exit_code("no failing check")),
+        Step("doctor", ["doctor", "--local", "--collect", str(workdir / "captures")], 120,
+             _by_exit_code("no failing check")),
         Step("hostfile ring", ["hostfile", "generate", "-i", str(inventory), "--backend", "ring",
                                "-o", str(workdir / "hostfile-ring.json"), "--force"], 60,
              _by_exit_code(f"{workdir / 'hostfile-ring.json'} (for mlx.launch --hostfile)")),
         Step("hostfile mpi", ["hostfile", "generate", "-i", str(inventory), "--backend", "mpi",
                               "-o", str(workdir / "hostfile-mpi.txt"), "--force"], 60,
              _by_exit_code(f"{workdir / 'hostfile-mpi.txt'} + .args (for mpirun)")),
-        Step("smoke ring", ["smoke", "--backend", "ring", "--local", str(ranks), "--bench",
+        Step("smoke ring", ["smoke", "--backend", "ring", "--local", str(ranks), "--bench", "--json",
                             "--sizes", "1K:1M", "--dtypes", "float32,bfloat16,int32"], 300,
-             _by_exit_code("all_sum, all_gather, send/recv correct on every rank")),
+             _smoke_json(workdir / SMOKE_JSON), show_output=False),
         Step("smoke mpi", ["smoke", "--backend", "mpi", "--local", str(ranks),
                            "--sizes", "1K:1M", "--dtypes", "float32,int32"], 300,
              _by_exit_code("all_sum, all_gather, send/recv correct on every rank")),
@@ -114,7 +118,7 @@ def run_demo(ranks: int = 2, workdir: Path | str = "runs/demo", steps: int = 100
             on_start(step, argv)
         started = time.monotonic()
         try:
-            proc = _run_streaming(argv, step.timeout, on_output)
+            proc = _run_streaming(argv, step.timeout, on_output if step.show_output else None)
             ok, detail = step.summarize(proc, workdir)
         except subprocess.TimeoutExpired:
             ok, detail = False, f"did not finish within {step.timeout:.0f} s"
@@ -190,6 +194,51 @@ def _by_exit_code(success: str) -> Callable[[subprocess.CompletedProcess, Path],
         last = [ln for ln in proc.stdout.splitlines() if ln.strip()][-1:] or ["no output"]
         return False, f"exit code {proc.returncode}: {last[0]}"
     return summarize
+
+
+SMOKE_JSON = "smoke-ring.json"
+REPORT = "report.html"
+
+
+def _smoke_json(path: Path) -> Callable[[subprocess.CompletedProcess, Path], tuple[bool, str]]:
+    """Keep the smoke's JSON (for the report) and say what it found."""
+    def summarize(proc: subprocess.CompletedProcess, _workdir: Path) -> tuple[bool, str]:
+        lines = proc.stdout.splitlines()  # stderr is merged in: the JSON starts at its own '{'
+        start = next((i for i, ln in enumerate(lines) if ln == "{"), None)
+        try:
+            doc = json.loads("\n".join(lines[start:])) if start is not None else None
+        except json.JSONDecodeError:
+            doc = None
+        if not isinstance(doc, dict) or not doc.get("backends"):
+            return _by_exit_code("")(proc, path.parent)
+        path.write_text(json.dumps(doc, indent=2) + "\n")
+        backend = doc["backends"][0]
+        if proc.returncode != 0:
+            return False, f"exit code {proc.returncode}: {backend.get('reason') or backend.get('status')}"
+        best = max((b["busbw_gbps"] for b in backend.get("bench", [])), default=0.0)
+        return True, (f"all_sum, all_gather, send/recv correct on every rank "
+                      f"({backend.get('checks', 0)} checks); busbw up to {best:.2f} GB/s")
+    return summarize
+
+
+def write_demo_report(workdir: Path | str) -> Path:
+    """DIR/report.html from what the steps left (the doctor captures, the ring
+    smoke's JSON, the training run), each part only if its step left it."""
+    from mlxcluster.inventory import load_inventory
+    from mlxcluster.report import build_page, report_from_folder, write_page
+
+    workdir = Path(workdir)
+    captures = workdir / "captures"
+    smoke = workdir / SMOKE_JSON
+    run = workdir / "train"
+    report = report_from_folder(
+        captures if captures.is_dir() else None,
+        inventory=load_inventory(str(workdir / "local.yaml")) if captures.is_dir() else None,
+        smoke=smoke if smoke.is_file() else None,
+        runs=(run,) if (run / "metrics.jsonl").is_file() else (),
+        command=f"mlxcluster demo --workdir {workdir}")
+    report.title = "mlxcluster demo report"
+    return write_page(build_page(report), workdir / REPORT)
 
 
 def _train_summary(out: Path) -> Callable[[subprocess.CompletedProcess, Path], tuple[bool, str]]:

@@ -54,6 +54,12 @@ def test_demo_runs_every_stage_for_real(tmp_path):
     for step in ("doctor", "hostfile ring", "hostfile mpi", "smoke ring", "smoke mpi", "train"):
         assert f"[✓] {step} " in summary, summary
     assert "6 steps, loss" in summary and "demo: all 6 steps passed" in summary
+    # It ends with the HTML page of all of it (docs/report.md).
+    assert result.output.rstrip().splitlines()[-1] == f"report: {tmp_path / 'report.html'}"
+    page = (tmp_path / "report.html").read_text()
+    for section in ('id="checks"', 'id="facts"', 'id="smoke"', 'id="train-1"'):
+        assert section in page
+    assert json.loads((tmp_path / "smoke-ring.json").read_text())["ok"]
     hostfile = json.loads((tmp_path / "hostfile-ring.json").read_text())
     assert [h["ssh"] for h in hostfile["hosts"]] == ["127.0.0.1", "127.0.0.1"]
     assert (tmp_path / "hostfile-mpi.txt").read_text() == "127.0.0.1 slots=1\n127.0.0.1 slots=1\n"

@@ -5,6 +5,7 @@
     mlxcluster doctor -i cluster.yaml --json          # machine-readable
     mlxcluster doctor -i cluster.yaml --collect DIR   # also save raw outputs per host
     mlxcluster doctor --from DIR [-i cluster.yaml]    # replay a saved folder
+    mlxcluster doctor ... --html report.html          # also write the HTML page (docs/report.md)
 
 Exit codes: 0 nothing failed, 1 a check failed (or warned, with --strict, or
 the --collect folder could not be written), 2 usage, inventory, hostfile or
@@ -22,11 +23,14 @@ from mlxcluster.capture import prepare_capture_dir, read_capture_dir, save_captu
 from mlxcluster.checks.base import CheckResult, Status
 from mlxcluster.checks.mpi import mpi_available
 from mlxcluster.cli.params import Seconds, inventory_option, load_chosen_inventory
+from mlxcluster.cli.report import check_html_path, emit_page, html_option
 from mlxcluster.doctor import BACKENDS, DoctorReport, replay_doctor, run_doctor, run_local_doctor
 from mlxcluster.errors import EXIT_FAILED, EXIT_OK, InputError
 from mlxcluster.facts import HostFacts
 from mlxcluster.hostfile import load_hostfile
 from mlxcluster.inventory import load_inventory
+from mlxcluster.report import Report
+from mlxcluster.topology import build_topology
 
 MARKS = {
     Status.PASS: ("[✓]", "green"),
@@ -140,8 +144,9 @@ def render(report: DoctorReport, verbose: bool) -> None:
 @click.option("--hostfile", "hostfile", type=click.Path(dir_okay=False),
               help="The hostfile you launch with: compared with the live cabling.")
 @click.option("-v", "--verbose", is_flag=True, help="Show evidence for passing checks too.")
+@html_option("the report")
 def command(inventory_path, as_json, strict, collect_dir, from_dir, local, accept_new_host_keys, backend,
-            connect_timeout, no_data_path, hostfile, verbose):
+            connect_timeout, no_data_path, hostfile, verbose, html_path):
     """Check every host of the cluster and say how to fix what is wrong."""
     if from_dir and collect_dir:
         raise InputError("--from and --collect exclude each other",
@@ -160,6 +165,7 @@ def command(inventory_path, as_json, strict, collect_dir, from_dir, local, accep
         load_hostfile(hostfile)
     if collect_dir:
         prepare_capture_dir(collect_dir)
+    check_html_path(html_path)
     if local:
         report = run_local_doctor(backend=backend)
     elif from_dir:
@@ -174,6 +180,8 @@ def command(inventory_path, as_json, strict, collect_dir, from_dir, local, accep
         click.echo(json.dumps(report.to_json(), indent=2, sort_keys=False))
     else:
         render(report, verbose)
+    if html_path:
+        emit_page(Report(doctor=report, topology=build_topology(report.captures)), html_path, err=as_json)
     if collect_dir:
         # After the report is printed: a failed write (an error, exit 1) does not lose it.
         save_capture_dir(report.captures, collect_dir)

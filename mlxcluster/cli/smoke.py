@@ -20,9 +20,11 @@ import click
 from tabulate import tabulate
 
 from mlxcluster.cli.params import Seconds, inventory_option, load_chosen_inventory
+from mlxcluster.cli.report import check_html_path, emit_page, html_option
 from mlxcluster.errors import EXIT_FAILED, InputError, MlxclusterError
 from mlxcluster.inventory import Inventory
 from mlxcluster.known_errors import diagnose
+from mlxcluster.report import Report
 from mlxcluster.smoke.jaccl import run_jaccl
 from mlxcluster.smoke.launch import (
     BACKENDS,
@@ -119,8 +121,9 @@ def render_bench(report: SmokeReport) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (docs/smoke.md).")
 @click.option("--plot", type=click.Path(dir_okay=False),
               help="Write a PNG of busbw and latency (or .pdf, .svg: the file's extension).")
+@html_option("the results (and the benchmark plots)")
 def command(backend, hostfile, inventory_path, local_n, python, bench, sizes, dtypes, timeout_s,
-            as_json, plot):
+            as_json, plot, html_path):
     """Run all_sum / all_gather / send-recv smoke tests per backend."""
     sources = [s for s in (hostfile, inventory_path, local_n) if s]
     if len(sources) > 1:
@@ -130,6 +133,7 @@ def command(backend, hostfile, inventory_path, local_n, python, bench, sizes, dt
         raise InputError("--plot draws the benchmark", "add --bench")
     if plot:
         check_plot_path(plot)
+    check_html_path(html_path)
     lo, hi = parse_size_range(sizes)
     opts = WorkerOptions(dtypes=parse_dtypes(dtypes), lo_bytes=lo, hi_bytes=hi, bench=bench)
     file_backend = ""
@@ -188,6 +192,9 @@ def command(backend, hostfile, inventory_path, local_n, python, bench, sizes, dt
                 click.echo("\n" + render_bench(r))
         verdict = {0: "smoke passed", 1: "smoke FAILED", 3: "backend unavailable"}[code]
         click.echo(f"\n{verdict}")
+    if html_path:
+        emit_page(Report(smoke=reports_to_dict(reports, exit_with, plot_error and plot_error.message)),
+                  html_path, err=as_json)
     sys.stdout.flush()
     if plot_error:
         click.secho(f"error: {plot_error.message}", fg="red", err=True)

@@ -9,8 +9,10 @@ import click
 from mlxcluster.capture import read_capture_dir
 from mlxcluster.cli.doctor import ignored_text
 from mlxcluster.cli.params import inventory_option, load_chosen_inventory
+from mlxcluster.cli.report import check_html_path, emit_page, html_option
 from mlxcluster.doctor_collect import collect_captures
 from mlxcluster.errors import InputError
+from mlxcluster.report import Report
 from mlxcluster.topology import Topology, build_topology, unreadable_files
 from mlxcluster.topology_dot import check_png_output, render_png, to_dot
 
@@ -70,7 +72,8 @@ def render_text(t: Topology) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the topology as JSON.")
 @click.option("--dot", "as_dot", is_flag=True, help="Print the topology as graphviz DOT.")
 @click.option("--png", "png", type=click.Path(dir_okay=False), help="Draw the topology to a PNG file.")
-def command(inventory_path, from_dir, as_json, as_dot, png):
+@html_option("the drawing and the cable table")
+def command(inventory_path, from_dir, as_json, as_dot, png, html_path):
     """Show the Thunderbolt cabling: ports, cables, ring and mesh."""
     if inventory_path and from_dir:
         raise InputError("give one of -i INVENTORY or --from DIR, not both",
@@ -79,6 +82,7 @@ def command(inventory_path, from_dir, as_json, as_dot, png):
         raise InputError("choose one of --json, --dot, --png")
     if png:
         check_png_output(png)  # before any host is probed
+    check_html_path(html_path)
     if from_dir:
         folder = read_capture_dir(from_dir)
         captures = folder.captures
@@ -96,6 +100,8 @@ def command(inventory_path, from_dir, as_json, as_dot, png):
         click.echo(f"wrote {path}")
     else:
         click.echo(render_text(t))
+    if html_path:
+        emit_page(Report(topology=t, title="mlxcluster topology"), html_path, err=as_json or as_dot)
     # A host we could not probe, or whose capture is unreadable, makes every cable to
     # it look missing: say why, fail.
     unreachable = {name: c.error for name, c in captures.items() if c.error}

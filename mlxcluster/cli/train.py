@@ -5,14 +5,17 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import click
 
 from mlxcluster.cli.doctor import render_check
 from mlxcluster.cli.params import Seconds, inventory_option, load_chosen_inventory
+from mlxcluster.cli.report import check_html_path, emit_page, html_option
 from mlxcluster.doctor import run_doctor
 from mlxcluster.errors import EXIT_FAILED, InputError, MlxclusterError
 from mlxcluster.known_errors import diagnose
+from mlxcluster.report import Report
 from mlxcluster.train_launch import (
     BACKENDS,
     check_batch_split,
@@ -53,9 +56,10 @@ from mlxcluster.train_launch import (
 @click.option("--no-openblas", is_flag=True, help="Do not preload OpenBLAS on Linux hosts.")
 @click.option("--timeout", type=Seconds(1), default=None,
               help="Stop every rank after this many seconds.")
+@html_option("the run's loss, tokens/s and memory at its end (from --out's metrics.jsonl)")
 @click.argument("trainer_args", nargs=-1, type=click.UNPROCESSED)
 def command(hostfile, inventory_path, local_ranks, backend, config, python, mpi_args,
-            no_preflight, no_openblas, timeout, trainer_args):
+            no_preflight, no_openblas, timeout, html_path, trainer_args):
     """Check the cluster, then run `python -m reference_train.train` on every host.
 
     Arguments after `--` go to the trainer, e.g.
@@ -75,6 +79,7 @@ def command(hostfile, inventory_path, local_ranks, backend, config, python, mpi_
     cfg = validate_trainer_args(args)
     if local_ranks:  # remote hosts: rank 0 reports a bad --out itself, in one line
         check_out_here(cfg.out)
+    check_html_path(html_path)
     py = python or sys.executable
     inventory = None
     if not hostfile and not local_ranks:
@@ -153,9 +158,24 @@ def command(hostfile, inventory_path, local_ranks, backend, config, python, mpi_
                         "every rank was stopped", fg="red", err=True)
         for known in diagnose(outcome.lines):  # cause and fix of a known message (docs/errors.md)
             click.echo(f"known error: {known.text(mlx_version)}", err=True)
+        if html_path:  # what the run logged before it stopped
+            write_run_page(cfg.out, html_path, failed=f"{who} exited with code {outcome.exit_code}")
         click.get_current_context().exit(
             outcome.exit_code if 0 < outcome.exit_code < 256 else EXIT_FAILED)
     click.echo(f"train finished on {n} rank(s) in {outcome.seconds:.1f} s")
+    if html_path:
+        write_run_page(cfg.out, html_path)
+
+
+def write_run_page(out, html_path: str, failed: str | None = None) -> None:
+    """The run's page from its metrics.jsonl, when rank 0 wrote it on this
+    machine (``failed``: why the run stopped early, shown on the page)."""
+    if not (Path(out) / "metrics.jsonl").is_file():
+        click.secho(f"warning: no {out}/metrics.jsonl on this machine (rank 0 writes it on its host): "
+                    "no HTML page written", fg="yellow", err=True)
+        click.echo(f"fix: copy {out} here, then: mlxcluster report --run {out} -o {html_path}", err=True)
+        return
+    emit_page(Report(runs=[out], failed_runs={str(out): failed} if failed else {}), html_path)
 
 
 def run_doctor_preflight(inventory, backend: str) -> None:

@@ -1,0 +1,146 @@
+"""What the page shows of a training run: its ``metrics.jsonl``.
+
+The reference trainer (rank 0) appends one JSON object per logged step and
+one per evaluation, e.g.::
+
+    {"step": 10, "loss": 3.91, "tokens_per_s": 5120.4, "lr": 0.0003, "grad_norm": 1.2,
+     "peak_mem_mb": [812.5, 810.1], "peak_rss_mb": [1500.2, 1490.0], "ranks": 2}
+    {"step": 10, "val_loss": 3.95}
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mlxcluster.errors import InputError
+from mlxcluster.report.svg import figure_svg, pyplot
+
+METRICS = "metrics.jsonl"
+
+
+@dataclass
+class TrainView:
+    name: str  # the run folder
+    steps: int
+    ranks: int | None
+    first_loss: float | None
+    last_loss: float | None
+    last_val: float | None
+    tokens_per_s: float | None  # median over the logged intervals
+    peak_mem_mb: list[float]  # per rank, the highest seen
+    loss_plot: object | None = None
+    speed_plot: object | None = None
+    memory_plot: object | None = None
+    notes: list[str] = field(default_factory=list)
+    failed: str | None = None  # why the run stopped early; None: it finished
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    """The records of RUN_DIR/metrics.jsonl; an InputError naming the file
+    when it is missing or a line is not JSON."""
+    path = Path(run_dir) / METRICS
+    if not path.is_file():
+        raise InputError(f"no {METRICS} in {run_dir}",
+                         "pass the --out folder of a training run (mlxcluster train ... -- --out DIR)")
+    records = []
+    for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            raise InputError(f"{path} line {number} is not JSON",
+                             "the file is written by the reference trainer; was it edited?") from None
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def _loss_plot(train, val):
+    plt = pyplot()
+    from matplotlib.ticker import MaxNLocator
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    if train:
+        ax.plot([s for s, _ in train], [v for _, v in train], label="train loss")
+    if val:
+        ax.plot([s for s, _ in val], [v for _, v in val], "o-", markersize=3, label="validation loss")
+    ax.set_title("loss and validation loss")
+    ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("loss")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    return figure_svg(fig)
+
+
+def _speed_plot(speed):
+    plt = pyplot()
+    from matplotlib.ticker import MaxNLocator
+    fig, ax = plt.subplots(figsize=(6.4, 3.0))
+    ax.plot([s for s, _ in speed], [v for _, v in speed], color="tab:green")
+    ax.set_title("tokens/s")
+    ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("tokens/s (all ranks)")
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    return figure_svg(fig)
+
+
+def _memory_plot(mem_rows):
+    plt = pyplot()
+    from matplotlib.ticker import MaxNLocator
+    fig, ax = plt.subplots(figsize=(6.4, 3.0))
+    ranks = max(len(m) for _, m in mem_rows)
+    for rank in range(ranks):
+        points = [(s, m[rank]) for s, m in mem_rows if len(m) > rank]
+        ax.plot([s for s, _ in points], [v for _, v in points], label=f"rank {rank}")
+    ax.set_title("peak memory per rank")
+    ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("peak mlx memory (MiB)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small", ncol=4)
+    fig.tight_layout()
+    return figure_svg(fig)
+
+
+def train_view(records: list[dict], name: str) -> TrainView:
+    """Summary numbers and the three plots (loss and validation, tokens/s,
+    memory per rank) of one run's metrics."""
+    train = [(r["step"], r["loss"]) for r in records if "loss" in r]
+    val = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
+    speed = [(r["step"], r["tokens_per_s"]) for r in records if "tokens_per_s" in r]
+    mem_rows = [(r["step"], list(r["peak_mem_mb"])) for r in records if r.get("peak_mem_mb")]
+    steps = max((r.get("step", 0) for r in records), default=0)
+    ranks = next((r["ranks"] for r in reversed(records) if "ranks" in r), None)
+    peak: list[float] = []
+    for _, mem in mem_rows:
+        peak = [max(a, b) for a, b in zip(peak, mem, strict=False)] + mem[len(peak):]
+    view = TrainView(
+        name=name, steps=steps, ranks=ranks,
+        first_loss=train[0][1] if train else None, last_loss=train[-1][1] if train else None,
+        last_val=val[-1][1] if val else None,
+        tokens_per_s=statistics.median(v for _, v in speed) if speed else None,
+        peak_mem_mb=peak,
+    )
+    if not records:
+        view.notes.append(f"{METRICS} holds no record yet: the run logged no step")
+    if train or val:
+        view.loss_plot = _loss_plot(train, val)
+    if speed:
+        view.speed_plot = _speed_plot(speed)
+    if mem_rows:
+        view.memory_plot = _memory_plot(mem_rows)
+    return view
+
+
+def run_view(run_dir: str | Path, failed: str | None = None) -> TrainView:
+    """train_view of a run folder (its metrics.jsonl); ``failed``: why it stopped early."""
+    view = train_view(read_metrics(run_dir), Path(run_dir).name or str(run_dir))
+    view.failed = failed
+    return view
