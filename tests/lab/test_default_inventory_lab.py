@@ -79,3 +79,20 @@ def test_the_environment_variable_names_an_inventory_elsewhere(lab3, folder, tmp
     assert "no inventory: none given and none found" in none.stderr
     assert "mlxcluster discover --write cluster.yaml" in none.stderr
     assert "Traceback" not in none.stderr
+
+
+def test_live_doctor_writes_the_page(lab3, folder):
+    """`mlxcluster doctor --html FILE` on live hosts (the default inventory):
+    the page names every host and every check the live run made, and refers
+    to nothing outside itself."""
+    from tests.report_support import external_references
+
+    work, env = folder
+    doctor = mlxcluster("doctor", "--html", "doctor.html", "--json", cwd=work, env=env)
+    report = json.loads(doctor.stdout)
+    page = (work / "doctor.html").read_text()
+    for host in lab3.hosts:
+        assert host.name in page
+    for check in report["checks"]:
+        assert check["id"] in page
+    assert external_references(page) == []
