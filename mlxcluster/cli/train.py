@@ -9,7 +9,7 @@ from dataclasses import replace
 import click
 
 from mlxcluster.cli.doctor import render_check
-from mlxcluster.cli.params import Seconds, inventory_option, load_chosen_inventory
+from mlxcluster.cli.params import Duration, inventory_option, load_chosen_inventory
 from mlxcluster.doctor import run_doctor
 from mlxcluster.errors import EXIT_FAILED, InputError, MlxclusterError
 from mlxcluster.train_launch import (
@@ -50,8 +50,8 @@ from mlxcluster.train_launch import (
               help="Extra mpirun argument (repeatable; use --mpi-arg=--flag).")
 @click.option("--no-preflight", is_flag=True, help="Skip the host probe and all_sum smoke.")
 @click.option("--no-openblas", is_flag=True, help="Do not preload OpenBLAS on Linux hosts.")
-@click.option("--timeout", type=Seconds(1), default=None,
-              help="Stop every rank after this many seconds.")
+@click.option("--timeout", type=Duration(1), default=None,
+              help="Stop every rank after this long (90, 90s, 30m, 2h).")
 @click.argument("trainer_args", nargs=-1, type=click.UNPROCESSED)
 def command(hostfile, inventory_path, local_ranks, backend, config, python, mpi_args,
             no_preflight, no_openblas, timeout, trainer_args):
