@@ -284,3 +284,46 @@ def test_collect_script_reads_real_processes_on_this_host(tmp_path):
 
 def test_the_run_id_never_appears_literally_in_the_collect_script():
     assert "mlxtrain-abc123" not in collect_script("mlxtrain-abc123")
+
+
+# ---------------------------------------------------------------- the launcher's loop
+
+
+def test_run_streaming_hides_heartbeats_and_stops_a_stalled_launcher():
+    """A 'launcher' that beats twice, prints a line, then hangs: the watch
+    (1 s) fires, on_stall runs once, the launcher's group is stopped, and
+    on_stall's error is raised; the user saw only the ordinary line."""
+    import sys
+    import time
+
+    from mlxcluster.stall import Stalled
+    from mlxcluster.train_launch import run_streaming
+
+    program = (f"import time\nprint('{HEARTBEAT_MARK} 0 1', flush=True)\n"
+               f"print('step 1 | loss 2.0', flush=True)\nprint('{HEARTBEAT_MARK} 0 2', flush=True)\n"
+               "time.sleep(120)\n")
+    shown, calls = [], []
+
+    def on_stall():
+        calls.append(time.monotonic())
+        return Stalled("stalled for the test")
+
+    watch = StallWatch(1.0)
+    started = time.monotonic()
+    with pytest.raises(Stalled, match="stalled for the test"):
+        run_streaming([sys.executable, "-c", program], lambda _s, line: shown.append(line),
+                      watch=watch, on_stall=on_stall, timeout=60)
+    assert time.monotonic() - started < 10
+    assert len(calls) == 1 and shown == ["step 1 | loss 2.0"]
+    assert watch.steps == {0: 2}
+
+
+def test_run_streaming_without_a_stall_returns_the_exit_code():
+    import sys
+
+    from mlxcluster.train_launch import run_streaming
+
+    program = f"print('{HEARTBEAT_MARK} 0 1', flush=True)\nprint('{HEARTBEAT_MARK} 0 done')\n"
+    outcome = run_streaming([sys.executable, "-c", program], lambda *_: None,
+                            watch=StallWatch(1.0), on_stall=lambda: AssertionError("no stall"))
+    assert outcome.exit_code == 0 and outcome.lines == ()

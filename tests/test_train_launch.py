@@ -407,7 +407,7 @@ def test_resume_alone_means_auto(tmp_path, monkeypatch):
 
     launched: list[tuple[str, ...]] = []
 
-    def fake_launch(job, on_line, env=None, timeout=None):
+    def fake_launch(job, on_line, env=None, timeout=None, **_stall):
         launched.append(job.trainer_args)
         return RunOutcome(exit_code=0, failed_rank=None, seconds=0.1)
 

@@ -55,14 +55,18 @@ def parse_duration(text: str) -> float:
 
 
 class Duration(click.ParamType):
-    """A duration (``parse_duration``), as float seconds within [low, high]."""
+    """A duration (``parse_duration``), as float seconds within [low, high].
+    ``words`` are accepted as they are (``("auto", "off")``), lower-cased."""
 
     name = "duration"
 
-    def __init__(self, low: float | None = None, high: float | None = None):
-        self.low, self.high = low, high
+    def __init__(self, low: float | None = None, high: float | None = None,
+                 words: tuple[str, ...] = ()):
+        self.low, self.high, self.words = low, high, words
 
     def convert(self, value, param, ctx):
+        if isinstance(value, str) and value.strip().lower() in self.words:
+            return value.strip().lower()
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             seconds = float(value)
         else:
