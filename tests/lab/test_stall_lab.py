@@ -1,0 +1,102 @@
+"""A hung rank across three real lab hosts: one rank's process is stopped with
+SIGSTOP (as a hung or swapped-out process looks) in the middle of training.
+The job is found stalled within its --stall-timeout plus a small bound, the
+diagnosis names the rank, its host and 'stopped', every rank's stacks are
+saved, the exit code is 4, and nothing of the job is left on any host, the
+stopped process included.
+
+Before stall detection this job printed nothing more and waited until killed
+from outside (seen: 5+ minutes)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mlxcluster.errors import EXIT_STALLED
+from tests.lab.jobs import bracketed, left_on_hosts, training_setup
+
+pytestmark = pytest.mark.lab
+
+STALL_TIMEOUT_S = 20
+# After the stall timeout: up to 1 s until the watch looks, ~1 s of SIGUSR1 and
+# state collection over ssh, the sweep (0.5 s + ssh), the launcher's stop and a
+# final sweep. Measured on the lab: see docs/training.md.
+DETECTION_BOUND_S = 25
+
+
+def rank_process(lab, host, out) -> tuple[int, str]:
+    """(pid, run id) of this run's rank on ``host``, found as a user would:
+    over ssh on that host, by the wrapper's pid file of the run id read from
+    the rank's command line."""
+    cmdline = lab.ssh(host, f"pgrep -af '[r]ank_wrapper.*--out {out}' || true").stdout
+    found = re.search(r"mlxcluster_run=(mlxtrain-[0-9a-f]+)", cmdline)
+    assert found, cmdline
+    run_id = found.group(1)
+    rank = lab.hosts.index(host)
+    pid_file = lab.ssh(host, f"cat /tmp/mlxcluster-stacks/{run_id}/rank{rank}.pid").stdout.split()
+    assert pid_file[1] == host.name, pid_file  # the rank runs on that host
+    return int(pid_file[0]), run_id
+
+
+@pytest.mark.parametrize("backend", ["ring", "mpi"])
+def test_a_stopped_rank_is_found_named_and_stopped(lab3, lab_data, tmp_path, backend):
+    inventory, env = training_setup(lab3, tmp_path)
+    out = tmp_path / "run"
+    metrics = out / "metrics.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlxcluster", "train", "-i", str(inventory), "--backend", backend,
+         "--config", "tiny", "--no-preflight", "--stall-timeout", f"{STALL_TIMEOUT_S}s", "--",
+         "--steps", "100000", "--global_batch", "6", "--data", str(lab_data), "--out", str(out),
+         "--sample_tokens", "0"],
+        env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    stopped_pid = None
+    try:
+        deadline = time.monotonic() + 180
+        while not (metrics.exists() and metrics.read_text().count('"loss"') >= 3):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "training did not start"
+            time.sleep(0.3)
+        victim = lab3.hosts[1]
+        stopped_pid, run_id = rank_process(lab3, victim, out)
+        lab3.ssh(victim, f"kill -STOP {stopped_pid}")
+        stopped_at = time.monotonic()
+        stdout, stderr = proc.communicate(timeout=STALL_TIMEOUT_S + DETECTION_BOUND_S + 60)
+        ended_after = time.monotonic() - stopped_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if stopped_pid is not None:  # never leave a stopped process behind, even on failure
+            subprocess.run(["kill", "-CONT", str(stopped_pid)], capture_output=True)
+            subprocess.run(["kill", "-KILL", str(stopped_pid)], capture_output=True)
+    print(f"{backend}: ended {ended_after:.1f} s after SIGSTOP (stall timeout {STALL_TIMEOUT_S} s)")
+    assert proc.returncode == EXIT_STALLED, stdout[-2000:] + stderr[-3000:]
+    assert ended_after < STALL_TIMEOUT_S + DETECTION_BOUND_S, (ended_after, stderr[-2000:])
+    assert "Traceback" not in stdout + stderr
+    said = re.search(r"error: training stalled: no progress for (\d+) s \(stall timeout 20 s\): "
+                     r"rank 1 on labhost2 is stopped \(state T[^,]*, CPU time not advancing\); "
+                     r"ranks 0 and 2 wait in (\S+) at (train\.py:\d+)", stderr)
+    assert said, stderr[-3000:]
+    assert "rank 0 on labhost1: pid" in stderr and "rank 2 on labhost3: pid" in stderr
+    # Every rank's state and stacks, saved in the run's folder.
+    report = out / f"stall-{run_id}"
+    assert f"every rank's state and Python stacks: {report}" in stderr
+    assert "rank 1 on labhost2 is stopped" in (report / "summary.txt").read_text()
+    for rank in (0, 2):
+        stacks = (report / f"rank{rank}.txt").read_text()
+        assert f'line {said.group(3).split(":")[1]} in {said.group(2)}' in stacks
+        assert "reference_train/train.py" in stacks and "rank_wrapper.py" in stacks
+    assert "no stack" in (report / "rank1.txt").read_text()
+    # Nothing of the job on any host: not the stopped rank, not the others, no dumps.
+    time.sleep(1)
+    assert left_on_hosts(lab3, bracketed(run_id), f"/tmp/mlxcluster-stacks/{bracketed(run_id)}") == {}
+    assert left_on_hosts(lab3, "[p]rted") == {}
+    steps = metrics.read_text()
+    time.sleep(2)
+    assert metrics.read_text() == steps  # nobody trains on
