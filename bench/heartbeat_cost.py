@@ -98,7 +98,7 @@ def main() -> int:
                     times[on].append(time.perf_counter() - t0)
     off, on = statistics.median(times[False]), statistics.median(times[True])
     out.write(f"config {args.config}, 1 process, OpenBLAS preload: {openblas or 'none'}\n")
-    out.write(f"heartbeat call: {beat_us:.1f} us (median of {args.calls} calls into a drained pipe)\n")
+    out.write(f"heartbeat call: {beat_us:.1f} us (mean of {args.calls} calls into a drained pipe)\n")
     out.write(f"step: {off * 1e3:.1f} ms without, {on * 1e3:.1f} ms with heartbeat "
               f"(medians of {len(times[False])} steps each, alternating chunks of {args.steps})\n")
     out.write(f"heartbeat cost per step: {beat_us / (off * 1e6) * 100:.4f}% of the step "
