@@ -10,10 +10,13 @@ from outside (seen: 5+ minutes)."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -100,3 +103,59 @@ def test_a_stopped_rank_is_found_named_and_stopped(lab3, lab_data, tmp_path, bac
     steps = metrics.read_text()
     time.sleep(2)
     assert metrics.read_text() == steps  # nobody trains on
+
+
+def test_a_rank_that_sleeps_before_its_all_sum_is_named_where_it_is(lab3, tmp_path):
+    """A tiny script under mlx.launch on the lab hosts, every rank under the
+    rank wrapper: rank 1 sleeps before its all_sum. The collection (ssh,
+    ps, SIGUSR1 stacks from ranks blocked inside the collective's C code)
+    and the diagnosis name rank 1, its host and its function; the others
+    wait at the all_sum line. The sweep then leaves nothing."""
+    from mlxcluster.inventory import load_inventory
+    from mlxcluster.smoke import remote
+    from mlxcluster.smoke.launch import hosts_from_inventory
+    from mlxcluster.stall import collect_states, diagnose
+    from mlxcluster.train_cleanup import marked_program, new_run_id, sweep
+    from tests.lab.jobs import REPO
+
+    script = REPO / "tests" / "lab" / "sleepy_allsum.py"
+    all_sum_line = next(i for i, line in enumerate(script.read_text().splitlines(), 1)
+                        if "ALL_SUM_LINE" in line)
+    hosts = hosts_from_inventory(load_inventory(lab3.write_inventory(tmp_path / "lab.yaml")))
+    env = lab3.env()
+    run_id = new_run_id()
+    program = marked_program(run_id, ["-m", "mlxcluster.rank_wrapper", str(script), "ring"])
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "mlx.launch"), "--hosts", ",".join(h.ip for h in lab3.hosts),
+         "--backend", "ring", "--python", lab3.python, f"--env=PYTHONPATH={REPO}", "--", *program],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+    try:
+        waiting: set[str] = set()
+        deadline = time.monotonic() + 120
+        while waiting != {"0", "2"}:
+            line = proc.stdout.readline()
+            assert line or proc.poll() is None, f"the job ended: {proc.stdout.read()}"
+            assert time.monotonic() < deadline, "ranks 0 and 2 never reached the all_sum"
+            if line.startswith("WAITING "):
+                waiting.add(line.split()[1])
+        time.sleep(1.0)  # inside the all_sum now
+        started = time.monotonic()
+        states = collect_states(list(hosts), run_id,
+                                run_script=lambda h, s: remote.run_script(h, s, env=env),
+                                for_each_host=remote.for_each_host)
+        took = time.monotonic() - started
+        text = diagnose(states)
+    finally:
+        sweep(hosts, run_id, env)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        output = proc.communicate()[0]
+    print(f"collection took {took:.1f} s: {text}")
+    assert "RESULT" not in output
+    assert [(s.rank, s.host) for s in states] == [(0, "labhost1"), (1, "labhost2"), (2, "labhost3")]
+    assert text.startswith("rank 1 on labhost2 is in before_all_sum at sleepy_allsum.py:10 (sleeping)"), text
+    assert text.endswith(f"ranks 0 and 2 wait in <module> at sleepy_allsum.py:{all_sum_line}"), text
+    assert took < 10
+    time.sleep(1)
+    assert left_on_hosts(lab3, bracketed(run_id), f"/tmp/mlxcluster-stacks/{bracketed(run_id)}") == {}
