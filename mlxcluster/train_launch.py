@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mlxcluster import interrupts
+from mlxcluster import interrupts, stall
 from mlxcluster.blas import OPENBLAS_CANDIDATES
 from mlxcluster.errors import BackendUnavailable, InputError, Interrupted, MlxclusterError
 from mlxcluster.hostfile import BACKENDS as MLX_BACKENDS
@@ -47,7 +47,6 @@ from mlxcluster.inventory import Host, Inventory, local_inventory
 from mlxcluster.launcher_ssh import launcher_environment
 from mlxcluster.mpi import find_libmpi, libmpi_env, no_tree_spawn_args, require_mpirun
 from mlxcluster.openssh import ssh_argv
-from mlxcluster import stall
 from mlxcluster.smoke import launch as smoke_launch
 from mlxcluster.smoke import remote as smoke_remote
 from mlxcluster.smoke.launch import WorkerOptions
