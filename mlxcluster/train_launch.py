@@ -466,7 +466,7 @@ def run_streaming(argv: list[str], on_line: Callable[[str, str], None],
                         stop_launcher(proc, pumps)
                     raise MlxclusterError(
                         f"the job did not finish within {timeout:.0f} s and was stopped",
-                        "raise --timeout, or check the hosts for a hung rank") from None
+                        "raise --timeout; a hung rank is found and named by --stall-timeout") from None
                 if watch is not None and on_stall is not None and watch.stalled():
                     stopping.set()
                     with interrupts.deferred():
