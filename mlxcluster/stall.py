@@ -20,6 +20,7 @@ stacks (SIGUSR1 to the rank's pid, dumped by mlxcluster.rank_wrapper);
 from __future__ import annotations
 
 import re
+import shlex
 import statistics
 import threading
 import time
@@ -284,7 +285,8 @@ def collect_script(run_id: str, wait_s: float = DUMP_WAIT_S) -> str:
     The run id never appears literally (the glob finds the folder), so a
     sweep's ``pkill -f RUN_ID`` never matches this script."""
     glob_dir = f"{STACKS_ROOT}/[{run_id[0]}]{run_id[1:]}"
-    return f"""
+    # Run by bash whatever the login shell (zsh on macOS fails unmatched globs).
+    return "exec bash -c " + shlex.quote(f"""
 tck=$(getconf CLK_TCK 2>/dev/null || echo 100); echo "TCK $tck"
 me=$(uname -n)
 for d in {glob_dir}; do [ -d "$d" ] && cd "$d" || exit 0; done
@@ -309,7 +311,7 @@ for e in $mine; do
   echo "==> $r"; cat "rank$r.stacks" 2>/dev/null; echo "<== $r"
 done
 true
-"""
+""")
 
 
 def cpu_seconds(text: str, ticks_per_s: float) -> float | None:

@@ -37,10 +37,12 @@ def stop_script(run_id: str) -> str:
     """TERM, then KILL, every process carrying the run id (the bracketed
     pattern never matches the shell running it); CONT in between, so that a
     stopped (SIGSTOP) rank handles its TERM. Then the run's stack dumps
-    (mlxcluster.rank_wrapper) are removed."""
+    (mlxcluster.rank_wrapper) are removed (found by ``find``, not a shell
+    glob: zsh, macOS's login shell, fails a glob that matches nothing)."""
     pattern = remote.bracketed(run_id)
     return (f"pkill -TERM -f '{pattern}'; pkill -CONT -f '{pattern}'; sleep 0.5; "
-            f"pkill -KILL -f '{pattern}'; rm -rf {STACKS_ROOT}/{pattern}; true")
+            f"pkill -KILL -f '{pattern}'; find {STACKS_ROOT} -maxdepth 1 -name '{pattern}' "
+            "-exec rm -rf {} + 2>/dev/null; true")
 
 
 def sweep(hosts: tuple[RankHost, ...], run_id: str,
