@@ -179,9 +179,12 @@ class RankState:
 
     @property
     def where(self) -> Frame | None:
-        """The innermost frame of the main thread (the one running the wrapper)."""
-        threads = split_threads(self.stacks)
+        """The innermost frame of the main thread: the one running the
+        wrapper, else the one whose outermost frame is a module's code (other
+        threads start in threading's _bootstrap)."""
+        threads = [t for t in split_threads(self.stacks) if t]
         main = next((t for t in threads if any("rank_wrapper" in f.file for f in t)), None)
+        main = main or next((t for t in threads if t[-1].function == "<module>"), None)
         main = main or (threads[0] if threads else None)
         return main[0] if main else None
 
@@ -279,12 +282,13 @@ def stacks_path(run_id: str) -> str:
     return f"{STACKS_ROOT}/{run_id}"
 
 
-def collect_script(run_id: str, wait_s: float = DUMP_WAIT_S) -> str:
+def collect_script(run_id: str, wait_s: float = DUMP_WAIT_S, folder: str = STACKS_ROOT) -> str:
     """Bash run on one host: for each rank registered there (its pid file names
     this host), the state and CPU time, SIGUSR1, wait, again, and the dump.
-    The run id never appears literally (the glob finds the folder), so a
-    sweep's ``pkill -f RUN_ID`` never matches this script."""
-    glob_dir = f"{STACKS_ROOT}/[{run_id[0]}]{run_id[1:]}"
+    The run id never appears literally (the glob finds the folder
+    ``folder``/RUN_ID), so a sweep's ``pkill -f RUN_ID`` never matches this
+    script."""
+    glob_dir = f"{folder}/[{run_id[0]}]{run_id[1:]}"
     # Run by bash whatever the login shell (zsh on macOS fails unmatched globs).
     return "exec bash -c " + shlex.quote(f"""
 tck=$(getconf CLK_TCK 2>/dev/null || echo 100); echo "TCK $tck"
@@ -371,16 +375,17 @@ def parse_collect(output: str) -> list[tuple[int, int, str | None, float | None,
 
 
 def collect_states(rank_hosts: list, run_id: str, run_script: Callable,
-                   for_each_host: Callable) -> list[RankState]:
+                   for_each_host: Callable, folder: str = STACKS_ROOT) -> list[RankState]:
     """Every rank's state, asked on every distinct host at once.
 
     ``rank_hosts``: the job's hosts by rank (objects with ``name`` and
     ``ssh``); ``run_script(host, script) -> result`` with ``ok``, ``output``
     and ``error`` (mlxcluster.smoke.remote.run_script); ``for_each_host``
     runs it on every host in parallel. A rank no host reports is 'not found'.
+    ``folder``: where the ranks' pid and stack files are, in ``RUN_ID/``.
     """
     distinct = list({h.ssh: h for h in rank_hosts}.values())
-    script = collect_script(run_id)
+    script = collect_script(run_id, folder=folder)
     results = for_each_host(distinct, lambda h: (h, run_script(h, script)))
     states: dict[int, RankState] = {}
     errors: dict[str, str] = {}

@@ -327,3 +327,18 @@ def test_run_streaming_without_a_stall_returns_the_exit_code():
     outcome = run_streaming([sys.executable, "-c", program], lambda *_: None,
                             watch=StallWatch(1.0), on_stall=lambda: AssertionError("no stall"))
     assert outcome.exit_code == 0 and outcome.lines == ()
+
+
+def test_without_the_wrapper_the_main_thread_is_the_one_from_a_module():
+    """The smoke worker runs as a script: its main thread's outermost frame is
+    <module>; the progress thread, dumped first here, starts in threading."""
+    dump = """Current thread 0x00007f0000000001 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 331 in wait
+  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap
+
+Thread 0x00007f0000000002 (most recent call first):
+  File "/tmp/mlxsmoke-1/worker.py", line 446 in run_rank
+  File "/tmp/mlxsmoke-1/worker.py", line 418 in main
+  File "/tmp/mlxsmoke-1/worker.py", line 500 in <module>
+"""
+    assert RankState(0, "h", 1, "S", 0, 0, dump).where.short == "run_rank at worker.py:446"
