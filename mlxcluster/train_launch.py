@@ -470,8 +470,10 @@ def run_streaming(argv: list[str], on_line: Callable[[str, str], None],
                 if watch is not None and on_stall is not None and watch.stalled():
                     stopping.set()
                     with interrupts.deferred():
-                        error = on_stall()
-                        stop_launcher(proc, pumps)
+                        try:
+                            error = on_stall()
+                        finally:  # the launcher goes, whatever the diagnosis did
+                            stop_launcher(proc, pumps)
                     raise error from None
     except KeyboardInterrupt as stop:
         stopping.set()
