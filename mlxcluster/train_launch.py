@@ -84,10 +84,13 @@ except Exception as e:
     out["mlx_error"] = f"{type(e).__name__}: {e}"
 try:
     import reference_train.train
-    import mlxcluster.rank_wrapper
     out["reference_train"] = True
 except Exception as e:
     out["reference_train_error"] = f"{type(e).__name__}: {e}"
+try:
+    import mlxcluster.rank_wrapper  # every rank runs under it (stall detection)
+except Exception as e:
+    out["rank_wrapper_error"] = f"{type(e).__name__}: {e}"
 out["openblas"] = next((p for p in CANDIDATES if os.path.isfile(p)), None)
 print("PROBE " + json.dumps(out))
 """
@@ -256,6 +259,9 @@ def check_probes(job: TrainJob, probes: list[HostProbe]) -> list[str]:
         elif not p.facts.get("reference_train"):
             problems.append(f"{p.host.name}: reference_train does not import: "
                             f"{p.facts.get('reference_train_error')}")
+        elif p.facts.get("rank_wrapper_error"):
+            problems.append(f"{p.host.name}: mlxcluster.rank_wrapper (every rank runs under it) "
+                            f"does not import: {p.facts['rank_wrapper_error']}")
     versions = {p.facts["mlx"] for p in probes if "mlx" in p.facts}
     if len(versions) > 1:
         listing = ", ".join(f"{p.host.name} {p.facts['mlx']}" for p in probes if "mlx" in p.facts)
