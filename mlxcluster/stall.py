@@ -19,6 +19,7 @@ stacks (SIGUSR1 to the rank's pid, dumped by mlxcluster.rank_wrapper);
 
 from __future__ import annotations
 
+import linecache
 import re
 import shlex
 import statistics
@@ -133,6 +134,11 @@ STATE_WORDS = {"R": "running", "S": "sleeping", "I": "idle", "D": "in uninterrup
 BAD_STATES = ("T", "t", "Z", "D", "U")  # a rank in one of these is the odd one out
 
 
+COLLECTIVE_RE = re.compile(r"\b(all_sum|all_gather|all_max|all_min|average_gradients|"
+                           r"send|recv|recv_like)\(")
+CONTINUATION = (")", "]", "/", "*", "+", "-", ".", "%", "&", "|")
+
+
 @dataclass
 class Frame:
     file: str
@@ -141,7 +147,24 @@ class Frame:
 
     @property
     def short(self) -> str:
+        """'all_sum at train.py:479 (in run)' when the statement at that line
+        calls a collective (read here, when this machine has the file: a
+        shared filesystem, the same venv path), else 'run at train.py:479'."""
+        collective = self.collective()
+        if collective:
+            return f"{collective} at {Path(self.file).name}:{self.line} (in {self.function})"
         return f"{self.function} at {Path(self.file).name}:{self.line}"
+
+    def collective(self) -> str | None:
+        """The collective the statement at this line calls, if any: the line,
+        and the lines above it while it continues one ('/ x).item()')."""
+        first = self.line
+        while first > 1 and first > self.line - 3 and \
+                linecache.getline(self.file, first).strip().startswith(CONTINUATION):
+            first -= 1
+        text = "".join(linecache.getline(self.file, n) for n in range(first, self.line + 1))
+        found = COLLECTIVE_RE.findall(text)
+        return found[0] if found else None
 
 
 @dataclass
@@ -225,7 +248,7 @@ def diagnose(states: list[RankState]) -> str:
     """One line: the rank(s) not where the others are, then where the others wait.
 
     'rank 1 on labhost2 is stopped (state T, CPU time not advancing); ranks 0
-    and 2 wait in train_step at train.py:378'. A rank in a bad state (stopped,
+    and 2 wait in all_sum at train.py:413 (in evaluate)'. A rank in a bad state (stopped,
     zombie, uninterruptible wait, gone) is odd by itself; among the rest, ranks
     whose main thread stands elsewhere than the largest group are odd too.
     """

@@ -342,3 +342,19 @@ Thread 0x00007f0000000002 (most recent call first):
   File "/tmp/mlxsmoke-1/worker.py", line 500 in <module>
 """
     assert RankState(0, "h", 1, "S", 0, 0, dump).where.short == "run_rank at worker.py:446"
+
+
+def test_a_frame_at_a_collective_is_named_by_it(tmp_path):
+    """Read from the file where it is (lab: shared filesystem): a statement
+    over several lines counts from its first line."""
+    from mlxcluster.stall import Frame
+
+    source = tmp_path / "train.py"
+    source.write_text("def run():\n"
+                      "    loss = (mx.distributed.all_sum(loss_sum, group=g)\n"
+                      "            / (size * steps)).item()\n"
+                      "    mx.eval(model.parameters())\n")
+    assert Frame(str(source), 3, "run").short == "all_sum at train.py:3 (in run)"
+    assert Frame(str(source), 2, "run").short == "all_sum at train.py:2 (in run)"
+    assert Frame(str(source), 4, "run").short == "run at train.py:4"
+    assert Frame(str(tmp_path / "elsewhere.py"), 3, "run").short == "run at elsewhere.py:3"
