@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import re
 import secrets
+import shutil
 
+from mlxcluster.rank_wrapper import STACKS_ROOT
 from mlxcluster.smoke import remote
 from mlxcluster.smoke.launch import RankHost
 
@@ -33,9 +35,14 @@ def marked_program(run_id: str, program: list[str]) -> list[str]:
 
 def stop_script(run_id: str) -> str:
     """TERM, then KILL, every process carrying the run id (the bracketed
-    pattern never matches the shell running it)."""
+    pattern never matches the shell running it); CONT in between, so that a
+    stopped (SIGSTOP) rank handles its TERM. Then the run's stack dumps
+    (mlxcluster.rank_wrapper) are removed (found by ``find``, not a shell
+    glob: zsh, macOS's login shell, fails a glob that matches nothing)."""
     pattern = remote.bracketed(run_id)
-    return f"pkill -TERM -f '{pattern}'; sleep 0.5; pkill -KILL -f '{pattern}'; true"
+    return (f"pkill -TERM -f '{pattern}'; pkill -CONT -f '{pattern}'; sleep 0.5; "
+            f"pkill -KILL -f '{pattern}'; find {STACKS_ROOT} -maxdepth 1 -name '{pattern}' "
+            "-exec rm -rf {} + 2>/dev/null; true")
 
 
 def sweep(hosts: tuple[RankHost, ...], run_id: str,
@@ -43,6 +50,7 @@ def sweep(hosts: tuple[RankHost, ...], run_id: str,
     """Stop anything of the job still running, here and on every remote host;
     one result per remote host (not ok: that host may still hold ranks)."""
     remote.kill_local_marked(run_id)
+    shutil.rmtree(f"{STACKS_ROOT}/{run_id}", ignore_errors=True)
     seen: dict[str, RankHost] = {}
     for h in hosts:
         if not h.is_local:

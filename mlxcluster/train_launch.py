@@ -9,6 +9,12 @@ worker (all_sum only) across every rank on the chosen backend; `launch_training`
 streams the output line by line to a callback, and reads back which rank failed
 and its exit code (mlx.launch itself exits 0 when a rank fails).
 
+Every rank runs under mlxcluster.rank_wrapper (its Python stacks on SIGUSR1)
+and prints heartbeat lines (MLXCLUSTER_HEARTBEAT=1); the launcher hides those
+and feeds them to a stall.StallWatch. A job with no progress for its stall
+timeout is diagnosed (each rank's state and stacks, stall.py), stopped on
+every rank and reported as stall.Stalled (exit code 4).
+
 When ranks fail: mlx.launch (ring) terminates the other ranks over SSH once one
 exits non-zero; mpirun (MPI) aborts the whole job. Either way the run ends with
 nothing left running, and `TrainOutcome.exit_code` is the failing rank's code.
@@ -32,7 +38,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mlxcluster import interrupts
+from mlxcluster import interrupts, stall
 from mlxcluster.blas import OPENBLAS_CANDIDATES
 from mlxcluster.errors import BackendUnavailable, InputError, Interrupted, MlxclusterError
 from mlxcluster.hostfile import BACKENDS as MLX_BACKENDS
@@ -42,6 +48,7 @@ from mlxcluster.launcher_ssh import launcher_environment
 from mlxcluster.mpi import find_libmpi, libmpi_env, no_tree_spawn_args, require_mpirun
 from mlxcluster.openssh import ssh_argv
 from mlxcluster.smoke import launch as smoke_launch
+from mlxcluster.smoke import remote as smoke_remote
 from mlxcluster.smoke.launch import WorkerOptions
 from mlxcluster.smoke.preflight import require_python_here
 from mlxcluster.smoke.remote import for_each_host
@@ -80,6 +87,10 @@ try:
     out["reference_train"] = True
 except Exception as e:
     out["reference_train_error"] = f"{type(e).__name__}: {e}"
+try:
+    import mlxcluster.rank_wrapper  # every rank runs under it (stall detection)
+except Exception as e:
+    out["rank_wrapper_error"] = f"{type(e).__name__}: {e}"
 out["openblas"] = next((p for p in CANDIDATES if os.path.isfile(p)), None)
 print("PROBE " + json.dumps(out))
 """
@@ -209,8 +220,9 @@ def host_argv(job: TrainJob, host: RankHost, remote_command: str) -> list[str]:
 
 
 def rank_env(job: TrainJob) -> dict[str, str]:
-    """Variables every rank gets: PYTHONPATH to reference_train, plus the job's own."""
-    return {"PYTHONPATH": str(package_root()), **job.env}
+    """Variables every rank gets: PYTHONPATH to reference_train (and
+    mlxcluster.rank_wrapper), heartbeat lines on, plus the job's own."""
+    return {"PYTHONPATH": str(package_root()), "MLXCLUSTER_HEARTBEAT": "1", **job.env}
 
 
 def probe_hosts(job: TrainJob, env: dict[str, str] | None = None,
@@ -247,6 +259,9 @@ def check_probes(job: TrainJob, probes: list[HostProbe]) -> list[str]:
         elif not p.facts.get("reference_train"):
             problems.append(f"{p.host.name}: reference_train does not import: "
                             f"{p.facts.get('reference_train_error')}")
+        elif p.facts.get("rank_wrapper_error"):
+            problems.append(f"{p.host.name}: mlxcluster.rank_wrapper (every rank runs under it) "
+                            f"does not import: {p.facts['rank_wrapper_error']}")
     versions = {p.facts["mlx"] for p in probes if "mlx" in p.facts}
     if len(versions) > 1:
         listing = ", ".join(f"{p.host.name} {p.facts['mlx']}" for p in probes if "mlx" in p.facts)
@@ -401,8 +416,13 @@ def launcher_error(lines: list[str] | tuple[str, ...]) -> str | None:
 
 def run_streaming(argv: list[str], on_line: Callable[[str, str], None],
                   env: dict[str, str] | None = None, timeout: float | None = None,
-                  keep: int = 400) -> RunOutcome:
-    """Run `argv`, calling on_line(stream, line) as lines arrive; kill it on timeout."""
+                  keep: int = 400, watch: stall.StallWatch | None = None,
+                  on_stall: Callable[[], MlxclusterError] | None = None) -> RunOutcome:
+    """Run `argv`, calling on_line(stream, line) as lines arrive; kill it on timeout.
+
+    With ``watch``, every line goes through it first (heartbeats are recorded
+    and hidden); when it says the job stalled, ``on_stall()`` (diagnose and
+    stop the ranks) runs, the launcher is stopped, and its error is raised."""
     start = time.monotonic()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, stdin=subprocess.DEVNULL, start_new_session=True,
@@ -415,7 +435,12 @@ def run_streaming(argv: list[str], on_line: Callable[[str, str], None],
     def pump(stream, name: str) -> None:
         noise = LauncherStopNoise()
         for raw in stream:
-            for line in noise.feed(raw.rstrip("\n")):
+            shown = raw.rstrip("\n")
+            if watch is not None:
+                shown = watch.feed(shown)
+                if shown is None:
+                    continue
+            for line in noise.feed(shown):
                 with lock:
                     tail.append(line)
                     del tail[:-keep]
@@ -430,14 +455,32 @@ def run_streaming(argv: list[str], on_line: Callable[[str, str], None],
              threading.Thread(target=pump, args=(proc.stderr, "stderr"), daemon=True)]
     for t in pumps:
         t.start()
+    deadline = None if timeout is None else start + timeout
     try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        stopping.set()
-        with interrupts.deferred():
-            stop_launcher(proc, pumps)
-        raise MlxclusterError(f"the job did not finish within {timeout:.0f} s and was stopped",
-                              "raise --timeout, or check the hosts for a hung rank") from None
+        while True:
+            wait_s = 1.0 if watch is not None else None
+            if deadline is not None:
+                left = max(0.0, deadline - time.monotonic())
+                wait_s = left if wait_s is None else min(wait_s, left)
+            try:
+                proc.wait(timeout=wait_s)
+                break
+            except subprocess.TimeoutExpired:
+                if deadline is not None and time.monotonic() >= deadline:
+                    stopping.set()
+                    with interrupts.deferred():
+                        stop_launcher(proc, pumps)
+                    raise MlxclusterError(
+                        f"the job did not finish within {timeout:.0f} s and was stopped",
+                        "raise --timeout; a hung rank is found and named by --stall-timeout") from None
+                if watch is not None and on_stall is not None and watch.stalled():
+                    stopping.set()
+                    with interrupts.deferred():
+                        try:
+                            error = on_stall()
+                        finally:  # the launcher goes, whatever the diagnosis did
+                            stop_launcher(proc, pumps)
+                    raise error from None
     except KeyboardInterrupt as stop:
         stopping.set()
         with interrupts.deferred():
@@ -495,28 +538,48 @@ def launcher_name(job: TrainJob) -> str:
     return "mpirun" if job.backend == "mpi" else "mlx.launch"
 
 
+AUTO = "auto"  # launch_training's default stall timeout: 10 x the median step, >= 60 s
+
+
 def launch_training(job: TrainJob, on_line: Callable[[str, str], None],
                     env: dict[str, str] | None = None,
-                    timeout: float | None = None) -> RunOutcome:
+                    timeout: float | None = None,
+                    stall_timeout: float | str | None = AUTO,
+                    report_dir: Path | None = None) -> RunOutcome:
     """Run `python -m reference_train.train ARGS` on every rank and wait for the end.
 
     The launcher reaches the hosts through launcher_ssh's ssh (keepalive,
     BatchMode, the inventory's ssh_config): a host that dies mid-run ends that
     rank within ~15 s instead of leaving the job waiting forever. However the
     job ends (also timed out or interrupted), every host is then swept for
-    ranks of it (train_cleanup)."""
+    ranks of it (train_cleanup).
+
+    ``stall_timeout``: seconds without a heartbeat that make a stall, AUTO
+    (stall.StallWatch's default), or None (not watched). On a stall, the
+    report (summary and every rank's stacks) goes to
+    ``report_dir``/stall-RUN_ID (default: the current directory), every rank
+    is stopped, and stall.Stalled is raised."""
     run_id = new_run_id()
     base_env = dict(os.environ if env is None else env)
+    watch = None
+    if stall_timeout is not None:
+        watch = stall.StallWatch(None if stall_timeout == AUTO else float(stall_timeout))
+
+    def on_stall() -> MlxclusterError:
+        return stop_stalled(job, run_id, watch, Path(report_dir or "."), base_env)
+
     try:
         with tempfile.TemporaryDirectory(prefix="mlxcluster-train.") as tmp:
             hostfile = write_hostfile(job, Path(tmp))
             # Output arrives here line by line, so a progress bar (mpirun gives ranks a
             # terminal) would only add noise; the user's own --progress still wins.
-            program = marked_program(run_id, ["-m", "reference_train.train", "--progress", "false",
+            program = marked_program(run_id, ["-m", "mlxcluster.rank_wrapper",
+                                              "-m", "reference_train.train", "--progress", "false",
                                               *job.trainer_args])
             argv = launcher_argv(job, hostfile, program)
             launcher_env = launcher_environment(base_env, Path(tmp) / "bin", job.ssh_config)
-            outcome = run_streaming(argv, on_line, env=launcher_env, timeout=timeout)
+            outcome = run_streaming(argv, on_line, env=launcher_env, timeout=timeout,
+                                    watch=watch, on_stall=on_stall)
     except (MlxclusterError, Interrupted) as err:  # timed out or interrupted: sweep, then say so
         with interrupts.deferred():
             hint = unstopped_hint(sweep(smoke_hosts(job), run_id, base_env), run_id)
@@ -527,6 +590,38 @@ def launch_training(job: TrainJob, on_line: Callable[[str, str], None],
         unstopped = unstopped_hint(sweep(smoke_hosts(job), run_id, base_env), run_id)
     lost = lost_host(outcome.exit_code, outcome.failed_rank, [h.name for h in job.hosts], outcome.lines)
     return replace(outcome, run_id=run_id, lost_host=lost, unstopped=unstopped)
+
+
+def stop_stalled(job: TrainJob, run_id: str, watch: stall.StallWatch, report_root: Path,
+                 env: dict[str, str]) -> stall.Stalled:
+    """A stalled job: every rank's state and stacks, the diagnosis, the report
+    saved, then every rank stopped (a SIGSTOPped one too: the sweep sends
+    CONT and KILL). Returns the error to raise."""
+    silent, limit = watch.silent_for(), watch.limit()
+    how = "--stall-timeout" if watch.fixed is not None else "automatic: 10 x the median step, >= 60 s"
+    hosts = smoke_hosts(job)
+    states = stall.collect_states(
+        list(hosts), run_id,
+        run_script=lambda h, script: smoke_remote.run_script(h, script, env=env),
+        for_each_host=smoke_remote.for_each_host)
+    summary = stall.diagnose(states)
+    steps = ", ".join(f"rank {r} {s}" for r, s in sorted(watch.steps.items()))
+    header = (f"run {run_id}: no progress for {silent:.0f} s (stall timeout {limit:.0f} s, {how}); "
+              f"last step seen: {steps or 'none'}")
+    folder: Path | None = report_root / f"stall-{run_id}"
+    try:
+        stall.save_report(folder, summary, states, header)
+    except OSError:
+        folder = None
+    sweep(hosts, run_id, env)  # stop every rank now; launch_training sweeps once more
+    where = f"every rank's state and Python stacks: {folder}" if folder else \
+        "the stacks could not be saved"
+    return stall.Stalled(
+        f"training stalled: no progress for {silent:.0f} s (stall timeout {limit:.0f} s): "
+        f"{summary}\n" + "\n".join(f"  {line}" for line in stall.rank_lines(states)),
+        f"{where}; every rank was stopped. Look at the named rank's host (swapped out, "
+        "stopped, a hung collective), then rerun with '-- --resume auto' to continue from the "
+        "last checkpoint", report_dir=folder)
 
 
 def trainer_help(args: tuple[str, ...]) -> str | None:

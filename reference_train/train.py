@@ -61,6 +61,13 @@ from .data import (
 from .model import Llama, ModelArgs, count_parameters, generate, loss_fn
 
 CONFIG_DIR = Path(__file__).parent / "configs"
+# With MLXCLUSTER_HEARTBEAT=1 in the environment (mlxcluster train sets it), every
+# rank prints "@@mlxcluster-heartbeat RANK STEP" after each step, evaluation and
+# checkpoint, and "... RANK done" when training ends: the launcher watches these
+# lines to find a stalled job (and does not show them). One short flushed line per
+# step: measured cost in docs/performance.md.
+HEARTBEAT_ENV = "MLXCLUSTER_HEARTBEAT"
+HEARTBEAT_MARK = "@@mlxcluster-heartbeat"
 
 
 @dataclass
@@ -323,6 +330,13 @@ class Trainer:
         self.step = 0
         self.out = Path(cfg.out)
         self._steps = None
+        self.heartbeat = os.environ.get(HEARTBEAT_ENV, "") not in ("", "0")
+
+    def beat(self, what: int | str | None = None) -> None:
+        """Tell a watching launcher this rank made progress (HEARTBEAT_ENV)."""
+        if self.heartbeat:
+            print(f"{HEARTBEAT_MARK} {self.rank} {self.step if what is None else what}",
+                  flush=True)
 
     def schedule(self):
         cfg = self.cfg
@@ -454,6 +468,7 @@ class Trainer:
         loss_sum, interval_steps, t0 = mx.array(0.0), 0, time.perf_counter()
         while self.step < last:
             step_loss, norm = self.train_step()
+            self.beat()
             loss_sum = loss_sum + step_loss
             interval_steps += 1
             if show_bar:
@@ -483,8 +498,10 @@ class Trainer:
                     self.log(f"step {self.step:>6}/{cfg.steps} | val loss {val:.4f}")
                     append_metrics(metrics_path, {"step": self.step, "val_loss": val})
                 record["val_loss"] = val
+                self.beat()
             if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and self.step < last:
                 self.checkpoint()
+                self.beat()
             if interval_steps == 0:
                 t0 = time.perf_counter()  # time only training, not logging or evaluation
         self.checkpoint()
@@ -575,6 +592,7 @@ def main(argv: list[str] | None = None) -> int:
 
         trainer = Trainer(cfg, group, log)
         trainer.run()
+        trainer.beat("done")  # sampling and plotting follow on rank 0 only
     except (ValueError, DataError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2

@@ -111,6 +111,11 @@ def test_failing_rank_is_named_and_stopped(backend):
     assert_nothing_left(report)
 
 
+HANG_LINE = next(i for i, line in enumerate(
+    (Path(__file__).resolve().parents[1] / "mlxcluster" / "smoke" / "worker.py").read_text().splitlines(), 1)
+    if "time.sleep(60)" in line)
+
+
 def test_hung_rank_hits_the_deadline():
     code, report, elapsed = smoke("--backend", "ring", "--local", "2", *SMALL, "--timeout", "5",
                                   env={"MLXCLUSTER_SMOKE_HANG_RANK": "0"})
@@ -118,6 +123,9 @@ def test_hung_rank_hits_the_deadline():
     assert code == 1
     assert elapsed < 5 + 15
     assert run["reason"].startswith("rank 0 on local-0: no progress for 5 s in phase ready")
+    # Where the hung rank is, from its process and its stack (SIGUSR1):
+    assert "; its process is sleeping (state S" in run["reason"], run["reason"]
+    assert run["reason"].endswith(" in run_rank at worker.py:" + str(HANG_LINE)), run["reason"]
     assert [r["status"] for r in run["ranks"]] == ["hung", "stopped"]
     assert_nothing_left(report)
 

@@ -133,6 +133,12 @@ def test_probe_problems_and_openblas_choice():
     assert openblas_env(job, [probe("127.0.0.1", platform="linux", openblas="/o.so", cpus=8)]) == {
         "LD_PRELOAD": "/o.so", "OPENBLAS_NUM_THREADS": "4"}
     assert openblas_env(job, [probe("127.0.0.1", platform="darwin", cpus=8)]) == {}
+    # Every rank runs under mlxcluster.rank_wrapper: a host where it does not import is named.
+    assert check_probes(job, [probe("e", mlx="0.32.4", reference_train=True,
+                                    rank_wrapper_error="ModuleNotFoundError: No module named "
+                                                       "'mlxcluster'")]) == [
+        "e: mlxcluster.rank_wrapper (every rank runs under it) does not import: "
+        "ModuleNotFoundError: No module named 'mlxcluster'"]
 
 
 def test_failed_rank_from_real_launcher_messages():
@@ -408,7 +414,7 @@ def test_resume_alone_means_auto(tmp_path, monkeypatch):
 
     launched: list[tuple[str, ...]] = []
 
-    def fake_launch(job, on_line, env=None, timeout=None):
+    def fake_launch(job, on_line, env=None, timeout=None, **_stall):
         launched.append(job.trainer_args)
         return RunOutcome(exit_code=0, failed_rank=None, seconds=0.1)
 

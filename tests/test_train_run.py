@@ -154,3 +154,27 @@ def test_rank_memory_is_flat_in_ranks_and_dataset_size(tmp_path):
     assert max(rss4) <= 1.15 * rss1, peaks
     (_,), (rss_small,) = peaks["1-small"]
     assert rss1 <= 1.05 * rss_small, peaks
+
+
+def test_heartbeat_lines_only_when_a_launcher_asks(offline_data, tmp_path):
+    """MLXCLUSTER_HEARTBEAT=1: one marker line per step, then 'done'; without it, none."""
+    import subprocess
+    import sys
+
+    from reference_train.train import HEARTBEAT_MARK
+
+    from .train_support import REPO, trainer_env
+
+    args = [sys.executable, "-m", "reference_train.train", *TINY, "--steps", "3",
+            "--data", str(offline_data)]
+    watched = subprocess.run([*args, "--out", str(tmp_path / "hb")], cwd=REPO, text=True,
+                             env={**trainer_env(), "MLXCLUSTER_HEARTBEAT": "1"},
+                             capture_output=True, timeout=120)
+    beats = [ln for ln in watched.stdout.splitlines() if ln.startswith(HEARTBEAT_MARK)]
+    assert beats == [f"{HEARTBEAT_MARK} 0 1", f"{HEARTBEAT_MARK} 0 2", f"{HEARTBEAT_MARK} 0 3",
+                     f"{HEARTBEAT_MARK} 0 done"], watched.stdout + watched.stderr
+    plain = subprocess.run([*args, "--out", str(tmp_path / "plain")], cwd=REPO, text=True,
+                           env={k: v for k, v in trainer_env().items()
+                                if k != "MLXCLUSTER_HEARTBEAT"},
+                           capture_output=True, timeout=120)
+    assert plain.returncode == 0 and HEARTBEAT_MARK not in plain.stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import click
 
@@ -23,6 +24,63 @@ class Seconds(click.FloatRange):
         if math.isnan(number):
             self.fail(f"{value!r} is not a number of seconds", param, ctx)
         return number
+
+
+_DURATION_RE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|h|m|s)?")
+_UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001, None: 1.0}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a duration written as people write it: ``90``, ``90s``,
+    ``2.5s``, ``30m``, ``2h``, ``1h30m``, ``1m30s``, ``500ms`` (a bare number
+    is seconds). ValueError for anything else, negative values included."""
+    raw = str(text).strip().lower()
+    if not raw:
+        raise ValueError("empty duration")
+    total, pos, units = 0.0, 0, []
+    for match in _DURATION_RE.finditer(raw):
+        if match.start() != pos:
+            break
+        unit = match.group(2)
+        if unit is None and (match.start() != 0 or match.end() != len(raw)):
+            break  # a bare number is seconds only on its own ("1h30", "1 30m" are unclear)
+        units.append(unit)
+        total += float(match.group(1)) * _UNIT_SECONDS[unit]
+        pos = match.end()
+    if pos != len(raw) or not units or len(set(units)) != len(units):
+        raise ValueError(f"{text!r} is not a duration (e.g. 90, 90s, 30m, 2h, 1h30m)")
+    if not math.isfinite(total):
+        raise ValueError(f"{text!r} is not a finite duration")
+    return total
+
+
+class Duration(click.ParamType):
+    """A duration (``parse_duration``), as float seconds within [low, high].
+    ``words`` are accepted as they are (``("auto", "off")``), lower-cased."""
+
+    name = "duration"
+
+    def __init__(self, low: float | None = None, high: float | None = None,
+                 words: tuple[str, ...] = ()):
+        self.low, self.high, self.words = low, high, words
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and value.strip().lower() in self.words:
+            return value.strip().lower()
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            seconds = float(value)
+        else:
+            try:
+                seconds = parse_duration(value)
+            except ValueError as err:
+                self.fail(str(err), param, ctx)
+        if math.isnan(seconds):
+            self.fail(f"{value!r} is not a duration", param, ctx)
+        if self.low is not None and seconds < self.low:
+            self.fail(f"{value} is below the minimum of {self.low:g} s", param, ctx)
+        if self.high is not None and seconds > self.high:
+            self.fail(f"{value} is above the maximum of {self.high:g} s", param, ctx)
+        return seconds
 
 
 INVENTORY_HELP = ("Inventory YAML (default: $MLXCLUSTER_INVENTORY, else ./cluster.yaml, else "

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from mlxcluster.cli.doctor import render_check
-from mlxcluster.cli.params import Seconds, inventory_option, load_chosen_inventory
+from mlxcluster.cli.params import Duration, inventory_option, load_chosen_inventory
 from mlxcluster.cli.report import check_html_path, emit_page, html_option
 from mlxcluster.doctor import run_doctor
 from mlxcluster.errors import EXIT_FAILED, InputError, MlxclusterError
@@ -54,17 +54,23 @@ from mlxcluster.train_launch import (
               help="Extra mpirun argument (repeatable; use --mpi-arg=--flag).")
 @click.option("--no-preflight", is_flag=True, help="Skip the host probe and all_sum smoke.")
 @click.option("--no-openblas", is_flag=True, help="Do not preload OpenBLAS on Linux hosts.")
-@click.option("--timeout", type=Seconds(1), default=None,
-              help="Stop every rank after this many seconds.")
+@click.option("--timeout", type=Duration(1), default=None,
+              help="Stop every rank after this long (90, 90s, 30m, 2h).")
+@click.option("--stall-timeout", type=Duration(1, words=("auto", "off")), default="auto",
+              show_default=True,
+              help="A job with no training progress for this long (20s, 5m...) is stalled: every "
+                   "rank's state and stacks are saved and named, the job is stopped, exit 4. "
+                   "auto: 10 x the median step time, at least 60 s; off: not watched.")
 @html_option("the run's loss, tokens/s and memory at its end (from --out's metrics.jsonl)")
 @click.argument("trainer_args", nargs=-1, type=click.UNPROCESSED)
 def command(hostfile, inventory_path, local_ranks, backend, config, python, mpi_args,
-            no_preflight, no_openblas, timeout, html_path, trainer_args):
+            no_preflight, no_openblas, timeout, stall_timeout, html_path, trainer_args):
     """Check the cluster, then run `python -m reference_train.train` on every host.
 
     Arguments after `--` go to the trainer, e.g.
     `mlxcluster train --local 2 --config tiny -- --steps 5 --out runs/t`.
-    Exits with the failing rank's exit code when a rank fails.
+    Exits with the failing rank's exit code when a rank fails, 4 when the job
+    stalled (no progress for --stall-timeout; see docs/training.md).
     """
     args = ("--config", config, *trainer_args)
     shown = trainer_help(args)
@@ -130,7 +136,9 @@ def command(hostfile, inventory_path, local_ranks, backend, config, python, mpi_
     def show(stream: str, line: str) -> None:
         click.echo(line, err=stream == "stderr")
 
-    outcome = launch_training(job, show, env=env, timeout=timeout)
+    stall = None if stall_timeout == "off" else stall_timeout  # "auto" or seconds
+    outcome = launch_training(job, show, env=env, timeout=timeout, stall_timeout=stall,
+                              report_dir=Path(cfg.out))
     if outcome.unstopped:
         click.secho(f"warning: {outcome.unstopped}", fg="yellow", err=True)
     # A host lost to ssh comes first: mpirun frames that in the same kind of

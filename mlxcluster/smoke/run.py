@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mlxcluster import interrupts
+from mlxcluster import interrupts, stall
 from mlxcluster.errors import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, Interrupted
 from mlxcluster.launcher_ssh import launcher_environment
 from mlxcluster.smoke import preflight, remote
@@ -91,6 +91,8 @@ def run_plan(plan: LaunchPlan, timeout_s: float = 60.0,
         else:
             launched = launch(plan)
             blamed = watch_run(launched, watch, plan, timeout_s, clock)
+            if blamed:  # while the hung ranks still run: where are they?
+                locate_hung(plan, blamed)
     except KeyboardInterrupt as stop:
         stopped_by = stop
     with interrupts.deferred():
@@ -112,6 +114,24 @@ def run_plan(plan: LaunchPlan, timeout_s: float = 60.0,
         first = report.failed_ranks[0]  # the cause comes first
         report.reason = f"rank {first.rank} on {first.host}: {first.detail}"
     return report
+
+
+def locate_hung(plan: LaunchPlan, blamed: list[RankOutcome]) -> None:
+    """Add each hung rank's process state and place to its verdict: the
+    worker leaves a pid file in the run directory and dumps its stacks on
+    SIGUSR1 (stall.collect_states; 'its process is stopped (state T, ...)',
+    'sleeping (...), in run_rank at worker.py:425')."""
+    states = {s.rank: s for s in stall.collect_states(
+        list(plan.hosts), plan.run_id,
+        run_script=lambda h, script: remote.run_script(h, script, env=plan.env),
+        for_each_host=remote.for_each_host, folder=str(Path(plan.run_dir).parent))}
+    for outcome in blamed:
+        state = states.get(outcome.rank)
+        if state is None or state.pid is None:
+            continue
+        where = state.where
+        outcome.detail += f"; its process is {state.describe()[3:]}" + \
+            (f", in {where.short}" if where else "")
 
 
 @dataclass

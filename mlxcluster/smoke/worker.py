@@ -34,8 +34,10 @@ Test hooks (environment, read by every rank):
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
+import signal
 import socket
 import sys
 import threading
@@ -384,11 +386,29 @@ def redirect_stderr(directory: str, run_id: str, rank: int) -> None:
     os.close(fd)
 
 
+def register_stack_dump(directory: str, rank: int) -> None:
+    """As mlxcluster.rank_wrapper does for train (this file runs alone on the
+    hosts): ``rank<R>.pid`` and every thread's stack into ``rank<R>.stacks``
+    on SIGUSR1, so that the driver can say where a hung rank is."""
+    with open(os.path.join(directory, f"rank{rank}.pid"), "w") as f:
+        f.write(f"{os.getpid()} {socket.gethostname()}\n")
+    dump = open(os.path.join(directory, f"rank{rank}.stacks"), "a")  # noqa: SIM115
+    _KEEP_OPEN.append(dump)  # faulthandler writes to its fd
+    faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)
+
+
+_KEEP_OPEN: list = []
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     env_rank = rank_from_env()
     if args.stderr_dir:
         redirect_stderr(args.stderr_dir, args.run_id, env_rank)
+        try:
+            register_stack_dump(args.stderr_dir, env_rank)
+        except OSError as err:
+            print(f"no stack dumps: {err}", file=sys.stderr, flush=True)
     emit("start", rank=env_rank, host=socket.gethostname(), pid=os.getpid())
     progress = Progress(env_rank)
     progress.start()

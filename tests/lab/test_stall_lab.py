@@ -1,0 +1,181 @@
+"""A hung rank across three real lab hosts: one rank's process is stopped with
+SIGSTOP (as a hung or swapped-out process looks) in the middle of training.
+The job is found stalled within its --stall-timeout plus a small bound, the
+diagnosis names the rank, its host and 'stopped', every rank's stacks are
+saved, the exit code is 4, and nothing of the job is left on any host, the
+stopped process included.
+
+Before stall detection this job printed nothing more and waited until killed
+from outside (seen: 5+ minutes)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mlxcluster.errors import EXIT_STALLED
+from tests.lab.jobs import bracketed, left_on_hosts, training_setup
+
+pytestmark = pytest.mark.lab
+
+STALL_TIMEOUT_S = 20
+# After the stall timeout: up to 1 s until the watch looks, ~1 s of SIGUSR1 and
+# state collection over ssh, the sweep (0.5 s + ssh), the launcher's stop and a
+# final sweep. Measured on the lab: see docs/training.md.
+DETECTION_BOUND_S = 25  # measured: 5.5-10.6 s over 7 runs
+
+
+def rank_process(lab, host, out) -> tuple[int, str]:
+    """(pid, run id) of this run's rank on ``host``, found as a user would:
+    over ssh on that host, by the wrapper's pid file of the run id read from
+    the rank's command line."""
+    cmdline = lab.ssh(host, f"pgrep -af '[r]ank_wrapper.*--out {out}' || true").stdout
+    found = re.search(r"mlxcluster_run=(mlxtrain-[0-9a-f]+)", cmdline)
+    assert found, cmdline
+    run_id = found.group(1)
+    rank = lab.hosts.index(host)
+    pid_file = lab.ssh(host, f"cat /tmp/mlxcluster-stacks/{run_id}/rank{rank}.pid").stdout.split()
+    assert pid_file[1] == host.name, pid_file  # the rank runs on that host
+    return int(pid_file[0]), run_id
+
+
+def our_prted(lab) -> list[int]:
+    """Open MPI daemons started on this lab's hosts. The lab's hosts share this
+    machine's process table with other labs (other test runs may run MPI
+    jobs at the same time), so a daemon is ours when the ssh session that
+    started it reached one of our hosts' addresses (its SSH_CONNECTION)."""
+    ips = [h.ip.encode() for h in lab.hosts]
+    found = subprocess.run(["pgrep", "-x", "prted"], capture_output=True, text=True).stdout.split()
+    ours = []
+    for pid in map(int, found):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile
+            continue
+        conn = next((e for e in env if e.startswith(b"SSH_CONNECTION=")), b"").split()
+        if len(conn) >= 3 and conn[2] in ips:
+            ours.append(pid)
+    return ours
+
+
+@pytest.mark.parametrize("backend", ["ring", "mpi"])
+def test_a_stopped_rank_is_found_named_and_stopped(lab3, lab_data, tmp_path, backend):
+    inventory, env = training_setup(lab3, tmp_path)
+    out = tmp_path / "run"
+    metrics = out / "metrics.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlxcluster", "train", "-i", str(inventory), "--backend", backend,
+         "--config", "tiny", "--no-preflight", "--stall-timeout", f"{STALL_TIMEOUT_S}s", "--",
+         "--steps", "100000", "--global_batch", "6", "--data", str(lab_data), "--out", str(out),
+         "--sample_tokens", "0"],
+        env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    stopped_pid = None
+    try:
+        deadline = time.monotonic() + 180
+        while not (metrics.exists() and metrics.read_text().count('"loss"') >= 3):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "training did not start"
+            time.sleep(0.3)
+        victim = lab3.hosts[1]
+        stopped_pid, run_id = rank_process(lab3, victim, out)
+        lab3.ssh(victim, f"kill -STOP {stopped_pid}")
+        stopped_at = time.monotonic()
+        stdout, stderr = proc.communicate(timeout=STALL_TIMEOUT_S + DETECTION_BOUND_S + 60)
+        ended_after = time.monotonic() - stopped_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if stopped_pid is not None:  # never leave a stopped process behind, even on failure
+            subprocess.run(["kill", "-CONT", str(stopped_pid)], capture_output=True)
+            subprocess.run(["kill", "-KILL", str(stopped_pid)], capture_output=True)
+    print(f"{backend}: ended {ended_after:.1f} s after SIGSTOP (stall timeout {STALL_TIMEOUT_S} s)")
+    assert proc.returncode == EXIT_STALLED, stdout[-2000:] + stderr[-3000:]
+    assert ended_after < STALL_TIMEOUT_S + DETECTION_BOUND_S, (ended_after, stderr[-2000:])
+    assert "Traceback" not in stdout + stderr
+    said = re.search(r"error: training stalled: no progress for (\d+) s \(stall timeout 20 s\): "
+                     r"rank 1 on labhost2 is stopped \(state T[^,]*, CPU time not advancing\); "
+                     r"ranks 0 and 2 wait in (\S+) at (train\.py:\d+)(?: \(in (\S+)\))?", stderr)
+    assert said, stderr[-3000:]
+    assert "rank 0 on labhost1: pid" in stderr and "rank 2 on labhost3: pid" in stderr
+    # Every rank's state and stacks, saved in the run's folder.
+    report = out / f"stall-{run_id}"
+    assert f"every rank's state and Python stacks: {report}" in stderr
+    assert "rank 1 on labhost2 is stopped" in (report / "summary.txt").read_text()
+    for rank in (0, 2):
+        stacks = (report / f"rank{rank}.txt").read_text()
+        function = said.group(4) or said.group(2)  # 'all_sum at train.py:479 (in run)'
+        assert f'line {said.group(3).split(":")[1]} in {function}' in stacks
+        assert "reference_train/train.py" in stacks and "rank_wrapper.py" in stacks
+    assert "no stack" in (report / "rank1.txt").read_text()
+    # Nothing of the job on any host: not the stopped rank, not the others, no dumps.
+    time.sleep(1)
+    assert left_on_hosts(lab3, bracketed(run_id), f"/tmp/mlxcluster-stacks/{bracketed(run_id)}") == {}
+    assert our_prted(lab3) == []  # no Open MPI daemon of this lab either
+    steps = metrics.read_text()
+    time.sleep(2)
+    assert metrics.read_text() == steps  # nobody trains on
+
+
+def test_a_rank_that_sleeps_before_its_all_sum_is_named_where_it_is(lab3, tmp_path):
+    """A tiny script under mlx.launch on the lab hosts, every rank under the
+    rank wrapper: rank 1 sleeps before its all_sum. The collection (ssh,
+    ps, SIGUSR1 stacks from ranks blocked inside the collective's C code)
+    and the diagnosis name rank 1, its host and its function; the others
+    wait at the all_sum line. The sweep then leaves nothing."""
+    from mlxcluster.inventory import load_inventory
+    from mlxcluster.smoke import remote
+    from mlxcluster.smoke.launch import hosts_from_inventory
+    from mlxcluster.stall import collect_states, diagnose
+    from mlxcluster.train_cleanup import marked_program, new_run_id, sweep
+    from tests.lab.jobs import REPO
+
+    script = REPO / "tests" / "lab" / "sleepy_allsum.py"
+    all_sum_line = next(i for i, line in enumerate(script.read_text().splitlines(), 1)
+                        if "ALL_SUM_LINE" in line)
+    hosts = hosts_from_inventory(load_inventory(lab3.write_inventory(tmp_path / "lab.yaml")))
+    env = lab3.env()
+    run_id = new_run_id()
+    program = marked_program(run_id, ["-m", "mlxcluster.rank_wrapper", str(script), "ring"])
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "mlx.launch"), "--hosts", ",".join(h.ip for h in lab3.hosts),
+         "--backend", "ring", "--python", lab3.python, f"--env=PYTHONPATH={REPO}", "--", *program],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+    try:
+        waiting: set[str] = set()
+        deadline = time.monotonic() + 120
+        while waiting != {"0", "2"}:
+            line = proc.stdout.readline()
+            assert line or proc.poll() is None, f"the job ended: {proc.stdout.read()}"
+            assert time.monotonic() < deadline, "ranks 0 and 2 never reached the all_sum"
+            if line.startswith("WAITING "):
+                waiting.add(line.split()[1])
+        time.sleep(1.0)  # inside the all_sum now
+        started = time.monotonic()
+        states = collect_states(list(hosts), run_id,
+                                run_script=lambda h, s: remote.run_script(h, s, env=env),
+                                for_each_host=remote.for_each_host)
+        took = time.monotonic() - started
+        text = diagnose(states)
+    finally:
+        sweep(hosts, run_id, env)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        output = proc.communicate()[0]
+    print(f"collection took {took:.1f} s: {text}")
+    assert "RESULT" not in output
+    assert [(s.rank, s.host) for s in states] == [(0, "labhost1"), (1, "labhost2"), (2, "labhost3")]
+    assert text.startswith("rank 1 on labhost2 is in before_all_sum at sleepy_allsum.py:10 (sleeping)"), text
+    assert text.endswith(f"ranks 0 and 2 wait in <module> at sleepy_allsum.py:{all_sum_line}"), text
+    assert took < 10
+    time.sleep(1)
+    assert left_on_hosts(lab3, bracketed(run_id), f"/tmp/mlxcluster-stacks/{bracketed(run_id)}") == {}

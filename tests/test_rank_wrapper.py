@@ -1,0 +1,103 @@
+"""The rank wrapper: runs a program unchanged, and dumps every thread's stack
+on SIGUSR1 into the rank's file without stopping it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mlxcluster.rank_wrapper import rank_of, stacks_dir
+
+REPO = Path(__file__).resolve().parents[1]
+
+WAITER = """
+import sys, threading, time
+def wait_in_collective():
+    print("ready", flush=True)
+    time.sleep(60)
+def helper():
+    time.sleep(60)
+threading.Thread(target=helper, name="helper", daemon=True).start()
+wait_in_collective()
+"""
+
+
+def wrapped(args, tmp_path, rank="1", **kw):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MLX_RANK": rank,
+           "MLXCLUSTER_STACKS_DIR": str(tmp_path / "stacks")}
+    return [sys.executable, "-X", "mlxcluster_run=mlxtrain-test", "-m", "mlxcluster.rank_wrapper",
+            *args], env
+
+
+def test_sigusr1_dumps_every_thread_and_the_rank_runs_on(tmp_path):
+    script = tmp_path / "waiter.py"
+    script.write_text(WAITER)
+    argv, env = wrapped([str(script)], tmp_path)
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        pid_line = (tmp_path / "stacks" / "rank1.pid").read_text().split()
+        assert int(pid_line[0]) == proc.pid and pid_line[1]
+        os.kill(proc.pid, signal.SIGUSR1)
+        stacks = tmp_path / "stacks" / "rank1.stacks"
+        deadline = time.monotonic() + 10
+        while "wait_in_collective" not in stacks.read_text():
+            assert time.monotonic() < deadline, stacks.read_text()
+            time.sleep(0.05)
+        text = stacks.read_text()
+        assert "waiter.py" in text and "in helper" in text  # both threads
+        assert "rank_wrapper.py" in text  # the main thread runs under the wrapper
+        time.sleep(0.2)
+        assert proc.poll() is None  # still running
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_module_runs_as_main_with_its_arguments_and_exit_code(tmp_path):
+    pkg = tmp_path / "mod_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "prog.py").write_text(
+        "import sys\nif __name__ == '__main__':\n"
+        "    print('argv', sys.argv[1:], sys.argv[0].endswith('prog.py'))\n    sys.exit(7)\n")
+    argv, env = wrapped(["-m", "mod_pkg.prog", "--steps", "3"], tmp_path)
+    proc = subprocess.run(argv, env={**env, "PYTHONPATH": f"{REPO}{os.pathsep}{tmp_path}"},
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 7, proc.stderr
+    assert proc.stdout.strip() == "argv ['--steps', '3'] True"
+
+
+def test_script_sees_its_own_directory_first_on_sys_path(tmp_path):
+    (tmp_path / "helper_mod.py").write_text("VALUE = 42\n")
+    script = tmp_path / "uses_helper.py"
+    script.write_text("import helper_mod, sys\nprint(helper_mod.VALUE, sys.argv)\n")
+    argv, env = wrapped([str(script), "a"], tmp_path)
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30, cwd="/")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"42 {[str(script), 'a']}"
+
+
+def test_without_a_program_it_says_how_to_call_it(tmp_path):
+    argv, env = wrapped([], tmp_path)
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 1 and "usage: python -m mlxcluster.rank_wrapper" in proc.stderr
+
+
+@pytest.mark.parametrize("environ, want", [
+    ({"MLX_RANK": "2"}, "2"), ({"OMPI_COMM_WORLD_RANK": "1"}, "1"), ({"PMIX_RANK": "0"}, "0"),
+])
+def test_rank_from_either_launcher(environ, want):
+    assert rank_of(environ) == want
+
+
+def test_no_rank_falls_back_to_the_pid_and_dir_to_the_run_id():
+    assert rank_of({}) == f"pid{os.getpid()}"
+    assert stacks_dir({}, "mlxtrain-ab") == "/tmp/mlxcluster-stacks/mlxtrain-ab"
+    assert stacks_dir({"MLXCLUSTER_STACKS_DIR": "/x"}, "mlxtrain-ab") == "/x"
