@@ -3,6 +3,7 @@ of them on every host afterwards."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -40,3 +41,22 @@ def left_on_hosts(lab, pattern: str, paths: str = "") -> dict[str, str]:
 def bracketed(marker: str) -> str:
     """A pgrep/pkill pattern matching ``marker`` whose own text does not."""
     return f"[{marker[0]}]{marker[1:]}"
+
+
+def our_prted(lab) -> list[int]:
+    """Open MPI daemons started on this lab's hosts. The lab's hosts share this
+    machine's process table with other labs (other test runs may run MPI
+    jobs at the same time), so a daemon is ours when the ssh session that
+    started it reached one of our hosts' addresses (its SSH_CONNECTION)."""
+    ips = [h.ip.encode() for h in lab.hosts]
+    found = subprocess.run(["pgrep", "-x", "prted"], capture_output=True, text=True).stdout.split()
+    ours = []
+    for pid in map(int, found):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile
+            continue
+        conn = next((e for e in env if e.startswith(b"SSH_CONNECTION=")), b"").split()
+        if len(conn) >= 3 and conn[2] in ips:
+            ours.append(pid)
+    return ours

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from mlxcluster.errors import EXIT_STALLED
-from tests.lab.jobs import bracketed, left_on_hosts, training_setup
+from tests.lab.jobs import bracketed, left_on_hosts, our_prted, training_setup
 
 pytestmark = pytest.mark.lab
 
@@ -44,25 +44,6 @@ def rank_process(lab, host, out) -> tuple[int, str]:
     pid_file = lab.ssh(host, f"cat /tmp/mlxcluster-stacks/{run_id}/rank{rank}.pid").stdout.split()
     assert pid_file[1] == host.name, pid_file  # the rank runs on that host
     return int(pid_file[0]), run_id
-
-
-def our_prted(lab) -> list[int]:
-    """Open MPI daemons started on this lab's hosts. The lab's hosts share this
-    machine's process table with other labs (other test runs may run MPI
-    jobs at the same time), so a daemon is ours when the ssh session that
-    started it reached one of our hosts' addresses (its SSH_CONNECTION)."""
-    ips = [h.ip.encode() for h in lab.hosts]
-    found = subprocess.run(["pgrep", "-x", "prted"], capture_output=True, text=True).stdout.split()
-    ours = []
-    for pid in map(int, found):
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:  # gone meanwhile
-            continue
-        conn = next((e for e in env if e.startswith(b"SSH_CONNECTION=")), b"").split()
-        if len(conn) >= 3 and conn[2] in ips:
-            ours.append(pid)
-    return ours
 
 
 @pytest.mark.parametrize("backend", ["ring", "mpi"])
