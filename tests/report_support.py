@@ -31,9 +31,13 @@ def this_machines_probe() -> str:
                           env=env, timeout=60, check=True).stdout
 
 
+# What doctor --backend jaccl fails on failing_cluster's captures.
+FAILING_CHECKS = ("thunderbolt-links", "ring-or-mesh", "rdma-devices", "thunderbolt-bridge", "rdma-enabled")
+
+
 def failing_cluster(fixtures: Path, root: Path) -> Path:
     """Four Macs from real captures whose cabling does not match up and whose
-    RDMA is off or unknown: doctor --backend jaccl fails four checks."""
+    RDMA is off or unknown: doctor --backend jaccl fails five checks (FAILING_CHECKS)."""
     layout = {host: {**files, **FACT_FILES} for host, files in {**MACCLUSTER, **OSAURUS}.items()}
     return make_capture_dir(fixtures, root, layout)
 

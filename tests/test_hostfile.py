@@ -262,7 +262,8 @@ def test_check_against_inventory_and_captures(inv, omlx_dir, tmp_path, macos_fix
     assert r.exit_code == 2 and "mbp.local: IP 10.0.0.1 is not on any interface of mbp" in r.output
 
 
-def test_generate_errors(inv, tmp_path, macos_fixtures):
+def test_generate_errors(inv, tmp_path, macos_fixtures, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # without -o generate writes (here: would write) hostfile-BACKEND.json
     r = cli("generate", "-i", str(inv), "--backend", "jaccl")
     assert r.exit_code == 2 and "needs the Thunderbolt topology" in r.output
     r = cli("generate", "-i", str(inv), "--backend", "ring", "--apply")
