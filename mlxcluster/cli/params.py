@@ -25,6 +25,33 @@ class Seconds(click.FloatRange):
         return number
 
 
+class Duration(click.ParamType):
+    """A duration: '90' or '90s' (seconds), '5m', '2h', '1.5m'; positive and
+    finite. Converts to seconds (float). Self-contained on purpose."""
+
+    name = "duration"
+    UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+    def __init__(self, min_s: float = 0.0, max_s: float = math.inf):
+        self.min_s, self.max_s = min_s, max_s
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            seconds = float(value)
+        else:
+            text = str(value).strip().lower()
+            unit = text[-1:] if text[-1:] in ("s", "m", "h") else ""
+            try:
+                seconds = float(text[:len(text) - len(unit)]) * self.UNITS[unit]
+            except ValueError:
+                self.fail(f"{value!r} is not a duration (e.g. 90, 90s, 5m, 2h)", param, ctx)
+        if not math.isfinite(seconds) or seconds <= 0:
+            self.fail(f"{value!r} is not a positive duration", param, ctx)
+        if not self.min_s <= seconds <= self.max_s:
+            self.fail(f"{value!r} is outside {self.min_s:g}..{self.max_s:g} seconds", param, ctx)
+        return seconds
+
+
 INVENTORY_HELP = ("Inventory YAML (default: $MLXCLUSTER_INVENTORY, else ./cluster.yaml, else "
                   "~/.config/mlxcluster/cluster.yaml).")
 
