@@ -7,7 +7,7 @@ import pytest
 
 from mlxcluster.errors import InputError
 from mlxcluster.smoke.launch import RankHost
-from mlxcluster.tune.candidates import Candidate, make_candidates, parse_backends
+from mlxcluster.tune.candidates import Candidate, make_candidates, parse_backends, parse_counts
 from mlxcluster.tune.select import Sample, choose, deciding_size
 
 M32 = 32 << 20
@@ -106,3 +106,7 @@ def test_only_tcp_backends_can_be_tuned():
     assert parse_backends("ring, mpi,ring") == ("ring", "mpi")
     with pytest.raises(InputError, match="jaccl"):
         parse_backends("ring,jaccl")
+    assert parse_counts("1, 4,1", "--connections") == (1, 4)
+    for bad in ("", "0", "x", "65"):
+        with pytest.raises(InputError, match="--connections"):
+            parse_counts(bad, "--connections")

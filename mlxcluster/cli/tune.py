@@ -23,7 +23,13 @@ from mlxcluster.outputs import write_files
 from mlxcluster.smoke.launch import hosts_from_inventory
 from mlxcluster.smoke.preflight import require_local_pythons
 from mlxcluster.smoke.stats import format_bytes, parse_size_range
-from mlxcluster.tune.candidates import TUNABLE_BACKENDS, parse_backends
+from mlxcluster.tune.candidates import (
+    MPI_TCP_LINKS,
+    RING_CONNECTIONS,
+    TUNABLE_BACKENDS,
+    parse_backends,
+    parse_counts,
+)
 from mlxcluster.tune.files import default_output, usage, winner_files
 from mlxcluster.tune.measure import Plan
 from mlxcluster.tune.result import TuneResult, to_dict
@@ -88,6 +94,10 @@ def render(result: TuneResult) -> str:
 @inventory_option()
 @click.option("--backend", "backends", default=",".join(TUNABLE_BACKENDS), show_default=True,
               help="Backends to tune, comma-separated (ring, mpi).")
+@click.option("--connections", default=",".join(map(str, RING_CONNECTIONS)), show_default=True,
+              help="ring: the --connections-per-ip values to try.")
+@click.option("--tcp-links", default=",".join(map(str, MPI_TCP_LINKS)), show_default=True,
+              help="mpi: the btl_tcp_links values to try.")
 @click.option("--sizes", default="32M", show_default=True,
               help="LO:HI bytes (powers of two between); 32M is what nn.average_gradients sends.")
 @click.option("--budget", "budget_s", type=Duration(1, 24 * 3600), default="5m", show_default=True,
@@ -103,10 +113,12 @@ def render(result: TuneResult) -> str:
               help="Hostfile to write with the winner (and OUTPUT.args beside it); "
                    "default hostfile-ring.json / hostfile-mpi.txt; '-' writes nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (docs/tune.md).")
-def command(inventory_path, backends, sizes, budget_s, max_rounds, iters, timeout_s, python,
+def command(inventory_path, backends, connections, tcp_links, sizes, budget_s, max_rounds, iters, timeout_s, python,
             output, as_json):
     """Measure ring/MPI connection settings and write the fastest."""
     names = parse_backends(backends)
+    ring_connections = parse_counts(connections, "--connections")
+    mpi_tcp_links = parse_counts(tcp_links, "--tcp-links")
     lo, hi = parse_size_range(sizes)
     inventory = load_chosen_inventory(inventory_path)
     if python:
@@ -115,8 +127,9 @@ def command(inventory_path, backends, sizes, budget_s, max_rounds, iters, timeou
     hosts = hosts_from_inventory(inventory)
     require_local_pythons(hosts)
     plan = Plan(tune_sizes(lo, hi), budget_s, iters=iters, max_rounds=max_rounds, timeout_s=timeout_s)
-    progress = None if as_json else (lambda text: click.echo(f"tune {text} ...", err=True))
-    result = run_tune(hosts, names, plan, on_progress=progress)
+    progress = None if as_json else (lambda text: click.echo(f"tune {text}", err=True))
+    result = run_tune(hosts, names, plan, on_progress=progress, ring_connections=ring_connections,
+                      mpi_tcp_links=mpi_tcp_links)
     winner = result.winner
     if winner and output != "-":
         path = output or default_output(winner)

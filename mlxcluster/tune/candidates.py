@@ -79,3 +79,14 @@ def make_candidates(backends: tuple[str, ...], hosts: tuple[RankHost, ...],
             base = Candidate("ring") if backend == "ring" else Candidate("mpi", tcp_links=4)
             out += [replace(base, ip_index=i) for i in range(n_ips)]
     return out
+
+
+def parse_counts(text: str, flag: str) -> tuple[int, ...]:
+    """'1,2,4' -> (1, 2, 4): the values of a knob to try (1..64 each)."""
+    try:
+        values = tuple(dict.fromkeys(int(v) for v in text.split(",") if v.strip()))
+    except ValueError:
+        values = ()
+    if not values or any(not 1 <= v <= 64 for v in values):
+        raise InputError(f"bad {flag} {text!r}", f"give whole numbers from 1 to 64, e.g. {flag} 1,2,4")
+    return values

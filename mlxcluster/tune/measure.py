@@ -108,6 +108,7 @@ def tcp_stream(sender: RankHost, receiver: RankHost, streams: int, seconds: floa
     try:
         proc.stdin.write(source)
         proc.stdin.close()
+        proc.stdin = None  # communicate() below must not flush it again
         if first_line(proc, 20.0) != "LISTENING":
             raise StreamError(f"tcp receiver on {receiver.name} did not start: "
                               f"{proc.stderr.read()[-300:] if proc.poll() is not None else 'no answer'}")
@@ -139,9 +140,16 @@ def first_line(proc: subprocess.Popen, timeout: float) -> str:
 
 def samples_of(candidate: Candidate, round_no: int, report: SmokeReport,
                sizes: tuple[int, ...]) -> list[Sample]:
-    """The benchmark rows of one passed run at the plan's sizes."""
-    return [Sample(candidate, round_no, b.op, b.bytes, b.busbw_gbps, b.p50_s, b.p90_s)
-            for b in report.bench if b.bytes in sizes and b.op in OPS]
+    """The benchmark rows of one passed run at the plan's sizes. all_gather
+    reports the gathered total, the size rounded down to a multiple of the
+    ranks' elements (3 ranks at 1 MiB: 1048572 bytes): it counts as the size
+    it was asked for."""
+    out = []
+    for b in report.bench:
+        nominal = next((s for s in sizes if 0 <= s - b.bytes < 8 * max(b.ranks, 1)), None)
+        if nominal is not None and b.op in OPS:
+            out.append(Sample(candidate, round_no, b.op, nominal, b.busbw_gbps, b.p50_s, b.p90_s))
+    return out
 
 
 def round_order(candidates: list[Candidate], round_no: int) -> list[Candidate]:
@@ -173,8 +181,9 @@ def measure(candidates: list[Candidate], plan: Plan, run_candidate: RunCandidate
                 break
         round_started = clock()
         for candidate in round_order([c for c in candidates if c not in out.failed], out.rounds):
-            say(f"round {out.rounds + 1}: {candidate.label}")
             report = run_candidate(candidate, plan)
+            say(f"round {out.rounds + 1}: {candidate.label}: {report.status} "
+                f"({report.duration_s:.1f} s)")
             if report.passed:
                 out.samples += samples_of(candidate, out.rounds, report, plan.sizes)
             else:
