@@ -148,3 +148,20 @@ def test_bad_durations(text):
         Duration().convert(text, None, None)
     with pytest.raises(click.BadParameter, match="outside"):
         Duration(1, 60).convert("2m", None, None)
+
+
+def test_the_table_marks_the_winner_and_the_ties_and_names_failures():
+    from mlxcluster.cli.tune import render
+
+    cluster = FakeCluster({"ring x1/ip": [1.0] * 9, "ring x2/ip": [1.01] * 9,
+                           "ring x4/ip": [0.5] * 9}, fail="ring x4/ip")
+    result = run_tune(HOSTS, ("ring",), Plan((M32,), budget_s=1e6, max_rounds=3, tcp_seconds=1),
+                      cluster.run, cluster.stream, clock=cluster.clock)
+    text = render(result)
+    assert "all_sum 32M:" in text and "all_gather 32M:" in text
+    lines = text.splitlines()
+    assert any(line.startswith("* ring x1/ip") and "200%" in line for line in lines)  # 1.0 / 0.5 GB/s
+    assert any(line.startswith("= ring x2/ip") for line in lines)
+    assert any(line.startswith("✗ ring x4/ip") and "hung" in line for line in lines)
+    assert ("decision (all_sum 32M): tie within noise: ring x1/ip = ring x2/ip "
+            "(best median: ring x2/ip); chose ring x1/ip: the simplest") in text
