@@ -56,6 +56,18 @@ def test_mlx_launch_plan_writes_an_mlx_hostfile():
     assert plan.data_ports == (("10.77.5.11", 32323), ("10.77.5.12", 32324), ("10.77.5.13", 32325))
 
 
+def test_connections_per_ip_reach_mlx_launch_and_shift_the_ports():
+    plan = launch.plan_mlx_launch("ring", LAB, WorkerOptions(connections_per_ip=2), {},
+                                  run_id="mlxsmoke-ab")
+    argv = plan.argv
+    assert argv[argv.index("--connections-per-ip") + 1] == "2"
+    assert argv.index("--connections-per-ip") < argv.index("--")  # a launcher flag, not the worker's
+    # mlx.launch gives each rank one port per IP and connection: 2 here.
+    assert plan.data_ports == (("10.77.5.11", 32323), ("10.77.5.12", 32325), ("10.77.5.13", 32327))
+    default = launch.plan_mlx_launch("ring", LAB, WorkerOptions(), {}, run_id="mlxsmoke-ac")
+    assert "--connections-per-ip" not in default.argv  # mlx.launch's own default (1)
+
+
 def test_mlx_launch_refuses_what_it_cannot_do():
     mixed = (LAB[0], RankHost("x", "10.77.5.20", ("10.77.5.20",), "/other/python"))
     with pytest.raises(InputError, match="different pythons"):

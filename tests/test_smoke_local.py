@@ -76,6 +76,16 @@ def test_ring_three_ranks_above_8mib():
     assert_nothing_left(report)
 
 
+def test_ring_with_two_connections_per_ip_moves_correct_data():
+    """The setting 'mlxcluster tune' measures: mlx.launch --connections-per-ip."""
+    code, report, _ = smoke("--backend", "ring", "--local", "3", "--sizes", "1K:1M",
+                            "--dtypes", "float32", "--connections-per-ip", "2")
+    ring = report["backends"][0]
+    assert code == 0, ring["reason"]
+    assert "--connections-per-ip" in ring["command"] and ring["checks"] == 3 * 3 * 4
+    assert_nothing_left(report)
+
+
 def test_mpi_three_ranks_bench_and_plot(tmp_path):
     png = tmp_path / "bw.png"
     code, report, _ = smoke("--backend", "mpi", "--local", "3", *SMALL, "--bench",

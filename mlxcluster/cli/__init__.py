@@ -26,6 +26,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "smoke",
     "train",
     "report",
+    "tune",
 )
 
 

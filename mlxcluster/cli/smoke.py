@@ -118,12 +118,14 @@ def render_bench(report: SmokeReport) -> str:
 @click.option("--dtypes", default=",".join(DTYPE_CHOICES), show_default=True)
 @click.option("--timeout", "timeout_s", type=Seconds(1, 3600), default=60.0, show_default=True,
               help="Per-phase deadline in seconds (init, correctness, bench).")
+@click.option("--connections-per-ip", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="ring: mlx.launch --connections-per-ip (what 'mlxcluster tune' measured).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (docs/smoke.md).")
 @click.option("--plot", type=click.Path(dir_okay=False),
               help="Write a PNG of busbw and latency (or .pdf, .svg: the file's extension).")
 @html_option("the results (and the benchmark plots)")
 def command(backend, hostfile, inventory_path, local_n, python, bench, sizes, dtypes, timeout_s,
-            as_json, plot, html_path):
+            connections_per_ip, as_json, plot, html_path):
     """Run all_sum / all_gather / send-recv smoke tests per backend."""
     sources = [s for s in (hostfile, inventory_path, local_n) if s]
     if len(sources) > 1:
@@ -135,7 +137,8 @@ def command(backend, hostfile, inventory_path, local_n, python, bench, sizes, dt
         check_plot_path(plot)
     check_html_path(html_path)
     lo, hi = parse_size_range(sizes)
-    opts = WorkerOptions(dtypes=parse_dtypes(dtypes), lo_bytes=lo, hi_bytes=hi, bench=bench)
+    opts = WorkerOptions(dtypes=parse_dtypes(dtypes), lo_bytes=lo, hi_bytes=hi, bench=bench,
+                         connections_per_ip=connections_per_ip)
     file_backend = ""
     inventory = None
     if local_n:

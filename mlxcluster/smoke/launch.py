@@ -91,6 +91,7 @@ class WorkerOptions:
     warmup: int = 5
     iters: int = 20
     ops: tuple[str, ...] = ("all_sum", "all_gather", "send_recv")  # the worker's OPS
+    connections_per_ip: int = 1  # ring: mlx.launch --connections-per-ip (one port each)
 
 
 @dataclass
@@ -223,7 +224,8 @@ def plan_mlx_launch(backend: str, hosts: tuple[RankHost, ...], opts: WorkerOptio
                          'give each host "ips" in the hostfile or inventory')
     n = len(hosts)
     all_local = all(h.is_local for h in hosts)
-    port = port or (free_port_block(n) if all_local else RING_PORT)
+    per_rank = max(len(h.ips) for h in hosts) * opts.connections_per_ip  # ports per rank
+    port = port or (free_port_block(n * per_rank) if all_local else RING_PORT)
     hostfile = MlxHostfile(backend, (), tuple(HostEntry(h.ssh_target, h.ips, h.rdma)
                                               for h in hosts))
     hostfile_path = f"{run_dir}/hostfile.json"
@@ -231,12 +233,19 @@ def plan_mlx_launch(backend: str, hosts: tuple[RankHost, ...], opts: WorkerOptio
     env_args = [f"--env={e}" for e in rank_env(hosts, environ)]
     argv = [mlx_launch_path(launcher_python), "--hostfile", hostfile_path, "--backend", backend,
             "--python", single_python(hosts), "--starting-port", str(port), "--cwd", "/tmp",
+            *(["--connections-per-ip", str(opts.connections_per_ip)]
+              if opts.connections_per_ip > 1 else []),
             *env_args, "--", f"{run_dir}/worker.py",
             *worker_args(backend, n, run_id, run_dir, opts)]
     env = dict(environ)
     env.pop("MLX_HOSTFILE", None)
     env.pop("MLX_RANK", None)
-    ports = tuple((h.ips[0] if h.ips else h.ssh, port + r) for r, h in enumerate(hosts))
+    # mlx.launch numbers ports rank by rank, IP by IP, connection by connection.
+    firsts, next_port = [], port
+    for h in hosts:
+        firsts.append(next_port)
+        next_port += max(len(h.ips), 1) * opts.connections_per_ip
+    ports = tuple((h.ips[0] if h.ips else h.ssh, firsts[r]) for r, h in enumerate(hosts))
     return LaunchPlan(backend, run_id, argv, env, hosts, run_dir, ports,
                       {hostfile_path: hostfile.dumps()})
 
