@@ -1,4 +1,5 @@
-"""Hand-off to the reference trainer: preflight, then one trainer process per host.
+"""Hand-off to the reference trainer (or `mlxcluster run`'s own program,
+``TrainJob.program``): preflight, then one process per host.
 
 Flow (`mlxcluster train`): build a `TrainJob` from an inventory, an mlx.launch
 hostfile or `--local N`; `probe_hosts` runs the job's python on every host over
