@@ -17,12 +17,14 @@ from __future__ import annotations
 import os
 import re
 import threading
+from collections import deque
 from pathlib import Path
 from typing import TextIO
 
 from mlxcluster.errors import InputError
 
 RANK_LINE_RE = re.compile(r"^\[(\d+)\] ?(.*)$", re.S)
+TAIL_LINES = 20  # kept per rank: shown when a rank hidden by --rank0-only fails
 USAGE_HINT = "e.g. mlxcluster run --local 2 -- python train.py --lr 0.1, or -- -m my.module ARGS"
 
 
@@ -76,6 +78,7 @@ class RankLogs:
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self._files: dict[str, TextIO] = {}
+        self._tails: dict[int, deque[str]] = {}
         self._lock = threading.Lock()
 
     def write(self, line: str) -> tuple[int | None, str]:
@@ -88,7 +91,14 @@ class RankLogs:
                 f = self._files[name] = open(self.folder / name, "a", encoding="utf-8")  # noqa: SIM115
             f.write(text.rstrip("\r") + "\n")
             f.flush()
+            if rank is not None:
+                self._tails.setdefault(rank, deque(maxlen=TAIL_LINES)).append(text.rstrip("\r"))
         return rank, text
+
+    def tail(self, rank: int) -> list[str]:
+        """The last lines (up to ``TAIL_LINES``) rank ``rank`` wrote."""
+        with self._lock:
+            return list(self._tails.get(rank, ()))
 
     def files(self) -> list[Path]:
         with self._lock:

@@ -212,7 +212,7 @@ def check_backend(backend: str) -> None:
                          f"{', '.join(MLX_BACKENDS)})",
                          "use --backend ring (TCP, always available) or mpi")
     if backend not in BACKENDS:
-        raise BackendUnavailable(f"mlxcluster train supports the {' and '.join(BACKENDS)} "
+        raise BackendUnavailable(f"mlxcluster train and run support the {' and '.join(BACKENDS)} "
                                  f"backends, not {backend!r}",
                                  "use --backend ring (TCP, always available) or mpi")
 

@@ -33,6 +33,7 @@ g = mx.distributed.init(strict=True, backend="any")
 print(f"rank {g.rank()} pid {os.getpid()}", flush=True)
 if g.rank() == 1:
     time.sleep(1)
+    print("rank 1 gives up", file=sys.stderr)
     sys.exit(3)
 time.sleep(120)
 """
@@ -74,18 +75,27 @@ def test_rank0_only_shows_rank_0_and_still_logs_every_rank(tmp_path):
     assert "rank 1 of 2: all_sum 2" in (runs[0] / "rank1.log").read_text()
 
 
-@pytest.mark.parametrize("backend", ["ring", "mpi"])
-def test_rank_1_exits_3_every_rank_stops_exit_3(tmp_path, backend):
+@pytest.mark.parametrize("backend, rank0_only", [("ring", False), ("mpi", True)])
+def test_rank_1_exits_3_every_rank_stops_exit_3(tmp_path, backend, rank0_only):
+    """...and with --rank0-only, the failing rank's last lines are shown at the end."""
     (tmp_path / "fails.py").write_text(FAILS)
     start = time.monotonic()
     proc = mlxcluster_run(tmp_path, "--local", "3", "--backend", backend, "--no-preflight",
+                          *(["--rank0-only"] if rank0_only else []),
                           "--logs", "logs", "--", "-m", "fails", timeout=150)
     took = time.monotonic() - start
     out = proc.stdout + proc.stderr
     assert proc.returncode == 3, out
     assert took < 60, f"the other ranks were not stopped ({took:.0f} s)"
     assert "run failed: rank 1 exited with code 3; every rank was stopped" in proc.stderr
-    pids = [int(ln.split()[-1]) for ln in proc.stdout.splitlines() if " pid " in ln]
+    if rank0_only:
+        assert "[2] " not in out and "last lines of rank 1 (logs/rank1.log):" in proc.stderr
+        assert proc.stderr.index("[1] rank 1 gives up") > proc.stderr.index("last lines of rank 1")
+    else:
+        assert "[1] rank 1 gives up" in out
+    pids = [int(ln.split()[-1]) for ln in (tmp_path / "logs").joinpath("rank0.log").read_text()
+            .splitlines() + (tmp_path / "logs").joinpath("rank1.log").read_text().splitlines()
+            + (tmp_path / "logs").joinpath("rank2.log").read_text().splitlines() if " pid " in ln]
     assert len(pids) == 3, out
     for pid in pids:
         assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(

@@ -115,6 +115,10 @@ def test_rank_tags_and_one_log_per_rank(tmp_path):
     assert (tmp_path / "logs/rank1.log").read_text() == "hello\nagain\n"
     assert (tmp_path / "logs/rank0.log").read_text() == "zero\n"
     assert (tmp_path / "logs/launcher.log").read_text() == "mpirun says\n"
+    assert logs.tail(1) == ["hello", "again"] and logs.tail(5) == []
+    for i in range(30):
+        logs.write(f"[3] line {i}")
+    assert logs.tail(3) == [f"line {i}" for i in range(10, 30)]  # the last 20
 
 
 def test_any_line_is_progress_for_a_run():

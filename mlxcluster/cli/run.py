@@ -137,6 +137,13 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, no
         else:
             click.secho(f"run failed: {who} exited with code {outcome.exit_code}; every rank "
                         "was stopped", fg="red", err=True)
+        if rank0_only and outcome.failed_rank not in (None, 0):  # its lines were not shown
+            hidden = logs.tail(outcome.failed_rank)
+            if hidden:
+                click.echo(f"last lines of rank {outcome.failed_rank} "
+                           f"({logs_path / f'rank{outcome.failed_rank}.log'}):", err=True)
+                for line in hidden:
+                    click.echo(f"[{outcome.failed_rank}] {line}", err=True)
         for known in diagnose(outcome.lines):
             click.echo(f"known error: {known.text(mlx_version)}", err=True)
         click.echo(f"logs: {logs_path}", err=True)
