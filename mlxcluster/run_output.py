@@ -72,7 +72,8 @@ def split_rank(line: str) -> tuple[int | None, str]:
 class RankLogs:
     """One file per rank (``rank<R>.log``) plus ``launcher.log`` for the
     lines no rank wrote, in ``folder``. Thread-safe (stdout and stderr are
-    pumped by two threads); files open as their first line arrives."""
+    pumped by two threads); each file is opened, emptied, as its first line
+    arrives (a reused folder: each file written holds this run's lines)."""
 
     def __init__(self, folder: Path):
         self.folder = Path(folder)
@@ -88,7 +89,7 @@ class RankLogs:
         with self._lock:
             f = self._files.get(name)
             if f is None:
-                f = self._files[name] = open(self.folder / name, "a", encoding="utf-8")  # noqa: SIM115
+                f = self._files[name] = open(self.folder / name, "w", encoding="utf-8")  # noqa: SIM115
             f.write(text.rstrip("\r") + "\n")
             f.flush()
             if rank is not None:
