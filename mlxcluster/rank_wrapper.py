@@ -22,20 +22,45 @@ Then it runs the program unchanged (``runpy``, as ``python -m`` / ``python
 script.py`` would: ``__main__``, ``sys.argv``, ``sys.path[0]``). R is the
 launcher's rank (MLX_RANK for mlx.launch, OMPI_COMM_WORLD_RANK / PMIX_RANK
 for mpirun).
+
+With ``MLXCLUSTER_TAG_OUTPUT=1`` (``mlxcluster run`` sets it) every line the
+rank writes to stdout or stderr, from Python or from C, starts with ``[R] ``:
+file descriptors 1 and 2 become pipes read by a forked helper process that
+prefixes each complete line and writes it to the original descriptor (a
+partial line waits for its newline, or the end). stdout is made line
+buffered, so lines leave as they are printed, as on a terminal. At exit the
+rank closes its ends and waits (up to ``DRAIN_WAIT_S``) for the helper to
+write the last lines, so that the launcher sees them before the rank ends.
+
+A program that fails (an uncaught exception, or ``sys.exit`` with a non-zero
+code) ends its process at once with that code (1 for an exception), after
+its traceback and output are written: ``os._exit``, skipping interpreter
+shutdown. Measured here with Open MPI 5: a rank that called ``sys.exit(3)``
+after ``mx.distributed.init`` waited in MPI's finalize until every other rank
+ended on its own (120 s), so mpirun could not stop the job; exiting at once
+lets mpirun (and mlx.launch) see the failure and stop the others. Atexit
+handlers of a failed program do not run.
 """
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import os
 import runpy
+import select
 import signal
 import socket
 import sys
+import time
+import traceback
 
 RUN_MARK = "mlxcluster_run"  # as train_cleanup.RUN_MARK (kept import-free here)
 STACKS_ROOT = "/tmp/mlxcluster-stacks"
 RANK_VARS = ("MLX_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
+TAG_VAR = "MLXCLUSTER_TAG_OUTPUT"
+DRAIN_WAIT_S = 5.0
+MAX_PARTIAL = 65536  # a "line" this long without a newline is passed on as it is
 USAGE = "usage: python -m mlxcluster.rank_wrapper (-m MODULE | SCRIPT) [ARGS...]"
 
 
@@ -63,6 +88,111 @@ def install(directory: str, rank: str):
     return dump
 
 
+def tag_output(rank: str) -> int:
+    """Prefix every line of fds 1 and 2 with ``[rank] `` (see the module
+    docstring); returns the helper's pid."""
+    prefix = f"[{rank}] ".encode()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pipes = [(fd, *os.pipe()) for fd in (1, 2)]
+    pid = os.fork()
+    if pid == 0:  # the helper: no Python of the program runs here
+        code = 0
+        try:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # drain what the rank writes as it stops
+            for _, _, w in pipes:
+                os.close(w)
+            prefix_lines({r: fd for fd, r, _ in pipes}, prefix)
+        except BaseException:  # noqa: BLE001 - nowhere left to report it
+            code = 1
+        finally:
+            os._exit(code)
+    for fd, r, w in pipes:
+        os.dup2(w, fd)
+        os.close(w)
+        os.close(r)
+    sys.stdout.reconfigure(line_buffering=True)
+    sys.stderr.reconfigure(line_buffering=True)
+    atexit.register(drain, pid)
+    return pid
+
+
+def prefix_lines(sources: dict[int, int], prefix: bytes) -> None:
+    """Copy each read fd to its write fd, ``prefix`` before every line, until
+    every read fd is at its end."""
+    partial = {r: b"" for r in sources}
+    while partial:
+        ready, _, _ = select.select(list(partial), [], [])
+        for r in ready:
+            data = os.read(r, 65536)
+            out = sources[r]
+            if not data:  # the end: the last partial line, then this source is done
+                if partial[r]:
+                    write_all(out, prefix + partial.pop(r) + b"\n")
+                else:
+                    partial.pop(r)
+                os.close(r)
+                continue
+            *lines, rest = (partial[r] + data).split(b"\n")
+            if len(rest) >= MAX_PARTIAL:
+                lines.append(rest)
+                rest = b""
+            partial[r] = rest
+            if lines:
+                write_all(out, b"".join(prefix + line + b"\n" for line in lines))
+
+
+def write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def drain(helper: int, wait_s: float = DRAIN_WAIT_S) -> None:
+    """At exit: close this process's ends of the pipes and give the helper
+    time to write the last lines (a child process still holding the pipes
+    keeps it open: then stop waiting after ``wait_s``)."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    os.close(null)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            done, _ = os.waitpid(helper, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if done:
+            return
+        time.sleep(0.02)
+
+
+def exit_code(done: SystemExit) -> int:
+    """The process exit code ``sys.exit(value)`` asks for (a message: 1)."""
+    if done.code is None:
+        return 0
+    if isinstance(done.code, int):
+        return done.code
+    return 1
+
+
+def end_now(code: int, helper: int | None) -> None:
+    """Flush, let the tagging helper write the last lines, and exit with
+    ``code`` without interpreter shutdown (see the module docstring)."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    if helper is not None:
+        drain(helper)
+    os._exit(code & 0xFF if code >= 0 else 1)
+
+
 def run_program(args: list[str]) -> None:
     """``python -m MODULE ARGS`` or ``python SCRIPT ARGS``, in this process."""
     if args[0] == "-m":
@@ -84,11 +214,23 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(USAGE)
     run_id = getattr(sys, "_xoptions", {}).get(RUN_MARK)
     run_id = run_id if isinstance(run_id, str) else None
+    helper = tag_output(rank_of(os.environ)) if os.environ.get(TAG_VAR) == "1" else None
     try:
         install(stacks_dir(os.environ, run_id), rank_of(os.environ))
     except OSError as err:  # no stacks on demand, but the job itself still runs
         print(f"mlxcluster rank_wrapper: no stack dumps ({err})", file=sys.stderr, flush=True)
-    run_program(args)
+    try:
+        run_program(args)
+    except SystemExit as done:
+        code = exit_code(done)
+        if code == 0:
+            raise
+        if not isinstance(done.code, int) and done.code is not None:
+            print(done.code, file=sys.stderr)  # as Python prints sys.exit("message")
+        end_now(code, helper)
+    except Exception:  # noqa: BLE001 - shown as Python shows it, then the rank ends at once
+        traceback.print_exc()
+        end_now(1, helper)
 
 
 if __name__ == "__main__":

@@ -125,6 +125,22 @@ class StallWatch:
         return self.silent_for(now) > self.limit()
 
 
+class LineWatch(StallWatch):
+    """For a program of the user's own (`mlxcluster run`): any output line
+    is progress. The limit is the given timeout, counted from the launch
+    (no startup grace: the user chose it knowing the program)."""
+
+    def __init__(self, timeout: float | None = None, **kw):
+        kw.setdefault("startup_grace", 0.0)
+        super().__init__(timeout, **kw)
+
+    def feed(self, line: str) -> str | None:
+        shown = super().feed(line)  # a heartbeat, if the program prints them, is still hidden
+        with self._lock:
+            self.last_progress, self.armed = self.clock(), True
+        return shown
+
+
 # ---------------------------------------------------------------- rank states
 
 

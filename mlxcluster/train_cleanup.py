@@ -24,8 +24,9 @@ SSH_LOST = 255  # ssh's own exit code: the connection failed or was lost
 _MPI_REMOTE_HOST = re.compile(r"^\s*Remote host:\s+(\S+)\s*$")
 
 
-def new_run_id() -> str:
-    return f"mlxtrain-{secrets.token_hex(5)}"
+def new_run_id(prefix: str = "mlxtrain") -> str:
+    """A unique run id (``mlxtrain-<hex>``; `mlxcluster run` uses ``mlxrun``)."""
+    return f"{prefix}-{secrets.token_hex(5)}"
 
 
 def marked_program(run_id: str, program: list[str]) -> list[str]:

@@ -1,4 +1,5 @@
-"""Hand-off to the reference trainer: preflight, then one trainer process per host.
+"""Hand-off to the reference trainer (or `mlxcluster run`'s own program,
+``TrainJob.program``): preflight, then one process per host.
 
 Flow (`mlxcluster train`): build a `TrainJob` from an inventory, an mlx.launch
 hostfile or `--local N`; `probe_hosts` runs the job's python on every host over
@@ -82,11 +83,14 @@ try:
     out["mlx"] = md.version("mlx")
 except Exception as e:
     out["mlx_error"] = f"{type(e).__name__}: {e}"
-try:
-    import reference_train.train
-    out["reference_train"] = True
-except Exception as e:
-    out["reference_train_error"] = f"{type(e).__name__}: {e}"
+if NEED_TRAINER:
+    try:
+        import reference_train.train
+        out["reference_train"] = True
+    except Exception as e:
+        out["reference_train_error"] = f"{type(e).__name__}: {e}"
+if SCRIPT:
+    out["script"] = os.path.isfile(SCRIPT)
 try:
     import mlxcluster.rank_wrapper  # every rank runs under it (stall detection)
 except Exception as e:
@@ -122,6 +126,11 @@ class TrainJob:
     mpi_args: tuple[str, ...] = ()
     starting_port: int = 32323
     env: dict[str, str] = field(default_factory=dict)
+    # The python arguments every rank runs (after the rank wrapper): None is
+    # the reference trainer with trainer_args; `mlxcluster run` sets its own
+    # (``("/abs/script.py", ARGS...)`` or ``("-m", "module", ARGS...)``).
+    program: tuple[str, ...] | None = None
+    tag_output: bool = False  # every rank's lines start with "[R] " (rank_wrapper)
 
 
 @dataclass(frozen=True)
@@ -203,7 +212,7 @@ def check_backend(backend: str) -> None:
                          f"{', '.join(MLX_BACKENDS)})",
                          "use --backend ring (TCP, always available) or mpi")
     if backend not in BACKENDS:
-        raise BackendUnavailable(f"mlxcluster train supports the {' and '.join(BACKENDS)} "
+        raise BackendUnavailable(f"mlxcluster train and run support the {' and '.join(BACKENDS)} "
                                  f"backends, not {backend!r}",
                                  "use --backend ring (TCP, always available) or mpi")
 
@@ -221,14 +230,38 @@ def host_argv(job: TrainJob, host: RankHost, remote_command: str) -> list[str]:
 
 def rank_env(job: TrainJob) -> dict[str, str]:
     """Variables every rank gets: PYTHONPATH to reference_train (and
-    mlxcluster.rank_wrapper), heartbeat lines on, plus the job's own."""
-    return {"PYTHONPATH": str(package_root()), "MLXCLUSTER_HEARTBEAT": "1", **job.env}
+    mlxcluster.rank_wrapper) ahead of the job's own PYTHONPATH, heartbeat
+    lines on, rank-tagged output for ``tag_output``, plus the job's env."""
+    env = {"MLXCLUSTER_HEARTBEAT": "1", **job.env}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(package_root()), job.env.get("PYTHONPATH"))
+                                        if p)
+    if job.tag_output:
+        env["MLXCLUSTER_TAG_OUTPUT"] = "1"
+    return env
+
+
+def rank_program(job: TrainJob) -> tuple[str, ...]:
+    """What each rank's python runs after the rank wrapper: the job's
+    program, else the reference trainer (its progress bar off: output arrives
+    line by line, and mpirun gives ranks a terminal; the user's --progress
+    still wins)."""
+    if job.program is not None:
+        return job.program
+    return ("-m", "reference_train.train", "--progress", "false", *job.trainer_args)
+
+
+def script_path(job: TrainJob) -> str | None:
+    """The script file a `run` job starts (None for a module or the trainer)."""
+    if job.program and job.program[0] != "-m":
+        return job.program[0]
+    return None
 
 
 def probe_hosts(job: TrainJob, env: dict[str, str] | None = None,
                 timeout: float = PROBE_TIMEOUT) -> list[HostProbe]:
     """Run the probe on every distinct host, in parallel; never raises for one host."""
-    script = f"CANDIDATES = {list(OPENBLAS_CANDIDATES)!r}\n{PROBE_SCRIPT}"
+    script = (f"CANDIDATES = {list(OPENBLAS_CANDIDATES)!r}\nSCRIPT = {script_path(job)!r}\n"
+              f"NEED_TRAINER = {job.program is None!r}\n{PROBE_SCRIPT}")
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in rank_env(job).items())
     remote = f"env {exports} {shlex.quote(job.python)} -c {shlex.quote(script)}"
     distinct = list({(h.ssh, h.port, h.user): h for h in job.hosts}.values())
@@ -249,14 +282,19 @@ def probe_hosts(job: TrainJob, env: dict[str, str] | None = None,
 
 
 def check_probes(job: TrainJob, probes: list[HostProbe]) -> list[str]:
-    """Problems that would stop the trainer, one line per host and cause."""
+    """Problems that would stop the trainer (or a `run` program), one line per
+    host and cause."""
     problems = []
+    script = script_path(job)
     for p in probes:
         if p.error:
             problems.append(f"{p.host.name}: cannot run {job.python}: {p.error}")
         elif "mlx" not in p.facts:
             problems.append(f"{p.host.name}: mlx does not import: {p.facts.get('mlx_error')}")
-        elif not p.facts.get("reference_train"):
+        elif script and p.facts.get("script") is False:
+            problems.append(f"{p.host.name}: no file {script} (every rank runs it from that path; "
+                            "copy it there or use a shared folder)")
+        elif job.program is None and not p.facts.get("reference_train"):
             problems.append(f"{p.host.name}: reference_train does not import: "
                             f"{p.facts.get('reference_train_error')}")
         elif p.facts.get("rank_wrapper_error"):
@@ -545,8 +583,10 @@ def launch_training(job: TrainJob, on_line: Callable[[str, str], None],
                     env: dict[str, str] | None = None,
                     timeout: float | None = None,
                     stall_timeout: float | str | None = AUTO,
-                    report_dir: Path | None = None) -> RunOutcome:
-    """Run `python -m reference_train.train ARGS` on every rank and wait for the end.
+                    report_dir: Path | None = None, run_id: str | None = None,
+                    any_line_progress: bool = False) -> RunOutcome:
+    """Run the job's program (``rank_program``: by default `python -m
+    reference_train.train ARGS`) on every rank and wait for the end.
 
     The launcher reaches the hosts through launcher_ssh's ssh (keepalive,
     BatchMode, the inventory's ssh_config): a host that dies mid-run ends that
@@ -558,12 +598,15 @@ def launch_training(job: TrainJob, on_line: Callable[[str, str], None],
     (stall.StallWatch's default), or None (not watched). On a stall, the
     report (summary and every rank's stacks) goes to
     ``report_dir``/stall-RUN_ID (default: the current directory), every rank
-    is stopped, and stall.Stalled is raised."""
-    run_id = new_run_id()
+    is stopped, and stall.Stalled is raised. ``any_line_progress``: every
+    output line counts as progress, not only heartbeats (`mlxcluster run`:
+    a program of its own prints none). ``run_id``: default a new one."""
+    run_id = run_id or new_run_id()
     base_env = dict(os.environ if env is None else env)
     watch = None
     if stall_timeout is not None:
-        watch = stall.StallWatch(None if stall_timeout == AUTO else float(stall_timeout))
+        limit = None if stall_timeout == AUTO else float(stall_timeout)
+        watch = stall.LineWatch(limit) if any_line_progress else stall.StallWatch(limit)
 
     def on_stall() -> MlxclusterError:
         return stop_stalled(job, run_id, watch, Path(report_dir or "."), base_env)
@@ -571,11 +614,7 @@ def launch_training(job: TrainJob, on_line: Callable[[str, str], None],
     try:
         with tempfile.TemporaryDirectory(prefix="mlxcluster-train.") as tmp:
             hostfile = write_hostfile(job, Path(tmp))
-            # Output arrives here line by line, so a progress bar (mpirun gives ranks a
-            # terminal) would only add noise; the user's own --progress still wins.
-            program = marked_program(run_id, ["-m", "mlxcluster.rank_wrapper",
-                                              "-m", "reference_train.train", "--progress", "false",
-                                              *job.trainer_args])
+            program = marked_program(run_id, ["-m", "mlxcluster.rank_wrapper", *rank_program(job)])
             argv = launcher_argv(job, hostfile, program)
             launcher_env = launcher_environment(base_env, Path(tmp) / "bin", job.ssh_config)
             outcome = run_streaming(argv, on_line, env=launcher_env, timeout=timeout,
@@ -616,12 +655,13 @@ def stop_stalled(job: TrainJob, run_id: str, watch: stall.StallWatch, report_roo
     sweep(hosts, run_id, env)  # stop every rank now; launch_training sweeps once more
     where = f"every rank's state and Python stacks: {folder}" if folder else \
         "the stacks could not be saved"
+    what, resume = ("training", ", then rerun with '-- --resume auto' to continue from the "
+                    "last checkpoint") if job.program is None else ("the job", "")
     return stall.Stalled(
-        f"training stalled: no progress for {silent:.0f} s (stall timeout {limit:.0f} s): "
+        f"{what} stalled: no progress for {silent:.0f} s (stall timeout {limit:.0f} s): "
         f"{summary}\n" + "\n".join(f"  {line}" for line in stall.rank_lines(states)),
         f"{where}; every rank was stopped. Look at the named rank's host (swapped out, "
-        "stopped, a hung collective), then rerun with '-- --resume auto' to continue from the "
-        "last checkpoint", report_dir=folder)
+        f"stopped, a hung collective){resume}", report_dir=folder)
 
 
 def trainer_help(args: tuple[str, ...]) -> str | None:
@@ -705,5 +745,7 @@ def check_out_here(out: str) -> None:
 
 
 def trainer_command(job: TrainJob) -> str:
-    """The trainer command line every rank runs, for display."""
+    """The command line every rank runs (the trainer, or a `run` program), for display."""
+    if job.program is not None:
+        return shlex.join([job.python, *job.program])
     return shlex.join([job.python, "-m", "reference_train.train", *job.trainer_args])

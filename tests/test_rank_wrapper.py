@@ -101,3 +101,60 @@ def test_no_rank_falls_back_to_the_pid_and_dir_to_the_run_id():
     assert rank_of({}) == f"pid{os.getpid()}"
     assert stacks_dir({}, "mlxtrain-ab") == "/tmp/mlxcluster-stacks/mlxtrain-ab"
     assert stacks_dir({"MLXCLUSTER_STACKS_DIR": "/x"}, "mlxtrain-ab") == "/x"
+
+
+TALKER = """
+import os, sys
+print("out line")
+print("err line", file=sys.stderr)
+os.write(1, b"from C level\\nno newline at the end")
+raise RuntimeError("boom")
+"""
+
+
+def test_tagged_output_prefixes_every_line_with_the_rank(tmp_path):
+    """MLXCLUSTER_TAG_OUTPUT=1: Python's and C-level lines on both streams,
+    a last partial line and the traceback all start with '[R] '."""
+    script = tmp_path / "talker.py"
+    script.write_text(TALKER)
+    argv, env = wrapped([str(script)], tmp_path, rank="2")
+    proc = subprocess.run(argv, env={**env, "MLXCLUSTER_TAG_OUTPUT": "1"}, capture_output=True,
+                          text=True, timeout=30)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stdout.splitlines() == ["[2] out line", "[2] from C level",
+                                        "[2] no newline at the end"]
+    err = proc.stderr.splitlines()
+    assert err[0] == "[2] err line" and err[-1] == "[2] RuntimeError: boom"
+    assert all(line.startswith("[2] ") for line in err), err
+
+
+def test_untagged_output_is_unchanged(tmp_path):
+    script = tmp_path / "talker.py"
+    script.write_text(TALKER)
+    argv, env = wrapped([str(script)], tmp_path)
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
+    assert sorted(proc.stdout.splitlines()) == ["from C level", "no newline at the end", "out line"]
+    assert "[1]" not in proc.stdout + proc.stderr and proc.returncode == 1
+
+
+@pytest.mark.parametrize("ending, code, said", [
+    ("sys.exit(3)", 3, None), ("sys.exit('gave up')", 1, "gave up"),
+    ("raise ValueError('bad')", 1, "ValueError: bad"), ("sys.exit(0)", 0, None),
+])
+def test_a_failing_program_ends_at_once_with_its_code(tmp_path, ending, code, said):
+    """A failure skips interpreter shutdown (where MPI's finalize waited for
+    the other ranks): an atexit handler that would take 20 s does not run;
+    a success still runs it (here made short)."""
+    script = tmp_path / "ends.py"
+    slow = "20" if code else "0.1"
+    script.write_text(f"import atexit, sys, time\natexit.register(time.sleep, {slow})\n"
+                      f"print('before', flush=True)\n{ending}\n")
+    argv, env = wrapped([str(script)], tmp_path)
+    start = time.monotonic()
+    proc = subprocess.run(argv, env={**env, "MLXCLUSTER_TAG_OUTPUT": "1"}, capture_output=True,
+                          text=True, timeout=30)
+    assert time.monotonic() - start < 10
+    assert proc.returncode == code, proc.stderr
+    assert proc.stdout == "[1] before\n"
+    if said:
+        assert proc.stderr.splitlines()[-1] == f"[1] {said}"

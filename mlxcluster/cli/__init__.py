@@ -25,6 +25,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "hostfile",
     "smoke",
     "train",
+    "run",
     "report",
     "tune",
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -29,6 +30,7 @@ from mlxcluster.train_launch import (
     launcher_name,
     openblas_env,
     probe_hosts,
+    script_path,
     smoke_all_sum,
     trainer_command,
     trainer_help,
@@ -104,32 +106,7 @@ def command(hostfile, inventory_path, local_ranks, backend, config, python, mpi_
     if inventory is not None and not no_preflight:
         run_doctor_preflight(inventory, job.backend)
     if not no_preflight:
-        probes = probe_hosts(job, env=env)
-        problems = check_probes(job, probes)
-        if problems:
-            for p in problems:
-                click.secho(f"[✗] {p}", fg="red", err=True)
-            raise MlxclusterError(f"preflight found {len(problems)} problem(s)",
-                                  "fix the lines above; `mlxcluster doctor` checks more")
-        versions = sorted({p.facts["mlx"] for p in probes})
-        mlx_version = versions[0]
-        click.echo(f"[✓] {len(probes)} host(s) run {job.python} with mlx {versions[0]} "
-                   "and reference_train")
-        blas = {} if no_openblas else openblas_env(job, probes)
-        if blas:
-            job = replace(job, env={**job.env, **blas})
-            click.echo(f"[✓] preloading OpenBLAS on every rank: LD_PRELOAD={blas['LD_PRELOAD']} "
-                       f"OPENBLAS_NUM_THREADS={blas['OPENBLAS_NUM_THREADS']}")
-        elif any(str(p.facts.get("platform", "")).startswith("linux") for p in probes):
-            click.secho("[!] no OpenBLAS at one path on every Linux host: mlx uses its "
-                        "reference BLAS, ~15x slower (apt install libopenblas0-pthread)",
-                        fg="yellow")
-        ok, detail = smoke_all_sum(job, env=env)
-        if not ok:
-            click.secho(f"[✗] smoke: {detail}", fg="red", err=True)
-            raise MlxclusterError(f"the {job.backend} backend does not work across {n} rank(s)",
-                                  "run `mlxcluster smoke` / `mlxcluster doctor` for details")
-        click.echo(f"[✓] smoke: {detail}")
+        job, mlx_version = preflight(job, env, no_openblas=no_openblas)
 
     click.echo(f"launching {n} rank(s) on {job.backend}: {trainer_command(job)}")
 
@@ -201,3 +178,48 @@ def run_doctor_preflight(inventory, backend: str) -> None:
     click.echo(f"[✓] doctor: {len(report.results)} checks, none failed"
                + (f", {warned} warning(s) (mlxcluster doctor shows them)" if warned else "")
                + f" ({report.seconds:.1f} s)")
+
+
+MISSING_PYTHON_RE = re.compile(r"No such file or directory|not found|exit code 127")
+
+
+def preflight(job, env: dict[str, str], *, no_openblas: bool = False):
+    """The probe on every host (the job's python, mlx, and the trainer or the
+    `run` script), OpenBLAS for every rank on Linux, then the all_sum smoke
+    on the job's backend. Returns (the job, with OpenBLAS in its env when
+    chosen; the cluster's mlx version). Raises MlxclusterError on a problem."""
+    n = len(job.hosts)
+    probes = probe_hosts(job, env=env)
+    problems = check_probes(job, probes)
+    if problems:
+        for p in problems:
+            click.secho(f"[✗] {p}", fg="red", err=True)
+        missing = [p for p in probes if p.error and MISSING_PYTHON_RE.search(p.error)]
+        if missing and len(missing) == len(problems):  # a python path that is not there is bad input
+            raise InputError(f"python not found: {job.python} on "
+                             f"{', '.join(p.host.name for p in missing)}",
+                             "install the same venv at that path on every host, or give the "
+                             "python every host has (inventory python:, or --python)")
+        raise MlxclusterError(f"preflight found {len(problems)} problem(s)",
+                              "fix the lines above; `mlxcluster doctor` checks more")
+    versions = sorted({p.facts["mlx"] for p in probes})
+    what = "reference_train" if job.program is None else \
+        (f"{script_path(job)} present" if script_path(job) else None)
+    click.echo(f"[✓] {len(probes)} host(s) run {job.python} with mlx {versions[0]}"
+               + (f" and {what}" if what else ""))
+    blas = {} if no_openblas else openblas_env(job, probes)
+    if blas:
+        job = replace(job, env={**job.env, **blas})
+        click.echo(f"[✓] preloading OpenBLAS on every rank: LD_PRELOAD={blas['LD_PRELOAD']} "
+                   f"OPENBLAS_NUM_THREADS={blas['OPENBLAS_NUM_THREADS']}")
+    elif any(str(p.facts.get("platform", "")).startswith("linux") for p in probes):
+        click.secho("[!] no OpenBLAS at one path on every Linux host: mlx uses its "
+                    "reference BLAS, ~15x slower (apt install libopenblas0-pthread)",
+                    fg="yellow")
+    ok, detail = smoke_all_sum(job, env=env)
+    if not ok:
+        click.secho(f"[✗] smoke: {detail}", fg="red", err=True)
+        raise MlxclusterError(f"the {job.backend} backend does not work across {n} rank(s)",
+                              "run `mlxcluster smoke` / `mlxcluster doctor` for details")
+    click.echo(f"[✓] smoke: {detail}")
+    return job, versions[0]

@@ -1,0 +1,122 @@
+"""`mlxcluster run` across three real lab hosts, on ring and MPI: a script
+that passes, a rank that exits 3 (exit 3, nothing left on any host), a rank
+that never starts (its host refuses ssh), and a bad python (exit 2, nothing
+launched)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.lab.jobs import REPO, bracketed, left_on_hosts, training_setup
+
+pytestmark = pytest.mark.lab
+
+ALLSUM = """
+import socket, sys
+import mlx.core as mx
+g = mx.distributed.init(strict=True, backend="any")
+total = mx.distributed.all_sum(mx.array([1.0])).item()
+print(f"rank {g.rank()} of {g.size()} on {socket.gethostname()}: all_sum {total:.0f} {sys.argv[1:]}")
+"""
+
+FAILS = """
+import sys, time
+import mlx.core as mx
+g = mx.distributed.init(strict=True, backend="any")
+mx.eval(mx.distributed.all_sum(mx.array([1.0])))
+print(f"rank {g.rank()} ready", flush=True)
+if g.rank() == 1:
+    sys.exit(3)
+time.sleep(300)
+"""
+
+FAILED_RANK_BUDGET_S = 60  # the failure seen, every rank stopped, the sweep: measured 13 s ring, 9 s mpi
+
+
+def run_on_lab(lab, tmp_path, backend, script, *extra, timeout=300):
+    """mlxcluster run -i <lab inventory> --backend B [extra] -- python SCRIPT;
+    returns (process, run id or None, seconds)."""
+    inventory, env = training_setup(lab, tmp_path)
+    path = tmp_path / "prog.py"  # the lab's hosts share this machine's files: the same path
+    path.write_text(script)
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "mlxcluster", "run", "-i", str(inventory),
+                           "--backend", backend, "--logs", str(tmp_path / "logs"), *extra, "--",
+                           "python", str(path), "--flag", "x"],
+                          env=env, capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
+    found = re.search(r"run (mlxrun-[0-9a-f]+):", proc.stdout)
+    return proc, found.group(1) if found else None, time.monotonic() - start
+
+
+@pytest.mark.parametrize("backend", ["ring", "mpi"])
+def test_a_script_runs_on_three_hosts_tagged_and_logged(lab3, tmp_path, backend):
+    proc, run_id, took = run_on_lab(lab3, tmp_path, backend, ALLSUM)
+    out = proc.stdout + proc.stderr
+    print(f"run {backend}: passing script (with preflight) -> exit {proc.returncode} in {took:.1f} s")
+    assert proc.returncode == 0, out[-3000:]
+    assert f"[✓] smoke: all_sum over 3 ranks on {backend} = 3" in proc.stdout
+    for r in range(3):
+        line = f"rank {r} of 3 on labhost{r + 1}: all_sum 3 ['--flag', 'x']"
+        assert f"[{r}] {line}" in proc.stdout, out[-3000:]
+        assert line in (tmp_path / "logs" / f"rank{r}.log").read_text()
+    assert "run finished on 3 rank(s)" in proc.stdout
+    assert left_on_hosts(lab3, bracketed(run_id)) == {}
+
+
+@pytest.mark.parametrize("backend", ["ring", "mpi"])
+def test_rank_1_exits_3_every_host_is_cleared_and_the_code_is_3(lab3, tmp_path, backend):
+    proc, run_id, took = run_on_lab(lab3, tmp_path, backend, FAILS, "--no-preflight")
+    out = proc.stdout + proc.stderr
+    print(f"run {backend}: rank 1 exits 3 -> exit {proc.returncode} in {took:.1f} s")  # docs/run.md
+    assert proc.returncode == 3, out[-3000:]
+    assert took < FAILED_RANK_BUDGET_S, (took, out[-3000:])
+    assert "run failed: rank 1 exited with code 3; every rank was stopped" in proc.stderr
+    assert all(f"[{r}] rank {r} ready" in proc.stdout for r in range(3)), out[-3000:]
+    assert run_id and left_on_hosts(lab3, bracketed(run_id),
+                                         f"/tmp/mlxcluster-stacks/{bracketed(run_id)}") == {}
+
+
+@pytest.mark.parametrize("backend", ["ring", "mpi"])
+def test_a_rank_that_never_starts_ends_the_run(lab3, tmp_path, backend):
+    """labhost3 refuses ssh: its rank never starts; the run ends with an error
+    within a bound (the others do not wait in init forever) and nothing is
+    left on the two other hosts."""
+    try:
+        lab3.stop_sshd(lab3.hosts[2])
+        proc, run_id, took = run_on_lab(lab3, tmp_path, backend, ALLSUM, "--no-preflight",
+                                        timeout=240)
+    finally:
+        lab3.heal(lab3.hosts[2])
+    out = proc.stdout + proc.stderr
+    last = proc.stderr.strip().splitlines()[-2:] if proc.stderr.strip() else []
+    print(f"run {backend}: never starts -> exit {proc.returncode} in {took:.1f} s: {last}")
+    assert proc.returncode == 255, out[-3000:]  # ssh's code: the launcher could not reach it
+    assert took < 120, (took, out[-3000:])  # measured: 14 s ring, 5 s mpi
+    assert "run failed: the ssh connection to" in proc.stderr, out[-3000:]
+    assert "[2] rank 2" not in proc.stdout
+    assert run_id and left_on_hosts(lab3, bracketed(run_id)) == {}
+
+
+def test_a_bad_python_is_exit_2_before_anything_starts(lab3, tmp_path):
+    """An mlx.launch hostfile and a --python that no host has: the probe
+    names it, exit 2, no rank launched, no logs folder."""
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text(json.dumps({"backend": "ring", "hosts": [
+        {"ssh": h.ip, "ips": [h.ip]} for h in lab3.hosts]}))
+    (tmp_path / "prog.py").write_text(ALLSUM)
+    env = lab3.env()
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.run([sys.executable, "-m", "mlxcluster", "run", "--hostfile", str(hostfile),
+                           "--python", "/no/such/python", "--logs", str(tmp_path / "logs"), "--",
+                           "prog.py"], env=env, capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-3000:]
+    assert "error: python not found: /no/such/python on " in proc.stderr
+    assert "launching" not in proc.stdout and not (tmp_path / "logs").exists()
