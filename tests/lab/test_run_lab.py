@@ -31,7 +31,11 @@ import mlx.core as mx
 g = mx.distributed.init(strict=True, backend="any")
 mx.eval(mx.distributed.all_sum(mx.array([1.0])))
 print(f"rank {g.rank()} ready", flush=True)
+# Every rank has printed before rank 1 leaves (mpirun drops output still in flight when
+# it aborts the job: rank 0's "ready" line was lost once).
+mx.eval(mx.distributed.all_sum(mx.array([1.0])))
 if g.rank() == 1:
+    time.sleep(1)
     sys.exit(3)
 time.sleep(300)
 """
