@@ -130,7 +130,7 @@ def main() -> None:
         lab_cm = start_lab(args.lab)
         lab = lab_cm.__enter__()
         os.environ.update(lab.env())
-        from mlxcluster.inventory import load_inventory
+        from mlxcluster.inventory.inventory import load_inventory
         from mlxcluster.smoke.launch import hosts_from_inventory
 
         hosts = hosts_from_inventory(load_inventory(lab.write_inventory(lab.state / "bench.yaml")))

@@ -33,9 +33,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mlxcluster.doctor import run_doctor  # noqa: E402
-from mlxcluster.inventory import load_inventory  # noqa: E402
-from mlxcluster.remote import ParamikoRunner, run_parallel  # noqa: E402
+from mlxcluster.doctor.doctor import run_doctor  # noqa: E402
+from mlxcluster.inventory.inventory import load_inventory  # noqa: E402
+from mlxcluster.ssh.remote import ParamikoRunner, run_parallel  # noqa: E402
 from tests.lab import start_lab  # noqa: E402
 
 

@@ -36,9 +36,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from mlxcluster.hostfile_generate import generate_mpi  # noqa: E402
-from mlxcluster.inventory import load_inventory  # noqa: E402
-from mlxcluster.mpi import ROUTED_RADIX  # noqa: E402
+from mlxcluster.facts.mpi import ROUTED_RADIX  # noqa: E402
+from mlxcluster.hostfile.hostfile_generate import generate_mpi  # noqa: E402
+from mlxcluster.inventory.inventory import load_inventory  # noqa: E402
 from tests.lab import start_lab  # noqa: E402
 
 VENV = Path(sys.executable).parent.parent

@@ -33,7 +33,7 @@ import yaml
 
 from mlxcluster import interrupts
 from mlxcluster.errors import InputError, Interrupted
-from mlxcluster.inventory import local_inventory
+from mlxcluster.inventory.inventory import local_inventory
 from mlxcluster.train_launch import validate_trainer_args
 
 
@@ -224,7 +224,7 @@ def _smoke_json(path: Path) -> Callable[[subprocess.CompletedProcess, Path], tup
 def write_demo_report(workdir: Path | str) -> Path:
     """DIR/report.html from what the steps left (the doctor captures, the ring
     smoke's JSON, the training run), each part only if its step left it."""
-    from mlxcluster.inventory import load_inventory
+    from mlxcluster.inventory.inventory import load_inventory
     from mlxcluster.report import build_page, report_from_folder, write_page
 
     workdir = Path(workdir)

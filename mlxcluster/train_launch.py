@@ -42,18 +42,18 @@ from typing import TYPE_CHECKING
 from mlxcluster import interrupts, stall
 from mlxcluster.blas import OPENBLAS_CANDIDATES
 from mlxcluster.errors import BackendUnavailable, InputError, Interrupted, MlxclusterError
-from mlxcluster.hostfile import BACKENDS as MLX_BACKENDS
-from mlxcluster.hostfile import load_mlx_hostfile
-from mlxcluster.inventory import Host, Inventory, local_inventory
-from mlxcluster.launcher_ssh import launcher_environment
-from mlxcluster.mpi import find_libmpi, libmpi_env, no_tree_spawn_args, require_mpirun
-from mlxcluster.openssh import ssh_argv
+from mlxcluster.facts.mpi import find_libmpi, libmpi_env, no_tree_spawn_args, require_mpirun
+from mlxcluster.hostfile.hostfile import BACKENDS as MLX_BACKENDS
+from mlxcluster.hostfile.hostfile import load_mlx_hostfile
+from mlxcluster.inventory.inventory import Host, Inventory, local_inventory
 from mlxcluster.smoke import launch as smoke_launch
 from mlxcluster.smoke import remote as smoke_remote
 from mlxcluster.smoke.launch import WorkerOptions
 from mlxcluster.smoke.preflight import require_python_here
 from mlxcluster.smoke.remote import for_each_host
 from mlxcluster.smoke.run import run_backend
+from mlxcluster.ssh.launcher_ssh import launcher_environment
+from mlxcluster.ssh.openssh import ssh_argv
 from mlxcluster.train_cleanup import (
     LauncherStopNoise,
     lost_host,

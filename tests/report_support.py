@@ -12,8 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mlxcluster import capture as C
-from mlxcluster.doctor_collect import probe_source
+from mlxcluster.facts import capture as C
+from mlxcluster.facts.collect import probe_source
 from tests.topology_helpers import MACCLUSTER, OMLX, OSAURUS, make_capture_dir
 
 VENV_BIN = Path(sys.executable).parent

@@ -8,9 +8,9 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from mlxcluster import capture as C
 from mlxcluster.cli import main
 from mlxcluster.errors import InputError
+from mlxcluster.facts import capture as C
 from tests.topology_helpers import OMLX, make_capture_dir
 
 
@@ -96,7 +96,7 @@ def test_collect_into_a_new_or_empty_folder(tmp_path):
 
 def _fake_run(tmp_path, in_the_way):
     """A doctor --local run during which something takes the place of a capture file."""
-    from mlxcluster.doctor import replay_doctor
+    from mlxcluster.doctor.doctor import replay_doctor
 
     def run(**kwargs):
         in_the_way()

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import copy
 
-import mlxcluster.checks.jaccl  # noqa: F401  (registers the checks)
-from mlxcluster import capture as C
-from mlxcluster.capture import load_capture_dir
-from mlxcluster.checks.base import REGISTRY, CheckContext, Status, run_checks
-from mlxcluster.checks.common import BAD
+import mlxcluster.doctor.checks.jaccl  # noqa: F401  (registers the checks)
+from mlxcluster.doctor.checks.base import REGISTRY, CheckContext, Status, run_checks
+from mlxcluster.doctor.checks.common import BAD
+from mlxcluster.facts import capture as C
+from mlxcluster.facts.capture import load_capture_dir
 from tests.topology_helpers import OMLX, OSAURUS, make_capture_dir
 
 IDS = ["rdma-enabled", "rdma-ports-active", "thunderbolt-ipv4"]
@@ -177,7 +177,7 @@ def test_queue_pairs_of_the_real_tb5_pair(macos_fixtures, tmp_path):
 
 
 def test_queue_pair_arithmetic_from_mlx_jaccl():
-    from mlxcluster.checks.jaccl import queue_pairs
+    from mlxcluster.doctor.checks.jaccl import queue_pairs
 
     hosts = ["a", "b", "c", "d"]
     # A 4-host mesh, one cable per pair: one queue pair per device per run.
@@ -194,7 +194,7 @@ def test_queue_pair_arithmetic_from_mlx_jaccl():
 def test_a_hostfile_over_the_limit_warns(tmp_path):
     import json
 
-    from mlxcluster.capture import HostCapture
+    from mlxcluster.facts.capture import HostCapture
 
     n = 12
     hosts = []
@@ -211,7 +211,7 @@ def test_a_hostfile_over_the_limit_warns(tmp_path):
 
 
 def test_topology_ties_each_thunderbolt_port_to_its_ipv4_and_port_state(macos_fixtures, tmp_path):
-    from mlxcluster.topology import build_topology
+    from mlxcluster.topology.topology import build_topology
 
     layout = with_files(OSAURUS, peer={C.IFCONFIG: TN3205_IFCONFIG, C.IBV_DEVINFO: OSAURUS_DEVINFO})
     t = build_topology(caps(macos_fixtures, tmp_path, layout))
@@ -228,8 +228,8 @@ def test_garbled_captures_never_crash_a_check(macos_fixtures, tmp_path):
     JACCL and route checks report, they never crash."""
     import random
 
-    import mlxcluster.checks.routes  # noqa: F401
-    from mlxcluster.capture import HostCapture
+    import mlxcluster.doctor.checks.routes  # noqa: F401
+    from mlxcluster.facts.capture import HostCapture
 
     layout = with_files(OMLX, mbp={C.RDMA_CTL: RECOVERY_MSG, C.IBV_DEVINFO: OSAURUS_DEVINFO, C.IFCONFIG: GLPI_IFCONFIG,
                                    C.ROUTES: "netstat_rn_macos_clashx_tun_tailscale_utun3_tb_en7_linklocal.txt"},

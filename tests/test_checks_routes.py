@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import mlxcluster.checks.routes  # noqa: F401  (registers the check)
-from mlxcluster import capture as C
-from mlxcluster.capture import HostCapture
-from mlxcluster.checks.base import REGISTRY, CheckContext, Status, run_checks
-from mlxcluster.checks.common import BAD
-from mlxcluster.inventory import parse_inventory
+import mlxcluster.doctor.checks.routes  # noqa: F401  (registers the check)
+from mlxcluster.doctor.checks.base import REGISTRY, CheckContext, Status, run_checks
+from mlxcluster.doctor.checks.common import BAD
+from mlxcluster.facts import capture as C
+from mlxcluster.facts.capture import HostCapture
+from mlxcluster.inventory.inventory import parse_inventory
 
 CLASHX = "netstat_rn_macos_clashx_tun_tailscale_utun3_tb_en7_linklocal.txt"
 STUDIO = "netstat_rn_mac_studio_tailscale_utun4_vm_bridges_bridge0_en2_en7_INET_EXCERPT.txt"

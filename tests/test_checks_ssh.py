@@ -11,18 +11,25 @@ from types import SimpleNamespace
 
 import pytest
 
-from mlxcluster.checks.base import REGISTRY, CheckContext, Status
-from mlxcluster.checks.common import grouped_fixes
-from mlxcluster.checks.ssh import (
+from mlxcluster.doctor.checks.base import REGISTRY, CheckContext, Status
+from mlxcluster.doctor.checks.common import grouped_fixes
+from mlxcluster.doctor.checks.ssh import (
     host_keys,
     host_to_host,
     ssh_host_key_policy,
     ssh_openssh,
     ssh_paramiko,
 )
-from mlxcluster.doctor import CHECK_MODULES, OPTIONAL_CHECK_MODULES
-from mlxcluster.openssh import OpenSshRunner, explain_failure, parse_ssh_g
-from mlxcluster.remote import CommandResult, HostKeyUnknown, Outcome, SshError, SshTarget, classify
+from mlxcluster.doctor.doctor import CHECK_MODULES, OPTIONAL_CHECK_MODULES
+from mlxcluster.ssh.openssh import OpenSshRunner, explain_failure, parse_ssh_g
+from mlxcluster.ssh.remote import (
+    CommandResult,
+    HostKeyUnknown,
+    Outcome,
+    SshError,
+    SshTarget,
+    classify,
+)
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "doctor.md"
 

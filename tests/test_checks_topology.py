@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import mlxcluster.checks.topology  # noqa: F401  (registers the checks)
-from mlxcluster import capture as C
-from mlxcluster.capture import load_capture_dir
-from mlxcluster.checks.base import REGISTRY, CheckContext, Status, run_checks
-from mlxcluster.hostfile_generate import generate_mlx_hostfile
-from mlxcluster.inventory import parse_inventory
+import mlxcluster.doctor.checks.topology  # noqa: F401  (registers the checks)
+from mlxcluster.doctor.checks.base import REGISTRY, CheckContext, Status, run_checks
+from mlxcluster.facts import capture as C
+from mlxcluster.facts.capture import load_capture_dir
+from mlxcluster.hostfile.hostfile_generate import generate_mlx_hostfile
+from mlxcluster.inventory.inventory import parse_inventory
 from tests.topology_helpers import MACCLUSTER, OMLX, OSAURUS, make_capture_dir
 
 IDS = ["thunderbolt-links", "ring-or-mesh", "tb4-for-jaccl", "rdma-devices",
@@ -111,7 +111,7 @@ def renumber_studio(host, file_name, text):
 
 def test_hostfile_matches_then_renumbered(macos_fixtures, tmp_path):
     inv = parse_inventory(INVENTORY, "inv.yaml")
-    from mlxcluster.topology import build_topology
+    from mlxcluster.topology.topology import build_topology
     before = caps(macos_fixtures, tmp_path / "before", OMLX)
     hf = generate_mlx_hostfile(inv, "jaccl", build_topology(before))
     path = tmp_path / "hostfile.json"
@@ -129,7 +129,7 @@ def test_hostfile_matches_then_renumbered(macos_fixtures, tmp_path):
 
 
 def test_no_thunderbolt_data_skips(tmp_path):
-    from mlxcluster.capture import HostCapture
+    from mlxcluster.facts.capture import HostCapture
     r = run({"a": HostCapture("a"), "b": HostCapture("b")})
     assert r["thunderbolt-links"].status == Status.SKIP
     assert r["thunderbolt-links"].hosts == {"a": "thunderbolt: missing", "b": "thunderbolt: missing"}
@@ -144,7 +144,7 @@ def test_doctor_cli_compares_the_saved_hostfile(macos_fixtures, tmp_path):
     from click.testing import CliRunner
 
     from mlxcluster.cli import main
-    from mlxcluster.topology import build_topology
+    from mlxcluster.topology.topology import build_topology
 
     inv_path = tmp_path / "inv.yaml"
     inv_path.write_text(INVENTORY)

@@ -8,9 +8,9 @@ import shutil
 import pytest
 from click.testing import CliRunner
 
-from mlxcluster import capture as C
-from mlxcluster.capture import load_capture_dir
 from mlxcluster.cli import main
+from mlxcluster.facts import capture as C
+from mlxcluster.facts.capture import load_capture_dir
 from tests.conftest import require
 from tests.topology_helpers import MACCLUSTER, OMLX, make_capture_dir
 
@@ -52,8 +52,8 @@ def test_dot_marks_missing_and_unmatched(macos_fixtures, tmp_path):
 
 
 def test_dot_marks_slow_cable(macos_fixtures, tmp_path):
-    from mlxcluster.topology import Link, Topology
-    from mlxcluster.topology_dot import to_dot
+    from mlxcluster.topology.topology import Link, Topology
+    from mlxcluster.topology.topology_dot import to_dot
     t = Topology({}, (Link("a", "en1", "b", "en2", 80.0, "uuid"),
                       Link("a", "en3", "b", "en4", 40.0, "inferred")), ("a", "b"), True)
     dot = to_dot(t)

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from mlxcluster.cli import main
 from mlxcluster.errors import InputError
-from mlxcluster.inventory_search import find_inventory, user_config_inventory
+from mlxcluster.inventory.inventory_search import find_inventory, user_config_inventory
 
 INVENTORY = """cluster: {name}
 python: /opt/venv/bin/python

@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from mlxcluster.cli import main
-from mlxcluster.discovery import (
+from mlxcluster.inventory.discovery import (
     DEVICE_INFO_SERVICE,
     SSH_SERVICE,
     DiscoveredHost,
@@ -16,7 +16,7 @@ from mlxcluster.discovery import (
     merge_records,
     render_inventory,
 )
-from mlxcluster.inventory import parse_inventory
+from mlxcluster.inventory.inventory import parse_inventory
 
 
 def records():

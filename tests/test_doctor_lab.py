@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from mlxcluster.checks.base import Status
-from mlxcluster.checks.common import BAD
 from mlxcluster.cli import main
-from mlxcluster.doctor import DoctorReport, run_doctor
-from mlxcluster.inventory import load_inventory
+from mlxcluster.doctor.checks.base import Status
+from mlxcluster.doctor.checks.common import BAD
+from mlxcluster.doctor.doctor import DoctorReport, run_doctor
+from mlxcluster.inventory.inventory import load_inventory
 
 pytestmark = pytest.mark.lab
 
@@ -174,7 +174,7 @@ def test_accept_new_host_keys_trusts_and_saves(lab3, inventory_path):
 def test_paramiko_honours_proxyjump_from_the_ssh_config(lab3, tmp_path):
     """An alias reached through the first host: sshd on labhost2 sees the
     connection coming from labhost1's address."""
-    from mlxcluster.remote import ParamikoRunner
+    from mlxcluster.ssh.remote import ParamikoRunner
 
     jump, target = lab3.hosts[0], lab3.hosts[1]
     cfg = tmp_path / "ssh_config"
@@ -203,7 +203,7 @@ def test_data_ip_not_on_its_host_blames_only_data_ips_present(lab3, inventory_pa
 
 def test_collect_captures_for_other_commands(lab3, inventory_path):
     """The public collector (topology uses it): one capture per host, an error for a dead one."""
-    from mlxcluster.doctor_collect import collect_captures
+    from mlxcluster.facts.collect import collect_captures
 
     lab3.stop_sshd("labhost1")
     try:
@@ -241,8 +241,8 @@ def doctor_helpers_left_after(seconds: float) -> list:
     (they all run on this machine) once ``seconds`` have passed."""
     import psutil
 
-    from mlxcluster.datapath import AGENT
-    from mlxcluster.hops import HOPS
+    from mlxcluster.doctor.datapath import AGENT
+    from mlxcluster.ssh.hops import HOPS
 
     deadline = time.monotonic() + seconds
     while True:
@@ -324,7 +324,7 @@ def test_mpi_doctor_agrees_with_smoke_on_the_lab(lab3, inventory_path):
     loads on none of them (the venv's libmpi is not on the loader path), so
     doctor -i INV --backend mpi passes libmpi-loadable and backends with the
     MLX_MPI_LIBNAME smoke sets, and only warns for launches by hand."""
-    from mlxcluster.mpi import find_libmpi, find_mpirun
+    from mlxcluster.facts.mpi import find_libmpi, find_mpirun
 
     run = smoke_mpi(lab3, inventory_path)
     assert [(r["host"], r["status"]) for r in run["ranks"]] == [

@@ -10,14 +10,14 @@ import pytest
 from click.testing import CliRunner
 from mlx._distributed_utils.common import Hostfile
 
-from mlxcluster.capture import load_capture_dir
 from mlxcluster.cli import main
 from mlxcluster.errors import BackendUnavailable, HostfileError, RemoteError
-from mlxcluster.hostfile import load_hostfile, parse_mlx_hostfile, parse_mpi_hostfile
-from mlxcluster.hostfile_generate import generate_mlx_hostfile
-from mlxcluster.inventory import parse_inventory
-from mlxcluster.ipplan import apply_ip_plan, plan_ips
-from mlxcluster.topology import HostTopology, Link, Topology, build_topology
+from mlxcluster.facts.capture import load_capture_dir
+from mlxcluster.hostfile.hostfile import load_hostfile, parse_mlx_hostfile, parse_mpi_hostfile
+from mlxcluster.hostfile.hostfile_generate import generate_mlx_hostfile
+from mlxcluster.hostfile.ipplan import apply_ip_plan, plan_ips
+from mlxcluster.inventory.inventory import parse_inventory
+from mlxcluster.topology.topology import HostTopology, Link, Topology, build_topology
 from tests.topology_helpers import OMLX, make_capture_dir
 
 INVENTORY = """cluster: t
@@ -342,8 +342,8 @@ def test_hosts_without_ifconfig_are_checked_against_the_probes_interfaces():
     interfaces, and that is what the hostfile's IPs are compared with."""
     import json as _json
 
-    from mlxcluster.capture import HostCapture
-    from mlxcluster.hostfile import check_against_cluster
+    from mlxcluster.facts.capture import HostCapture
+    from mlxcluster.hostfile.hostfile import check_against_cluster
 
     probe = {"hostname": "lab1", "interfaces": [
         {"name": "eth0", "up": True, "addrs": [{"family": "inet", "address": "10.0.0.1", "netmask": "255.255.255.0"}]}]}

@@ -10,10 +10,10 @@ import os
 import pytest
 from click.testing import CliRunner
 
-from mlxcluster.capture import HostCapture
 from mlxcluster.cli import main
 from mlxcluster.errors import EXIT_USAGE, HostfileError
-from mlxcluster.hostfile import (
+from mlxcluster.facts.capture import HostCapture
+from mlxcluster.hostfile.hostfile import (
     MlxHostfile,
     MpiHost,
     load_hostfile,

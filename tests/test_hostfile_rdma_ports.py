@@ -7,12 +7,12 @@ import copy
 
 from click.testing import CliRunner
 
-from mlxcluster import capture as C
-from mlxcluster.capture import load_capture_dir
 from mlxcluster.cli import main
-from mlxcluster.hostfile_generate import generate_mlx_hostfile, rdma_port_notes
-from mlxcluster.inventory import parse_inventory
-from mlxcluster.topology import HostTopology, Link, Topology, build_topology
+from mlxcluster.facts import capture as C
+from mlxcluster.facts.capture import load_capture_dir
+from mlxcluster.hostfile.hostfile_generate import generate_mlx_hostfile, rdma_port_notes
+from mlxcluster.inventory.inventory import parse_inventory
+from mlxcluster.topology.topology import HostTopology, Link, Topology, build_topology
 from tests.topology_helpers import OSAURUS, make_capture_dir
 
 PAIR = """cluster: t

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from mlxcluster.errors import EXIT_USAGE, InventoryError
-from mlxcluster.inventory import load_inventory, local_inventory, parse_inventory
+from mlxcluster.inventory.inventory import load_inventory, local_inventory, parse_inventory
 
 REPO = Path(__file__).resolve().parents[1]
 

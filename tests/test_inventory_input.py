@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from mlxcluster.cli import main
 from mlxcluster.errors import EXIT_USAGE, InventoryError
-from mlxcluster.inventory import load_inventory, parse_inventory, parse_ip, ssh_target_ok
+from mlxcluster.inventory.inventory import load_inventory, parse_inventory, parse_ip, ssh_target_ok
 
 HEAD = "cluster: lab\npython: /v/bin/python\n"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from mlxcluster.known_errors import KNOWN_ERRORS, diagnose
+from mlxcluster.doctor.known_errors import KNOWN_ERRORS, diagnose
 
 REAL = "mlx_distributed_runtime_error_lines.txt"
 DOC = Path(__file__).resolve().parents[1] / "docs" / "errors.md"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mlxcluster.errors import BackendUnavailable
-from mlxcluster.mpi import find_libmpi, find_mpirun, libmpi_env, require_libmpi
+from mlxcluster.facts.mpi import find_libmpi, find_mpirun, libmpi_env, require_libmpi
 
 from .conftest import require
 
@@ -70,8 +70,8 @@ def _values(argv, name: str) -> list[str]:
 def test_generated_mpirun_starts_every_daemon_from_this_machine(tmp_path, user_args, expected):
     """hostfile generate (generate_mpi), smoke (plan_mpirun) and train
     (launcher_argv) turn tree spawn off, so no host ever has to ssh to another (docs/doctor.md)."""
-    from mlxcluster.hostfile_generate import generate_mpi
-    from mlxcluster.inventory import parse_inventory
+    from mlxcluster.hostfile.hostfile_generate import generate_mpi
+    from mlxcluster.inventory.inventory import parse_inventory
     from mlxcluster.smoke.launch import RankHost, WorkerOptions, plan_mpirun
     from mlxcluster.train_launch import job_from_inventory, launcher_argv, write_hostfile
 

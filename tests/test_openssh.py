@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mlxcluster.openssh import explain_failure
+from mlxcluster.ssh.openssh import explain_failure
 
 # What OpenSSH 9.2 prints for a host whose key changed (abridged).
 CHANGED_KEY_STDERR = """@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@
@@ -33,7 +33,7 @@ def test_our_ssh_calls_verify_host_keys_whatever_the_users_config_says(tmp_path)
     ssh -G (which resolves the options without connecting) shows."""
     import subprocess
 
-    from mlxcluster.openssh import ssh_argv
+    from mlxcluster.ssh.openssh import ssh_argv
 
     config = tmp_path / "config"
     config.write_text("Host *\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n")
@@ -47,7 +47,7 @@ def test_a_target_is_never_read_as_an_option(tmp_path):
     """'--' ends ssh's options: even a target that slipped past validation is a host name."""
     import subprocess
 
-    from mlxcluster.openssh import ssh_argv
+    from mlxcluster.ssh.openssh import ssh_argv
 
     flag = tmp_path / "ran"
     argv = ssh_argv(f"-oProxyCommand=touch {flag}", "true", connect_timeout=1)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from mlxcluster.parsers.hardware_ports import (
+from mlxcluster.facts.parsers.hardware_ports import (
     bridge_interface,
     parse_hardware_ports,
     thunderbolt_interfaces,
 )
-from mlxcluster.parsers.ibv import parse_ibv_devices, parse_ibv_devinfo
-from mlxcluster.parsers.ifconfig import ipv4_addresses, parse_ifconfig
+from mlxcluster.facts.parsers.ibv import parse_ibv_devices, parse_ibv_devinfo
+from mlxcluster.facts.parsers.ifconfig import ipv4_addresses, parse_ifconfig
 
 
 def read(fixtures, name):

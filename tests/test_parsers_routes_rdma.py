@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import ipaddress
 
-from mlxcluster.parsers.rdma_ctl import DISABLED, ENABLED, UNKNOWN, parse_rdma_ctl_status
-from mlxcluster.parsers.routes import bsd_destination, parse_ip_route, parse_routes
+from mlxcluster.facts.parsers.rdma_ctl import DISABLED, ENABLED, UNKNOWN, parse_rdma_ctl_status
+from mlxcluster.facts.parsers.routes import bsd_destination, parse_ip_route, parse_routes
 
 
 def read(fixtures, name):

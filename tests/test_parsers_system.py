@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import random
 
-from mlxcluster.parsers.hardware import parse_hardware
-from mlxcluster.parsers.hardware_ports import parse_hardware_ports, thunderbolt_interfaces
-from mlxcluster.parsers.ibv import parse_ibv_devices, parse_ibv_devinfo
-from mlxcluster.parsers.ifconfig import parse_ifconfig
-from mlxcluster.parsers.rdma_ctl import parse_rdma_ctl_status
-from mlxcluster.parsers.routes import parse_routes
-from mlxcluster.parsers.sw_vers import MacOSVersion, parse_sw_vers
-from mlxcluster.parsers.thunderbolt import parse_thunderbolt
+from mlxcluster.facts.parsers.hardware import parse_hardware
+from mlxcluster.facts.parsers.hardware_ports import parse_hardware_ports, thunderbolt_interfaces
+from mlxcluster.facts.parsers.ibv import parse_ibv_devices, parse_ibv_devinfo
+from mlxcluster.facts.parsers.ifconfig import parse_ifconfig
+from mlxcluster.facts.parsers.rdma_ctl import parse_rdma_ctl_status
+from mlxcluster.facts.parsers.routes import parse_routes
+from mlxcluster.facts.parsers.sw_vers import MacOSVersion, parse_sw_vers
+from mlxcluster.facts.parsers.thunderbolt import parse_thunderbolt
 
 
 def read(fixtures, name):
@@ -124,8 +124,8 @@ def test_wrong_json_types_anywhere_never_raise(macos_fixtures):
     the topology built from them never raise (``_items: 5`` used to)."""
     import json
 
-    from mlxcluster import capture as C
-    from mlxcluster.topology import build_topology
+    from mlxcluster.facts import capture as C
+    from mlxcluster.topology.topology import build_topology
 
     checked = 0
     for path in sorted(macos_fixtures.glob("sp_*.json")):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mlxcluster.parsers.thunderbolt import parse_speed, parse_thunderbolt
+from mlxcluster.facts.parsers.thunderbolt import parse_speed, parse_thunderbolt
 
 
 def load(fixtures, name):

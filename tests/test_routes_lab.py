@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from mlxcluster.checks.base import Status
-from mlxcluster.checks.common import BAD
 from mlxcluster.cli import main
-from mlxcluster.doctor import run_doctor
-from mlxcluster.inventory import load_inventory
+from mlxcluster.doctor.checks.base import Status
+from mlxcluster.doctor.checks.common import BAD
+from mlxcluster.doctor.doctor import run_doctor
+from mlxcluster.inventory.inventory import load_inventory
 
 pytestmark = pytest.mark.lab
 

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from mlxcluster.errors import InputError
-from mlxcluster.inventory import parse_inventory
+from mlxcluster.inventory.inventory import parse_inventory
 from mlxcluster.run_output import RankLogs, is_python_word, program_argv, split_rank
 from mlxcluster.stall import LineWatch
 from mlxcluster.train_launch import (

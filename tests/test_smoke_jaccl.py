@@ -9,9 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 import mlxcluster.smoke.run as smoke_run
-from mlxcluster.capture import PROBE, HostCapture, load_capture_dir
 from mlxcluster.cli import main
-from mlxcluster.inventory import parse_inventory
+from mlxcluster.facts.capture import PROBE, HostCapture, load_capture_dir
+from mlxcluster.inventory.inventory import parse_inventory
 from mlxcluster.smoke.jaccl import JacclUnavailable, plan_from_captures, run_jaccl
 from mlxcluster.smoke.launch import WorkerOptions, hosts_from_inventory
 from tests.test_checks_topology import slow_osaurus

@@ -138,7 +138,7 @@ def test_stderr_tails_by_rank():
 
 
 def test_inventory_env_reaches_every_rank(tmp_path):
-    from mlxcluster.inventory import parse_inventory
+    from mlxcluster.inventory.inventory import parse_inventory
 
     inv = parse_inventory("cluster: c\npython: /venv/bin/python\nenv: {MLX_METAL_FAST_SYNCH: '1'}\n"
                           "hosts:\n  - {name: a, ssh: 10.0.0.1, ips: [10.0.0.1]}\n"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from mlxcluster.capture import HostCapture, load_capture_dir
-from mlxcluster.topology import Link, build_topology, find_ring, is_full_mesh
+from mlxcluster.facts.capture import HostCapture, load_capture_dir
+from mlxcluster.topology.topology import Link, build_topology, find_ring, is_full_mesh
 from tests.topology_helpers import (
     MACCLUSTER,
     OMLX,

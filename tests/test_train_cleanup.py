@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from mlxcluster.launcher_ssh import WRAPPER_MARK, launcher_environment, real_ssh
+from mlxcluster.ssh.launcher_ssh import WRAPPER_MARK, launcher_environment, real_ssh
 from mlxcluster.train_cleanup import (
     LauncherStopNoise,
     lost_host,

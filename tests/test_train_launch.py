@@ -20,8 +20,8 @@ from click.testing import CliRunner
 
 from mlxcluster.cli import main as cli
 from mlxcluster.errors import BackendUnavailable, InputError
-from mlxcluster.inventory import parse_inventory
-from mlxcluster.mpi import find_mpirun
+from mlxcluster.facts.mpi import find_mpirun
+from mlxcluster.inventory.inventory import parse_inventory
 from mlxcluster.train_launch import (
     HostProbe,
     RankHost,

@@ -9,7 +9,7 @@ import click
 import pytest
 
 from mlxcluster.cli.params import Duration
-from mlxcluster.inventory import Host, Inventory
+from mlxcluster.inventory.inventory import Host, Inventory
 from mlxcluster.smoke.launch import RankHost
 from mlxcluster.smoke.run import SmokeReport
 from mlxcluster.smoke.stats import BenchRow

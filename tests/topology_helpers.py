@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mlxcluster import capture as C
+from mlxcluster.facts import capture as C
 
 OMLX = {
     "mbp": {

@@ -19,18 +19,24 @@ import json
 import click
 from tabulate import tabulate
 
-from mlxcluster.capture import prepare_capture_dir, read_capture_dir, save_capture_dir
-from mlxcluster.checks.base import CheckResult, Status
-from mlxcluster.checks.mpi import mpi_available
 from mlxcluster.cli.params import Seconds, inventory_option, load_chosen_inventory
 from mlxcluster.cli.report import check_html_path, emit_page, html_option
-from mlxcluster.doctor import BACKENDS, DoctorReport, replay_doctor, run_doctor, run_local_doctor
+from mlxcluster.doctor.checks.base import CheckResult, Status
+from mlxcluster.doctor.checks.mpi import mpi_available
+from mlxcluster.doctor.doctor import (
+    BACKENDS,
+    DoctorReport,
+    replay_doctor,
+    run_doctor,
+    run_local_doctor,
+)
 from mlxcluster.errors import EXIT_FAILED, EXIT_OK, InputError
-from mlxcluster.facts import HostFacts
-from mlxcluster.hostfile import load_hostfile
-from mlxcluster.inventory import load_inventory
+from mlxcluster.facts.capture import prepare_capture_dir, read_capture_dir, save_capture_dir
+from mlxcluster.facts.facts import HostFacts
+from mlxcluster.hostfile.hostfile import load_hostfile
+from mlxcluster.inventory.inventory import load_inventory
 from mlxcluster.report import Report
-from mlxcluster.topology import build_topology
+from mlxcluster.topology.topology import build_topology
 
 MARKS = {
     Status.PASS: ("[✓]", "green"),

@@ -7,17 +7,13 @@ from pathlib import Path
 
 import click
 
-from mlxcluster.capture import load_capture_dir
 from mlxcluster.cli.params import choose_inventory, inventory_option
-from mlxcluster.doctor_collect import collect_captures
 from mlxcluster.errors import EXIT_FAILED, HostfileError, InputError
-from mlxcluster.hostfile import (
-    BACKENDS,
-    MlxHostfile,
-    check_against_cluster,
-    load_hostfile,
-)
-from mlxcluster.hostfile_generate import (
+from mlxcluster.facts.capture import load_capture_dir
+from mlxcluster.facts.collect import collect_captures
+from mlxcluster.facts.mpi import find_libmpi
+from mlxcluster.hostfile.hostfile import BACKENDS, MlxHostfile, check_against_cluster, load_hostfile
+from mlxcluster.hostfile.hostfile_generate import (
     DEFAULT_TCP_LINKS,
     check_env_flags,
     check_if_include,
@@ -29,11 +25,10 @@ from mlxcluster.hostfile_generate import (
     generate_mpi_json,
     rdma_port_notes,
 )
-from mlxcluster.inventory import load_inventory
-from mlxcluster.ipplan import apply_ip_plan, plan_ips
-from mlxcluster.mpi import find_libmpi
+from mlxcluster.hostfile.ipplan import apply_ip_plan, plan_ips
+from mlxcluster.inventory.inventory import load_inventory
 from mlxcluster.outputs import check_output_paths, write_files
-from mlxcluster.topology import build_topology
+from mlxcluster.topology.topology import build_topology
 
 
 @click.group("hostfile")

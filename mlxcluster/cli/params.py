@@ -8,8 +8,8 @@ import re
 import click
 
 from mlxcluster.errors import InputError
-from mlxcluster.inventory import Inventory, load_inventory
-from mlxcluster.inventory_search import InventoryChoice, find_inventory
+from mlxcluster.inventory.inventory import Inventory, load_inventory
+from mlxcluster.inventory.inventory_search import InventoryChoice, find_inventory
 
 
 class Seconds(click.FloatRange):

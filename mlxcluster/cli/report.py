@@ -20,8 +20,8 @@ import sys
 import click
 
 from mlxcluster.cli.params import inventory_option
-from mlxcluster.doctor import BACKENDS
-from mlxcluster.inventory import load_inventory
+from mlxcluster.doctor.doctor import BACKENDS
+from mlxcluster.inventory.inventory import load_inventory
 from mlxcluster.outputs import check_output_path
 from mlxcluster.report import build_page, report_from_folder, write_page
 

@@ -21,9 +21,9 @@ from tabulate import tabulate
 
 from mlxcluster.cli.params import Seconds, inventory_option, load_chosen_inventory
 from mlxcluster.cli.report import check_html_path, emit_page, html_option
+from mlxcluster.doctor.known_errors import diagnose
 from mlxcluster.errors import EXIT_FAILED, InputError, MlxclusterError
-from mlxcluster.inventory import Inventory
-from mlxcluster.known_errors import diagnose
+from mlxcluster.inventory.inventory import Inventory
 from mlxcluster.report import Report
 from mlxcluster.smoke.jaccl import run_jaccl
 from mlxcluster.smoke.launch import (

@@ -6,15 +6,15 @@ import json
 
 import click
 
-from mlxcluster.capture import read_capture_dir
 from mlxcluster.cli.doctor import ignored_text
 from mlxcluster.cli.params import inventory_option, load_chosen_inventory
 from mlxcluster.cli.report import check_html_path, emit_page, html_option
-from mlxcluster.doctor_collect import collect_captures
 from mlxcluster.errors import InputError
+from mlxcluster.facts.capture import read_capture_dir
+from mlxcluster.facts.collect import collect_captures
 from mlxcluster.report import Report
-from mlxcluster.topology import Topology, build_topology, unreadable_files
-from mlxcluster.topology_dot import check_png_output, render_png, to_dot
+from mlxcluster.topology.topology import Topology, build_topology, unreadable_files
+from mlxcluster.topology.topology_dot import check_png_output, render_png, to_dot
 
 
 def render_text(t: Topology) -> str:

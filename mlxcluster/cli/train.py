@@ -13,9 +13,9 @@ import click
 from mlxcluster.cli.doctor import render_check
 from mlxcluster.cli.params import Duration, inventory_option, load_chosen_inventory
 from mlxcluster.cli.report import check_html_path, emit_page, html_option
-from mlxcluster.doctor import run_doctor
+from mlxcluster.doctor.doctor import run_doctor
+from mlxcluster.doctor.known_errors import diagnose
 from mlxcluster.errors import EXIT_FAILED, InputError, MlxclusterError
-from mlxcluster.known_errors import diagnose
 from mlxcluster.report import Report
 from mlxcluster.train_launch import (
     BACKENDS,

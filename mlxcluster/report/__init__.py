@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlxcluster import __version__
-from mlxcluster.doctor import DoctorReport
+from mlxcluster.doctor.doctor import DoctorReport
 from mlxcluster.outputs import write_files
-from mlxcluster.topology import Topology
+from mlxcluster.topology.topology import Topology
 
 __all__ = ["Report", "build_page", "write_page", "report_from_folder"]
 
@@ -113,11 +113,11 @@ def report_from_folder(folder: str | Path | None, *, inventory=None, backend: st
     file and training run folders; any of them may be missing (not all)."""
     import json
 
-    from mlxcluster.capture import read_capture_dir
-    from mlxcluster.doctor import replay_doctor
+    from mlxcluster.doctor.doctor import replay_doctor
     from mlxcluster.errors import InputError
+    from mlxcluster.facts.capture import read_capture_dir
     from mlxcluster.report.train_view import read_metrics
-    from mlxcluster.topology import build_topology
+    from mlxcluster.topology.topology import build_topology
 
     if folder is None and smoke is None and not runs:
         raise InputError("nothing to report", "give a 'doctor --collect' folder, --smoke FILE or --run DIR")

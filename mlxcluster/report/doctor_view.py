@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mlxcluster.checks.base import CheckResult, Status
-from mlxcluster.doctor import DoctorReport
-from mlxcluster.facts import HostFacts
+from mlxcluster.doctor.checks.base import CheckResult, Status
+from mlxcluster.doctor.doctor import DoctorReport
+from mlxcluster.facts.facts import HostFacts
 from mlxcluster.report.svg import dot_svg
-from mlxcluster.topology import Topology
-from mlxcluster.topology_dot import to_dot
+from mlxcluster.topology.topology import Topology
+from mlxcluster.topology.topology_dot import to_dot
 
 # Status -> (mark, css class, word shown).
 STATUS = {

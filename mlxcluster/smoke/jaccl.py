@@ -21,17 +21,17 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from mlxcluster.capture import IBV_DEVICES, SW_VERS, HostCapture
-from mlxcluster.doctor_collect import collect_captures
 from mlxcluster.errors import BackendUnavailable
-from mlxcluster.hostfile import MlxHostfile
-from mlxcluster.hostfile_generate import generate_mlx_hostfile
-from mlxcluster.inventory import Inventory
-from mlxcluster.parsers.sw_vers import parse_sw_vers
+from mlxcluster.facts.capture import IBV_DEVICES, SW_VERS, HostCapture
+from mlxcluster.facts.collect import collect_captures
+from mlxcluster.facts.parsers.sw_vers import parse_sw_vers
+from mlxcluster.hostfile.hostfile import MlxHostfile
+from mlxcluster.hostfile.hostfile_generate import generate_mlx_hostfile
+from mlxcluster.inventory.inventory import Inventory
 from mlxcluster.smoke.launch import RankHost, WorkerOptions
 from mlxcluster.smoke.preflight import JACCL_MIN_MACOS
 from mlxcluster.smoke.run import SmokeReport, run_backend
-from mlxcluster.topology import TB5_MIN_GBPS, Topology, build_topology
+from mlxcluster.topology.topology import TB5_MIN_GBPS, Topology, build_topology
 
 FIX = ("JACCL needs macOS 26.2+ on every host, RDMA enabled ('rdma_ctl enable' in Recovery, "
        "check with ibv_devices) and a Thunderbolt 5 cable between every pair of hosts; "

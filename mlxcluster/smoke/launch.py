@@ -8,7 +8,7 @@ Open MPI 5 knows).
 This module builds the minimal launch arguments smoke needs: an MLX JSON
 hostfile for ``mlx.launch`` and an ``mpirun`` argument list with a
 ``host slots=1`` hostfile.  The full generator of hostfiles and MPI
-arguments (``mlxcluster.hostfile``) replaces these builders once it lands.
+arguments (``mlxcluster.hostfile.hostfile``) replaces these builders once it lands.
 
 Every worker's command line carries the run id (``mlxsmoke-<hex>``): it is
 the marker the driver looks for to stop every process of a run on every host.
@@ -25,16 +25,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlxcluster.errors import BackendUnavailable, InputError
-from mlxcluster.hostfile import HostEntry, MlxHostfile, load_mlx_hostfile
-from mlxcluster.hostfile_generate import generate_mpi
-from mlxcluster.inventory import Host, Inventory, local_inventory
-from mlxcluster.mpi import (
+from mlxcluster.facts.mpi import (
     NO_TREE_SPAWN_PARAM,
     libmpi_env,
     no_tree_spawn_args,
     require_libmpi,
     require_mpirun,
 )
+from mlxcluster.hostfile.hostfile import HostEntry, MlxHostfile, load_mlx_hostfile
+from mlxcluster.hostfile.hostfile_generate import generate_mpi
+from mlxcluster.inventory.inventory import Host, Inventory, local_inventory
 
 LOCAL_TARGETS = ("127.0.0.1",)  # the only ssh name mlx.launch runs without ssh
 RING_PORT = 32323  # mlx.launch's default --starting-port
@@ -69,7 +69,7 @@ class RankHost:
 
 
 def hosts_from_inventory(inv) -> tuple[RankHost, ...]:
-    """One rank per inventory host (``mlxcluster.inventory.Inventory``), in
+    """One rank per inventory host (``mlxcluster.inventory.inventory.Inventory``), in
     inventory order: its name, ssh target, data IPs, python and ssh options."""
     options: tuple[str, ...] = ("-F", os.path.expanduser(inv.ssh_config)) if inv.ssh_config else ()
     return tuple(

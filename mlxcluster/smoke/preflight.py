@@ -9,7 +9,7 @@ instead of a crash or a silent group of 1.
   devices also exist on TB4 links, where JACCL crashes).
 * nccl: every host's python sees CUDA (``mx.cuda.is_available()``).
 
-The commands' output goes through the shared parsers (mlxcluster.parsers)
+The commands' output goes through the shared parsers (mlxcluster.facts.parsers)
 and the topology model; tests feed them real captures from Macs.
 """
 
@@ -20,14 +20,14 @@ import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from mlxcluster.capture import THUNDERBOLT, HostCapture
 from mlxcluster.errors import InputError, MlxclusterError
-from mlxcluster.mpi import require_libmpi, require_mpirun
-from mlxcluster.parsers.ibv import parse_ibv_devices
-from mlxcluster.parsers.sw_vers import parse_sw_vers
+from mlxcluster.facts.capture import THUNDERBOLT, HostCapture
+from mlxcluster.facts.mpi import require_libmpi, require_mpirun
+from mlxcluster.facts.parsers.ibv import parse_ibv_devices
+from mlxcluster.facts.parsers.sw_vers import parse_sw_vers
 from mlxcluster.smoke import remote
 from mlxcluster.smoke.launch import RankHost
-from mlxcluster.topology import TB5_MIN_GBPS, build_host
+from mlxcluster.topology.topology import TB5_MIN_GBPS, build_host
 
 JACCL_MIN_MACOS = (26, 2)
 SECTION = "---mlxsmoke-section---"

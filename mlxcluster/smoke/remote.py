@@ -24,8 +24,8 @@ from pathlib import Path
 
 import psutil
 
-from mlxcluster import openssh
 from mlxcluster.smoke.launch import LaunchPlan, RankHost
+from mlxcluster.ssh import openssh
 
 SSH_TIMEOUT_S = 20
 TAIL_BYTES = 2000

@@ -21,11 +21,11 @@ from pathlib import Path
 
 from mlxcluster import interrupts, stall
 from mlxcluster.errors import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, Interrupted
-from mlxcluster.launcher_ssh import launcher_environment
 from mlxcluster.smoke import preflight, remote
 from mlxcluster.smoke.launch import LaunchPlan, RankHost, WorkerOptions, plan_launch, worker_source
 from mlxcluster.smoke.stats import BenchRow, OpFit, fit_ops
 from mlxcluster.smoke.watch import RankOutcome, Watch, bench_rows, blame_hang, outcomes
+from mlxcluster.ssh.launcher_ssh import launcher_environment
 
 FAILURE_GRACE_S = 0.5  # keep reading this long after the first failure
 EXIT_WAIT_S = 10.0  # for the launcher to exit once every rank is done

