@@ -19,7 +19,7 @@ from mlxcluster.doctor.checks.base import CheckContext, Status
 from mlxcluster.doctor.checks.common import BAD
 from mlxcluster.doctor.checks.network import data_path
 from mlxcluster.doctor.datapath import AGENT, Connect, DataPathReport, Endpoint, ring_endpoints
-from mlxcluster.facts.collect import LiveCollection
+from mlxcluster.doctor.live import LiveCollection
 from mlxcluster.ssh.hops import HOPS, hop_argv, hop_outcome
 from mlxcluster.ssh.openssh import OpenSshRunner, explain_failure, ssh_argv
 from mlxcluster.ssh.remote import (

@@ -9,7 +9,8 @@ from tabulate import tabulate
 
 from mlxcluster.cli.params import Seconds
 from mlxcluster.errors import InputError
-from mlxcluster.inventory.discovery import browse, probe_discovered, probe_ssh, render_inventory
+from mlxcluster.facts.collect import probe_discovered
+from mlxcluster.inventory.discovery import browse, probe_ssh, render_inventory
 from mlxcluster.inventory.inventory import abs_path_ok, name_ok, parse_inventory, show, user_ok
 from mlxcluster.outputs import check_output_paths, write_files
 

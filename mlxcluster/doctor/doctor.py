@@ -1,7 +1,7 @@
 """The doctor driver: inventory -> live captures -> checks -> a report.
 
 ``run_doctor`` probes live hosts (every host in parallel, see
-``doctor_collect``); ``replay_doctor`` runs every check that needs no live
+``live``); ``replay_doctor`` runs every check that needs no live
 host on captures loaded from a folder. Both return a ``DoctorReport``; the
 CLI renders it. Checks come from ``CHECK_MODULES`` plus the optional
 topology checks when that module exists.
@@ -23,9 +23,10 @@ from mlxcluster.doctor.checks.base import (
     run_checks,
     verdict,
 )
+from mlxcluster.doctor.live import LiveCollection, collect_live
 from mlxcluster.errors import InputError
 from mlxcluster.facts.capture import HostCapture
-from mlxcluster.facts.collect import LiveCollection, collect_live, probe_locally
+from mlxcluster.facts.collect import probe_locally
 from mlxcluster.facts.facts import HostFacts, all_facts, facts_to_json
 from mlxcluster.inventory.inventory import local_inventory
 

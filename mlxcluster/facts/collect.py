@@ -1,29 +1,24 @@
-"""Collect what doctor needs from live hosts, every host in parallel.
+"""Run the probe on hosts and return what it saw, every host in parallel.
 
 ``collect_captures(inventory)`` pipes the probe to ``<python> -`` on every
 host over paramiko and returns one ``HostCapture`` per host (the probe's
 JSON as probe.json, the raw macOS outputs as their own capture files).
-``collect_live`` does that plus the live-only measurements doctor's checks
-judge: SSH via paramiko and via OpenSSH BatchMode, host-to-host SSH from the
-first host (``hops``), and data-path TCP connects (``datapath``), all at once.
+``probe_discovered`` does the same for hosts found by Bonjour. Doctor's live
+measurements (``mlxcluster/doctor/live.py``) start from ``probe_host``.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import shlex
-import socket
 import subprocess
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from mlxcluster.doctor.datapath import DataPathReport, check_data_paths
 from mlxcluster.facts.capture import PROBE, RAW_CAPTURE_FILES, HostCapture
-from mlxcluster.ssh.hops import run_hops
-from mlxcluster.ssh.openssh import OpenSshRunner
+from mlxcluster.facts.facts import HostFacts, host_facts
+from mlxcluster.inventory.discovery import DiscoveredHost, inventory_entries, render_inventory
+from mlxcluster.inventory.inventory import parse_inventory
 from mlxcluster.ssh.remote import CommandResult, Outcome, ParamikoRunner, run_parallel
 
 PROBE_TIMEOUT = 60.0
@@ -114,120 +109,15 @@ def collect_captures(inventory, *, runner: ParamikoRunner | None = None, connect
             runner.close()
 
 
-@dataclass
-class LiveCollection:
-    """Everything observed live; checks judge it, nothing here judges."""
-
-    captures: dict[str, HostCapture]
-    paramiko: dict[str, Outcome]  # host -> Outcome(value=HostCapture | error=SshError)
-    openssh: dict[str, Outcome]  # host -> Outcome(value=CommandResult | error)
-    host_to_host: dict[str, Outcome] = field(default_factory=dict)  # "a -> b" -> Outcome
-    host_to_host_source: str | None = None
-    data_path: DataPathReport | None = None
-    ssh_options: dict[str, Outcome] = field(default_factory=dict)  # host -> Outcome(value=ssh -G dict)
-
-
-def data_addresses(runner: ParamikoRunner, host) -> list[str]:
-    """The host's data IPs: inventory ``ips``, else the address SSH reached."""
-    if host.ips:
-        return list(host.ips)
-    target = runner.target(host.ssh, host.user, host.port)
-    try:
-        ipaddress.ip_address(target.hostname)
-        return [target.hostname]
-    except ValueError:
-        pass
-    peer = runner.peer_address(host.ssh, host.user, host.port)
-    if peer:
-        return [peer]
-    try:
-        return [socket.gethostbyname(target.hostname)]
-    except OSError:
-        return []
-
-
-def collect_live(inventory, *, connect_timeout: float = 5.0, command_timeout: float = PROBE_TIMEOUT,
-                 accept_new_host_keys: bool = False, data_path: bool = True,
-                 runner: ParamikoRunner | None = None, host_to_host: bool = True) -> LiveCollection:
-    """Every host at once, and every test at once.
-
-    One paramiko connection per host; each host's probe starts as soon as
-    that host is connected, and the host-to-host hops as soon as the first
-    host is, so a dead host (which costs one connect timeout) delays nothing
-    else. The OpenSSH BatchMode test runs beside the connects and the
-    data-path agents start once every connect has resolved (ports are
-    numbered over all hosts). Doctor's wall time is the slowest of these, not
-    their sum. With ``accept_new_host_keys`` the OpenSSH test waits for the
-    connects: it must see the keys paramiko accepted and saved. Without
-    ``host_to_host`` (only mpirun started on a host needs it) no hop is made.
-    """
-    own = runner is None
-    runner = runner or ParamikoRunner(inventory.ssh_config, connect_timeout=connect_timeout,
-                                      command_timeout=command_timeout,
-                                      accept_new_host_keys=accept_new_host_keys)
-    openssh = OpenSshRunner(inventory.ssh_config, connect_timeout=connect_timeout,
-                            command_timeout=connect_timeout + 15)
-    hosts = {h.name: h for h in inventory.hosts}
-    links: dict[str, Future] = {n: Future() for n in hosts}  # -> Outcome of the connect
-
-    def connect_then_probe(name: str) -> HostCapture:
-        host = hosts[name]
-        try:
-            runner.connect(host.ssh, host.user, host.port)
-        except BaseException as exc:
-            links[name].set_result(Outcome(name, error=exc))
-            raise
-        links[name].set_result(Outcome(name, value=True))
-        return probe_host(runner, host, command_timeout)
-
-    def batch_all():
-        return run_parallel(hosts, lambda n: openssh.run(hosts[n].ssh, "true", user=hosts[n].user,
-                                                          port=hosts[n].port))
-
-    pool = ThreadPoolExecutor(max_workers=4)
-    try:
-        batch_f = None if accept_new_host_keys else pool.submit(batch_all)
-        # What plain `ssh HOST` would do (ssh -G, local): the policy mlx.launch
-        # and mpirun get when run without mlxcluster.
-        options_f = pool.submit(run_parallel, hosts, lambda n: openssh.resolved_options(
-            hosts[n].ssh, user=hosts[n].user, port=hosts[n].port))
-        probe_f = pool.submit(run_parallel, hosts, connect_then_probe)
-        h2h_f = (pool.submit(collect_host_to_host, runner, list(hosts.values()), links, connect_timeout)
-                 if host_to_host else None)
-        connected = {n: link.result() for n, link in links.items()}
-        batch_f = batch_f or pool.submit(batch_all)
-        up = [h for n, h in hosts.items() if connected[n].ok]
-        dp_f = None
-        if data_path and len(up) > 1:
-            addresses = {n: data_addresses(runner, h) if connected[n].ok else list(h.ips)
-                         for n, h in hosts.items()}
-            dp_f = pool.submit(check_data_paths, runner, up, addresses, {h.name: h.python for h in up})
-        probed = probe_f.result()
-        live = LiveCollection({n: capture_or_error(n, o) for n, o in probed.items()}, probed,
-                              batch_f.result())
-        if h2h_f is not None:
-            live.host_to_host_source, live.host_to_host = h2h_f.result()
-        live.data_path = dp_f.result() if dp_f else None
-        live.ssh_options = options_f.result()
-        pool.shutdown()
-        return live
-    except KeyboardInterrupt:
-        # Do not wait for threads blocked in a connect or a read: the
-        # connections close below, and the CLI exits without joining them.
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    finally:
-        if own:
-            runner.close()
-
-
-def collect_host_to_host(runner: ParamikoRunner, hosts: list, links: dict[str, Future],
-                         connect_timeout: float) -> tuple[str | None, dict[str, Outcome]]:
-    """From the first host, ssh BatchMode to every other host (mpirun's path),
-    as soon as the first host is connected."""
-    if len(hosts) < 2:
-        return None, {}
-    first, others = hosts[0], hosts[1:]
-    if not links[first.name].result().ok:
-        return first.name, {}
-    return first.name, run_hops(runner, first, others, connect_timeout)
+def probe_discovered(hosts: list[DiscoveredHost], *, python: str, user: str | None = None,
+                     ssh_config: str | None = None, connect_timeout: float = 5.0) -> dict[str, HostFacts]:
+    """Run doctor's probe over SSH on every discovered host that offers SSH;
+    facts by the host's Bonjour name (``facts.probed`` is False when it failed)."""
+    # Probe the address that just answered: no dependence on .local name resolution.
+    pairs = inventory_entries(hosts, prefer_ip=True)
+    if not pairs:
+        return {}
+    inventory = parse_inventory(render_inventory(hosts, cluster="discovered", python=python, user=user,
+                                                 ssh_config=ssh_config, prefer_ip=True), "<discovered>")
+    captures = collect_captures(inventory, connect_timeout=connect_timeout)
+    return {host.name: host_facts(captures[entry["name"]]) for host, entry in pairs}

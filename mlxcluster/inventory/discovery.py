@@ -5,6 +5,8 @@ Macs with Remote Login on publish ``_ssh._tcp``; every Mac publishes
 ``browse`` listens for both, ``merge_records`` (pure) joins them per machine,
 ``probe_ssh`` reads each host's SSH banner (no credentials needed), and
 ``render_inventory`` (pure) writes an inventory that ``load_inventory`` accepts.
+The probe of discovered hosts (``probe_discovered``) lives with the other
+probes in ``mlxcluster/facts/collect.py``: facts sit above inventory.
 """
 
 from __future__ import annotations
@@ -19,8 +21,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 import yaml
-
-from mlxcluster.facts.facts import HostFacts
 
 SSH_SERVICE = "_ssh._tcp.local."
 DEVICE_INFO_SERVICE = "_device-info._tcp.local."
@@ -215,24 +215,6 @@ def render_inventory(hosts: list[DiscoveredHost], *, cluster: str, python: str,
     doc["hosts"] = [entry for _, entry in inventory_entries(hosts, prefer_ip)]
     header = "# Written by 'mlxcluster discover'. Check python and ips, then: mlxcluster doctor -i THIS_FILE\n"
     return header + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None)
-
-
-def probe_discovered(hosts: list[DiscoveredHost], *, python: str, user: str | None = None,
-                     ssh_config: str | None = None, connect_timeout: float = 5.0) -> dict[str, HostFacts]:
-    """Run doctor's probe over SSH on every discovered host that offers SSH;
-    facts by the host's Bonjour name (``facts.probed`` is False when it failed)."""
-    from mlxcluster.facts.collect import collect_captures
-    from mlxcluster.facts.facts import host_facts
-    from mlxcluster.inventory.inventory import parse_inventory
-
-    # Probe the address that just answered: no dependence on .local name resolution.
-    pairs = inventory_entries(hosts, prefer_ip=True)
-    if not pairs:
-        return {}
-    inventory = parse_inventory(render_inventory(hosts, cluster="discovered", python=python, user=user,
-                                                 ssh_config=ssh_config, prefer_ip=True), "<discovered>")
-    captures = collect_captures(inventory, connect_timeout=connect_timeout)
-    return {host.name: host_facts(captures[entry["name"]]) for host, entry in pairs}
 
 
 def _is_ip(value: str) -> bool:
