@@ -1,0 +1,151 @@
+"""The package's layering, read from its import graph (``ast``; nothing is imported).
+
+Data flows up the layers (docs/architecture.md): a module may import its own
+layer and any layer below it, never one above. The graph is parsed from the
+source, so lazy imports inside functions count too.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "mlxcluster"
+
+# Lowest first. A name stands for that module and everything under it; a name
+# ending in "*" for every module whose dotted name starts with it; the bare
+# package ("mlxcluster", for __version__) only for itself.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("base", ("mlxcluster", "mlxcluster.errors", "mlxcluster.outputs", "mlxcluster.interrupts")),
+    ("ssh, inventory", ("mlxcluster.ssh", "mlxcluster.inventory")),
+    ("facts", ("mlxcluster.facts",)),
+    ("topology", ("mlxcluster.topology",)),
+    ("hostfile", ("mlxcluster.hostfile",)),
+    # Above hostfile: doctor's checks compare a hostfile with the cabling and
+    # print the IP plan as a fix.
+    ("doctor", ("mlxcluster.doctor",)),
+    # Launching jobs, and what is built on it. The flat launch modules are
+    # listed by name until they move into mlxcluster/jobs/.
+    ("jobs", ("mlxcluster.jobs", "mlxcluster.smoke", "mlxcluster.train*", "mlxcluster.stall",
+              "mlxcluster.rank_wrapper", "mlxcluster.run_output", "mlxcluster.blas",
+              "mlxcluster.tune")),
+    ("report", ("mlxcluster.report",)),
+    # Above report: the demo runs every command, then writes the HTML report.
+    ("demo", ("mlxcluster.demo", "mlxcluster.jobs.demo")),
+    ("cli", ("mlxcluster.cli", "mlxcluster.__main__")),
+]
+
+
+def layer_of(module: str) -> int | None:
+    """Index in LAYERS of the most specific name that covers ``module``."""
+    best: tuple[int, int] | None = None  # (length of the name, layer)
+    for index, (_, names) in enumerate(LAYERS):
+        for name in names:
+            if name.endswith("*"):
+                covers = module.startswith(name[:-1])
+            elif name == "mlxcluster":
+                covers = module == name
+            else:
+                covers = module == name or module.startswith(name + ".")
+            if covers and (best is None or len(name) > best[0]):
+                best = (len(name), index)
+    return None if best is None else best[1]
+
+
+def module_files(package: Path = PACKAGE) -> dict[str, Path]:
+    """Dotted module name -> file, for every .py under the package."""
+    modules = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = path.relative_to(package.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        modules[".".join(parts)] = path
+    return modules
+
+
+def imported_modules(module: str, source: str, is_package: bool, known: set[str]) -> set[str]:
+    """The mlxcluster modules ``module`` imports (``from X import name`` counts
+    as X.name when that is a module, else as X)."""
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                found.add(sub if sub in known else target)
+    return {m for m in found if m == "mlxcluster" or m.startswith("mlxcluster.")}
+
+
+def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    files = module_files(package)
+    known = set(files)
+    return {m: imported_modules(m, path.read_text(encoding="utf-8"), path.name == "__init__.py", known)
+            for m, path in files.items()}
+
+
+def violations(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a higher layer, and every module no layer covers."""
+    problems = []
+    for module, targets in sorted(graph.items()):
+        mine = layer_of(module)
+        if mine is None:
+            problems.append(f"{module} is in no layer: add it to LAYERS (and docs/architecture.md)")
+            continue
+        for target in sorted(targets):
+            theirs = layer_of(target)
+            if theirs is not None and theirs > mine:
+                problems.append(f"{module} ({LAYERS[mine][0]}) imports {target} "
+                                f"({LAYERS[theirs][0]}, a higher layer)")
+    return problems
+
+
+def test_no_module_imports_a_higher_layer():
+    assert violations(import_graph()) == []
+
+
+def test_the_graph_is_read_from_the_source():
+    graph = import_graph()
+    # Edges known to exist, of each import form the package uses.
+    assert "mlxcluster.doctor.doctor" in graph["mlxcluster.cli.doctor"]  # from X.Y import name
+    assert "mlxcluster.ssh.openssh" in graph["mlxcluster.smoke.remote"]  # from X import module
+    assert "mlxcluster.inventory.inventory" in graph["mlxcluster.demo"]  # inside a function
+    assert "mlxcluster" in graph["mlxcluster.cli"]  # from mlxcluster import __version__
+    assert len(graph) > 80
+
+
+def test_a_higher_import_is_caught():
+    graph = {"mlxcluster.facts.facts": {"mlxcluster.doctor.doctor", "mlxcluster.errors"},
+             "mlxcluster.doctor.doctor": {"mlxcluster.facts.facts"}}
+    assert violations(graph) == ["mlxcluster.facts.facts (facts) imports mlxcluster.doctor.doctor "
+                                 "(doctor, a higher layer)"]
+
+
+def test_a_module_in_no_layer_is_caught():
+    assert violations({"mlxcluster.newthing": set()}) == [
+        "mlxcluster.newthing is in no layer: add it to LAYERS (and docs/architecture.md)"]
+
+
+def test_relative_imports_resolve_like_python():
+    known = {"mlxcluster.errors", "mlxcluster.ssh.remote", "mlxcluster.ssh.openssh",
+             "mlxcluster.doctor.checks.base"}
+    source = "from ... import errors\nfrom ...ssh.openssh import ssh_argv\nfrom .base import x\n"
+    assert imported_modules("mlxcluster.doctor.checks.jaccl", source, False, known) == {
+        "mlxcluster.errors", "mlxcluster.ssh.openssh", "mlxcluster.doctor.checks.base"}
+    assert imported_modules("mlxcluster.ssh", "from . import remote\n", True, known) == {
+        "mlxcluster.ssh.remote"}
+
+
+def test_launch_modules_count_as_jobs_wherever_they_live():
+    jobs = [name for name, _ in LAYERS].index("jobs")
+    for module in ("mlxcluster.train_launch", "mlxcluster.train_cleanup", "mlxcluster.smoke.run",
+                   "mlxcluster.jobs.launch", "mlxcluster.stall", "mlxcluster.tune.measure"):
+        assert layer_of(module) == jobs, module
+    assert layer_of("mlxcluster.errors") == 0
+    assert layer_of("mlxcluster.errors_extra") is None
