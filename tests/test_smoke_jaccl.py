@@ -122,11 +122,11 @@ def test_linux_and_unreachable_hosts_each_get_their_reasons():
 def test_cli_without_rdma_exits_3_with_a_reason_per_host(macos_fixtures, tmp_path, monkeypatch,
                                                           launched):
     """No --hostfile needed; nothing launched; text and --json both carry every host's reason."""
-    import mlxcluster.smoke.jaccl as jaccl
+    import mlxcluster.doctor_collect as doctor_collect
 
     captures = load_capture_dir(make_capture_dir(macos_fixtures, tmp_path / "cap", OSAURUS,
                                                  slow_osaurus))
-    monkeypatch.setattr(jaccl, "collect_captures", lambda inv: captures)
+    monkeypatch.setattr(doctor_collect, "collect_captures", lambda inv: captures)
     inv_path = tmp_path / "inv.yaml"
     inv_path.write_text(inventory_text(["local", "peer"]))
     result = CliRunner().invoke(main, ["smoke", "--backend", "jaccl", "-i", str(inv_path)])

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from mlxcluster.capture import THUNDERBOLT, HostCapture
 from mlxcluster.errors import InputError, MlxclusterError
+from mlxcluster.jaccl_plan import JACCL_MIN_MACOS
 from mlxcluster.mpi import require_libmpi, require_mpirun
 from mlxcluster.parsers.ibv import parse_ibv_devices
 from mlxcluster.parsers.sw_vers import parse_sw_vers
@@ -29,7 +30,6 @@ from mlxcluster.smoke import remote
 from mlxcluster.smoke.launch import RankHost
 from mlxcluster.topology import TB5_MIN_GBPS, build_host
 
-JACCL_MIN_MACOS = (26, 2)
 SECTION = "---mlxsmoke-section---"
 
 FACTS_SCRIPT = (
