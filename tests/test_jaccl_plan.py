@@ -34,19 +34,19 @@ from mlxcluster.train_launch import (
     write_hostfile,
 )
 from tests.test_checks_topology import slow_osaurus
-from tests.topology_helpers import OMLX, OSAURUS, make_capture_dir
+from tests.topology_helpers import (
+    OSAURUS,
+    RecordingCollect,
+    inventory_text,
+    make_capture_dir,
+    tb5_pair,
+)
 
 PAIR_ROWS = {"jaccl": [[None, "rdma_en1"], ["rdma_en3", None]],
              "jaccl-ring": [[None, "rdma_en1"], ["rdma_en3", None]]}
 FOUR_MAC = "mlx_hostfile_jaccl_4node_m3ultra_mlx_docs_list_form.json"
 FOUR_MAC_MATRIX = "mlx_ibv_devices_matrix_MLX_IBV_DEVICES_mlx_docs.json"
 PROGRAM = ["-m", "mlxcluster.rank_wrapper", "/abs/script.py", "--lr", "0.1"]
-
-
-def inventory_text(names: list[str], env: str = "") -> str:
-    return "cluster: c\npython: /opt/venv/bin/python\n" + env + "hosts:\n" + "".join(
-        f"  - name: {n}\n    ssh: 10.9.0.{i + 1}\n    ips: [10.9.0.{i + 1}]\n"
-        for i, n in enumerate(names))
 
 
 def flags(argv: list[str]) -> dict[str, str]:
@@ -61,10 +61,7 @@ def value_after(argv: list[str], flag: str) -> str:
 @pytest.fixture
 def pair(macos_fixtures, tmp_path):
     """The two-Mac Thunderbolt 5 pair (omlx captures): inventory path, captures dir."""
-    captures_dir = make_capture_dir(macos_fixtures, tmp_path / "cap", OMLX)
-    inv_path = tmp_path / "inv.yaml"
-    inv_path.write_text(inventory_text(["mbp", "studio"]))
-    return inv_path, captures_dir
+    return tb5_pair(macos_fixtures, tmp_path)
 
 
 def generated(inv_path: Path, backend: str, captures_dir: Path) -> str:
@@ -79,15 +76,9 @@ def generated(inv_path: Path, backend: str, captures_dir: Path) -> str:
 def test_the_tb5_pair_plan_is_what_hostfile_generate_writes(pair, tmp_path, backend):
     inv_path, captures_dir = pair
     inventory = parse_inventory(inv_path.read_text(), str(inv_path))
-    captures = load_capture_dir(captures_dir)
-    probed = []
-
-    def collect(inv):
-        probed.append([h.name for h in inv.hosts])
-        return captures
-
+    collect = RecordingCollect(load_capture_dir(captures_dir))
     job = plan_jaccl_job(job_from_inventory(inventory, backend), inventory, {}, collect)
-    assert probed == [["mbp", "studio"]]
+    assert collect.probed == [["mbp", "studio"]]
     hostfile = write_hostfile(job, tmp_path)
     assert hostfile.read_text() == generated(inv_path, backend, captures_dir)
     assert [h["rdma"] for h in json.loads(hostfile.read_text())["hosts"]] == PAIR_ROWS[backend]
@@ -97,7 +88,7 @@ def test_the_tb5_pair_plan_is_what_hostfile_generate_writes(pair, tmp_path, back
     assert argv[0] == mlx_launch_path() and argv[0].endswith("mlx.launch")
     assert value_after(argv, "--backend") == backend
     assert value_after(argv, "--hostfile") == str(hostfile)
-    assert value_after(argv, "--python") == "/opt/venv/bin/python"
+    assert value_after(argv, "--python") == "/usr/bin/python3"
     assert value_after(argv, "--starting-port") == "32323"
     env = flags(argv)
     assert env["MLX_METAL_FAST_SYNCH"] == "1"
@@ -113,7 +104,7 @@ def test_the_tb5_pair_plan_is_what_hostfile_generate_writes(pair, tmp_path, back
 def test_the_four_mac_hostfile_plan(macos_fixtures, tmp_path, backend):
     """MLX's own four-Mac example (the docs' list form, IPs only on rank 0):
     the rdma matrix mlx.launch hands to every rank (MLX_IBV_DEVICES) is the docs' one."""
-    job = job_from_hostfile(macos_fixtures / FOUR_MAC, backend, "/opt/venv/bin/python")
+    job = job_from_hostfile(macos_fixtures / FOUR_MAC, backend, "/usr/bin/python3")
     job = plan_jaccl_job(job, None, {})
     hostfile = json.loads(write_hostfile(job, tmp_path).read_text())
     assert hostfile["backend"] == backend
