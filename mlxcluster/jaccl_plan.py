@@ -46,9 +46,10 @@ FIX = ("JACCL needs macOS 26.2+ on every host, RDMA enabled ('rdma_ctl enable' i
        "check with ibv_devices) and a Thunderbolt 5 cable between every pair of hosts; "
        "mlxcluster doctor -i INVENTORY --backend jaccl shows the details, or use "
        "--backend ring")
-# MLX's docs advise MLX_METAL_FAST_SYNCH=1 for JACCL (lower latency); it has
-# also hung GPUs: ml-explore/mlx issue #3142, and the docs stopped setting it
-# by default in #4005.
+# MLX's JACCL docs recommended MLX_METAL_FAST_SYNCH=1 (lower latency); it has
+# also wedged GPUs in fence_wait until a reboot (ml-explore/mlx issues #3142,
+# #3830), and the docs stopped passing it by default (PR #4005). We set it as
+# the docs advised and warn; the user's own value always wins.
 FAST_SYNCH_WARNING = (f"{FAST_SYNCH}=1 (MLX's advice for JACCL: lower latency) has deadlocked "
                       "GPUs (ml-explore/mlx#3142); if the job hangs, rerun with "
                       f"{FAST_SYNCH}=0 in your environment or the inventory's env")
