@@ -23,8 +23,9 @@ from mlxcluster.jaccl_plan import (
     hostfile_from_captures,
     jaccl_env,
 )
-from mlxcluster.smoke.launch import mlx_launch_path
+from mlxcluster.smoke.launch import mlx_launch_path, plan_launch
 from mlxcluster.train_launch import (
+    SMOKE_OPTIONS,
     job_from_hostfile,
     job_from_inventory,
     job_local,
@@ -96,8 +97,14 @@ def test_the_tb5_pair_plan_is_what_hostfile_generate_writes(pair, tmp_path, back
     assert env["MLXCLUSTER_HEARTBEAT"] == "1" and "PYTHONPATH" in env
     assert argv[argv.index("--") + 1:] == PROGRAM
 
-    # The preflight's all_sum runs on the same rows (smoke's mlx.launch plan).
+    # The preflight's all_sum runs on the same rows (smoke's mlx.launch plan);
+    # inside the ranks jaccl-ring is jaccl (mlx.launch adds MLX_JACCL_RING=1).
     assert [h.rdma for h in smoke_hosts(job)] == [tuple(r) for r in PAIR_ROWS[backend]]
+    smoke = plan_launch(backend, smoke_hosts(job), SMOKE_OPTIONS, {})
+    assert value_after(smoke.argv, "--backend") == backend
+    assert smoke.argv[smoke.argv.index("--") + 2:][:2] == ["--backend", "jaccl"]
+    [smoke_hostfile] = smoke.files.values()
+    assert [h["rdma"] for h in json.loads(smoke_hostfile)["hosts"]] == PAIR_ROWS[backend]
 
 
 @pytest.mark.parametrize("backend", ["jaccl", "jaccl-ring"])
