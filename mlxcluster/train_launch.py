@@ -370,6 +370,9 @@ def common_openblas(probes: list[HostProbe]) -> str | None:
 
 def write_hostfile(job: TrainJob, directory: Path) -> Path:
     """The hostfile the launcher reads: mlx.launch JSON (ring, jaccl) or Open MPI lines (mpi)."""
+    if jaccl_plan.is_jaccl(job.backend) and job.mlx_hostfile is None:
+        raise MlxclusterError(f"a {job.backend} job has no rdma rows (plan_jaccl_job plans them)",
+                              "report this: train and run plan JACCL before launching")
     if job.mlx_hostfile is not None:  # jaccl: the planned rows, ssh as the launcher reaches it
         path = directory / "hosts.json"
         path.write_text(replace(job.mlx_hostfile, hosts=tuple(

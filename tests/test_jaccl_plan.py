@@ -14,7 +14,7 @@ import mlxcluster.doctor_collect as doctor_collect
 import mlxcluster.train_launch as train_launch
 from mlxcluster.capture import load_capture_dir
 from mlxcluster.cli import main
-from mlxcluster.errors import BackendUnavailable, HostfileError
+from mlxcluster.errors import BackendUnavailable, HostfileError, MlxclusterError
 from mlxcluster.inventory import parse_inventory
 from mlxcluster.jaccl_plan import (
     FAST_SYNCH_WARNING,
@@ -155,6 +155,13 @@ def test_a_hostfile_without_rdma_rows_is_refused_before_launch(tmp_path, macos_f
     (tmp_path / "noip.json").write_text(json.dumps(no_ip))
     with pytest.raises(HostfileError, match="rank 0"):
         plan_jaccl_job(job_from_hostfile(tmp_path / "noip.json", "jaccl", "/py"), None, {})
+
+
+def test_an_unplanned_jaccl_job_is_never_launched_as_another_backend(tmp_path):
+    inventory = parse_inventory(inventory_text(["mbp", "studio"]))
+    with pytest.raises(MlxclusterError, match="no rdma rows"):
+        write_hostfile(job_from_inventory(inventory, "jaccl"), tmp_path)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_local_ranks_cannot_use_jaccl():
