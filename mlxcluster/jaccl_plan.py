@@ -20,7 +20,9 @@ The env every JACCL rank gets (``jaccl_env``), for a hostfile whose rank 0 is
 ``studio`` with IP 10.0.0.1 and the default starting port::
 
     MLX_JACCL_COORDINATOR=10.0.0.1:32323   # what mlx.launch sets too, shown
-    MLX_METAL_FAST_SYNCH=1                 # MLX's advice; the user's value wins
+
+and ``MLX_METAL_FAST_SYNCH`` only when the user set it (inventory env, else
+this shell): mlxcluster does not turn it on.
 
 mlx.launch itself adds ``MLX_IBV_DEVICES`` (a temp file with the rdma matrix)
 and, for jaccl-ring, ``MLX_JACCL_RING=1``.
@@ -46,13 +48,15 @@ FIX = ("JACCL needs macOS 26.2+ on every host, RDMA enabled ('rdma_ctl enable' i
        "check with ibv_devices) and a Thunderbolt 5 cable between every pair of hosts; "
        "mlxcluster doctor -i INVENTORY --backend jaccl shows the details, or use "
        "--backend ring")
-# MLX's JACCL docs recommended MLX_METAL_FAST_SYNCH=1 (lower latency); it has
-# also wedged GPUs in fence_wait until a reboot (ml-explore/mlx issues #3142,
-# #3830), and the docs stopped passing it by default (PR #4005). We set it as
-# the docs advised and warn; the user's own value always wins.
-FAST_SYNCH_WARNING = (f"{FAST_SYNCH}=1 (MLX's advice for JACCL: lower latency) has deadlocked "
-                      "GPUs (ml-explore/mlx#3142); if the job hangs, rerun with "
-                      f"{FAST_SYNCH}=0 in your environment or the inventory's env")
+# MLX's JACCL docs once recommended MLX_METAL_FAST_SYNCH=1 (lower latency); it
+# has also wedged GPUs in fence_wait until a reboot (ml-explore/mlx issues
+# #3142, #3830), and since PR #4005 (mlx 0.32.1, the version we run) MLX's
+# docs no longer pass it by default. A launcher that must never hang silently
+# follows the current docs: off unless the user sets it, with a warning then.
+FAST_SYNCH_WARNING = (f"{FAST_SYNCH}=1 (lower latency) has deadlocked GPUs "
+                      "(ml-explore/mlx#3142) and MLX no longer sets it by default; if the job "
+                      f"hangs, rerun without it ({FAST_SYNCH}=0 in your environment or the "
+                      "inventory's env)")
 
 Collect = Callable[[Inventory], dict[str, HostCapture]]
 
@@ -179,10 +183,13 @@ def coordinator(hostfile: MlxHostfile, starting_port: int) -> str:
 def jaccl_env(hostfile: MlxHostfile, starting_port: int, job_env: Mapping[str, str],
               environ: Mapping[str, str]) -> dict[str, str]:
     """What a JACCL job adds to every rank's env: the coordinator, and
-    MLX_METAL_FAST_SYNCH=1 unless the user set it (the inventory's env, else
-    this shell's environment, wins: ``MLX_METAL_FAST_SYNCH=0`` turns it off)."""
-    fast = job_env.get(FAST_SYNCH, environ.get(FAST_SYNCH, "1"))
-    return {COORDINATOR: coordinator(hostfile, starting_port), FAST_SYNCH: fast}
+    MLX_METAL_FAST_SYNCH as the user set it (the inventory's env, else this
+    shell's environment); unset, it stays unset (MLX's default, off)."""
+    env = {COORDINATOR: coordinator(hostfile, starting_port)}
+    fast = job_env.get(FAST_SYNCH, environ.get(FAST_SYNCH))
+    if fast is not None:
+        env[FAST_SYNCH] = fast
+    return env
 
 
 def fast_synch_warning(env: Mapping[str, str]) -> str | None:

@@ -83,7 +83,7 @@ def test_the_tb5_pair_plan_is_what_hostfile_generate_writes(pair, tmp_path, back
     hostfile = write_hostfile(job, tmp_path)
     assert hostfile.read_text() == generated(inv_path, backend, captures_dir)
     assert [h["rdma"] for h in json.loads(hostfile.read_text())["hosts"]] == PAIR_ROWS[backend]
-    assert job.env == {"MLX_JACCL_COORDINATOR": "10.9.0.1:32323", "MLX_METAL_FAST_SYNCH": "1"}
+    assert job.env == {"MLX_JACCL_COORDINATOR": "10.9.0.1:32323"}  # fast synch: MLX's default
 
     argv = launcher_argv(job, hostfile, PROGRAM)
     assert argv[0] == mlx_launch_path() and argv[0].endswith("mlx.launch")
@@ -92,7 +92,7 @@ def test_the_tb5_pair_plan_is_what_hostfile_generate_writes(pair, tmp_path, back
     assert value_after(argv, "--python") == "/usr/bin/python3"
     assert value_after(argv, "--starting-port") == "32323"
     env = flags(argv)
-    assert env["MLX_METAL_FAST_SYNCH"] == "1"
+    assert "MLX_METAL_FAST_SYNCH" not in env
     assert env["MLX_JACCL_COORDINATOR"] == "10.9.0.1:32323"  # rank 0's IP, as mlx.launch sets it
     assert env["MLXCLUSTER_HEARTBEAT"] == "1" and "PYTHONPATH" in env
     assert argv[argv.index("--") + 1:] == PROGRAM
@@ -121,7 +121,7 @@ def test_the_four_mac_hostfile_plan(macos_fixtures, tmp_path, backend):
     argv = launcher_argv(job, tmp_path / "hosts.json", PROGRAM)
     assert value_after(argv, "--backend") == backend
     assert flags(argv)["MLX_JACCL_COORDINATOR"] == "123.123.123.1:32323"
-    assert flags(argv)["MLX_METAL_FAST_SYNCH"] == "1"
+    assert "MLX_METAL_FAST_SYNCH" not in flags(argv)
 
 
 def test_users_fast_synch_wins_inventory_first(pair):
@@ -137,8 +137,9 @@ def test_users_fast_synch_wins_inventory_first(pair):
                          {"MLX_METAL_FAST_SYNCH": "1"}, lambda inv: captures)
     assert job.env["MLX_METAL_FAST_SYNCH"] == "0"
     hostfile = hostfile_from_captures(inventory, captures)
-    assert jaccl_env(hostfile, 40000, {}, {}) == {"MLX_JACCL_COORDINATOR": "10.9.0.1:40000",
-                                                  "MLX_METAL_FAST_SYNCH": "1"}
+    assert jaccl_env(hostfile, 40000, {}, {}) == {"MLX_JACCL_COORDINATOR": "10.9.0.1:40000"}
+    assert jaccl_env(hostfile, 40000, {}, {"MLX_METAL_FAST_SYNCH": "1"}) == {
+        "MLX_JACCL_COORDINATOR": "10.9.0.1:40000", "MLX_METAL_FAST_SYNCH": "1"}
     assert fast_synch_warning({"MLX_METAL_FAST_SYNCH": "1"}) == FAST_SYNCH_WARNING
     assert "mlx#3142" in FAST_SYNCH_WARNING
 
@@ -203,20 +204,26 @@ COMMANDS = {"train": ["train", "--no-preflight", "--config", "tiny"],
 PROGRAMS = {"train": ["--", "--steps", "1"], "run": ["--", "python", "/abs/script.py"]}
 
 
+@pytest.mark.parametrize("fast_synch", [None, "1"])
 @pytest.mark.parametrize("command", ["train", "run"])
-def test_cli_launches_the_pair_plan_and_warns(pair, tmp_path, monkeypatch, launches, command):
+def test_cli_launches_the_pair_plan_and_warns_only_on_fast_synch(pair, tmp_path, monkeypatch,
+                                                                 launches, command, fast_synch):
+    """Fast synch stays MLX's default (unset) unless the user sets it; set, it
+    is passed on and the deadlock warning printed."""
     inv_path, captures_dir = pair
     captures = load_capture_dir(captures_dir)
     monkeypatch.setattr(doctor_collect, "collect_captures", lambda inv: captures)
+    monkeypatch.delenv("MLX_METAL_FAST_SYNCH", raising=False)
     args = [a.replace("LOGS", str(tmp_path / "logs")) for a in COMMANDS[command]]
     result = CliRunner().invoke(main, [*args, "-i", str(inv_path), "--backend", "jaccl",
-                                       *PROGRAMS[command]])
+                                       *PROGRAMS[command]],
+                                env={"MLX_METAL_FAST_SYNCH": fast_synch} if fast_synch else None)
     assert result.exit_code == 0, result.output
-    assert f"warning: {FAST_SYNCH_WARNING}" in result.output
+    assert (f"warning: {FAST_SYNCH_WARNING}" in result.output) == (fast_synch == "1")
     [(argv, hostfile)] = launches
     assert hostfile == generated(inv_path, "jaccl", captures_dir)
     assert value_after(argv, "--backend") == "jaccl"
-    assert flags(argv)["MLX_METAL_FAST_SYNCH"] == "1"
+    assert flags(argv).get("MLX_METAL_FAST_SYNCH") == fast_synch
     assert flags(argv)["MLX_JACCL_COORDINATOR"] == "10.9.0.1:32323"
 
 
