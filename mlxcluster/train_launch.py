@@ -39,12 +39,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mlxcluster import interrupts, stall
+from mlxcluster import interrupts, jaccl_plan, stall
 from mlxcluster.blas import OPENBLAS_CANDIDATES
 from mlxcluster.errors import BackendUnavailable, InputError, Interrupted, MlxclusterError
 from mlxcluster.facts.mpi import find_libmpi, libmpi_env, no_tree_spawn_args, require_mpirun
 from mlxcluster.hostfile.hostfile import BACKENDS as MLX_BACKENDS
-from mlxcluster.hostfile.hostfile import load_mlx_hostfile
+from mlxcluster.hostfile.hostfile import MlxHostfile, load_mlx_hostfile
 from mlxcluster.inventory.inventory import Host, Inventory, local_inventory
 from mlxcluster.smoke import launch as smoke_launch
 from mlxcluster.smoke import remote as smoke_remote
@@ -66,7 +66,7 @@ from mlxcluster.train_cleanup import (
 if TYPE_CHECKING:
     from reference_train.train import TrainConfig
 
-BACKENDS = ("ring", "mpi")
+BACKENDS = ("ring", "mpi", "jaccl", "jaccl-ring")
 PROBE_TIMEOUT = 30.0
 SMOKE_TIMEOUT = 90.0  # per phase: the ring backend retries connects for ~30 s before failing
 # The train preflight only needs the group to form and sum: all_sum of a few float32s.
@@ -131,6 +131,8 @@ class TrainJob:
     # (``("/abs/script.py", ARGS...)`` or ``("-m", "module", ARGS...)``).
     program: tuple[str, ...] | None = None
     tag_output: bool = False  # every rank's lines start with "[R] " (rank_wrapper)
+    # jaccl / jaccl-ring: the hostfile with the rdma rows, hosts in rank order (jaccl_plan)
+    mlx_hostfile: MlxHostfile | None = None
 
 
 @dataclass(frozen=True)
@@ -194,7 +196,8 @@ def job_from_hostfile(path: str | Path, backend: str | None, python: str,
     check_backend(backend)
     hosts = [RankHost(name=h.ssh, ssh=h.ssh, ip=h.ips[0] if h.ips else h.ssh) for h in hostfile.hosts]
     return TrainJob(hosts=tuple(hosts), backend=backend, python=python,
-                    trainer_args=trainer_args, mpi_args=mpi_args)
+                    trainer_args=trainer_args, mpi_args=mpi_args,
+                    mlx_hostfile=hostfile if jaccl_plan.is_jaccl(backend) else None)
 
 
 def job_local(n: int, backend: str, python: str, trainer_args: tuple[str, ...] = (),
@@ -212,9 +215,35 @@ def check_backend(backend: str) -> None:
                          f"{', '.join(MLX_BACKENDS)})",
                          "use --backend ring (TCP, always available) or mpi")
     if backend not in BACKENDS:
-        raise BackendUnavailable(f"mlxcluster train and run support the {' and '.join(BACKENDS)} "
+        raise BackendUnavailable(f"mlxcluster train and run support the {', '.join(BACKENDS)} "
                                  f"backends, not {backend!r}",
                                  "use --backend ring (TCP, always available) or mpi")
+
+
+def plan_jaccl_job(job: TrainJob, inventory: Inventory | None, environ: dict[str, str],
+                   collect: jaccl_plan.Collect | None = None) -> TrainJob:
+    """A jaccl / jaccl-ring job with its rdma rows, ranks in the hostfile's
+    order and the JACCL env (jaccl_plan.jaccl_env); other jobs unchanged.
+
+    From an inventory the rows come from the hosts' live topology (probed
+    now, before anything runs: JacclUnavailable names every host that cannot
+    take part); from a hostfile, its own rows are checked."""
+    if not jaccl_plan.is_jaccl(job.backend):
+        return job
+    if inventory is not None and not all(h.is_local for h in job.hosts):
+        hostfile = jaccl_plan.hostfile_from_live_topology(inventory, job.backend, collect)
+    elif job.mlx_hostfile is not None:
+        hostfile = replace(job.mlx_hostfile, backend=job.backend)  # --backend wins over the file's
+        jaccl_plan.check_hostfile_rows(hostfile, job.backend)
+    else:
+        raise BackendUnavailable(f"{job.backend} runs across Macs joined by Thunderbolt 5 "
+                                 "cables, not as several ranks on this machine",
+                                 "give -i INVENTORY (the RDMA rows come from the hosts' "
+                                 "topology) or --hostfile FILE with rdma rows; or --backend ring")
+    by_ssh = {h.ssh: h for h in job.hosts}
+    hosts = tuple(by_ssh[entry.ssh] for entry in hostfile.hosts)  # jaccl-ring: ring order
+    env = {**job.env, **jaccl_plan.jaccl_env(hostfile, job.starting_port, job.env, environ)}
+    return replace(job, hosts=hosts, env=env, mlx_hostfile=hostfile)
 
 
 # ---------------------------------------------------------------- running on hosts
@@ -340,8 +369,16 @@ def common_openblas(probes: list[HostProbe]) -> str | None:
 
 
 def write_hostfile(job: TrainJob, directory: Path) -> Path:
-    """The hostfile the launcher reads: mlx.launch JSON (ring) or Open MPI lines (mpi)."""
-    if job.backend == "ring":
+    """The hostfile the launcher reads: mlx.launch JSON (ring, jaccl) or Open MPI lines (mpi)."""
+    if jaccl_plan.is_jaccl(job.backend) and job.mlx_hostfile is None:
+        raise MlxclusterError(f"a {job.backend} job has no rdma rows (plan_jaccl_job plans them)",
+                              "report this: train and run plan JACCL before launching")
+    if job.mlx_hostfile is not None:  # jaccl: the planned rows, ssh as the launcher reaches it
+        path = directory / "hosts.json"
+        path.write_text(replace(job.mlx_hostfile, hosts=tuple(
+            replace(entry, ssh=f"{h.user}@{h.ssh}" if h.user else entry.ssh)
+            for entry, h in zip(job.mlx_hostfile.hosts, job.hosts, strict=True))).dumps())
+    elif job.backend == "ring":
         path = directory / "hosts.json"
         path.write_text(json.dumps({"backend": "ring", "hosts": [
             {"ssh": h.ssh if not h.user else f"{h.user}@{h.ssh}", "ips": [h.ip]}
@@ -357,10 +394,11 @@ def write_hostfile(job: TrainJob, directory: Path) -> Path:
 
 
 def launcher_argv(job: TrainJob, hostfile: Path, program: list[str]) -> list[str]:
-    """mlx.launch (ring) or mpirun (mpi) argv running `python PROGRAM...` on every rank."""
+    """mlx.launch (ring, jaccl, jaccl-ring) or mpirun (mpi) argv running
+    `python PROGRAM...` on every rank."""
     env = rank_env(job)
-    if job.backend == "ring":
-        argv = [smoke_launch.mlx_launch_path(), "--hostfile", str(hostfile), "--backend", "ring",
+    if job.backend != "mpi":
+        argv = [smoke_launch.mlx_launch_path(), "--hostfile", str(hostfile), "--backend", job.backend,
                 "--python", job.python, "--starting-port", str(job.starting_port)]
         argv += [f"--env={k}={v}" for k, v in env.items()]
         return argv + ["--", *program]
@@ -542,11 +580,16 @@ def stop_launcher(proc: subprocess.Popen, pumps: list[threading.Thread]) -> None
 
 
 def smoke_hosts(job: TrainJob) -> tuple[smoke_launch.RankHost, ...]:
-    """The job's ranks as smoke ranks: same targets, python, ssh options and env."""
-    return smoke_launch.hosts_from_inventory(Inventory(
+    """The job's ranks as smoke ranks: same targets, python, ssh options, env
+    and (jaccl) rdma rows."""
+    hosts = smoke_launch.hosts_from_inventory(Inventory(
         cluster="train", python=job.python, ssh_config=job.ssh_config, hosts=tuple(
             Host(h.name, h.ssh, (h.ip,), h.user, job.python, h.port, dict(job.env))
             for h in job.hosts)))
+    if job.mlx_hostfile is None:
+        return hosts
+    return tuple(replace(h, rdma=entry.rdma)
+                 for h, entry in zip(hosts, job.mlx_hostfile.hosts, strict=True))
 
 
 def smoke_all_sum(job: TrainJob, env: dict[str, str] | None = None,
@@ -556,8 +599,10 @@ def smoke_all_sum(job: TrainJob, env: dict[str, str] | None = None,
     a deadline per phase, nothing left running. Returns (ok, one-line detail)."""
     n = len(job.hosts)
     try:
+        # jaccl: plan_jaccl_job already judged every host from its topology.
+        judged = (lambda backend, ranks: None) if job.mlx_hostfile is not None else None
         report = run_backend(job.backend, smoke_hosts(job), SMOKE_OPTIONS, timeout_s=timeout,
-                             environ=env, mpi_args=split_mpi_args(job))
+                             environ=env, mpi_args=split_mpi_args(job), reason_unavailable=judged)
     except MlxclusterError as e:
         return False, str(e)
     if report.passed:

@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from mlxcluster.cli.params import Duration, inventory_option, load_chosen_inventory
-from mlxcluster.cli.train import preflight, run_doctor_preflight
+from mlxcluster.cli.train import plan_backend, preflight, run_doctor_preflight
 from mlxcluster.doctor.known_errors import diagnose
 from mlxcluster.errors import EXIT_FAILED, InputError
 from mlxcluster.run_output import RankLogs, program_argv
@@ -90,9 +90,10 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, no
     if script and all(h.is_local for h in job.hosts) and not os.path.isfile(script):
         raise InputError(f"no such script: {script}",
                          "give the path of a Python file (relative to this directory, or absolute)")
+    env = dict(os.environ)
+    job = plan_backend(job, inventory, env)
     run_id = new_run_id(RUN_PREFIX)
     logs_path = Path(logs_dir) if logs_dir else Path("runs") / run_id
-    env = dict(os.environ)
     n = len(job.hosts)
 
     mlx_version = None

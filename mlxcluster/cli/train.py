@@ -16,6 +16,7 @@ from mlxcluster.cli.report import check_html_path, emit_page, html_option
 from mlxcluster.doctor.doctor import run_doctor
 from mlxcluster.doctor.known_errors import diagnose
 from mlxcluster.errors import EXIT_FAILED, InputError, MlxclusterError
+from mlxcluster.jaccl_plan import fast_synch_warning
 from mlxcluster.report import Report
 from mlxcluster.train_launch import (
     BACKENDS,
@@ -29,6 +30,7 @@ from mlxcluster.train_launch import (
     launcher_error,
     launcher_name,
     openblas_env,
+    plan_jaccl_job,
     probe_hosts,
     script_path,
     smoke_all_sum,
@@ -100,6 +102,7 @@ def command(hostfile, inventory_path, local_ranks, backend, config, python, mpi_
         job = job_local(local_ranks, backend or "ring", py, args, tuple(mpi_args))
     check_batch_split(cfg, len(job.hosts))  # before any preflight or launch: ranks are known
     env = dict(os.environ)
+    job = plan_backend(job, inventory, env)
     n = len(job.hosts)
 
     mlx_version = None  # the cluster's, when the preflight asked (known errors name the fixing release)
@@ -161,6 +164,17 @@ def write_run_page(out, html_path: str, failed: str | None = None) -> None:
         click.echo(f"fix: copy {out} here, then: mlxcluster report --run {out} -o {html_path}", err=True)
         return
     emit_page(Report(runs=[out], failed_runs={str(out): failed} if failed else {}), html_path)
+
+
+def plan_backend(job, inventory, env: dict[str, str]):
+    """jaccl / jaccl-ring: the rdma rows and env (from the hosts' live
+    topology with -i; exit 3 naming every host that cannot take part), and
+    the MLX_METAL_FAST_SYNCH warning. Other backends: the job unchanged."""
+    job = plan_jaccl_job(job, inventory, env)
+    warning = fast_synch_warning(job.env) if job.mlx_hostfile is not None else None
+    if warning:
+        click.secho(f"warning: {warning}", fg="yellow", err=True)
+    return job
 
 
 def run_doctor_preflight(inventory, backend: str) -> None:

@@ -32,7 +32,7 @@ from mlxcluster.facts.mpi import (
     require_libmpi,
     require_mpirun,
 )
-from mlxcluster.hostfile.hostfile import HostEntry, MlxHostfile, load_mlx_hostfile
+from mlxcluster.hostfile.hostfile import JACCL_BACKENDS, HostEntry, MlxHostfile, load_mlx_hostfile
 from mlxcluster.hostfile.hostfile_generate import generate_mpi
 from mlxcluster.inventory.inventory import Host, Inventory, local_inventory
 
@@ -215,7 +215,7 @@ def plan_mlx_launch(backend: str, hosts: tuple[RankHost, ...], opts: WorkerOptio
     """``mlx.launch --hostfile H --backend B --python P -- worker.py ...``."""
     run_id = run_id or new_run_id()
     run_dir = f"/tmp/{run_id}"
-    if backend == "jaccl" and any(len(h.rdma) != len(hosts) for h in hosts):
+    if backend in JACCL_BACKENDS and any(len(h.rdma) != len(hosts) for h in hosts):
         raise InputError("jaccl needs the RDMA device matrix (an 'rdma' row per host)",
                          "use -i INVENTORY (the matrix is built from the hosts' topology) or an "
                          "MLX hostfile with rdma rows: --hostfile FILE")
@@ -236,7 +236,9 @@ def plan_mlx_launch(backend: str, hosts: tuple[RankHost, ...], opts: WorkerOptio
             *(["--connections-per-ip", str(opts.connections_per_ip)]
               if opts.connections_per_ip > 1 else []),
             *env_args, "--", f"{run_dir}/worker.py",
-            *worker_args(backend, n, run_id, run_dir, opts)]
+            # jaccl-ring is jaccl inside the ranks (mlx.launch sets MLX_JACCL_RING=1)
+            *worker_args("jaccl" if backend in JACCL_BACKENDS else backend, n, run_id, run_dir,
+                         opts)]
     env = dict(environ)
     env.pop("MLX_HOSTFILE", None)
     env.pop("MLX_RANK", None)
@@ -327,7 +329,7 @@ def plan_launch(backend: str, hosts: tuple[RankHost, ...], opts: WorkerOptions,
                 mpi_args: tuple[str, ...] = ()) -> LaunchPlan:
     """The launch plan for ``backend`` (mpirun for mpi, with ``mpi_args``; mlx.launch otherwise)."""
     environ = dict(os.environ if environ is None else environ)
-    if backend not in BACKENDS:
+    if backend not in (*BACKENDS, "jaccl-ring"):  # jaccl-ring: train's preflight, not smoke's menu
         raise InputError(f"unknown backend {backend!r}", f"use one of {', '.join(BACKENDS)}")
     if backend == "mpi":
         return plan_mpirun(hosts, opts, environ, run_id, mpi_args=mpi_args)
