@@ -39,10 +39,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mlxcluster import interrupts, jaccl_plan, stall
+from mlxcluster import interrupts, stall
 from mlxcluster.blas import OPENBLAS_CANDIDATES
 from mlxcluster.errors import BackendUnavailable, InputError, Interrupted, MlxclusterError
 from mlxcluster.facts.mpi import find_libmpi, libmpi_env, no_tree_spawn_args, require_mpirun
+from mlxcluster.hostfile import jaccl_plan
 from mlxcluster.hostfile.hostfile import BACKENDS as MLX_BACKENDS
 from mlxcluster.hostfile.hostfile import MlxHostfile, load_mlx_hostfile
 from mlxcluster.inventory.inventory import Host, Inventory, local_inventory

@@ -15,14 +15,14 @@ import mlxcluster.train_launch as train_launch
 from mlxcluster.cli import main
 from mlxcluster.errors import BackendUnavailable, HostfileError, MlxclusterError
 from mlxcluster.facts.capture import load_capture_dir
-from mlxcluster.inventory.inventory import parse_inventory
-from mlxcluster.jaccl_plan import (
+from mlxcluster.hostfile.jaccl_plan import (
     FAST_SYNCH_WARNING,
     JacclUnavailable,
     fast_synch_warning,
     hostfile_from_captures,
     jaccl_env,
 )
+from mlxcluster.inventory.inventory import parse_inventory
 from mlxcluster.smoke.launch import mlx_launch_path, plan_launch
 from mlxcluster.train_launch import (
     SMOKE_OPTIONS,

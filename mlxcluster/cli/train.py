@@ -16,7 +16,7 @@ from mlxcluster.cli.report import check_html_path, emit_page, html_option
 from mlxcluster.doctor.doctor import run_doctor
 from mlxcluster.doctor.known_errors import diagnose
 from mlxcluster.errors import EXIT_FAILED, InputError, MlxclusterError
-from mlxcluster.jaccl_plan import fast_synch_warning
+from mlxcluster.hostfile.jaccl_plan import fast_synch_warning
 from mlxcluster.report import Report
 from mlxcluster.train_launch import (
     BACKENDS,

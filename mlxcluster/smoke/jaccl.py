@@ -18,8 +18,8 @@ from mlxcluster.errors import BackendUnavailable
 from mlxcluster.facts import collect as doctor_collect
 from mlxcluster.facts.capture import HostCapture
 from mlxcluster.hostfile.hostfile import MlxHostfile
+from mlxcluster.hostfile.jaccl_plan import Collect, JacclUnavailable, hostfile_from_captures
 from mlxcluster.inventory.inventory import Inventory
-from mlxcluster.jaccl_plan import Collect, JacclUnavailable, hostfile_from_captures
 from mlxcluster.smoke.launch import RankHost, WorkerOptions
 from mlxcluster.smoke.run import SmokeReport, run_backend
 

@@ -25,7 +25,7 @@ from mlxcluster.facts.capture import THUNDERBOLT, HostCapture
 from mlxcluster.facts.mpi import require_libmpi, require_mpirun
 from mlxcluster.facts.parsers.ibv import parse_ibv_devices
 from mlxcluster.facts.parsers.sw_vers import parse_sw_vers
-from mlxcluster.jaccl_plan import JACCL_MIN_MACOS
+from mlxcluster.hostfile.jaccl_plan import JACCL_MIN_MACOS
 from mlxcluster.smoke import remote
 from mlxcluster.smoke.launch import RankHost
 from mlxcluster.topology.topology import TB5_MIN_GBPS, build_host
