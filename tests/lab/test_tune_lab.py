@@ -94,6 +94,14 @@ def test_run_launches_with_the_ring_setting_tune_wrote(lab3, tmp_path):
     assert f"tuned: --connections-per-ip 2 (from {out}.args" in ran.stderr
     # Every rank got two ports on its IP from the real mlx.launch, and the ring ran over them.
     assert ranks == [f"{r} size=3 sum=3 setting=2" for r in range(3)]
+    # smoke given the same hostfile runs its ring with the setting too (and says so).
+    smoke = subprocess.run(
+        [sys.executable, "-m", "mlxcluster", "smoke", "--hostfile", str(out), "--sizes", "1K:1K",
+         "--dtypes", "float32", "--json"], env=lab3.env(), capture_output=True, text=True, timeout=300)
+    assert smoke.returncode == 0, smoke.stdout[-2000:] + smoke.stderr[-2000:]
+    assert f"tuned: --connections-per-ip 2 (from {out}.args" in smoke.stderr
+    command = json.loads(smoke.stdout)["backends"][0]["command"]
+    assert command[command.index("--connections-per-ip") + 1] == "2"
 
 
 def test_run_launches_with_the_mpi_setting_tune_wrote(lab3, tmp_path):
