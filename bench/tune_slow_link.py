@@ -13,7 +13,9 @@ Steps, on one 3-host lab (tests/lab) with every host's egress throttled to
    default allreduce and with ``coll_tuned_allreduce_algorithm N`` for a few
    N, alternating over ``--mpi-rounds`` rounds;
 3. one more default MPI all_sum with ``strace -c -f`` attached to rank 1's
-   worker (syscall counts and time).
+   worker (syscall counts and time);
+4. the bytes each host sends per 32 MiB all_sum (its eth0 counter), ring
+   against MPI's default and two of its algorithms.
 
 Prints a JSON document with everything (load average before and after each
 step: this machine is shared) and writes it to ``--out``.
@@ -150,6 +152,30 @@ def strace_rank(lab, hosts, timeout_s: float) -> dict:
     return result
 
 
+def tx_bytes(lab) -> list[int]:
+    return [int(lab.netns_exec(h, ["cat", "/sys/class/net/eth0/statistics/tx_bytes"]).stdout)
+            for h in lab.hosts]
+
+
+def bytes_per_all_sum(lab, hosts, backend: str, algorithm: int = 0) -> dict:
+    """Bytes each host sends (eth0 tx counter) per 32 MiB all_sum: one run of
+    warm-up + 3 timed all_sums, less a run with none (start-up, barriers)."""
+    sent = []
+    for iters in (0, 3):
+        opts = WorkerOptions(dtypes=("float32",), lo_bytes=32 * MiB, hi_bytes=32 * MiB, bench=iters > 0,
+                             check=False, warmup=1, iters=max(iters, 1), ops=("all_sum",))
+        extra = () if algorithm == 0 else ("--mca", "coll_tuned_use_dynamic_rules", "1",
+                                           "--mca", "coll_tuned_allreduce_algorithm", str(algorithm))
+        before = tx_bytes(lab)
+        report = run_backend(backend, hosts, opts, 300, mpi_args=extra if backend == "mpi" else ())
+        sent.append([a - b for a, b in zip(tx_bytes(lab), before, strict=True)])
+        if not report.passed:
+            return {"backend": backend, "algorithm": algorithm, "status": report.reason[:200]}
+    per_op = [(full - base) / 4 for base, full in zip(*sent, strict=True)]  # warm-up + 3 timed
+    return {"backend": backend, "algorithm": algorithm, "mb_per_host_per_all_sum": [round(b / 1e6, 1) for b in per_op],
+            "payload_mb": 32 * MiB / 1e6}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rate", default="200mbit")
@@ -157,7 +183,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--timeout", default="2m")
     parser.add_argument("--mpi-rounds", type=int, default=2)
-    parser.add_argument("--skip-tune", action="store_true", help="only the MPI steps")
+    parser.add_argument("--skip-tune", action="store_true", help="leave out step 1")
+    parser.add_argument("--skip-algorithms", action="store_true", help="leave out step 2")
+    parser.add_argument("--skip-strace", action="store_true", help="leave out step 3")
     parser.add_argument("--out", default="/tmp/tune-slow-link.json")
     args = parser.parse_args()
 
@@ -181,7 +209,7 @@ def main() -> None:
                 save()
         doc["mpi_algorithms"] = {"load_before": load(), "rounds": []}
         order = list(ALLREDUCE_ALGORITHMS)
-        for r in range(args.mpi_rounds):
+        for r in range(0 if args.skip_algorithms else args.mpi_rounds):
             for alg in (order if r % 2 == 0 else order[::-1]):
                 print(f"mpi allreduce algorithm {alg} (round {r + 1}) ...", file=sys.stderr, flush=True)
                 sampler = CpuSampler(netns_inodes(lab))
@@ -192,8 +220,13 @@ def main() -> None:
                 doc["mpi_algorithms"]["rounds"].append(row)
                 save()
         doc["mpi_algorithms"]["load_after"] = load()
-        print("strace on one MPI rank ...", file=sys.stderr, flush=True)
-        doc["strace"] = strace_rank(lab, hosts, 300)
+        if not args.skip_strace:
+            print("strace on one MPI rank ...", file=sys.stderr, flush=True)
+            doc["strace"] = strace_rank(lab, hosts, 300)
+        print("bytes sent per all_sum ...", file=sys.stderr, flush=True)
+        doc["bytes_per_all_sum"] = [bytes_per_all_sum(lab, hosts, "ring"), bytes_per_all_sum(lab, hosts, "mpi")]
+        doc["bytes_per_all_sum"] += [bytes_per_all_sum(lab, hosts, "mpi", alg) for alg in (4, 6)]
+        save()
         doc["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
         save()
     print(json.dumps(doc, indent=2))
