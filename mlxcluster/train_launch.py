@@ -43,7 +43,7 @@ from mlxcluster import interrupts, jaccl_plan, stall
 from mlxcluster.blas import OPENBLAS_CANDIDATES
 from mlxcluster.errors import BackendUnavailable, InputError, Interrupted, MlxclusterError
 from mlxcluster.hostfile import BACKENDS as MLX_BACKENDS
-from mlxcluster.hostfile import MlxHostfile, load_mlx_hostfile
+from mlxcluster.hostfile import MlxHostfile, load_launch_hostfile
 from mlxcluster.inventory import Host, Inventory, local_inventory
 from mlxcluster.launcher_ssh import launcher_environment
 from mlxcluster.mpi import find_libmpi, libmpi_env, no_tree_spawn_args, require_mpirun
@@ -125,6 +125,7 @@ class TrainJob:
     ssh_config: str | None = None
     mpi_args: tuple[str, ...] = ()
     starting_port: int = 32323
+    connections_per_ip: int = 1  # ring: mlx.launch --connections-per-ip (tuned.py)
     env: dict[str, str] = field(default_factory=dict)
     # The python arguments every rank runs (after the rank wrapper): None is
     # the reference trainer with trainer_args; `mlxcluster run` sets its own
@@ -189,9 +190,9 @@ def job_from_inventory(inv: Inventory, backend: str, trainer_args: tuple[str, ..
 def job_from_hostfile(path: str | Path, backend: str | None, python: str,
                       trainer_args: tuple[str, ...] = (),
                       mpi_args: tuple[str, ...] = ()) -> TrainJob:
-    """A job from an mlx.launch hostfile ({"backend": ..., "hosts": [{"ssh", "ips"}]}),
-    validated as ``hostfile check`` does."""
-    hostfile = load_mlx_hostfile(path)
+    """A job from an mlx.launch hostfile ({"backend": ..., "hosts": [{"ssh", "ips"}]})
+    or an MPI one (``host slots=1``), validated as ``hostfile check`` does."""
+    hostfile = load_launch_hostfile(path)
     backend = backend or hostfile.backend or "ring"
     check_backend(backend)
     hosts = [RankHost(name=h.ssh, ssh=h.ssh, ip=h.ips[0] if h.ips else h.ssh) for h in hostfile.hosts]
@@ -400,6 +401,8 @@ def launcher_argv(job: TrainJob, hostfile: Path, program: list[str]) -> list[str
     if job.backend != "mpi":
         argv = [smoke_launch.mlx_launch_path(), "--hostfile", str(hostfile), "--backend", job.backend,
                 "--python", job.python, "--starting-port", str(job.starting_port)]
+        if job.connections_per_ip != 1:
+            argv += ["--connections-per-ip", str(job.connections_per_ip)]
         argv += [f"--env={k}={v}" for k, v in env.items()]
         return argv + ["--", *program]
     mpirun = require_mpirun()

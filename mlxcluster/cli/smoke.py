@@ -38,6 +38,7 @@ from mlxcluster.smoke.preflight import require_local_pythons
 from mlxcluster.smoke.report import check_plot_path, reports_to_dict, write_plot
 from mlxcluster.smoke.run import SmokeReport, exit_code_for, run_backend
 from mlxcluster.smoke.stats import format_bytes, parse_size_range
+from mlxcluster.tuned import MAX_CONNECTIONS, apply_tuned, read_tuned, split_words
 
 DTYPE_CHOICES = ("float32", "float16", "bfloat16", "int32")
 MARK = {"passed": "✓", "failed": "✗", "unavailable": "-"}
@@ -118,14 +119,17 @@ def render_bench(report: SmokeReport) -> str:
 @click.option("--dtypes", default=",".join(DTYPE_CHOICES), show_default=True)
 @click.option("--timeout", "timeout_s", type=Seconds(1, 3600), default=60.0, show_default=True,
               help="Per-phase deadline in seconds (init, correctness, bench).")
-@click.option("--connections-per-ip", type=click.IntRange(1, 64), default=1, show_default=True,
-              help="ring: mlx.launch --connections-per-ip (what 'mlxcluster tune' measured).")
+@click.option("--connections-per-ip", type=click.IntRange(1, MAX_CONNECTIONS), default=None,
+              help="ring: mlx.launch --connections-per-ip (default: the --hostfile's .args, as "
+                   "'mlxcluster tune' wrote it, else 1).")
+@click.option("--mpi-arg", "mpi_args", multiple=True, metavar="ARG",
+              help="mpi: extra mpirun argument (repeatable; use --mpi-arg=--flag).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (docs/smoke.md).")
 @click.option("--plot", type=click.Path(dir_okay=False),
               help="Write a PNG of busbw and latency (or .pdf, .svg: the file's extension).")
 @html_option("the results (and the benchmark plots)")
 def command(backend, hostfile, inventory_path, local_n, python, bench, sizes, dtypes, timeout_s,
-            connections_per_ip, as_json, plot, html_path):
+            connections_per_ip, mpi_args, as_json, plot, html_path):
     """Run all_sum / all_gather / send-recv smoke tests per backend."""
     sources = [s for s in (hostfile, inventory_path, local_n) if s]
     if len(sources) > 1:
@@ -137,8 +141,6 @@ def command(backend, hostfile, inventory_path, local_n, python, bench, sizes, dt
         check_plot_path(plot)
     check_html_path(html_path)
     lo, hi = parse_size_range(sizes)
-    opts = WorkerOptions(dtypes=parse_dtypes(dtypes), lo_bytes=lo, hi_bytes=hi, bench=bench,
-                         connections_per_ip=connections_per_ip)
     file_backend = ""
     inventory = None
     if local_n:
@@ -162,7 +164,12 @@ def command(backend, hostfile, inventory_path, local_n, python, bench, sizes, dt
         backend = file_backend
     single = backend not in (None, "any")
     backends = [backend] if single else list(BACKENDS)
+    tuned = read_tuned(hostfile)
+    applied = {name: apply_tuned(tuned, name, connections_per_ip, tuple(mpi_args)) for name in backends}
+    for note in dict.fromkeys(n for a in applied.values() for n in a.notes):
+        click.echo(note, err=True)
 
+    opts = WorkerOptions(dtypes=parse_dtypes(dtypes), lo_bytes=lo, hi_bytes=hi, bench=bench)
     reports = []
     for name in backends:
         if not as_json:
@@ -170,7 +177,8 @@ def command(backend, hostfile, inventory_path, local_n, python, bench, sizes, dt
         if name == "jaccl" and inventory is not None:  # the RDMA matrix comes from the live topology
             reports.append(run_jaccl(inventory, hosts, opts, timeout_s))
         else:
-            reports.append(run_backend(name, hosts, opts, timeout_s))
+            reports.append(run_backend(name, hosts, replace(opts, connections_per_ip=applied[name].connections_per_ip),
+                                       timeout_s, mpi_args=split_words(applied[name].mpi_args)))
     code = exit_code_for(reports, single)
     plot_error = None
     if plot:

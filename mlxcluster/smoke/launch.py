@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlxcluster.errors import BackendUnavailable, InputError
-from mlxcluster.hostfile import JACCL_BACKENDS, HostEntry, MlxHostfile, load_mlx_hostfile
+from mlxcluster.hostfile import JACCL_BACKENDS, HostEntry, MlxHostfile, load_launch_hostfile
 from mlxcluster.hostfile_generate import generate_mpi
 from mlxcluster.inventory import Host, Inventory, local_inventory
 from mlxcluster.mpi import (
@@ -128,9 +128,9 @@ def local_hosts(n: int, python: str | None = None) -> tuple[RankHost, ...]:
 
 def hosts_from_hostfile(path: str, python: str | None = None) -> tuple[tuple[RankHost, ...], str]:
     """Read and validate an MLX JSON hostfile (``{"backend", "envs", "hosts":
-    [{"ssh", "ips", "rdma"}]}`` or a bare list of hosts); returns the hosts and
-    its backend."""
-    hostfile = load_mlx_hostfile(path)
+    [{"ssh", "ips", "rdma"}]}`` or a bare list of hosts) or an MPI one
+    (``host slots=1``); returns the hosts and its backend."""
+    hostfile = load_launch_hostfile(path)
     hosts = tuple(RankHost(h.ssh, h.ssh, h.ips, python or sys.executable, h.rdma)
                   for h in hostfile.hosts)
     return hosts, hostfile.backend
