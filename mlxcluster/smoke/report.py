@@ -32,6 +32,9 @@ def report_to_dict(report: SmokeReport) -> dict:
         "fits": [asdict(f) for f in report.fits],
         "cleanup_problems": report.cleanup_problems,
         "command": report.command,
+        "stall": report.stall,
+        "stall_dir": report.stall_dir,
+        "soak": report.soak.to_dict() if report.soak else None,
     }
 
 
