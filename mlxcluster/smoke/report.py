@@ -32,10 +32,10 @@ def report_to_dict(report: SmokeReport) -> dict:
         "bench": [asdict(b) for b in report.bench],
         "fits": [asdict(f) for f in report.fits],
         "cleanup_problems": report.cleanup_problems,
-        "command": report.command,
         "stall": report.stall,
         "stall_dir": report.stall_dir,
         "soak": report.soak.to_dict() if report.soak else None,
+        "command": report.command,
     }
 
 

@@ -28,8 +28,8 @@ ITERATION_TIMEOUT_S = 20  # a loaded 2-core machine starts 3 ranks slowly: init 
 # After the per-iteration deadline: up to ~1 s until the last soak event
 # (they come once a second), the port probes or the state collection over
 # ssh (SIGUSR1, 1 s, stacks), the launcher's stop and the sweep of every
-# host. Measured on the lab (docs/smoke.md): 3.6-9.1 s.
-DETECTION_BOUND_S = 20
+# host. Measured on the lab under load (docs/smoke.md): 9.9-15.1 s.
+DETECTION_BOUND_S = 25
 
 
 @pytest.fixture(scope="module")
