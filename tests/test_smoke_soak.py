@@ -8,6 +8,11 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import re
+import signal
+import sys
+import time
+from pathlib import Path
 
 import mlx.core as mx
 import pytest
@@ -18,6 +23,7 @@ from mlxcluster.cli.smoke import render_soak, soak_progress_line
 from mlxcluster.smoke import worker
 from mlxcluster.smoke.launch import WorkerOptions, worker_args
 from mlxcluster.smoke.soak import SoakWatch, WrongResult, wrong_result
+from tests.interrupt_helpers import SmokeWorkersRunning, interrupt_when, processes_with
 
 
 def take(seed, n=60, ops=worker.OPS, dtypes=("float32", "float16", "int32"), lo=1024, hi=1 << 20):
@@ -141,3 +147,29 @@ def test_bad_soak_flags_are_refused_before_anything_runs(flags, said):
     result = CliRunner().invoke(main, ["smoke", "--local", "2", *flags])
     assert result.exit_code == 2, result.output
     assert said in result.output and "Traceback" not in result.output
+
+
+def test_ctrl_c_during_a_soak_stops_every_rank_and_prints_the_summary_so_far(tmp_path):
+    """Real local ranks (ring), a real SIGINT to the process group as a
+    terminal sends it, some seconds into a 10-minute soak."""
+    workers = SmokeWorkersRunning(2)
+    ready_since: list[float] = []
+
+    def soaking(proc) -> bool:
+        if not ready_since and workers(proc):
+            ready_since.append(time.monotonic())
+        return bool(ready_since) and time.monotonic() - ready_since[0] > 8  # past init, iterating
+
+    run = interrupt_when([sys.executable, "-m", "mlxcluster", "smoke", "--local", "2", "--backend",
+                          "ring", "--soak", "10m", "--seed", "5", "--sizes", "1K:16K",
+                          "--dtypes", "float32", "--timeout", "60"],
+                         soaking, signal.SIGINT, cwd=str(tmp_path))
+    assert run.returncode == 130, run.stderr
+    assert f"interrupted (SIGINT): smoke ring run {workers.run_id} stopped on every host" in run.stderr
+    summary = re.search(r"ring soak: \d+ s of 600 s, (\d+) iterations, seed 5 \(replay: --soak "
+                        r"600s --seed 5\)", run.stdout)
+    assert summary and int(summary.group(1)) > 0, run.stdout + run.stderr
+    assert re.search(r"^all_sum +[1-9]\d* ", run.stdout, re.M), run.stdout
+    assert "Traceback" not in run.stdout + run.stderr
+    assert processes_with(workers.run_id) == [] and workers.family_alive() == []
+    assert not Path("/tmp", workers.run_id).exists()
