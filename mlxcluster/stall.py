@@ -471,13 +471,16 @@ class Examined:
 
 
 def examine(rank_hosts: list, run_id: str, run_script: Callable, for_each_host: Callable,
-            report_dir: Path, header: str, folder: str = STACKS_ROOT) -> Examined:
+            report_dir: Path | None, header: str, folder: str = STACKS_ROOT) -> Examined:
     """``collect_states``, ``diagnose`` and ``save_report`` into ``report_dir``,
-    in one call (a report that cannot be written leaves ``directory`` None)."""
+    in one call (``report_dir`` None, or a report that cannot be written,
+    leaves ``directory`` None)."""
     states = collect_states(rank_hosts, run_id, run_script, for_each_host, folder=folder)
     summary = diagnose(states)
-    try:
-        directory: Path | None = save_report(report_dir, summary, states, header)
-    except OSError:
-        directory = None
+    directory: Path | None = None
+    if report_dir is not None:
+        try:
+            directory = save_report(report_dir, summary, states, header)
+        except OSError:
+            directory = None
     return Examined(states, summary, directory)

@@ -89,7 +89,8 @@ def run_plan(plan: LaunchPlan, timeout_s: float = 60.0,
     ``source`` replaces the worker script (bench/ stages a bare timing loop
     that speaks the same protocol). ``opts``: the workers' options (a soak's
     seed and duration for its summary). A hang's report goes to
-    ``stall_root``/stall-RUN_ID (default: the current directory).
+    ``stall_root``/stall-RUN_ID (None: diagnosed, not saved; the smoke
+    command passes --stall-dir, other callers such as tune leave no folders).
     ``on_soak_progress`` hears the soak's summary so far every
     ``PROGRESS_EVERY_S``. Interrupted (Ctrl-C, SIGTERM, SIGHUP), it stops the
     run on every host first, then raises ``errors.Interrupted`` (its
@@ -119,8 +120,7 @@ def run_plan(plan: LaunchPlan, timeout_s: float = 60.0,
             launched = launch(plan)
             blamed = watch_run(launched, watch, plan, timeout_s, clock, progress)
             if blamed:  # while the hung ranks still run: where are they?
-                report.stall, report.stall_dir = diagnose_hang(plan, blamed, timeout_s,
-                                                               stall_root or Path("."))
+                report.stall, report.stall_dir = diagnose_hang(plan, blamed, timeout_s, stall_root)
     except KeyboardInterrupt as stop:
         stopped_by = stop
     with interrupts.deferred():
@@ -148,7 +148,7 @@ def run_plan(plan: LaunchPlan, timeout_s: float = 60.0,
 
 
 def diagnose_hang(plan: LaunchPlan, blamed: list[RankOutcome], timeout_s: float,
-                  stall_root: Path) -> tuple[str, str]:
+                  stall_root: Path | None) -> tuple[str, str]:
     """The diagnosis of a hang and the folder of its evidence, as for a
     stalled training (stall.examine): the worker leaves a pid file in the
     run directory and dumps its stacks on SIGUSR1. Each hung rank's verdict
@@ -160,7 +160,7 @@ def diagnose_hang(plan: LaunchPlan, blamed: list[RankOutcome], timeout_s: float,
         list(plan.hosts), plan.run_id,
         run_script=lambda h, script: remote.run_script(h, script, env=plan.env),
         for_each_host=remote.for_each_host, folder=str(Path(plan.run_dir).parent),
-        report_dir=stall_root / f"stall-{plan.run_id}", header=header)
+        report_dir=stall_root / f"stall-{plan.run_id}" if stall_root else None, header=header)
     states = {s.rank: s for s in found.states}
     for outcome in blamed:
         state = states.get(outcome.rank)
