@@ -142,6 +142,7 @@ def test_the_worker_is_told_the_soak_and_its_seed():
     (["--soak", "0.5s"], "below the minimum of 1 s"),
     (["--soak", "30s", "--bench"], "--soak and --bench are two runs"),
     (["--seed", "5"], "--seed chooses a soak's sizes"),
+    (["--timeout", "2h"], "above the maximum of 3600 s"),  # a duration too, as people write it
 ])
 def test_bad_soak_flags_are_refused_before_anything_runs(flags, said):
     result = CliRunner().invoke(main, ["smoke", "--local", "2", *flags])

@@ -23,7 +23,7 @@ from pathlib import Path
 import click
 from tabulate import tabulate
 
-from mlxcluster.cli.params import Duration, Seconds, inventory_option, load_chosen_inventory
+from mlxcluster.cli.params import Duration, inventory_option, load_chosen_inventory
 from mlxcluster.cli.report import check_html_path, emit_page, html_option
 from mlxcluster.errors import EXIT_FAILED, InputError, Interrupted, MlxclusterError
 from mlxcluster.inventory import Inventory
@@ -149,8 +149,9 @@ def soak_progress_line(backend: str, soak: SoakSummary) -> str:
               help="LO:HI bytes: the benchmark sweep, and the correctness sizes (1 element, "
                    "one near LO, one above HI).")
 @click.option("--dtypes", default=",".join(DTYPE_CHOICES), show_default=True)
-@click.option("--timeout", "timeout_s", type=Seconds(1, 3600), default=60.0, show_default=True,
-              help="Per-phase deadline in seconds (init, correctness, bench).")
+@click.option("--timeout", "timeout_s", type=Duration(1, 3600), default=60.0, show_default=True,
+              help="Per-phase deadline (init, correctness, bench; a soak: per iteration): "
+                   "60, 90s, 2m.")
 @click.option("--connections-per-ip", type=click.IntRange(1, 64), default=1, show_default=True,
               help="ring: mlx.launch --connections-per-ip (what 'mlxcluster tune' measured).")
 @click.option("--soak", "soak_s", type=Duration(1, 7 * 86400), default=None,
