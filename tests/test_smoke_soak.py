@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from mlxcluster.cli import main
 from mlxcluster.cli.smoke import render_soak, soak_progress_line
-from mlxcluster.smoke import worker
+from mlxcluster.smoke import remote, worker
 from mlxcluster.smoke.launch import WorkerOptions, worker_args
 from mlxcluster.smoke.soak import SoakWatch, WrongResult, wrong_result
 from tests.interrupt_helpers import SmokeWorkersRunning, interrupt_when, processes_with
@@ -169,10 +169,15 @@ def test_ctrl_c_during_a_soak_stops_every_rank_and_prints_the_summary_so_far(tmp
         return re.search(r"soak ring: \d+/600 s, all_sum [1-9]\d*, all_gather [1-9]\d*, "
                          r"send_recv [1-9]", "".join(seen)) is not None
 
-    run = interrupt_when([sys.executable, "-m", "mlxcluster", "smoke", "--local", "2", "--backend",
-                          "ring", "--soak", "10m", "--seed", "5", "--sizes", "1K:16K",
-                          "--dtypes", "float32", "--timeout", "60"],
-                         soaking, signal.SIGINT, cwd=str(tmp_path), ready_timeout=240)
+    try:
+        run = interrupt_when([sys.executable, "-m", "mlxcluster", "smoke", "--local", "2", "--backend",
+                              "ring", "--soak", "10m", "--seed", "5", "--sizes", "1K:16K",
+                              "--dtypes", "float32", "--timeout", "60"],
+                             soaking, signal.SIGINT, cwd=str(tmp_path), ready_timeout=240)
+        left, alive = processes_with(workers.run_id), workers.family_alive()  # before any help
+    finally:  # a failed test must not leave its ranks: the launcher has a session of its own
+        if workers.run_id:
+            remote.kill_local_marked(workers.run_id)
     assert run.returncode == 130, run.stderr
     assert f"interrupted (SIGINT): smoke ring run {workers.run_id} stopped on every host" in run.stderr
     summary = re.search(r"ring soak: \d+ s of 600 s, (\d+) iterations, seed 5 \(replay: --soak "
@@ -180,5 +185,5 @@ def test_ctrl_c_during_a_soak_stops_every_rank_and_prints_the_summary_so_far(tmp
     assert summary and int(summary.group(1)) > 0, run.stdout + run.stderr
     assert re.search(r"^all_sum +[1-9]\d* ", run.stdout, re.M), run.stdout
     assert "Traceback" not in run.stdout + run.stderr
-    assert processes_with(workers.run_id) == [] and workers.family_alive() == []
+    assert left == [] and alive == []
     assert not Path("/tmp", workers.run_id).exists()
