@@ -92,6 +92,8 @@ class WorkerOptions:
     iters: int = 20
     ops: tuple[str, ...] = ("all_sum", "all_gather", "send_recv")  # the worker's OPS
     connections_per_ip: int = 1  # ring: mlx.launch --connections-per-ip (one port each)
+    soak_s: float = 0.0  # > 0: repeat the checks at random sizes this long (smoke --soak)
+    seed: int = 0  # the soak's random sizes
 
 
 @dataclass
@@ -197,6 +199,8 @@ def worker_args(backend: str, n: int, run_id: str, run_dir: str, opts: WorkerOpt
         args.append("--bench")
     if not opts.check:
         args.append("--no-check")
+    if opts.soak_s > 0:
+        args += ["--soak", f"{opts.soak_s:g}", "--seed", str(opts.seed)]
     return args
 
 
