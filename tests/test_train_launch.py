@@ -417,7 +417,8 @@ def nothing_may_start(monkeypatch):
             raise AssertionError(f"{name} was called")
         return record
 
-    for name in ("run_doctor_preflight", "probe_hosts", "smoke_all_sum", "launch_training"):
+    for name in ("run_doctor_preflight", "probe_hosts", "smoke_all_sum", "launch_training",
+                 "require_job_python"):
         monkeypatch.setattr(train_cli, name, recorder(name))
     monkeypatch.setattr(subprocess, "Popen", recorder("subprocess.Popen"))
     return called
@@ -443,10 +444,11 @@ def test_batch_that_does_not_split_fails_before_anything_starts(tmp_path, nothin
         assert "launching" not in result.output and "[✓]" not in result.output
         assert time.monotonic() - start < 5
     assert nothing_may_start == []
-    # The same hosts with a batch that splits reach the preflight (which the fixture stops).
+    # The same hosts with a batch that splits reach the preflight (which the fixture stops):
+    # its probe first (a python that is not there is exit 2 before the doctor's checks).
     result = CliRunner().invoke(cli, ["train", "-i", str(inventory), "--config", "tiny", "--",
                                       "--global_batch", "9"])
-    assert nothing_may_start == ["run_doctor_preflight"], result.output
+    assert nothing_may_start == ["probe_hosts"], result.output
 
 
 def test_resume_alone_means_auto(tmp_path, monkeypatch):
