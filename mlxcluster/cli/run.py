@@ -10,16 +10,13 @@ from pathlib import Path
 import click
 
 from mlxcluster.cli.params import Duration, launch_options
-from mlxcluster.cli.train import choose_job, one_source, prepare_job
+from mlxcluster.cli.train import choose_job, end_if_refused, one_source, prepare_job, say_failure
 from mlxcluster.errors import EXIT_FAILED, InputError
-from mlxcluster.known_errors import diagnose
 from mlxcluster.run_output import RankLogs, program_argv
 from mlxcluster.train_cleanup import new_run_id
 from mlxcluster.train_launch import (
     BACKENDS,
     launch_training,
-    launcher_error,
-    launcher_name,
     script_path,
     trainer_command,
 )
@@ -85,21 +82,9 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, no
         logs.close()
     if outcome.unstopped:
         click.secho(f"warning: {outcome.unstopped}", fg="yellow", err=True)
-    refused = outcome.exit_code and outcome.failed_rank is None and not outcome.lost_host
-    why = launcher_error(outcome.lines) if refused else None
-    if why:  # the launcher refused to start: no rank ran, none is to blame
-        click.secho(f"run failed: {launcher_name(job)} did not start the job, no rank ran: {why}",
-                    fg="red", err=True)
-        click.get_current_context().exit(EXIT_FAILED)
+    end_if_refused("run", job, outcome)
     if outcome.exit_code != 0:
-        who = f"rank {outcome.failed_rank}" if outcome.failed_rank is not None else "a rank"
-        if outcome.lost_host:
-            click.secho(f"run failed: the ssh connection to {outcome.lost_host} failed or was lost "
-                        f"({who} exited with ssh's code 255); every other rank was stopped",
-                        fg="red", err=True)
-        else:
-            click.secho(f"run failed: {who} exited with code {outcome.exit_code}; every rank "
-                        "was stopped", fg="red", err=True)
+        say_failure("run", outcome, mlx_version)
         if rank0_only and outcome.failed_rank not in (None, 0):  # its lines were not shown
             hidden = logs.tail(outcome.failed_rank)
             if hidden:
@@ -107,8 +92,6 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, no
                            f"({logs_path / f'rank{outcome.failed_rank}.log'}):", err=True)
                 for line in hidden:
                     click.echo(f"[{outcome.failed_rank}] {line}", err=True)
-        for known in diagnose(outcome.lines):
-            click.echo(f"known error: {known.text(mlx_version)}", err=True)
         click.echo(f"logs: {logs_path}", err=True)
         click.get_current_context().exit(
             outcome.exit_code if 0 < outcome.exit_code < 256 else EXIT_FAILED)

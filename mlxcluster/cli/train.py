@@ -87,31 +87,10 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, no
                               report_dir=Path(cfg.out))
     if outcome.unstopped:
         click.secho(f"warning: {outcome.unstopped}", fg="yellow", err=True)
-    # A host lost to ssh comes first: mpirun frames that in the same kind of
-    # message as an option it refuses, but ranks did run.
-    refused = outcome.exit_code and outcome.failed_rank is None and not outcome.lost_host
-    why = launcher_error(outcome.lines) if refused else None
-    if why:  # the launcher refused to start: no rank ran, none is to blame
-        click.secho(f"train failed: {launcher_name(job)} did not start the job, no rank ran: {why}",
-                    fg="red", err=True)
-        click.echo("fix: check the --mpi-arg values and the hostfile (the launcher's message "
-                   "is above)" if job.backend == "mpi" else
-                   "fix: the launcher's message is above", err=True)
-        click.get_current_context().exit(EXIT_FAILED)
+    end_if_refused("train", job, outcome)
     if outcome.exit_code != 0:
-        who = f"rank {outcome.failed_rank}" if outcome.failed_rank is not None else "a rank"
-        if outcome.lost_host:
-            click.secho(f"train failed: the ssh connection to {outcome.lost_host} failed or was lost "
-                        f"({who} exited with ssh's code 255: the host stopped answering, went to "
-                        "sleep or lost its link); every other rank was stopped", fg="red", err=True)
-            click.echo(f"fix: bring {outcome.lost_host} back (mlxcluster doctor checks every host), "
-                       "then rerun with '-- --resume auto' to continue from the last checkpoint",
-                       err=True)
-        else:
-            click.secho(f"train failed: {who} exited with code {outcome.exit_code}; "
-                        "every rank was stopped", fg="red", err=True)
-        for known in diagnose(outcome.lines):  # cause and fix of a known message (docs/errors.md)
-            click.echo(f"known error: {known.text(mlx_version)}", err=True)
+        who = say_failure("train", outcome, mlx_version, then=", then rerun with '-- --resume auto' "
+                                                             "to continue from the last checkpoint")
         if html_path:  # what the run logged before it stopped
             write_run_page(cfg.out, html_path, failed=f"{who} exited with code {outcome.exit_code}")
         click.get_current_context().exit(
@@ -119,6 +98,42 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, no
     click.echo(f"train finished on {n} rank(s) in {outcome.seconds:.1f} s")
     if html_path:
         write_run_page(cfg.out, html_path)
+
+
+def end_if_refused(command: str, job, outcome) -> None:
+    """When the launcher refused to start the job (no rank ran, none is to
+    blame): say so with its own message and exit 1."""
+    # A host lost to ssh comes first: mpirun frames that in the same kind of
+    # message as an option it refuses, but ranks did run.
+    refused = outcome.exit_code and outcome.failed_rank is None and not outcome.lost_host
+    why = launcher_error(outcome.lines) if refused else None
+    if not why:
+        return
+    click.secho(f"{command} failed: {launcher_name(job)} did not start the job, no rank ran: {why}",
+                fg="red", err=True)
+    click.echo("fix: check the --mpi-arg values and the hostfile (the launcher's message "
+               "is above)" if job.backend == "mpi" else
+               "fix: the launcher's message is above", err=True)
+    click.get_current_context().exit(EXIT_FAILED)
+
+
+def say_failure(command: str, outcome, mlx_version: str | None, *, then: str = "") -> str:
+    """Who failed and how (a host lost to ssh named, with its fix and
+    ``then``), and the cause and fix of any known message in the output
+    (docs/errors.md). Returns who failed ("rank 1", or "a rank")."""
+    who = f"rank {outcome.failed_rank}" if outcome.failed_rank is not None else "a rank"
+    if outcome.lost_host:
+        click.secho(f"{command} failed: the ssh connection to {outcome.lost_host} failed or was lost "
+                    f"({who} exited with ssh's code 255: the host stopped answering, went to "
+                    "sleep or lost its link); every other rank was stopped", fg="red", err=True)
+        click.echo(f"fix: bring {outcome.lost_host} back (mlxcluster doctor checks every host)"
+                   f"{then}", err=True)
+    else:
+        click.secho(f"{command} failed: {who} exited with code {outcome.exit_code}; "
+                    "every rank was stopped", fg="red", err=True)
+    for known in diagnose(outcome.lines):
+        click.echo(f"known error: {known.text(mlx_version)}", err=True)
+    return who
 
 
 def write_run_page(out, html_path: str, failed: str | None = None) -> None:
