@@ -42,12 +42,11 @@ def start_training(lab, lab_data: Path, tmp_path: Path, backend: str,
 
 
 def wait_for_losses(proc: subprocess.Popen, metrics: Path, count: int = 1,
-                    timeout: float = 420) -> None:
+                    timeout: float = 180) -> None:
     """Until the trainer has logged ``count`` losses (it trains); fails if the
-    job ends or takes longer than ``timeout``, with the job's output. (The
-    first job on a new lab took over 180 s to its third loss with the
-    machine's load average at 45: mlx's CPU backend compiled its kernels
-    with g++ while other test runs did the same.)"""
+    job ends or takes longer than ``timeout``, with the job's output (seen:
+    the first job on a new lab did not reach its third loss within 180 s,
+    nor within pytest's 300 s, with the machine's load average at 45)."""
     deadline = time.monotonic() + timeout
     while not (metrics.exists() and metrics.read_text().count('"loss"') >= count):
         assert proc.poll() is None, proc.communicate()
