@@ -45,8 +45,9 @@ from mlxcluster.errors import BackendUnavailable, InputError, Interrupted, Mlxcl
 from mlxcluster.facts.mpi import find_libmpi, libmpi_env, no_tree_spawn_args, require_mpirun
 from mlxcluster.hostfile import jaccl_plan
 from mlxcluster.hostfile.hostfile import BACKENDS as MLX_BACKENDS
-from mlxcluster.hostfile.hostfile import MlxHostfile, load_mlx_hostfile
+from mlxcluster.hostfile.hostfile import MlxHostfile, load_launch_hostfile
 from mlxcluster.inventory.inventory import Host, Inventory, local_inventory
+from mlxcluster.rank_wrapper import EXIT_MARK
 from mlxcluster.smoke import launch as smoke_launch
 from mlxcluster.smoke import remote as smoke_remote
 from mlxcluster.smoke.launch import WorkerOptions
@@ -126,6 +127,7 @@ class TrainJob:
     ssh_config: str | None = None
     mpi_args: tuple[str, ...] = ()
     starting_port: int = 32323
+    connections_per_ip: int = 1  # ring: mlx.launch --connections-per-ip (tuned.py)
     env: dict[str, str] = field(default_factory=dict)
     # The python arguments every rank runs (after the rank wrapper): None is
     # the reference trainer with trainer_args; `mlxcluster run` sets its own
@@ -190,9 +192,9 @@ def job_from_inventory(inv: Inventory, backend: str, trainer_args: tuple[str, ..
 def job_from_hostfile(path: str | Path, backend: str | None, python: str,
                       trainer_args: tuple[str, ...] = (),
                       mpi_args: tuple[str, ...] = ()) -> TrainJob:
-    """A job from an mlx.launch hostfile ({"backend": ..., "hosts": [{"ssh", "ips"}]}),
-    validated as ``hostfile check`` does."""
-    hostfile = load_mlx_hostfile(path)
+    """A job from an mlx.launch hostfile ({"backend": ..., "hosts": [{"ssh", "ips"}]})
+    or an MPI one (``host slots=1``), validated as ``hostfile check`` does."""
+    hostfile = load_launch_hostfile(path)
     backend = backend or hostfile.backend or "ring"
     check_backend(backend)
     hosts = [RankHost(name=h.ssh, ssh=h.ssh, ip=h.ips[0] if h.ips else h.ssh) for h in hostfile.hosts]
@@ -401,6 +403,8 @@ def launcher_argv(job: TrainJob, hostfile: Path, program: list[str]) -> list[str
     if job.backend != "mpi":
         argv = [smoke_launch.mlx_launch_path(), "--hostfile", str(hostfile), "--backend", job.backend,
                 "--python", job.python, "--starting-port", str(job.starting_port)]
+        if job.connections_per_ip != 1:
+            argv += ["--connections-per-ip", str(job.connections_per_ip)]
         argv += [f"--env={k}={v}" for k, v in env.items()]
         return argv + ["--", *program]
     mpirun = require_mpirun()
@@ -432,16 +436,31 @@ def split_mpi_args(job: TrainJob) -> tuple[str, ...]:
 WARN_RE = re.compile(r"Node with rank (\d+) exited with code (\d+)")
 MPI_RANK_RE = re.compile(r"Process name:\s*\[[^\]]*,(\d+)\]")
 MPI_CODE_RE = re.compile(r"Exit code:\s*(\d+)")
+# mpirun's words when ranks ran and one aborted (an MPI error is fatal): the job started.
+MPI_ABORT_RE = re.compile(r"MPI_ERRORS_ARE_FATAL|has exited due to process rank \d+|"
+                          r"peer process has unexpectedly disconnected")
+# A whole line, behind the rank's tag when `run` tags lines ("[1] @@mlxcluster-exit 1 3 T").
+EXIT_LINE_RE = re.compile(r"^(?:\[\d+\] )?" + re.escape(EXIT_MARK) +
+                          r" (\d+) (\d+) (\d+(?:\.\d*)?)[ \t\r]*$", re.M)
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def failed_rank(lines: list[str], returncode: int) -> tuple[int, int | None]:
     """(exit code, failing rank) from a launcher's output and return code.
 
-    mlx.launch exits 0 when a rank fails and only warns "Node with rank R exited
-    with code C"; mpirun returns the first failing process's code and names it
-    "[prterun-...@1,R]".
+    The rank wrapper's exit lines come first (rank_wrapper.EXIT_MARK): the
+    one with the earliest time names the rank that failed first and its own
+    code, even when the others failed after it and the launcher names one of
+    those (mpirun: "prterun has exited due to process rank 0 ... calling
+    abort" when rank 1 had exited 3; tests/fixtures/launcher_output). Without
+    them (a rank killed by a signal): mlx.launch exits 0 when a rank fails and
+    only warns "Node with rank R exited with code C"; mpirun returns the
+    first failing process's code and may name it "[prterun-...@1,R]".
     """
+    exits = [m for m in map(EXIT_LINE_RE.search, lines) if m]
+    if exits:
+        first = min(exits, key=lambda m: float(m.group(3)))  # min keeps the first of equal times
+        return int(first.group(2)), int(first.group(1))
     text = ANSI_RE.sub("", "\n".join(lines))
     warn = WARN_RE.search(text)
     if warn:
@@ -466,10 +485,11 @@ def launcher_error(lines: list[str] | tuple[str, ...]) -> str | None:
     included on the mpirun command line:" / "Option: --bogus-flag") and exits
     with its own code (213, 183...). mlx.launch exits 2 with "mlx.launch:
     error: ...". A failing rank is named instead ("Node with rank R exited",
-    "Process name:" / "Exit code:"), and then this returns None.
+    "Process name:" / "Exit code:", a rank's exit line, mpirun's abort of a
+    started job), and then this returns None.
     """
     text = ANSI_RE.sub("", "\n".join(lines))
-    if WARN_RE.search(text) or MPI_RANK_RE.search(text) or MPI_CODE_RE.search(text):
+    if any(r.search(text) for r in (WARN_RE, MPI_RANK_RE, MPI_CODE_RE, MPI_ABORT_RE, EXIT_LINE_RE)):
         return None
     argparse_error = ARGPARSE_ERROR_RE.search(text)
     if argparse_error:
@@ -505,6 +525,7 @@ def run_streaming(argv: list[str], on_line: Callable[[str, str], None],
                             env=env, stdin=subprocess.DEVNULL, start_new_session=True,
                             bufsize=1, errors="replace")
     tail: list[str] = []
+    exits: list[str] = []  # the ranks' exit lines (rank_wrapper.EXIT_MARK)
     lock = threading.Lock()
 
     stopping = threading.Event()  # set: the launcher is being stopped by us
@@ -519,6 +540,9 @@ def run_streaming(argv: list[str], on_line: Callable[[str, str], None],
                     continue
             for line in noise.feed(shown):
                 with lock:
+                    if EXIT_LINE_RE.search(line):  # for failed_rank, not the user; kept apart
+                        exits.append(line)         # from the tail, which drops old lines
+                        continue
                     tail.append(line)
                     del tail[:-keep]
                     if not stopping.is_set():  # not the launcher's own traceback as it stops
@@ -567,9 +591,9 @@ def run_streaming(argv: list[str], on_line: Callable[[str, str], None],
                                   "stopped on every rank") from None
     for t in pumps:
         t.join(timeout=10)
-    code, rank = failed_rank(tail, proc.returncode)
+    code, rank = failed_rank(exits + tail, proc.returncode)
     return RunOutcome(exit_code=code, failed_rank=rank, seconds=time.monotonic() - start,
-                      lines=tuple(tail))
+                      lines=tuple(exits + tail))
 
 
 def stop_launcher(proc: subprocess.Popen, pumps: list[threading.Thread]) -> None:

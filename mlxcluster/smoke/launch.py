@@ -32,7 +32,12 @@ from mlxcluster.facts.mpi import (
     require_libmpi,
     require_mpirun,
 )
-from mlxcluster.hostfile.hostfile import JACCL_BACKENDS, HostEntry, MlxHostfile, load_mlx_hostfile
+from mlxcluster.hostfile.hostfile import (
+    JACCL_BACKENDS,
+    HostEntry,
+    MlxHostfile,
+    load_launch_hostfile,
+)
 from mlxcluster.hostfile.hostfile_generate import generate_mpi
 from mlxcluster.inventory.inventory import Host, Inventory, local_inventory
 
@@ -92,6 +97,8 @@ class WorkerOptions:
     iters: int = 20
     ops: tuple[str, ...] = ("all_sum", "all_gather", "send_recv")  # the worker's OPS
     connections_per_ip: int = 1  # ring: mlx.launch --connections-per-ip (one port each)
+    soak_s: float = 0.0  # > 0: repeat the checks at random sizes this long (smoke --soak)
+    seed: int = 0  # the soak's random sizes
 
 
 @dataclass
@@ -128,9 +135,9 @@ def local_hosts(n: int, python: str | None = None) -> tuple[RankHost, ...]:
 
 def hosts_from_hostfile(path: str, python: str | None = None) -> tuple[tuple[RankHost, ...], str]:
     """Read and validate an MLX JSON hostfile (``{"backend", "envs", "hosts":
-    [{"ssh", "ips", "rdma"}]}`` or a bare list of hosts); returns the hosts and
-    its backend."""
-    hostfile = load_mlx_hostfile(path)
+    [{"ssh", "ips", "rdma"}]}`` or a bare list of hosts) or an MPI one
+    (``host slots=1``); returns the hosts and its backend."""
+    hostfile = load_launch_hostfile(path)
     hosts = tuple(RankHost(h.ssh, h.ssh, h.ips, python or sys.executable, h.rdma)
                   for h in hostfile.hosts)
     return hosts, hostfile.backend
@@ -197,6 +204,8 @@ def worker_args(backend: str, n: int, run_id: str, run_dir: str, opts: WorkerOpt
         args.append("--bench")
     if not opts.check:
         args.append("--no-check")
+    if opts.soak_s > 0:
+        args += ["--soak", f"{opts.soak_s:g}", "--seed", str(opts.seed)]
     return args
 
 

@@ -100,13 +100,15 @@ def bracketed(run_id: str) -> str:
 
 
 def remote_cleanup_script(plan: LaunchPlan, kill: bool) -> str:
-    """Kill the run's processes (TERM, then KILL), print every rank's stderr
-    tail, remove the run directory; the run id itself never appears literally."""
+    """Kill the run's processes (TERM, CONT so that a stopped rank handles
+    its TERM, then KILL), print every rank's stderr tail, remove the run
+    directory; the run id itself never appears literally."""
     pattern = shlex.quote(bracketed(plan.run_id))
     glob_dir = f"/tmp/{bracketed(plan.run_id)}"  # the shell glob finds the directory
     script = ""
     if kill:
-        script += (f"pkill -TERM -f {pattern}; sleep 0.5; pkill -KILL -f {pattern}; ")
+        script += (f"pkill -TERM -f {pattern}; pkill -CONT -f {pattern}; sleep 0.5; "
+                   f"pkill -KILL -f {pattern}; ")
     script += (f"for f in {glob_dir}/*.err; do [ -f \"$f\" ] || continue; "
                f"echo \"{ERR_MARK}$f\"; tail -c {TAIL_BYTES} \"$f\"; echo; done; "
                f"rm -rf {glob_dir}; true")
@@ -169,11 +171,13 @@ def marked_processes(run_id: str) -> list[psutil.Process]:
 
 
 def kill_local_marked(run_id: str, grace_s: float = 1.0) -> int:
-    """TERM then KILL every local process of the run; how many there were."""
+    """TERM (and CONT, for a stopped one) then KILL every local process of
+    the run; how many there were."""
     procs = marked_processes(run_id)
     for proc in procs:
         try:
             proc.terminate()
+            proc.resume()
         except psutil.Error:
             pass
     _, alive = psutil.wait_procs(procs, timeout=grace_s)
