@@ -10,7 +10,7 @@ worker (all_sum only) across every rank on the chosen backend; `launch_training`
 streams the output line by line to a callback, and reads back which rank failed
 and its exit code (mlx.launch itself exits 0 when a rank fails).
 
-Every rank runs under mlxcluster.rank_wrapper (its Python stacks on SIGUSR1)
+Every rank runs under mlxcluster.jobs.rank_wrapper (its Python stacks on SIGUSR1)
 and prints heartbeat lines (MLXCLUSTER_HEARTBEAT=1); the launcher hides those
 and feeds them to a stall.StallWatch. A job with no progress for its stall
 timeout is diagnosed (each rank's state and stacks, stall.py), stopped on
@@ -39,7 +39,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mlxcluster import interrupts, stall
+from mlxcluster import interrupts
+from mlxcluster.jobs import stall
 from mlxcluster.blas import OPENBLAS_CANDIDATES
 from mlxcluster.errors import BackendUnavailable, InputError, Interrupted, MlxclusterError
 from mlxcluster.hostfile import BACKENDS as MLX_BACKENDS
@@ -54,7 +55,7 @@ from mlxcluster.smoke.launch import WorkerOptions
 from mlxcluster.smoke.preflight import require_python_here
 from mlxcluster.smoke.remote import for_each_host
 from mlxcluster.smoke.run import run_backend
-from mlxcluster.train_cleanup import (
+from mlxcluster.jobs.cleanup import (
     LauncherStopNoise,
     lost_host,
     marked_program,
@@ -92,7 +93,7 @@ if NEED_TRAINER:
 if SCRIPT:
     out["script"] = os.path.isfile(SCRIPT)
 try:
-    import mlxcluster.rank_wrapper  # every rank runs under it (stall detection)
+    import mlxcluster.jobs.rank_wrapper  # every rank runs under it (stall detection)
 except Exception as e:
     out["rank_wrapper_error"] = f"{type(e).__name__}: {e}"
 out["openblas"] = next((p for p in CANDIDATES if os.path.isfile(p)), None)
@@ -150,7 +151,7 @@ class RunOutcome:
     failed_rank: int | None = None
     seconds: float = 0.0
     lines: tuple[str, ...] = ()
-    run_id: str = ""  # on every rank's command line (train_cleanup)
+    run_id: str = ""  # on every rank's command line (mlxcluster.jobs.cleanup)
     lost_host: str | None = None  # the host whose ssh connection failed or was lost
     unstopped: str | None = None  # hosts the final sweep could not reach, and what to run there
 
@@ -230,7 +231,7 @@ def host_argv(job: TrainJob, host: RankHost, remote_command: str) -> list[str]:
 
 def rank_env(job: TrainJob) -> dict[str, str]:
     """Variables every rank gets: PYTHONPATH to reference_train (and
-    mlxcluster.rank_wrapper) ahead of the job's own PYTHONPATH, heartbeat
+    mlxcluster.jobs.rank_wrapper) ahead of the job's own PYTHONPATH, heartbeat
     lines on, rank-tagged output for ``tag_output``, plus the job's env."""
     env = {"MLXCLUSTER_HEARTBEAT": "1", **job.env}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(package_root()), job.env.get("PYTHONPATH"))
@@ -298,7 +299,7 @@ def check_probes(job: TrainJob, probes: list[HostProbe]) -> list[str]:
             problems.append(f"{p.host.name}: reference_train does not import: "
                             f"{p.facts.get('reference_train_error')}")
         elif p.facts.get("rank_wrapper_error"):
-            problems.append(f"{p.host.name}: mlxcluster.rank_wrapper (every rank runs under it) "
+            problems.append(f"{p.host.name}: mlxcluster.jobs.rank_wrapper (every rank runs under it) "
                             f"does not import: {p.facts['rank_wrapper_error']}")
     versions = {p.facts["mlx"] for p in probes if "mlx" in p.facts}
     if len(versions) > 1:
@@ -592,7 +593,7 @@ def launch_training(job: TrainJob, on_line: Callable[[str, str], None],
     BatchMode, the inventory's ssh_config): a host that dies mid-run ends that
     rank within ~15 s instead of leaving the job waiting forever. However the
     job ends (also timed out or interrupted), every host is then swept for
-    ranks of it (train_cleanup).
+    ranks of it (mlxcluster.jobs.cleanup).
 
     ``stall_timeout``: seconds without a heartbeat that make a stall, AUTO
     (stall.StallWatch's default), or None (not watched). On a stall, the
@@ -614,7 +615,7 @@ def launch_training(job: TrainJob, on_line: Callable[[str, str], None],
     try:
         with tempfile.TemporaryDirectory(prefix="mlxcluster-train.") as tmp:
             hostfile = write_hostfile(job, Path(tmp))
-            program = marked_program(run_id, ["-m", "mlxcluster.rank_wrapper", *rank_program(job)])
+            program = marked_program(run_id, ["-m", "mlxcluster.jobs.rank_wrapper", *rank_program(job)])
             argv = launcher_argv(job, hostfile, program)
             launcher_env = launcher_environment(base_env, Path(tmp) / "bin", job.ssh_config)
             outcome = run_streaming(argv, on_line, env=launcher_env, timeout=timeout,

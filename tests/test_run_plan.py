@@ -11,8 +11,8 @@ import pytest
 
 from mlxcluster.errors import InputError
 from mlxcluster.inventory import parse_inventory
-from mlxcluster.run_output import RankLogs, is_python_word, program_argv, split_rank
-from mlxcluster.stall import LineWatch
+from mlxcluster.jobs.run_output import RankLogs, is_python_word, program_argv, split_rank
+from mlxcluster.jobs.stall import LineWatch
 from mlxcluster.train_launch import (
     HostProbe,
     RankHost,
@@ -75,10 +75,10 @@ def test_a_run_job_goes_through_the_same_launch_commands_as_train(tmp_path):
     assert env["MLXCLUSTER_TAG_OUTPUT"] == "1"
     # mlxcluster (the rank wrapper) first, then the inventory's own PYTHONPATH
     assert env["PYTHONPATH"] == f"{package_root()}{os.pathsep}/srv/shared/lib"
-    argv = launcher_argv(job, write_hostfile(job, tmp_path), ["-m", "mlxcluster.rank_wrapper",
+    argv = launcher_argv(job, write_hostfile(job, tmp_path), ["-m", "mlxcluster.jobs.rank_wrapper",
                                                              *rank_program(job)])
     assert "--env=MLXCLUSTER_TAG_OUTPUT=1" in argv
-    assert argv[-5:] == ["--", "-m", "mlxcluster.rank_wrapper", "/work/t.py", "--a"]
+    assert argv[-5:] == ["--", "-m", "mlxcluster.jobs.rank_wrapper", "/work/t.py", "--a"]
     train = job_from_inventory(parse_inventory(INVENTORY), "ring", ("--steps", "2"))
     assert rank_program(train) == ("-m", "reference_train.train", "--progress", "false",
                                    "--steps", "2")

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from mlxcluster.launcher_ssh import WRAPPER_MARK, launcher_environment, real_ssh
-from mlxcluster.train_cleanup import (
+from mlxcluster.jobs.cleanup import (
     LauncherStopNoise,
     lost_host,
     marked_program,

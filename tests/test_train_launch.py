@@ -133,11 +133,11 @@ def test_probe_problems_and_openblas_choice():
     assert openblas_env(job, [probe("127.0.0.1", platform="linux", openblas="/o.so", cpus=8)]) == {
         "LD_PRELOAD": "/o.so", "OPENBLAS_NUM_THREADS": "4"}
     assert openblas_env(job, [probe("127.0.0.1", platform="darwin", cpus=8)]) == {}
-    # Every rank runs under mlxcluster.rank_wrapper: a host where it does not import is named.
+    # Every rank runs under mlxcluster.jobs.rank_wrapper: a host where it does not import is named.
     assert check_probes(job, [probe("e", mlx="0.32.4", reference_train=True,
                                     rank_wrapper_error="ModuleNotFoundError: No module named "
                                                        "'mlxcluster'")]) == [
-        "e: mlxcluster.rank_wrapper (every rank runs under it) does not import: "
+        "e: mlxcluster.jobs.rank_wrapper (every rank runs under it) does not import: "
         "ModuleNotFoundError: No module named 'mlxcluster'"]
 
 

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from mlxcluster.cli import main as cli
 from mlxcluster.errors import EXIT_STALLED
-from mlxcluster.stall import Stalled
+from mlxcluster.jobs.stall import Stalled
 from mlxcluster.train_launch import RunOutcome
 
 

@@ -14,8 +14,8 @@ from mlxcluster.cli.params import Duration, inventory_option, load_chosen_invent
 from mlxcluster.cli.train import preflight, run_doctor_preflight
 from mlxcluster.errors import EXIT_FAILED, InputError
 from mlxcluster.known_errors import diagnose
-from mlxcluster.run_output import RankLogs, program_argv
-from mlxcluster.train_cleanup import new_run_id
+from mlxcluster.jobs.run_output import RankLogs, program_argv
+from mlxcluster.jobs.cleanup import new_run_id
 from mlxcluster.train_launch import (
     BACKENDS,
     job_from_hostfile,

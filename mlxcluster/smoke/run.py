@@ -19,7 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mlxcluster import interrupts, stall
+from mlxcluster import interrupts
+from mlxcluster.jobs import stall
 from mlxcluster.errors import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, Interrupted
 from mlxcluster.launcher_ssh import launcher_environment
 from mlxcluster.smoke import preflight, remote

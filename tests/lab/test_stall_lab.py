@@ -115,8 +115,8 @@ def test_a_rank_that_sleeps_before_its_all_sum_is_named_where_it_is(lab3, tmp_pa
     from mlxcluster.inventory import load_inventory
     from mlxcluster.smoke import remote
     from mlxcluster.smoke.launch import hosts_from_inventory
-    from mlxcluster.stall import collect_states, diagnose
-    from mlxcluster.train_cleanup import marked_program, new_run_id, sweep
+    from mlxcluster.jobs.stall import collect_states, diagnose
+    from mlxcluster.jobs.cleanup import marked_program, new_run_id, sweep
     from tests.lab.jobs import REPO
 
     script = REPO / "tests" / "lab" / "sleepy_allsum.py"
@@ -125,7 +125,7 @@ def test_a_rank_that_sleeps_before_its_all_sum_is_named_where_it_is(lab3, tmp_pa
     hosts = hosts_from_inventory(load_inventory(lab3.write_inventory(tmp_path / "lab.yaml")))
     env = lab3.env()
     run_id = new_run_id()
-    program = marked_program(run_id, ["-m", "mlxcluster.rank_wrapper", str(script), "ring"])
+    program = marked_program(run_id, ["-m", "mlxcluster.jobs.rank_wrapper", str(script), "ring"])
     proc = subprocess.Popen(
         [str(Path(sys.executable).parent / "mlx.launch"), "--hosts", ",".join(h.ip for h in lab3.hosts),
          "--backend", "ring", "--python", lab3.python, f"--env=PYTHONPATH={REPO}", "--", *program],

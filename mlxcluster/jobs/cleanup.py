@@ -15,7 +15,7 @@ import re
 import secrets
 import shutil
 
-from mlxcluster.rank_wrapper import STACKS_ROOT
+from mlxcluster.jobs.rank_wrapper import STACKS_ROOT
 from mlxcluster.smoke import remote
 from mlxcluster.smoke.launch import RankHost
 
@@ -38,7 +38,7 @@ def stop_script(run_id: str) -> str:
     """TERM, then KILL, every process carrying the run id (the bracketed
     pattern never matches the shell running it); CONT in between, so that a
     stopped (SIGSTOP) rank handles its TERM. Then the run's stack dumps
-    (mlxcluster.rank_wrapper) are removed (found by ``find``, not a shell
+    (mlxcluster.jobs.rank_wrapper) are removed (found by ``find``, not a shell
     glob: zsh, macOS's login shell, fails a glob that matches nothing)."""
     pattern = remote.bracketed(run_id)
     return (f"pkill -TERM -f '{pattern}'; pkill -CONT -f '{pattern}'; sleep 0.5; "
