@@ -297,7 +297,7 @@ def test_run_streaming_hides_heartbeats_and_stops_a_stalled_launcher():
     import time
 
     from mlxcluster.jobs.stall import Stalled
-    from mlxcluster.train_launch import run_streaming
+    from mlxcluster.jobs.watch import run_streaming
 
     program = (f"import time\nprint('{HEARTBEAT_MARK} 0 1', flush=True)\n"
                f"print('step 1 | loss 2.0', flush=True)\nprint('{HEARTBEAT_MARK} 0 2', flush=True)\n"
@@ -321,7 +321,7 @@ def test_run_streaming_hides_heartbeats_and_stops_a_stalled_launcher():
 def test_run_streaming_without_a_stall_returns_the_exit_code():
     import sys
 
-    from mlxcluster.train_launch import run_streaming
+    from mlxcluster.jobs.watch import run_streaming
 
     program = f"print('{HEARTBEAT_MARK} 0 1', flush=True)\nprint('{HEARTBEAT_MARK} 0 done')\n"
     outcome = run_streaming([sys.executable, "-c", program], lambda *_: None,

@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 
-from mlxcluster.launcher_ssh import WRAPPER_MARK, launcher_environment, real_ssh
 from mlxcluster.jobs.cleanup import (
     LauncherStopNoise,
     lost_host,
@@ -17,6 +16,7 @@ from mlxcluster.jobs.cleanup import (
     new_run_id,
     stop_script,
 )
+from mlxcluster.launcher_ssh import WRAPPER_MARK, launcher_environment, real_ssh
 
 # What mlx.launch 0.32.4 printed on stderr when it stopped the other ranks
 # after labhost3's ssh was lost (lab run; paths shortened).

@@ -21,23 +21,13 @@ from click.testing import CliRunner
 from mlxcluster.cli import main as cli
 from mlxcluster.errors import BackendUnavailable, InputError
 from mlxcluster.inventory import parse_inventory
+from mlxcluster.jobs.hosts import RankHost
+from mlxcluster.jobs.job import job_from_hostfile, job_from_inventory, job_local
+from mlxcluster.jobs.plan import launcher_argv, write_hostfile
+from mlxcluster.jobs.preflight import HostProbe, check_probes, common_openblas, openblas_env
+from mlxcluster.jobs.watch import failed_rank, launcher_error, run_streaming
 from mlxcluster.mpi import find_mpirun
-from mlxcluster.train_launch import (
-    HostProbe,
-    RankHost,
-    check_batch_split,
-    check_probes,
-    common_openblas,
-    failed_rank,
-    job_from_hostfile,
-    job_from_inventory,
-    job_local,
-    launcher_argv,
-    launcher_error,
-    openblas_env,
-    run_streaming,
-    write_hostfile,
-)
+from mlxcluster.train import check_batch_split
 from reference_train.data import split_batch
 from reference_train.train import build_config
 
@@ -110,7 +100,7 @@ def test_launcher_commands_for_ring_and_mpi(tmp_path):
 
 
 def probe(name, **facts):
-    return HostProbe(RankHost(name, name, name), facts)
+    return HostProbe(RankHost(name, name, (name,), "/py"), facts)
 
 
 def test_probe_problems_and_openblas_choice():
@@ -121,7 +111,7 @@ def test_probe_problems_and_openblas_choice():
         good,
         probe("b", mlx="0.31.0", reference_train=True, platform="linux", openblas=None),
         probe("c", mlx_error="ModuleNotFoundError: No module named 'mlx'"),
-        HostProbe(RankHost("d", "d", "d"), {}, "ssh: connect to host d port 22: Connection refused"),
+        HostProbe(RankHost("d", "d", ("d",), "/py"), {}, "ssh: connect to host d port 22: Connection refused"),
     ])
     assert problems[0] == "c: mlx does not import: ModuleNotFoundError: No module named 'mlx'"
     assert problems[1].startswith("d: cannot run") and "Connection refused" in problems[1]
@@ -366,7 +356,7 @@ def nothing_may_start(monkeypatch):
             raise AssertionError(f"{name} was called")
         return record
 
-    for name in ("run_doctor_preflight", "probe_hosts", "smoke_all_sum", "launch_training"):
+    for name in ("run_doctor_preflight", "probe_hosts", "smoke_all_sum", "run_job"):
         monkeypatch.setattr(train_cli, name, recorder(name))
     monkeypatch.setattr(subprocess, "Popen", recorder("subprocess.Popen"))
     return called
@@ -410,7 +400,7 @@ def test_resume_alone_means_auto(tmp_path, monkeypatch):
     assert build_config([]).resume == ""
 
     import mlxcluster.cli.train as train_cli
-    from mlxcluster.train_launch import RunOutcome
+    from mlxcluster.jobs.watch import RunOutcome
 
     launched: list[tuple[str, ...]] = []
 
@@ -418,7 +408,7 @@ def test_resume_alone_means_auto(tmp_path, monkeypatch):
         launched.append(job.trainer_args)
         return RunOutcome(exit_code=0, failed_rank=None, seconds=0.1)
 
-    monkeypatch.setattr(train_cli, "launch_training", fake_launch)
+    monkeypatch.setattr(train_cli, "run_job", fake_launch)
     for args, want in ((["--resume", "--", "--steps", "2"], "auto"),
                        (["--", "--steps", "2", "--resume"], "auto"),
                        (["--", "--resume"], "auto"),

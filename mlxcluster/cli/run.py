@@ -13,20 +13,20 @@ import click
 from mlxcluster.cli.params import Duration, inventory_option, load_chosen_inventory
 from mlxcluster.cli.train import preflight, run_doctor_preflight
 from mlxcluster.errors import EXIT_FAILED, InputError
-from mlxcluster.known_errors import diagnose
-from mlxcluster.jobs.run_output import RankLogs, program_argv
 from mlxcluster.jobs.cleanup import new_run_id
-from mlxcluster.train_launch import (
+from mlxcluster.jobs.job import (
     BACKENDS,
     job_from_hostfile,
     job_from_inventory,
     job_local,
-    launch_training,
-    launcher_error,
     launcher_name,
+    program_command,
     script_path,
-    trainer_command,
 )
+from mlxcluster.jobs.run import run_job
+from mlxcluster.jobs.run_output import RankLogs, program_argv
+from mlxcluster.jobs.watch import launcher_error
+from mlxcluster.known_errors import diagnose
 
 RUN_PREFIX = "mlxrun"
 
@@ -106,7 +106,7 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, no
         raise InputError(f"cannot create the logs folder {logs_path}: {err.strerror}",
                          "give --logs a folder you can write to") from None
     try:
-        click.echo(f"launching {n} rank(s) on {job.backend}, run {run_id}: {trainer_command(job)}")
+        click.echo(f"launching {n} rank(s) on {job.backend}, run {run_id}: {program_command(job)}")
         click.echo(f"logs: {logs_path}/rank<R>.log")
 
         def show(stream: str, line: str) -> None:
@@ -116,7 +116,7 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, no
             click.echo(line, err=stream == "stderr")
 
         stall = None if stall_timeout == "off" else stall_timeout
-        outcome = launch_training(job, show, env=env, timeout=timeout, stall_timeout=stall,
+        outcome = run_job(job, show, env=env, timeout=timeout, stall_timeout=stall,
                                   report_dir=logs_path, run_id=run_id, any_line_progress=True)
     finally:
         logs.close()

@@ -23,18 +23,17 @@ from mlxcluster.cli.params import Seconds, inventory_option, load_chosen_invento
 from mlxcluster.cli.report import check_html_path, emit_page, html_option
 from mlxcluster.errors import EXIT_FAILED, InputError, MlxclusterError
 from mlxcluster.inventory import Inventory
-from mlxcluster.known_errors import diagnose
-from mlxcluster.report import Report
-from mlxcluster.smoke.jaccl import run_jaccl
-from mlxcluster.smoke.launch import (
-    BACKENDS,
+from mlxcluster.jobs.hosts import (
     RankHost,
-    WorkerOptions,
     hosts_from_hostfile,
     hosts_from_inventory,
     local_hosts,
+    require_local_pythons,
 )
-from mlxcluster.smoke.preflight import require_local_pythons
+from mlxcluster.known_errors import diagnose
+from mlxcluster.report import Report
+from mlxcluster.smoke.jaccl import run_jaccl
+from mlxcluster.smoke.launch import BACKENDS, WorkerOptions
 from mlxcluster.smoke.report import check_plot_path, reports_to_dict, write_plot
 from mlxcluster.smoke.run import SmokeReport, exit_code_for, run_backend
 from mlxcluster.smoke.stats import format_bytes, parse_size_range

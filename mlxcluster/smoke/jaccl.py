@@ -27,8 +27,9 @@ from mlxcluster.errors import BackendUnavailable
 from mlxcluster.hostfile import MlxHostfile
 from mlxcluster.hostfile_generate import generate_mlx_hostfile
 from mlxcluster.inventory import Inventory
+from mlxcluster.jobs.hosts import RankHost
 from mlxcluster.parsers.sw_vers import parse_sw_vers
-from mlxcluster.smoke.launch import RankHost, WorkerOptions
+from mlxcluster.smoke.launch import WorkerOptions
 from mlxcluster.smoke.preflight import JACCL_MIN_MACOS
 from mlxcluster.smoke.run import SmokeReport, run_backend
 from mlxcluster.topology import TB5_MIN_GBPS, Topology, build_topology

@@ -113,10 +113,10 @@ def test_a_rank_that_sleeps_before_its_all_sum_is_named_where_it_is(lab3, tmp_pa
     and the diagnosis name rank 1, its host and its function; the others
     wait at the all_sum line. The sweep then leaves nothing."""
     from mlxcluster.inventory import load_inventory
-    from mlxcluster.smoke import remote
-    from mlxcluster.smoke.launch import hosts_from_inventory
-    from mlxcluster.jobs.stall import collect_states, diagnose
+    from mlxcluster.jobs import hosts as remote
     from mlxcluster.jobs.cleanup import marked_program, new_run_id, sweep
+    from mlxcluster.jobs.hosts import hosts_from_inventory
+    from mlxcluster.jobs.stall import collect_states, diagnose
     from tests.lab.jobs import REPO
 
     script = REPO / "tests" / "lab" / "sleepy_allsum.py"
