@@ -78,6 +78,7 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, signum: int, message: str, hint: str | None = None):
         super().__init__(message)
         self.signum = signum
+        self.partial = None  # what was done before the signal (a soak's summary), for the CLI
         self.message = message
         self.hint = hint
 

@@ -313,6 +313,17 @@ def load_mlx_hostfile(path: str | Path) -> MlxHostfile:
     return parse_mlx_hostfile(_read(Path(path)), str(path))
 
 
+def load_launch_hostfile(path: str | Path) -> MlxHostfile:
+    """Either kind as the hosts to launch on: an MPI hostfile (what ``tune``
+    and ``hostfile generate --backend mpi`` write) becomes an mpi-backend
+    hostfile with one host per slot, its line's name as ssh target and IP."""
+    hostfile = load_hostfile(path)
+    if isinstance(hostfile, MlxHostfile):
+        return hostfile
+    return MlxHostfile("mpi", (), tuple(HostEntry(h.host, (h.host,)) for h in hostfile
+                                        for _ in range(h.slots)))
+
+
 @dataclass(frozen=True)
 class ClusterCheck:
     """What ``check_against_cluster`` found: ``problems`` (mismatches), and

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mlxcluster.errors import InputError, MlxclusterError
+from mlxcluster.jobs.hosts import RankHost
 from mlxcluster.jobs.job import Job, launcher_name, split_mpi_args
 from mlxcluster.jobs.watch import launcher_error
 from mlxcluster.smoke.launch import WorkerOptions
@@ -33,18 +34,25 @@ SMOKE_TIMEOUT = 90.0  # per phase: the ring backend retries connects for ~30 s b
 SMOKE_OPTIONS = WorkerOptions(dtypes=("float32",), lo_bytes=16, hi_bytes=16, ops=("all_sum",))
 
 
+def smoke_ranks(job: Job) -> tuple[RankHost, ...]:
+    """The job's ranks as the smoke all_sum runs them: the job's python, its
+    environment (OpenBLAS included) and (jaccl) its rdma rows."""
+    rows = [e.rdma for e in job.mlx_hostfile.hosts] if job.mlx_hostfile else [()] * len(job.hosts)
+    return tuple(replace(h, python=job.python, env=tuple(sorted(job.env.items())), rdma=row)
+                 for h, row in zip(job.hosts, rows, strict=True))
+
+
 def smoke_all_sum(job: Job, env: dict[str, str] | None = None,
                   timeout: float = SMOKE_TIMEOUT) -> tuple[bool, str]:
     """The smoke worker, all_sum only (float32, a few elements), across every rank
     on the job's backend: strict init, group size and sums checked on every rank,
     a deadline per phase, nothing left running. Returns (ok, one-line detail)."""
     n = len(job.hosts)
-    # The ranks as the job runs them: its python and its environment (OpenBLAS included).
-    hosts = tuple(replace(h, python=job.python, env=tuple(sorted(job.env.items())))
-                  for h in job.hosts)
     try:
-        report = run_backend(job.backend, hosts, SMOKE_OPTIONS, timeout_s=timeout,
-                             environ=env, mpi_args=split_mpi_args(job))
+        # jaccl: plan_jaccl_job already judged every host from its topology.
+        judged = (lambda backend, ranks: None) if job.mlx_hostfile is not None else None
+        report = run_backend(job.backend, smoke_ranks(job), SMOKE_OPTIONS, timeout_s=timeout,
+                             environ=env, mpi_args=split_mpi_args(job), reason_unavailable=judged)
     except MlxclusterError as e:
         return False, str(e)
     if report.passed:

@@ -16,13 +16,14 @@ from mlxcluster.jobs.hosts import hosts_from_inventory
 from mlxcluster.smoke.jaccl import JacclUnavailable, plan_from_captures, run_jaccl
 from mlxcluster.smoke.launch import WorkerOptions
 from tests.test_checks_topology import slow_osaurus
-from tests.topology_helpers import OMLX, OSAURUS, make_capture_dir
-
-
-def inventory_text(names: list[str]) -> str:
-    return "cluster: c\npython: /usr/bin/python3\nhosts:\n" + "".join(
-        f"  - name: {n}\n    ssh: 10.9.0.{i + 1}\n    ips: [10.9.0.{i + 1}]\n"
-        for i, n in enumerate(names))
+from tests.topology_helpers import (
+    OMLX,
+    OSAURUS,
+    RecordingCollect,
+    inventory_text,
+    make_capture_dir,
+    tb5_pair,
+)
 
 
 @pytest.fixture
@@ -41,23 +42,15 @@ def launched(monkeypatch):
 def test_the_tb5_pair_launches_what_hostfile_generate_writes(macos_fixtures, tmp_path, launched):
     """The two-Mac Thunderbolt 5 pair: smoke's hostfile is byte for byte the
     one `hostfile generate --backend jaccl --from DIR` writes from the same captures."""
-    captures_dir = make_capture_dir(macos_fixtures, tmp_path / "cap", OMLX)
-    inv_path = tmp_path / "inv.yaml"
-    inv_path.write_text(inventory_text(["mbp", "studio"]))
+    inv_path, captures_dir = tb5_pair(macos_fixtures, tmp_path)
     written = CliRunner().invoke(main, ["hostfile", "generate", "-i", str(inv_path), "--backend",
                                         "jaccl", "--from", str(captures_dir), "-o", "-"])
     assert written.exit_code == 0, written.output
 
     inventory = parse_inventory(inv_path.read_text(), str(inv_path))
-    captures = load_capture_dir(captures_dir)
-    asked = []
-
-    def collect(inv):
-        asked.append([h.name for h in inv.hosts])
-        return captures
-
+    collect = RecordingCollect(load_capture_dir(captures_dir))
     report = run_jaccl(inventory, hosts_from_inventory(inventory), WorkerOptions(), collect=collect)
-    assert asked == [["mbp", "studio"]] and report.status == "passed"
+    assert collect.probed == [["mbp", "studio"]] and report.status == "passed"
     [plan] = launched
     assert plan.backend == "jaccl" and "--backend" in plan.argv
     assert plan.argv[plan.argv.index("--backend") + 1] == "jaccl"
@@ -123,11 +116,11 @@ def test_linux_and_unreachable_hosts_each_get_their_reasons():
 def test_cli_without_rdma_exits_3_with_a_reason_per_host(macos_fixtures, tmp_path, monkeypatch,
                                                           launched):
     """No --hostfile needed; nothing launched; text and --json both carry every host's reason."""
-    import mlxcluster.smoke.jaccl as jaccl
+    import mlxcluster.doctor_collect as doctor_collect
 
     captures = load_capture_dir(make_capture_dir(macos_fixtures, tmp_path / "cap", OSAURUS,
                                                  slow_osaurus))
-    monkeypatch.setattr(jaccl, "collect_captures", lambda inv: captures)
+    monkeypatch.setattr(doctor_collect, "collect_captures", lambda inv: captures)
     inv_path = tmp_path / "inv.yaml"
     inv_path.write_text(inventory_text(["local", "peer"]))
     result = CliRunner().invoke(main, ["smoke", "--backend", "jaccl", "-i", str(inv_path)])

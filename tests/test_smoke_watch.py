@@ -116,3 +116,19 @@ def test_bench_rows_need_every_rank():
     say(watch, event="bench", rank=1, op="all_sum", dtype="float32", bytes=1024, times=[3e-4, 1e-4])
     [row] = bench_rows(watch)
     assert (row.op, row.ranks, row.p50_s) == ("all_sum", 2, 2.5e-4)
+
+
+def test_each_soak_report_restarts_the_deadline_so_it_bounds_one_iteration():
+    watch, clock, _ = watch_of(2)
+    for rank in (0, 1):
+        say(watch, event="phase", rank=rank, phase="soak")
+    for _ in range(5):  # 40 s of soak, a report from each rank every 8 s
+        clock.now += 8
+        for rank in (0, 1):
+            say(watch, event="soak", rank=rank, elapsed=0.0, ops={"all_sum": {"iterations": 1}})
+        assert watch.overdue(10) == []
+    clock.now += 9
+    say(watch, event="soak", rank=0, elapsed=0.0, ops={"all_sum": {"iterations": 2}})
+    clock.now += 2  # rank 1 has reported nothing for 11 s
+    assert [s.rank for s in watch.overdue(10)] == [1]
+    assert watch.soak.latest[0]["ops"]["all_sum"]["iterations"] == 2

@@ -57,8 +57,10 @@ def test_job_from_inventory_and_hostfile(tmp_path):
         {"ssh": "a", "ips": ["10.1.0.1"]}, {"ssh": "b", "ips": []}]}))
     job = job_from_hostfile(hostfile, None, "/py")
     assert job.backend == "mpi" and [h.ip for h in job.hosts] == ["10.1.0.1", "b"]
-    with pytest.raises(BackendUnavailable, match="not 'jaccl'"):
-        job_from_hostfile(hostfile, "jaccl", "/py")
+    with pytest.raises(BackendUnavailable, match="not 'nccl'"):
+        job_from_hostfile(hostfile, "nccl", "/py")
+    # jaccl is planned from the file's rdma rows; a ring/mpi file has none (tests/test_jaccl_plan.py)
+    assert job_from_hostfile(hostfile, "jaccl", "/py").mlx_hostfile.hosts[0].rdma == ()
     hostfile.write_text("{not json")
     with pytest.raises(InputError, match="not valid JSON"):
         job_from_hostfile(hostfile, None, "/py")

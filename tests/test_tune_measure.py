@@ -27,8 +27,10 @@ class FakeCluster:
     """Smoke runs that take ``seconds`` of a fake clock and report the busbw
     given per candidate label (a list: one value per call)."""
 
-    def __init__(self, busbw: dict[str, list[float]], seconds: float = 10.0, fail: str = ""):
+    def __init__(self, busbw: dict[str, list[float]], seconds: float = 10.0, fail: str = "",
+                 fail_from_call: int = 1, reason: str = "rank 1 on h2: hung"):
         self.busbw, self.seconds, self.fail = busbw, seconds, fail
+        self.fail_from_call, self.reason = fail_from_call, reason
         self.now = 0.0
         self.calls: list[str] = []
         self.streams: list[int] = []
@@ -39,8 +41,8 @@ class FakeCluster:
     def run(self, candidate: Candidate, plan: Plan) -> SmokeReport:
         self.now += self.seconds
         self.calls.append(candidate.label)
-        if candidate.label == self.fail:
-            return SmokeReport(candidate.backend, "failed", reason="rank 1 on h2: hung")
+        if candidate.label == self.fail and self.calls.count(candidate.label) >= self.fail_from_call:
+            return SmokeReport(candidate.backend, "failed", reason=self.reason)
         bw = self.busbw[candidate.label][self.calls.count(candidate.label) - 1]
         # all_gather reports the gathered total: a multiple of 3 ranks x 4 bytes.
         rows = [BenchRow(op, "float32", size if op == "all_sum" else size // 12 * 12, 3,
@@ -92,6 +94,30 @@ def test_a_failed_candidate_is_not_run_again_and_cannot_win():
     # ring x2 opens 2 streams: its raw TCP is the 2-stream figure (0.5 GB/s per stream here).
     row = next(r for r in doc["decision"]["rows"] if r["candidate"] == "ring x2/ip")
     assert row["tcp_gbps"] == 1.0 and row["of_tcp"] == 1.5
+
+
+# What smoke's watchdog reported for `mpi links=8` on the 200 Mbit/s lab link
+# (bench/tune_slow_link.py, 2026-11-23, run A).
+NO_PROGRESS = ("rank 0 on labhost1: no progress for 120 s in phase bench (step: all_sum float32 "
+               "16777216); its process is sleeping (state Sl, CPU time advancing), in all_sum at worker.py:104")
+
+
+def test_a_candidate_fastest_until_it_hangs_cannot_win_and_the_reason_is_shown():
+    """mpi links=8 passed round 1 as the fastest, then made no progress in
+    round 2: its round-1 figures must not make it the winner, it is not run
+    in round 3, and the output names it with the watchdog's reason."""
+    from mlxcluster.cli.tune import render
+
+    cluster = FakeCluster({"mpi links=1": [1.0] * 9, "mpi links=8": [5.0] * 9},
+                          fail="mpi links=8", fail_from_call=2, reason=NO_PROGRESS)
+    result = run_tune(HOSTS, ("mpi",), Plan((M32,), budget_s=1e6, max_rounds=3, tcp_seconds=1),
+                      cluster.run, cluster.stream, clock=cluster.clock, mpi_tcp_links=(1, 8))
+    assert cluster.calls.count("mpi links=8") == 2 and cluster.calls.count("mpi links=1") == 3
+    assert result.winner == Candidate("mpi", tcp_links=1)
+    assert [s.candidate for s in result.decision.scores] == [Candidate("mpi", tcp_links=1)]
+    text = render(result)
+    assert f"failed, not run again, cannot win: mpi links=8: failed: {NO_PROGRESS}" in text
+    assert any(line.startswith("✗ mpi links=8") for line in text.splitlines())
 
 
 def test_the_decision_is_all_sum_at_32_mib_and_a_stream_failure_is_reported():

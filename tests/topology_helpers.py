@@ -75,3 +75,31 @@ def drop_peer_uuids(host: str, file_name: str, text: str) -> str:
         for item in bus.get("_items", []):
             item.pop("domain_uuid_key", None)
     return json.dumps(data)
+
+
+def inventory_text(names: list[str], env: str = "") -> str:
+    """An inventory of ``names`` at 10.9.0.1, 10.9.0.2... (``env``: a top-level env block)."""
+    return "cluster: c\npython: /usr/bin/python3\n" + env + "hosts:\n" + "".join(
+        f"  - name: {n}\n    ssh: 10.9.0.{i + 1}\n    ips: [10.9.0.{i + 1}]\n"
+        for i, n in enumerate(names))
+
+
+def tb5_pair(fixtures: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """The two-Mac Thunderbolt 5 pair (omlx captures): its inventory and capture directory."""
+    captures_dir = make_capture_dir(fixtures, tmp_path / "cap", OMLX)
+    inv_path = tmp_path / "inv.yaml"
+    inv_path.write_text(inventory_text(["mbp", "studio"]))
+    return inv_path, captures_dir
+
+
+class RecordingCollect:
+    """A stand-in for doctor_collect.collect_captures returning fixed captures
+    and recording which hosts each call probed."""
+
+    def __init__(self, captures: dict):
+        self.captures = captures
+        self.probed: list[list[str]] = []
+
+    def __call__(self, inventory) -> dict:
+        self.probed.append([h.name for h in inventory.hosts])
+        return self.captures

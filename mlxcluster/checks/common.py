@@ -141,6 +141,24 @@ def grouped_fixes(fixes) -> str | None:
     return "; ".join(sentences) or None
 
 
+def readable_text(capture, file: str) -> str | None:
+    """``file``'s text from one host's captures; None when not captured or unreadable
+    (its problem is captures-readable's finding)."""
+    return None if file in capture.problems() else capture.text(file)
+
+
+def captured_texts(ctx: CheckContext, file: str) -> tuple[dict[str, str], list[str]]:
+    """Host -> readable text of ``file``, and the hosts without one, in capture order."""
+    texts, missing = {}, []
+    for name, capture in ctx.captures.items():
+        text = readable_text(capture, file)
+        if text is None:
+            missing.append(name)
+        else:
+            texts[name] = text
+    return texts, missing
+
+
 def skip(reason: str, evidence: dict[str, str] | None = None) -> Verdict:
     return Verdict(Status.SKIP, evidence or {}, reason)
 

@@ -18,9 +18,21 @@ The cables the plan uses: with ``--backend jaccl`` every cable between hosts
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 from mlxcluster.capture import IBV_DEVICES, IBV_DEVINFO, RDMA_CTL
 from mlxcluster.checks.base import CheckContext, Status
-from mlxcluster.checks.common import BAD, Verdict, doctor_check, grouped_fixes, join_hosts, skip
+from mlxcluster.checks.common import (
+    BAD,
+    Verdict,
+    captured_texts,
+    doctor_check,
+    grouped_fixes,
+    join_hosts,
+    readable_text,
+    skip,
+)
 from mlxcluster.checks.common import WARN as WARN_MARK
 from mlxcluster.checks.topology import JACCL, _topology
 from mlxcluster.errors import MlxclusterError
@@ -71,10 +83,26 @@ def planned_ends(ctx: CheckContext, t: Topology) -> tuple[dict[str, list[tuple[s
     return ends, f"hostfile {path}"
 
 
+def jaccl_only(fn: Callable[[CheckContext], Verdict]) -> Callable[[CheckContext], Verdict]:
+    """A check that skips unless the backend is jaccl or jaccl-ring."""
+
+    @functools.wraps(fn)
+    def checked(ctx: CheckContext) -> Verdict:
+        return fn(ctx) if ctx.backend in JACCL else skip(ONLY_JACCL)
+
+    return checked
+
+
+def jaccl_cables(ctx: CheckContext) -> tuple[Topology, dict[str, list[tuple[str | None, str]]]]:
+    """The topology, and planned_ends of each host."""
+    t = _topology(ctx)
+    return t, planned_ends(ctx, t)[0]
+
+
 def rdma_state(capture) -> tuple[str | None, str]:
     """(ENABLED / DISABLED / None for unknown, evidence) of one host's captures."""
-    text = None if RDMA_CTL in capture.problems() else capture.text(RDMA_CTL)
-    devices_text = None if IBV_DEVICES in capture.problems() else capture.text(IBV_DEVICES)
+    text = readable_text(capture, RDMA_CTL)
+    devices_text = readable_text(capture, IBV_DEVICES)
     devices = [d.name for d in parse_ibv_devices(devices_text)]
     if text is not None:
         status = parse_rdma_ctl_status(text)
@@ -108,19 +136,13 @@ def rdma_enabled(ctx: CheckContext) -> Verdict:
 
 
 @doctor_check("rdma-ports-active", "The RDMA devices on the planned cables are PORT_ACTIVE (ibv_devinfo)")
+@jaccl_only
 def rdma_ports_active(ctx: CheckContext) -> Verdict:
-    if ctx.backend not in JACCL:
-        return skip(ONLY_JACCL)
-    t = _topology(ctx)
-    plan, _ = planned_ends(ctx, t)
-    evidence, down, unknown = {}, [], []
-    fixes = []
-    for name, capture in ctx.captures.items():
-        text = None if IBV_DEVINFO in capture.problems() else capture.text(IBV_DEVINFO)
-        if text is None:
-            evidence[name] = "ibv_devinfo not captured"
-            unknown.append(name)
-            continue
+    _, plan = jaccl_cables(ctx)
+    texts, unknown = captured_texts(ctx, IBV_DEVINFO)
+    evidence = dict.fromkeys(ctx.captures, "ibv_devinfo not captured")  # replaced where read
+    down, fixes = [], []
+    for name, text in texts.items():
         states = {d.name: d for d in parse_ibv_devinfo(text)}
         ends = plan.get(name, [])
         if not ends:  # no cable known: at least one port must be up for JACCL to use this Mac
@@ -171,11 +193,9 @@ def _ipv4_of(t: Topology, host: str, iface: str | None) -> tuple[str, ...] | Non
 
 
 @doctor_check("thunderbolt-ipv4", "Every Thunderbolt port JACCL uses has an IPv4 address")
+@jaccl_only
 def thunderbolt_ipv4(ctx: CheckContext) -> Verdict:
-    if ctx.backend not in JACCL:
-        return skip(ONLY_JACCL)
-    t = _topology(ctx)
-    plan, _ = planned_ends(ctx, t)
+    t, plan = jaccl_cables(ctx)
     if not any(plan.values()):
         return skip("no Thunderbolt cable between hosts known (see thunderbolt-links)")
     evidence, bare, unknown = {}, [], []
@@ -278,9 +298,8 @@ def _rows_from_hostfile(path: str, ctx: CheckContext) -> tuple[dict, list[str]] 
 
 
 @doctor_check("jaccl-queue-pairs", "The JACCL plan fits each RDMA device's 10 queue pairs")
+@jaccl_only
 def jaccl_queue_pairs(ctx: CheckContext) -> Verdict:
-    if ctx.backend not in JACCL:
-        return skip(ONLY_JACCL)
     path = ctx.options.get("hostfile")
     planned = _rows_from_hostfile(path, ctx) if path else None
     source = f"hostfile {path}" if planned else "the cables"

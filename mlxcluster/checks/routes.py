@@ -31,9 +31,11 @@ from mlxcluster.checks.common import (
     BAD,
     WARN,
     Verdict,
+    captured_texts,
     doctor_check,
     host_facts_of,
     join_hosts,
+    readable_text,
     skip,
     worst,
 )
@@ -109,13 +111,10 @@ def data_ip_routes(ctx: CheckContext) -> Verdict:
     if not ips:
         return skip("no data IPs known (inventory ips, or ifconfig of the Thunderbolt ports)")
     owner = {ip: host for host, addrs in ips.items() for ip in addrs}
-    evidence, bad, unread = {}, [], []
-    for name, capture in ctx.captures.items():
-        text = None if ROUTES in capture.problems() else capture.text(ROUTES)
-        if text is None:
-            evidence[name] = "routes not captured"
-            unread.append(name)
-            continue
+    texts, unread = captured_texts(ctx, ROUTES)
+    evidence = dict.fromkeys(ctx.captures, "routes not captured")  # replaced where read
+    bad = []
+    for name, text in texts.items():
         routes = parse_routes(text)
         problems = []
         for ip, host in owner.items():
@@ -174,7 +173,7 @@ def _kind(name: str, ports) -> str:
 def host_interfaces(ctx: CheckContext, name: str) -> list[HostInterface]:
     """The host's interfaces with IPv4, from the probe (with link speeds) or ifconfig."""
     capture = ctx.captures[name]
-    ports = parse_hardware_ports(None if HARDWARE_PORTS in capture.problems() else capture.text(HARDWARE_PORTS))
+    ports = parse_hardware_ports(readable_text(capture, HARDWARE_PORTS))
     facts = host_facts_of(ctx).get(name)
     out = []
     if facts is not None and facts.interfaces:
@@ -184,7 +183,7 @@ def host_interfaces(ctx: CheckContext, name: str) -> list[HostInterface]:
                 out.append(HostInterface(iface["name"], ipv4, _kind(iface["name"], ports),
                                          iface.get("speed_mbps"), iface.get("up")))
         return out
-    text = None if IFCONFIG in capture.problems() else capture.text(IFCONFIG)
+    text = readable_text(capture, IFCONFIG)
     for iface in parse_ifconfig(text).values():
         ipv4 = tuple(a for a in ipv4_addresses(iface) if not a.startswith("127."))
         if ipv4:

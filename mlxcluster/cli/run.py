@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from mlxcluster.cli.params import Duration, inventory_option, load_chosen_inventory
-from mlxcluster.cli.train import preflight, run_doctor_preflight
+from mlxcluster.cli.train import pick_up_tuned, plan_backend, preflight, run_doctor_preflight
 from mlxcluster.errors import EXIT_FAILED, InputError
 from mlxcluster.jobs.cleanup import new_run_id
 from mlxcluster.jobs.job import (
@@ -27,6 +27,7 @@ from mlxcluster.jobs.run import run_job
 from mlxcluster.jobs.run_output import RankLogs, program_argv
 from mlxcluster.jobs.watch import launcher_error
 from mlxcluster.known_errors import diagnose
+from mlxcluster.tuned import MAX_CONNECTIONS
 
 RUN_PREFIX = "mlxrun"
 
@@ -46,6 +47,9 @@ RUN_PREFIX = "mlxrun"
               help="Python on every host for --hostfile/--local (default: this one).")
 @click.option("--mpi-arg", "mpi_args", multiple=True, metavar="ARG",
               help="Extra mpirun argument (repeatable; use --mpi-arg=--flag).")
+@click.option("--connections-per-ip", type=click.IntRange(1, MAX_CONNECTIONS), default=None,
+              help="ring: mlx.launch --connections-per-ip (default: the hostfile's .args, "
+                   "as 'mlxcluster tune' wrote it, else 1).")
 @click.option("--no-preflight", is_flag=True,
               help="Skip the doctor checks (-i), the host probe and the all_sum smoke.")
 @click.option("--no-openblas", is_flag=True, help="Do not preload OpenBLAS on Linux hosts.")
@@ -60,7 +64,7 @@ RUN_PREFIX = "mlxrun"
 @click.option("--rank0-only", is_flag=True,
               help="Show only rank 0's lines (and the launcher's); every rank is still logged.")
 @click.argument("program", nargs=-1, type=click.UNPROCESSED)
-def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, no_preflight,
+def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, connections_per_ip, no_preflight,
             no_openblas, timeout, stall_timeout, logs_dir, rank0_only, program):
     """Check the cluster, then run `python SCRIPT ARGS` (or `-m MODULE`) on every host.
 
@@ -85,14 +89,16 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, no
         job = job_from_hostfile(hostfile, backend, py, mpi_args=tuple(mpi_args))
     else:
         job = job_local(local_ranks, backend or "ring", py, mpi_args=tuple(mpi_args))
+    job = pick_up_tuned(job, hostfile, connections_per_ip)
     job = replace(job, program=argv, tag_output=True)
     script = script_path(job)
     if script and all(h.is_local for h in job.hosts) and not os.path.isfile(script):
         raise InputError(f"no such script: {script}",
                          "give the path of a Python file (relative to this directory, or absolute)")
+    env = dict(os.environ)
+    job = plan_backend(job, inventory, env)
     run_id = new_run_id(RUN_PREFIX)
     logs_path = Path(logs_dir) if logs_dir else Path("runs") / run_id
-    env = dict(os.environ)
     n = len(job.hosts)
 
     mlx_version = None

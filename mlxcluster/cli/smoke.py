@@ -5,9 +5,12 @@ measure how fast, and never hang.
     mlxcluster smoke --backend mpi -i cluster.yaml --bench --sizes 1K:256M --plot bw.png
     mlxcluster smoke -i cluster.yaml            # every backend, one row each
     mlxcluster smoke --backend ring             # the default inventory (./cluster.yaml...)
+    mlxcluster smoke --backend ring -i cluster.yaml --soak 2h   # stays up, stays right
 
 Exit codes: 0 every rank of every backend that ran passed; 1 a rank failed,
-exited or hung; 2 bad input; 3 the backend asked for cannot run here.
+exited or hung (a soak: any wrong result or stall); 2 bad input; 3 the backend
+asked for cannot run here; 128 + signal interrupted (a soak prints its
+summary so far first).
 """
 
 from __future__ import annotations
@@ -15,13 +18,14 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import click
 from tabulate import tabulate
 
-from mlxcluster.cli.params import Seconds, inventory_option, load_chosen_inventory
+from mlxcluster.cli.params import Duration, inventory_option, load_chosen_inventory
 from mlxcluster.cli.report import check_html_path, emit_page, html_option
-from mlxcluster.errors import EXIT_FAILED, InputError, MlxclusterError
+from mlxcluster.errors import EXIT_FAILED, InputError, Interrupted, MlxclusterError
 from mlxcluster.inventory import Inventory
 from mlxcluster.jobs.hosts import (
     RankHost,
@@ -36,7 +40,9 @@ from mlxcluster.smoke.jaccl import run_jaccl
 from mlxcluster.smoke.launch import BACKENDS, WorkerOptions
 from mlxcluster.smoke.report import check_plot_path, reports_to_dict, write_plot
 from mlxcluster.smoke.run import SmokeReport, exit_code_for, run_backend
+from mlxcluster.smoke.soak import SoakSummary, new_seed
 from mlxcluster.smoke.stats import format_bytes, parse_size_range
+from mlxcluster.tuned import MAX_CONNECTIONS, apply_tuned, read_tuned, split_words
 
 DTYPE_CHOICES = ("float32", "float16", "bfloat16", "int32")
 MARK = {"passed": "✓", "failed": "✗", "unavailable": "-"}
@@ -61,7 +67,8 @@ def render_summary(reports: list[SmokeReport]) -> str:
     rows = []
     for r in reports:
         ranks = f"{sum(o.status == 'passed' for o in r.ranks)}/{len(r.ranks)}" if r.ranks else "-"
-        detail = r.reason if r.status != "passed" else f"{r.checks} checks"
+        passed = f"{r.soak.iterations} soak iterations" if r.soak else f"{r.checks} checks"
+        detail = r.reason if r.status != "passed" else passed
         if r.status == "unavailable":
             detail = f"unavailable: {r.reason}"
         rows.append([f"{MARK.get(r.status, '?')} {r.backend}", r.status, ranks,
@@ -80,6 +87,9 @@ def render_failures(report: SmokeReport) -> str:
     output = [o.detail for o in report.failed_ranks] + [
         line for o in report.failed_ranks for line in o.stderr_tail.splitlines()]
     lines += [f"  known error: {d.text()}" for d in diagnose(output + report.launcher_stderr.splitlines())]
+    if report.stall:
+        lines.append(f"  stalled: {report.stall}")
+        lines.append(f"  every rank's state and Python stacks: {report.stall_dir or 'could not be saved'}")
     for problem in report.cleanup_problems:
         lines.append(f"  cleanup: {problem} (processes of run {report.run_id} may be left there)")
     return "\n".join(lines)
@@ -102,6 +112,30 @@ def render_bench(report: SmokeReport) -> str:
     return f"{report.backend} benchmark ({len(report.ranks)} ranks, time = slowest rank):\n{table}\n\n{fits}"
 
 
+def render_soak(backend: str, soak: SoakSummary) -> str:
+    """The soak's summary: per op the iterations and the slowest one, then
+    any wrong result; the seed that replays the same sizes."""
+    rows = [[o.op, o.iterations, format_bytes(o.slowest_bytes), f"{o.slowest_s:.4f}", o.slowest_rank]
+            for o in soak.ops]
+    table = tabulate(rows, headers=["op", "iterations", "slowest at (bytes)", "slowest s", "on rank"],
+                     disable_numparse=True, colalign=("left", "right", "right", "right", "right"))
+    lines = [f"{backend} soak: {soak.elapsed_s:.0f} s of {soak.duration_s:.0f} s, "
+             f"{soak.iterations} iterations, seed {soak.seed} (replay: --soak "
+             f"{soak.duration_s:g}s --seed {soak.seed})", table]
+    for w in soak.wrong:
+        source = f" from rank {w.peer}" if w.peer is not None else ""
+        lines.append(f"wrong result: rank {w.rank}, {w.op} {w.dtype} size {w.size} "
+                     f"({format_bytes(w.bytes)}){source}: first bad index {w.bad_index}, "
+                     f"got {w.got}, expected {w.expected}")
+    return "\n".join(lines)
+
+
+def soak_progress_line(backend: str, soak: SoakSummary) -> str:
+    """A heartbeat while a soak runs: how far, how many iterations per op."""
+    counts = ", ".join(f"{o.op} {o.iterations}" for o in soak.ops) or "starting"
+    return f"soak {backend}: {soak.elapsed_s:.0f}/{soak.duration_s:.0f} s, {counts}"
+
+
 @click.command("smoke")
 @click.option("--backend", type=click.Choice([*BACKENDS, "any"]), default=None,
               help="Backend to test; 'any' or none tries every backend the hosts support.")
@@ -115,16 +149,28 @@ def render_bench(report: SmokeReport) -> str:
               help="LO:HI bytes: the benchmark sweep, and the correctness sizes (1 element, "
                    "one near LO, one above HI).")
 @click.option("--dtypes", default=",".join(DTYPE_CHOICES), show_default=True)
-@click.option("--timeout", "timeout_s", type=Seconds(1, 3600), default=60.0, show_default=True,
-              help="Per-phase deadline in seconds (init, correctness, bench).")
-@click.option("--connections-per-ip", type=click.IntRange(1, 64), default=1, show_default=True,
-              help="ring: mlx.launch --connections-per-ip (what 'mlxcluster tune' measured).")
+@click.option("--timeout", "timeout_s", type=Duration(1, 3600), default=60.0, show_default=True,
+              help="Per-phase deadline (init, correctness, bench; a soak: per iteration): "
+                   "60, 90s, 2m.")
+@click.option("--connections-per-ip", type=click.IntRange(1, MAX_CONNECTIONS), default=None,
+              help="ring: mlx.launch --connections-per-ip (default: the --hostfile's .args, as "
+                   "'mlxcluster tune' wrote it, else 1).")
+@click.option("--mpi-arg", "mpi_args", multiple=True, metavar="ARG",
+              help="mpi: extra mpirun argument (repeatable; use --mpi-arg=--flag).")
+@click.option("--soak", "soak_s", type=Duration(1, 7 * 86400), default=None,
+              help="Instead of the fixed checks: all_sum / all_gather / send-recv again and "
+                   "again at random sizes within --sizes for this long (60s, 30m, 2h), every "
+                   "result checked, --timeout per iteration.")
+@click.option("--seed", type=click.IntRange(0), default=None,
+              help="The soak's random sizes (default: a new one, printed; give it to replay).")
+@click.option("--stall-dir", type=click.Path(file_okay=False), default=".", show_default=True,
+              help="Where a hang's report goes (stall-RUN_ID/: every rank's state and stacks).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (docs/smoke.md).")
 @click.option("--plot", type=click.Path(dir_okay=False),
               help="Write a PNG of busbw and latency (or .pdf, .svg: the file's extension).")
 @html_option("the results (and the benchmark plots)")
 def command(backend, hostfile, inventory_path, local_n, python, bench, sizes, dtypes, timeout_s,
-            connections_per_ip, as_json, plot, html_path):
+            connections_per_ip, mpi_args, soak_s, seed, stall_dir, as_json, plot, html_path):
     """Run all_sum / all_gather / send-recv smoke tests per backend."""
     sources = [s for s in (hostfile, inventory_path, local_n) if s]
     if len(sources) > 1:
@@ -132,12 +178,16 @@ def command(backend, hostfile, inventory_path, local_n, python, bench, sizes, dt
                          "with none of them smoke uses the default inventory (./cluster.yaml...)")
     if plot and not bench:
         raise InputError("--plot draws the benchmark", "add --bench")
+    if soak_s and bench:
+        raise InputError("--soak and --bench are two runs", "run the benchmark and the soak apart")
+    if seed is not None and not soak_s:
+        raise InputError("--seed chooses a soak's sizes", "add --soak DURATION (e.g. --soak 10m)")
     if plot:
         check_plot_path(plot)
     check_html_path(html_path)
     lo, hi = parse_size_range(sizes)
-    opts = WorkerOptions(dtypes=parse_dtypes(dtypes), lo_bytes=lo, hi_bytes=hi, bench=bench,
-                         connections_per_ip=connections_per_ip)
+    if soak_s and seed is None:
+        seed = new_seed()
     file_backend = ""
     inventory = None
     if local_n:
@@ -161,15 +211,36 @@ def command(backend, hostfile, inventory_path, local_n, python, bench, sizes, dt
         backend = file_backend
     single = backend not in (None, "any")
     backends = [backend] if single else list(BACKENDS)
+    tuned = read_tuned(hostfile)
+    applied = {name: apply_tuned(tuned, name, connections_per_ip, tuple(mpi_args)) for name in backends}
+    for note in dict.fromkeys(n for a in applied.values() for n in a.notes):
+        click.echo(note, err=True)
 
+    opts = WorkerOptions(dtypes=parse_dtypes(dtypes), lo_bytes=lo, hi_bytes=hi, bench=bench,
+                         soak_s=soak_s or 0.0, seed=seed or 0)
     reports = []
     for name in backends:
-        if not as_json:
+        if soak_s:  # on stderr with --json too: the seed replays a failure, the lines are heartbeats
+            click.echo(f"smoke {name}: {len(hosts)} rank(s), soak {soak_s:g} s, seed {seed} ...",
+                       err=True)
+        elif not as_json:
             click.echo(f"smoke {name}: {len(hosts)} rank(s) ...", err=True)
-        if name == "jaccl" and inventory is not None:  # the RDMA matrix comes from the live topology
-            reports.append(run_jaccl(inventory, hosts, opts, timeout_s))
-        else:
-            reports.append(run_backend(name, hosts, opts, timeout_s))
+        try:
+            if name == "jaccl" and inventory is not None:  # the RDMA matrix comes from the live topology
+                reports.append(run_jaccl(inventory, hosts, opts, timeout_s))
+            else:
+                reports.append(run_backend(
+                    name, hosts, replace(opts, connections_per_ip=applied[name].connections_per_ip),
+                    timeout_s, mpi_args=split_words(applied[name].mpi_args),
+                    stall_root=Path(stall_dir),
+                    on_soak_progress=lambda s, name=name: click.echo(soak_progress_line(name, s),
+                                                                     err=True)))
+        except Interrupted as stop:
+            if isinstance(stop.partial, SoakSummary):  # what the soak proved until the signal
+                click.echo(json.dumps({"backend": name, "interrupted": True,
+                                       "soak": stop.partial.to_dict()}, indent=2) if as_json
+                           else render_soak(name, stop.partial))
+            raise
     code = exit_code_for(reports, single)
     plot_error = None
     if plot:
@@ -192,6 +263,8 @@ def command(backend, hostfile, inventory_path, local_n, python, bench, sizes, dt
                 click.echo(render_failures(r))
             if r.bench:
                 click.echo("\n" + render_bench(r))
+            if r.soak:
+                click.echo("\n" + render_soak(r.backend, r.soak))
         verdict = {0: "smoke passed", 1: "smoke FAILED", 3: "backend unavailable"}[code]
         click.echo(f"\n{verdict}")
     if html_path:

@@ -15,12 +15,14 @@ from mlxcluster.cli.params import Duration, inventory_option, load_chosen_invent
 from mlxcluster.cli.report import check_html_path, emit_page, html_option
 from mlxcluster.doctor import run_doctor
 from mlxcluster.errors import EXIT_FAILED, InputError, MlxclusterError
+from mlxcluster.jaccl_plan import fast_synch_warning
 from mlxcluster.jobs.job import (
     BACKENDS,
     job_from_hostfile,
     job_from_inventory,
     job_local,
     launcher_name,
+    plan_jaccl_job,
     program_command,
     script_path,
 )
@@ -36,6 +38,7 @@ from mlxcluster.train import (
     trainer_help,
     validate_trainer_args,
 )
+from mlxcluster.tuned import MAX_CONNECTIONS, tuned_job
 
 
 @click.command("train", context_settings={"ignore_unknown_options": True})
@@ -54,6 +57,9 @@ from mlxcluster.train import (
               help="Python on every host for --hostfile/--local (default: this one).")
 @click.option("--mpi-arg", "mpi_args", multiple=True, metavar="ARG",
               help="Extra mpirun argument (repeatable; use --mpi-arg=--flag).")
+@click.option("--connections-per-ip", type=click.IntRange(1, MAX_CONNECTIONS), default=None,
+              help="ring: mlx.launch --connections-per-ip (default: the hostfile's .args, "
+                   "as 'mlxcluster tune' wrote it, else 1).")
 @click.option("--no-preflight", is_flag=True, help="Skip the host probe and all_sum smoke.")
 @click.option("--no-openblas", is_flag=True, help="Do not preload OpenBLAS on Linux hosts.")
 @click.option("--timeout", type=Duration(1), default=None,
@@ -65,7 +71,7 @@ from mlxcluster.train import (
                    "auto: 10 x the median step time, at least 60 s; off: not watched.")
 @html_option("the run's loss, tokens/s and memory at its end (from --out's metrics.jsonl)")
 @click.argument("trainer_args", nargs=-1, type=click.UNPROCESSED)
-def command(hostfile, inventory_path, local_ranks, backend, config, python, mpi_args,
+def command(hostfile, inventory_path, local_ranks, backend, config, python, mpi_args, connections_per_ip,
             no_preflight, no_openblas, timeout, stall_timeout, html_path, trainer_args):
     """Check the cluster, then run `python -m reference_train.train` on every host.
 
@@ -98,8 +104,10 @@ def command(hostfile, inventory_path, local_ranks, backend, config, python, mpi_
         job = job_from_hostfile(hostfile, backend, py, args, tuple(mpi_args))
     else:
         job = job_local(local_ranks, backend or "ring", py, args, tuple(mpi_args))
+    job = pick_up_tuned(job, hostfile, connections_per_ip)
     check_batch_split(cfg, len(job.hosts))  # before any preflight or launch: ranks are known
     env = dict(os.environ)
+    job = plan_backend(job, inventory, env)
     n = len(job.hosts)
 
     mlx_version = None  # the cluster's, when the preflight asked (known errors name the fixing release)
@@ -161,6 +169,27 @@ def write_run_page(out, html_path: str, failed: str | None = None) -> None:
         click.echo(f"fix: copy {out} here, then: mlxcluster report --run {out} -o {html_path}", err=True)
         return
     emit_page(Report(runs=[out], failed_runs={str(out): failed} if failed else {}), html_path)
+
+
+def plan_backend(job, inventory, env: dict[str, str]):
+    """jaccl / jaccl-ring: the rdma rows and env (from the hosts' live
+    topology with -i; exit 3 naming every host that cannot take part), and
+    the MLX_METAL_FAST_SYNCH warning. Other backends: the job unchanged."""
+    job = plan_jaccl_job(job, inventory, env)
+    warning = fast_synch_warning(job.env) if job.mlx_hostfile is not None else None
+    if warning:
+        click.secho(f"warning: {warning}", fg="yellow", err=True)
+    return job
+
+
+def pick_up_tuned(job, hostfile: str | None, connections_per_ip: int | None):
+    """The job with the settings ``mlxcluster tune`` recorded beside the
+    hostfile (HOSTFILE.args), the command line's flags winning; says on
+    stderr what it picked up and from where (stdout stays the job's)."""
+    job, notes = tuned_job(job, hostfile, connections_per_ip)
+    for note in notes:
+        click.echo(note, err=True)
+    return job
 
 
 def run_doctor_preflight(inventory, backend: str) -> None:

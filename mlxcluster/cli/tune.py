@@ -80,6 +80,8 @@ def render(result: TuneResult) -> str:
              f"(stopped: {m.stopped_by}; * winner, = tied within noise)", ""]
     for choice in result.choices:
         lines += [render_choice(choice), ""]
+    for c, why in m.failed.items():  # the table cuts the reason short: here in full
+        lines.append(f"failed, not run again, cannot win: {c.label}: {why}")
     for n, err in m.tcp_errors.items():
         lines.append(f"raw TCP x{n}: {err}")
     if result.decision:

@@ -132,11 +132,13 @@ def marked_processes(run_id: str) -> list[psutil.Process]:
 
 
 def kill_local_marked(run_id: str, grace_s: float = 1.0) -> int:
-    """TERM then KILL every local process of the run; how many there were."""
+    """TERM (and CONT, for a stopped one) then KILL every local process of
+    the run; how many there were."""
     procs = marked_processes(run_id)
     for proc in procs:
         try:
             proc.terminate()
+            proc.resume()
         except psutil.Error:
             pass
     _, alive = psutil.wait_procs(procs, timeout=grace_s)

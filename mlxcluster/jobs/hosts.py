@@ -20,7 +20,7 @@ from typing import TypeVar
 
 from mlxcluster import openssh
 from mlxcluster.errors import InputError
-from mlxcluster.hostfile import load_mlx_hostfile
+from mlxcluster.hostfile import load_launch_hostfile
 from mlxcluster.inventory import local_inventory
 
 LOCAL_TARGETS = ("127.0.0.1",)  # the only ssh name mlx.launch runs without ssh
@@ -74,9 +74,9 @@ def local_hosts(n: int, python: str | None = None) -> tuple[RankHost, ...]:
 
 def hosts_from_hostfile(path: str, python: str | None = None) -> tuple[tuple[RankHost, ...], str]:
     """Read and validate an MLX JSON hostfile (``{"backend", "envs", "hosts":
-    [{"ssh", "ips", "rdma"}]}`` or a bare list of hosts); returns the hosts and
-    its backend."""
-    hostfile = load_mlx_hostfile(path)
+    [{"ssh", "ips", "rdma"}]}`` or a bare list of hosts) or an MPI one
+    (``host slots=1``); returns the hosts and its backend."""
+    hostfile = load_launch_hostfile(path)
     hosts = tuple(RankHost(h.ssh, h.ssh, h.ips, python or sys.executable, h.rdma)
                   for h in hostfile.hosts)
     return hosts, hostfile.backend

@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import os
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from mlxcluster import jaccl_plan
 from mlxcluster.errors import BackendUnavailable, InputError
 from mlxcluster.hostfile import BACKENDS as MLX_BACKENDS
-from mlxcluster.hostfile import load_mlx_hostfile
+from mlxcluster.hostfile import MlxHostfile, load_launch_hostfile
 from mlxcluster.inventory import Inventory, local_inventory
 from mlxcluster.jobs.hosts import RankHost, hosts_from_inventory, require_python_here
 
-BACKENDS = ("ring", "mpi")  # what train and run launch today
+BACKENDS = ("ring", "mpi", "jaccl", "jaccl-ring")  # what train and run launch
 TRAINER_MODULE = "reference_train.train"
 
 
@@ -34,12 +35,15 @@ class Job:
     ssh_config: str | None = None
     mpi_args: tuple[str, ...] = ()
     starting_port: int = 32323
+    connections_per_ip: int = 1  # ring: mlx.launch --connections-per-ip (tuned.py)
     env: dict[str, str] = field(default_factory=dict)
     # The python arguments every rank runs (after the rank wrapper): None is
     # the reference trainer with trainer_args; `mlxcluster run` sets its own
     # (``("/abs/script.py", ARGS...)`` or ``("-m", "module", ARGS...)``).
     program: tuple[str, ...] | None = None
     tag_output: bool = False  # every rank's lines start with "[R] " (rank_wrapper)
+    # jaccl / jaccl-ring: the hostfile with the rdma rows, hosts in rank order (jaccl_plan)
+    mlx_hostfile: MlxHostfile | None = None
 
 
 def package_root() -> Path:
@@ -69,14 +73,14 @@ def job_from_inventory(inv: Inventory, backend: str, trainer_args: tuple[str, ..
 def job_from_hostfile(path: str | Path, backend: str | None, python: str,
                       trainer_args: tuple[str, ...] = (),
                       mpi_args: tuple[str, ...] = ()) -> Job:
-    """A job from an mlx.launch hostfile ({"backend": ..., "hosts": [{"ssh", "ips"}]}),
-    validated as ``hostfile check`` does."""
-    hostfile = load_mlx_hostfile(path)
+    """A job from an mlx.launch hostfile ({"backend": ..., "hosts": [{"ssh", "ips"}]})
+    or an MPI one (``host slots=1``), validated as ``hostfile check`` does."""
+    hostfile = load_launch_hostfile(path)
     backend = backend or hostfile.backend or "ring"
     check_backend(backend)
     hosts = tuple(RankHost(h.ssh, h.ssh, h.ips[:1], python) for h in hostfile.hosts)
     return Job(hosts=hosts, backend=backend, python=python, trainer_args=trainer_args,
-               mpi_args=mpi_args)
+               mpi_args=mpi_args, mlx_hostfile=hostfile if jaccl_plan.is_jaccl(backend) else None)
 
 
 def job_local(n: int, backend: str, python: str, trainer_args: tuple[str, ...] = (),
@@ -94,9 +98,35 @@ def check_backend(backend: str) -> None:
                          f"{', '.join(MLX_BACKENDS)})",
                          "use --backend ring (TCP, always available) or mpi")
     if backend not in BACKENDS:
-        raise BackendUnavailable(f"mlxcluster train and run support the {' and '.join(BACKENDS)} "
+        raise BackendUnavailable(f"mlxcluster train and run support the {', '.join(BACKENDS)} "
                                  f"backends, not {backend!r}",
                                  "use --backend ring (TCP, always available) or mpi")
+
+
+def plan_jaccl_job(job: Job, inventory: Inventory | None, environ: dict[str, str],
+                   collect: jaccl_plan.Collect | None = None) -> Job:
+    """A jaccl / jaccl-ring job with its rdma rows, ranks in the hostfile's
+    order and the JACCL env (jaccl_plan.jaccl_env); other jobs unchanged.
+
+    From an inventory the rows come from the hosts' live topology (probed
+    now, before anything runs: JacclUnavailable names every host that cannot
+    take part); from a hostfile, its own rows are checked."""
+    if not jaccl_plan.is_jaccl(job.backend):
+        return job
+    if inventory is not None and not all(h.is_local for h in job.hosts):
+        hostfile = jaccl_plan.hostfile_from_live_topology(inventory, job.backend, collect)
+    elif job.mlx_hostfile is not None:
+        hostfile = replace(job.mlx_hostfile, backend=job.backend)  # --backend wins over the file's
+        jaccl_plan.check_hostfile_rows(hostfile, job.backend)
+    else:
+        raise BackendUnavailable(f"{job.backend} runs across Macs joined by Thunderbolt 5 "
+                                 "cables, not as several ranks on this machine",
+                                 "give -i INVENTORY (the RDMA rows come from the hosts' "
+                                 "topology) or --hostfile FILE with rdma rows; or --backend ring")
+    by_ssh = {h.ssh: h for h in job.hosts}
+    hosts = tuple(by_ssh[entry.ssh] for entry in hostfile.hosts)  # jaccl-ring: ring order
+    env = {**job.env, **jaccl_plan.jaccl_env(hostfile, job.starting_port, job.env, environ)}
+    return replace(job, hosts=hosts, env=env, mlx_hostfile=hostfile)
 
 
 def rank_env(job: Job) -> dict[str, str]:

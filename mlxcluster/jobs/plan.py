@@ -23,11 +23,12 @@ import secrets
 import shutil
 import socket
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from mlxcluster.errors import BackendUnavailable, InputError
-from mlxcluster.hostfile import HostEntry, MlxHostfile
+from mlxcluster import jaccl_plan
+from mlxcluster.errors import BackendUnavailable, InputError, MlxclusterError
+from mlxcluster.hostfile import JACCL_BACKENDS, HostEntry, MlxHostfile
 from mlxcluster.hostfile_generate import generate_mpi
 from mlxcluster.inventory import Host, Inventory
 from mlxcluster.jobs.cleanup import marked_program
@@ -118,7 +119,7 @@ def plan_mlx_launch(backend: str, hosts: tuple[RankHost, ...], program: list[str
                     cwd: str | None = None, ssh_config: str | None = None) -> LaunchPlan:
     """``mlx.launch --hostfile H --backend B --python P [--env K=V]... -- PROGRAM``.
     ``port`` None: a free block here when every rank is local, else 32323."""
-    if backend == "jaccl" and any(len(h.rdma) != len(hosts) for h in hosts):
+    if backend in JACCL_BACKENDS and any(len(h.rdma) != len(hosts) for h in hosts):
         raise InputError("jaccl needs the RDMA device matrix (an 'rdma' row per host)",
                          "use -i INVENTORY (the matrix is built from the hosts' topology) or an "
                          "MLX hostfile with rdma rows: --hostfile FILE")
@@ -228,11 +229,19 @@ def write_hostfile(job: Job, directory: Path) -> Path:
 
 
 def hostfile_name(job: Job) -> str:
-    return "hosts.json" if job.backend == "ring" else "mpi_hosts"
+    return "mpi_hosts" if job.backend == "mpi" else "hosts.json"
 
 
 def hostfile_text(job: Job) -> str:
-    """ring: one data IP per rank; mpi: ``IP slots=N`` (ranks on one host share a line)."""
+    """ring: one data IP per rank; jaccl: the planned rdma rows, ssh as the
+    launcher reaches it; mpi: ``IP slots=N`` (ranks on one host share a line)."""
+    if jaccl_plan.is_jaccl(job.backend) and job.mlx_hostfile is None:
+        raise MlxclusterError(f"a {job.backend} job has no rdma rows (plan_jaccl_job plans them)",
+                              "report this: train and run plan JACCL before launching")
+    if job.mlx_hostfile is not None:
+        return replace(job.mlx_hostfile, hosts=tuple(
+            replace(entry, ssh=h.ssh_target if h.user else entry.ssh)
+            for entry, h in zip(job.mlx_hostfile.hosts, job.hosts, strict=True))).dumps()
     if job.backend == "ring":
         return json.dumps({"backend": "ring", "hosts": [
             {"ssh": h.ssh_target, "ips": [h.ip]} for h in job.hosts]}, indent=1)
@@ -244,12 +253,14 @@ def hostfile_text(job: Job) -> str:
 
 
 def launcher_argv(job: Job, hostfile: Path, program: list[str], port: int | None = None) -> list[str]:
-    """mlx.launch (ring) or mpirun (mpi) argv running `python PROGRAM...` on
-    every rank (ring: from ``port``, default the job's starting port)."""
+    """mlx.launch (ring, jaccl, jaccl-ring) or mpirun (mpi) argv running
+    `python PROGRAM...` on every rank (from ``port``, default the job's starting port)."""
     env = rank_env(job)
-    if job.backend == "ring":
-        argv = [mlx_launch_path(), "--hostfile", str(hostfile), "--backend", "ring",
+    if job.backend != "mpi":
+        argv = [mlx_launch_path(), "--hostfile", str(hostfile), "--backend", job.backend,
                 "--python", job.python, "--starting-port", str(port or job.starting_port)]
+        if job.connections_per_ip != 1:
+            argv += ["--connections-per-ip", str(job.connections_per_ip)]
         argv += [f"--env={k}={v}" for k, v in env.items()]
         return argv + ["--", *program]
     mpirun = require_mpirun()
@@ -280,7 +291,8 @@ def plan_job(job: Job, run_id: str, run_dir: str, environ: dict[str, str]) -> La
     port = 0
     if job.backend == "ring":
         all_local = all(h.is_local for h in job.hosts)
-        port = free_port_block(len(job.hosts)) if all_local else job.starting_port
+        port = free_port_block(len(job.hosts) * job.connections_per_ip) if all_local \
+            else job.starting_port
     return LaunchPlan(job.backend, run_id, launcher_argv(job, hostfile, program, port), dict(environ),
                       job.hosts, run_dir, tuple((h.ip, port) for h in job.hosts),
                       {str(hostfile): hostfile_text(job)}, job.ssh_config)

@@ -459,3 +459,28 @@ def save_report(directory: Path, summary: str, states: list[RankState], header: 
             f"CPU seconds: {s.cpu_before} -> {s.cpu_after} over {DUMP_WAIT_S:g} s\n\n"
             + (s.stacks or "(no stack: a stopped process dumps only once continued)") + "\n")
     return directory
+
+
+@dataclass
+class Examined:
+    """A stalled job looked at: every rank's state, the diagnosis, where it was saved."""
+
+    states: list[RankState]
+    summary: str
+    directory: Path | None  # None: the report could not be written
+
+
+def examine(rank_hosts: list, run_id: str, run_script: Callable, for_each_host: Callable,
+            report_dir: Path | None, header: str, folder: str = STACKS_ROOT) -> Examined:
+    """``collect_states``, ``diagnose`` and ``save_report`` into ``report_dir``,
+    in one call (``report_dir`` None, or a report that cannot be written,
+    leaves ``directory`` None)."""
+    states = collect_states(rank_hosts, run_id, run_script, for_each_host, folder=folder)
+    summary = diagnose(states)
+    directory: Path | None = None
+    if report_dir is not None:
+        try:
+            directory = save_report(report_dir, summary, states, header)
+        except OSError:
+            directory = None
+    return Examined(states, summary, directory)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mlxcluster.report.svg import figure_svg, pyplot
+from mlxcluster.smoke.plot import draw_bench
 
 
 @dataclass
@@ -128,26 +129,12 @@ def bench_plot(backends: list[BackendView]):
     if not any(b.bench for b in backends):
         return None
     plt = pyplot()
-    fig, (ax_bw, ax_lat) = plt.subplots(1, 2, figsize=(10, 3.8))
+    series: dict[str, list] = {}
     for b in backends:
-        series: dict[str, list[dict]] = {}
         for row in b.bench:
-            series.setdefault(row["op"], []).append(row)
-        for op, rows in series.items():
-            xs = [r["bytes"] for r in rows]
-            label = f"{b.backend} {op}"
-            ax_bw.plot(xs, [r["busbw_gbps"] for r in rows], marker="o", markersize=3, label=label)
-            ax_lat.plot(xs, [r["p50_us"] for r in rows], marker="o", markersize=3, label=label)
-    ax_bw.set_title("bus bandwidth against size")
-    ax_lat.set_title("p50 latency against size")
-    for ax, ylabel in ((ax_bw, "bus bandwidth (GB/s)"), (ax_lat, "p50 time (µs)")):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("message size (bytes)")
-        ax.set_ylabel(ylabel)
-        ax.grid(True, which="major", alpha=0.3)
-    ax_lat.set_yscale("log")
-    ax_bw.legend(fontsize="small")
-    fig.tight_layout()
+            series.setdefault(f"{b.backend} {row['op']}", []).append(
+                (row["bytes"], row["busbw_gbps"], row["p50_s"]))
+    fig = draw_bench(plt, series, (10, 3.8))
     return figure_svg(fig)
 
 

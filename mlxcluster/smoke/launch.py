@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlxcluster.errors import InputError
+from mlxcluster.hostfile import JACCL_BACKENDS
 from mlxcluster.jobs import cleanup
 from mlxcluster.jobs import plan as job_plan
 from mlxcluster.jobs.hosts import RankHost, inventory_ssh_config
@@ -37,6 +38,8 @@ class WorkerOptions:
     iters: int = 20
     ops: tuple[str, ...] = ("all_sum", "all_gather", "send_recv")  # the worker's OPS
     connections_per_ip: int = 1  # ring: mlx.launch --connections-per-ip (one port each)
+    soak_s: float = 0.0  # > 0: repeat the checks at random sizes this long (smoke --soak)
+    seed: int = 0  # the soak's random sizes
 
 
 def new_run_id() -> str:
@@ -74,6 +77,8 @@ def worker_args(backend: str, n: int, run_id: str, run_dir: str, opts: WorkerOpt
         args.append("--bench")
     if not opts.check:
         args.append("--no-check")
+    if opts.soak_s > 0:
+        args += ["--soak", f"{opts.soak_s:g}", "--seed", str(opts.seed)]
     return args
 
 
@@ -96,7 +101,9 @@ def plan_mlx_launch(backend: str, hosts: tuple[RankHost, ...], opts: WorkerOptio
     """``mlx.launch --hostfile H --backend B --python P -- worker.py ...``."""
     run_id = run_id or new_run_id()
     run_dir = run_dir_of(run_id)
-    program = [f"{run_dir}/worker.py", *worker_args(backend, len(hosts), run_id, run_dir, opts)]
+    # jaccl-ring is jaccl inside the ranks (mlx.launch sets MLX_JACCL_RING=1)
+    worker_backend = "jaccl" if backend in JACCL_BACKENDS else backend
+    program = [f"{run_dir}/worker.py", *worker_args(worker_backend, len(hosts), run_id, run_dir, opts)]
     env_vars = dict(e.split("=", 1) for e in rank_env(hosts, environ))
     return job_plan.plan_mlx_launch(backend, hosts, program, env_vars, environ, run_id, run_dir,
                                     port=port, connections_per_ip=opts.connections_per_ip,
@@ -122,7 +129,7 @@ def plan_launch(backend: str, hosts: tuple[RankHost, ...], opts: WorkerOptions,
                 mpi_args: tuple[str, ...] = ()) -> LaunchPlan:
     """The launch plan for ``backend`` (mpirun for mpi, with ``mpi_args``; mlx.launch otherwise)."""
     environ = dict(os.environ if environ is None else environ)
-    if backend not in BACKENDS:
+    if backend not in (*BACKENDS, "jaccl-ring"):  # jaccl-ring: train's preflight, not smoke's menu
         raise InputError(f"unknown backend {backend!r}", f"use one of {', '.join(BACKENDS)}")
     if backend == "mpi":
         return plan_mpirun(hosts, opts, environ, run_id, mpi_args=mpi_args)

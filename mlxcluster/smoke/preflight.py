@@ -21,13 +21,13 @@ from dataclasses import dataclass
 
 from mlxcluster.capture import THUNDERBOLT, HostCapture
 from mlxcluster.errors import MlxclusterError
+from mlxcluster.jaccl_plan import JACCL_MIN_MACOS
 from mlxcluster.jobs.hosts import HostResult, RankHost, distinct_hosts, for_each_host, run_script
 from mlxcluster.mpi import require_libmpi, require_mpirun
 from mlxcluster.parsers.ibv import parse_ibv_devices
 from mlxcluster.parsers.sw_vers import parse_sw_vers
 from mlxcluster.topology import TB5_MIN_GBPS, build_host
 
-JACCL_MIN_MACOS = (26, 2)
 SECTION = "---mlxsmoke-section---"
 
 FACTS_SCRIPT = (

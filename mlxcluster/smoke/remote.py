@@ -29,8 +29,10 @@ def stage(plan: LaunchPlan, worker_source: str, env: dict[str, str] | None = Non
 
 
 def remote_cleanup_script(plan: LaunchPlan, kill: bool) -> str:
-    """Kill the run's processes (jobs.cleanup's stop script), print every rank's stderr
-    tail, remove the run directory; the run id itself never appears literally."""
+    """Kill the run's processes (jobs.cleanup's stop script: TERM, CONT so
+    that a stopped rank handles its TERM, then KILL), print every rank's
+    stderr tail, remove the run directory; the run id itself never appears
+    literally."""
     glob_dir = f"/tmp/{bracketed(plan.run_id)}"  # the shell glob finds the directory
     script = f"{stop_script(plan.run_id)}; " if kill else ""
     script += (f"for f in {glob_dir}/*.err; do [ -f \"$f\" ] || continue; "

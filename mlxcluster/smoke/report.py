@@ -11,6 +11,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from mlxcluster.errors import InputError, MlxclusterError
+from mlxcluster.smoke.plot import draw_bench
 from mlxcluster.smoke.run import SmokeReport
 
 JSON_VERSION = 1
@@ -31,6 +32,9 @@ def report_to_dict(report: SmokeReport) -> dict:
         "bench": [asdict(b) for b in report.bench],
         "fits": [asdict(f) for f in report.fits],
         "cleanup_problems": report.cleanup_problems,
+        "stall": report.stall,
+        "stall_dir": report.stall_dir,
+        "soak": report.soak.to_dict() if report.soak else None,
         "command": report.command,
     }
 
@@ -101,25 +105,10 @@ def write_plot(reports: Sequence[SmokeReport], path: str) -> None:
     if not rows:
         raise MlxclusterError(f"no plot written to {path}: no backend finished its benchmark",
                               "the table above says why; rerun once a backend passes")
-    fig, (ax_bw, ax_lat) = plt.subplots(1, 2, figsize=(11, 4.2))
-    series: dict[tuple[str, str], list] = {}
+    series: dict[str, list] = {}
     for backend, b in rows:
-        series.setdefault((backend, b.op), []).append(b)
-    for (backend, op), points in series.items():
-        points.sort(key=lambda b: b.bytes)
-        xs = [b.bytes for b in points]
-        label = f"{backend} {op}"
-        ax_bw.plot(xs, [b.busbw_gbps for b in points], marker="o", label=label)
-        ax_lat.plot(xs, [b.p50_s * 1e6 for b in points], marker="o", label=label)
-    for ax, ylabel in ((ax_bw, "bus bandwidth (GB/s)"), (ax_lat, "p50 time (us)")):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("bytes")
-        ax.set_ylabel(ylabel)
-        ax.grid(True, which="both", alpha=0.3)
-    ax_lat.set_yscale("log")
-    ax_bw.legend(fontsize="small")
-    fig.suptitle("mlxcluster smoke --bench")
-    fig.tight_layout()
+        series.setdefault(f"{backend} {b.op}", []).append((b.bytes, b.busbw_gbps, b.p50_s))
+    fig = draw_bench(plt, series, (11, 4.2), "mlxcluster smoke --bench")
     try:
         fig.savefig(path, dpi=110, format=plot_format(path))
     except (OSError, ValueError) as err:  # ValueError: a format matplotlib does not write

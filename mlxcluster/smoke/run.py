@@ -7,6 +7,12 @@ passing.  Each rank has a per-phase deadline (init, correctness, bench): a
 rank that stays longer than ``timeout_s`` in one phase is a hang.  On any
 failure every process of the run is stopped on every host (the launcher's
 process group here, ``pkill -f <run id>`` over ssh on the others).
+
+A hang is diagnosed as a stalled training is (``stall``): every rank's
+process state, CPU time and Python stacks, one line naming the rank that is
+not where the others are, and the whole of it saved in ``stall-RUN_ID``.
+A soak (``WorkerOptions.soak_s``) keeps one phase for its whole duration;
+each iteration it reports restarts the deadline (``watch.Watch``).
 """
 
 from __future__ import annotations
@@ -24,11 +30,13 @@ from mlxcluster.jobs.hosts import HostResult, RankHost, for_each_host, run_scrip
 from mlxcluster.jobs.plan import LaunchPlan
 from mlxcluster.smoke import preflight, remote
 from mlxcluster.smoke.launch import WorkerOptions, plan_launch, worker_source
+from mlxcluster.smoke.soak import SoakSummary
 from mlxcluster.smoke.stats import BenchRow, OpFit, fit_ops
 from mlxcluster.smoke.watch import RankOutcome, Watch, bench_rows, blame_hang, outcomes
 
 FAILURE_GRACE_S = 0.5  # keep reading this long after the first failure
 EXIT_WAIT_S = 10.0  # for the launcher to exit once every rank is done
+PROGRESS_EVERY_S = 10.0  # a soak's progress line, this often
 
 
 @dataclass
@@ -49,6 +57,9 @@ class SmokeReport:
     launcher_stderr: str = ""
     host_reasons: dict[str, str] = field(default_factory=dict)  # unavailable: host -> why
     hint: str = ""  # unavailable: what to do about it
+    stall: str = ""  # a hang's diagnosis (stall.diagnose): the rank and host that stand out
+    stall_dir: str = ""  # where every rank's state and Python stacks were saved
+    soak: SoakSummary | None = None  # smoke --soak: iterations, slowest, wrong results
 
     @property
     def passed(self) -> bool:
@@ -63,15 +74,32 @@ class SmokeReport:
 
 
 def run_plan(plan: LaunchPlan, timeout_s: float = 60.0,
-             clock: Callable[[], float] = time.monotonic, source: str | None = None) -> SmokeReport:
+             clock: Callable[[], float] = time.monotonic, source: str | None = None,
+             opts: WorkerOptions | None = None, stall_root: Path | None = None,
+             on_soak_progress: Callable[[SoakSummary], None] | None = None) -> SmokeReport:
     """Stage, launch and watch one run; always leaves nothing of it running.
 
     ``source`` replaces the worker script (bench/ stages a bare timing loop
-    that speaks the same protocol). Interrupted (Ctrl-C, SIGTERM, SIGHUP), it
-    stops the run on every host first, then raises ``errors.Interrupted``."""
+    that speaks the same protocol). ``opts``: the workers' options (a soak's
+    seed and duration for its summary). A hang's report goes to
+    ``stall_root``/stall-RUN_ID (None: diagnosed, not saved; the smoke
+    command passes --stall-dir, other callers such as tune leave no folders).
+    ``on_soak_progress`` hears the soak's summary so far every
+    ``PROGRESS_EVERY_S``. Interrupted (Ctrl-C, SIGTERM, SIGHUP), it stops the
+    run on every host first, then raises ``errors.Interrupted`` (its
+    ``partial``: a soak's summary so far)."""
     started = clock()
     report = SmokeReport(plan.backend, "failed", run_id=plan.run_id, command=list(plan.argv))
     watch = Watch(plan, clock)
+    soaking = opts is not None and opts.soak_s > 0
+
+    def soak_summary() -> SoakSummary | None:
+        if not soaking:
+            return None
+        failures = [f for s in watch.ranks for f in s.failures]
+        return watch.soak.summary(opts.seed, opts.soak_s, failures)
+
+    progress = (lambda: on_soak_progress(soak_summary())) if soaking and on_soak_progress else None
     launched: process.Running | None = None
     blamed: list[RankOutcome] = []
     stopped_by: KeyboardInterrupt | None = None
@@ -83,16 +111,19 @@ def run_plan(plan: LaunchPlan, timeout_s: float = 60.0,
                 f"{r.host} ({r.error})" for r in bad_stage)
         else:
             launched = process.start_plan(plan)
-            blamed = watch_run(launched, watch, plan, timeout_s, clock)
+            blamed = watch_run(launched, watch, plan, timeout_s, clock, progress)
             if blamed:  # while the hung ranks still run: where are they?
-                locate_hung(plan, blamed)
+                report.stall, report.stall_dir = diagnose_hang(plan, blamed, timeout_s, stall_root)
     except KeyboardInterrupt as stop:
         stopped_by = stop
     with interrupts.deferred():
         tails, cleaned = stop_run(plan, launched, watch)
     if stopped_by is not None:
-        raise interrupted(plan, stopped_by, cleaned)
+        error = interrupted(plan, stopped_by, cleaned)
+        error.partial = soak_summary()
+        raise error
     report.duration_s = clock() - started
+    report.soak = soak_summary()
     if launched is None:  # the worker never reached every host: nothing ran
         return report
     report.cleanup_problems = [f"{r.host}: {r.error}" for r in cleaned if not r.ok]
@@ -109,15 +140,21 @@ def run_plan(plan: LaunchPlan, timeout_s: float = 60.0,
     return report
 
 
-def locate_hung(plan: LaunchPlan, blamed: list[RankOutcome]) -> None:
-    """Add each hung rank's process state and place to its verdict: the
-    worker leaves a pid file in the run directory and dumps its stacks on
-    SIGUSR1 (stall.collect_states; 'its process is stopped (state T, ...)',
-    'sleeping (...), in run_rank at worker.py:425')."""
-    states = {s.rank: s for s in stall.collect_states(
+def diagnose_hang(plan: LaunchPlan, blamed: list[RankOutcome], timeout_s: float,
+                  stall_root: Path | None) -> tuple[str, str]:
+    """The diagnosis of a hang and the folder of its evidence, as for a
+    stalled training (stall.examine): the worker leaves a pid file in the
+    run directory and dumps its stacks on SIGUSR1. Each hung rank's verdict
+    gets its process state and place ('its process is stopped (state T,
+    ...)', 'sleeping (...), in run_rank at worker.py:425')."""
+    header = (f"smoke {plan.backend} run {plan.run_id}: no progress for {timeout_s:g} s "
+              f"(--timeout); blamed: " + ", ".join(f"rank {o.rank} on {o.host}" for o in blamed))
+    found = stall.examine(
         list(plan.hosts), plan.run_id,
         run_script=lambda h, script: run_script(h, script, env=plan.env),
-        for_each_host=for_each_host, folder=str(Path(plan.run_dir).parent))}
+        for_each_host=for_each_host, folder=str(Path(plan.run_dir).parent),
+        report_dir=stall_root / f"stall-{plan.run_id}" if stall_root else None, header=header)
+    states = {s.rank: s for s in found.states}
     for outcome in blamed:
         state = states.get(outcome.rank)
         if state is None or state.pid is None:
@@ -125,16 +162,23 @@ def locate_hung(plan: LaunchPlan, blamed: list[RankOutcome]) -> None:
         where = state.where
         outcome.detail += f"; its process is {state.describe()[3:]}" + \
             (f", in {where.short}" if where else "")
+    return found.summary, str(found.directory or "")
 
 
 def watch_run(launched: process.Running, watch: Watch, plan: LaunchPlan, timeout_s: float,
-              clock: Callable[[], float]) -> list[RankOutcome]:
+              clock: Callable[[], float], progress: Callable[[], None] | None = None
+              ) -> list[RankOutcome]:
     """Feed the launcher's lines to ``watch`` until every rank is done, one
-    failed, the launcher is gone or a rank hangs; the ranks blamed for a hang."""
+    failed, the launcher is gone or a rank hangs; the ranks blamed for a hang.
+    ``progress`` is called every PROGRESS_EVERY_S."""
     proc = launched.proc
     stop_at: float | None = None
     done_at: float | None = None
+    next_progress = clock() + PROGRESS_EVERY_S
     while True:
+        if progress is not None and clock() >= next_progress:
+            progress()
+            next_progress = clock() + PROGRESS_EVERY_S
         got = launched.next_line(0.1)
         if got is not None:
             (watch.on_stdout if got[0] == "stdout" else watch.on_stderr)(got[1])
@@ -187,15 +231,18 @@ def interrupted(plan: LaunchPlan, stop: BaseException,
 def run_backend(backend: str, hosts: tuple[RankHost, ...], opts: WorkerOptions,
                 timeout_s: float = 60.0, environ: dict[str, str] | None = None,
                 reason_unavailable: Callable[[str, tuple[RankHost, ...]], str | None] | None = None,
-                mpi_args: tuple[str, ...] = ()) -> SmokeReport:
+                mpi_args: tuple[str, ...] = (), stall_root: Path | None = None,
+                on_soak_progress: Callable[[SoakSummary], None] | None = None) -> SmokeReport:
     """Preflight ``backend`` on ``hosts``; run the smoke workers when it can run
-    (``mpi_args``: extra mpirun arguments, for the mpi backend)."""
+    (``mpi_args``: extra mpirun arguments, for the mpi backend; the rest as
+    ``run_plan``)."""
     check = reason_unavailable or preflight.unavailable_reason
     reason = check(backend, hosts)
     if reason:
         return SmokeReport(backend, "unavailable", reason=reason)
     plan = plan_launch(backend, hosts, opts, environ, mpi_args=mpi_args)
-    return run_plan(plan, timeout_s)
+    return run_plan(plan, timeout_s, opts=opts, stall_root=stall_root,
+                    on_soak_progress=on_soak_progress)
 
 
 def exit_code_for(reports: list[SmokeReport], single_backend: bool) -> int:

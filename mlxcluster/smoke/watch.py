@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from mlxcluster.jobs.cleanup import SSH_LOST
 from mlxcluster.jobs.plan import LaunchPlan
 from mlxcluster.jobs.watch import parse_launcher_exit
+from mlxcluster.smoke.soak import SoakWatch
 from mlxcluster.smoke.stats import BenchRow, summarize
 
 PREFIX = "MLXSMOKE "
@@ -99,6 +100,7 @@ class Watch:
                       for r, h in enumerate(plan.hosts)]
         self.bench: dict[tuple[str, str, int], dict[int, list[float]]] = {}
         self.stderr_lines: list[str] = []
+        self.soak = SoakWatch()
         self._pending_mpi: list[int | None] = [None]
 
     def rank(self, event: dict) -> RankState | None:
@@ -135,6 +137,12 @@ class Watch:
             state.steps += 1
             key = (event["op"], event["dtype"], int(event["bytes"]))
             self.bench.setdefault(key, {})[state.rank] = list(event["times"])
+        elif kind == "soak":
+            # A soak stays in one phase: each reported iteration restarts the
+            # deadline, so --timeout bounds one iteration, not the whole soak.
+            self.soak.add(event)
+            state.steps += 1
+            state.phase_since = now
         elif kind == "error":
             state.ok = False
             state.errors.append(event.get("message", "error"))

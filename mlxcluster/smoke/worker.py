@@ -6,6 +6,7 @@ so it imports only mlx, numpy and the standard library.  The driver
 
     python worker.py --backend ring --expect 3 --run-id mlxsmoke-1a2b3c4d \\
         --dtypes float32,int32 --sizes 1024:16777216 [--bench] [--stderr-dir /tmp]
+        [--soak SECONDS --seed N]
 
 Protocol: every line it writes to stdout starting with ``MLXSMOKE `` is one
 JSON object (one ``write`` per line, so ranks sharing a pipe never split a
@@ -19,6 +20,8 @@ line).  Example lines::
               "bytes": 4, "ok": false, "bad_index": 0, "got": 5.0, "expected": 6.0}
     MLXSMOKE {"event": "bench", "rank": 1, "op": "all_sum", "dtype": "float32", "bytes": 1024,
               "times": [0.00011, ...]}
+    MLXSMOKE {"event": "soak", "rank": 1, "elapsed": 12.0, "ops": {"all_sum":
+              {"iterations": 840, "slowest_bytes": 5120, "slowest_s": 0.031}, ...}}
     MLXSMOKE {"event": "error", "rank": 1, "message": "...", "traceback": "..."}
     MLXSMOKE {"event": "done", "rank": 1, "ok": true}
 
@@ -36,14 +39,16 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import json
+import math
 import os
+import random
 import signal
 import socket
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import mlx.core as mx
 import numpy as np
@@ -293,6 +298,79 @@ def run_correctness(c: Collectives, dtypes: Sequence[str], lo: int, hi: int,
     return ok
 
 
+
+def soak_schedule(seed: int, ops: Sequence[str], dtypes: Sequence[str], lo: int, hi: int
+                  ) -> Iterator[tuple[str, str, int]]:
+    """The soak's endless (op, dtype, element count) sequence: the ops in
+    turn (each gets its share), a random dtype and a size drawn evenly on a
+    log scale between ``lo`` and ``hi`` bytes. The same seed gives the same
+    sequence on every rank (they must call the same collective) and on a
+    replay of a failure."""
+    rng = random.Random(seed)
+    lo_log, hi_log = math.log2(max(lo, 1)), math.log2(max(hi, lo, 1))
+    while True:
+        for op in ops:
+            dtype = rng.choice(list(dtypes))
+            nbytes = int(2 ** rng.uniform(lo_log, hi_log))
+            yield op, dtype, max(nbytes // DTYPES[dtype].size, 1)
+
+
+class SoakTally:
+    """Iterations and the slowest one per op, as this rank saw them."""
+
+    def __init__(self):
+        self.ops: dict[str, dict] = {}
+
+    def add(self, op: str, nbytes: int, seconds: float) -> None:
+        entry = self.ops.setdefault(op, {"iterations": 0, "slowest_bytes": 0, "slowest_s": 0.0})
+        entry["iterations"] += 1
+        if seconds > entry["slowest_s"]:
+            entry["slowest_bytes"], entry["slowest_s"] = nbytes, seconds
+
+
+SOAK_CHECKS = {"all_sum": check_all_sum, "all_gather": check_all_gather,
+               "send_recv": check_send_recv}
+
+
+def keep_soaking(c: Collectives, go_on: bool) -> bool:
+    """Whether every rank goes on: rank 0's clock decides, told to all in a
+    one-element all_sum (outside any test hook), so no rank leaves the loop
+    while its peers enter one more collective."""
+    flag = mx.array([1.0 if (c.rank == 0 and go_on) else 0.0])
+    total = mx.distributed.all_sum(flag, group=c.group)
+    mx.eval(total)
+    return total.item() > 0
+
+
+def run_soak(c: Collectives, args: argparse.Namespace, progress: Progress,
+             report: Callable[[dict], None], clock: Callable[[], float] = time.monotonic,
+             go_on: Callable[[Collectives, bool], bool] = keep_soaking) -> bool:
+    """Repeat the checks at the schedule's sizes for ``args.soak`` seconds;
+    a soak event at most every heartbeat (and a last one), a check event for
+    every wrong result. True when every result was right. Stops at the first
+    wrong result (the driver stops the run then anyway)."""
+    ops = [op for op in args.ops if op in SOAK_CHECKS and not (op == "send_recv" and c.size < 2)]
+    tally, started = SoakTally(), clock()
+    last_emit, ok = started, True
+    schedule = soak_schedule(args.seed, ops, args.dtypes, args.lo, args.hi)
+    while ok and go_on(c, clock() - started < args.soak):
+        op, dtype, count = next(schedule)
+        progress.set("soak", f"{op} {dtype} {count}")
+        t0 = clock()
+        results = SOAK_CHECKS[op](c, dtype, count)
+        seconds = clock() - t0
+        for result in results if isinstance(results, list) else [results]:
+            if not result["ok"]:
+                report(result)
+                ok = False
+        tally.add(op, count * DTYPES[dtype].size, seconds)
+        if clock() - last_emit >= HEARTBEAT_S:
+            emit("soak", rank=c.rank, elapsed=clock() - started, ops=tally.ops)
+            last_emit = clock()
+    emit("soak", rank=c.rank, elapsed=clock() - started, ops=tally.ops)
+    return ok
+
+
 def sweep_sizes(lo: int, hi: int) -> list[int]:
     """Powers of two from ``lo`` up to ``hi`` bytes (both rounded to powers of two)."""
     size = 1 << max(lo - 1, 0).bit_length()
@@ -364,6 +442,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=WARMUP)
     p.add_argument("--iters", type=int, default=ITERS)
     p.add_argument("--stderr-dir", help="redirect stderr to DIR/<run-id>.rank<R>.err")
+    p.add_argument("--soak", type=float, default=0.0,
+                   help="seconds of checks at random sizes instead of the fixed ones")
+    p.add_argument("--seed", type=int, default=0, help="the soak's sizes (same on every rank)")
     args = p.parse_args(argv)
     args.dtypes = [d for d in args.dtypes.split(",") if d]
     unknown = [d for d in args.dtypes if d not in DTYPES]
@@ -448,7 +529,9 @@ def run_rank(args: argparse.Namespace, env_rank: int, progress: Progress) -> int
     c = Corrupting(group) if corrupt else Collectives(group)
 
     ok = True
-    if not args.no_check:
+    if args.soak > 0:
+        ok = run_soak(c, args, progress, lambda fields: emit("check", **fields))
+    elif not args.no_check:
         ok = run_correctness(c, args.dtypes, args.lo, args.hi, progress,
                              lambda fields: emit("check", **fields), args.ops)
     if args.bench:

@@ -19,6 +19,8 @@ Usage::
     with start_lab(3) as lab:
         lab.ssh(lab.hosts[0], "hostname")
         lab.drop_port(lab.hosts[1], "32323-32400")
+        lab.add_second_link()          # every host gets eth1 on a second bridge
+        lab.slow_link(0, "50mbit", dev="eth1")
 """
 
 from __future__ import annotations
@@ -84,6 +86,7 @@ class LabHost:
     path: str = ""  # PATH a non-interactive ssh session gets on this host
     python: str | None = None  # per-host python override (see Lab.python)
     faults: set[str] = field(default_factory=set)
+    second_ip: str | None = None  # on eth1, once Lab.add_second_link ran
 
     def __str__(self) -> str:
         return self.name
@@ -166,8 +169,10 @@ class Lab:
         raise LabError(f"no lab host {ref!r}")
 
     def write_inventory(self, path: str | Path, *, python: str | None = None,
-                        hosts: list[LabHost] | None = None, use_names: bool = False) -> Path:
-        """Write an mlxcluster inventory for the lab (ssh by IP, or by Host alias)."""
+                        hosts: list[LabHost] | None = None, use_names: bool = False,
+                        data_ips: dict[str, list[str]] | None = None) -> Path:
+        """Write an mlxcluster inventory for the lab (ssh by IP, or by Host alias);
+        ``data_ips``: host name -> its ``ips`` (default: the host's one IP)."""
         lines = [
             f"cluster: lab{self.id}",
             "user: root",
@@ -177,7 +182,8 @@ class Lab:
         ]
         for h in hosts or self.hosts:
             target = h.name if use_names else h.ip
-            lines += [f"  - name: {h.name}", f"    ssh: {target}", f"    ips: [{h.ip}]"]
+            ips = ", ".join(data_ips[h.name] if data_ips else [h.ip])
+            lines += [f"  - name: {h.name}", f"    ssh: {target}", f"    ips: [{ips}]"]
         p = Path(path)
         p.write_text("\n".join(lines) + "\n")
         return p
@@ -225,10 +231,11 @@ class Lab:
         _run(["ip", "netns", "exec", h.netns, "nft", "-f", "-"], input=rules)
         h.faults.add("port_dropped")
 
-    def slow_link(self, host, rate: str = "100mbit") -> None:
-        """Throttle the host's egress with a token bucket (netem is not in this kernel)."""
+    def slow_link(self, host, rate: str = "100mbit", dev: str = "eth0") -> None:
+        """Throttle the host's egress on ``dev`` (eth0; eth1 after add_second_link)
+        with a token bucket (netem is not in this kernel)."""
         h = self.host(host)
-        self.netns_exec(h, ["tc", "qdisc", "replace", "dev", "eth0", "root", "tbf",
+        self.netns_exec(h, ["tc", "qdisc", "replace", "dev", dev, "root", "tbf",
                             "rate", rate, "burst", "32kbit", "latency", "400ms"])
         h.faults.add("slow_link")
 
@@ -295,7 +302,8 @@ class Lab:
                 continue
             self.netns_exec(h, ["ip", "link", "set", "eth0", "up"])
             self.netns_exec(h, ["nft", "flush", "ruleset"], check=False)
-            self.netns_exec(h, ["tc", "qdisc", "del", "dev", "eth0", "root"], check=False)
+            for dev in ("eth0", "eth1") if h.second_ip else ("eth0",):
+                self.netns_exec(h, ["tc", "qdisc", "del", "dev", dev, "root"], check=False)
             h.python = None
             restart = h.sshd is None or h.path != self.default_path
             h.path = self.default_path
@@ -307,6 +315,31 @@ class Lab:
         self._write_known_hosts()
         for h in [self.host(host)] if host is not None else self.hosts:
             self._wait_ssh(h)
+
+    # ---- a second network -------------------------------------------------------------
+    def add_second_link(self) -> dict[str, str]:
+        """Give every host a second interface, ``eth1``, on a second bridge
+        with its own free /24 (as a Mac with Thunderbolt beside Ethernet):
+        real veths in the namespaces. Returns host name -> its second IP.
+        Removed with the lab: the bridge and the veths are named by the lab's
+        tag (``_destroy``), and eth1 goes with its namespace."""
+        if any(h.second_ip for h in self.hosts):
+            raise LabError("the hosts already have a second link")
+        subnet = ipaddress.ip_network(_free_subnet())
+        bridge = f"{self.tag}b2"
+        _run(["ip", "link", "add", bridge, "type", "bridge"])
+        # This machine gets an address there too, as on the first bridge: the
+        # client side of a run can reach (and preflight) the second IPs.
+        _run(["ip", "addr", "add", f"{subnet.network_address + 1}/24", "dev", bridge])
+        _run(["ip", "link", "set", bridge, "up"])
+        for h in self.hosts:
+            veth = f"{self.tag}w{h.index + 1}"
+            h.second_ip = str(subnet.network_address + 11 + h.index)
+            _run(["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth1", "netns", h.netns])
+            _run(["ip", "link", "set", veth, "master", bridge, "up"])
+            self.netns_exec(h, ["ip", "addr", "add", f"{h.second_ip}/24", "dev", "eth1"])
+            self.netns_exec(h, ["ip", "link", "set", "eth1", "up"])
+        return {h.name: h.second_ip for h in self.hosts}
 
     # ---- lifecycle -----------------------------------------------------------------
     def start(self) -> Lab:

@@ -199,3 +199,36 @@ def test_stale_lab_of_dead_owner_is_cleaned(make_lab):
     removed = cleanup_stale()
     assert lab.id in removed
     assert lab.hosts[0].netns not in our_namespaces()
+
+
+def test_second_link_carries_traffic_throttles_apart_and_goes_with_the_lab(make_lab, tmp_path):
+    """Lab.add_second_link: real veths (eth1) on a second bridge, host-to-host
+    TCP over them, a throttle on eth1 that leaves eth0 fast, nothing left after stop."""
+    from mlxcluster.inventory import load_inventory
+    from mlxcluster.jobs.hosts import hosts_from_inventory
+    from mlxcluster.tune.measure import tcp_stream
+
+    lab = make_lab(2)
+    a, b = lab.hosts
+    second = lab.add_second_link()
+    assert second == {a.name: a.second_ip, b.name: b.second_ip}
+    assert a.second_ip.rsplit(".", 1)[0] != a.ip.rsplit(".", 1)[0]  # a subnet of its own
+    shown = lab.netns_exec(a, ["ip", "-o", "-4", "addr", "show", "dev", "eth1"]).stdout
+    assert f"inet {a.second_ip}/24" in shown
+
+    def gbps(ips_of_b: list[str]) -> float:
+        inv = lab.write_inventory(tmp_path / "lab.yaml", data_ips={a.name: [a.ip], b.name: ips_of_b})
+        sender, receiver = hosts_from_inventory(load_inventory(inv))
+        return tcp_stream(sender, receiver, 1, 1.5)
+
+    fast_second = gbps([b.second_ip])
+    lab.slow_link(a, "20mbit", dev="eth1")
+    assert "tbf" in lab.netns_exec(a, ["tc", "qdisc", "show", "dev", "eth1"]).stdout
+    slow_second, first = gbps([b.second_ip]), gbps([b.ip])
+    assert slow_second < 0.0035 < 0.02 < fast_second  # 20 Mbit/s = 0.0025 GB/s
+    assert first > 10 * slow_second  # eth0 is not throttled
+    lab.heal(a)
+    assert "tbf" not in lab.netns_exec(a, ["tc", "qdisc", "show", "dev", "eth1"]).stdout
+    lab.stop()
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert lab.tag not in links  # the second bridge and its veths are gone too

@@ -75,14 +75,14 @@ def test_failing_rank_names_its_host(lab3, inventory, backend):
 
 
 @pytest.mark.parametrize("backend", ["ring", "mpi"])
-def test_dropped_data_port_names_its_host(lab3, inventory, backend):
+def test_dropped_data_port_names_its_host(lab3, inventory, backend, tmp_path):
     # labhost3 runs rank 2: drop what its peers connect to (ring: its listen
     # port; MPI: the pinned btl_tcp port range).
     port = RING_PORT + 2 if backend == "ring" else f"{MPI_BTL_PORT}-{MPI_BTL_PORT + 15}"
     lab3.drop_port(lab3.hosts[2], port)
     try:
         code, run, elapsed = smoke(lab3, inventory, "--backend", backend, *SMALL,
-                                   "--timeout", "8")
+                                   "--timeout", "8", "--stall-dir", str(tmp_path))
     finally:
         lab3.heal(lab3.hosts[2])
     assert code == 1
@@ -90,6 +90,7 @@ def test_dropped_data_port_names_its_host(lab3, inventory, backend):
     assert run["reason"].startswith("rank 2 on labhost3: no progress for 8 s"), run["reason"]
     assert "unreachable from here (timed out)" in run["reason"]
     assert [r["status"] for r in run["ranks"]] == ["stopped", "stopped", "hung"]
+    assert (tmp_path / f"stall-{run['run_id']}" / "summary.txt").exists()  # the evidence, kept
     assert_nothing_left(lab3, run)
 
 

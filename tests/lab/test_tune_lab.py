@@ -51,3 +51,87 @@ def test_tune_measures_real_candidates_and_writes_the_winner(lab3, tmp_path):
         pids = lab3.netns_exec(host, ["ip", "netns", "pids", host.netns]).stdout.split()
         names = {psutil.Process(int(pid)).name() for pid in pids if psutil.pid_exists(int(pid))}
         assert names <= {"sshd", "unshare", "sh"}, (host.name, names)
+
+
+RANK_SCRIPT = """
+import json, os, sys
+import mlx.core as mx
+backend = sys.argv[1]
+group = mx.distributed.init(strict=True, backend=backend)
+total = mx.distributed.all_sum(mx.ones(4))
+mx.eval(total)
+if backend == "ring":  # mlx.launch's per-rank address list: one port per connection
+    seen = len(json.load(open(os.environ["MLX_HOSTFILE"]))[group.rank()])
+else:  # mpirun hands every --mca to its processes as OMPI_MCA_*
+    seen = os.environ.get("OMPI_MCA_btl_tcp_links")
+print(f"RANK {group.rank()} size={group.size()} sum={int(total[0].item())} setting={seen}")
+"""
+
+
+def tune_then_run(lab, tmp_path, backend: str, knob: list[str], out_name: str):
+    inventory = lab.write_inventory(tmp_path / "lab.yaml")
+    out = tmp_path / out_name
+    tuned = subprocess.run(
+        [sys.executable, "-m", "mlxcluster", "tune", "-i", str(inventory), "--backend", backend, *knob,
+         "--sizes", "256K", "--iters", "2", "--rounds", "1", "--budget", "10s", "-o", str(out)],
+        env=lab.env(), capture_output=True, text=True, timeout=600)
+    assert tuned.returncode == 0, tuned.stdout[-2000:] + tuned.stderr[-2000:]
+    assert f"wrote {out} and {out}.args" in tuned.stdout
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    ran = subprocess.run(
+        [sys.executable, "-m", "mlxcluster", "run", "--hostfile", str(out), "--no-preflight",
+         "--logs", str(tmp_path / "logs"), "--", "python", str(script), backend],
+        env=lab.env(), capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    settings = sorted(line.split("RANK ", 1)[1] for line in ran.stdout.splitlines() if "RANK " in line)
+    return out, ran, settings
+
+
+def test_run_launches_with_the_ring_setting_tune_wrote(lab3, tmp_path):
+    out, ran, ranks = tune_then_run(lab3, tmp_path, "ring", ["--connections", "2"], "tuned.json")
+    assert (tmp_path / "tuned.json.args").read_text().split() == ["--connections-per-ip", "2"]
+    assert f"tuned: --connections-per-ip 2 (from {out}.args" in ran.stderr
+    # Every rank got two ports on its IP from the real mlx.launch, and the ring ran over them.
+    assert ranks == [f"{r} size=3 sum=3 setting=2" for r in range(3)]
+    # smoke given the same hostfile runs its ring with the setting too (and says so).
+    smoke = subprocess.run(
+        [sys.executable, "-m", "mlxcluster", "smoke", "--hostfile", str(out), "--sizes", "1K:1K",
+         "--dtypes", "float32", "--json"], env=lab3.env(), capture_output=True, text=True, timeout=300)
+    assert smoke.returncode == 0, smoke.stdout[-2000:] + smoke.stderr[-2000:]
+    assert f"tuned: --connections-per-ip 2 (from {out}.args" in smoke.stderr
+    command = json.loads(smoke.stdout)["backends"][0]["command"]
+    assert command[command.index("--connections-per-ip") + 1] == "2"
+
+
+def test_run_launches_with_the_mpi_setting_tune_wrote(lab3, tmp_path):
+    out, ran, ranks = tune_then_run(lab3, tmp_path, "mpi", ["--tcp-links", "2"], "tuned-mpi.txt")
+    assert out.read_text().splitlines() == [f"{h.ip} slots=1" for h in lab3.hosts]
+    assert f"tuned: --mca btl_tcp_links 2 (from {out}.args" in ran.stderr
+    # The value each rank's process got from the real mpirun.
+    assert ranks == [f"{r} size=3 sum=3 setting=2" for r in range(3)]
+
+
+def test_tune_picks_the_fast_one_of_two_data_interfaces(make_lab, tmp_path):
+    """Every host has two data IPs, the first on a throttled link (eth1,
+    20 Mbit/s egress): tune tries each alone and both, and picks the fast one."""
+    lab = make_lab(3)
+    lab.add_second_link()
+    for h in lab.hosts:
+        lab.slow_link(h, "20mbit", dev="eth1")
+    inventory = lab.write_inventory(tmp_path / "lab.yaml",
+                                    data_ips={h.name: [h.second_ip, h.ip] for h in lab.hosts})
+    out = tmp_path / "tuned.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "mlxcluster", "tune", "-i", str(inventory), "--backend", "ring",
+         "--connections", "1", "--sizes", "1M", "--iters", "2", "--rounds", "2", "--budget", "40s",
+         "-o", str(out)],
+        env=lab.env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    text = proc.stdout
+    for label in ("ring x1/ip ", "ring x1/ip ip#1", "ring x1/ip ip#2"):
+        assert label in text
+    decision = next(line for line in text.splitlines() if line.startswith("decision"))
+    assert "winner: ring x1/ip ip#2" in decision, text
+    assert json.loads(out.read_text())["hosts"] == [{"ssh": h.ip, "ips": [h.ip], "rdma": []}
+                                                    for h in lab.hosts]
