@@ -29,6 +29,23 @@ def test_python_dash_m_entry_point():
     assert proc.returncode == 0 and __version__ in proc.stdout
 
 
+def test_a_command_imports_only_its_own_modules_and_help_lists_every_one():
+    """`mlxcluster run` starts without importing tune, demo or the smoke
+    worker (their imports took most of a short run's start-up); --help
+    still lists every command."""
+    probe = ("import sys; from mlxcluster.cli import main; main.get_command(None, 'run'); "
+             "print(sorted(m for m in sys.modules if m.startswith('mlxcluster.cli.')))")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    loaded = proc.stdout.strip()
+    assert "'mlxcluster.cli.run'" in loaded, proc.stderr
+    for other in ("tune", "demo", "smoke", "topology", "discover", "hostfile"):
+        assert f"'mlxcluster.cli.{other}'" not in loaded, loaded
+    listed = CliRunner().invoke(main, ["--help"]).output
+    for name in ("demo", "discover", "doctor", "hostfile", "report", "run", "smoke", "topology",
+                 "train", "tune"):
+        assert f"\n  {name} " in listed, listed
+
+
 def test_library_errors_become_message_and_exit_code_without_traceback():
 
     @main.command("explode-for-test")

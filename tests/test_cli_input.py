@@ -52,7 +52,7 @@ def test_smoke_plot_path_is_checked_before_running(name, needle, tmp_path, monke
 
 
 def fake_passed_run(remove: Path):
-    def run_backend(name, hosts, opts, timeout_s):
+    def run_backend(name, hosts, opts, timeout_s, **_kwargs):  # mpi_args, stall_root...: unused here
         shutil.rmtree(remove)  # the plot's directory goes away during the run
         return SmokeReport(name, "passed", checks=24, duration_s=1.0, bench=[
             BenchRow("all_sum", "float32", 1024, 2, 1e-4, 2e-4, 0.01, 0.01),
@@ -113,7 +113,7 @@ def test_smoke_refuses_a_hostfile_backend_it_does_not_test(tmp_path, monkeypatch
 def test_smoke_backend_flag_overrides_the_hostfile_backend(tmp_path, monkeypatch):
     ran = []
 
-    def run_backend(name, hosts, opts, timeout_s):
+    def run_backend(name, hosts, opts, timeout_s, **_kwargs):
         ran.append(name)
         return SmokeReport(name, "passed", checks=1, duration_s=1.0)
 

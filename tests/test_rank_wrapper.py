@@ -4,6 +4,7 @@ on SIGUSR1 into the rank's file without stopping it."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -124,7 +125,8 @@ def test_tagged_output_prefixes_every_line_with_the_rank(tmp_path):
     assert proc.stdout.splitlines() == ["[2] out line", "[2] from C level",
                                         "[2] no newline at the end"]
     err = proc.stderr.splitlines()
-    assert err[0] == "[2] err line" and err[-1] == "[2] RuntimeError: boom"
+    assert err[0] == "[2] err line" and err[-2] == "[2] RuntimeError: boom"
+    assert err[-1].startswith("[2] @@mlxcluster-exit 2 1 ")
     assert all(line.startswith("[2] ") for line in err), err
 
 
@@ -156,5 +158,11 @@ def test_a_failing_program_ends_at_once_with_its_code(tmp_path, ending, code, sa
     assert time.monotonic() - start < 10
     assert proc.returncode == code, proc.stderr
     assert proc.stdout == "[1] before\n"
+    said_lines = proc.stderr.splitlines()
+    if code:  # the last line names the rank, its code and when it failed (hidden by the launcher)
+        mark = re.fullmatch(r"\[1\] @@mlxcluster-exit 1 (\d+) (\d+\.\d+)", said_lines.pop())
+        assert mark and int(mark.group(1)) == code, proc.stderr
+        assert abs(float(mark.group(2)) - time.time()) < 30
+    assert "@@mlxcluster-exit" not in "\n".join(said_lines)
     if said:
-        assert proc.stderr.splitlines()[-1] == f"[1] {said}"
+        assert said_lines[-1] == f"[1] {said}"

@@ -143,6 +143,57 @@ def test_failed_rank_from_real_launcher_messages():
     assert failed_rank(["all good"], 0) == (0, None)
 
 
+LAUNCHER_OUTPUT = Path(__file__).parent / "fixtures" / "launcher_output"  # README.md there
+
+
+def captured(name: str) -> list[str]:
+    return (LAUNCHER_OUTPUT / name).read_text().splitlines()
+
+
+@pytest.mark.parametrize("name, returncode", [
+    ("mpirun_abort_cascade.txt", 14),          # mpirun names rank 0's abort and exits 14
+    ("mpirun_first_process_named.txt", 3),     # mpirun names rank 1 itself
+    ("mlx_launch_rank1_exit3.txt", 0),         # ranks 0 and 2 failed after it, with exit lines
+])
+def test_the_first_failing_rank_and_its_own_code_from_real_output(name, returncode):
+    """Rank 1 of 3 exited 3 while the others were in all_sum (lab, real
+    launchers): whatever the cascade that followed, rank 1 and code 3."""
+    lines = captured(name)
+    assert failed_rank(lines, returncode) == (3, 1)
+    assert launcher_error(lines) is None  # ranks ran: not "did not start the job"
+    # The exit lines in any order of arrival: the earliest time decides.
+    exits = [ln for ln in lines if "@@mlxcluster-exit" in ln]
+    rest = [ln for ln in lines if "@@mlxcluster-exit" not in ln]
+    assert failed_rank(rest + exits[::-1], returncode) == (3, 1)
+
+
+def test_an_abort_cascade_without_exit_lines_is_not_a_refused_launch():
+    """Before the rank wrapper wrote exit lines, mpirun's cascade (rank 2
+    'calling abort' after rank 1 exited 3) was read as the launcher refusing
+    the job: 'mpirun did not start the job', exit 1. The code stands, no rank
+    is named (the abort's rank is not the one that failed first)."""
+    lines = captured("mpirun_abort_cascade_before_exit_lines.txt")
+    assert launcher_error(lines) is None
+    assert failed_rank(lines, 3) == (3, None)
+
+
+def test_exit_lines_are_read_only_in_their_own_form():
+    mark = "[2] @@mlxcluster-exit 2 1 1795447955.8"
+    assert failed_rank([mark, "[1] @@mlxcluster-exit 1 3 1795447955.6"], 0) == (3, 1)
+    assert failed_rank([mark], 0) == (1, 2)
+    # A program that prints the words itself, mid-line or unfinished, is not an exit line.
+    assert failed_rank(["[0] said @@mlxcluster-exit 0 9 1.0", "[0] @@mlxcluster-exit 0 9"], 0) == \
+        (0, None)
+
+
+def test_exit_lines_are_read_not_shown():
+    shown = []
+    outcome = run_streaming(["sh", "-c", "echo a; echo '@@mlxcluster-exit 0 3 1.5' >&2; exit 3"],
+                            lambda stream, line: shown.append(line))
+    assert shown == ["a"]
+    assert (outcome.exit_code, outcome.failed_rank) == (3, 0)
+
+
 # What mpirun (Open MPI 5.0) printed here for a bad option, a bad directive and a
 # missing program: none of them started a rank.
 MPIRUN_UNKNOWN_OPTION = """--------------------------------------------------------------------------
@@ -358,7 +409,8 @@ def nothing_may_start(monkeypatch):
             raise AssertionError(f"{name} was called")
         return record
 
-    for name in ("run_doctor_preflight", "probe_hosts", "smoke_all_sum", "run_job"):
+    for name in ("run_doctor_preflight", "probe_hosts", "smoke_all_sum", "run_job",
+                 "require_job_python"):
         monkeypatch.setattr(train_cli, name, recorder(name))
     monkeypatch.setattr(subprocess, "Popen", recorder("subprocess.Popen"))
     return called
@@ -384,10 +436,11 @@ def test_batch_that_does_not_split_fails_before_anything_starts(tmp_path, nothin
         assert "launching" not in result.output and "[✓]" not in result.output
         assert time.monotonic() - start < 5
     assert nothing_may_start == []
-    # The same hosts with a batch that splits reach the preflight (which the fixture stops).
+    # The same hosts with a batch that splits reach the preflight (which the fixture stops):
+    # its probe first (a python that is not there is exit 2 before the doctor's checks).
     result = CliRunner().invoke(cli, ["train", "-i", str(inventory), "--config", "tiny", "--",
                                       "--global_batch", "9"])
-    assert nothing_may_start == ["run_doctor_preflight"], result.output
+    assert nothing_may_start == ["probe_hosts"], result.output
 
 
 def test_resume_alone_means_auto(tmp_path, monkeypatch):

@@ -1,7 +1,8 @@
 """The ``mlxcluster`` command line: parse, call the library, render.
 
 Each command lives in its own module ``mlxcluster.cli.<name>`` exposing a
-click command named ``command``; ``COMMAND_MODULES`` lists them.
+click command named ``command``; ``COMMAND_MODULES`` lists them, and a
+module is imported only when its command is used (or for ``--help``).
 Errors from the library (``MlxclusterError``) are converted here, once, into
 a message on stderr and the documented exit code; no traceback is shown.
 """
@@ -32,6 +33,19 @@ COMMAND_MODULES: tuple[str, ...] = (
 
 
 class _Group(click.Group):
+    """The command group: each command's module is imported when that command
+    is asked for (``mlxcluster run`` does not import tune's, demo's or the
+    report's modules: measured, importing every command took most of a
+    short run's start-up, bench/run_overhead.py); ``--help`` imports them all."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(COMMAND_MODULES) | set(self.commands))
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in self.commands and name in COMMAND_MODULES:
+            self.add_command(importlib.import_module(f"mlxcluster.cli.{name}").command)
+        return super().get_command(ctx, name)
+
     def invoke(self, ctx: click.Context):
         try:
             with interrupts.signals_raise():
@@ -69,11 +83,6 @@ def report_interrupt(stop: KeyboardInterrupt) -> int:
 @click.version_option(__version__, prog_name="mlxcluster")
 def main() -> None:
     """Set up, check and benchmark MLX distributed clusters of Macs."""
-
-
-for _name in COMMAND_MODULES:
-    _module = importlib.import_module(f"mlxcluster.cli.{_name}")
-    main.add_command(_module.command)
 
 
 def run() -> None:

@@ -10,6 +10,7 @@ import click
 from mlxcluster.errors import InputError
 from mlxcluster.inventory import Inventory, load_inventory
 from mlxcluster.inventory_search import InventoryChoice, find_inventory
+from mlxcluster.tuned import MAX_CONNECTIONS
 
 
 class Seconds(click.FloatRange):
@@ -112,3 +113,41 @@ def choose_inventory(given: str | None, *, other_sources: str = "") -> Inventory
 def load_chosen_inventory(given: str | None, *, other_sources: str = "") -> Inventory:
     """``choose_inventory``, loaded."""
     return load_inventory(choose_inventory(given, other_sources=other_sources).path)
+
+
+def launch_options(backends: tuple[str, ...]):
+    """The flags of the commands that launch a job on every host (`run`,
+    `train`): where the ranks run (--hostfile, -i, --local), the backend
+    (one of ``backends``), the python, mpirun's extra arguments, the
+    preflight and OpenBLAS switches, and the timeout."""
+    options = [
+        click.option("--hostfile", type=click.Path(exists=True, dir_okay=False),
+                     help="An mlx.launch hostfile (JSON)."),
+        inventory_option("An mlxcluster inventory (YAML). Used when no --hostfile or --local is "
+                         "given; default: $MLXCLUSTER_INVENTORY, else ./cluster.yaml, else "
+                         "~/.config/mlxcluster/cluster.yaml."),
+        click.option("--local", "local_ranks", type=click.IntRange(1, 64),
+                     help="Run N ranks on this machine instead."),
+        click.option("--backend", type=click.Choice(backends), default=None,
+                     help="Distributed backend (default: the hostfile's, else ring)."),
+        click.option("--python", "python", default=None,
+                     help="Python on every host for --hostfile/--local (default: this one)."),
+        click.option("--mpi-arg", "mpi_args", multiple=True, metavar="ARG",
+                     help="Extra mpirun argument (repeatable; use --mpi-arg=--flag)."),
+        click.option("--connections-per-ip", type=click.IntRange(1, MAX_CONNECTIONS), default=None,
+                     help="ring: mlx.launch --connections-per-ip (default: the hostfile's .args, "
+                          "as 'mlxcluster tune' wrote it, else 1)."),
+        click.option("--no-preflight", is_flag=True,
+                     help="Skip the doctor checks (-i), the host probe and the all_sum smoke "
+                          "(the python is still looked for on every host)."),
+        click.option("--no-openblas", is_flag=True, help="Do not preload OpenBLAS on Linux hosts."),
+        click.option("--timeout", type=Duration(1), default=None,
+                     help="Stop every rank after this long (90, 90s, 30m, 2h)."),
+    ]
+
+    def decorate(command):
+        for option in reversed(options):  # click lists options in decorator order, top first
+            command = option(command)
+        return command
+
+    return decorate

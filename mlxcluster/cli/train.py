@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -11,7 +10,7 @@ from pathlib import Path
 import click
 
 from mlxcluster.cli.doctor import render_check
-from mlxcluster.cli.params import Duration, inventory_option, load_chosen_inventory
+from mlxcluster.cli.params import Duration, launch_options, load_chosen_inventory
 from mlxcluster.cli.report import check_html_path, emit_page, html_option
 from mlxcluster.doctor import run_doctor
 from mlxcluster.errors import EXIT_FAILED, InputError, MlxclusterError
@@ -26,6 +25,7 @@ from mlxcluster.jobs.job import (
     program_command,
     script_path,
 )
+from mlxcluster.jobs.job_python import MISSING_PYTHON_RE, python_not_found, require_job_python
 from mlxcluster.jobs.preflight import check_probes, openblas_env, probe_hosts
 from mlxcluster.jobs.run import run_job
 from mlxcluster.jobs.watch import launcher_error
@@ -38,32 +38,13 @@ from mlxcluster.train import (
     trainer_help,
     validate_trainer_args,
 )
-from mlxcluster.tuned import MAX_CONNECTIONS, tuned_job
+from mlxcluster.tuned import tuned_job
 
 
 @click.command("train", context_settings={"ignore_unknown_options": True})
-@click.option("--hostfile", type=click.Path(exists=True, dir_okay=False),
-              help="An mlx.launch hostfile (JSON).")
-@inventory_option("An mlxcluster inventory (YAML). Used when no --hostfile or --local is given; "
-                  "default: $MLXCLUSTER_INVENTORY, else ./cluster.yaml, else "
-                  "~/.config/mlxcluster/cluster.yaml.")
-@click.option("--local", "local_ranks", type=click.IntRange(1, 64),
-              help="Run N ranks on this machine instead.")
-@click.option("--backend", type=click.Choice(BACKENDS), default=None,
-              help="Distributed backend (default: the hostfile's, else ring).")
+@launch_options(BACKENDS)
 @click.option("--config", default="demo", show_default=True,
               help="Trainer config: tiny, demo, blog or a YAML path.")
-@click.option("--python", "python", default=None,
-              help="Python on every host for --hostfile/--local (default: this one).")
-@click.option("--mpi-arg", "mpi_args", multiple=True, metavar="ARG",
-              help="Extra mpirun argument (repeatable; use --mpi-arg=--flag).")
-@click.option("--connections-per-ip", type=click.IntRange(1, MAX_CONNECTIONS), default=None,
-              help="ring: mlx.launch --connections-per-ip (default: the hostfile's .args, "
-                   "as 'mlxcluster tune' wrote it, else 1).")
-@click.option("--no-preflight", is_flag=True, help="Skip the host probe and all_sum smoke.")
-@click.option("--no-openblas", is_flag=True, help="Do not preload OpenBLAS on Linux hosts.")
-@click.option("--timeout", type=Duration(1), default=None,
-              help="Stop every rank after this long (90, 90s, 30m, 2h).")
 @click.option("--stall-timeout", type=Duration(1, words=("auto", "off")), default="auto",
               show_default=True,
               help="A job with no training progress for this long (20s, 5m...) is stalled: every "
@@ -71,8 +52,8 @@ from mlxcluster.tuned import MAX_CONNECTIONS, tuned_job
                    "auto: 10 x the median step time, at least 60 s; off: not watched.")
 @html_option("the run's loss, tokens/s and memory at its end (from --out's metrics.jsonl)")
 @click.argument("trainer_args", nargs=-1, type=click.UNPROCESSED)
-def command(hostfile, inventory_path, local_ranks, backend, config, python, mpi_args, connections_per_ip,
-            no_preflight, no_openblas, timeout, stall_timeout, html_path, trainer_args):
+def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, connections_per_ip,
+            no_preflight, no_openblas, timeout, config, stall_timeout, html_path, trainer_args):
     """Check the cluster, then run `python -m reference_train.train` on every host.
 
     Arguments after `--` go to the trainer, e.g.
@@ -85,36 +66,20 @@ def command(hostfile, inventory_path, local_ranks, backend, config, python, mpi_
     if shown is not None:  # `-- --help`: the trainer's help, nothing launched
         click.echo(shown, nl=False)
         return
-    sources = [s for s in (hostfile, inventory_path, local_ranks) if s]
-    if len(sources) > 1:
-        raise InputError("give one of --hostfile FILE, -i INVENTORY or --local N, not several",
-                         "with none of them train uses the default inventory (./cluster.yaml...); "
-                         "e.g. mlxcluster train --local 2 --config tiny")
+    one_source("train", hostfile, inventory_path, local_ranks, example="--local 2 --config tiny")
     cfg = validate_trainer_args(args)
     if local_ranks:  # remote hosts: rank 0 reports a bad --out itself, in one line
         check_out_here(cfg.out)
     check_html_path(html_path)
-    py = python or sys.executable
-    inventory = None
-    if not hostfile and not local_ranks:
-        inventory = load_chosen_inventory(inventory_path, other_sources="--hostfile FILE or --local N")
-    if inventory is not None:
-        job = job_from_inventory(inventory, backend or "ring", args, tuple(mpi_args))
-    elif hostfile:
-        job = job_from_hostfile(hostfile, backend, py, args, tuple(mpi_args))
-    else:
-        job = job_local(local_ranks, backend or "ring", py, args, tuple(mpi_args))
-    job = pick_up_tuned(job, hostfile, connections_per_ip)
+    job, inventory = choose_job(hostfile, inventory_path, local_ranks, backend, python, mpi_args,
+                                connections_per_ip, trainer_args=args)
     check_batch_split(cfg, len(job.hosts))  # before any preflight or launch: ranks are known
     env = dict(os.environ)
     job = plan_backend(job, inventory, env)
     n = len(job.hosts)
-
-    mlx_version = None  # the cluster's, when the preflight asked (known errors name the fixing release)
-    if inventory is not None and not no_preflight:
-        run_doctor_preflight(inventory, job.backend)
-    if not no_preflight:
-        job, mlx_version = preflight(job, env, no_openblas=no_openblas)
+    # mlx_version: the cluster's, when the preflight asked (known errors name the fixing release)
+    job, mlx_version = prepare_job(job, inventory, env, no_preflight=no_preflight,
+                                   no_openblas=no_openblas)
 
     click.echo(f"launching {n} rank(s) on {job.backend}: {program_command(job)}")
 
@@ -126,31 +91,10 @@ def command(hostfile, inventory_path, local_ranks, backend, config, python, mpi_
                               report_dir=Path(cfg.out))
     if outcome.unstopped:
         click.secho(f"warning: {outcome.unstopped}", fg="yellow", err=True)
-    # A host lost to ssh comes first: mpirun frames that in the same kind of
-    # message as an option it refuses, but ranks did run.
-    refused = outcome.exit_code and outcome.failed_rank is None and not outcome.lost_host
-    why = launcher_error(outcome.lines) if refused else None
-    if why:  # the launcher refused to start: no rank ran, none is to blame
-        click.secho(f"train failed: {launcher_name(job)} did not start the job, no rank ran: {why}",
-                    fg="red", err=True)
-        click.echo("fix: check the --mpi-arg values and the hostfile (the launcher's message "
-                   "is above)" if job.backend == "mpi" else
-                   "fix: the launcher's message is above", err=True)
-        click.get_current_context().exit(EXIT_FAILED)
+    end_if_refused("train", job, outcome)
     if outcome.exit_code != 0:
-        who = f"rank {outcome.failed_rank}" if outcome.failed_rank is not None else "a rank"
-        if outcome.lost_host:
-            click.secho(f"train failed: the ssh connection to {outcome.lost_host} failed or was lost "
-                        f"({who} exited with ssh's code 255: the host stopped answering, went to "
-                        "sleep or lost its link); every other rank was stopped", fg="red", err=True)
-            click.echo(f"fix: bring {outcome.lost_host} back (mlxcluster doctor checks every host), "
-                       "then rerun with '-- --resume auto' to continue from the last checkpoint",
-                       err=True)
-        else:
-            click.secho(f"train failed: {who} exited with code {outcome.exit_code}; "
-                        "every rank was stopped", fg="red", err=True)
-        for known in diagnose(outcome.lines):  # cause and fix of a known message (docs/errors.md)
-            click.echo(f"known error: {known.text(mlx_version)}", err=True)
+        who = say_failure("train", outcome, mlx_version, then=", then rerun with '-- --resume auto' "
+                                                             "to continue from the last checkpoint")
         if html_path:  # what the run logged before it stopped
             write_run_page(cfg.out, html_path, failed=f"{who} exited with code {outcome.exit_code}")
         click.get_current_context().exit(
@@ -158,6 +102,42 @@ def command(hostfile, inventory_path, local_ranks, backend, config, python, mpi_
     click.echo(f"train finished on {n} rank(s) in {outcome.seconds:.1f} s")
     if html_path:
         write_run_page(cfg.out, html_path)
+
+
+def end_if_refused(command: str, job, outcome) -> None:
+    """When the launcher refused to start the job (no rank ran, none is to
+    blame): say so with its own message and exit 1."""
+    # A host lost to ssh comes first: mpirun frames that in the same kind of
+    # message as an option it refuses, but ranks did run.
+    refused = outcome.exit_code and outcome.failed_rank is None and not outcome.lost_host
+    why = launcher_error(outcome.lines) if refused else None
+    if not why:
+        return
+    click.secho(f"{command} failed: {launcher_name(job)} did not start the job, no rank ran: {why}",
+                fg="red", err=True)
+    click.echo("fix: check the --mpi-arg values and the hostfile (the launcher's message "
+               "is above)" if job.backend == "mpi" else
+               "fix: the launcher's message is above", err=True)
+    click.get_current_context().exit(EXIT_FAILED)
+
+
+def say_failure(command: str, outcome, mlx_version: str | None, *, then: str = "") -> str:
+    """Who failed and how (a host lost to ssh named, with its fix and
+    ``then``), and the cause and fix of any known message in the output
+    (docs/errors.md). Returns who failed ("rank 1", or "a rank")."""
+    who = f"rank {outcome.failed_rank}" if outcome.failed_rank is not None else "a rank"
+    if outcome.lost_host:
+        click.secho(f"{command} failed: the ssh connection to {outcome.lost_host} failed or was lost "
+                    f"({who} exited with ssh's code 255: the host stopped answering, went to "
+                    "sleep or lost its link); every other rank was stopped", fg="red", err=True)
+        click.echo(f"fix: bring {outcome.lost_host} back (mlxcluster doctor checks every host)"
+                   f"{then}", err=True)
+    else:
+        click.secho(f"{command} failed: {who} exited with code {outcome.exit_code}; "
+                    "every rank was stopped", fg="red", err=True)
+    for known in diagnose(outcome.lines):
+        click.echo(f"known error: {known.text(mlx_version)}", err=True)
+    return who
 
 
 def write_run_page(out, html_path: str, failed: str | None = None) -> None:
@@ -209,14 +189,50 @@ def run_doctor_preflight(inventory, backend: str) -> None:
                + f" ({report.seconds:.1f} s)")
 
 
-MISSING_PYTHON_RE = re.compile(r"No such file or directory|not found|exit code 127")
+def one_source(command: str, hostfile, inventory_path, local_ranks, *, example: str) -> None:
+    """InputError unless at most one of --hostfile, -i, --local is given."""
+    if len([s for s in (hostfile, inventory_path, local_ranks) if s]) > 1:
+        raise InputError("give one of --hostfile FILE, -i INVENTORY or --local N, not several",
+                         f"with none of them {command} uses the default inventory "
+                         f"(./cluster.yaml...); e.g. mlxcluster {command} {example}")
 
 
-def preflight(job, env: dict[str, str], *, no_openblas: bool = False):
+def choose_job(hostfile, inventory_path, local_ranks, backend, python, mpi_args,
+               connections_per_ip: int | None = None, trainer_args: tuple[str, ...] = ()):
+    """The job of `run` or `train` from the launch flags (``launch_options``):
+    a hostfile (with the settings tune recorded beside it), --local N, else
+    the inventory (-i or the default one). Returns (the job, the inventory or None)."""
+    py = python or sys.executable
+    inventory = None
+    if hostfile:
+        job = job_from_hostfile(hostfile, backend, py, trainer_args, tuple(mpi_args))
+    elif local_ranks:
+        job = job_local(local_ranks, backend or "ring", py, trainer_args, tuple(mpi_args))
+    else:
+        inventory = load_chosen_inventory(inventory_path,
+                                          other_sources="--hostfile FILE or --local N")
+        job = job_from_inventory(inventory, backend or "ring", trainer_args, tuple(mpi_args))
+    return pick_up_tuned(job, hostfile, connections_per_ip), inventory
+
+
+def prepare_job(job, inventory, env: dict[str, str], *, no_preflight: bool, no_openblas: bool):
+    """Before the launch: the preflight, or with ``no_preflight`` only the
+    python looked for on every host (a missing one is exit 2, both ways).
+    Returns (the job, the cluster's mlx version or None)."""
+    if no_preflight:
+        require_job_python(job, env)
+        return job, None
+    return preflight(job, env, no_openblas=no_openblas, inventory=inventory)
+
+
+def preflight(job, env: dict[str, str], *, no_openblas: bool = False, inventory=None):
     """The probe on every host (the job's python, mlx, and the trainer or the
-    `run` script), OpenBLAS for every rank on Linux, then the all_sum smoke
-    on the job's backend. Returns (the job, with OpenBLAS in its env when
-    chosen; the cluster's mlx version). Raises MlxclusterError on a problem."""
+    `run` script), the doctor checks for an ``inventory``, OpenBLAS for every
+    rank on Linux, then the all_sum smoke on the job's backend. The probe
+    comes first: a python that is not there is bad input (InputError, exit 2)
+    whatever else the doctor would say. Returns (the job, with OpenBLAS in
+    its env when chosen; the cluster's mlx version). Raises MlxclusterError
+    on a problem."""
     n = len(job.hosts)
     probes = probe_hosts(job, env=env)
     problems = check_probes(job, probes)
@@ -225,10 +241,7 @@ def preflight(job, env: dict[str, str], *, no_openblas: bool = False):
             click.secho(f"[✗] {p}", fg="red", err=True)
         missing = [p for p in probes if p.error and MISSING_PYTHON_RE.search(p.error)]
         if missing and len(missing) == len(problems):  # a python path that is not there is bad input
-            raise InputError(f"python not found: {job.python} on "
-                             f"{', '.join(p.host.name for p in missing)}",
-                             "install the same venv at that path on every host, or give the "
-                             "python every host has (inventory python:, or --python)")
+            raise python_not_found(job.python, [p.host.name for p in missing])
         raise MlxclusterError(f"preflight found {len(problems)} problem(s)",
                               "fix the lines above; `mlxcluster doctor` checks more")
     versions = sorted({p.facts["mlx"] for p in probes})
@@ -236,6 +249,8 @@ def preflight(job, env: dict[str, str], *, no_openblas: bool = False):
         (f"{script_path(job)} present" if script_path(job) else None)
     click.echo(f"[✓] {len(probes)} host(s) run {job.python} with mlx {versions[0]}"
                + (f" and {what}" if what else ""))
+    if inventory is not None:
+        run_doctor_preflight(inventory, job.backend)
     blas = {} if no_openblas else openblas_env(job, probes)
     if blas:
         job = replace(job, env={**job.env, **blas})

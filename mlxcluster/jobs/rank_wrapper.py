@@ -40,6 +40,14 @@ after ``mx.distributed.init`` waited in MPI's finalize until every other rank
 ended on its own (120 s), so mpirun could not stop the job; exiting at once
 lets mpirun (and mlx.launch) see the failure and stop the others. Atexit
 handlers of a failed program do not run.
+
+Before it ends that way it writes one line on stderr, ``@@mlxcluster-exit
+RANK CODE TIME`` (``TIME``: seconds since the epoch), which the launcher
+hides and reads: when one rank fails, the others fail too a moment later
+(their peer is gone), and mpirun then names only the rank whose abort it saw
+(measured on the lab: "prterun has exited due to process rank 0 ...
+calling abort" when rank 1 had exited 3). The earliest of these lines names
+the rank that failed first, and its own code.
 """
 
 from __future__ import annotations
@@ -56,6 +64,7 @@ import time
 import traceback
 
 RUN_MARK = "mlxcluster_run"  # as mlxcluster.jobs.cleanup.RUN_MARK (kept import-free here)
+EXIT_MARK = "@@mlxcluster-exit"  # a failing rank's last line: EXIT_MARK RANK CODE TIME
 STACKS_ROOT = "/tmp/mlxcluster-stacks"
 RANK_VARS = ("MLX_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
 TAG_VAR = "MLXCLUSTER_TAG_OUTPUT"
@@ -180,17 +189,19 @@ def exit_code(done: SystemExit) -> int:
     return 1
 
 
-def end_now(code: int, helper: int | None) -> None:
-    """Flush, let the tagging helper write the last lines, and exit with
-    ``code`` without interpreter shutdown (see the module docstring)."""
+def end_now(code: int, helper: int | None, rank: str) -> None:
+    """Flush, write the exit line (``EXIT_MARK``), let the tagging helper
+    write the last lines, and exit with ``code`` without interpreter
+    shutdown (see the module docstring)."""
+    status = code & 0xFF if code >= 0 else 1
     try:
         sys.stdout.flush()
-        sys.stderr.flush()
+        print(f"{EXIT_MARK} {rank} {status} {time.time():.6f}", file=sys.stderr, flush=True)
     except (OSError, ValueError):
         pass
     if helper is not None:
         drain(helper)
-    os._exit(code & 0xFF if code >= 0 else 1)
+    os._exit(status)
 
 
 def run_program(args: list[str]) -> None:
@@ -214,9 +225,10 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(USAGE)
     run_id = getattr(sys, "_xoptions", {}).get(RUN_MARK)
     run_id = run_id if isinstance(run_id, str) else None
-    helper = tag_output(rank_of(os.environ)) if os.environ.get(TAG_VAR) == "1" else None
+    rank = rank_of(os.environ)
+    helper = tag_output(rank) if os.environ.get(TAG_VAR) == "1" else None
     try:
-        install(stacks_dir(os.environ, run_id), rank_of(os.environ))
+        install(stacks_dir(os.environ, run_id), rank)
     except OSError as err:  # no stacks on demand, but the job itself still runs
         print(f"mlxcluster rank_wrapper: no stack dumps ({err})", file=sys.stderr, flush=True)
     try:
@@ -227,10 +239,10 @@ def main(argv: list[str] | None = None) -> None:
             raise
         if not isinstance(done.code, int) and done.code is not None:
             print(done.code, file=sys.stderr)  # as Python prints sys.exit("message")
-        end_now(code, helper)
+        end_now(code, helper, rank)
     except Exception:  # noqa: BLE001 - shown as Python shows it, then the rank ends at once
         traceback.print_exc()
-        end_now(1, helper)
+        end_now(1, helper, rank)
 
 
 if __name__ == "__main__":

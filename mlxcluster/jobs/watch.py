@@ -22,12 +22,19 @@ from mlxcluster import interrupts
 from mlxcluster.errors import Interrupted, MlxclusterError
 from mlxcluster.jobs import process, stall
 from mlxcluster.jobs.cleanup import LauncherStopNoise
+from mlxcluster.jobs.rank_wrapper import EXIT_MARK
 
 # mlx.launch: "[WARN] Node with rank 1 exited with code 3" (or "was killed")
 MLX_EXIT_RE = re.compile(r"Node with rank (\d+) (?:exited with code (-?\d+)|was killed)")
 # Open MPI 4 "[[56171,1],6]" and 5 "[prterun-vm-4304@1,1]": the rank is the last number
 MPI_PROC_RE = re.compile(r"Process name:\s*\S*?(\d+)\]+\s*$", re.M)
 MPI_CODE_RE = re.compile(r"Exit code:\s*(-?\d+)")
+# mpirun's words when ranks ran and one aborted (an MPI error is fatal): the job started.
+MPI_ABORT_RE = re.compile(r"MPI_ERRORS_ARE_FATAL|has exited due to process rank \d+|"
+                          r"peer process has unexpectedly disconnected")
+# A whole line, behind the rank's tag when `run` tags lines ("[1] @@mlxcluster-exit 1 3 T").
+EXIT_LINE_RE = re.compile(r"^(?:\[\d+\] )?" + re.escape(EXIT_MARK) +
+                          r" (\d+) (\d+) (\d+(?:\.\d*)?)[ \t\r]*$", re.M)
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
 LAUNCHER_STOP_GRACE_S = 20.0  # mlx.launch / mpirun stop their ranks on every host meanwhile
 PUMP_JOIN_S = 10.0
@@ -67,10 +74,19 @@ def parse_launcher_exit(line: str, pending_rank: list[int | None]) -> tuple[int,
 def failed_rank(lines: list[str], returncode: int) -> tuple[int, int | None]:
     """(exit code, failing rank) from a launcher's output and return code.
 
-    mlx.launch exits 0 when a rank fails and only warns "Node with rank R exited
-    with code C"; mpirun returns the first failing process's code and names it
-    "[prterun-...@1,R]".
+    The rank wrapper's exit lines come first (rank_wrapper.EXIT_MARK): the
+    one with the earliest time names the rank that failed first and its own
+    code, even when the others failed after it and the launcher names one of
+    those (mpirun: "prterun has exited due to process rank 0 ... calling
+    abort" when rank 1 had exited 3; tests/fixtures/launcher_output). Without
+    them (a rank killed by a signal): mlx.launch exits 0 when a rank fails and
+    only warns "Node with rank R exited with code C"; mpirun returns the
+    first failing process's code and may name it "[prterun-...@1,R]".
     """
+    exits = [m for m in map(EXIT_LINE_RE.search, lines) if m]
+    if exits:
+        first = min(exits, key=lambda m: float(m.group(3)))  # min keeps the first of equal times
+        return int(first.group(2)), int(first.group(1))
     text = ANSI_RE.sub("", "\n".join(lines))
     warn = next((m for m in MLX_EXIT_RE.finditer(text) if m.group(2) is not None), None)
     if warn:
@@ -95,10 +111,12 @@ def launcher_error(lines: list[str] | tuple[str, ...]) -> str | None:
     included on the mpirun command line:" / "Option: --bogus-flag") and exits
     with its own code (213, 183...). mlx.launch exits 2 with "mlx.launch:
     error: ...". A failing rank is named instead ("Node with rank R exited",
-    "Process name:" / "Exit code:"), and then this returns None.
+    "Process name:" / "Exit code:", a rank's exit line, mpirun's abort of a
+    started job), and then this returns None.
     """
     text = ANSI_RE.sub("", "\n".join(lines))
-    if MLX_EXIT_RE.search(text) or MPI_PROC_RE.search(text) or MPI_CODE_RE.search(text):
+    if any(r.search(text) for r in (MLX_EXIT_RE, MPI_PROC_RE, MPI_CODE_RE, MPI_ABORT_RE,
+                                    EXIT_LINE_RE)):
         return None
     argparse_error = ARGPARSE_ERROR_RE.search(text)
     if argparse_error:
@@ -159,10 +177,14 @@ def watch_launcher(running: process.Running, on_line: Callable[[str, str], None]
                    on_stall: Callable[[], MlxclusterError] | None = None) -> RunOutcome:
     """Read a started launcher's lines until it ends (see ``run_streaming``)."""
     tail: list[str] = []
+    exits: list[str] = []  # the ranks' exit lines (rank_wrapper.EXIT_MARK)
     filters = {"stdout": LineFilter(watch), "stderr": LineFilter(watch)}
 
     def show(name: str, lines: list[str]) -> None:
         for line in lines:
+            if EXIT_LINE_RE.search(line):  # for failed_rank, not the user; kept apart
+                exits.append(line)         # from the tail, which drops old lines
+                continue
             tail.append(line)
             del tail[:-keep]
             on_line(name, line)
@@ -211,9 +233,9 @@ def watch_launcher(running: process.Running, on_line: Callable[[str, str], None]
                                   "stopped on every rank") from None
     for name, f in filters.items():
         show(name, f.flush())
-    code, rank = failed_rank(tail, proc.returncode)
+    code, rank = failed_rank(exits + tail, proc.returncode)
     return RunOutcome(exit_code=code, failed_rank=rank, seconds=time.monotonic() - start,
-                      lines=tuple(tail))
+                      lines=tuple(exits + tail))
 
 
 def stop_launcher(running: process.Running) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,6 +22,39 @@ def training_setup(lab, tmp_path: Path) -> tuple[Path, dict[str, str]]:
     env["PYTHONPATH"] = str(REPO)
     env.pop("LD_PRELOAD", None)
     return inventory, env
+
+
+def start_training(lab, lab_data: Path, tmp_path: Path, backend: str,
+                   *flags: str) -> tuple[subprocess.Popen, Path]:
+    """`mlxcluster train -i <lab inventory> --backend B --config tiny
+    --no-preflight FLAGS` on the lab, training on and on (100000 steps), as a
+    user starts it, in its own session. Returns (the process, the trainer's
+    metrics.jsonl)."""
+    inventory, env = training_setup(lab, tmp_path)
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlxcluster", "train", "-i", str(inventory), "--backend", backend,
+         "--config", "tiny", "--no-preflight", *flags, "--", "--steps", "100000",
+         "--global_batch", "6", "--data", str(lab_data), "--out", str(out), "--sample_tokens", "0"],
+        env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    return proc, out / "metrics.jsonl"
+
+
+def wait_for_losses(proc: subprocess.Popen, metrics: Path, count: int = 1,
+                    timeout: float = 180) -> None:
+    """Until the trainer has logged ``count`` losses (it trains); fails if the
+    job ends or takes longer than ``timeout``, with the job's output (seen:
+    the first job on a new lab did not reach its third loss within 180 s,
+    nor within pytest's 300 s, with the machine's load average at 45)."""
+    deadline = time.monotonic() + timeout
+    while not (metrics.exists() and metrics.read_text().count('"loss"') >= count):
+        assert proc.poll() is None, proc.communicate()
+        if time.monotonic() > deadline:
+            proc.kill()
+            out, err = proc.communicate()
+            raise AssertionError(f"no {count} losses within {timeout:.0f} s:\n{out[-2000:]}\n{err[-2000:]}")
+        time.sleep(0.3)
 
 
 def left_on_hosts(lab, pattern: str, paths: str = "") -> dict[str, str]:

@@ -8,13 +8,11 @@ no output until someone pressed Ctrl-C (seen: > 90 s, both backends)."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 import time
 
 import pytest
 
-from tests.lab.jobs import bracketed, left_on_hosts, training_setup
+from tests.lab.jobs import bracketed, left_on_hosts, start_training, wait_for_losses
 
 pytestmark = pytest.mark.lab
 
@@ -25,21 +23,9 @@ DEAD_HOST_BUDGET_S = 60
 
 @pytest.mark.parametrize("backend", ["ring", "mpi"])
 def test_a_host_lost_mid_training_ends_the_job_and_is_named(lab3, lab_data, tmp_path, backend):
-    inventory, env = training_setup(lab3, tmp_path)
-    out = tmp_path / "run"
-    metrics = out / "metrics.jsonl"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mlxcluster", "train", "-i", str(inventory), "--backend", backend,
-         "--config", "tiny", "--no-preflight", "--", "--steps", "100000", "--global_batch", "6",
-         "--data", str(lab_data), "--out", str(out), "--sample_tokens", "0"],
-        env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True)
+    proc, metrics = start_training(lab3, lab_data, tmp_path, backend)
     try:
-        deadline = time.monotonic() + 180
-        while not (metrics.exists() and '"loss"' in metrics.read_text()):
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "training did not start"
-            time.sleep(0.3)
+        wait_for_losses(proc, metrics)
         lab3.link_down(lab3.hosts[2])
         lost_at = time.monotonic()
         stdout, stderr = proc.communicate(timeout=DEAD_HOST_BUDGET_S + 30)

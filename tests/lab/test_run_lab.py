@@ -40,6 +40,20 @@ if g.rank() == 1:
 time.sleep(300)
 """
 
+# Rank 1 leaves while the others are inside all_sum: their collective fails after it
+# (ring: "connection to a peer was lost"; MPI: MPI_ERRORS_ARE_FATAL, mpirun names the
+# aborting rank, not rank 1, and once exited 14). tests/fixtures/launcher_output.
+FAILS_MID_COLLECTIVE = """
+import sys
+import mlx.core as mx
+g = mx.distributed.init(strict=True, backend="any")
+mx.eval(mx.distributed.all_sum(mx.array([1.0])))
+if g.rank() == 1:
+    sys.exit(3)
+while True:
+    mx.eval(mx.distributed.all_sum(mx.ones((1024,))))
+"""
+
 FAILED_RANK_BUDGET_S = 60  # the failure seen, every rank stopped, the sweep: measured 13 s ring, 9 s mpi
 
 
@@ -87,6 +101,21 @@ def test_rank_1_exits_3_every_host_is_cleared_and_the_code_is_3(lab3, tmp_path, 
 
 
 @pytest.mark.parametrize("backend", ["ring", "mpi"])
+def test_rank_1_exits_3_while_the_others_are_in_all_sum(lab3, tmp_path, backend):
+    """The others' collective fails after rank 1 left: still rank 1 and code
+    3 (mpirun used to be read as 'did not start the job', exit 1)."""
+    proc, run_id, took = run_on_lab(lab3, tmp_path, backend, FAILS_MID_COLLECTIVE, "--no-preflight")
+    out = proc.stdout + proc.stderr
+    print(f"run {backend}: rank 1 exits 3 mid-collective -> exit {proc.returncode} in {took:.1f} s")
+    assert proc.returncode == 3, out[-3000:]
+    assert "run failed: rank 1 exited with code 3; every rank was stopped" in proc.stderr, out[-3000:]
+    assert "did not start" not in out and "@@mlxcluster-exit" not in out
+    assert took < FAILED_RANK_BUDGET_S, (took, out[-3000:])
+    assert run_id and left_on_hosts(lab3, bracketed(run_id),
+                                    f"/tmp/mlxcluster-stacks/{bracketed(run_id)}") == {}
+
+
+@pytest.mark.parametrize("backend", ["ring", "mpi"])
 def test_a_rank_that_never_starts_ends_the_run(lab3, tmp_path, backend):
     """labhost3 refuses ssh: its rank never starts; the run ends with an error
     within a bound (the others do not wait in init forever) and nothing is
@@ -124,3 +153,38 @@ def test_a_bad_python_is_exit_2_before_anything_starts(lab3, tmp_path):
     assert proc.returncode == 2, out[-3000:]
     assert "error: python not found: /no/such/python on " in proc.stderr
     assert "launching" not in proc.stdout and not (tmp_path / "logs").exists()
+
+
+@pytest.mark.parametrize("backend", ["ring", "mpi"])
+@pytest.mark.parametrize("command", ["run", "train"])
+@pytest.mark.parametrize("preflight", ["preflight", "--no-preflight"])
+def test_a_python_missing_on_one_host_is_exit_2_naming_it(lab3, tmp_path, backend, command,
+                                                           preflight):
+    """The inventory's python is not there on labhost2 (the lab's python path
+    runs /no/such/python there): run and train, with or without the
+    preflight, say so naming the host, exit 2, and start no rank (no run id
+    launched, no logs folder, nothing of ours on any host)."""
+    inventory, env = training_setup(lab3, tmp_path)
+    (tmp_path / "prog.py").write_text(ALLSUM)
+    program = ["--logs", str(tmp_path / "logs"), "--", "prog.py"] if command == "run" else \
+        ["--config", "tiny", "--", "--steps", "1", "--global_batch", "6", "--out", str(tmp_path / "out")]
+    flags = [preflight] if preflight != "preflight" else []
+    lab3.set_host_python(lab3.hosts[1], "/no/such/python")
+    try:
+        start = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "mlxcluster", command, "-i", str(inventory),
+                               "--backend", backend, *flags, *program], env=env,
+                              capture_output=True, text=True, timeout=180, cwd=tmp_path)
+        took = time.monotonic() - start
+    finally:
+        lab3.heal(lab3.hosts[1])
+    out = proc.stdout + proc.stderr
+    print(f"{command} {backend} {preflight}: python missing on labhost2 -> exit {proc.returncode} "
+          f"in {took:.1f} s")
+    assert proc.returncode == 2, out[-3000:]
+    assert f"error: python not found: {lab3.python} on labhost2\n" in proc.stderr, out[-3000:]
+    assert "fix: install the same venv at that path on every host" in proc.stderr
+    assert "Traceback" not in out and "launching" not in proc.stdout
+    assert "[✓] doctor" not in proc.stdout  # the probe said it before the doctor's checks
+    assert not (tmp_path / "logs").exists() and not (tmp_path / "out").exists()
+    assert left_on_hosts(lab3, "[r]ank_wrapper.*" + str(tmp_path)) == {}

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from mlxcluster.errors import EXIT_STALLED
-from tests.lab.jobs import bracketed, left_on_hosts, our_prted, training_setup
+from mlxcluster.jobs.stall import AUTO_FLOOR_S
+from tests.lab.jobs import bracketed, left_on_hosts, our_prted, start_training, wait_for_losses
 
 pytestmark = pytest.mark.lab
 
@@ -30,6 +31,10 @@ STALL_TIMEOUT_S = 20
 # state collection over ssh, the sweep (0.5 s + ssh), the launcher's stop and a
 # final sweep. Measured on the lab: see docs/training.md.
 DETECTION_BOUND_S = 25  # measured: 5.5-10.6 s over 7 runs
+# The same after the automatic limit's 60 s floor (the last heartbeat came a step,
+# well under a second, before the SIGSTOP). Measured: 25.9 s and 12.0 s with the
+# machine's load average at 40-45 (2 cores; other test runs compiling).
+FLOOR_DETECTION_BOUND_S = 45
 
 
 def rank_process(lab, host, out) -> tuple[int, str]:
@@ -46,31 +51,20 @@ def rank_process(lab, host, out) -> tuple[int, str]:
     return int(pid_file[0]), run_id
 
 
-@pytest.mark.parametrize("backend", ["ring", "mpi"])
-def test_a_stopped_rank_is_found_named_and_stopped(lab3, lab_data, tmp_path, backend):
-    inventory, env = training_setup(lab3, tmp_path)
-    out = tmp_path / "run"
-    metrics = out / "metrics.jsonl"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mlxcluster", "train", "-i", str(inventory), "--backend", backend,
-         "--config", "tiny", "--no-preflight", "--stall-timeout", f"{STALL_TIMEOUT_S}s", "--",
-         "--steps", "100000", "--global_batch", "6", "--data", str(lab_data), "--out", str(out),
-         "--sample_tokens", "0"],
-        env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True)
+def stop_rank_1_mid_training(lab, proc, metrics, wait_s: float) -> tuple[str, str, float, str]:
+    """Once the trainer has logged 3 losses, stop rank 1's process (SIGSTOP,
+    on labhost2) and wait up to ``wait_s`` for the job to end. Returns
+    (stdout, stderr, seconds from the SIGSTOP to the end, run id). The job
+    and the stopped process are killed whatever happens."""
     stopped_pid = None
     try:
-        deadline = time.monotonic() + 180
-        while not (metrics.exists() and metrics.read_text().count('"loss"') >= 3):
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "training did not start"
-            time.sleep(0.3)
-        victim = lab3.hosts[1]
-        stopped_pid, run_id = rank_process(lab3, victim, out)
-        lab3.ssh(victim, f"kill -STOP {stopped_pid}")
+        wait_for_losses(proc, metrics, 3)
+        victim = lab.hosts[1]
+        stopped_pid, run_id = rank_process(lab, victim, metrics.parent)
+        lab.ssh(victim, f"kill -STOP {stopped_pid}")
         stopped_at = time.monotonic()
-        stdout, stderr = proc.communicate(timeout=STALL_TIMEOUT_S + DETECTION_BOUND_S + 60)
-        ended_after = time.monotonic() - stopped_at
+        stdout, stderr = proc.communicate(timeout=wait_s)
+        return stdout, stderr, time.monotonic() - stopped_at, run_id
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -78,6 +72,15 @@ def test_a_stopped_rank_is_found_named_and_stopped(lab3, lab_data, tmp_path, bac
         if stopped_pid is not None:  # never leave a stopped process behind, even on failure
             subprocess.run(["kill", "-CONT", str(stopped_pid)], capture_output=True)
             subprocess.run(["kill", "-KILL", str(stopped_pid)], capture_output=True)
+
+
+@pytest.mark.parametrize("backend", ["ring", "mpi"])
+def test_a_stopped_rank_is_found_named_and_stopped(lab3, lab_data, tmp_path, backend):
+    proc, metrics = start_training(lab3, lab_data, tmp_path, backend,
+                                   "--stall-timeout", f"{STALL_TIMEOUT_S}s")
+    out = metrics.parent
+    stdout, stderr, ended_after, run_id = stop_rank_1_mid_training(
+        lab3, proc, metrics, STALL_TIMEOUT_S + DETECTION_BOUND_S + 60)
     print(f"{backend}: ended {ended_after:.1f} s after SIGSTOP (stall timeout {STALL_TIMEOUT_S} s)")
     assert proc.returncode == EXIT_STALLED, stdout[-2000:] + stderr[-3000:]
     assert ended_after < STALL_TIMEOUT_S + DETECTION_BOUND_S, (ended_after, stderr[-2000:])
@@ -104,6 +107,30 @@ def test_a_stopped_rank_is_found_named_and_stopped(lab3, lab_data, tmp_path, bac
     steps = metrics.read_text()
     time.sleep(2)
     assert metrics.read_text() == steps  # nobody trains on
+
+
+def test_the_automatic_stall_timeout_stops_a_stopped_rank_at_its_floor(lab3, lab_data, tmp_path):
+    """`train` without --stall-timeout (auto: 10 x the median step, at least
+    60 s). The tiny config's steps take well under a second here, so the
+    limit is the 60 s floor: the job ends 60 s after rank 1's last
+    heartbeat plus the detection bound, naming rank 1 and labhost2. The
+    product's floor is measured as it is: no knob lowers it for the test."""
+    proc, metrics = start_training(lab3, lab_data, tmp_path, "ring")
+    stdout, stderr, ended_after, run_id = stop_rank_1_mid_training(
+        lab3, proc, metrics, AUTO_FLOOR_S + FLOOR_DETECTION_BOUND_S + 60)
+    print(f"auto: ended {ended_after:.1f} s after SIGSTOP (floor {AUTO_FLOOR_S:.0f} s)")
+    assert proc.returncode == EXIT_STALLED, stdout[-2000:] + stderr[-3000:]
+    # The last heartbeat came a step (well under a second) before the SIGSTOP.
+    assert AUTO_FLOOR_S - 5 < ended_after < AUTO_FLOOR_S + FLOOR_DETECTION_BOUND_S, \
+        (ended_after, stderr[-2000:])
+    said = re.search(r"error: training stalled: no progress for (\d+) s \(stall timeout 60 s\): "
+                     r"rank 1 on labhost2 is stopped \(state T", stderr)
+    assert said and int(said.group(1)) >= 60, stderr[-3000:]
+    report = metrics.parent / f"stall-{run_id}"
+    summary = (report / "summary.txt").read_text()
+    assert "(stall timeout 60 s, automatic: 10 x the median step, >= 60 s)" in summary, summary
+    time.sleep(1)
+    assert left_on_hosts(lab3, bracketed(run_id), f"/tmp/mlxcluster-stacks/{bracketed(run_id)}") == {}
 
 
 def test_a_rank_that_sleeps_before_its_all_sum_is_named_where_it_is(lab3, tmp_path):
