@@ -270,17 +270,26 @@ def test_mpirun_refusing_an_option_is_not_blamed_on_a_rank(tmp_path):
     assert "rank exited" not in result.output
 
 
-# rank 1 fails after half a second; rank 0 would sleep for a minute unless stopped
+# Every rank prints its pid and leaves a mark in READY; rank 1 fails once all
+# three marks are there (a fixed half second was too short under load: rank 2
+# had not started when rank 1 failed, so it never printed its pid); rank 0
+# would sleep for a minute unless stopped.
 FAILING = ("import os, sys, time; r = int(os.environ.get('MLX_RANK') or "
            "os.environ['OMPI_COMM_WORLD_RANK']); print(f'rank {r} pid {os.getpid()}', flush=True);"
-           " time.sleep(60 if r == 0 else 0.5); sys.exit(5 if r == 1 else 0)")
+           " open(os.path.join('READY', str(r)), 'w').close();"
+           " deadline = time.monotonic() + 20;"
+           " [time.sleep(0.05) for _ in iter(lambda: len(os.listdir('READY')) < 3 and "
+           "time.monotonic() < deadline, False)] if r == 1 else None;"
+           " time.sleep(60 if r == 0 else 0.2); sys.exit(5 if r == 1 else 0)")
 
 
 @pytest.mark.parametrize("backend", ["ring", "mpi"])
 def test_one_failing_rank_stops_all_and_gives_its_code(backend, tmp_path):
     require(MLX_LAUNCH is not None, "mlx.launch is not installed beside the test python")
     job = job_local(3, backend, sys.executable)
-    argv = launcher_argv(job, write_hostfile(job, tmp_path), ["-c", FAILING])
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    argv = launcher_argv(job, write_hostfile(job, tmp_path), ["-c", FAILING.replace("READY", str(ready))])
     lines: list[str] = []
     start = time.monotonic()
     outcome = run_streaming(argv, lambda stream, line: lines.append(line), timeout=60)
