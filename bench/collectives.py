@@ -37,8 +37,8 @@ sys.path.insert(0, str(REPO))
 
 from tabulate import tabulate  # noqa: E402
 
-from mlxcluster.smoke.launch import WorkerOptions, local_hosts, plan_launch  # noqa: E402
-from mlxcluster.smoke.remote import run_script  # noqa: E402
+from mlxcluster.jobs.hosts import local_hosts, run_script  # noqa: E402
+from mlxcluster.smoke.launch import WorkerOptions, plan_launch  # noqa: E402
 from mlxcluster.smoke.run import run_plan  # noqa: E402
 from mlxcluster.smoke.stats import format_bytes, parse_size_range  # noqa: E402
 
@@ -131,7 +131,7 @@ def main() -> None:
         lab = lab_cm.__enter__()
         os.environ.update(lab.env())
         from mlxcluster.inventory.inventory import load_inventory
-        from mlxcluster.smoke.launch import hosts_from_inventory
+        from mlxcluster.jobs.hosts import hosts_from_inventory
 
         hosts = hosts_from_inventory(load_inventory(lab.write_inventory(lab.state / "bench.yaml")))
         where_text = f"{args.lab}-host netns lab (veth + bridge)"

@@ -38,7 +38,8 @@ sys.path.insert(0, str(REPO))
 import psutil  # noqa: E402
 
 from mlxcluster.inventory.inventory import load_inventory  # noqa: E402
-from mlxcluster.smoke.launch import WorkerOptions, hosts_from_inventory  # noqa: E402
+from mlxcluster.jobs.hosts import hosts_from_inventory  # noqa: E402
+from mlxcluster.smoke.launch import WorkerOptions  # noqa: E402
 from mlxcluster.smoke.run import run_backend  # noqa: E402
 
 # Open MPI's coll/tuned allreduce algorithms (ompi_info --param coll tuned --level 9).

@@ -19,11 +19,9 @@ what the steps left: the captures, the smoke JSON, the training run.
 from __future__ import annotations
 
 import json
-import queue
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,7 +32,8 @@ import yaml
 from mlxcluster import interrupts
 from mlxcluster.errors import InputError, Interrupted
 from mlxcluster.inventory.inventory import local_inventory
-from mlxcluster.train_launch import validate_trainer_args
+from mlxcluster.jobs import process
+from mlxcluster.train import validate_trainer_args
 
 
 @dataclass
@@ -144,22 +143,17 @@ def _run_streaming(argv: list[str], timeout: float,
     stop (SIGTERM, or the signal we got) so that it stops its own run on every
     host; only if it has not ended after CHILD_STOP_GRACE_S is it killed."""
     lines: list[str] = []
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
-    arrived: queue.Queue = queue.Queue()
-    threading.Thread(target=_forward_lines, args=(proc.stdout, arrived), daemon=True).start()
+    running = process.start(argv, merge_stderr=True)
+    proc = running.proc
     deadline = time.monotonic() + timeout
     try:
-        while True:
-            try:
-                line = arrived.get(timeout=max(0.0, min(0.5, deadline - time.monotonic())))
-            except queue.Empty:
+        while not running.drained():
+            got = running.next_line(max(0.0, min(0.5, deadline - time.monotonic())))
+            if got is None:
                 if time.monotonic() >= deadline:
                     raise subprocess.TimeoutExpired(argv, timeout) from None
                 continue
-            if line is None:
-                break
-            lines.append(line.rstrip("\n"))
+            lines.append(got[1])
             if on_output:
                 on_output(lines[-1])
         proc.wait(timeout=max(1.0, deadline - time.monotonic()))
@@ -171,13 +165,6 @@ def _run_streaming(argv: list[str], timeout: float,
             stop_child(proc, interrupts.signum_of(stop))
         raise
     return subprocess.CompletedProcess(argv, proc.returncode, "\n".join(lines), "")
-
-
-def _forward_lines(stream, out: queue.Queue) -> None:
-    """Put each line of ``stream`` on ``out``, then None at its end."""
-    for line in stream:
-        out.put(line)
-    out.put(None)
 
 
 def stop_child(proc: subprocess.Popen, signum: int, grace_s: float = CHILD_STOP_GRACE_S) -> None:

@@ -11,9 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 from mlxcluster.cli import main as cli
+from mlxcluster.jobs.watch import RunOutcome
 from mlxcluster.smoke.run import SmokeReport
 from mlxcluster.smoke.stats import BenchRow
-from mlxcluster.train_launch import RunOutcome
 
 
 def invoke(*args: str):
@@ -150,7 +150,7 @@ def test_train_refuses_bad_trainer_config_before_launch(args, needle, tmp_path, 
     (tmp_path / "bad.yaml").write_text("steps: [1\n")
     (tmp_path / "keys.yaml").write_text("{[1]: 2}\n")
     monkeypatch.setattr("mlxcluster.cli.train.probe_hosts", no_run)
-    monkeypatch.setattr("mlxcluster.cli.train.launch_training", no_run)
+    monkeypatch.setattr("mlxcluster.cli.train.run_job", no_run)
     result = invoke("train", "--local", "2", *args)
     assert result.exit_code == 2, result.output
     assert needle in result.output and "Traceback" not in result.output
@@ -174,7 +174,7 @@ def test_train_passes_help_to_the_trainer(args, monkeypatch):
     """`train ... -- --help` printed the trainer's help, then 'error: trainer
     arguments rejected', exit 2."""
     monkeypatch.setattr("mlxcluster.cli.train.probe_hosts", no_run)
-    monkeypatch.setattr("mlxcluster.cli.train.launch_training", no_run)
+    monkeypatch.setattr("mlxcluster.cli.train.run_job", no_run)
     result = invoke("train", *args)
     assert result.exit_code == 0, result.output
     assert "usage: python -m reference_train.train" in result.output
@@ -190,7 +190,7 @@ def test_train_local_out_checked_before_launch(out, needle, tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     (tmp_path / "afile").write_text("")
     monkeypatch.setattr("mlxcluster.cli.train.probe_hosts", no_run)
-    monkeypatch.setattr("mlxcluster.cli.train.launch_training", no_run)
+    monkeypatch.setattr("mlxcluster.cli.train.run_job", no_run)
     result = invoke("train", "--local", "2", "--config", "tiny", "--", "--out", out)
     assert result.exit_code == 2, result.output
     assert needle in result.output
@@ -200,7 +200,7 @@ def test_train_local_out_checked_before_launch(out, needle, tmp_path, monkeypatc
 def test_train_local_out_that_can_be_made_passes_the_check(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     launched = []
-    monkeypatch.setattr("mlxcluster.cli.train.launch_training",
+    monkeypatch.setattr("mlxcluster.cli.train.run_job",
                         lambda job, *a, **k: launched.append(job) or RunOutcome(0, seconds=0.1))
     result = invoke("train", "--local", "2", "--no-preflight", "--config", "tiny", "--",
                     "--out", "runs/new/deeper")

@@ -11,7 +11,6 @@ import pytest
 from click.testing import CliRunner
 
 import mlxcluster.facts.collect as doctor_collect
-import mlxcluster.train_launch as train_launch
 from mlxcluster.cli import main
 from mlxcluster.errors import BackendUnavailable, HostfileError, MlxclusterError
 from mlxcluster.facts.capture import load_capture_dir
@@ -23,17 +22,12 @@ from mlxcluster.hostfile.jaccl_plan import (
     jaccl_env,
 )
 from mlxcluster.inventory.inventory import parse_inventory
-from mlxcluster.smoke.launch import mlx_launch_path, plan_launch
-from mlxcluster.train_launch import (
-    SMOKE_OPTIONS,
-    job_from_hostfile,
-    job_from_inventory,
-    job_local,
-    launcher_argv,
-    plan_jaccl_job,
-    smoke_hosts,
-    write_hostfile,
-)
+from mlxcluster.jobs import process
+from mlxcluster.jobs import run as job_run
+from mlxcluster.jobs.job import job_from_hostfile, job_from_inventory, job_local, plan_jaccl_job
+from mlxcluster.jobs.plan import LaunchPlan, launcher_argv, mlx_launch_path, write_hostfile
+from mlxcluster.smoke.launch import plan_launch
+from mlxcluster.train import SMOKE_OPTIONS, smoke_ranks
 from tests.test_checks_topology import slow_osaurus
 from tests.topology_helpers import (
     OSAURUS,
@@ -47,7 +41,7 @@ PAIR_ROWS = {"jaccl": [[None, "rdma_en1"], ["rdma_en3", None]],
              "jaccl-ring": [[None, "rdma_en1"], ["rdma_en3", None]]}
 FOUR_MAC = "mlx_hostfile_jaccl_4node_m3ultra_mlx_docs_list_form.json"
 FOUR_MAC_MATRIX = "mlx_ibv_devices_matrix_MLX_IBV_DEVICES_mlx_docs.json"
-PROGRAM = ["-m", "mlxcluster.rank_wrapper", "/abs/script.py", "--lr", "0.1"]
+PROGRAM = ["-m", "mlxcluster.jobs.rank_wrapper", "/abs/script.py", "--lr", "0.1"]
 
 
 def flags(argv: list[str]) -> dict[str, str]:
@@ -99,8 +93,8 @@ def test_the_tb5_pair_plan_is_what_hostfile_generate_writes(pair, tmp_path, back
 
     # The preflight's all_sum runs on the same rows (smoke's mlx.launch plan);
     # inside the ranks jaccl-ring is jaccl (mlx.launch adds MLX_JACCL_RING=1).
-    assert [h.rdma for h in smoke_hosts(job)] == [tuple(r) for r in PAIR_ROWS[backend]]
-    smoke = plan_launch(backend, smoke_hosts(job), SMOKE_OPTIONS, {})
+    assert [h.rdma for h in smoke_ranks(job)] == [tuple(r) for r in PAIR_ROWS[backend]]
+    smoke = plan_launch(backend, smoke_ranks(job), SMOKE_OPTIONS, {})
     assert value_after(smoke.argv, "--backend") == backend
     assert smoke.argv[smoke.argv.index("--") + 2:][:2] == ["--backend", "jaccl"]
     [smoke_hostfile] = smoke.files.values()
@@ -190,12 +184,13 @@ def launches(monkeypatch):
     """What the launcher would run: argv and the hostfile's text (nothing starts)."""
     seen = []
 
-    def fake_run_streaming(argv, on_line, **kwargs):
-        seen.append((argv, Path(value_after(argv, "--hostfile")).read_text()))
-        return train_launch.RunOutcome(exit_code=0)
+    def fake_start_plan(plan: LaunchPlan) -> process.Running:
+        plan.write_files()
+        seen.append((plan.argv, Path(value_after(plan.argv, "--hostfile")).read_text()))
+        return process.start(["true"])  # a launcher that starts no rank and exits 0
 
-    monkeypatch.setattr(train_launch, "run_streaming", fake_run_streaming)
-    monkeypatch.setattr(train_launch, "sweep", lambda hosts, run_id, env: [])
+    monkeypatch.setattr(process, "start_plan", fake_start_plan)
+    monkeypatch.setattr(job_run, "sweep", lambda hosts, run_id, env: [])
     return seen
 
 
@@ -233,7 +228,7 @@ def test_cli_with_a_tb4_host_exits_3_naming_it_before_anything(macos_fixtures, t
     """Preflight on: the topology verdict comes before doctor, the probe and the smoke."""
     tb4 = load_capture_dir(make_capture_dir(macos_fixtures, tmp_path / "tb4", OSAURUS, slow_osaurus))
     monkeypatch.setattr(doctor_collect, "collect_captures", lambda inv: tb4)
-    monkeypatch.setattr(train_launch, "probe_hosts", lambda *a, **k: pytest.fail("probed"))
+    monkeypatch.setattr("mlxcluster.cli.train.probe_hosts", lambda *a, **k: pytest.fail("probed"))
     inv_path = tmp_path / "inv.yaml"
     inv_path.write_text(inventory_text(["local", "peer"]))
     args = [a for a in COMMANDS[command] if a != "--no-preflight"]

@@ -1,4 +1,4 @@
-"""The job's python looked for on every host (mlxcluster/job_python.py); the
+"""The job's python looked for on every host (mlxcluster/jobs/job_python.py); the
 real ssh path is tests/lab/test_run_lab.py (a python missing on one host)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from mlxcluster.errors import EXIT_USAGE
-from mlxcluster.job_python import is_missing_python, python_not_found, require_job_python
-from mlxcluster.train_launch import job_local
+from mlxcluster.jobs.job import job_local
+from mlxcluster.jobs.job_python import is_missing_python, python_not_found, require_job_python
 
 
 @pytest.mark.parametrize("returncode, stderr, missing", [

@@ -72,8 +72,10 @@ def test_generated_mpirun_starts_every_daemon_from_this_machine(tmp_path, user_a
     (launcher_argv) turn tree spawn off, so no host ever has to ssh to another (docs/doctor.md)."""
     from mlxcluster.hostfile.hostfile_generate import generate_mpi
     from mlxcluster.inventory.inventory import parse_inventory
-    from mlxcluster.smoke.launch import RankHost, WorkerOptions, plan_mpirun
-    from mlxcluster.train_launch import job_from_inventory, launcher_argv, write_hostfile
+    from mlxcluster.jobs.hosts import RankHost
+    from mlxcluster.jobs.job import job_from_inventory
+    from mlxcluster.jobs.plan import launcher_argv, write_hostfile
+    from mlxcluster.smoke.launch import WorkerOptions, plan_mpirun
 
     inventory = parse_inventory(INVENTORY)
     generated = list(generate_mpi(inventory, extra_args=user_args).args)

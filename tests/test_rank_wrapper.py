@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from mlxcluster.rank_wrapper import rank_of, stacks_dir
+from mlxcluster.jobs.rank_wrapper import rank_of, stacks_dir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -32,7 +32,7 @@ wait_in_collective()
 def wrapped(args, tmp_path, rank="1", **kw):
     env = {**os.environ, "PYTHONPATH": str(REPO), "MLX_RANK": rank,
            "MLXCLUSTER_STACKS_DIR": str(tmp_path / "stacks")}
-    return [sys.executable, "-X", "mlxcluster_run=mlxtrain-test", "-m", "mlxcluster.rank_wrapper",
+    return [sys.executable, "-X", "mlxcluster_run=mlxtrain-test", "-m", "mlxcluster.jobs.rank_wrapper",
             *args], env
 
 
@@ -88,7 +88,7 @@ def test_script_sees_its_own_directory_first_on_sys_path(tmp_path):
 def test_without_a_program_it_says_how_to_call_it(tmp_path):
     argv, env = wrapped([], tmp_path)
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
-    assert proc.returncode == 1 and "usage: python -m mlxcluster.rank_wrapper" in proc.stderr
+    assert proc.returncode == 1 and "usage: python -m mlxcluster.jobs.rank_wrapper" in proc.stderr
 
 
 @pytest.mark.parametrize("environ, want", [

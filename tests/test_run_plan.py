@@ -11,20 +11,18 @@ import pytest
 
 from mlxcluster.errors import InputError
 from mlxcluster.inventory.inventory import parse_inventory
-from mlxcluster.run_output import RankLogs, is_python_word, program_argv, split_rank
-from mlxcluster.stall import LineWatch
-from mlxcluster.train_launch import (
-    HostProbe,
-    RankHost,
-    check_probes,
+from mlxcluster.jobs.hosts import RankHost
+from mlxcluster.jobs.job import (
     job_from_inventory,
-    launcher_argv,
     package_root,
+    program_command,
     rank_env,
     rank_program,
-    trainer_command,
-    write_hostfile,
 )
+from mlxcluster.jobs.plan import launcher_argv, write_hostfile
+from mlxcluster.jobs.preflight import HostProbe, check_probes
+from mlxcluster.jobs.run_output import RankLogs, is_python_word, program_argv, split_rank
+from mlxcluster.jobs.stall import LineWatch
 
 INVENTORY = """
 cluster: lab
@@ -70,15 +68,15 @@ def test_a_run_job_goes_through_the_same_launch_commands_as_train(tmp_path):
     job = replace(job_from_inventory(parse_inventory(INVENTORY), "ring"),
                   program=("/work/t.py", "--a"), tag_output=True)
     assert rank_program(job) == ("/work/t.py", "--a")
-    assert trainer_command(job) == "/opt/venv/bin/python /work/t.py --a"
+    assert program_command(job) == "/opt/venv/bin/python /work/t.py --a"
     env = rank_env(job)
     assert env["MLXCLUSTER_TAG_OUTPUT"] == "1"
     # mlxcluster (the rank wrapper) first, then the inventory's own PYTHONPATH
     assert env["PYTHONPATH"] == f"{package_root()}{os.pathsep}/srv/shared/lib"
-    argv = launcher_argv(job, write_hostfile(job, tmp_path), ["-m", "mlxcluster.rank_wrapper",
+    argv = launcher_argv(job, write_hostfile(job, tmp_path), ["-m", "mlxcluster.jobs.rank_wrapper",
                                                              *rank_program(job)])
     assert "--env=MLXCLUSTER_TAG_OUTPUT=1" in argv
-    assert argv[-5:] == ["--", "-m", "mlxcluster.rank_wrapper", "/work/t.py", "--a"]
+    assert argv[-5:] == ["--", "-m", "mlxcluster.jobs.rank_wrapper", "/work/t.py", "--a"]
     train = job_from_inventory(parse_inventory(INVENTORY), "ring", ("--steps", "2"))
     assert rank_program(train) == ("-m", "reference_train.train", "--progress", "false",
                                    "--steps", "2")
@@ -87,7 +85,7 @@ def test_a_run_job_goes_through_the_same_launch_commands_as_train(tmp_path):
 
 def test_probe_problems_for_a_run_job():
     job = replace(job_from_inventory(parse_inventory(INVENTORY), "ring"), program=("/w/t.py",))
-    a, b = RankHost("mac1", "mac1.local", "10.0.0.1"), RankHost("mac2", "10.0.0.2", "10.0.0.2")
+    a, b = RankHost("mac1", "mac1.local", ("10.0.0.1",), "/py"), RankHost("mac2", "10.0.0.2", ("10.0.0.2",), "/py")
     ok = {"mlx": "0.32.4"}  # no reference_train: run does not need it
     assert check_probes(job, [HostProbe(a, {**ok, "script": True}),
                               HostProbe(b, {**ok, "script": True})]) == []

@@ -12,8 +12,9 @@ import mlxcluster.smoke.run as smoke_run
 from mlxcluster.cli import main
 from mlxcluster.facts.capture import PROBE, HostCapture, load_capture_dir
 from mlxcluster.inventory.inventory import parse_inventory
+from mlxcluster.jobs.hosts import hosts_from_inventory
 from mlxcluster.smoke.jaccl import JacclUnavailable, plan_from_captures, run_jaccl
-from mlxcluster.smoke.launch import WorkerOptions, hosts_from_inventory
+from mlxcluster.smoke.launch import WorkerOptions
 from tests.test_checks_topology import slow_osaurus
 from tests.topology_helpers import (
     OMLX,

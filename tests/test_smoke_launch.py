@@ -8,9 +8,14 @@ import re
 import pytest
 
 from mlxcluster.errors import InputError
+from mlxcluster.jobs import hosts as job_hosts
+from mlxcluster.jobs import plan as job_plan
+from mlxcluster.jobs.cleanup import bracketed
+from mlxcluster.jobs.hosts import RankHost
+from mlxcluster.jobs.watch import parse_launcher_exit
 from mlxcluster.smoke import launch, remote
-from mlxcluster.smoke.launch import RankHost, WorkerOptions
-from mlxcluster.smoke.watch import parse_event, parse_launcher_exit
+from mlxcluster.smoke.launch import WorkerOptions
+from mlxcluster.smoke.watch import parse_event
 
 LAB = tuple(RankHost(f"labhost{i}", f"10.77.5.{10 + i}", (f"10.77.5.{10 + i}",), "/venv/bin/python",
                      user="root") for i in (1, 2, 3))
@@ -38,7 +43,7 @@ def test_mpirun_plan_works_with_open_mpi_4_and_5(tmp_path):
     assert plan.files == {"/tmp/mlxsmoke-0123456789/mpi_hosts":
                           "10.77.5.11 slots=1\n10.77.5.12 slots=1\n10.77.5.13 slots=1\n"}
     assert "mlxsmoke-0123456789" in argv  # the marker cleanup looks for
-    assert plan.data_ports == tuple((h.ips[0], launch.MPI_BTL_PORT) for h in LAB)
+    assert plan.data_ports == tuple((h.ips[0], job_plan.MPI_BTL_PORT) for h in LAB)
     not_root = launch.plan_mpirun(LAB, WorkerOptions(), {}, mpirun=str(prefix / "bin" / "mpirun"),
                                   is_root=False)
     assert "--allow-run-as-root" not in not_root.argv
@@ -77,7 +82,7 @@ def test_mlx_launch_refuses_what_it_cannot_do():
 
 
 def test_hosts_from_the_mlx_docs_hostfile(macos_fixtures, tmp_path):
-    hosts, backend = launch.hosts_from_hostfile(
+    hosts, backend = job_hosts.hosts_from_hostfile(
         str(macos_fixtures / "mlx_hostfile_jaccl_4node_m3ultra_mlx_docs_list_form.json"), "/py")
     assert backend == ""
     assert [h.ssh for h in hosts] == ["m3-ultra-1", "m3-ultra-2", "m3-ultra-3", "m3-ultra-4"]
@@ -86,7 +91,7 @@ def test_hosts_from_the_mlx_docs_hostfile(macos_fixtures, tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{")
     with pytest.raises(InputError, match="not valid JSON"):
-        launch.hosts_from_hostfile(str(bad))
+        job_hosts.hosts_from_hostfile(str(bad))
 
 
 def test_local_mpi_runs_over_loopback(tmp_path):
@@ -95,7 +100,7 @@ def test_local_mpi_runs_over_loopback(tmp_path):
     (prefix / "lib").mkdir()
     (prefix / "bin" / "mpirun").write_text("")
     (prefix / "lib" / "libmpi.so.40").write_text("")
-    plan = launch.plan_mpirun(launch.local_hosts(3), WorkerOptions(), {},
+    plan = launch.plan_mpirun(job_hosts.local_hosts(3), WorkerOptions(), {},
                               mpirun=str(prefix / "bin" / "mpirun"), is_root=False)
     pairs = {plan.argv[i + 1]: plan.argv[i + 2] for i, a in enumerate(plan.argv) if a == "--mca"}
     assert pairs["btl_tcp_if_include"] == "lo" and "oob_tcp_if_include" not in pairs
@@ -127,7 +132,7 @@ def test_cleanup_script_never_names_the_run_id_literally():
     plan = launch.plan_mlx_launch("ring", LAB, WorkerOptions(), {}, run_id="mlxsmoke-c0ffee1234")
     script = remote.remote_cleanup_script(plan, kill=True)
     assert "mlxsmoke-c0ffee1234" not in script  # pkill -f would match its own shell
-    assert re.search(remote.bracketed(plan.run_id), "python worker.py --run-id mlxsmoke-c0ffee1234")
+    assert re.search(bracketed(plan.run_id), "python worker.py --run-id mlxsmoke-c0ffee1234")
     assert "pkill -TERM -f '[m]lxsmoke-c0ffee1234'" in script
 
 
@@ -143,7 +148,7 @@ def test_inventory_env_reaches_every_rank(tmp_path):
     inv = parse_inventory("cluster: c\npython: /venv/bin/python\nenv: {MLX_METAL_FAST_SYNCH: '1'}\n"
                           "hosts:\n  - {name: a, ssh: 10.0.0.1, ips: [10.0.0.1]}\n"
                           "  - {name: b, ssh: 10.0.0.2, ips: [10.0.0.2]}\n")
-    hosts = launch.hosts_from_inventory(inv)
+    hosts = job_hosts.hosts_from_inventory(inv)
     plan = launch.plan_mlx_launch("ring", hosts, WorkerOptions(), {"MLXCLUSTER_SMOKE_HANG_RANK": "0"})
     assert [a for a in plan.argv if a.startswith("--env=")] == [
         "--env=MLXCLUSTER_SMOKE_HANG_RANK=0", "--env=MLX_METAL_FAST_SYNCH=1"]
@@ -160,9 +165,9 @@ def test_user_mpi_args_override_the_plans_mca_parameters(tmp_path):
     (prefix / "lib").mkdir()
     (prefix / "bin" / "mpirun").write_text("")
     (prefix / "lib" / "libmpi.so.40").write_text("")
-    plan = launch.plan_mpirun(launch.local_hosts(2), WorkerOptions(), {}, mpirun=str(prefix / "bin" / "mpirun"),
+    plan = launch.plan_mpirun(job_hosts.local_hosts(2), WorkerOptions(), {}, mpirun=str(prefix / "bin" / "mpirun"),
                               mpi_args=("--mca", "btl_tcp_links", "2"))
     links = [plan.argv[i + 2] for i, a in enumerate(plan.argv) if a == "--mca" and plan.argv[i + 1] == "btl_tcp_links"]
     assert links == ["2"]
-    assert launch.without_mca(["--mca", "a", "1", "-x", "E=1", "--mca", "b", "2"], ("--mca", "b", "3")) == [
+    assert job_plan.without_mca(["--mca", "a", "1", "-x", "E=1", "--mca", "b", "2"], ("--mca", "b", "3")) == [
         "--mca", "a", "1", "-x", "E=1"]

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from mlxcluster.cli import main
-from mlxcluster.smoke.launch import mlx_launch_path
+from mlxcluster.jobs.plan import mlx_launch_path
 from tests.conftest import require
 
 SMALL = ["--sizes", "1K:2K", "--dtypes", "float32"]

@@ -9,8 +9,9 @@ import sys
 import pytest
 
 from mlxcluster.errors import InputError
+from mlxcluster.jobs import hosts
+from mlxcluster.jobs.hosts import RankHost, local_hosts
 from mlxcluster.smoke import preflight
-from mlxcluster.smoke.launch import RankHost, local_hosts
 from mlxcluster.smoke.preflight import (
     HostFacts,
     jaccl_problems,
@@ -91,9 +92,9 @@ def test_this_machine_cannot_run_jaccl_or_nccl():
 def test_local_ranks_need_a_python_that_exists_here():
     """--local 2 --python /nonexistent/python launched, and its ranks 'exited
     with code 127'; now it is bad input. Remote hosts are asked over ssh later."""
-    preflight.require_local_pythons(local_hosts(2, sys.executable))
-    preflight.require_python_here("sh")  # a name on PATH is fine
+    hosts.require_local_pythons(local_hosts(2, sys.executable))
+    hosts.require_python_here("sh")  # a name on PATH is fine
     with pytest.raises(InputError, match="python not found: /nonexistent/python"):
-        preflight.require_local_pythons(local_hosts(2, "/nonexistent/python"))
+        hosts.require_local_pythons(local_hosts(2, "/nonexistent/python"))
     remote = RankHost("mac1", "mac1.local", ("10.0.0.1",), "/nonexistent/python")
-    preflight.require_local_pythons([remote])
+    hosts.require_local_pythons([remote])

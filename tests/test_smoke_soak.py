@@ -20,7 +20,8 @@ from click.testing import CliRunner
 
 from mlxcluster.cli import main
 from mlxcluster.cli.smoke import render_soak, soak_progress_line
-from mlxcluster.smoke import remote, worker
+from mlxcluster.jobs.cleanup import kill_local_marked
+from mlxcluster.smoke import worker
 from mlxcluster.smoke.launch import WorkerOptions, worker_args
 from mlxcluster.smoke.soak import SoakWatch, WrongResult, wrong_result
 from tests.interrupt_helpers import SmokeWorkersRunning, interrupt_when, processes_with
@@ -177,7 +178,7 @@ def test_ctrl_c_during_a_soak_stops_every_rank_and_prints_the_summary_so_far(tmp
         left, alive = processes_with(workers.run_id), workers.family_alive()  # before any help
     finally:  # a failed test must not leave its ranks: the launcher has a session of its own
         if workers.run_id:
-            remote.kill_local_marked(workers.run_id)
+            kill_local_marked(workers.run_id)
     assert run.returncode == 130, run.stderr
     assert f"interrupted (SIGINT): smoke ring run {workers.run_id} stopped on every host" in run.stderr
     summary = re.search(r"ring soak: \d+ s of 600 s, (\d+) iterations, seed 5 \(replay: --soak "

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 
-from mlxcluster.smoke.launch import WorkerOptions, local_hosts, plan_mlx_launch
+from mlxcluster.jobs.hosts import local_hosts
+from mlxcluster.smoke.launch import WorkerOptions, plan_mlx_launch
 from mlxcluster.smoke.watch import Watch, blame_hang, outcomes
 
 

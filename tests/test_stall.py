@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mlxcluster.stall import (
+from mlxcluster.jobs.stall import (
     HEARTBEAT_MARK,
     RankState,
     StallWatch,
@@ -259,7 +259,7 @@ def test_collect_script_reads_real_processes_on_this_host(tmp_path):
         for rank in (0, 1):
             env = {**os.environ, "PYTHONPATH": str(repo), "MLX_RANK": str(rank)}
             procs.append(subprocess.Popen([sys.executable, "-X", f"mlxcluster_run={run_id}", "-m",
-                                           "mlxcluster.rank_wrapper", str(script)],
+                                           "mlxcluster.jobs.rank_wrapper", str(script)],
                                           env=env, stdout=subprocess.PIPE, text=True))
         for p in procs:
             assert p.stdout.readline().strip() == "ready"
@@ -296,8 +296,8 @@ def test_run_streaming_hides_heartbeats_and_stops_a_stalled_launcher():
     import sys
     import time
 
-    from mlxcluster.stall import Stalled
-    from mlxcluster.train_launch import run_streaming
+    from mlxcluster.jobs.stall import Stalled
+    from mlxcluster.jobs.watch import run_streaming
 
     program = (f"import time\nprint('{HEARTBEAT_MARK} 0 1', flush=True)\n"
                f"print('step 1 | loss 2.0', flush=True)\nprint('{HEARTBEAT_MARK} 0 2', flush=True)\n"
@@ -321,7 +321,7 @@ def test_run_streaming_hides_heartbeats_and_stops_a_stalled_launcher():
 def test_run_streaming_without_a_stall_returns_the_exit_code():
     import sys
 
-    from mlxcluster.train_launch import run_streaming
+    from mlxcluster.jobs.watch import run_streaming
 
     program = f"print('{HEARTBEAT_MARK} 0 1', flush=True)\nprint('{HEARTBEAT_MARK} 0 done')\n"
     outcome = run_streaming([sys.executable, "-c", program], lambda *_: None,
@@ -347,7 +347,7 @@ Thread 0x00007f0000000002 (most recent call first):
 def test_a_frame_at_a_collective_is_named_by_it(tmp_path):
     """Read from the file where it is (lab: shared filesystem): a statement
     over several lines counts from its first line."""
-    from mlxcluster.stall import Frame
+    from mlxcluster.jobs.stall import Frame
 
     source = tmp_path / "train.py"
     source.write_text("def run():\n"

@@ -9,14 +9,14 @@ import os
 import subprocess
 import sys
 
-from mlxcluster.ssh.launcher_ssh import WRAPPER_MARK, launcher_environment, real_ssh
-from mlxcluster.train_cleanup import (
+from mlxcluster.jobs.cleanup import (
     LauncherStopNoise,
     lost_host,
     marked_program,
     new_run_id,
     stop_script,
 )
+from mlxcluster.ssh.launcher_ssh import WRAPPER_MARK, launcher_environment, real_ssh
 
 # What mlx.launch 0.32.4 printed on stderr when it stopped the other ranks
 # after labhost3's ssh was lost (lab run; paths shortened).

@@ -22,22 +22,12 @@ from mlxcluster.cli import main as cli
 from mlxcluster.errors import BackendUnavailable, InputError
 from mlxcluster.facts.mpi import find_mpirun
 from mlxcluster.inventory.inventory import parse_inventory
-from mlxcluster.train_launch import (
-    HostProbe,
-    RankHost,
-    check_batch_split,
-    check_probes,
-    common_openblas,
-    failed_rank,
-    job_from_hostfile,
-    job_from_inventory,
-    job_local,
-    launcher_argv,
-    launcher_error,
-    openblas_env,
-    run_streaming,
-    write_hostfile,
-)
+from mlxcluster.jobs.hosts import RankHost
+from mlxcluster.jobs.job import job_from_hostfile, job_from_inventory, job_local
+from mlxcluster.jobs.plan import launcher_argv, write_hostfile
+from mlxcluster.jobs.preflight import HostProbe, check_probes, common_openblas, openblas_env
+from mlxcluster.jobs.watch import failed_rank, launcher_error, run_streaming
+from mlxcluster.train import check_batch_split
 from reference_train.data import split_batch
 from reference_train.train import build_config
 
@@ -112,7 +102,7 @@ def test_launcher_commands_for_ring_and_mpi(tmp_path):
 
 
 def probe(name, **facts):
-    return HostProbe(RankHost(name, name, name), facts)
+    return HostProbe(RankHost(name, name, (name,), "/py"), facts)
 
 
 def test_probe_problems_and_openblas_choice():
@@ -123,7 +113,7 @@ def test_probe_problems_and_openblas_choice():
         good,
         probe("b", mlx="0.31.0", reference_train=True, platform="linux", openblas=None),
         probe("c", mlx_error="ModuleNotFoundError: No module named 'mlx'"),
-        HostProbe(RankHost("d", "d", "d"), {}, "ssh: connect to host d port 22: Connection refused"),
+        HostProbe(RankHost("d", "d", ("d",), "/py"), {}, "ssh: connect to host d port 22: Connection refused"),
     ])
     assert problems[0] == "c: mlx does not import: ModuleNotFoundError: No module named 'mlx'"
     assert problems[1].startswith("d: cannot run") and "Connection refused" in problems[1]
@@ -135,11 +125,11 @@ def test_probe_problems_and_openblas_choice():
     assert openblas_env(job, [probe("127.0.0.1", platform="linux", openblas="/o.so", cpus=8)]) == {
         "LD_PRELOAD": "/o.so", "OPENBLAS_NUM_THREADS": "4"}
     assert openblas_env(job, [probe("127.0.0.1", platform="darwin", cpus=8)]) == {}
-    # Every rank runs under mlxcluster.rank_wrapper: a host where it does not import is named.
+    # Every rank runs under mlxcluster.jobs.rank_wrapper: a host where it does not import is named.
     assert check_probes(job, [probe("e", mlx="0.32.4", reference_train=True,
                                     rank_wrapper_error="ModuleNotFoundError: No module named "
                                                        "'mlxcluster'")]) == [
-        "e: mlxcluster.rank_wrapper (every rank runs under it) does not import: "
+        "e: mlxcluster.jobs.rank_wrapper (every rank runs under it) does not import: "
         "ModuleNotFoundError: No module named 'mlxcluster'"]
 
 
@@ -280,17 +270,26 @@ def test_mpirun_refusing_an_option_is_not_blamed_on_a_rank(tmp_path):
     assert "rank exited" not in result.output
 
 
-# rank 1 fails after half a second; rank 0 would sleep for a minute unless stopped
+# Every rank prints its pid and leaves a mark in READY; rank 1 fails once all
+# three marks are there (a fixed half second was too short under load: rank 2
+# had not started when rank 1 failed, so it never printed its pid); rank 0
+# would sleep for a minute unless stopped.
 FAILING = ("import os, sys, time; r = int(os.environ.get('MLX_RANK') or "
            "os.environ['OMPI_COMM_WORLD_RANK']); print(f'rank {r} pid {os.getpid()}', flush=True);"
-           " time.sleep(60 if r == 0 else 0.5); sys.exit(5 if r == 1 else 0)")
+           " open(os.path.join('READY', str(r)), 'w').close();"
+           " deadline = time.monotonic() + 20;"
+           " [time.sleep(0.05) for _ in iter(lambda: len(os.listdir('READY')) < 3 and "
+           "time.monotonic() < deadline, False)] if r == 1 else None;"
+           " time.sleep(60 if r == 0 else 0.2); sys.exit(5 if r == 1 else 0)")
 
 
 @pytest.mark.parametrize("backend", ["ring", "mpi"])
 def test_one_failing_rank_stops_all_and_gives_its_code(backend, tmp_path):
     require(MLX_LAUNCH is not None, "mlx.launch is not installed beside the test python")
     job = job_local(3, backend, sys.executable)
-    argv = launcher_argv(job, write_hostfile(job, tmp_path), ["-c", FAILING])
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    argv = launcher_argv(job, write_hostfile(job, tmp_path), ["-c", FAILING.replace("READY", str(ready))])
     lines: list[str] = []
     start = time.monotonic()
     outcome = run_streaming(argv, lambda stream, line: lines.append(line), timeout=60)
@@ -419,7 +418,7 @@ def nothing_may_start(monkeypatch):
             raise AssertionError(f"{name} was called")
         return record
 
-    for name in ("run_doctor_preflight", "probe_hosts", "smoke_all_sum", "launch_training",
+    for name in ("run_doctor_preflight", "probe_hosts", "smoke_all_sum", "run_job",
                  "require_job_python"):
         monkeypatch.setattr(train_cli, name, recorder(name))
     monkeypatch.setattr(subprocess, "Popen", recorder("subprocess.Popen"))
@@ -465,7 +464,7 @@ def test_resume_alone_means_auto(tmp_path, monkeypatch):
     assert build_config([]).resume == ""
 
     import mlxcluster.cli.train as train_cli
-    from mlxcluster.train_launch import RunOutcome
+    from mlxcluster.jobs.watch import RunOutcome
 
     launched: list[tuple[str, ...]] = []
 
@@ -473,7 +472,7 @@ def test_resume_alone_means_auto(tmp_path, monkeypatch):
         launched.append(job.trainer_args)
         return RunOutcome(exit_code=0, failed_rank=None, seconds=0.1)
 
-    monkeypatch.setattr(train_cli, "launch_training", fake_launch)
+    monkeypatch.setattr(train_cli, "run_job", fake_launch)
     for args, want in ((["--resume", "--", "--steps", "2"], "auto"),
                        (["--", "--steps", "2", "--resume"], "auto"),
                        (["--", "--resume"], "auto"),

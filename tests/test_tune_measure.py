@@ -10,7 +10,7 @@ import pytest
 
 from mlxcluster.cli.params import Duration
 from mlxcluster.inventory.inventory import Host, Inventory
-from mlxcluster.smoke.launch import RankHost
+from mlxcluster.jobs.hosts import RankHost
 from mlxcluster.smoke.run import SmokeReport
 from mlxcluster.smoke.stats import BenchRow
 from mlxcluster.tune.candidates import Candidate

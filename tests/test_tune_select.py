@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from mlxcluster.errors import InputError
-from mlxcluster.smoke.launch import RankHost
+from mlxcluster.jobs.hosts import RankHost
 from mlxcluster.tune.candidates import Candidate, make_candidates, parse_backends, parse_counts
 from mlxcluster.tune.select import Sample, choose, deciding_size
 

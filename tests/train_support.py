@@ -19,7 +19,7 @@ MLX_LAUNCH = shutil.which("mlx.launch", path=str(Path(PYTHON).parent)) or shutil
 def trainer_env() -> dict[str, str]:
     """The environment the trainer runs in: repo importable, OpenBLAS preloaded when present."""
     env = with_openblas(os.environ, find_openblas())
-    # One BLAS thread per rank: this machine is small and shared (see mlxcluster.train_launch).
+    # One BLAS thread per rank: this machine is small and shared (see mlxcluster.jobs.preflight.openblas_env).
     env["OPENBLAS_NUM_THREADS"] = "1"
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return env

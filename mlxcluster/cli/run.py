@@ -19,14 +19,10 @@ from mlxcluster.cli.train import (
     say_failure,
 )
 from mlxcluster.errors import EXIT_FAILED, InputError
-from mlxcluster.run_output import RankLogs, program_argv
-from mlxcluster.train_cleanup import new_run_id
-from mlxcluster.train_launch import (
-    BACKENDS,
-    launch_training,
-    script_path,
-    trainer_command,
-)
+from mlxcluster.jobs.cleanup import new_run_id
+from mlxcluster.jobs.job import BACKENDS, program_command, script_path
+from mlxcluster.jobs.run import run_job
+from mlxcluster.jobs.run_output import RankLogs, program_argv
 
 RUN_PREFIX = "mlxrun"
 
@@ -75,7 +71,7 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
         raise InputError(f"cannot create the logs folder {logs_path}: {err.strerror}",
                          "give --logs a folder you can write to") from None
     try:
-        click.echo(f"launching {n} rank(s) on {job.backend}, run {run_id}: {trainer_command(job)}")
+        click.echo(f"launching {n} rank(s) on {job.backend}, run {run_id}: {program_command(job)}")
         click.echo(f"logs: {logs_path}/rank<R>.log")
 
         def show(stream: str, line: str) -> None:
@@ -85,7 +81,7 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
             click.echo(line, err=stream == "stderr")
 
         stall = None if stall_timeout == "off" else stall_timeout
-        outcome = launch_training(job, show, env=env, timeout=timeout, stall_timeout=stall,
+        outcome = run_job(job, show, env=env, timeout=timeout, stall_timeout=stall,
                                   report_dir=logs_path, run_id=run_id, any_line_progress=True)
     finally:
         logs.close()

@@ -28,17 +28,16 @@ from mlxcluster.cli.report import check_html_path, emit_page, html_option
 from mlxcluster.doctor.known_errors import diagnose
 from mlxcluster.errors import EXIT_FAILED, InputError, Interrupted, MlxclusterError
 from mlxcluster.inventory.inventory import Inventory
-from mlxcluster.report import Report
-from mlxcluster.smoke.jaccl import run_jaccl
-from mlxcluster.smoke.launch import (
-    BACKENDS,
+from mlxcluster.jobs.hosts import (
     RankHost,
-    WorkerOptions,
     hosts_from_hostfile,
     hosts_from_inventory,
     local_hosts,
+    require_local_pythons,
 )
-from mlxcluster.smoke.preflight import require_local_pythons
+from mlxcluster.report import Report
+from mlxcluster.smoke.jaccl import run_jaccl
+from mlxcluster.smoke.launch import BACKENDS, WorkerOptions
 from mlxcluster.smoke.report import check_plot_path, reports_to_dict, write_plot
 from mlxcluster.smoke.run import SmokeReport, exit_code_for, run_backend
 from mlxcluster.smoke.soak import SoakSummary, new_seed

@@ -16,25 +16,25 @@ from mlxcluster.doctor.doctor import run_doctor
 from mlxcluster.doctor.known_errors import diagnose
 from mlxcluster.errors import EXIT_FAILED, InputError, MlxclusterError
 from mlxcluster.hostfile.jaccl_plan import fast_synch_warning
-from mlxcluster.job_python import MISSING_PYTHON_RE, python_not_found, require_job_python
-from mlxcluster.report import Report
-from mlxcluster.train_launch import (
+from mlxcluster.jobs.job import (
     BACKENDS,
-    check_batch_split,
-    check_out_here,
-    check_probes,
     job_from_hostfile,
     job_from_inventory,
     job_local,
-    launch_training,
-    launcher_error,
     launcher_name,
-    openblas_env,
     plan_jaccl_job,
-    probe_hosts,
+    program_command,
     script_path,
+)
+from mlxcluster.jobs.job_python import MISSING_PYTHON_RE, python_not_found, require_job_python
+from mlxcluster.jobs.preflight import check_probes, openblas_env, probe_hosts
+from mlxcluster.jobs.run import run_job
+from mlxcluster.jobs.watch import launcher_error
+from mlxcluster.report import Report
+from mlxcluster.train import (
+    check_batch_split,
+    check_out_here,
     smoke_all_sum,
-    trainer_command,
     trainer_help,
     validate_trainer_args,
 )
@@ -81,13 +81,13 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
     job, mlx_version = prepare_job(job, inventory, env, no_preflight=no_preflight,
                                    no_openblas=no_openblas)
 
-    click.echo(f"launching {n} rank(s) on {job.backend}: {trainer_command(job)}")
+    click.echo(f"launching {n} rank(s) on {job.backend}: {program_command(job)}")
 
     def show(stream: str, line: str) -> None:
         click.echo(line, err=stream == "stderr")
 
     stall = None if stall_timeout == "off" else stall_timeout  # "auto" or seconds
-    outcome = launch_training(job, show, env=env, timeout=timeout, stall_timeout=stall,
+    outcome = run_job(job, show, env=env, timeout=timeout, stall_timeout=stall,
                               report_dir=Path(cfg.out))
     if outcome.unstopped:
         click.secho(f"warning: {outcome.unstopped}", fg="yellow", err=True)

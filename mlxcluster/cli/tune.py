@@ -19,9 +19,8 @@ from tabulate import tabulate
 
 from mlxcluster.cli.params import Duration, inventory_option, load_chosen_inventory
 from mlxcluster.errors import EXIT_FAILED, EXIT_OK
+from mlxcluster.jobs.hosts import hosts_from_inventory, require_local_pythons
 from mlxcluster.outputs import write_files
-from mlxcluster.smoke.launch import hosts_from_inventory
-from mlxcluster.smoke.preflight import require_local_pythons
 from mlxcluster.smoke.stats import format_bytes, parse_size_range
 from mlxcluster.tune.candidates import (
     MPI_TCP_LINKS,

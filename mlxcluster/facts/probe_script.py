@@ -11,11 +11,15 @@ long as its slowest command rather than their sum.
 
 Usage (doctor does this over SSH)::
 
-    <python> - [--inventory-env KEY,KEY...] < probe_script.py
+    <python> - [--inventory-env KEY,KEY...] [--import MODULE]... [--file PATH]... < probe_script.py
 
 ``--inventory-env`` names variables the remote command line set from the
 inventory (``env K=V <python> -``), so ``env`` can report what a
-non-interactive shell sets by itself.
+non-interactive shell sets by itself. ``--import`` and ``--file`` are what a
+job's preflight (mlxcluster/jobs/preflight.py) asks besides: whether each
+module imports with this python (``"job": {"imports": {MODULE: null or
+"ErrorType: message"}}``) and whether each file exists (``"files": {PATH:
+true}``).
 
 Output, abridged::
 
@@ -468,6 +472,23 @@ def parse_args(argv):
     return keys
 
 
+def repeated(argv, flag):
+    """Every value given to ``flag`` (``--import a --import b``)."""
+    return [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == flag]
+
+
+def probe_job(argv):
+    """The imports and files a job's preflight asked about (see the docstring)."""
+    imports = {}
+    for module in repeated(argv, "--import"):
+        try:
+            __import__(module)
+            imports[module] = None
+        except Exception as exc:  # any import failure is the answer, not a crash
+            imports[module] = f"{type(exc).__name__}: {exc}"
+    return {"imports": imports, "files": {p: os.path.isfile(p) for p in repeated(argv, "--file")}}
+
+
 def inventory_env_of(keys):
     """The variables the remote command line set from the inventory, with their values."""
     return {k: os.environ[k] for k in keys if k in os.environ}
@@ -525,6 +546,8 @@ def collect_facts(argv):
                 raw[file_name] = out
         facts["pmset"] = run_command(PMSET, commands)
         facts["firewall"] = first_line(run_command(FIREWALL, commands))
+    if "--import" in argv or "--file" in argv:
+        facts["job"] = probe_job(argv)
     facts["commands"] = commands
     facts["errors"] = errors
     facts["raw"] = raw

@@ -20,7 +20,8 @@ from mlxcluster.facts.capture import HostCapture
 from mlxcluster.hostfile.hostfile import MlxHostfile
 from mlxcluster.hostfile.jaccl_plan import Collect, JacclUnavailable, hostfile_from_captures
 from mlxcluster.inventory.inventory import Inventory
-from mlxcluster.smoke.launch import RankHost, WorkerOptions
+from mlxcluster.jobs.hosts import RankHost
+from mlxcluster.smoke.launch import WorkerOptions
 from mlxcluster.smoke.run import SmokeReport, run_backend
 
 

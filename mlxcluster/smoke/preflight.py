@@ -16,18 +16,16 @@ and the topology model; tests feed them real captures from Macs.
 from __future__ import annotations
 
 import shlex
-import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from mlxcluster.errors import InputError, MlxclusterError
+from mlxcluster.errors import MlxclusterError
 from mlxcluster.facts.capture import THUNDERBOLT, HostCapture
 from mlxcluster.facts.mpi import require_libmpi, require_mpirun
 from mlxcluster.facts.parsers.ibv import parse_ibv_devices
 from mlxcluster.facts.parsers.sw_vers import parse_sw_vers
 from mlxcluster.hostfile.jaccl_plan import JACCL_MIN_MACOS
-from mlxcluster.smoke import remote
-from mlxcluster.smoke.launch import RankHost
+from mlxcluster.jobs.hosts import HostResult, RankHost, distinct_hosts, for_each_host, run_script
 from mlxcluster.topology.topology import TB5_MIN_GBPS, build_host
 
 SECTION = "---mlxsmoke-section---"
@@ -99,34 +97,11 @@ def cuda_script(python: str) -> str:
     return f"{shlex.quote(python)} -c 'import mlx.core as mx; print(mx.cuda.is_available())'"
 
 
-def require_python_here(python: str) -> None:
-    """Ranks on this machine run ``python``: it must exist here (a path, or a
-    name on PATH). A missing one is bad input (exit 2), not a launch whose
-    ranks exit with code 127. Remote hosts' pythons are asked over ssh."""
-    if shutil.which(python) is None:
-        raise InputError(f"python not found: {python} (the python the local ranks run)",
-                         "pass --python with the path of a python that has mlx installed, "
-                         "or leave it out to use this one")
-
-
-def require_local_pythons(hosts: Sequence[RankHost]) -> None:
-    """require_python_here for every python of a rank on this machine."""
-    for python in sorted({h.python for h in hosts if h.is_local}):
-        require_python_here(python)
-
-
-Runner = Callable[[RankHost, str], remote.HostResult]
-
-
-def distinct_hosts(hosts: Sequence[RankHost]) -> list[RankHost]:
-    seen: dict[str, RankHost] = {}
-    for h in hosts:
-        seen.setdefault(h.ssh, h)
-    return list(seen.values())
+Runner = Callable[[RankHost, str], HostResult]
 
 
 def unavailable_reason(backend: str, hosts: Sequence[RankHost],
-                       run: Runner = lambda h, s: remote.run_script(h, s, timeout=30)) -> str | None:
+                       run: Runner = lambda h, s: run_script(h, s, timeout=30)) -> str | None:
     """None when ``backend`` can run on ``hosts``, else the reason it cannot."""
     if backend == "ring":
         return None
@@ -137,7 +112,7 @@ def unavailable_reason(backend: str, hosts: Sequence[RankHost],
             return err.message
         return None
     targets = distinct_hosts(hosts)
-    results = remote.for_each_host(targets, lambda h: run(h, FACTS_SCRIPT if backend == "jaccl"
+    results = for_each_host(targets, lambda h: run(h, FACTS_SCRIPT if backend == "jaccl"
                                                           else cuda_script(h.python)))
     unreachable = [f"{r.host} ({r.error})" for r in results if not r.ok and not r.output]
     if unreachable:

@@ -17,22 +17,22 @@ each iteration it reports restarts the deadline (``watch.Watch``).
 
 from __future__ import annotations
 
-import queue
-import subprocess
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mlxcluster import interrupts, stall
+from mlxcluster import interrupts
 from mlxcluster.errors import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, Interrupted
+from mlxcluster.jobs import process, stall
+from mlxcluster.jobs.cleanup import kill_local_group
+from mlxcluster.jobs.hosts import HostResult, RankHost, for_each_host, run_script
+from mlxcluster.jobs.plan import LaunchPlan
 from mlxcluster.smoke import preflight, remote
-from mlxcluster.smoke.launch import LaunchPlan, RankHost, WorkerOptions, plan_launch, worker_source
+from mlxcluster.smoke.launch import WorkerOptions, plan_launch, worker_source
 from mlxcluster.smoke.soak import SoakSummary
 from mlxcluster.smoke.stats import BenchRow, OpFit, fit_ops
 from mlxcluster.smoke.watch import RankOutcome, Watch, bench_rows, blame_hang, outcomes
-from mlxcluster.ssh.launcher_ssh import launcher_environment
 
 FAILURE_GRACE_S = 0.5  # keep reading this long after the first failure
 EXIT_WAIT_S = 10.0  # for the launcher to exit once every rank is done
@@ -73,13 +73,6 @@ class SmokeReport:
                       key=lambda r: (not r.cause, order.get(r.status, 4), r.rank))
 
 
-def read_lines(stream, tag: str, out: queue.Queue) -> None:
-    """Forward each line of ``stream`` to ``out`` as (tag, line); (tag, None) at EOF."""
-    for raw in iter(stream.readline, b""):
-        out.put((tag, raw.decode(errors="replace").replace("\x00", "").rstrip("\r\n")))
-    out.put((tag, None))
-
-
 def run_plan(plan: LaunchPlan, timeout_s: float = 60.0,
              clock: Callable[[], float] = time.monotonic, source: str | None = None,
              opts: WorkerOptions | None = None, stall_root: Path | None = None,
@@ -107,7 +100,7 @@ def run_plan(plan: LaunchPlan, timeout_s: float = 60.0,
         return watch.soak.summary(opts.seed, opts.soak_s, failures)
 
     progress = (lambda: on_soak_progress(soak_summary())) if soaking and on_soak_progress else None
-    launched: Launched | None = None
+    launched: process.Running | None = None
     blamed: list[RankOutcome] = []
     stopped_by: KeyboardInterrupt | None = None
     try:
@@ -117,7 +110,7 @@ def run_plan(plan: LaunchPlan, timeout_s: float = 60.0,
             report.reason = "could not copy the worker to " + ", ".join(
                 f"{r.host} ({r.error})" for r in bad_stage)
         else:
-            launched = launch(plan)
+            launched = process.start_plan(plan)
             blamed = watch_run(launched, watch, plan, timeout_s, clock, progress)
             if blamed:  # while the hung ranks still run: where are they?
                 report.stall, report.stall_dir = diagnose_hang(plan, blamed, timeout_s, stall_root)
@@ -158,8 +151,8 @@ def diagnose_hang(plan: LaunchPlan, blamed: list[RankOutcome], timeout_s: float,
               f"(--timeout); blamed: " + ", ".join(f"rank {o.rank} on {o.host}" for o in blamed))
     found = stall.examine(
         list(plan.hosts), plan.run_id,
-        run_script=lambda h, script: remote.run_script(h, script, env=plan.env),
-        for_each_host=remote.for_each_host, folder=str(Path(plan.run_dir).parent),
+        run_script=lambda h, script: run_script(h, script, env=plan.env),
+        for_each_host=for_each_host, folder=str(Path(plan.run_dir).parent),
         report_dir=stall_root / f"stall-{plan.run_id}" if stall_root else None, header=header)
     states = {s.rank: s for s in found.states}
     for outcome in blamed:
@@ -172,49 +165,13 @@ def diagnose_hang(plan: LaunchPlan, blamed: list[RankOutcome], timeout_s: float,
     return found.summary, str(found.directory or "")
 
 
-@dataclass
-class Launched:
-    """The running launcher and the queue its output lines arrive on."""
-
-    proc: subprocess.Popen
-    lines: queue.Queue
-    readers: list[threading.Thread]
-
-
-def launch(plan: LaunchPlan) -> Launched:
-    """Start the launcher in its own session (one process group to stop) and
-    forward its stdout and stderr lines to one queue. It reaches the hosts
-    through launcher_ssh's ssh (the inventory's ssh_config, BatchMode,
-    keepalive), written into the local run directory."""
-    env = launcher_environment(plan.env, Path(plan.run_dir) / "bin", inventory_ssh_config(plan.hosts))
-    proc = subprocess.Popen(plan.argv, env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
-    lines: queue.Queue = queue.Queue()
-    readers = [threading.Thread(target=read_lines, args=(s, t, lines), daemon=True)
-               for s, t in ((proc.stdout, "out"), (proc.stderr, "err"))]
-    for t in readers:
-        t.start()
-    return Launched(proc, lines, readers)
-
-
-def inventory_ssh_config(hosts: tuple[RankHost, ...]) -> str | None:
-    """The ``-F`` config the ranks' own ssh calls use (from the inventory)."""
-    for host in hosts:
-        options = list(host.ssh_options)
-        if "-F" in options[:-1]:
-            return options[options.index("-F") + 1]
-    return None
-
-
-def watch_run(launched: Launched, watch: Watch, plan: LaunchPlan, timeout_s: float,
+def watch_run(launched: process.Running, watch: Watch, plan: LaunchPlan, timeout_s: float,
               clock: Callable[[], float], progress: Callable[[], None] | None = None
               ) -> list[RankOutcome]:
     """Feed the launcher's lines to ``watch`` until every rank is done, one
     failed, the launcher is gone or a rank hangs; the ranks blamed for a hang.
     ``progress`` is called every PROGRESS_EVERY_S."""
-    proc, lines = launched.proc, launched.lines
-    open_streams = 2
+    proc = launched.proc
     stop_at: float | None = None
     done_at: float | None = None
     next_progress = clock() + PROGRESS_EVERY_S
@@ -222,50 +179,42 @@ def watch_run(launched: Launched, watch: Watch, plan: LaunchPlan, timeout_s: flo
         if progress is not None and clock() >= next_progress:
             progress()
             next_progress = clock() + PROGRESS_EVERY_S
-        try:
-            tag, line = lines.get(timeout=0.1)
-            if line is None:
-                open_streams -= 1
-            elif tag == "out":
-                watch.on_stdout(line)
-            else:
-                watch.on_stderr(line)
-        except queue.Empty:
-            pass
+        got = launched.next_line(0.1)
+        if got is not None:
+            (watch.on_stdout if got[0] == "stdout" else watch.on_stderr)(got[1])
+        elif launched.drained():
+            time.sleep(0.1)  # the streams ended; the launcher may not have yet
         if stop_at is None and watch.first_failure():
             # The launcher's stderr can tell of a rank's exit before its
             # stdout lines arrive: keep reading briefly before stopping.
             stop_at = clock() + FAILURE_GRACE_S
-        if stop_at is not None and (clock() >= stop_at or open_streams == 0):
+        if stop_at is not None and (clock() >= stop_at or launched.drained()):
             return []
         if watch.all_done():
             done_at = done_at or clock()
-            if open_streams == 0 or proc.poll() is not None or clock() - done_at > EXIT_WAIT_S:
+            if launched.drained() or proc.poll() is not None or clock() - done_at > EXIT_WAIT_S:
                 return []
-        if open_streams == 0 and proc.poll() is not None:
+        if launched.drained() and proc.poll() is not None:
             return []  # the launcher is gone; ranks without 'done' failed
         if watch.overdue(timeout_s):
             return blame_hang(watch, plan, timeout_s)
 
 
-def stop_run(plan: LaunchPlan, launched: Launched | None, watch: Watch
-             ) -> tuple[dict[int, str], list[remote.HostResult]]:
+def stop_run(plan: LaunchPlan, launched: process.Running | None, watch: Watch
+             ) -> tuple[dict[int, str], list[HostResult]]:
     """Stop the launcher's process group, read its last lines into ``watch``,
     then stop what is left of the run on every host and remove its files."""
     if launched is not None:
-        remote.kill_local_group(launched.proc.pid)
+        kill_local_group(launched.proc.pid)
         launched.proc.wait(timeout=10)
-        for t in launched.readers:
-            t.join(timeout=2)
-        while not launched.lines.empty():  # late lines: exit codes, last verdicts
-            tag, line = launched.lines.get_nowait()
-            if line is not None:
-                (watch.on_stdout if tag == "out" else watch.on_stderr)(line)
+        launched.join(timeout=2)
+        for name, line in launched.rest():  # late lines: exit codes, last verdicts
+            (watch.on_stdout if name == "stdout" else watch.on_stderr)(line)
     return remote.finish(plan, kill=True, env=plan.env)
 
 
 def interrupted(plan: LaunchPlan, stop: BaseException,
-                cleaned: list[remote.HostResult]) -> Interrupted:
+                cleaned: list[HostResult]) -> Interrupted:
     """The error for a run stopped by a signal, naming any host that may
     still hold processes of the run."""
     signum = interrupts.signum_of(stop)

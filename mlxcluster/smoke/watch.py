@@ -13,21 +13,16 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mlxcluster.smoke.launch import LaunchPlan
+from mlxcluster.jobs.cleanup import SSH_LOST
+from mlxcluster.jobs.plan import LaunchPlan
+from mlxcluster.jobs.watch import parse_launcher_exit
 from mlxcluster.smoke.soak import SoakWatch
 from mlxcluster.smoke.stats import BenchRow, summarize
 
 PREFIX = "MLXSMOKE "
-SSH_LOST = 255  # ssh's own exit code, passed on by mlx.launch for a remote rank
 HEARTBEAT_SILENCE_S = 5.0  # no line from a rank this long: it is gone or unreachable
 PROBE_TIMEOUT_S = 1.5
 STDERR_KEEP = 200  # launcher stderr lines kept for the report
-
-# mlx.launch: "[WARN] Node with rank 1 exited with code 3"
-_MLX_EXIT = re.compile(r"Node with rank (\d+) (?:exited with code (-?\d+)|was killed)")
-# Open MPI 4 "[[56171,1],6]" and 5 "[prterun-vm-4304@1,1]": the rank is the last number
-_MPI_PROC = re.compile(r"Process name:\s*\S*?(\d+)\]+\s*$")
-_MPI_CODE = re.compile(r"Exit code:\s*(-?\d+)")
 
 
 @dataclass
@@ -80,24 +75,6 @@ def parse_event(line: str) -> dict | None:
     except json.JSONDecodeError:
         return None
     return event if isinstance(event, dict) and "event" in event else None
-
-
-def parse_launcher_exit(line: str, pending_rank: list[int | None]) -> tuple[int, int | None] | None:
-    """(rank, exit code) from a launcher's stderr line, for ranks that died
-    without reporting (native crash, killed). ``pending_rank`` carries Open
-    MPI's 'Process name' across to the following 'Exit code' line."""
-    m = _MLX_EXIT.search(line)
-    if m:
-        return int(m.group(1)), (int(m.group(2)) if m.group(2) else None)
-    m = _MPI_PROC.search(line)
-    if m:
-        pending_rank[0] = int(m.group(1))
-        return None
-    m = _MPI_CODE.search(line)
-    if m and pending_rank[0] is not None:
-        rank, pending_rank[0] = pending_rank[0], None
-        return rank, int(m.group(1))
-    return None
 
 
 def probe_port(ip: str, port: int, timeout: float = PROBE_TIMEOUT_S) -> str:

@@ -468,7 +468,7 @@ def redirect_stderr(directory: str, run_id: str, rank: int) -> None:
 
 
 def register_stack_dump(directory: str, rank: int) -> None:
-    """As mlxcluster.rank_wrapper does for train (this file runs alone on the
+    """As mlxcluster.jobs.rank_wrapper does for train (this file runs alone on the
     hosts): ``rank<R>.pid`` and every thread's stack into ``rank<R>.stacks``
     on SIGUSR1, so that the driver can say where a hung rank is."""
     with open(os.path.join(directory, f"rank{rank}.pid"), "w") as f:

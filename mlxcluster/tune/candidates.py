@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from mlxcluster.errors import InputError
-from mlxcluster.smoke.launch import RankHost
+from mlxcluster.jobs.hosts import RankHost
 
 RING_CONNECTIONS = (1, 2, 4)  # mlx.launch --connections-per-ip
 MPI_TCP_LINKS = (1, 2, 4, 8)  # --mca btl_tcp_links

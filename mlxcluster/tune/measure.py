@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mlxcluster.smoke import remote
-from mlxcluster.smoke.launch import RankHost, WorkerOptions
+from mlxcluster.jobs.hosts import RankHost, host_argv, run_script
+from mlxcluster.smoke.launch import WorkerOptions
 from mlxcluster.smoke.run import SmokeReport, run_backend
 from mlxcluster.tune.candidates import Candidate
 from mlxcluster.tune.select import Sample
@@ -102,7 +102,7 @@ def tcp_stream(sender: RankHost, receiver: RankHost, streams: int, seconds: floa
     the collectives use); raises StreamError naming the host that failed."""
     source = STREAM_SOURCE.read_text()
     recv_cmd = f"{shlex.quote(receiver.python)} - recv {port} {streams}"
-    argv = ["bash", "-c", recv_cmd] if receiver.is_local else remote.ssh_argv(receiver, recv_cmd)
+    argv = host_argv(receiver, recv_cmd)
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
@@ -112,7 +112,7 @@ def tcp_stream(sender: RankHost, receiver: RankHost, streams: int, seconds: floa
         if first_line(proc, 20.0) != "LISTENING":
             raise StreamError(f"tcp receiver on {receiver.name} did not start: "
                               f"{proc.stderr.read()[-300:] if proc.poll() is not None else 'no answer'}")
-        sent = remote.run_script(sender, f"{shlex.quote(sender.python)} - send "
+        sent = run_script(sender, f"{shlex.quote(sender.python)} - send "
                                           f"{shlex.quote(receiver.ips[0])} {port} {streams} {seconds}",
                                  stdin=source, timeout=seconds + 30)
         if not sent.ok:

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 
 from mlxcluster.errors import InputError
-from mlxcluster.smoke.launch import RankHost
+from mlxcluster.jobs.hosts import RankHost
 from mlxcluster.smoke.worker import sweep_sizes
 from mlxcluster.tune.candidates import MPI_TCP_LINKS, RING_CONNECTIONS, make_candidates
 from mlxcluster.tune.measure import (

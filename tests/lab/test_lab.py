@@ -205,7 +205,7 @@ def test_second_link_carries_traffic_throttles_apart_and_goes_with_the_lab(make_
     """Lab.add_second_link: real veths (eth1) on a second bridge, host-to-host
     TCP over them, a throttle on eth1 that leaves eth0 fast, nothing left after stop."""
     from mlxcluster.inventory.inventory import load_inventory
-    from mlxcluster.smoke.launch import hosts_from_inventory
+    from mlxcluster.jobs.hosts import hosts_from_inventory
     from mlxcluster.tune.measure import tcp_stream
 
     lab = make_lab(2)

@@ -14,7 +14,7 @@ import time
 import psutil
 import pytest
 
-from mlxcluster.smoke.launch import MPI_BTL_PORT, RING_PORT
+from mlxcluster.jobs.plan import MPI_BTL_PORT, RING_PORT
 from tests.interrupt_helpers import SmokeWorkersRunning
 
 pytestmark = pytest.mark.lab

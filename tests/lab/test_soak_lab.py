@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from mlxcluster.smoke.launch import RING_PORT
+from mlxcluster.jobs.plan import RING_PORT
 from tests.interrupt_helpers import SmokeWorkersRunning
 from tests.lab.jobs import bracketed, left_on_hosts, our_prted
 from tests.lab.test_smoke_lab import assert_nothing_left

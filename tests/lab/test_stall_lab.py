@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from mlxcluster.errors import EXIT_STALLED
-from mlxcluster.stall import AUTO_FLOOR_S
+from mlxcluster.jobs.stall import AUTO_FLOOR_S
 from tests.lab.jobs import bracketed, left_on_hosts, our_prted, start_training, wait_for_losses
 
 pytestmark = pytest.mark.lab
@@ -140,10 +140,10 @@ def test_a_rank_that_sleeps_before_its_all_sum_is_named_where_it_is(lab3, tmp_pa
     and the diagnosis name rank 1, its host and its function; the others
     wait at the all_sum line. The sweep then leaves nothing."""
     from mlxcluster.inventory.inventory import load_inventory
-    from mlxcluster.smoke import remote
-    from mlxcluster.smoke.launch import hosts_from_inventory
-    from mlxcluster.stall import collect_states, diagnose
-    from mlxcluster.train_cleanup import marked_program, new_run_id, sweep
+    from mlxcluster.jobs import hosts as remote
+    from mlxcluster.jobs.cleanup import marked_program, new_run_id, sweep
+    from mlxcluster.jobs.hosts import hosts_from_inventory
+    from mlxcluster.jobs.stall import collect_states, diagnose
     from tests.lab.jobs import REPO
 
     script = REPO / "tests" / "lab" / "sleepy_allsum.py"
@@ -152,7 +152,7 @@ def test_a_rank_that_sleeps_before_its_all_sum_is_named_where_it_is(lab3, tmp_pa
     hosts = hosts_from_inventory(load_inventory(lab3.write_inventory(tmp_path / "lab.yaml")))
     env = lab3.env()
     run_id = new_run_id()
-    program = marked_program(run_id, ["-m", "mlxcluster.rank_wrapper", str(script), "ring"])
+    program = marked_program(run_id, ["-m", "mlxcluster.jobs.rank_wrapper", str(script), "ring"])
     proc = subprocess.Popen(
         [str(Path(sys.executable).parent / "mlx.launch"), "--hosts", ",".join(h.ip for h in lab3.hosts),
          "--backend", "ring", "--python", lab3.python, f"--env=PYTHONPATH={REPO}", "--", *program],

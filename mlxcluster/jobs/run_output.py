@@ -1,7 +1,7 @@
 """`mlxcluster run`'s program and its output: which argv every rank runs,
 which rank wrote each line, and one log file per rank.
 
-Every rank runs under mlxcluster.rank_wrapper with ``MLXCLUSTER_TAG_OUTPUT=1``,
+Every rank runs under mlxcluster.jobs.rank_wrapper with ``MLXCLUSTER_TAG_OUTPUT=1``,
 so each line it writes (stdout or stderr, Python or C) reaches the launcher as
 ``[R] text``. Lines without that prefix come from the launcher itself
 (mlx.launch's warnings, mpirun's messages) or from a rank before the wrapper

@@ -12,7 +12,7 @@ data preparation, the first compile).
 On a stall, ``collect_states`` asks every host, in one ssh call each, for
 each rank's process state and CPU time (``ps -o stat=,time=``, plus
 /proc/PID/stat ticks on Linux, before and after a 1 s wait) and its Python
-stacks (SIGUSR1 to the rank's pid, dumped by mlxcluster.rank_wrapper);
+stacks (SIGUSR1 to the rank's pid, dumped by mlxcluster.jobs.rank_wrapper);
 ``diagnose`` names the rank that is not where the others are, and
 ``save_report`` writes the whole of it into a folder.
 """
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlxcluster.errors import EXIT_STALLED, MlxclusterError
-from mlxcluster.rank_wrapper import STACKS_ROOT
+from mlxcluster.jobs.rank_wrapper import STACKS_ROOT
 
 HEARTBEAT_MARK = "@@mlxcluster-heartbeat"  # as reference_train.train.HEARTBEAT_MARK
 HEARTBEAT_RE = re.compile(re.escape(HEARTBEAT_MARK) + r" (\d+) (\d+|done)\r?")

@@ -1,23 +1,29 @@
-"""After a training job: make sure no rank is left on any host, and name the
+"""After a job (train, run, smoke): make sure no rank is left on any host, and name the
 host a job lost.
 
 Every rank's command line carries the job's run id (``python -X
-mlxcluster_run=mlxtrain-<hex> -m reference_train.train ...``; Python keeps
+mlxcluster_run=mlxtrain-<hex> -m mlxcluster.jobs.rank_wrapper ...``; Python keeps
 unknown ``-X`` options in ``sys._xoptions`` and ignores them), so that
 whatever the launcher could not stop (a host that was unreachable when the
 job ended, a launcher killed by SIGKILL) can be found by ``pkill -f`` on every
-host afterwards, as smoke does with its run ids.
+host afterwards, as smoke does with its run ids (``mlxsmoke-<hex>``).
+``pkill -f`` gets a bracketed pattern (``[m]lxtrain-...``) so that it never
+matches the shell that runs it.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import secrets
 import shutil
+import signal
+import time
 
-from mlxcluster.rank_wrapper import STACKS_ROOT
-from mlxcluster.smoke import remote
-from mlxcluster.smoke.launch import RankHost
+import psutil
+
+from mlxcluster.jobs.hosts import HostResult, RankHost, for_each_host, remote_hosts, run_script
+from mlxcluster.jobs.rank_wrapper import STACKS_ROOT
 
 RUN_MARK = "mlxcluster_run"
 SSH_LOST = 255  # ssh's own exit code: the connection failed or was lost
@@ -38,29 +44,25 @@ def stop_script(run_id: str) -> str:
     """TERM, then KILL, every process carrying the run id (the bracketed
     pattern never matches the shell running it); CONT in between, so that a
     stopped (SIGSTOP) rank handles its TERM. Then the run's stack dumps
-    (mlxcluster.rank_wrapper) are removed (found by ``find``, not a shell
+    (mlxcluster.jobs.rank_wrapper) are removed (found by ``find``, not a shell
     glob: zsh, macOS's login shell, fails a glob that matches nothing)."""
-    pattern = remote.bracketed(run_id)
+    pattern = bracketed(run_id)
     return (f"pkill -TERM -f '{pattern}'; pkill -CONT -f '{pattern}'; sleep 0.5; "
             f"pkill -KILL -f '{pattern}'; find {STACKS_ROOT} -maxdepth 1 -name '{pattern}' "
             "-exec rm -rf {} + 2>/dev/null; true")
 
 
 def sweep(hosts: tuple[RankHost, ...], run_id: str,
-          env: dict[str, str] | None = None) -> list[remote.HostResult]:
+          env: dict[str, str] | None = None) -> list[HostResult]:
     """Stop anything of the job still running, here and on every remote host;
     one result per remote host (not ok: that host may still hold ranks)."""
-    remote.kill_local_marked(run_id)
+    kill_local_marked(run_id)
     shutil.rmtree(f"{STACKS_ROOT}/{run_id}", ignore_errors=True)
-    seen: dict[str, RankHost] = {}
-    for h in hosts:
-        if not h.is_local:
-            seen.setdefault(h.ssh, h)
     script = stop_script(run_id)
-    return remote.for_each_host(list(seen.values()), lambda h: remote.run_script(h, script, env=env))
+    return for_each_host(remote_hosts(hosts), lambda h: run_script(h, script, env=env))
 
 
-def unstopped_hint(results: list[remote.HostResult], run_id: str) -> str | None:
+def unstopped_hint(results: list[HostResult], run_id: str) -> str | None:
     """How to finish the job by hand on hosts the sweep could not reach."""
     left = [r for r in results if not r.ok]
     if not left:
@@ -84,6 +86,69 @@ def lost_host(exit_code: int, failed_rank: int | None, host_names: list[str],
     if failed_rank is not None and 0 <= failed_rank < len(host_names):
         return host_names[failed_rank]
     return None
+
+
+def bracketed(run_id: str) -> str:
+    """A regex matching ``run_id`` whose own text does not contain it."""
+    return f"[{run_id[0]}]{run_id[1:]}"
+
+
+def kill_local_group(pgid: int, grace_s: float = 2.0) -> None:
+    """TERM the launcher's process group, then KILL what is left after ``grace_s``."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            if not group_alive(pgid):
+                return
+            time.sleep(0.05)
+
+
+def group_alive(pgid: int) -> bool:
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(proc.info["pid"]) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                return True
+        except (ProcessLookupError, psutil.Error, OSError):
+            continue
+    return False
+
+
+def marked_processes(run_id: str) -> list[psutil.Process]:
+    """Processes on this machine whose command line carries ``run_id``."""
+    me = os.getpid()
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            cmdline = proc.info["cmdline"] or []
+        except psutil.Error:
+            continue
+        if proc.info["pid"] != me and any(run_id in part for part in cmdline):
+            found.append(proc)
+    return found
+
+
+def kill_local_marked(run_id: str, grace_s: float = 1.0) -> int:
+    """TERM (and CONT, for a stopped one) then KILL every local process of
+    the run; how many there were."""
+    procs = marked_processes(run_id)
+    for proc in procs:
+        try:
+            proc.terminate()
+            proc.resume()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=grace_s)
+    return len(procs)
 
 
 class LauncherStopNoise:

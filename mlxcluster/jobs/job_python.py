@@ -21,8 +21,7 @@ import shlex
 import subprocess
 
 from mlxcluster.errors import InputError
-from mlxcluster.smoke.remote import for_each_host
-from mlxcluster.train_launch import host_argv
+from mlxcluster.jobs.hosts import for_each_host, host_argv, remote_hosts
 
 # What a shell says when the python path is not there; "exit code 127" is how the probe
 # reports a shell that said nothing.
@@ -49,15 +48,15 @@ def is_missing_python(returncode: int, output: str) -> bool:
 def require_job_python(job, env: dict[str, str] | None = None,
                        timeout: float = CHECK_TIMEOUT_S) -> None:
     """Raise ``python_not_found`` when the job's python does not start on a
-    remote host of ``job`` (a train_launch.TrainJob). Ranks on this machine
-    are checked where the job is built (smoke.preflight.require_python_here).
+    remote host of ``job`` (a jobs.job.Job). Ranks on this machine
+    are checked where the job is built (jobs.hosts.require_python_here).
     One ssh round trip per host, all at once; never prompts."""
-    remote = list({(h.ssh, h.port, h.user): h for h in job.hosts if not h.is_local}.values())
+    remote = remote_hosts(job.hosts)
     command = f"{shlex.quote(job.python)} -S -c ''"
 
     def missing(host) -> bool:
         try:
-            proc = subprocess.run(host_argv(job, host, command), capture_output=True, text=True,
+            proc = subprocess.run(host_argv(host, command), capture_output=True, text=True,
                                   timeout=timeout, env=env, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
             return False  # not an answer about the path; the launch finds the host

@@ -4,8 +4,8 @@ Standard library only: every rank imports it from the same PYTHONPATH as
 ``reference_train`` (``mlxcluster train`` puts that on every rank), before
 anything else of the program is imported::
 
-    python -X mlxcluster_run=RUN_ID -m mlxcluster.rank_wrapper -m reference_train.train ARGS
-    python -X mlxcluster_run=RUN_ID -m mlxcluster.rank_wrapper path/to/script.py ARGS
+    python -X mlxcluster_run=RUN_ID -m mlxcluster.jobs.rank_wrapper -m reference_train.train ARGS
+    python -X mlxcluster_run=RUN_ID -m mlxcluster.jobs.rank_wrapper path/to/script.py ARGS
 
 It writes two files into the rank's stacks directory on its host
 (``$MLXCLUSTER_STACKS_DIR``, else ``/tmp/mlxcluster-stacks/RUN_ID``):
@@ -63,14 +63,14 @@ import sys
 import time
 import traceback
 
-RUN_MARK = "mlxcluster_run"  # as train_cleanup.RUN_MARK (kept import-free here)
+RUN_MARK = "mlxcluster_run"  # as mlxcluster.jobs.cleanup.RUN_MARK (kept import-free here)
 EXIT_MARK = "@@mlxcluster-exit"  # a failing rank's last line: EXIT_MARK RANK CODE TIME
 STACKS_ROOT = "/tmp/mlxcluster-stacks"
 RANK_VARS = ("MLX_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
 TAG_VAR = "MLXCLUSTER_TAG_OUTPUT"
 DRAIN_WAIT_S = 5.0
 MAX_PARTIAL = 65536  # a "line" this long without a newline is passed on as it is
-USAGE = "usage: python -m mlxcluster.rank_wrapper (-m MODULE | SCRIPT) [ARGS...]"
+USAGE = "usage: python -m mlxcluster.jobs.rank_wrapper (-m MODULE | SCRIPT) [ARGS...]"
 
 
 def rank_of(environ) -> str:

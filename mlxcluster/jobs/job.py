@@ -1,0 +1,175 @@
+"""A job: one program on every rank, and how to build one from what the user gave.
+
+``mlxcluster train`` runs the reference trainer (``Job.program`` None:
+``python -m reference_train.train TRAINER_ARGS``); ``mlxcluster run`` runs the
+user's script or module (``Job.program``). Every rank runs under
+``mlxcluster.jobs.rank_wrapper`` with the run id on its command line.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from mlxcluster.errors import BackendUnavailable, InputError
+from mlxcluster.hostfile import jaccl_plan
+from mlxcluster.hostfile.hostfile import BACKENDS as MLX_BACKENDS
+from mlxcluster.hostfile.hostfile import MlxHostfile, load_launch_hostfile
+from mlxcluster.inventory.inventory import Inventory, local_inventory
+from mlxcluster.jobs.hosts import RankHost, hosts_from_inventory, require_python_here
+
+BACKENDS = ("ring", "mpi", "jaccl", "jaccl-ring")  # what train and run launch
+TRAINER_MODULE = "reference_train.train"
+
+
+@dataclass(frozen=True)
+class Job:
+    """Everything needed to start one program on every rank."""
+
+    hosts: tuple[RankHost, ...]
+    backend: str
+    python: str
+    trainer_args: tuple[str, ...] = ()
+    ssh_config: str | None = None
+    mpi_args: tuple[str, ...] = ()
+    starting_port: int = 32323
+    connections_per_ip: int = 1  # ring: mlx.launch --connections-per-ip (tuned.py)
+    env: dict[str, str] = field(default_factory=dict)
+    # The python arguments every rank runs (after the rank wrapper): None is
+    # the reference trainer with trainer_args; `mlxcluster run` sets its own
+    # (``("/abs/script.py", ARGS...)`` or ``("-m", "module", ARGS...)``).
+    program: tuple[str, ...] | None = None
+    tag_output: bool = False  # every rank's lines start with "[R] " (rank_wrapper)
+    # jaccl / jaccl-ring: the hostfile with the rdma rows, hosts in rank order (jaccl_plan)
+    mlx_hostfile: MlxHostfile | None = None
+
+
+def package_root() -> Path:
+    """The directory holding mlxcluster and reference_train (put on PYTHONPATH
+    for every rank: the rank wrapper and the trainer are imported from it)."""
+    return Path(__file__).resolve().parent.parent.parent
+
+
+def job_from_inventory(inv: Inventory, backend: str, trainer_args: tuple[str, ...] = (),
+                       mpi_args: tuple[str, ...] = ()) -> Job:
+    """A job with one rank per inventory host, all with the inventory's python."""
+    check_backend(backend)
+    pythons = sorted({h.python for h in inv.hosts})
+    if len(pythons) > 1:
+        raise InputError(f"hosts use different python paths {pythons}; mlx.launch and mpirun "
+                         "start the same path everywhere",
+                         "install the same venv at one path on every host")
+    envs = {tuple(sorted(h.env.items())) for h in inv.hosts}
+    if len(envs) > 1:
+        raise InputError("hosts set different env values; mlx.launch and mpirun give every "
+                         "rank one environment", "give every host the same env (the top-level env: applies to all)")
+    return Job(hosts=hosts_from_inventory(inv), backend=backend, python=pythons[0],
+               trainer_args=trainer_args, ssh_config=inv.ssh_config, mpi_args=mpi_args,
+               env=dict(envs.pop()))
+
+
+def job_from_hostfile(path: str | Path, backend: str | None, python: str,
+                      trainer_args: tuple[str, ...] = (),
+                      mpi_args: tuple[str, ...] = ()) -> Job:
+    """A job from an mlx.launch hostfile ({"backend": ..., "hosts": [{"ssh", "ips"}]})
+    or an MPI one (``host slots=1``), validated as ``hostfile check`` does."""
+    hostfile = load_launch_hostfile(path)
+    backend = backend or hostfile.backend or "ring"
+    check_backend(backend)
+    hosts = tuple(RankHost(h.ssh, h.ssh, h.ips[:1], python) for h in hostfile.hosts)
+    return Job(hosts=hosts, backend=backend, python=python, trainer_args=trainer_args,
+               mpi_args=mpi_args, mlx_hostfile=hostfile if jaccl_plan.is_jaccl(backend) else None)
+
+
+def job_local(n: int, backend: str, python: str, trainer_args: tuple[str, ...] = (),
+              mpi_args: tuple[str, ...] = ()) -> Job:
+    """N ranks on this machine (its python must exist here)."""
+    require_python_here(python)
+    return job_from_inventory(local_inventory(n, python), backend, trainer_args, mpi_args)
+
+
+def check_backend(backend: str) -> None:
+    """An unknown name is bad input (exit 2); an MLX backend train does not run
+    (jaccl, jaccl-ring, nccl) is unavailable (exit 3)."""
+    if backend not in MLX_BACKENDS:
+        raise InputError(f"unknown backend {backend!r} (MLX's backends are "
+                         f"{', '.join(MLX_BACKENDS)})",
+                         "use --backend ring (TCP, always available) or mpi")
+    if backend not in BACKENDS:
+        raise BackendUnavailable(f"mlxcluster train and run support the {', '.join(BACKENDS)} "
+                                 f"backends, not {backend!r}",
+                                 "use --backend ring (TCP, always available) or mpi")
+
+
+def plan_jaccl_job(job: Job, inventory: Inventory | None, environ: dict[str, str],
+                   collect: jaccl_plan.Collect | None = None) -> Job:
+    """A jaccl / jaccl-ring job with its rdma rows, ranks in the hostfile's
+    order and the JACCL env (jaccl_plan.jaccl_env); other jobs unchanged.
+
+    From an inventory the rows come from the hosts' live topology (probed
+    now, before anything runs: JacclUnavailable names every host that cannot
+    take part); from a hostfile, its own rows are checked."""
+    if not jaccl_plan.is_jaccl(job.backend):
+        return job
+    if inventory is not None and not all(h.is_local for h in job.hosts):
+        hostfile = jaccl_plan.hostfile_from_live_topology(inventory, job.backend, collect)
+    elif job.mlx_hostfile is not None:
+        hostfile = replace(job.mlx_hostfile, backend=job.backend)  # --backend wins over the file's
+        jaccl_plan.check_hostfile_rows(hostfile, job.backend)
+    else:
+        raise BackendUnavailable(f"{job.backend} runs across Macs joined by Thunderbolt 5 "
+                                 "cables, not as several ranks on this machine",
+                                 "give -i INVENTORY (the RDMA rows come from the hosts' "
+                                 "topology) or --hostfile FILE with rdma rows; or --backend ring")
+    by_ssh = {h.ssh: h for h in job.hosts}
+    hosts = tuple(by_ssh[entry.ssh] for entry in hostfile.hosts)  # jaccl-ring: ring order
+    env = {**job.env, **jaccl_plan.jaccl_env(hostfile, job.starting_port, job.env, environ)}
+    return replace(job, hosts=hosts, env=env, mlx_hostfile=hostfile)
+
+
+def rank_env(job: Job) -> dict[str, str]:
+    """Variables every rank gets: PYTHONPATH to reference_train (and
+    mlxcluster.jobs.rank_wrapper) ahead of the job's own PYTHONPATH, heartbeat
+    lines on, rank-tagged output for ``tag_output``, plus the job's env."""
+    env = {"MLXCLUSTER_HEARTBEAT": "1", **job.env}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(package_root()), job.env.get("PYTHONPATH"))
+                                        if p)
+    if job.tag_output:
+        env["MLXCLUSTER_TAG_OUTPUT"] = "1"
+    return env
+
+
+def rank_program(job: Job) -> tuple[str, ...]:
+    """What each rank's python runs after the rank wrapper: the job's
+    program, else the reference trainer (its progress bar off: output arrives
+    line by line, and mpirun gives ranks a terminal; the user's --progress
+    still wins)."""
+    if job.program is not None:
+        return job.program
+    return ("-m", TRAINER_MODULE, "--progress", "false", *job.trainer_args)
+
+
+def script_path(job: Job) -> str | None:
+    """The script file a `run` job starts (None for a module or the trainer)."""
+    if job.program and job.program[0] != "-m":
+        return job.program[0]
+    return None
+
+
+def program_command(job: Job) -> str:
+    """The command line every rank runs (the trainer, or a `run` program), for display."""
+    if job.program is not None:
+        return shlex.join([job.python, *job.program])
+    return shlex.join([job.python, "-m", TRAINER_MODULE, *job.trainer_args])
+
+
+def launcher_name(job: Job) -> str:
+    """What starts the ranks of ``job``, as the user knows it."""
+    return "mpirun" if job.backend == "mpi" else "mlx.launch"
+
+
+def split_mpi_args(job: Job) -> tuple[str, ...]:
+    """The user's --mpi-arg values as mpirun arguments ("--mca a b" is three)."""
+    return tuple(part for arg in job.mpi_args for part in shlex.split(arg))

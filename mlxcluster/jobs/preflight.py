@@ -1,0 +1,151 @@
+"""Before a job: can every host run it? Doctor's probe, asked with the job's
+python and environment on every host, read by doctor's facts.
+
+The probe (``probe_script.py``, piped to ``<python> -`` as doctor does)
+reports the python, mlx, the platform and the cores; the job adds
+``--import`` for what every rank imports (the rank wrapper, and the trainer
+for ``train``) and ``--file`` for the script of ``run`` and the OpenBLAS
+candidates. ``HostProbe.facts`` is the little of that a job needs, by name.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import time
+from dataclasses import dataclass
+
+from mlxcluster.blas import OPENBLAS_CANDIDATES
+from mlxcluster.facts.capture import PROBE, HostCapture
+from mlxcluster.facts.collect import PROBE_TIMEOUT, capture_from_probe, probe_command, probe_source
+from mlxcluster.facts.facts import host_facts
+from mlxcluster.jobs.hosts import RankHost, distinct_hosts, for_each_host, host_argv
+from mlxcluster.jobs.job import TRAINER_MODULE, Job, rank_env, script_path
+from mlxcluster.ssh.remote import CommandResult
+
+RANK_WRAPPER_MODULE = "mlxcluster.jobs.rank_wrapper"
+
+
+@dataclass(frozen=True)
+class HostProbe:
+    """What the job's python reported on one host (or why it could not).
+
+    ``facts``: ``python``, ``platform``, ``host``, ``cpus``; ``mlx`` (its
+    version) or ``mlx_error``; ``reference_train`` or
+    ``reference_train_error`` (train); ``script`` (run: the file exists);
+    ``rank_wrapper_error``; ``openblas`` (the first candidate present, or None)."""
+
+    host: RankHost
+    facts: dict
+    error: str | None = None
+
+
+def probe_arguments(job: Job) -> list[str]:
+    """The probe's --import and --file arguments for ``job``."""
+    modules = [RANK_WRAPPER_MODULE] + ([TRAINER_MODULE] if job.program is None else [])
+    files = ([script_path(job)] if script_path(job) else []) + list(OPENBLAS_CANDIDATES)
+    return [*(a for m in modules for a in ("--import", m)), *(a for f in files for a in ("--file", f))]
+
+
+def job_facts(probe: dict, job: Job) -> dict:
+    """The probe's JSON (as doctor's facts read it) in HostProbe.facts' names."""
+    facts = host_facts(HostCapture("host", {PROBE: json.dumps(probe)}))
+    asked = probe.get("job") or {}
+    imports, files = asked.get("imports") or {}, asked.get("files") or {}
+    out: dict = {"python": facts.python, "platform": facts.platform, "host": facts.hostname,
+                 "cpus": facts.cpu_count or 1}
+    if facts.mlx_version:
+        out["mlx"] = facts.mlx_version
+    else:
+        out["mlx_error"] = facts.mlx_import_error
+    if job.program is None:
+        if imports.get(TRAINER_MODULE, "not asked") is None:
+            out["reference_train"] = True
+        else:
+            out["reference_train_error"] = imports.get(TRAINER_MODULE, "not asked")
+    script = script_path(job)
+    if script:
+        out["script"] = bool(files.get(script))
+    if imports.get(RANK_WRAPPER_MODULE, "not asked") is not None:
+        out["rank_wrapper_error"] = imports.get(RANK_WRAPPER_MODULE, "not asked")
+    out["openblas"] = next((p for p in OPENBLAS_CANDIDATES if files.get(p)), None)
+    return out
+
+
+def probe_hosts(job: Job, env: dict[str, str] | None = None,
+                timeout: float = PROBE_TIMEOUT) -> list[HostProbe]:
+    """Run the probe on every distinct host, in parallel; never raises for one host."""
+    command = probe_command(job.python, rank_env(job)) + " " + \
+        " ".join(shlex.quote(a) for a in probe_arguments(job))
+    source = probe_source()
+
+    def probe(host: RankHost) -> HostProbe:
+        started = time.monotonic()
+        try:
+            proc = subprocess.run(host_argv(host, command), input=source, capture_output=True,
+                                  text=True, timeout=timeout, env=env)
+        except subprocess.TimeoutExpired:
+            return HostProbe(host, {}, f"no answer within {timeout:.0f} s")
+        result = CommandResult(proc.stdout, proc.stderr, proc.returncode, time.monotonic() - started)
+        capture = capture_from_probe(host.name, result, job.python)
+        if capture.error:
+            return HostProbe(host, {}, capture.error)
+        return HostProbe(host, job_facts(capture.probe(), job))
+
+    return for_each_host(distinct_hosts(job.hosts), probe)
+
+
+def check_probes(job: Job, probes: list[HostProbe]) -> list[str]:
+    """Problems that would stop the trainer (or a `run` program), one line per
+    host and cause."""
+    problems = []
+    script = script_path(job)
+    for p in probes:
+        if p.error:
+            problems.append(f"{p.host.name}: cannot run {job.python}: {p.error}")
+        elif "mlx" not in p.facts:
+            problems.append(f"{p.host.name}: mlx does not import: {p.facts.get('mlx_error')}")
+        elif script and p.facts.get("script") is False:
+            problems.append(f"{p.host.name}: no file {script} (every rank runs it from that path; "
+                            "copy it there or use a shared folder)")
+        elif job.program is None and not p.facts.get("reference_train"):
+            problems.append(f"{p.host.name}: reference_train does not import: "
+                            f"{p.facts.get('reference_train_error')}")
+        elif p.facts.get("rank_wrapper_error"):
+            problems.append(f"{p.host.name}: mlxcluster.jobs.rank_wrapper (every rank runs under it) "
+                            f"does not import: {p.facts['rank_wrapper_error']}")
+    versions = {p.facts["mlx"] for p in probes if "mlx" in p.facts}
+    if len(versions) > 1:
+        listing = ", ".join(f"{p.host.name} {p.facts['mlx']}" for p in probes if "mlx" in p.facts)
+        problems.append(f"mlx versions differ between hosts: {listing}")
+    return problems
+
+
+def openblas_env(job: Job, probes: list[HostProbe]) -> dict[str, str]:
+    """LD_PRELOAD and OPENBLAS_NUM_THREADS for every rank, or {} without a common OpenBLAS.
+
+    Threads: the host's cores shared among its ranks. OpenBLAS's default (all
+    cores in every process) oversubscribes when ranks share a host: measured
+    here, a demo step with 2 threads on a busy 2-core machine took 4.4x longer
+    than with 1.
+    """
+    path = common_openblas(probes)
+    if path is None:
+        return {}
+    per_host: dict[str, int] = {}
+    for h in job.hosts:
+        per_host[h.ssh] = per_host.get(h.ssh, 0) + 1
+    cpus = {p.host.ssh: int(p.facts.get("cpus") or 1) for p in probes}
+    threads = min(max(1, cpus.get(ssh, 1) // n) for ssh, n in per_host.items())
+    return {"LD_PRELOAD": path, "OPENBLAS_NUM_THREADS": str(threads)}
+
+
+def common_openblas(probes: list[HostProbe]) -> str | None:
+    """The OpenBLAS path to preload: set when every host is Linux and has it at one path."""
+    paths = {p.facts.get("openblas") for p in probes}
+    if not probes or len(paths) != 1 or None in paths:
+        return None
+    if any(not str(p.facts.get("platform", "")).startswith("linux") for p in probes):
+        return None
+    return paths.pop()

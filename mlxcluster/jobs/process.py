@@ -1,0 +1,98 @@
+"""Start a launcher, read its lines, stop it.
+
+The launcher (mlx.launch, mpirun, or any command: demo's steps) runs in its
+own session, so that one process group holds it and what it starts here.
+Its stdout and stderr are read by ``pump_lines`` threads onto one queue of
+``(stream, line)``; the caller reads that queue in its own thread, where it
+also keeps its deadlines. This is the one line pump of mlxcluster.
+"""
+
+from __future__ import annotations
+
+import queue
+import subprocess
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlxcluster.jobs.plan import LaunchPlan
+from mlxcluster.ssh.launcher_ssh import launcher_environment
+
+END = None  # the line that says a stream ended
+
+
+def pump_lines(stream, name: str, out: queue.Queue) -> None:
+    """Put each line of ``stream`` (bytes) on ``out`` as (name, text without
+    its line end or NULs); (name, END) when the stream ends."""
+    for raw in iter(stream.readline, b""):
+        out.put((name, raw.decode(errors="replace").replace("\x00", "").rstrip("\r\n")))
+    out.put((name, END))
+
+
+@dataclass
+class Running:
+    """A started command: the process, and the queue its lines arrive on."""
+
+    proc: subprocess.Popen
+    lines: queue.Queue
+    pumps: list[threading.Thread]
+    open_streams: int = 0
+
+    def next_line(self, timeout: float | None) -> tuple[str, str] | None:
+        """The next (stream, line), or None when none came within ``timeout``
+        or every stream has ended."""
+        while self.open_streams:
+            try:
+                name, line = self.lines.get(timeout=timeout)
+            except queue.Empty:
+                return None
+            if line is END:
+                self.open_streams -= 1
+                continue
+            return name, line
+        return None
+
+    def drained(self) -> bool:
+        """Every stream ended."""
+        return self.open_streams == 0
+
+    def join(self, timeout: float) -> None:
+        for t in self.pumps:
+            t.join(timeout=timeout)
+
+    def rest(self) -> list[tuple[str, str]]:
+        """Lines already queued (after the process ended and the pumps were joined)."""
+        found = []
+        while True:
+            try:
+                name, line = self.lines.get_nowait()
+            except queue.Empty:
+                return found
+            if line is END:
+                self.open_streams -= 1
+            else:
+                found.append((name, line))
+
+
+def start(argv: list[str], env: dict[str, str] | None = None, *,
+          merge_stderr: bool = False) -> Running:
+    """Start ``argv`` in its own session (stdin closed) and pump its lines."""
+    proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
+                            start_new_session=True)
+    streams = [(proc.stdout, "stdout")] + ([] if merge_stderr else [(proc.stderr, "stderr")])
+    lines: queue.Queue = queue.Queue()
+    pumps = [threading.Thread(target=pump_lines, args=(s, name, lines), daemon=True)
+             for s, name in streams]
+    for t in pumps:
+        t.start()
+    return Running(proc, lines, pumps, open_streams=len(pumps))
+
+
+def start_plan(plan: LaunchPlan) -> Running:
+    """Write the plan's files and start its launcher. It reaches the hosts
+    through launcher_ssh's ssh (the inventory's ssh_config, BatchMode,
+    keepalive), written into the plan's local run directory."""
+    plan.write_files()
+    env = launcher_environment(plan.env, Path(plan.run_dir) / "bin", plan.ssh_config)
+    return start(plan.argv, env)
