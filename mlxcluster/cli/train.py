@@ -230,16 +230,21 @@ def preflight(job, env: dict[str, str], *, no_openblas: bool = False, inventory=
     `run` script), the doctor checks for an ``inventory``, OpenBLAS for every
     rank on Linux, then the all_sum smoke on the job's backend. The probe
     comes first: a python that is not there is bad input (InputError, exit 2)
-    whatever else the doctor would say. Returns (the job, with OpenBLAS in
+    whatever else the doctor would say; any other probe problem lets doctor's
+    checks speak first (they name the check and its fix). Returns (the job, with OpenBLAS in
     its env when chosen; the cluster's mlx version). Raises MlxclusterError
     on a problem."""
     n = len(job.hosts)
     probes = probe_hosts(job, env=env)
     problems = check_probes(job, probes)
     if problems:
+        missing = [p for p in probes if p.error and MISSING_PYTHON_RE.search(p.error)]
+        if not (missing and len(missing) == len(problems)) and inventory is not None:
+            # Anything but a missing python: doctor's checks name the failing
+            # check, the host and the fix (it raises when one fails).
+            run_doctor_preflight(inventory, job.backend)
         for p in problems:
             click.secho(f"[✗] {p}", fg="red", err=True)
-        missing = [p for p in probes if p.error and MISSING_PYTHON_RE.search(p.error)]
         if missing and len(missing) == len(problems):  # a python path that is not there is bad input
             raise python_not_found(job.python, [p.host.name for p in missing])
         raise MlxclusterError(f"preflight found {len(problems)} problem(s)",
