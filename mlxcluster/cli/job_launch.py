@@ -20,6 +20,7 @@ from mlxcluster.cli.params import load_chosen_inventory
 from mlxcluster.doctor.known_errors import diagnose
 from mlxcluster.errors import EXIT_FAILED, InputError
 from mlxcluster.hostfile.jaccl_plan import fast_synch_warning
+from mlxcluster.jobs.connections import shared_connections
 from mlxcluster.jobs.job import (
     job_from_hostfile,
     job_from_inventory,
@@ -77,6 +78,14 @@ def plan_backend(job, inventory, env: dict[str, str]):
     if warning:
         click.secho(f"warning: {warning}", fg="yellow", err=True)
     return job
+
+
+def share_connections(job, env: dict[str, str]):
+    """The job with one shared ssh connection per host (jobs.connections)
+    until the command ends, however it ends: its python check or probe,
+    launch, sweep and stall calls then log in once per host, not once per
+    call (docs/performance.md, run over bare mlx.launch)."""
+    return click.get_current_context().with_resource(shared_connections(job, env))
 
 
 def prepare_job(job, inventory, env: dict[str, str], *, no_preflight: bool, no_openblas: bool):

@@ -16,6 +16,7 @@ from mlxcluster.cli.job_launch import (
     plan_backend,
     prepare_job,
     say_failure,
+    share_connections,
 )
 from mlxcluster.cli.params import Duration, launch_options
 from mlxcluster.errors import EXIT_FAILED, InputError
@@ -58,7 +59,7 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
         raise InputError(f"no such script: {script}",
                          "give the path of a Python file (relative to this directory, or absolute)")
     env = dict(os.environ)
-    job = plan_backend(job, inventory, env)
+    job = share_connections(plan_backend(job, inventory, env), env)
     run_id = new_run_id(RUN_PREFIX)
     logs_path = Path(logs_dir) if logs_dir else Path("runs") / run_id
     n = len(job.hosts)

@@ -14,6 +14,7 @@ from mlxcluster.cli.job_launch import (
     plan_backend,
     prepare_job,
     say_failure,
+    share_connections,
 )
 from mlxcluster.cli.params import Duration, launch_options
 from mlxcluster.cli.report import check_html_path, emit_page, html_option
@@ -63,7 +64,7 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
                                 connections_per_ip, trainer_args=args)
     check_batch_split(cfg, len(job.hosts))  # before any preflight or launch: ranks are known
     env = dict(os.environ)
-    job = plan_backend(job, inventory, env)
+    job = share_connections(plan_backend(job, inventory, env), env)
     n = len(job.hosts)
     # mlx_version: the cluster's, when the preflight asked (known errors name the fixing release)
     job, mlx_version = prepare_job(job, inventory, env, no_preflight=no_preflight,

@@ -15,8 +15,10 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlxcluster.jobs.hosts import remote_hosts
 from mlxcluster.jobs.plan import LaunchPlan
 from mlxcluster.ssh.launcher_ssh import launcher_environment
+from mlxcluster.ssh.shared import shared_in
 
 END = None  # the line that says a stream ended
 
@@ -92,7 +94,10 @@ def start(argv: list[str], env: dict[str, str] | None = None, *,
 def start_plan(plan: LaunchPlan) -> Running:
     """Write the plan's files and start its launcher. It reaches the hosts
     through launcher_ssh's ssh (the inventory's ssh_config, BatchMode,
-    keepalive), written into the plan's local run directory."""
+    keepalive, and the job's shared connections when its hosts have them:
+    jobs.connections), written into the plan's local run directory."""
     plan.write_files()
-    env = launcher_environment(plan.env, Path(plan.run_dir) / "bin", plan.ssh_config)
+    remote = remote_hosts(plan.hosts)
+    sharing = shared_in(remote[0].ssh_options) if remote else ()
+    env = launcher_environment(plan.env, Path(plan.run_dir) / "bin", plan.ssh_config, sharing)
     return start(plan.argv, env)

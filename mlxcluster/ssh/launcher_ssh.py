@@ -25,6 +25,7 @@ import os
 import shlex
 import shutil
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 
 from mlxcluster.errors import InputError
@@ -66,10 +67,13 @@ def real_ssh(path_env: str) -> str:
     return found
 
 
-def write_wrapper(directory: Path, ssh_config: str | None, path_env: str) -> Path:
-    """Write ``directory/ssh`` (executable); returns the directory."""
+def write_wrapper(directory: Path, ssh_config: str | None, path_env: str,
+                  shared: Sequence[str] = ()) -> Path:
+    """Write ``directory/ssh`` (executable); returns the directory.
+    ``shared``: the job's connection-sharing options (ssh.shared), so that
+    the launcher's calls ride on the job's one connection per host."""
     directory.mkdir(parents=True, exist_ok=True)
-    argv = [real_ssh(path_env), *ssh_options(ssh_config)]
+    argv = [real_ssh(path_env), *ssh_options(ssh_config), *shared]
     script = f"#!/bin/sh\n{WRAPPER_MARK}\nexec {shlex.join(argv)} \"$@\"\n"
     wrapper = directory / "ssh"
     wrapper.write_text(script)
@@ -77,8 +81,9 @@ def write_wrapper(directory: Path, ssh_config: str | None, path_env: str) -> Pat
     return directory
 
 
-def launcher_environment(env: dict[str, str], directory: Path, ssh_config: str | None) -> dict[str, str]:
+def launcher_environment(env: dict[str, str], directory: Path, ssh_config: str | None,
+                         shared: Sequence[str] = ()) -> dict[str, str]:
     """``env`` with a wrapper written to ``directory`` first on PATH."""
     path_env = env.get("PATH", os.defpath)
-    write_wrapper(directory, ssh_config, path_env)
+    write_wrapper(directory, ssh_config, path_env, shared)
     return {**env, "PATH": f"{directory}{os.pathsep}{path_env}"}
