@@ -29,7 +29,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from mlxcluster.errors import InputError
-from mlxcluster.facts.mpi import ALLREDUCE_ALGORITHMS, ALLREDUCE_PARAM, DYNAMIC_RULES_PARAM, allreduce_args
+from mlxcluster.facts.mpi import (
+    ALLREDUCE_ALGORITHMS,
+    ALLREDUCE_PARAM,
+    DYNAMIC_RULES_PARAM,
+    allreduce_args,
+)
 
 MAX_CONNECTIONS = 64
 

@@ -10,7 +10,12 @@ from collections.abc import Callable
 from mlxcluster.errors import InputError
 from mlxcluster.jobs.hosts import RankHost
 from mlxcluster.smoke.worker import sweep_sizes
-from mlxcluster.tune.candidates import MPI_ALLREDUCE, MPI_TCP_LINKS, RING_CONNECTIONS, make_candidates
+from mlxcluster.tune.candidates import (
+    MPI_ALLREDUCE,
+    MPI_TCP_LINKS,
+    RING_CONNECTIONS,
+    make_candidates,
+)
 from mlxcluster.tune.measure import (
     Plan,
     RunCandidate,
