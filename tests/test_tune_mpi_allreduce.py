@@ -15,28 +15,20 @@ from click.testing import CliRunner
 from mlxcluster.cli import main as cli
 from mlxcluster.errors import InputError
 from mlxcluster.facts.mpi import find_mpirun
-from mlxcluster.inventory.inventory import parse_inventory
 from mlxcluster.jobs.hosts import RankHost
 from mlxcluster.jobs.job import job_from_hostfile
 from mlxcluster.jobs.plan import plan_job
 from mlxcluster.smoke.launch import WorkerOptions, plan_launch
 from mlxcluster.tune.candidates import Candidate, make_candidates, parse_allreduce
-from mlxcluster.tune.files import winner_files
 from mlxcluster.tune.measure import Plan, mpi_args, worker_options
 from mlxcluster.tune.result import candidate_dict
 from mlxcluster.tune.select import Sample, choose
 from mlxcluster.tuned import apply_tuned, parse_tuned_args, read_tuned, split_words, tuned_job
+from tests.test_tuned_settings import write_tune_output
 
 M32 = 32 << 20
 RING_PAIRS = ["--mca", "coll_tuned_use_dynamic_rules", "1", "--mca", "coll_tuned_allreduce_algorithm", "4"]
 HOSTS = tuple(RankHost(f"h{i}", f"10.9.0.{i}", (f"10.9.0.{i}",), "/opt/venv/bin/python") for i in (1, 2, 3))
-INVENTORY = parse_inventory("""
-cluster: lab
-python: /opt/venv/bin/python
-hosts:
-  - {name: mac1, ssh: 10.0.0.1, ips: [10.0.0.1]}
-  - {name: mac2, ssh: 10.0.0.2, ips: [10.0.0.2]}
-""")
 
 
 def mca(argv: list[str] | tuple[str, ...], name: str) -> list[str]:
@@ -131,10 +123,7 @@ def test_json_names_the_allreduce_of_mpi_candidates():
 
 def write_winner(tmp_path: Path, candidate: Candidate) -> Path:
     """The files tune writes when ``candidate`` wins (its own writer)."""
-    out = tmp_path / "hostfile-mpi.txt"
-    for path, text in winner_files(INVENTORY, candidate, str(out)).items():
-        Path(path).write_text(text)
-    return out
+    return write_tune_output(tmp_path, candidate, "hostfile-mpi.txt")
 
 
 def test_a_ring_allreduce_winner_records_its_pairs_in_the_args_file(tmp_path):

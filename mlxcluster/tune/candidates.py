@@ -77,26 +77,27 @@ class Candidate:
         return tuple(replace(h, ips=(h.ips[self.ip_index],)) for h in hosts)
 
 
+def parse_choices(text: str, allowed: tuple[str, ...], problem: str, hint: str) -> tuple[str, ...]:
+    """'a, b,a' -> ('a', 'b'); InputError ``problem`` + the names not ``allowed`` (or none given)."""
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    bad = [n for n in names if n not in allowed]
+    if bad or not names:
+        raise InputError(f"{problem} {', '.join(bad) or '(none given)'}", hint)
+    return names
+
+
 def parse_backends(text: str) -> tuple[str, ...]:
     """'ring,mpi' -> ('ring', 'mpi'); only the TCP backends have knobs to tune."""
-    names = tuple(dict.fromkeys(b.strip() for b in text.split(",") if b.strip()))
-    bad = [b for b in names if b not in TUNABLE_BACKENDS]
-    if bad or not names:
-        raise InputError(f"cannot tune backend(s) {', '.join(bad) or '(none)'}",
+    return parse_choices(text, TUNABLE_BACKENDS, "cannot tune backend(s)",
                          f"choose among {','.join(TUNABLE_BACKENDS)} (jaccl and nccl have no "
                          "connection knobs to tune)")
-    return names
 
 
 def parse_allreduce(text: str) -> tuple[str, ...]:
     """'default,ring' -> ('default', 'ring'): Open MPI allreduce choices to try."""
-    names = tuple(dict.fromkeys(a.strip() for a in text.split(",") if a.strip()))
-    bad = [a for a in names if a not in MPI_ALLREDUCE]
-    if bad or not names:
-        raise InputError(f"bad --mpi-allreduce {text!r}: unknown {', '.join(bad) or '(none given)'}",
+    return parse_choices(text, MPI_ALLREDUCE, f"bad --mpi-allreduce {text!r}: unknown",
                          f"choose among {','.join(MPI_ALLREDUCE)}, e.g. --mpi-allreduce default,ring "
                          "(default: Open MPI's own decision rules; ring: its ring algorithm)")
-    return names
 
 
 def ring_allreduce_links(mpi_tcp_links: tuple[int, ...]) -> tuple[int, ...]:
