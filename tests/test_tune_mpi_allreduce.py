@@ -37,6 +37,7 @@ def mca(argv: list[str] | tuple[str, ...], name: str) -> list[str]:
 
 
 def forced_ring(argv) -> bool:
+    """Whether ``argv`` forces Open MPI's ring allreduce: each of the two pairs once."""
     return (mca(argv, "coll_tuned_use_dynamic_rules"), mca(argv, "coll_tuned_allreduce_algorithm")) == (["1"], ["4"])
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.test_tune_mpi_allreduce import forced_ring, mca
+
 pytestmark = pytest.mark.lab
 
 
@@ -22,7 +24,7 @@ def test_tune_measures_real_candidates_and_writes_the_winner(lab3, tmp_path):
     out = tmp_path / "tuned.json"
     proc = subprocess.run(
         [sys.executable, "-m", "mlxcluster", "tune", "-i", str(inventory), "--backend", "ring,mpi",
-         "--connections", "1,2", "--tcp-links", "4", "--sizes", "256K", "--iters", "3",
+         "--connections", "1,2", "--tcp-links", "4", "--mpi-allreduce", "default", "--sizes", "256K", "--iters", "3",
          "--rounds", "2", "--budget", "30s", "-o", str(out), "--json"],
         env=lab3.env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -107,7 +109,8 @@ def test_run_launches_with_the_ring_setting_tune_wrote(lab3, tmp_path):
 
 
 def test_run_launches_with_the_mpi_setting_tune_wrote(lab3, tmp_path):
-    out, ran, ranks = tune_then_run(lab3, tmp_path, "mpi", ["--tcp-links", "2"], "tuned-mpi.txt")
+    out, ran, ranks = tune_then_run(lab3, tmp_path, "mpi", ["--tcp-links", "2", "--mpi-allreduce", "default"],
+                                    "tuned-mpi.txt")
     assert out.read_text().splitlines() == [f"{h.ip} slots=1" for h in lab3.hosts]
     assert f"tuned: --mca btl_tcp_links 2 (from {out}.args" in ran.stderr
     # The value each rank's process got from the real mpirun.
@@ -152,10 +155,6 @@ print(f"RANK {group.rank()} host={socket.gethostname()} sum={int(total[0].item()
       f"dynamic={env.get('OMPI_MCA_coll_tuned_use_dynamic_rules')} "
       f"algorithm={env.get('OMPI_MCA_coll_tuned_allreduce_algorithm')}")
 """
-
-
-def mca_value(argv: list[str], name: str) -> list[str]:
-    return [argv[i + 2] for i, a in enumerate(argv[:-2]) if a in ("--mca", "-mca") and argv[i + 1] == name]
 
 
 def run_seeing_mpirun(argv: list[str], env: dict[str, str], timeout: float):
@@ -221,11 +220,8 @@ def test_tune_runs_the_ring_allreduce_and_run_uses_it_as_open_mpi_did(lab3, tmp_
     # The mpirun the measurement ran: the pairs once each (mpirun refuses a parameter twice).
     assert mpiruns, "no mpirun seen while tune ran"
     for argv in mpiruns:
-        assert (mca_value(argv, "coll_tuned_use_dynamic_rules"), mca_value(argv, "coll_tuned_allreduce_algorithm"),
-                mca_value(argv, "btl_tcp_links")) == (["1"], ["4"], ["1"]), argv
-    args = Path(f"{out}.args").read_text().split()
-    assert (mca_value(args, "coll_tuned_use_dynamic_rules"), mca_value(args, "coll_tuned_allreduce_algorithm")) == (
-        ["1"], ["4"])
+        assert forced_ring(argv) and mca(argv, "btl_tcp_links") == ["1"], argv
+    assert forced_ring(Path(f"{out}.args").read_text().split())
 
     script = tmp_path / "allreduce.py"
     script.write_text(ALLREDUCE_SCRIPT)
@@ -259,6 +255,4 @@ def test_open_mpi_takes_the_ring_allreduce_pairs_in_a_smoke_run(lab3, tmp_path):
     assert smoke.returncode == 0, smoke.stdout[-2000:] + smoke.stderr[-2000:]
     report = json.loads(smoke.stdout)["backends"][0]
     assert report["status"] == "passed"
-    command = report["command"]
-    assert (mca_value(command, "coll_tuned_use_dynamic_rules"),
-            mca_value(command, "coll_tuned_allreduce_algorithm")) == (["1"], ["4"])
+    assert forced_ring(report["command"]), report["command"]
