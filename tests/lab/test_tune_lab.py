@@ -245,6 +245,25 @@ def test_tune_runs_the_ring_allreduce_and_run_uses_it_as_open_mpi_did(lab3, tmp_
     assert all(150 < mb < 230 for mb in ring_sent.values()), ring_sent
 
 
+def test_tune_measures_the_default_rules_and_the_ring_side_by_side(lab3, tmp_path):
+    """Both allreduce candidates in one tune: each mpirun it starts forces the
+    ring or leaves Open MPI's rules alone, and both are measured."""
+    inventory = lab3.write_inventory(tmp_path / "lab.yaml")
+    tuned, mpiruns = run_seeing_mpirun(
+        [sys.executable, "-m", "mlxcluster", "tune", "-i", str(inventory), "--backend", "mpi",
+         "--tcp-links", "1", "--sizes", "256K", "--iters", "2", "--rounds", "1", "--budget", "10s",
+         "-o", "-", "--json"], lab3.env(), 600)
+    assert tuned.returncode == 0, tuned.stdout[-2000:] + tuned.stderr[-2000:]
+    doc = json.loads(tuned.stdout)
+    assert [(c["label"], c["mpi_allreduce"]) for c in doc["candidates"]] == [
+        ("mpi links=1", "default"), ("mpi links=1 allreduce=ring", "ring")]
+    assert doc["failed"] == {} and doc["files"] == []
+    assert sorted(r["candidate"] for r in doc["decision"]["rows"]) == ["mpi links=1", "mpi links=1 allreduce=ring"]
+    forced = sorted(forced_ring(argv) for argv in mpiruns)
+    assert forced == [False, True], mpiruns  # one run each (one round), in that candidate's setting
+    assert all(mca(argv, "coll_tuned_allreduce_algorithm") == [] for argv in mpiruns if not forced_ring(argv))
+
+
 def test_open_mpi_takes_the_ring_allreduce_pairs_in_a_smoke_run(lab3, tmp_path):
     inventory = lab3.write_inventory(tmp_path / "lab.yaml")
     smoke = subprocess.run(
