@@ -37,6 +37,7 @@ sys.path.insert(0, str(REPO))
 
 import psutil  # noqa: E402
 
+from mlxcluster.facts.mpi import allreduce_args  # noqa: E402
 from mlxcluster.inventory.inventory import load_inventory  # noqa: E402
 from mlxcluster.jobs.hosts import hosts_from_inventory  # noqa: E402
 from mlxcluster.smoke.launch import WorkerOptions  # noqa: E402
@@ -117,8 +118,7 @@ def tune_run(lab, inventory: Path, args) -> dict:
 def mpi_allreduce(hosts, algorithm: int, timeout_s: float) -> dict:
     opts = WorkerOptions(dtypes=("float32",), lo_bytes=32 * MiB, hi_bytes=32 * MiB, bench=True,
                          check=False, warmup=1, iters=3, ops=("all_sum",))
-    extra = () if algorithm == 0 else ("--mca", "coll_tuned_use_dynamic_rules", "1",
-                                       "--mca", "coll_tuned_allreduce_algorithm", str(algorithm))
+    extra = () if algorithm == 0 else allreduce_args(algorithm)
     report = run_backend("mpi", hosts, opts, timeout_s, mpi_args=extra)
     row = next((b for b in report.bench if b.op == "all_sum"), None)
     return {"algorithm": algorithm, "status": report.status, "reason": report.reason[:200],
@@ -165,8 +165,7 @@ def bytes_per_all_sum(lab, hosts, backend: str, algorithm: int = 0) -> dict:
     for iters in (0, 3):
         opts = WorkerOptions(dtypes=("float32",), lo_bytes=32 * MiB, hi_bytes=32 * MiB, bench=iters > 0,
                              check=False, warmup=1, iters=max(iters, 1), ops=("all_sum",))
-        extra = () if algorithm == 0 else ("--mca", "coll_tuned_use_dynamic_rules", "1",
-                                           "--mca", "coll_tuned_allreduce_algorithm", str(algorithm))
+        extra = () if algorithm == 0 else allreduce_args(algorithm)
         before = tx_bytes(lab)
         report = run_backend(backend, hosts, opts, 300, mpi_args=extra if backend == "mpi" else ())
         sent.append([a - b for a, b in zip(tx_bytes(lab), before, strict=True)])

@@ -111,7 +111,8 @@ def test_a_candidate_fastest_until_it_hangs_cannot_win_and_the_reason_is_shown()
     cluster = FakeCluster({"mpi links=1": [1.0] * 9, "mpi links=8": [5.0] * 9},
                           fail="mpi links=8", fail_from_call=2, reason=NO_PROGRESS)
     result = run_tune(HOSTS, ("mpi",), Plan((M32,), budget_s=1e6, max_rounds=3, tcp_seconds=1),
-                      cluster.run, cluster.stream, clock=cluster.clock, mpi_tcp_links=(1, 8))
+                      cluster.run, cluster.stream, clock=cluster.clock, mpi_tcp_links=(1, 8),
+                      mpi_allreduce=("default",))
     assert cluster.calls.count("mpi links=8") == 2 and cluster.calls.count("mpi links=1") == 3
     assert result.winner == Candidate("mpi", tcp_links=1)
     assert [s.candidate for s in result.decision.scores] == [Candidate("mpi", tcp_links=1)]
@@ -122,7 +123,8 @@ def test_a_candidate_fastest_until_it_hangs_cannot_win_and_the_reason_is_shown()
 
 def test_the_decision_is_all_sum_at_32_mib_and_a_stream_failure_is_reported():
     cluster = FakeCluster({"mpi links=1": [1.0] * 9, "mpi links=2": [1.0] * 9,
-                           "mpi links=4": [1.0] * 9, "mpi links=8": [1.0] * 9})
+                           "mpi links=4": [1.0] * 9, "mpi links=8": [1.0] * 9,
+                           "mpi links=1 allreduce=ring": [1.0] * 9, "mpi links=4 allreduce=ring": [1.0] * 9})
     result = run_tune(HOSTS, ("mpi",), Plan(tune_sizes(16 << 20, 64 << 20), budget_s=1e6,
                                             max_rounds=2, tcp_seconds=1),
                       cluster.run, cluster.stream, clock=cluster.clock)
@@ -130,7 +132,7 @@ def test_the_decision_is_all_sum_at_32_mib_and_a_stream_failure_is_reported():
         ("all_sum", 16 << 20), ("all_sum", M32), ("all_sum", 64 << 20),
         ("all_gather", 16 << 20), ("all_gather", M32), ("all_gather", 64 << 20)]
     assert result.decision.bytes == M32 and result.decision.op == "all_sum"
-    # All equal: a tie, and the simplest (one link) is chosen.
+    # All equal: a tie, and the simplest (one link, Open MPI's own allreduce) is chosen.
     assert result.decision.confidence == "tie" and result.winner == Candidate("mpi", tcp_links=1)
     assert result.measurements.tcp_errors == {8: "tcp receiver on h2 did not start"}
     assert result.measurements.tcp_gbps(8) is None

@@ -92,7 +92,8 @@ def test_candidates_cover_every_knob_and_interfaces_when_hosts_have_several():
     one_ip = (RankHost("a", "a", ("10.0.0.1",), "/p"), RankHost("b", "b", ("10.0.0.2",), "/p"))
     labels = [c.label for c in make_candidates(("ring", "mpi"), one_ip)]
     assert labels == ["ring x1/ip", "ring x2/ip", "ring x4/ip",
-                      "mpi links=1", "mpi links=2", "mpi links=4", "mpi links=8"]
+                      "mpi links=1", "mpi links=2", "mpi links=4", "mpi links=8",
+                      "mpi links=1 allreduce=ring", "mpi links=4 allreduce=ring"]
     two_ips = tuple(RankHost(h.name, h.ssh, (h.ips[0], h.ips[0].replace("10.0", "10.1")), "/p")
                     for h in one_ip)
     cands = make_candidates(("ring",), two_ips)

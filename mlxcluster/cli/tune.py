@@ -1,6 +1,7 @@
 """``mlxcluster tune``: measure the launcher's tuning flags (ring
-connections per IP, MPI btl_tcp_links, the data interface) instead of
-guessing them, and write the hostfile with the winner (docs/tune.md).
+connections per IP, MPI btl_tcp_links and allreduce algorithm, the data
+interface) instead of guessing them, and write the hostfile with the winner
+(docs/tune.md).
 
     mlxcluster tune                              # ./cluster.yaml, ring and mpi, 32 MiB, 5 minutes
     mlxcluster tune -i cluster.yaml --backend ring --sizes 1M:64M --budget 10m -o hostfile.json
@@ -23,9 +24,11 @@ from mlxcluster.jobs.hosts import hosts_from_inventory, require_local_pythons
 from mlxcluster.outputs import write_files
 from mlxcluster.smoke.stats import format_bytes, parse_size_range
 from mlxcluster.tune.candidates import (
+    MPI_ALLREDUCE,
     MPI_TCP_LINKS,
     RING_CONNECTIONS,
     TUNABLE_BACKENDS,
+    parse_allreduce,
     parse_backends,
     parse_counts,
 )
@@ -99,6 +102,9 @@ def render(result: TuneResult) -> str:
               help="ring: the --connections-per-ip values to try.")
 @click.option("--tcp-links", default=",".join(map(str, MPI_TCP_LINKS)), show_default=True,
               help="mpi: the btl_tcp_links values to try.")
+@click.option("--mpi-allreduce", default=",".join(MPI_ALLREDUCE), show_default=True,
+              help="mpi: Open MPI's allreduce to try: default (its decision rules), ring "
+                   "(its ring algorithm, at --tcp-links 1 and 4).")
 @click.option("--sizes", default="32M", show_default=True,
               help="LO:HI bytes (powers of two between); 32M is what nn.average_gradients sends.")
 @click.option("--budget", "budget_s", type=Duration(1, 24 * 3600), default="5m", show_default=True,
@@ -114,12 +120,13 @@ def render(result: TuneResult) -> str:
               help="Hostfile to write with the winner (and OUTPUT.args beside it); "
                    "default hostfile-ring.json / hostfile-mpi.txt; '-' writes nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (docs/tune.md).")
-def command(inventory_path, backends, connections, tcp_links, sizes, budget_s, max_rounds, iters, timeout_s, python,
-            output, as_json):
+def command(inventory_path, backends, connections, tcp_links, mpi_allreduce, sizes, budget_s, max_rounds, iters,
+            timeout_s, python, output, as_json):
     """Measure ring/MPI connection settings and write the fastest."""
     names = parse_backends(backends)
     ring_connections = parse_counts(connections, "--connections")
     mpi_tcp_links = parse_counts(tcp_links, "--tcp-links")
+    allreduce = parse_allreduce(mpi_allreduce)
     lo, hi = parse_size_range(sizes)
     inventory = load_chosen_inventory(inventory_path)
     if python:
@@ -130,7 +137,7 @@ def command(inventory_path, backends, connections, tcp_links, sizes, budget_s, m
     plan = Plan(tune_sizes(lo, hi), budget_s, iters=iters, max_rounds=max_rounds, timeout_s=timeout_s)
     progress = None if as_json else (lambda text: click.echo(f"tune {text}", err=True))
     result = run_tune(hosts, names, plan, on_progress=progress, ring_connections=ring_connections,
-                      mpi_tcp_links=mpi_tcp_links)
+                      mpi_tcp_links=mpi_tcp_links, mpi_allreduce=allreduce)
     winner = result.winner
     if winner and output != "-":
         path = output or default_output(winner)

@@ -6,7 +6,8 @@ Both backends get a pair, the convention of ``hostfile generate --backend mpi``:
   flag ``--connections-per-ip N`` (mlx.launch reads it only from its command
   line: ``mlx.launch --hostfile OUT $(cat OUT.args) --python P script.py``);
 * mpi: ``OUT`` is the ``host slots=1`` file; ``OUT.args`` the mpirun
-  arguments, ``--mca btl_tcp_links N`` among them
+  arguments, ``--mca btl_tcp_links N`` among them, and for a forced allreduce
+  ``--mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm 4``
   (``mpirun --hostfile OUT -np N $(cat OUT.args) python script.py``).
 """
 
@@ -45,7 +46,8 @@ def winner_files(inventory: Inventory, candidate: Candidate, output: str) -> dic
     envs = cluster_envs(inv)
     if candidate.backend == "mpi":
         files = generate_mpi(inv, envs, tcp_links=candidate.tcp_links,
-                             libmpi=find_libmpi(python=inv.python))
+                             libmpi=find_libmpi(python=inv.python),
+                             extra_args=candidate.allreduce_args())
         return {output: files.hostfile, output + ".args": files.args_line()}
     hostfile = generate_mlx_hostfile(inv, candidate.backend, envs=envs)
     return {output: hostfile.dumps(), output + ".args": shlex.join(launcher_args(candidate)) + "\n"}

@@ -73,7 +73,9 @@ def worker_options(candidate: Candidate, plan: Plan) -> WorkerOptions:
 
 def mpi_args(candidate: Candidate) -> tuple[str, ...]:
     """The mpirun arguments of an MPI candidate (they replace the generated ones)."""
-    return ("--mca", "btl_tcp_links", str(candidate.tcp_links)) if candidate.backend == "mpi" else ()
+    if candidate.backend != "mpi":
+        return ()
+    return ("--mca", "btl_tcp_links", str(candidate.tcp_links), *candidate.allreduce_args())
 
 
 def smoke_runner(hosts: tuple[RankHost, ...]) -> RunCandidate:

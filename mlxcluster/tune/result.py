@@ -46,6 +46,7 @@ def candidate_dict(c: Candidate) -> dict[str, Any]:
     return {"label": c.label, "backend": c.backend,
             "connections_per_ip": c.connections if c.backend == "ring" else None,
             "btl_tcp_links": c.tcp_links if c.backend == "mpi" else None,
+            "mpi_allreduce": c.allreduce if c.backend == "mpi" else None,
             "ip_index": c.ip_index}
 
 

@@ -8,9 +8,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import psutil
 import pytest
+
+from tests.test_tune_mpi_allreduce import forced_ring, mca
 
 pytestmark = pytest.mark.lab
 
@@ -20,7 +24,7 @@ def test_tune_measures_real_candidates_and_writes_the_winner(lab3, tmp_path):
     out = tmp_path / "tuned.json"
     proc = subprocess.run(
         [sys.executable, "-m", "mlxcluster", "tune", "-i", str(inventory), "--backend", "ring,mpi",
-         "--connections", "1,2", "--tcp-links", "4", "--sizes", "256K", "--iters", "3",
+         "--connections", "1,2", "--tcp-links", "4", "--mpi-allreduce", "default", "--sizes", "256K", "--iters", "3",
          "--rounds", "2", "--budget", "30s", "-o", str(out), "--json"],
         env=lab3.env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -105,7 +109,8 @@ def test_run_launches_with_the_ring_setting_tune_wrote(lab3, tmp_path):
 
 
 def test_run_launches_with_the_mpi_setting_tune_wrote(lab3, tmp_path):
-    out, ran, ranks = tune_then_run(lab3, tmp_path, "mpi", ["--tcp-links", "2"], "tuned-mpi.txt")
+    out, ran, ranks = tune_then_run(lab3, tmp_path, "mpi", ["--tcp-links", "2", "--mpi-allreduce", "default"],
+                                    "tuned-mpi.txt")
     assert out.read_text().splitlines() == [f"{h.ip} slots=1" for h in lab3.hosts]
     assert f"tuned: --mca btl_tcp_links 2 (from {out}.args" in ran.stderr
     # The value each rank's process got from the real mpirun.
@@ -135,3 +140,142 @@ def test_tune_picks_the_fast_one_of_two_data_interfaces(make_lab, tmp_path):
     assert "winner: ring x1/ip ip#2" in decision, text
     assert json.loads(out.read_text())["hosts"] == [{"ssh": h.ip, "ips": [h.ip], "rdma": []}
                                                     for h in lab.hosts]
+
+
+ALLREDUCE_SCRIPT = """
+import os, socket
+import mlx.core as mx
+group = mx.distributed.init(strict=True, backend="mpi")
+x = mx.ones(8 << 20)  # 32 MiB of float32, what nn.average_gradients sends per all_sum
+for _ in range(4):
+    total = mx.distributed.all_sum(x)
+    mx.eval(total)
+env = os.environ  # mpirun hands every --mca to its processes as OMPI_MCA_*
+print(f"RANK {group.rank()} host={socket.gethostname()} sum={int(total[0].item())} "
+      f"dynamic={env.get('OMPI_MCA_coll_tuned_use_dynamic_rules')} "
+      f"algorithm={env.get('OMPI_MCA_coll_tuned_allreduce_algorithm')}")
+"""
+
+
+def run_seeing_mpirun(argv: list[str], env: dict[str, str], timeout: float):
+    """Run ``argv``, and the command line of every mpirun it starts, read
+    from the process table while it runs (each lives for seconds)."""
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen: dict[int, list[str]] = {}
+    parent = psutil.Process(proc.pid)
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            for child in parent.children(recursive=True):
+                try:
+                    cmd = child.cmdline()
+                except psutil.Error:
+                    continue
+                if cmd and Path(cmd[0]).name in ("mpirun", "mpiexec", "prterun"):
+                    seen.setdefault(child.pid, cmd)
+        except psutil.Error:
+            pass
+        time.sleep(0.05)
+    out, err = proc.communicate(timeout=max(deadline - time.monotonic(), 1))
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err), list(seen.values())
+
+
+def tx_bytes(lab) -> dict[str, int]:
+    """Bytes each host has sent on its data link (eth0 counter inside its namespace)."""
+    return {h.name: int(lab.netns_exec(h, ["cat", "/sys/class/net/eth0/statistics/tx_bytes"]).stdout)
+            for h in lab.hosts}
+
+
+def run_counting_bytes(lab, tmp_path, hostfile, script, extra: list[str]):
+    """``mlxcluster run --hostfile`` of the 4 x 32 MiB all_sums: its result, the
+    ranks' lines by rank, and the MB each host sent meanwhile."""
+    before = tx_bytes(lab)
+    ran = subprocess.run(
+        [sys.executable, "-m", "mlxcluster", "run", "--hostfile", str(hostfile), "--no-preflight",
+         "--logs", str(tmp_path / "logs"), *extra, "--", "python", str(script)],
+        env=lab.env(), capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    after = tx_bytes(lab)
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    ranks = dict(line.split("RANK ", 1)[1].split(" ", 1) for line in ran.stdout.splitlines() if "RANK " in line)
+    sent = {name: (after[name] - before[name]) / 1e6 for name in before}
+    return ran, ranks, sent
+
+
+def test_tune_runs_the_ring_allreduce_and_run_uses_it_as_open_mpi_did(lab3, tmp_path):
+    """tune restricted to Open MPI's ring allreduce launches the real mpirun
+    with its two --mca pairs and writes them; run picks them up from .args,
+    and the traffic on the wire is the ring's: every host sends the same,
+    where Open MPI's default rules make rank 0 send about 2.5x the others."""
+    inventory = lab3.write_inventory(tmp_path / "lab.yaml")
+    out = tmp_path / "tuned-mpi.txt"
+    tuned, mpiruns = run_seeing_mpirun(
+        [sys.executable, "-m", "mlxcluster", "tune", "-i", str(inventory), "--backend", "mpi",
+         "--tcp-links", "1", "--mpi-allreduce", "ring", "--sizes", "256K", "--iters", "2",
+         "--rounds", "1", "--budget", "10s", "-o", str(out), "--json"], lab3.env(), 600)
+    assert tuned.returncode == 0, tuned.stdout[-2000:] + tuned.stderr[-2000:]
+    doc = json.loads(tuned.stdout)
+    assert [c["label"] for c in doc["candidates"]] == ["mpi links=1 allreduce=ring"]
+    assert doc["failed"] == {} and doc["decision"]["rows"][0]["busbw_gbps"] > 0
+    assert (doc["winner"]["mpi_allreduce"], doc["winner"]["btl_tcp_links"]) == ("ring", 1)
+    # The mpirun the measurement ran: the pairs once each (mpirun refuses a parameter twice).
+    assert mpiruns, "no mpirun seen while tune ran"
+    for argv in mpiruns:
+        assert forced_ring(argv) and mca(argv, "btl_tcp_links") == ["1"], argv
+    assert forced_ring(Path(f"{out}.args").read_text().split())
+
+    script = tmp_path / "allreduce.py"
+    script.write_text(ALLREDUCE_SCRIPT)
+    ran, ranks, ring_sent = run_counting_bytes(lab3, tmp_path, out, script, [])
+    assert ("tuned: --mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm 4 "
+            f"(from {out}.args") in ran.stderr
+    assert sorted(ranks) == ["0", "1", "2"]
+    assert all(line.endswith("sum=3 dynamic=1 algorithm=4") for line in ranks.values()), ranks
+    # The command line wins: Open MPI's own choice again (algorithm 0, the dynamic rules off).
+    _, default_ranks, default_sent = run_counting_bytes(
+        lab3, tmp_path, out, script, ["--mpi-arg", "--mca coll_tuned_allreduce_algorithm 0"])
+    assert all(line.endswith("sum=3 dynamic=None algorithm=0") for line in default_ranks.values()), default_ranks
+    # 4 all_sums of 33.6 MB: the ring sends 2(n-1)/n of it from every host
+    # (4 x 44.7 MB); the default rules ~88 MB per all_sum from rank 0, ~35 from
+    # the others (docs/performance.md). Rank 0 is the hostfile's first host.
+    rank0 = ranks["0"].split()[0].split("=")[1]
+    assert rank0 == lab3.hosts[0].name
+    others = [mb for name, mb in default_sent.items() if name != rank0]
+    assert default_sent[rank0] > 1.8 * max(others), default_sent
+    assert max(ring_sent.values()) < 1.25 * min(ring_sent.values()), ring_sent
+    assert all(150 < mb < 230 for mb in ring_sent.values()), ring_sent
+
+
+def test_tune_measures_the_default_rules_and_the_ring_side_by_side(lab3, tmp_path):
+    """Both allreduce candidates in one tune: each mpirun it starts forces the
+    ring or leaves Open MPI's rules alone, and both are measured."""
+    inventory = lab3.write_inventory(tmp_path / "lab.yaml")
+    tuned, mpiruns = run_seeing_mpirun(
+        [sys.executable, "-m", "mlxcluster", "tune", "-i", str(inventory), "--backend", "mpi",
+         "--tcp-links", "1", "--sizes", "256K", "--iters", "2", "--rounds", "1", "--budget", "10s",
+         "-o", "-", "--json"], lab3.env(), 600)
+    assert tuned.returncode == 0, tuned.stdout[-2000:] + tuned.stderr[-2000:]
+    doc = json.loads(tuned.stdout)
+    assert [(c["label"], c["mpi_allreduce"]) for c in doc["candidates"]] == [
+        ("mpi links=1", "default"), ("mpi links=1 allreduce=ring", "ring")]
+    assert doc["failed"] == {} and doc["files"] == []
+    assert sorted(r["candidate"] for r in doc["decision"]["rows"]) == ["mpi links=1", "mpi links=1 allreduce=ring"]
+    # One run of each candidate (one round), told apart by its run's hostfile
+    # (mpirun's forks, caught before they exec ssh, show the same command line).
+    runs: dict[str, set[bool]] = {}
+    for argv in mpiruns:
+        runs.setdefault(argv[argv.index("--hostfile") + 1], set()).add(forced_ring(argv))
+    assert sorted(map(sorted, runs.values())) == [[False], [True]], mpiruns
+    assert all(mca(argv, "coll_tuned_allreduce_algorithm") == [] for argv in mpiruns if not forced_ring(argv))
+
+
+def test_open_mpi_takes_the_ring_allreduce_pairs_in_a_smoke_run(lab3, tmp_path):
+    inventory = lab3.write_inventory(tmp_path / "lab.yaml")
+    smoke = subprocess.run(
+        [sys.executable, "-m", "mlxcluster", "smoke", "-i", str(inventory), "--backend", "mpi",
+         "--mpi-arg", "--mca coll_tuned_use_dynamic_rules 1", "--mpi-arg",
+         "--mca coll_tuned_allreduce_algorithm 4", "--sizes", "1K:1M", "--dtypes", "float32", "--json"],
+        env=lab3.env(), capture_output=True, text=True, timeout=300)
+    assert smoke.returncode == 0, smoke.stdout[-2000:] + smoke.stderr[-2000:]
+    report = json.loads(smoke.stdout)["backends"][0]
+    assert report["status"] == "passed"
+    assert forced_ring(report["command"]), report["command"]
