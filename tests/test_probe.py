@@ -16,7 +16,7 @@ import pytest
 
 from mlxcluster.facts.capture import save_capture_dir
 from mlxcluster.facts.collect import capture_from_probe, probe_command, probe_source
-from mlxcluster.ssh.remote import CommandResult
+from mlxcluster.ssh.results import CommandResult
 from tests.conftest import require
 
 VENV_BIN = Path(sys.executable).parent

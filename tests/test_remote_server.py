@@ -20,7 +20,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from mlxcluster.ssh.remote import ParamikoRunner, SshError, exec_bounded
+from mlxcluster.ssh.remote import ParamikoRunner, exec_bounded
+from mlxcluster.ssh.results import SshError
 
 # A traceback in a runner's helper thread (its exec timer) fails the test.
 pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")

@@ -6,8 +6,13 @@ tests/lab/test_dead_host_lab.py."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
+
+import pytest
 
 from mlxcluster.jobs.cleanup import (
     LauncherStopNoise,
@@ -16,6 +21,7 @@ from mlxcluster.jobs.cleanup import (
     new_run_id,
     stop_script,
 )
+from mlxcluster.jobs.rank_wrapper import STACKS_ROOT
 from mlxcluster.ssh.launcher_ssh import WRAPPER_MARK, launcher_environment, real_ssh
 
 # What mlx.launch 0.32.4 printed on stderr when it stopped the other ranks
@@ -81,6 +87,37 @@ def test_every_rank_carries_the_run_id_and_python_accepts_the_marker():
                           timeout=30).stdout.strip() == run_id
     script = stop_script(run_id)
     assert run_id not in script and f"[{run_id[0]}]{run_id[1:]}" in script
+
+
+@pytest.mark.parametrize("shell", ["sh", "bash"])
+def test_the_stop_script_stops_every_rank_of_the_run_and_nothing_else(shell, tmp_path):
+    """Run in a real shell on this machine: a rank that ignores TERM is
+    KILLed, a stopped (SIGSTOP) one too, another run's process is left alone,
+    the run's stack dumps go; and with nothing left of the run (a job that
+    ended cleanly) the script still succeeds."""
+    run_id, other_id = new_run_id(), new_run_id()
+    ignore_term = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
+    ranks = [subprocess.Popen([sys.executable, *marked_program(run_id, ["-c", ignore_term])]),
+             subprocess.Popen([sys.executable, *marked_program(run_id, ["-c", "import time; time.sleep(120)"])])]
+    other = subprocess.Popen([sys.executable, *marked_program(other_id, ["-c", "import time; time.sleep(120)"])])
+    stacks = Path(STACKS_ROOT) / run_id
+    stacks.mkdir(parents=True)
+    (stacks / "rank0.pid").write_text("1 host\n")
+    try:
+        time.sleep(0.5)  # the TERM handler is installed
+        ranks[1].send_signal(signal.SIGSTOP)
+        done = subprocess.run([shell, "-c", stop_script(run_id)], capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        assert [r.wait(timeout=10) for r in ranks] == [-signal.SIGKILL, -signal.SIGTERM]
+        assert other.poll() is None
+        assert not stacks.exists()
+        again = subprocess.run([shell, "-c", stop_script(run_id)], capture_output=True, text=True, timeout=30)
+        assert again.returncode == 0 and again.stderr == ""
+        assert other.poll() is None
+    finally:
+        for proc in (*ranks, other):
+            proc.kill()
+            proc.wait(timeout=10)
 
 
 def test_the_launchers_ssh_adds_keepalive_batchmode_and_the_inventory_config(tmp_path):

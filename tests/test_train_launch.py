@@ -408,6 +408,8 @@ def test_batch_split_message_shows_the_arithmetic_and_the_fix():
 def nothing_may_start(monkeypatch):
     """Every step of `mlxcluster train` that reaches a host or starts a process
     records that it was called (and starts nothing)."""
+    import mlxcluster.cli.job_launch as job_launch
+    import mlxcluster.cli.preflight as preflight
     import mlxcluster.cli.train as train_cli
 
     called: list[str] = []
@@ -418,9 +420,10 @@ def nothing_may_start(monkeypatch):
             raise AssertionError(f"{name} was called")
         return record
 
-    for name in ("run_doctor_preflight", "probe_hosts", "smoke_all_sum", "run_job",
-                 "require_job_python"):
-        monkeypatch.setattr(train_cli, name, recorder(name))
+    for module, name in ((preflight, "run_doctor_preflight"), (preflight, "probe_hosts"),
+                         (preflight, "smoke_all_sum"), (train_cli, "run_job"),
+                         (job_launch, "require_job_python")):
+        monkeypatch.setattr(module, name, recorder(name))
     monkeypatch.setattr(subprocess, "Popen", recorder("subprocess.Popen"))
     return called
 

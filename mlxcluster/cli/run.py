@@ -9,8 +9,7 @@ from pathlib import Path
 
 import click
 
-from mlxcluster.cli.params import Duration, launch_options
-from mlxcluster.cli.train import (
+from mlxcluster.cli.job_launch import (
     choose_job,
     end_if_refused,
     one_source,
@@ -18,6 +17,7 @@ from mlxcluster.cli.train import (
     prepare_job,
     say_failure,
 )
+from mlxcluster.cli.params import Duration, launch_options
 from mlxcluster.errors import EXIT_FAILED, InputError
 from mlxcluster.jobs.cleanup import new_run_id
 from mlxcluster.jobs.job import BACKENDS, program_command, script_path
@@ -82,7 +82,7 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
 
         stall = None if stall_timeout == "off" else stall_timeout
         outcome = run_job(job, show, env=env, timeout=timeout, stall_timeout=stall,
-                                  report_dir=logs_path, run_id=run_id, any_line_progress=True)
+                          report_dir=logs_path, run_id=run_id, any_line_progress=True)
     finally:
         logs.close()
     if outcome.unstopped:

@@ -18,7 +18,8 @@ from mlxcluster.facts.capture import HostCapture
 from mlxcluster.facts.collect import PROBE_TIMEOUT, capture_or_error, probe_host
 from mlxcluster.ssh.hops import run_hops
 from mlxcluster.ssh.openssh import OpenSshRunner
-from mlxcluster.ssh.remote import Outcome, ParamikoRunner, run_parallel
+from mlxcluster.ssh.remote import ParamikoRunner, run_parallel
+from mlxcluster.ssh.results import Outcome
 
 
 @dataclass

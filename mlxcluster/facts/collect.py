@@ -19,7 +19,8 @@ from mlxcluster.facts.capture import PROBE, RAW_CAPTURE_FILES, HostCapture
 from mlxcluster.facts.facts import HostFacts, host_facts
 from mlxcluster.inventory.discovery import DiscoveredHost, inventory_entries, render_inventory
 from mlxcluster.inventory.inventory import parse_inventory
-from mlxcluster.ssh.remote import CommandResult, Outcome, ParamikoRunner, run_parallel
+from mlxcluster.ssh.remote import ParamikoRunner, run_parallel
+from mlxcluster.ssh.results import CommandResult, Outcome
 
 PROBE_TIMEOUT = 60.0
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from mlxcluster.errors import BackendUnavailable, HostfileError
-from mlxcluster.facts import collect as doctor_collect
 from mlxcluster.facts.capture import IBV_DEVICES, SW_VERS, HostCapture
 from mlxcluster.facts.facts import system_of
 from mlxcluster.facts.parsers.sw_vers import parse_sw_vers
@@ -148,7 +147,13 @@ def hostfile_from_live_topology(inventory: Inventory, backend: str = "jaccl",
                                 collect: Collect | None = None) -> MlxHostfile:
     """Probe every host as doctor does (``collect``: doctor_collect.collect_captures
     by default, timeouts included), then hostfile_from_captures."""
-    captures = (collect or doctor_collect.collect_captures)(inventory)
+    if collect is None:
+        # Imported here: it brings paramiko, which every `run`/`train` of a
+        # non-jaccl job would otherwise import for nothing (start-up time).
+        from mlxcluster.facts import collect as doctor_collect
+
+        collect = doctor_collect.collect_captures
+    captures = collect(inventory)
     return hostfile_from_captures(inventory, captures, backend)
 
 

@@ -22,7 +22,7 @@ from mlxcluster.facts.collect import PROBE_TIMEOUT, capture_from_probe, probe_co
 from mlxcluster.facts.facts import host_facts
 from mlxcluster.jobs.hosts import RankHost, distinct_hosts, for_each_host, host_argv
 from mlxcluster.jobs.job import TRAINER_MODULE, Job, rank_env, script_path
-from mlxcluster.ssh.remote import CommandResult
+from mlxcluster.ssh.results import CommandResult
 
 RANK_WRAPPER_MODULE = "mlxcluster.jobs.rank_wrapper"
 

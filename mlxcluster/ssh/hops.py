@@ -17,7 +17,8 @@ from __future__ import annotations
 import json
 
 from mlxcluster.ssh.openssh import ssh_argv
-from mlxcluster.ssh.remote import CommandResult, Outcome, ParamikoRunner, SshError, python_command
+from mlxcluster.ssh.remote import ParamikoRunner, python_command
+from mlxcluster.ssh.results import CommandResult, Outcome, SshError
 
 # SshError kind when the script itself could not run on the first host (its
 # python is broken): no hop was tried, so no other host is to blame.

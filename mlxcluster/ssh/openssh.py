@@ -16,7 +16,7 @@ import subprocess
 import time
 from collections.abc import Sequence
 
-from mlxcluster.ssh.remote import CommandResult, SshError
+from mlxcluster.ssh.results import CommandResult, SshError
 
 # Substrings of OpenSSH's stderr -> (kind, cause, fix).
 # A changed key prints both the CHANGED banner and "Host key verification

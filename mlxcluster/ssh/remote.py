@@ -27,36 +27,19 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 import paramiko
 from paramiko.hostkeys import InvalidHostKey
 
-from mlxcluster.errors import InputError, RemoteError
+from mlxcluster.errors import InputError
+from mlxcluster.ssh.results import CommandResult, Outcome, SshError
 
 DEFAULT_CONNECT_TIMEOUT = 5.0
 DEFAULT_COMMAND_TIMEOUT = 60.0
 MAX_PARALLEL = 32
 
 T = TypeVar("T")
-
-
-class SshError(RemoteError):
-    """An SSH connect or command failure; ``kind`` names the cause.
-
-    kinds: unknown-host-key, host-key-mismatch, auth, refused, timeout,
-    unreachable, dns, proxy, command-timeout, ssh, and known-hosts (a
-    known_hosts file this client cannot read, e.g. an OpenSSH
-    ``@cert-authority`` or ``@revoked`` line: no host is tried then).
-
-    ``target`` is the host text written into ``hint`` (name, IP or ssh
-    target), if any: doctor takes it out to give one fix for many hosts.
-    """
-
-    def __init__(self, kind: str, message: str, hint: str | None = None, target: str | None = None):
-        super().__init__(message, hint)
-        self.kind = kind
-        self.target = target
 
 
 def ssh_command(host_id: str) -> str:
@@ -103,30 +86,6 @@ class SshTarget:
     proxy_command: str | None = None
     known_hosts: tuple[str, ...] = ()
     use_agent: bool = True
-
-
-@dataclass(frozen=True)
-class CommandResult:
-    """What one remote command produced."""
-
-    stdout: str
-    stderr: str
-    exit_status: int
-    seconds: float
-
-
-@dataclass
-class Outcome(Generic[T]):
-    """One host's result in a parallel run: a value or an error."""
-
-    host: str
-    value: T | None = None
-    error: Exception | None = None
-    seconds: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
 
 
 def load_ssh_config(path: str | None) -> paramiko.SSHConfig:
