@@ -6,7 +6,8 @@ Exit codes (documented in README.md):
   1  a check or run failed (doctor found a failing check, a smoke rank failed)
   2  usage or input error (bad flags, inventory, hostfile)
   3  backend unavailable on this cluster (jaccl without TB5/RDMA, nccl without CUDA)
-  4  stalled: a job made no progress for its stall timeout; it was diagnosed and stopped
+  4  stalled: a job made no progress for its stall timeout (smoke: a rank within its
+     phase's or soak iteration's deadline); it was diagnosed and stopped
   128 + signal  interrupted (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP), after cleanup
 """
 

@@ -121,7 +121,7 @@ def worker_processes(run_id: str) -> list[psutil.Process]:
     for proc in psutil.process_iter(["cmdline"]):
         args = proc.info["cmdline"] or []
         if (len(args) > 1 and os.path.basename(args[0]).startswith("python")
-                and args[1].endswith("/worker.py") and run_id in args[1]):
+                and any(a.endswith("/worker.py") and run_id in a for a in args[1:])):
             found.append(proc)
     return found
 

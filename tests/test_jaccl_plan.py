@@ -96,7 +96,8 @@ def test_the_tb5_pair_plan_is_what_hostfile_generate_writes(pair, tmp_path, back
     assert [h.rdma for h in smoke_ranks(job)] == [tuple(r) for r in PAIR_ROWS[backend]]
     smoke = plan_launch(backend, smoke_ranks(job), SMOKE_OPTIONS, {})
     assert value_after(smoke.argv, "--backend") == backend
-    assert smoke.argv[smoke.argv.index("--") + 2:][:2] == ["--backend", "jaccl"]
+    worker = smoke.argv.index(f"{smoke.run_dir}/worker.py")  # after the rank wrapper
+    assert smoke.argv[worker + 1:][:2] == ["--backend", "jaccl"]
     [smoke_hostfile] = smoke.files.values()
     assert [h["rdma"] for h in json.loads(smoke_hostfile)["hosts"]] == PAIR_ROWS[backend]
 

@@ -111,8 +111,10 @@ def test_smoke_train_and_run_start_through_one_plan_and_one_starter(recorded_lau
     assert [type(p) for p in recorded_launches] == [LaunchPlan] * 3
     assert all(type(h) is job_hosts.RankHost for p in recorded_launches for h in p.hosts)
     smoke, trained, ran = recorded_launches
-    assert smoke.run_id.startswith("mlxsmoke-") and any(a.endswith("/worker.py") for a in smoke.argv)
-    for plan, program in ((trained, "reference_train.train"), (ran, str(script))):
+    assert smoke.run_id.startswith("mlxsmoke-")
+    # Every rank of all three runs under the one rank wrapper, the run id on its command line.
+    for plan, program in ((smoke, f"{smoke.run_dir}/worker.py"), (trained, "reference_train.train"),
+                          (ran, str(script))):
         assert plan.argv[plan.argv.index("--") + 1:][:5] == [
             "-X", f"mlxcluster_run={plan.run_id}", "-m", "mlxcluster.jobs.rank_wrapper",
             "-m" if program.endswith("train") else program]

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -40,6 +44,10 @@ def test_mpirun_plan_works_with_open_mpi_4_and_5(tmp_path):
     exports = [argv[i + 1] for i, a in enumerate(argv) if a == "-x"]
     assert f"MLX_MPI_LIBNAME={prefix / 'lib' / 'libmpi.so.40'}" in exports
     assert "MLXCLUSTER_SMOKE_FAIL_RANK=1" in exports and not any("HOME" in e for e in exports)
+    assert "PYTHONPATH=/tmp/mlxsmoke-0123456789" in exports
+    program = argv[argv.index("/venv/bin/python") + 1:]
+    assert program[:5] == ["-X", "mlxcluster_run=mlxsmoke-0123456789", "-m",
+                           "mlxcluster.jobs.rank_wrapper", "/tmp/mlxsmoke-0123456789/worker.py"]
     assert plan.files == {"/tmp/mlxsmoke-0123456789/mpi_hosts":
                           "10.77.5.11 slots=1\n10.77.5.12 slots=1\n10.77.5.13 slots=1\n"}
     assert "mlxsmoke-0123456789" in argv  # the marker cleanup looks for
@@ -56,7 +64,11 @@ def test_mlx_launch_plan_writes_an_mlx_hostfile():
     assert hostfile["hosts"][0] == {"ssh": "root@10.77.5.11", "ips": ["10.77.5.11"], "rdma": []}
     argv = plan.argv
     assert argv[argv.index("--python") + 1] == "/venv/bin/python"
-    assert argv[argv.index("--") + 1] == "/tmp/mlxsmoke-aa/worker.py"
+    # Every rank runs under the jobs layer's rank wrapper, as train's and run's do.
+    assert argv[argv.index("--") + 1:][:5] == [
+        "-X", "mlxcluster_run=mlxsmoke-aa", "-m", "mlxcluster.jobs.rank_wrapper",
+        "/tmp/mlxsmoke-aa/worker.py"]
+    assert "--env=PYTHONPATH=/tmp/mlxsmoke-aa" in argv  # where the wrapper is staged
     assert "--bench" in argv and argv[argv.index("--expect") + 1] == "3"
     assert plan.data_ports == (("10.77.5.11", 32323), ("10.77.5.12", 32324), ("10.77.5.13", 32325))
 
@@ -140,6 +152,35 @@ def test_stderr_tails_by_rank():
     out = ("==> /tmp/mlxsmoke-ab/mlxsmoke-ab.rank0.err\n\n"
            "==> /tmp/mlxsmoke-ab/mlxsmoke-ab.rank2.err\nTraceback...\nRuntimeError: boom\n\n")
     assert remote.parse_tails(out) == {0: "", 2: "Traceback...\nRuntimeError: boom"}
+    # The rank wrapper's exit line lands in the worker's stderr file: not shown.
+    wrapped = out + "==> /tmp/mlxsmoke-ab/mlxsmoke-ab.rank1.err\nboom\n@@mlxcluster-exit 1 3 1.5\n"
+    assert remote.parse_tails(wrapped)[1] == "boom"
+
+
+def test_the_staged_files_give_the_ranks_the_rank_wrapper_without_mlxcluster(tmp_path):
+    """What stage sends every host, run by a real shell: the worker and the
+    wrapper's package land in the run folder, and a python started as the
+    ranks are (PYTHONPATH from the plan, another working directory) imports
+    the wrapper from there and runs the worker under it."""
+    plan = launch.plan_mlx_launch("ring", LAB, WorkerOptions(), {},
+                                  run_id=f"mlxsmoke-stagetest{os.getpid()}")
+    worker = "import sys\nprint('worker ran', sys.argv[1:])\nsys.exit(3)\n"
+    script = remote.write_files_script(launch.staged_files(plan, worker))
+    try:
+        subprocess.run(["/bin/sh", "-s"], input=script, text=True, check=True, timeout=30)
+        env = dict(e.split("=", 1) for e in launch.rank_env(LAB, {}, plan.run_dir))
+        program = plan.argv[plan.argv.index("--") + 1:]
+        done = subprocess.run([sys.executable, *program[:5], "--x"], cwd=tmp_path, text=True,
+                              capture_output=True, timeout=60,
+                              env={"PATH": os.environ["PATH"], **env, "MLX_RANK": "1",
+                                   "MLXCLUSTER_STACKS_DIR": str(tmp_path / "stacks")})
+    finally:
+        shutil.rmtree(plan.run_dir, ignore_errors=True)
+    assert done.stdout == "worker ran ['--x']\n"
+    assert done.returncode == 3 and done.stderr.startswith("@@mlxcluster-exit 1 3 ")
+    assert (tmp_path / "stacks" / "rank1.pid").read_text().split()[0].isdigit()
+    with pytest.raises(ValueError, match="ends a staged file"):
+        remote.write_files_script({"/tmp/x": f"a\n{remote.STAGE_END}\nb\n"})
 
 
 def test_inventory_env_reaches_every_rank(tmp_path):
@@ -151,7 +192,8 @@ def test_inventory_env_reaches_every_rank(tmp_path):
     hosts = job_hosts.hosts_from_inventory(inv)
     plan = launch.plan_mlx_launch("ring", hosts, WorkerOptions(), {"MLXCLUSTER_SMOKE_HANG_RANK": "0"})
     assert [a for a in plan.argv if a.startswith("--env=")] == [
-        "--env=MLXCLUSTER_SMOKE_HANG_RANK=0", "--env=MLX_METAL_FAST_SYNCH=1"]
+        "--env=MLXCLUSTER_SMOKE_HANG_RANK=0", "--env=MLX_METAL_FAST_SYNCH=1",
+        f"--env=PYTHONPATH={plan.run_dir}"]
     odd = (hosts[0], RankHost("c", "10.0.0.3", ("10.0.0.3",), "/venv/bin/python", env=(("X", "1"),)))
     with pytest.raises(InputError, match="another env"):
         launch.plan_mlx_launch("ring", odd, WorkerOptions(), {})

@@ -133,7 +133,7 @@ def test_hung_rank_hits_the_deadline(tmp_path):
                                   "--stall-dir", str(tmp_path),
                                   env={"MLXCLUSTER_SMOKE_HANG_RANK": "0"})
     run = report["backends"][0]
-    assert code == 1
+    assert code == 4 and report["exit_code"] == 4  # stalled, as a stalled train or run exits
     assert elapsed < 12 + 15
     assert run["reason"].startswith("rank 0 on local-0: no progress for 12 s in phase ready")
     # Where the hung rank is, from its process and its stack (SIGUSR1):

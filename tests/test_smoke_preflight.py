@@ -1,14 +1,17 @@
-"""Backend preflight: parsers on real macOS captures, and jaccl/nccl reported
-unavailable (not crashing) on this Linux machine."""
+"""Backend preflight: doctor's probe captures read by the shared parsers
+(real macOS captures), and jaccl/nccl reported unavailable (not crashing) on
+this Linux machine, where the real probe runs."""
 
 from __future__ import annotations
 
+import json
 import platform
 import sys
 
 import pytest
 
 from mlxcluster.errors import InputError
+from mlxcluster.facts.capture import PROBE, SW_VERS, HostCapture
 from mlxcluster.jobs import hosts
 from mlxcluster.jobs.hosts import RankHost, local_hosts
 from mlxcluster.smoke import preflight
@@ -19,6 +22,7 @@ from mlxcluster.smoke.preflight import (
     rdma_devices,
     tb_link_gbps,
 )
+from tests.topology_helpers import OSAURUS
 
 
 def read(fixtures, name):
@@ -68,15 +72,45 @@ def test_jaccl_problems_name_each_host_and_reason(macos_fixtures):
     ]
 
 
-def test_facts_sections_parse_from_one_script_output(macos_fixtures):
-    output = preflight.SECTION.join([
-        "Darwin\n",
-        read(macos_fixtures, "sw_vers_macos26.6.2_25G83.txt"),
-        read(macos_fixtures, "ibv_devices_osaurus_m5max_mbp_peer_macos27.txt"),
-        read(macos_fixtures, "sp_thunderbolt_osaurus_m5max_mbp_peer_macos27_rdma_on.json"),
-    ])
-    facts = preflight.parse_facts("peer", output)
-    assert facts == HostFacts("peer", "Darwin", (26, 6, 2), ("rdma_en1", "rdma_en6", "rdma_en2"), 80.0)
+def mac_capture(fixtures, name, files, system="Darwin") -> HostCapture:
+    """A host's capture as doctor's probe returns it: probe.json and the raw outputs."""
+    probe = json.dumps({"os": {"system": system}, "platform": "darwin"})
+    return HostCapture(name, {PROBE: probe, **{f: read(fixtures, fixture) for f, fixture in files.items()}})
+
+
+def test_the_facts_come_from_doctors_probe_capture(macos_fixtures):
+    """The same capture doctor reads (raw sw_vers, ibv_devices, system_profiler)."""
+    peer = mac_capture(macos_fixtures, "peer", {**OSAURUS["peer"], SW_VERS: "sw_vers_macos26.6.2_25G83.txt"})
+    assert preflight.facts_from_capture(peer) == HostFacts(
+        "peer", "Darwin", (26, 6, 2), ("rdma_en1", "rdma_en6", "rdma_en2"), 80.0)
+    linux = HostCapture("box", {PROBE: json.dumps({"os": {"system": "Linux"}, "platform": "linux"})})
+    assert preflight.facts_from_capture(linux) == HostFacts("box", "Linux", None, (), None)
+
+
+def test_jaccl_is_unavailable_naming_each_host_from_real_captures(macos_fixtures):
+    """--hostfile / --local: one probe per host (injected here with real
+    captures of a Mac pair whose 'local' has RDMA off); the reason names the host."""
+    captures = {
+        "10.0.0.1": mac_capture(macos_fixtures, "local", {**OSAURUS["local"],
+                                                          SW_VERS: "sw_vers_macos26.6.2_25G83.txt"}),
+        "10.0.0.2": mac_capture(macos_fixtures, "peer", {**OSAURUS["peer"],
+                                                         SW_VERS: "sw_vers_macos26.6.2_25G83.txt"}),
+    }
+    pair = tuple(RankHost(c.name, ssh, (ssh,), "/py") for ssh, c in captures.items())
+    probed = []
+
+    def probe(host):
+        probed.append(host.ssh)
+        return captures[host.ssh]
+
+    reason = preflight.unavailable_reason("jaccl", pair + pair[:1], probe=probe)
+    assert sorted(probed) == ["10.0.0.1", "10.0.0.2"]  # one probe per host, not per rank
+    assert reason == "local lists no rdma devices (enable RDMA: rdma_ctl enable in Recovery)"
+    both_on = {ssh: captures["10.0.0.2"] for ssh in captures}
+    assert preflight.unavailable_reason("jaccl", pair, probe=lambda h: both_on[h.ssh]) is None
+    gone = preflight.unavailable_reason(
+        "jaccl", pair, probe=lambda h: HostCapture(h.name, error="no answer within 60 s"))
+    assert gone == "cannot ask local (no answer within 60 s), peer (no answer within 60 s)"
 
 
 def test_this_machine_cannot_run_jaccl_or_nccl():

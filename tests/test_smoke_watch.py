@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 
+from mlxcluster.errors import EXIT_FAILED, EXIT_OK, EXIT_STALLED
 from mlxcluster.jobs.hosts import local_hosts
 from mlxcluster.smoke.launch import WorkerOptions, plan_mlx_launch
+from mlxcluster.smoke.run import SmokeReport, exit_code_for
 from mlxcluster.smoke.watch import Watch, blame_hang, outcomes
 
 
@@ -132,3 +134,48 @@ def test_each_soak_report_restarts_the_deadline_so_it_bounds_one_iteration():
     clock.now += 2  # rank 1 has reported nothing for 11 s
     assert [s.rank for s in watch.overdue(10)] == [1]
     assert watch.soak.latest[0]["ops"]["all_sum"]["iterations"] == 2
+
+
+def hung_behind(watch: Watch, clock: Clock, plan) -> list:
+    """Ranks 0 and 2 wait in all_sum; rank 1 never gets there: the deadline blames it."""
+    for r in range(3):
+        say(watch, event="ready", rank=r, size=3)
+    for r in (0, 2):
+        say(watch, event="heartbeat", rank=r, phase="ready", step="all_sum float32 1")
+    clock.now += 11
+    return blame_hang(watch, plan, 10)
+
+
+def report_of(backend: str, ranks: list) -> SmokeReport:
+    return SmokeReport(backend, "passed" if all(o.status == "passed" for o in ranks) else "failed",
+                       ranks=ranks)
+
+
+def test_a_hang_found_by_the_deadline_exits_4_a_failure_1():
+    """Exit 4 (stalled, as train and run) when the cause is a rank that made
+    no progress within its deadline; 1 when a rank failed, exited or gave a
+    wrong result, even if another rank was blamed for a hang after it."""
+    watch, clock, plan = watch_of(3)
+    stalled = report_of("ring", outcomes(watch, hung_behind(watch, clock, plan), {}))
+    assert stalled.stalled and stalled.failed_ranks[0].rank == 1
+    assert exit_code_for([stalled], single_backend=True) == EXIT_STALLED
+
+    watch, clock, plan = watch_of(3)
+    blamed = hung_behind(watch, clock, plan)
+    say(watch, event="exit", rank=2, code=3)  # a rank that exited is a failure, whatever hung
+    exited = report_of("ring", outcomes(watch, blamed, {}))
+    assert not exited.stalled and exit_code_for([exited], True) == EXIT_FAILED
+
+    watch, _, _ = watch_of(2)
+    say(watch, event="check", rank=1, op="all_sum", dtype="float32", size=1, bytes=4, ok=False,
+        bad_index=0, got=4.0, expected=3.0)
+    wrong = report_of("mpi", outcomes(watch, [], {}))
+    assert not wrong.stalled and exit_code_for([wrong], True) == EXIT_FAILED
+
+    passed = SmokeReport("mpi", "passed")
+    unavailable = SmokeReport("jaccl", "unavailable", reason="local-0 runs Linux, not macOS")
+    # Every backend tried: a stall beside a pass or an unavailable one is still a stall;
+    # beside a failure, the failure's 1 wins (the more definite verdict).
+    assert exit_code_for([stalled, passed, unavailable], single_backend=False) == EXIT_STALLED
+    assert exit_code_for([stalled, wrong], single_backend=False) == EXIT_FAILED
+    assert exit_code_for([passed, unavailable], single_backend=False) == EXIT_OK

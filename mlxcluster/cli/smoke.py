@@ -8,9 +8,10 @@ measure how fast, and never hang.
     mlxcluster smoke --backend ring -i cluster.yaml --soak 2h   # stays up, stays right
 
 Exit codes: 0 every rank of every backend that ran passed; 1 a rank failed,
-exited or hung (a soak: any wrong result or stall); 2 bad input; 3 the backend
-asked for cannot run here; 128 + signal interrupted (a soak prints its
-summary so far first).
+exited or gave a wrong result; 2 bad input; 3 the backend asked for cannot
+run here; 4 stalled (a rank made no progress within its deadline: per phase,
+a soak's per iteration; see smoke.run.exit_code_for); 128 + signal
+interrupted (a soak prints its summary so far first).
 """
 
 from __future__ import annotations

@@ -185,6 +185,16 @@ def _interfaces(r: _Reader, p: dict) -> tuple[dict[str, Any], ...]:
     return tuple(out)
 
 
+def system_of(capture: HostCapture) -> str | None:
+    """The host's kernel as ``uname -s`` names it (Darwin, Linux): the probe's
+    ``os.system``, else Darwin when ``sw_vers`` was captured (a replayed
+    macOS folder without probe.json); None when the captures do not say."""
+    system = ((capture.probe() or {}).get("os") or {}).get("system")
+    if system:
+        return str(system)
+    return "Darwin" if capture.text(SW_VERS) is not None else None
+
+
 def host_facts(capture: HostCapture) -> HostFacts:
     """Parse one host's capture into HostFacts (missing or wrong-typed parts stay None)."""
     p = capture.probe()

@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping
 
 from mlxcluster.errors import BackendUnavailable, HostfileError
 from mlxcluster.facts.capture import IBV_DEVICES, SW_VERS, HostCapture
+from mlxcluster.facts.facts import system_of
 from mlxcluster.facts.parsers.sw_vers import parse_sw_vers
 from mlxcluster.hostfile.hostfile import JACCL_BACKENDS, MlxHostfile, structure_problems
 from mlxcluster.hostfile.hostfile_generate import generate_mlx_hostfile
@@ -70,15 +71,6 @@ class JacclUnavailable(BackendUnavailable):
                          f"take part:\n{lines}", FIX)
 
 
-def _system(capture: HostCapture) -> str | None:
-    """Darwin, Linux...; None when the captures do not say (no probe, no sw_vers)."""
-    probe = capture.probe() or {}
-    system = (probe.get("os") or {}).get("system")
-    if system:
-        return str(system)
-    return "Darwin" if capture.text(SW_VERS) is not None else None
-
-
 def _command_status(capture: HostCapture, command: str) -> str | None:
     """What the probe said of running ``command`` (ok, absent, timeout...), if anything."""
     probe = capture.probe() or {}
@@ -94,7 +86,7 @@ def host_reasons(name: str, capture: HostCapture, topology: Topology,
     if capture.error:
         return [f"not probed: {capture.error}"]
     reasons = []
-    system = _system(capture)
+    system = system_of(capture)
     if system is not None and system != "Darwin":
         reasons.append(f"runs {system}, not macOS (JACCL needs macOS 26.2 or later)")
     elif system == "Darwin":

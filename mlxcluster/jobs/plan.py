@@ -8,11 +8,11 @@ Open MPI 5 knows).
 
 Two callers, one plan type: smoke plans its worker with the shared hostfile
 generator's MPI arguments (data subnets, pinned btl ports it probes on a
-hang); ``train`` and ``run`` plan ``plan_job`` (the rank wrapper and the
-program, the interface choice left to the user's ``--mpi-arg``: per-host /32
-lists made mpirun hang or crash in the lab). Every rank's command line
-carries the run id (``cleanup.marked_program``): the marker the sweep looks
-for on every host.
+hang); ``train`` and ``run`` plan ``plan_job`` (the interface choice left to
+the user's ``--mpi-arg``: per-host /32 lists made mpirun hang or crash in the
+lab). Every rank of both runs under the rank wrapper (``RANK_WRAPPER``) and
+its command line carries the run id (``cleanup.marked_program``): the marker
+the sweep looks for on every host.
 """
 
 from __future__ import annotations

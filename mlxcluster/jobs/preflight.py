@@ -76,24 +76,35 @@ def job_facts(probe: dict, job: Job) -> dict:
 def probe_hosts(job: Job, env: dict[str, str] | None = None,
                 timeout: float = PROBE_TIMEOUT) -> list[HostProbe]:
     """Run the probe on every distinct host, in parallel; never raises for one host."""
-    command = probe_command(job.python, rank_env(job)) + " " + \
-        " ".join(shlex.quote(a) for a in probe_arguments(job))
-    source = probe_source()
+    arguments = probe_arguments(job)
 
     def probe(host: RankHost) -> HostProbe:
-        started = time.monotonic()
-        try:
-            proc = subprocess.run(host_argv(host, command), input=source, capture_output=True,
-                                  text=True, timeout=timeout, env=env)
-        except subprocess.TimeoutExpired:
-            return HostProbe(host, {}, f"no answer within {timeout:.0f} s")
-        result = CommandResult(proc.stdout, proc.stderr, proc.returncode, time.monotonic() - started)
-        capture = capture_from_probe(host.name, result, job.python)
+        capture = probe_capture(host, job.python, rank_env(job), arguments, timeout, env)
         if capture.error:
             return HostProbe(host, {}, capture.error)
         return HostProbe(host, job_facts(capture.probe(), job))
 
     return for_each_host(distinct_hosts(job.hosts), probe)
+
+
+def probe_capture(host: RankHost, python: str, rank_vars: dict[str, str],
+                  arguments: list[str] | tuple[str, ...] = (), timeout: float = PROBE_TIMEOUT,
+                  env: dict[str, str] | None = None) -> HostCapture:
+    """Doctor's probe run by ``python`` on one rank's host (over OpenSSH as the
+    launcher reaches it, here for a local rank) with the ranks' environment:
+    the capture doctor would read (its raw macOS outputs included), or one
+    whose ``error`` says why not. Never raises."""
+    command = probe_command(python, rank_vars) + "".join(f" {shlex.quote(a)}" for a in arguments)
+    started = time.monotonic()
+    try:
+        proc = subprocess.run(host_argv(host, command), input=probe_source(), capture_output=True,
+                              text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return HostCapture(host.name, error=f"no answer within {timeout:.0f} s")
+    except OSError as err:
+        return HostCapture(host.name, error=str(err))
+    result = CommandResult(proc.stdout, proc.stderr, proc.returncode, time.monotonic() - started)
+    return capture_from_probe(host.name, result, python)
 
 
 def check_probes(job: Job, probes: list[HostProbe]) -> list[str]:

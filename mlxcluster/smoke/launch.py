@@ -1,10 +1,17 @@
 """Command lines that start one smoke worker per host: the worker's own
 arguments around the jobs layer's plans (``mlxcluster.jobs.plan``).
 
-The worker is copied to ``/tmp/<run id>/worker.py`` on every host (it runs
-alone there: no mlxcluster on the hosts is needed), so every worker's
-command line carries the run id (``mlxsmoke-<hex>``): the marker the driver
-looks for to stop every process of a run on every host.
+Every rank runs under the jobs layer's rank wrapper, as train's and run's
+do (the run id on its command line, SIGUSR1 stacks where ``jobs.stall``
+reads them, the ``@@mlxcluster-exit`` line)::
+
+    python -X mlxcluster_run=mlxsmoke-<hex> -m mlxcluster.jobs.rank_wrapper \
+        /tmp/mlxsmoke-<hex>/worker.py --backend ring --expect 3 ...
+
+No mlxcluster is needed on the hosts: the worker and the wrapper (standard
+library only, with the two ``__init__`` files of its package, which import
+nothing) are copied into ``/tmp/<run id>/`` on every host (``staged_files``),
+and that folder is the ranks' first ``PYTHONPATH`` entry.
 """
 
 from __future__ import annotations
@@ -18,9 +25,13 @@ from mlxcluster.hostfile.hostfile import JACCL_BACKENDS
 from mlxcluster.jobs import cleanup
 from mlxcluster.jobs import plan as job_plan
 from mlxcluster.jobs.hosts import RankHost, inventory_ssh_config
+from mlxcluster.jobs.job import package_root
 from mlxcluster.jobs.plan import LaunchPlan
 
 WORKER_SOURCE = Path(__file__).with_name("worker.py")
+# What the rank wrapper needs on a host, as paths below the package root.
+WRAPPER_FILES = ("mlxcluster/__init__.py", "mlxcluster/jobs/__init__.py",
+                 "mlxcluster/jobs/rank_wrapper.py")
 BACKENDS = ("ring", "mpi", "jaccl", "nccl")
 FORWARDED_ENV_PREFIX = "MLXCLUSTER_SMOKE_"  # test hooks travel to every rank
 
@@ -52,8 +63,9 @@ def forwarded_env(environ: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in environ.items() if k.startswith(FORWARDED_ENV_PREFIX)}
 
 
-def rank_env(hosts: tuple[RankHost, ...], environ: dict[str, str]) -> tuple[str, ...]:
-    """"K=V" for every rank: the inventory's env, then the test hooks.
+def rank_env(hosts: tuple[RankHost, ...], environ: dict[str, str], run_dir: str) -> tuple[str, ...]:
+    """"K=V" for every rank: the inventory's env, then the test hooks, and
+    ``run_dir`` (the staged rank wrapper) first on PYTHONPATH.
 
     ``mlx.launch --env`` and ``mpirun -x`` set one environment for all ranks,
     so hosts whose inventory env differs are refused."""
@@ -64,6 +76,7 @@ def rank_env(hosts: tuple[RankHost, ...], environ: dict[str, str]) -> tuple[str,
                          "smoke sets one environment for every rank: move env to the cluster level")
     merged = dict(hosts[0].env) if hosts else {}
     merged.update(forwarded_env(environ))
+    merged["PYTHONPATH"] = os.pathsep.join(p for p in (run_dir, merged.get("PYTHONPATH")) if p)
     return tuple(f"{k}={v}" for k, v in sorted(merged.items()))
 
 
@@ -91,6 +104,21 @@ def worker_path(plan: LaunchPlan) -> str:
     return f"{plan.run_dir}/worker.py"
 
 
+def rank_program(run_id: str, run_dir: str, worker_arguments: list[str]) -> list[str]:
+    """What every rank's python runs: the rank wrapper (as ``jobs.plan.plan_job``
+    runs train's and run's ranks), then the worker with its arguments."""
+    return cleanup.marked_program(run_id, [*job_plan.RANK_WRAPPER, f"{run_dir}/worker.py",
+                                           *worker_arguments])
+
+
+def staged_files(plan: LaunchPlan, worker: str) -> dict[str, str]:
+    """Path on every host -> content: the worker and the rank wrapper's package files."""
+    files = {worker_path(plan): worker}
+    files.update({f"{plan.run_dir}/{name}": (package_root() / name).read_text()
+                  for name in WRAPPER_FILES})
+    return files
+
+
 def stderr_path(plan: LaunchPlan, rank: int) -> str:
     return f"{plan.run_dir}/{plan.run_id}.rank{rank}.err"
 
@@ -103,8 +131,9 @@ def plan_mlx_launch(backend: str, hosts: tuple[RankHost, ...], opts: WorkerOptio
     run_dir = run_dir_of(run_id)
     # jaccl-ring is jaccl inside the ranks (mlx.launch sets MLX_JACCL_RING=1)
     worker_backend = "jaccl" if backend in JACCL_BACKENDS else backend
-    program = [f"{run_dir}/worker.py", *worker_args(worker_backend, len(hosts), run_id, run_dir, opts)]
-    env_vars = dict(e.split("=", 1) for e in rank_env(hosts, environ))
+    program = rank_program(run_id, run_dir,
+                           worker_args(worker_backend, len(hosts), run_id, run_dir, opts))
+    env_vars = dict(e.split("=", 1) for e in rank_env(hosts, environ, run_dir))
     return job_plan.plan_mlx_launch(backend, hosts, program, env_vars, environ, run_id, run_dir,
                                     port=port, connections_per_ip=opts.connections_per_ip,
                                     cwd="/tmp", ssh_config=inventory_ssh_config(hosts))
@@ -118,8 +147,9 @@ def plan_mpirun(hosts: tuple[RankHost, ...], opts: WorkerOptions, environ: dict[
     ``mpi_args`` (already split) come last before the program, as the user gave them."""
     run_id = run_id or new_run_id()
     run_dir = run_dir_of(run_id)
-    program = [f"{run_dir}/worker.py", *worker_args("mpi", len(hosts), run_id, run_dir, opts)]
-    return job_plan.plan_mpirun(hosts, program, rank_env(hosts, environ), environ, run_id, run_dir,
+    program = rank_program(run_id, run_dir, worker_args("mpi", len(hosts), run_id, run_dir, opts))
+    return job_plan.plan_mpirun(hosts, program, rank_env(hosts, environ, run_dir), environ, run_id,
+                                run_dir,
                                 mpirun=mpirun, is_root=is_root, tcp_links=tcp_links,
                                 mpi_args=mpi_args, ssh_config=inventory_ssh_config(hosts))
 

@@ -9,8 +9,12 @@ instead of a crash or a silent group of 1.
   devices also exist on TB4 links, where JACCL crashes).
 * nccl: every host's python sees CUDA (``mx.cuda.is_available()``).
 
-The commands' output goes through the shared parsers (mlxcluster.facts.parsers)
-and the topology model; tests feed them real captures from Macs.
+For jaccl every host runs doctor's probe once (``jobs.preflight.probe_capture``:
+the same probe, with the ranks' python and env, that ``doctor`` and the
+preflight of ``train`` and ``run`` run), and its capture is read by the
+shared parsers (mlxcluster.facts) and the topology model; tests feed them
+real captures from Macs. (``smoke -i`` plans jaccl from the same captures,
+``smoke.jaccl``.)
 """
 
 from __future__ import annotations
@@ -20,21 +24,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from mlxcluster.errors import MlxclusterError
-from mlxcluster.facts.capture import THUNDERBOLT, HostCapture
+from mlxcluster.facts.capture import IBV_DEVICES, SW_VERS, THUNDERBOLT, HostCapture
+from mlxcluster.facts.facts import system_of
 from mlxcluster.facts.mpi import require_libmpi, require_mpirun
 from mlxcluster.facts.parsers.ibv import parse_ibv_devices
 from mlxcluster.facts.parsers.sw_vers import parse_sw_vers
 from mlxcluster.hostfile.jaccl_plan import JACCL_MIN_MACOS
 from mlxcluster.jobs.hosts import HostResult, RankHost, distinct_hosts, for_each_host, run_script
+from mlxcluster.jobs.preflight import probe_capture
 from mlxcluster.topology.topology import TB5_MIN_GBPS, build_host
-
-SECTION = "---mlxsmoke-section---"
-
-FACTS_SCRIPT = (
-    f"uname -s; echo {SECTION}; sw_vers 2>/dev/null; echo {SECTION}; "
-    f"ibv_devices 2>/dev/null; echo {SECTION}; "
-    "system_profiler SPThunderboltDataType -json 2>/dev/null; true"
-)
 
 
 @dataclass(frozen=True)
@@ -58,21 +56,28 @@ def rdma_devices(text: str) -> tuple[str, ...]:
     return tuple(d.name for d in parse_ibv_devices(text))
 
 
-def tb_link_gbps(text: str) -> float | None:
-    """Fastest live Thunderbolt link in ``system_profiler SPThunderboltDataType
-    -json`` output, as the topology model sees the host's ports (the "Up to
-    ..." port ratings are capabilities, not links); None without a link."""
-    ports = build_host(HostCapture("host", {THUNDERBOLT: text})).ports
+def fastest_tb_link(capture: HostCapture) -> float | None:
+    """Fastest live Thunderbolt link in the host's ``system_profiler
+    SPThunderboltDataType -json`` capture, as the topology model sees the
+    host's ports (the "Up to ..." port ratings are capabilities, not links);
+    None without a link."""
+    ports = build_host(capture).ports
     speeds = [p.speed_gbps for p in ports if p.connected and p.speed_gbps is not None]
     return max(speeds) if speeds else None
 
 
-def parse_facts(host: str, output: str) -> HostFacts:
-    """Split FACTS_SCRIPT's output into its sections and parse each."""
-    parts = output.split(SECTION)
-    parts += [""] * (4 - len(parts))
-    return HostFacts(host, parts[0].strip(), macos_version(parts[1]),
-                     rdma_devices(parts[2]), tb_link_gbps(parts[3]))
+def tb_link_gbps(text: str) -> float | None:
+    """``fastest_tb_link`` of one ``system_profiler SPThunderboltDataType -json`` output."""
+    return fastest_tb_link(HostCapture("host", {THUNDERBOLT: text}))
+
+
+def facts_from_capture(capture: HostCapture) -> HostFacts:
+    """The jaccl preflight's facts of one host, from doctor's probe capture
+    (or a replayed capture folder): the kernel, ``sw_vers``, ``ibv_devices``
+    and the Thunderbolt ports."""
+    return HostFacts(capture.name, system_of(capture) or "",
+                     macos_version(capture.text(SW_VERS) or ""),
+                     rdma_devices(capture.text(IBV_DEVICES) or ""), fastest_tb_link(capture))
 
 
 def jaccl_problems(facts: Sequence[HostFacts]) -> list[str]:
@@ -98,10 +103,17 @@ def cuda_script(python: str) -> str:
 
 
 Runner = Callable[[RankHost, str], HostResult]
+Probe = Callable[[RankHost], HostCapture]
+
+
+def probe_host(host: RankHost) -> HostCapture:
+    """Doctor's probe on ``host`` with the ranks' python and the inventory's env."""
+    return probe_capture(host, host.python, dict(host.env))
 
 
 def unavailable_reason(backend: str, hosts: Sequence[RankHost],
-                       run: Runner = lambda h, s: run_script(h, s, timeout=30)) -> str | None:
+                       run: Runner = lambda h, s: run_script(h, s, timeout=30),
+                       probe: Probe = probe_host) -> str | None:
     """None when ``backend`` can run on ``hosts``, else the reason it cannot."""
     if backend == "ring":
         return None
@@ -112,16 +124,18 @@ def unavailable_reason(backend: str, hosts: Sequence[RankHost],
             return err.message
         return None
     targets = distinct_hosts(hosts)
-    results = for_each_host(targets, lambda h: run(h, FACTS_SCRIPT if backend == "jaccl"
-                                                          else cuda_script(h.python)))
+    if backend == "jaccl":
+        captures = for_each_host(targets, probe)
+        unreachable = [f"{c.name} ({c.error})" for c in captures if c.error]
+        if unreachable:
+            return "cannot ask " + ", ".join(unreachable)
+        return "; ".join(jaccl_problems([facts_from_capture(c) for c in captures])) or None
+    if backend != "nccl":
+        return f"unknown backend {backend}"
+    results = for_each_host(targets, lambda h: run(h, cuda_script(h.python)))
     unreachable = [f"{r.host} ({r.error})" for r in results if not r.ok and not r.output]
     if unreachable:
         return "cannot ask " + ", ".join(unreachable)
-    if backend == "jaccl":
-        problems = jaccl_problems([parse_facts(r.host, r.output) for r in results])
-    elif backend == "nccl":
-        problems = [f"{r.host} has no CUDA (NCCL runs on NVIDIA GPUs only)"
-                    for r in results if r.output.strip().splitlines()[-1:] != ["True"]]
-    else:
-        return f"unknown backend {backend}"
+    problems = [f"{r.host} has no CUDA (NCCL runs on NVIDIA GPUs only)"
+                for r in results if r.output.strip().splitlines()[-1:] != ["True"]]
     return "; ".join(problems) or None

@@ -1,5 +1,5 @@
-"""Per-host chores around a smoke run: stage the worker, stop the run, fetch
-stderr tails, remove the run directory (through the jobs layer's
+"""Per-host chores around a smoke run: stage the worker and the rank
+wrapper, stop the run, fetch stderr tails, remove the run directory (through the jobs layer's
 ``run_script`` on every host and its run-id sweep, ``jobs.cleanup``).
 """
 
@@ -12,20 +12,40 @@ from pathlib import Path
 from mlxcluster.jobs.cleanup import bracketed, kill_local_marked, stop_script
 from mlxcluster.jobs.hosts import HostResult, for_each_host, remote_hosts, run_script
 from mlxcluster.jobs.plan import LaunchPlan
-from mlxcluster.smoke.launch import stderr_path, worker_path
+from mlxcluster.jobs.rank_wrapper import EXIT_MARK
+from mlxcluster.jobs.stall import stacks_path
+from mlxcluster.smoke.launch import staged_files, stderr_path
 
 TAIL_BYTES = 2000
 ERR_MARK = "==> "
+STAGE_END = "MLXCLUSTER_STAGED_FILE_END"
 
 
 def stage(plan: LaunchPlan, worker_source: str, env: dict[str, str] | None = None) -> list[HostResult]:
-    """Write the launcher files and the worker locally, and the worker into
-    the run directory of every remote host."""
+    """Write the launcher files here, and the worker with the rank wrapper
+    (``launch.staged_files``) here and into the run directory of every remote
+    host, in one ssh call each."""
     plan.write_files()
-    Path(worker_path(plan)).write_text(worker_source)
-    script = f"mkdir -p {shlex.quote(plan.run_dir)} && cat > {shlex.quote(worker_path(plan))}"
+    files = staged_files(plan, worker_source)
+    for path, content in files.items():
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(content)
+    script = write_files_script(files)
     return for_each_host(remote_hosts(plan.hosts),
-                         lambda h: run_script(h, script, stdin=worker_source, env=env))
+                         lambda h: run_script(h, "/bin/sh -s", stdin=script, env=env))
+
+
+def write_files_script(files: dict[str, str]) -> str:
+    """A POSIX shell script (read on stdin: the command line stays short)
+    that writes ``files`` (path -> text), each as a quoted here-document."""
+    lines = ["set -e"]
+    for path, content in files.items():
+        if STAGE_END in content.splitlines():
+            raise ValueError(f"{path} holds the line {STAGE_END}, which ends a staged file")
+        body = content if content.endswith("\n") else content + "\n"
+        lines += [f"mkdir -p {shlex.quote(str(Path(path).parent))}",
+                  f"cat > {shlex.quote(path)} <<'{STAGE_END}'\n{body}{STAGE_END}"]
+    return "\n".join(lines) + "\n"
 
 
 def remote_cleanup_script(plan: LaunchPlan, kill: bool) -> str:
@@ -55,7 +75,14 @@ def parse_tails(output: str) -> dict[int, str]:
             lines.append(line)
     if rank is not None:
         tails[rank] = "\n".join(lines).strip()
-    return tails
+    return {r: without_exit_line(t) for r, t in tails.items()}
+
+
+def without_exit_line(tail: str) -> str:
+    """A rank's stderr tail less the rank wrapper's exit line (``EXIT_MARK
+    RANK CODE TIME``): the worker's stderr goes to its file, and the watch
+    has the exit code from the worker's own ``exit`` event."""
+    return "\n".join(line for line in tail.splitlines() if not line.startswith(EXIT_MARK)).strip()
 
 
 def local_tails(plan: LaunchPlan) -> dict[int, str]:
@@ -66,7 +93,7 @@ def local_tails(plan: LaunchPlan) -> dict[int, str]:
         try:
             with path.open("rb") as f:
                 f.seek(max(path.stat().st_size - TAIL_BYTES, 0))
-                tails[rank] = f.read().decode(errors="replace").strip()
+                tails[rank] = without_exit_line(f.read().decode(errors="replace"))
         except OSError:
             continue
     return tails
@@ -88,4 +115,6 @@ def finish(plan: LaunchPlan, kill: bool, env: dict[str, str] | None = None
         for rank, tail in parse_tails(result.output).items():
             tails.setdefault(rank, tail)
     shutil.rmtree(plan.run_dir, ignore_errors=True)
+    if kill:  # the local ranks' pid and stack files (remote ones: stop_script)
+        shutil.rmtree(stacks_path(plan.run_id), ignore_errors=True)
     return tails, results

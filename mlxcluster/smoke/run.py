@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlxcluster import interrupts
-from mlxcluster.errors import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, Interrupted
+from mlxcluster.errors import EXIT_FAILED, EXIT_OK, EXIT_STALLED, EXIT_UNAVAILABLE, Interrupted
 from mlxcluster.jobs import process, stall
 from mlxcluster.jobs.cleanup import kill_local_group
 from mlxcluster.jobs.hosts import HostResult, RankHost, for_each_host, run_script
@@ -64,6 +64,13 @@ class SmokeReport:
     @property
     def passed(self) -> bool:
         return self.status == "passed"
+
+    @property
+    def stalled(self) -> bool:
+        """A hang found by the deadline was the cause: a rank made no progress
+        within its phase's deadline (a soak: one iteration's), and no rank
+        failed, exited or gave a wrong result before that (those are failures)."""
+        return self.status == "failed" and any(r.status == "hung" and r.cause for r in self.ranks)
 
     @property
     def failed_ranks(self) -> list[RankOutcome]:
@@ -143,8 +150,9 @@ def run_plan(plan: LaunchPlan, timeout_s: float = 60.0,
 def diagnose_hang(plan: LaunchPlan, blamed: list[RankOutcome], timeout_s: float,
                   stall_root: Path | None) -> tuple[str, str]:
     """The diagnosis of a hang and the folder of its evidence, as for a
-    stalled training (stall.examine): the worker leaves a pid file in the
-    run directory and dumps its stacks on SIGUSR1. Each hung rank's verdict
+    stalled training (stall.examine): every rank runs under the rank wrapper,
+    which leaves its pid file and dumps its stacks on SIGUSR1 where
+    stall reads them. Each hung rank's verdict
     gets its process state and place ('its process is stopped (state T,
     ...)', 'sleeping (...), in run_rank at worker.py:425')."""
     header = (f"smoke {plan.backend} run {plan.run_id}: no progress for {timeout_s:g} s "
@@ -152,7 +160,7 @@ def diagnose_hang(plan: LaunchPlan, blamed: list[RankOutcome], timeout_s: float,
     found = stall.examine(
         list(plan.hosts), plan.run_id,
         run_script=lambda h, script: run_script(h, script, env=plan.env),
-        for_each_host=for_each_host, folder=str(Path(plan.run_dir).parent),
+        for_each_host=for_each_host,
         report_dir=stall_root / f"stall-{plan.run_id}" if stall_root else None, header=header)
     states = {s.rank: s for s in found.states}
     for outcome in blamed:
@@ -246,11 +254,15 @@ def run_backend(backend: str, hosts: tuple[RankHost, ...], opts: WorkerOptions,
 
 
 def exit_code_for(reports: list[SmokeReport], single_backend: bool) -> int:
-    """0 when every backend that ran passed; 3 when the one backend asked for
-    cannot run here; 1 otherwise. Trying every backend, an unavailable one is
-    a row of the summary, not a failure."""
-    if any(r.status == "failed" for r in reports):
-        return EXIT_FAILED
+    """0 when every backend that ran passed; 1 when one failed (a wrong
+    result, an error, a rank that exited); 4 when every backend that did not
+    pass stalled (``SmokeReport.stalled``: a hung rank found by the deadline,
+    as train and run exit on a stall); 3 when the one backend asked for
+    cannot run here. Trying every backend, an unavailable one is a row of the
+    summary, not a failure."""
+    failed = [r for r in reports if r.status == "failed"]
+    if failed:
+        return EXIT_STALLED if all(r.stalled for r in failed) else EXIT_FAILED
     if single_backend and reports and reports[0].status == "unavailable":
         return EXIT_UNAVAILABLE
     if not any(r.status == "passed" for r in reports):

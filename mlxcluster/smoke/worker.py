@@ -2,9 +2,12 @@
 
 It runs under each host's own python, where mlxcluster may not be installed,
 so it imports only mlx, numpy and the standard library.  The driver
-(``mlxcluster.smoke.run``) starts it as::
+(``mlxcluster.smoke.run``) starts it under the jobs layer's rank wrapper
+(copied beside it, see ``mlxcluster.smoke.launch``), which registers its pid
+and its SIGUSR1 stack dump and ends a failed rank at once::
 
-    python worker.py --backend ring --expect 3 --run-id mlxsmoke-1a2b3c4d \\
+    python -X mlxcluster_run=mlxsmoke-1a2b3c4d -m mlxcluster.jobs.rank_wrapper \\
+        /tmp/mlxsmoke-1a2b3c4d/worker.py --backend ring --expect 3 --run-id mlxsmoke-1a2b3c4d \\
         --dtypes float32,int32 --sizes 1024:16777216 [--bench] [--stderr-dir /tmp]
         [--soak SECONDS --seed N]
 
@@ -37,12 +40,10 @@ Test hooks (environment, read by every rank):
 from __future__ import annotations
 
 import argparse
-import faulthandler
 import json
 import math
 import os
 import random
-import signal
 import socket
 import sys
 import threading
@@ -467,29 +468,11 @@ def redirect_stderr(directory: str, run_id: str, rank: int) -> None:
     os.close(fd)
 
 
-def register_stack_dump(directory: str, rank: int) -> None:
-    """As mlxcluster.jobs.rank_wrapper does for train (this file runs alone on the
-    hosts): ``rank<R>.pid`` and every thread's stack into ``rank<R>.stacks``
-    on SIGUSR1, so that the driver can say where a hung rank is."""
-    with open(os.path.join(directory, f"rank{rank}.pid"), "w") as f:
-        f.write(f"{os.getpid()} {socket.gethostname()}\n")
-    dump = open(os.path.join(directory, f"rank{rank}.stacks"), "a")  # noqa: SIM115
-    _KEEP_OPEN.append(dump)  # faulthandler writes to its fd
-    faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)
-
-
-_KEEP_OPEN: list = []
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     env_rank = rank_from_env()
     if args.stderr_dir:
         redirect_stderr(args.stderr_dir, args.run_id, env_rank)
-        try:
-            register_stack_dump(args.stderr_dir, env_rank)
-        except OSError as err:
-            print(f"no stack dumps: {err}", file=sys.stderr, flush=True)
     emit("start", rank=env_rank, host=socket.gethostname(), pid=os.getpid())
     progress = Progress(env_rank)
     progress.start()
@@ -563,7 +546,8 @@ if __name__ == "__main__":
     code = run()
     emit("exit", rank=rank_from_env(), code=code)
     sys.stderr.flush()
-    if code == 0:
-        sys.exit(0)  # a normal exit lets MPI finalize; mpirun treats anything else as an abort
-    # os._exit: skip MLX's distributed teardown, which can block when a peer is gone.
-    os._exit(code)
+    # 0: a normal exit lets MPI finalize (mpirun treats anything else as an
+    # abort). Any other code: the rank wrapper writes its exit line and ends
+    # the process at once, skipping MLX's distributed teardown, which can
+    # block when a peer is gone.
+    sys.exit(code)

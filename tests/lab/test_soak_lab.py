@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from mlxcluster.jobs.plan import RING_PORT
+from mlxcluster.jobs.rank_wrapper import STACKS_ROOT
 from tests.interrupt_helpers import SmokeWorkersRunning
 from tests.lab.jobs import bracketed, left_on_hosts, our_prted
 from tests.lab.test_smoke_lab import assert_nothing_left
@@ -110,7 +111,9 @@ def test_a_port_dropped_mid_soak_fails_within_the_deadline_naming_the_host(lab3,
         lab3, inventory, tmp_path, "ring",  # rank 2's ring port: its peers' data stops
         inject=lambda run_id: lab3.drop_port(victim, RING_PORT + 2), undo=lambda: lab3.heal(victim))
     print(f"port dropped: ended {ended_after:.1f} s later (per-iteration timeout {ITERATION_TIMEOUT_S} s)")
-    assert code == 1, err[-2000:]
+    # Silently dropped packets: the collective blocks and no iteration completes,
+    # a stall (exit 4); the port named is why (docs/smoke.md, exit codes).
+    assert code == 4 and run["stall"], err[-2000:]
     assert ended_after < ITERATION_TIMEOUT_S + DETECTION_BOUND_S, ended_after
     assert run["reason"].startswith(f"rank 2 on labhost3: no progress for {ITERATION_TIMEOUT_S} s "
                                     "in phase soak"), run["reason"]
@@ -125,9 +128,14 @@ def test_a_stopped_rank_is_diagnosed_named_and_every_rank_stopped(lab3, inventor
     victim, stopped = lab3.hosts[1], []
 
     def stop_rank_1(run_id: str) -> None:
-        # Rank 1's pid, read as a user would: the pid file of this run on its host.
-        pid, host = lab3.ssh(victim, f"cat /tmp/{run_id}/rank1.pid").stdout.split()
+        # Rank 1's pid, read as a user would: the pid file the rank wrapper
+        # wrote for this run on its host.
+        pid, host = lab3.ssh(victim, f"cat {STACKS_ROOT}/{run_id}/rank1.pid").stdout.split()
         assert host == victim.name
+        # A real rank on a lab host runs under the jobs layer's rank wrapper.
+        cmdline = lab3.ssh(victim, f"tr '\\0' ' ' < /proc/{pid}/cmdline").stdout
+        assert f"-X mlxcluster_run={run_id} -m mlxcluster.jobs.rank_wrapper /tmp/{run_id}/worker.py" \
+            in cmdline, cmdline
         stopped.append((int(pid), run_id))
         lab3.ssh(victim, f"kill -STOP {pid}")
 
@@ -140,7 +148,7 @@ def test_a_stopped_rank_is_diagnosed_named_and_every_rank_stopped(lab3, inventor
     run_id = stopped[0][1]
     print(f"{backend}: ended {ended_after:.1f} s after SIGSTOP (per-iteration timeout "
           f"{ITERATION_TIMEOUT_S} s)\n{run['stall']}")
-    assert code == 1, err[-2000:]
+    assert code == 4, err[-2000:]  # stalled, as a stalled train or run exits
     assert ended_after < ITERATION_TIMEOUT_S + DETECTION_BOUND_S, ended_after
     assert run["reason"].startswith("rank 1 on labhost2: no progress"), run["reason"]
     said = re.match(r"rank 1 on labhost2 is stopped \(state T[^,]*, CPU time not advancing\); "
@@ -160,4 +168,5 @@ def test_a_stopped_rank_is_diagnosed_named_and_every_rank_stopped(lab3, inventor
     # Nothing left: not the stopped rank, not the others, no run folder, no MPI daemon of ours.
     assert_nothing_left(lab3, run)
     assert left_on_hosts(lab3, bracketed(run_id), f"/tmp/{bracketed(run_id)}") == {}
+    assert left_on_hosts(lab3, bracketed(run_id), f"{STACKS_ROOT}/{bracketed(run_id)}") == {}
     assert our_prted(lab3) == []
