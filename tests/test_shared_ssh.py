@@ -45,10 +45,10 @@ def test_the_socket_folder_is_private_and_short():
 
 
 def test_only_remote_hosts_with_few_ranks_share():
-    assert not can_share(job_local(2, "ring", "python3"))  # no ssh at all
-    assert can_share(remote_job())
-    assert can_share(remote_job(shared.MAX_SHARED_RANKS))
-    assert not can_share(remote_job(shared.MAX_SHARED_RANKS + 1))  # past sshd's MaxSessions room
+    assert not can_share(job_local(2, "ring", "python3").hosts)  # no ssh at all
+    assert can_share(remote_job().hosts)
+    assert can_share(remote_job(shared.MAX_SHARED_RANKS).hosts)
+    assert not can_share(remote_job(shared.MAX_SHARED_RANKS + 1).hosts)  # past sshd's MaxSessions room
 
 
 def test_a_shared_job_carries_the_options_until_it_ends_then_its_folder_goes():

@@ -29,6 +29,7 @@ from mlxcluster.cli.report import check_html_path, emit_page, html_option
 from mlxcluster.doctor.known_errors import diagnose
 from mlxcluster.errors import EXIT_FAILED, InputError, Interrupted, MlxclusterError
 from mlxcluster.inventory.inventory import Inventory
+from mlxcluster.jobs.connections import shared_hosts
 from mlxcluster.jobs.hosts import (
     RankHost,
     hosts_from_hostfile,
@@ -202,6 +203,8 @@ def command(backend, hostfile, inventory_path, local_n, python, bench, sizes, dt
         raise InputError(f"smoke needs at least 2 hosts, got {len(hosts)}",
                          "MLX's backends do not start a group of one; list more hosts")
     require_local_pythons(hosts)
+    # One ssh login per host for every backend tried (jobs.connections), until the command ends.
+    hosts = click.get_current_context().with_resource(shared_hosts(hosts))
     if backend is None and file_backend:
         if file_backend not in BACKENDS:  # e.g. jaccl-ring: do not quietly try every backend
             raise InputError(

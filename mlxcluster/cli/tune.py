@@ -20,6 +20,7 @@ from tabulate import tabulate
 
 from mlxcluster.cli.params import Duration, inventory_option, load_chosen_inventory
 from mlxcluster.errors import EXIT_FAILED, EXIT_OK
+from mlxcluster.jobs.connections import shared_hosts
 from mlxcluster.jobs.hosts import hosts_from_inventory, require_local_pythons
 from mlxcluster.outputs import write_files
 from mlxcluster.smoke.stats import format_bytes, parse_size_range
@@ -134,6 +135,8 @@ def command(inventory_path, backends, connections, tcp_links, mpi_allreduce, siz
                             hosts=tuple(replace(h, python=python) for h in inventory.hosts))
     hosts = hosts_from_inventory(inventory)
     require_local_pythons(hosts)
+    # One ssh login per host for every candidate and stream (jobs.connections), until the command ends.
+    hosts = click.get_current_context().with_resource(shared_hosts(hosts))
     plan = Plan(tune_sizes(lo, hi), budget_s, iters=iters, max_rounds=max_rounds, timeout_s=timeout_s)
     progress = None if as_json else (lambda text: click.echo(f"tune {text}", err=True))
     result = run_tune(hosts, names, plan, on_progress=progress, ring_connections=ring_connections,

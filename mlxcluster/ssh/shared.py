@@ -44,8 +44,10 @@ CONTROL_PATH_OPTION = "ControlPath="
 
 
 def open_folder() -> str:
-    """A new private folder for a job's sockets (short path, mode 0700)."""
-    return tempfile.mkdtemp(prefix="mlxc-", dir="/tmp" if os.path.isdir("/tmp") else None)
+    """A new private folder for a job's sockets (short path, mode 0700),
+    named after this process (``/tmp/mlxc-PID-XXXXXXXX``): whose it is shows."""
+    return tempfile.mkdtemp(prefix=f"mlxc-{os.getpid()}-",
+                            dir="/tmp" if os.path.isdir("/tmp") else None)
 
 
 def share_options(folder: str) -> tuple[str, ...]:

@@ -1,24 +1,28 @@
 """A job logs in to each host once (jobs.connections, ssh.shared): the python
-check opens one shared connection per host, and the launcher's start of
-every rank, its stop calls and our sweep ride on it; when the job is over no
-master connection of it is left here and its socket folder is gone.
+check (smoke: the worker's staging) opens one shared connection per host, and
+the launcher's start of every rank, its stop calls and our sweep ride on it;
+when the command is over no master connection of it is left here and its
+socket folder (``/tmp/mlxc-PID-...``, PID the command's) is gone.
 
 Counted from the lab hosts' own sshd logs ("Accepted publickey" per login),
 for `mlxcluster run --no-preflight` on ring and MPI, for a job that passes
 and one whose rank 1 fails (the launcher's stop calls and the sweep's KILL
-then also go to every host).
+then also go to every host), and for `mlxcluster smoke`.
 """
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from tests.lab.jobs import bracketed, left_on_hosts
-from tests.lab.test_run_lab import ALLSUM, FAILS, run_on_lab
+from tests.lab.jobs import bracketed, left_on_hosts, training_setup
+from tests.lab.test_run_lab import ALLSUM, FAILS
 
 pytestmark = pytest.mark.lab
 
@@ -31,36 +35,54 @@ def logins(lab) -> dict[str, int]:
             for h in lab.hosts}
 
 
-def job_folders() -> set[str]:
-    """The socket folders of jobs running now (ssh.shared.open_folder)."""
-    return {str(p) for p in Path("/tmp").glob("mlxc-*")}
-
-
-def orphaned_masters() -> list[str]:
-    """ssh master connections ("ssh: /tmp/mlxc-XXXX/HASH [mux]") whose job's
-    socket folder is gone: left behind by a job that is over. (Other jobs on
-    this machine may hold masters in their own folders meanwhile.)"""
-    found = []
+def left_of(pid: int) -> tuple[list[str], list[str]]:
+    """The socket folders and the ssh master connections still there of the
+    mlxcluster command that ran as ``pid``."""
+    folders = [str(p) for p in Path("/tmp").glob(f"mlxc-{pid}-*")]
+    masters = []
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = " ".join(proc.info["cmdline"] or [])
-        match = re.search(r"(/tmp/mlxc-[^/\s]+)/\S+ \[mux\]", cmdline)
-        if match and not Path(match.group(1)).exists():
-            found.append(cmdline)
-    return found
+        if f"/tmp/mlxc-{pid}-" in cmdline and "[mux]" in cmdline:
+            masters.append(cmdline)
+    return folders, masters
+
+
+def run_cli(lab, argv: list[str], env: dict[str, str], cwd: Path):
+    """Run `python -m mlxcluster ARGV`; returns (exit code, output, its pid,
+    logins per host it made)."""
+    before = logins(lab)
+    start = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "mlxcluster", *argv], env=env, cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out, _ = proc.communicate(timeout=300)
+    after = logins(lab)
+    added = {name: after[name] - before[name] for name in after}
+    print(f"{' '.join(argv[:1])} (exit {proc.returncode}, {time.monotonic() - start:.1f} s): "
+          f"logins per host {added}")
+    return proc.returncode, out, proc.pid, added
 
 
 @pytest.mark.parametrize("backend", ["ring", "mpi"])
 @pytest.mark.parametrize("script,code", [(ALLSUM, 0), (FAILS, 3)], ids=["passes", "rank1-fails"])
 def test_a_job_logs_in_once_per_host_and_leaves_no_connection(lab3, tmp_path, backend, script, code):
-    before_folders = job_folders()
-    before = logins(lab3)
-    proc, run_id, took = run_on_lab(lab3, tmp_path, backend, script, "--no-preflight")
-    after = logins(lab3)
-    out = proc.stdout + proc.stderr
-    added = {name: after[name] - before[name] for name in after}
-    print(f"run {backend} (exit {proc.returncode}, {took:.1f} s): logins per host {added}")
-    assert proc.returncode == code, out[-3000:]
+    inventory, env = training_setup(lab3, tmp_path)
+    (tmp_path / "prog.py").write_text(script)
+    returncode, out, pid, added = run_cli(
+        lab3, ["run", "-i", str(inventory), "--backend", backend, "--logs", str(tmp_path / "logs"),
+               "--no-preflight", "--", "python", str(tmp_path / "prog.py")], env, tmp_path)
+    assert returncode == code, out[-3000:]
     assert added == {h.name: 1 for h in lab3.hosts}, out[-3000:]
-    assert job_folders() - before_folders == set()  # this job's folder is removed
-    assert orphaned_masters() == []
+    assert left_of(pid) == ([], [])
+    run_id = re.search(r"run (mlxrun-[0-9a-f]+):", out).group(1)
     assert left_on_hosts(lab3, bracketed(run_id)) == {}
+
+
+@pytest.mark.parametrize("backend", ["ring", "mpi"])
+def test_smoke_logs_in_once_per_host(lab3, tmp_path, backend):
+    """smoke stages its worker, launches, collects and sweeps on one login per host."""
+    inventory, env = training_setup(lab3, tmp_path)
+    returncode, out, pid, added = run_cli(
+        lab3, ["smoke", "-i", str(inventory), "--backend", backend], env, tmp_path)
+    assert returncode == 0, out[-3000:]
+    assert added == {h.name: 1 for h in lab3.hosts}, out[-3000:]
+    assert left_of(pid) == ([], [])
