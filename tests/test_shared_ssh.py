@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import stat
 from dataclasses import replace
+from pathlib import Path
 
 from mlxcluster.jobs.connections import can_share, shared_connections
 from mlxcluster.jobs.hosts import RankHost
@@ -40,7 +41,7 @@ def test_the_socket_folder_is_private_and_short():
         # macOS: a unix socket path is at most 104 bytes; %C expands to 40 hex digits
         assert len(f"{folder}/{'0' * 40}") < 104
     finally:
-        shared.close(folder, [])
+        shared.close(folder)
     assert not os.path.exists(folder)
 
 
@@ -73,3 +74,22 @@ def test_the_launchers_ssh_rides_on_the_jobs_connections(tmp_path):
     assert "ControlPath=/tmp/mlxc-xyz/%C" in script and "ControlMaster=auto" in script
     write_wrapper(tmp_path, None, os.defpath)
     assert "ControlPath" not in (tmp_path / "ssh").read_text()
+
+
+def test_closing_asks_only_the_masters_whose_sockets_are_there(tmp_path, monkeypatch):
+    """No socket: nothing is run. A socket whose master is gone: `ssh -O
+    exit` (the real client) says so, and the folder still goes."""
+    import subprocess
+
+    ran: list[list[str]] = []
+    real_run = subprocess.run
+    monkeypatch.setattr(subprocess, "run", lambda argv, **kw: ran.append(argv) or real_run(argv, **kw))
+    empty = shared.open_folder()
+    shared.close(empty)
+    assert ran == [] and not os.path.exists(empty)
+    stale = shared.open_folder()
+    (Path(stale) / ("0" * 40)).write_text("")
+    shared.close(stale)
+    assert [argv[-3:] for argv in ran] == [["-O", "exit", "mlxcluster-master"]]
+    assert f"ControlPath={stale}/{'0' * 40}" in ran[0]
+    assert not os.path.exists(stale)

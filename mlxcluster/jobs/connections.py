@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 
-from mlxcluster.jobs.hosts import RankHost, remote_hosts
+from mlxcluster.jobs.hosts import RankHost
 from mlxcluster.jobs.job import Job
 from mlxcluster.ssh import shared
 
@@ -45,7 +45,7 @@ def shared_hosts(hosts: tuple[RankHost, ...],
     try:
         yield sharing
     finally:
-        shared.close(folder, [(h.ssh_target, h.ssh_options) for h in remote_hosts(sharing)], env)
+        shared.close(folder, env)
 
 
 @contextmanager

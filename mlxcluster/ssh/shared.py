@@ -68,12 +68,18 @@ def shared_in(options: Sequence[str]) -> tuple[str, ...]:
     return ()
 
 
-def close(folder: str, targets: Sequence[tuple[str, Sequence[str]]],
-          env: dict[str, str] | None = None) -> None:
-    """End the master connection of each (ssh target, its ssh options) and
-    remove the folder. A master that is already gone is not an error."""
-    for target, options in targets:
-        argv = ["ssh", *options, "-o", f"{CONTROL_PATH_OPTION}{folder}/%C", "-O", "exit", "--", target]
+def close(folder: str, env: dict[str, str] | None = None) -> None:
+    """End every master connection whose socket is in ``folder`` (none when
+    no call was made: nothing is run then), and remove the folder."""
+    try:
+        sockets = sorted(os.listdir(folder))
+    except OSError:
+        sockets = []
+    for socket in sockets:
+        # With the socket's own path as ControlPath the host name is only a
+        # placeholder: -O exit talks to the local master and connects nowhere.
+        argv = ["ssh", "-o", f"{CONTROL_PATH_OPTION}{os.path.join(folder, socket)}", "-O", "exit",
+                "mlxcluster-master"]
         try:  # a local socket: answered at once, or the master is gone
             subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True,
                            timeout=CLOSE_TIMEOUT_S)
