@@ -75,14 +75,16 @@ def close(folder: str, env: dict[str, str] | None = None) -> None:
         sockets = sorted(os.listdir(folder))
     except OSError:
         sockets = []
-    for socket in sockets:
-        # With the socket's own path as ControlPath the host name is only a
-        # placeholder: -O exit talks to the local master and connects nowhere.
-        argv = ["ssh", "-o", f"{CONTROL_PATH_OPTION}{os.path.join(folder, socket)}", "-O", "exit",
-                "mlxcluster-master"]
-        try:  # a local socket: answered at once, or the master is gone
-            subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True,
-                           timeout=CLOSE_TIMEOUT_S)
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-    shutil.rmtree(folder, ignore_errors=True)
+    try:
+        for socket in sockets:
+            # With the socket's own path as ControlPath the host name is only a
+            # placeholder: -O exit talks to the local master and connects nowhere.
+            argv = ["ssh", "-o", f"{CONTROL_PATH_OPTION}{os.path.join(folder, socket)}", "-O",
+                    "exit", "mlxcluster-master"]
+            try:  # a local socket: answered at once, or the master is gone
+                subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                               timeout=CLOSE_TIMEOUT_S)
+            except (OSError, subprocess.TimeoutExpired):
+                continue
+    finally:  # the folder goes whatever happened (a master left ends after PERSIST_S idle)
+        shutil.rmtree(folder, ignore_errors=True)
