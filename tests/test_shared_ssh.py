@@ -93,3 +93,26 @@ def test_closing_asks_only_the_masters_whose_sockets_are_there(tmp_path, monkeyp
     assert [argv[-3:] for argv in ran] == [["-O", "exit", "mlxcluster-master"]]
     assert f"ControlPath={stale}/{'0' * 40}" in ran[0]
     assert not os.path.exists(stale)
+
+
+def test_closing_asks_every_master_at_once(monkeypatch):
+    """Three hosts' masters are asked together, not one after another: each
+    (fake) ssh call waits at a barrier that only all three together pass."""
+    import subprocess
+    import threading
+
+    together = threading.Barrier(3, timeout=5)
+    asked: list[str] = []
+
+    def ssh(argv, **kw):
+        asked.append(argv[2])
+        together.wait()  # raises BrokenBarrierError (the test fails) if the calls were serial
+        return subprocess.CompletedProcess(argv, 255, "", "")
+
+    monkeypatch.setattr(subprocess, "run", ssh)
+    folder = shared.open_folder()
+    for name in ("a" * 40, "b" * 40, "c" * 40):
+        (Path(folder) / name).write_text("")
+    shared.close(folder)
+    assert sorted(asked) == [f"ControlPath={folder}/{c * 40}" for c in "abc"]
+    assert not os.path.exists(folder)

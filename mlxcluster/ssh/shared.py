@@ -34,6 +34,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 PERSIST_S = 30
 MAX_SHARED_RANKS = 6  # sessions per host: its ranks, and our sweep and stall calls beside them
@@ -70,21 +71,29 @@ def shared_in(options: Sequence[str]) -> tuple[str, ...]:
 
 def close(folder: str, env: dict[str, str] | None = None) -> None:
     """End every master connection whose socket is in ``folder`` (none when
-    no call was made: nothing is run then), and remove the folder."""
+    no call was made: nothing is run then), and remove the folder. The
+    masters are asked all at once, so closing costs one local round trip
+    however many hosts the job had (docs/performance.md, run over bare
+    mlx.launch)."""
     try:
         sockets = sorted(os.listdir(folder))
     except OSError:
         sockets = []
+
+    def ask_to_exit(socket: str) -> None:
+        # With the socket's own path as ControlPath the host name is only a
+        # placeholder: -O exit talks to the local master and connects nowhere.
+        argv = ["ssh", "-o", f"{CONTROL_PATH_OPTION}{os.path.join(folder, socket)}", "-O",
+                "exit", "mlxcluster-master"]
+        try:  # a local socket: answered at once, or the master is gone
+            subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                           timeout=CLOSE_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+
     try:
-        for socket in sockets:
-            # With the socket's own path as ControlPath the host name is only a
-            # placeholder: -O exit talks to the local master and connects nowhere.
-            argv = ["ssh", "-o", f"{CONTROL_PATH_OPTION}{os.path.join(folder, socket)}", "-O",
-                    "exit", "mlxcluster-master"]
-            try:  # a local socket: answered at once, or the master is gone
-                subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True,
-                               timeout=CLOSE_TIMEOUT_S)
-            except (OSError, subprocess.TimeoutExpired):
-                continue
+        if sockets:
+            with ThreadPoolExecutor(max_workers=min(len(sockets), 16)) as pool:
+                list(pool.map(ask_to_exit, sockets))
     finally:  # the folder goes whatever happened (a master left ends after PERSIST_S idle)
         shutil.rmtree(folder, ignore_errors=True)
