@@ -69,6 +69,7 @@ STACKS_ROOT = "/tmp/mlxcluster-stacks"
 RANK_VARS = ("MLX_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
 TAG_VAR = "MLXCLUSTER_TAG_OUTPUT"
 DRAIN_WAIT_S = 5.0
+DRAIN_POLL_S = 0.005  # the drain's look at the helper: a rank's end waits at most this more
 MAX_PARTIAL = 65536  # a "line" this long without a newline is passed on as it is
 USAGE = "usage: python -m mlxcluster.jobs.rank_wrapper (-m MODULE | SCRIPT) [ARGS...]"
 
@@ -177,7 +178,7 @@ def drain(helper: int, wait_s: float = DRAIN_WAIT_S) -> None:
             return
         if done:
             return
-        time.sleep(0.02)
+        time.sleep(DRAIN_POLL_S)
 
 
 def exit_code(done: SystemExit) -> int:
