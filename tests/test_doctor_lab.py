@@ -86,6 +86,12 @@ def blamed(report: DoctorReport) -> dict[str, list[str]]:
             for r in report.results if r.status in (Status.FAIL, Status.CRASH)}
 
 
+def failing_evidence(report: DoctorReport) -> str:
+    """Every failing check's evidence per host: what a failed assertion shows."""
+    return "\n".join(f"{r.id}: {h}: {e}" for r in report.results
+                     if r.status in (Status.FAIL, Status.CRASH) for h, e in r.hosts.items())
+
+
 def evidence(report: DoctorReport, check_id: str, host: str) -> str:
     return next(r for r in report.results if r.id == check_id).hosts[host]
 
@@ -154,7 +160,7 @@ def test_fault_fails_the_right_check_on_the_right_host(lab3, inventory_path, oth
         # (paramiko, OpenSSH and the hop from the first host wait side by side).
         assert seconds < 2 * CONNECT_TIMEOUT, seconds
     assert report.verdict == "fail"
-    assert blamed(report) == {check_id: [host] for check_id in expected}
+    assert blamed(report) == {check_id: [host] for check_id in expected}, failing_evidence(report)
     first = sorted(expected)[0]
     assert cause in evidence(report, first, host)
 
