@@ -1,22 +1,28 @@
-"""What mlx.launch's busy loop costs, and what quiet_launch gives back.
+"""mlx.launch's busy loop: what it costs, and what removing it does to a job.
 
-    python bench/launcher_cpu.py                 # 3-host lab, ring, 5 rounds (root, Linux)
-    python bench/launcher_cpu.py --rounds 7 --steps 60
+    python bench/launcher_cpu.py                            # 3-host lab, ring (root, Linux)
+    python bench/launcher_cpu.py --rounds 4 --steps 200 --work allsum
 
-Builds its own 3-host lab (tests/lab) and runs the same small data-parallel
-loop (per step: a 384x384 matmul chain on each rank, then an all_sum of
-1 MiB, as a training step does) two ways, alternating in rounds so that each
-sees the same load:
+mlx.launch (mlx 0.32) reads each rank's output in a thread that calls
+``select(outputs, [the rank's stdin pipe], [], 1.0)``: a pipe nobody writes
+to is always writable, so the select returns at once and the thread loops
+without rest for the whole job (its main loop does the same on a stdin at
+its end, /dev/null). This bench builds its own 3-host lab (tests/lab) and
+runs the same small data-parallel loop (per step: a 384x384 matmul chain,
+then an all_sum of 1 MiB; or one of the two, ``--work``) two ways,
+alternating in rounds so that each sees the same load:
 
 1. plain: `mlx.launch --hosts IP,IP,IP --backend ring --python PY -- prog.py`,
-   stdin closed, as the jobs layer started it before quiet_launch;
-2. quiet: the same argv through ``mlxcluster.jobs.quiet_launch.command``,
-   as the jobs layer starts it now.
+   stdin closed, as the jobs layer starts it;
+2. patient: the same mlx.launch with ``select`` in its module replaced
+   (``PATIENT_LAUNCH`` below, run with ``python -c``): no writability asked
+   for, no wait longer than 50 ms.
 
 Reports, per way: the launcher's CPU seconds (user + system, sampled every
-0.1 s until it ends) per second of the job, the ranks' median step time
-(each rank times its own steps; rank 0's median is printed), and wall time.
-Every run's ranks must all print their result.
+0.1 s until it ends) per second of the job, rank 0's median step time and
+wall time. Every run's ranks must all print their result. The figures and
+why mlxcluster keeps the plain launcher: docs/performance.md, "mlx.launch's
+busy loop".
 """
 
 from __future__ import annotations
@@ -36,13 +42,31 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from mlxcluster.jobs import quiet_launch  # noqa: E402
 from tests.lab import lab_unavailable_reason, start_lab  # noqa: E402
+
+# mlx.launch with a select that waits for output only (at most 50 ms), run as
+# `python -c PATIENT_LAUNCH MLX_LAUNCH ARGS...` with the python of mlx.launch.
+PATIENT_LAUNCH = """
+import select, sys
+import mlx._distributed_utils.launch as launch
+
+def patient_select(rlist, wlist, xlist, timeout=None):
+    limit = 0.05 if timeout is None else min(timeout, 0.05)
+    readable, _, exceptional = select.select(rlist, [], xlist, limit)
+    return readable, [], exceptional
+
+assert launch.select is select.select, "this mlx.launch is not the one this bench patches"
+launch.select = patient_select
+read_end, write_end = __import__("os").pipe()  # a stdin that never has data: no loop at its end
+__import__("os").dup2(read_end, 0)
+sys.argv = sys.argv[1:]
+sys.exit(launch.main())
+"""
 
 PROGRAM = """
 import sys, time, statistics
 import mlx.core as mx
-steps = int(sys.argv[1])
+steps, work = int(sys.argv[1]), sys.argv[2]
 g = mx.distributed.init(strict=True, backend="any")
 a = mx.random.normal((384, 384))
 grad = mx.ones((256 * 1024,))
@@ -50,9 +74,9 @@ times = []
 for _ in range(steps):
     t = time.perf_counter()
     b = a
-    for _ in range(4):
+    for _ in range(4 if work != "allsum" else 0):
         b = (b @ a) / 384.0
-    total = mx.distributed.all_sum(grad)
+    total = mx.distributed.all_sum(grad) if work != "matmul" else grad * g.size()
     mx.eval(b, total)
     times.append(time.perf_counter() - t)
 print(f"RESULT rank {g.rank()} median_step_ms {statistics.median(times) * 1000:.2f} "
@@ -91,6 +115,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--work", choices=("both", "allsum", "matmul"), default="both",
+                        help="per step: the matmul chain and the all_sum (both), or one of them")
     args = parser.parse_args()
     why = lab_unavailable_reason()
     if why:
@@ -103,9 +129,9 @@ def main() -> int:
         env = lab.env()
         env.pop("LD_PRELOAD", None)
         launch_args = ["--hosts", ",".join(h.ip for h in lab.hosts), "--backend", "ring",
-                       "--python", lab.python, "--", str(prog), str(args.steps)]
+                       "--python", lab.python, "--", str(prog), str(args.steps), args.work]
         ways = {"plain mlx.launch": [mlx_launch, *launch_args],
-                "quiet_launch": quiet_launch.command(mlx_launch, launch_args)}
+                "patient mlx.launch": [sys.executable, "-c", PATIENT_LAUNCH, mlx_launch, *launch_args]}
         got: dict[str, dict[str, list[float]]] = {w: {"cpu": [], "step": [], "wall": []} for w in ways}
         load_before = os.getloadavg()
         for r in range(args.rounds):
@@ -120,7 +146,7 @@ def main() -> int:
         load_after = os.getloadavg()
 
     print(f"\nload average before {load_before[0]:.1f}, after {load_after[0]:.1f}; "
-          f"{args.rounds} rounds, {args.steps} steps per run, 3 lab hosts, ring\n")
+          f"{args.rounds} rounds, {args.steps} steps per run ({args.work}), 3 lab hosts, ring\n")
     print("| launcher | launcher CPU-s per s of job (median) | rank 0 median step ms (median) "
           "| wall s (median) |")
     print("|---|---:|---:|---:|")
@@ -128,9 +154,9 @@ def main() -> int:
         per_s = statistics.median(c / w for c, w in zip(g["cpu"], g["wall"], strict=True))
         print(f"| {name} | {per_s:.2f} | {statistics.median(g['step']):.1f} "
               f"| {statistics.median(g['wall']):.2f} |")
-    plain, quiet = got["plain mlx.launch"], got["quiet_launch"]
-    ratios = [q / p for q, p in zip(quiet["step"], plain["step"], strict=True)]
-    print(f"\nstep time quiet / plain, paired per round: median {statistics.median(ratios):.2f} "
+    plain, patient = got["plain mlx.launch"], got["patient mlx.launch"]
+    ratios = [q / p for q, p in zip(patient["step"], plain["step"], strict=True)]
+    print(f"\nstep time patient / plain, paired per round: median {statistics.median(ratios):.2f} "
           f"({', '.join(f'{x:.2f}' for x in ratios)})")
     return 0
 

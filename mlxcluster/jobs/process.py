@@ -15,7 +15,6 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlxcluster.jobs import quiet_launch
 from mlxcluster.jobs.hosts import remote_hosts
 from mlxcluster.jobs.plan import LaunchPlan
 from mlxcluster.ssh.launcher_ssh import launcher_environment
@@ -93,7 +92,7 @@ def start(argv: list[str], env: dict[str, str] | None = None, *,
 
 
 def start_plan(plan: LaunchPlan) -> Running:
-    """Write the plan's files and start its launcher (``launcher_argv``). It reaches the hosts
+    """Write the plan's files and start its launcher. It reaches the hosts
     through launcher_ssh's ssh (the inventory's ssh_config, BatchMode,
     keepalive, and the job's shared connections when its hosts have them:
     jobs.connections), written into the plan's local run directory."""
@@ -101,12 +100,4 @@ def start_plan(plan: LaunchPlan) -> Running:
     remote = remote_hosts(plan.hosts)
     sharing = shared_in(remote[0].ssh_options) if remote else ()
     env = launcher_environment(plan.env, Path(plan.run_dir) / "bin", plan.ssh_config, sharing)
-    return start(launcher_argv(plan.argv), env)
-
-
-def launcher_argv(argv: list[str]) -> list[str]:
-    """The plan's launcher command as started: mlx.launch through
-    ``quiet_launch`` (the same launcher without its busy loop), any other as it is."""
-    if argv and Path(argv[0]).name == "mlx.launch":
-        return quiet_launch.command(argv[0], argv[1:])
-    return argv
+    return start(plan.argv, env)
