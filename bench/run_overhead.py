@@ -11,7 +11,9 @@ same load on a shared machine:
 
 1. bare: `mlx.launch --hosts IP,IP,IP --backend ring --python PY -- prog.py`;
 2. `mlxcluster run -i INV --no-preflight -- prog.py`;
-3. `mlxcluster run -i INV -- prog.py` (probe, doctor checks, all_sum smoke).
+3. `mlxcluster run -i INV -- prog.py` (probe, doctor checks, all_sum smoke);
+4. with ``--compare-with DIR``: 2. from another checkout (before and after a
+   change, in the same rounds).
 
 Reports the median of each and the medians of the differences, and where
 run's time goes: each of its output lines is timestamped as it arrives
@@ -78,6 +80,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--backend", default="ring", choices=("ring",))
+    parser.add_argument("--compare-with", metavar="DIR", default=None,
+                        help="another mlxcluster checkout (e.g. a git worktree of an older "
+                             "commit): its `run --no-preflight` runs in the same rounds")
+    parser.add_argument("--no-preflight-only", action="store_true",
+                        help="leave out `run` with its preflight (shorter rounds)")
     args = parser.parse_args()
     why = lab_unavailable_reason()
     if why:
@@ -98,15 +105,21 @@ def main() -> int:
             "bare mlx.launch": [mlx_launch, "--hosts", ",".join(h.ip for h in lab.hosts),
                                 "--backend", args.backend, "--python", lab.python, "--", str(prog)],
             "run --no-preflight": [*ours, "--no-preflight", "--", str(prog)],
-            "run (preflight)": [*ours, "--", str(prog)],
         }
+        if not args.no_preflight_only:
+            commands["run (preflight)"] = [*ours, "--", str(prog)]
+        envs = {name: env for name in commands}
+        if args.compare_with:
+            other = f"run --no-preflight ({Path(args.compare_with).name})"
+            commands[other] = [*ours, "--no-preflight", "--", str(prog)]
+            envs[other] = {**env, "PYTHONPATH": str(Path(args.compare_with).resolve())}
         startup = [sys.executable, "-m", "mlxcluster", "--help"]
         times: dict[str, list[float]] = {name: [] for name in [*commands, "mlxcluster --help"]}
         phases: dict[str, dict[str, list[float]]] = {name: {} for name in commands}
         load_before = os.getloadavg()
         for r in range(args.rounds):
             for name, argv in commands.items():
-                took, seen = timed(argv, env, work)
+                took, seen = timed(argv, envs[name], work)
                 times[name].append(took)
                 for phase, at in seen.items():
                     phases[name].setdefault(phase, []).append(at)
