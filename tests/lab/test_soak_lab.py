@@ -68,23 +68,25 @@ def finish(proc: subprocess.Popen, timeout: float) -> tuple[dict, str, float]:
 
 
 @pytest.mark.parametrize("backend", ["ring", "mpi"])
-def test_a_short_soak_passes_with_iterations_of_every_op(lab3, inventory, tmp_path, backend):
-    proc = start_soak(lab3, inventory, tmp_path, backend, 20)
+def test_a_60s_soak_passes_with_iterations_of_every_op(lab3, inventory, tmp_path, backend):
+    """`smoke --soak 60s` on the lab, as the issue asks: every op iterates,
+    none is wrong, nothing stalls, nothing is left."""
+    proc = start_soak(lab3, inventory, tmp_path, backend, 60)
     try:
-        doc, err, _ = finish(proc, 150)
+        doc, err, _ = finish(proc, 240)
     finally:
         if proc.poll() is None:
             proc.kill()
     run = doc["backends"][0]
     assert proc.returncode == 0, (json.dumps(run, indent=1)[-6000:], err[-2000:])
     soak = run["soak"]
-    assert soak["seed"] == 1234 and soak["duration_s"] == 20 and soak["elapsed_s"] >= 20
+    assert soak["seed"] == 1234 and soak["duration_s"] == 60 and soak["elapsed_s"] >= 60
     assert [o["op"] for o in soak["ops"]] == ["all_sum", "all_gather", "send_recv"]
     assert all(o["iterations"] > 0 for o in soak["ops"]), soak["ops"]
     assert all(1024 - 4 <= o["slowest_bytes"] <= 256 << 10 and o["slowest_s"] > 0
                for o in soak["ops"]), soak["ops"]
     assert soak["wrong"] == [] and run["stall"] == ""
-    assert "seed 1234" in err and re.search(r"soak \w+: \d+/20 s, all_sum \d+", err), err
+    assert "seed 1234" in err and re.search(r"soak \w+: \d+/60 s, all_sum \d+", err), err
     assert_nothing_left(lab3, run)
 
 
