@@ -23,7 +23,10 @@ from mlxcluster.inventory.inventory import load_inventory
 
 pytestmark = pytest.mark.lab
 
-CONNECT_TIMEOUT = 2.0
+# paramiko's connect, banner, auth and channel waits each: 2 s once timed out
+# on a live host while the 2-core CI machine was busy (2026-11-24); a dead host
+# still costs one of these, not one per test that tries it.
+CONNECT_TIMEOUT = 4.0
 # Anything near this bound is a hang (a dead host costs one connect timeout).
 DOCTOR_BUDGET_S = 20.0
 OPENBLAS = "/usr/lib/x86_64-linux-gnu/libopenblas.so.0"
