@@ -5,21 +5,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
-from dataclasses import replace
 
 import pytest
 
-from mlxcluster.errors import EXIT_USAGE, InputError
-from mlxcluster.jobs import process
-from mlxcluster.jobs import run as job_run
+from mlxcluster.errors import EXIT_USAGE
 from mlxcluster.jobs.job import job_local
-from mlxcluster.jobs.job_python import (
-    is_missing_python,
-    python_not_found,
-    require_job_python,
-    start_python_check,
-)
+from mlxcluster.jobs.job_python import is_missing_python, python_not_found, require_job_python
 
 
 @pytest.mark.parametrize("returncode, stderr, missing", [
@@ -49,44 +40,3 @@ def test_ranks_on_this_machine_are_not_asked_over_ssh(monkeypatch):
 
     monkeypatch.setattr(subprocess, "run", no_run)
     require_job_python(job_local(2, "ring", sys.executable))
-
-
-def test_the_check_runs_in_the_background_and_its_answer_raises_when_asked():
-    """start_python_check returns while the hosts are still answering; the
-    answer, once asked for, raises the check's own error."""
-    asked, may_answer = threading.Event(), threading.Event()
-
-    def slow_missing(job, env):
-        asked.set()
-        assert may_answer.wait(5)
-        raise python_not_found(job.python, ["mac2"])
-
-    job = replace(job_local(2, "ring", sys.executable), python="/opt/py")
-    answer = start_python_check(job, None, slow_missing)
-    assert asked.wait(5)  # running, and we are already back
-    may_answer.set()
-    with pytest.raises(InputError) as err:
-        answer()
-    assert str(err.value) == "python not found: /opt/py on mac2"
-    start_python_check(job, None, lambda job, env: None)()  # found: no error
-
-
-def test_a_missing_python_stops_the_job_after_planning_before_any_start(monkeypatch, tmp_path):
-    """run_job calls before_start once the launch is planned; its error ends
-    the job there: no launcher started, no host swept."""
-    events: list[str] = []
-    real_plan = job_run.plan_job
-    monkeypatch.setattr(job_run, "plan_job", lambda *a, **kw: events.append("planned") or real_plan(*a, **kw))
-    monkeypatch.setattr(process, "start_plan", lambda plan: events.append("started"))
-    monkeypatch.setattr(job_run, "sweep", lambda *a, **kw: events.append("swept") or [])
-    script = tmp_path / "t.py"
-    script.write_text("print('hi')\n")
-    job = replace(job_local(2, "ring", sys.executable), program=(str(script),))
-
-    def missing():
-        events.append("checked")
-        raise python_not_found(job.python, ["mac2"])
-
-    with pytest.raises(InputError):
-        job_run.run_job(job, lambda *_: None, stall_timeout=None, before_start=missing)
-    assert events == ["planned", "checked"]

@@ -28,7 +28,7 @@ from mlxcluster.jobs.job import (
     launcher_name,
     plan_jaccl_job,
 )
-from mlxcluster.jobs.job_python import require_job_python, start_python_check
+from mlxcluster.jobs.job_python import require_job_python
 from mlxcluster.jobs.watch import launcher_error
 from mlxcluster.tuned import tuned_job
 
@@ -91,16 +91,13 @@ def share_connections(job, env: dict[str, str]):
 def prepare_job(job, inventory, env: dict[str, str], *, no_preflight: bool, no_openblas: bool):
     """Before the launch: the preflight, or with ``no_preflight`` only the
     python looked for on every host (a missing one is exit 2, both ways).
-    Returns (the job, the cluster's mlx version or None, ``ready``): call
-    ``ready()`` before any rank starts (``run_job``'s ``before_start``).
-    Without the preflight the python check runs in the background until
-    then, beside the launch's planning; ``ready`` raises its error."""
+    Returns (the job, the cluster's mlx version or None)."""
     if no_preflight:
-        return job, None, start_python_check(job, env, require_job_python)
+        require_job_python(job, env)
+        return job, None
     from mlxcluster.cli.preflight import preflight  # heavy: see the module docstring
 
-    job, mlx_version = preflight(job, env, no_openblas=no_openblas, inventory=inventory)
-    return job, mlx_version, lambda: None
+    return preflight(job, env, no_openblas=no_openblas, inventory=inventory)
 
 
 def end_if_refused(command: str, job, outcome) -> None:

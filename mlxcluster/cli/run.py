@@ -64,41 +64,35 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
     logs_path = Path(logs_dir) if logs_dir else Path("runs") / run_id
     n = len(job.hosts)
 
-    job, mlx_version, ready = prepare_job(job, inventory, env, no_preflight=no_preflight,
-                                          no_openblas=no_openblas)
-    opened: list[RankLogs] = []  # the logs folder is made only for a job that starts
-
-    def launching() -> None:  # once the hosts answered the python check
-        ready()
-        try:
-            opened.append(RankLogs(logs_path))
-        except OSError as err:
-            raise InputError(f"cannot create the logs folder {logs_path}: {err.strerror}",
-                             "give --logs a folder you can write to") from None
+    job, mlx_version = prepare_job(job, inventory, env, no_preflight=no_preflight,
+                                   no_openblas=no_openblas)
+    try:
+        logs = RankLogs(logs_path)
+    except OSError as err:
+        raise InputError(f"cannot create the logs folder {logs_path}: {err.strerror}",
+                         "give --logs a folder you can write to") from None
+    try:
         click.echo(f"launching {n} rank(s) on {job.backend}, run {run_id}: {program_command(job)}")
         click.echo(f"logs: {logs_path}/rank<R>.log")
 
-    def show(stream: str, line: str) -> None:
-        rank, _ = opened[0].write(line)
-        if rank0_only and rank not in (0, None):
-            return
-        click.echo(line, err=stream == "stderr")
+        def show(stream: str, line: str) -> None:
+            rank, _ = logs.write(line)
+            if rank0_only and rank not in (0, None):
+                return
+            click.echo(line, err=stream == "stderr")
 
-    try:
         stall = None if stall_timeout == "off" else stall_timeout
         outcome = run_job(job, show, env=env, timeout=timeout, stall_timeout=stall,
-                          report_dir=logs_path, run_id=run_id, any_line_progress=True,
-                          before_start=launching)
+                          report_dir=logs_path, run_id=run_id, any_line_progress=True)
     finally:
-        for logs in opened:
-            logs.close()
+        logs.close()
     if outcome.unstopped:
         click.secho(f"warning: {outcome.unstopped}", fg="yellow", err=True)
     end_if_refused("run", job, outcome)
     if outcome.exit_code != 0:
         say_failure("run", outcome, mlx_version)
         if rank0_only and outcome.failed_rank not in (None, 0):  # its lines were not shown
-            hidden = opened[0].tail(outcome.failed_rank)
+            hidden = logs.tail(outcome.failed_rank)
             if hidden:
                 click.echo(f"last lines of rank {outcome.failed_rank} "
                            f"({logs_path / f'rank{outcome.failed_rank}.log'}):", err=True)

@@ -67,19 +67,17 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
     job = share_connections(plan_backend(job, inventory, env), env)
     n = len(job.hosts)
     # mlx_version: the cluster's, when the preflight asked (known errors name the fixing release)
-    job, mlx_version, ready = prepare_job(job, inventory, env, no_preflight=no_preflight,
-                                          no_openblas=no_openblas)
+    job, mlx_version = prepare_job(job, inventory, env, no_preflight=no_preflight,
+                                   no_openblas=no_openblas)
 
-    def launching() -> None:  # once the hosts answered the python check
-        ready()
-        click.echo(f"launching {n} rank(s) on {job.backend}: {program_command(job)}")
+    click.echo(f"launching {n} rank(s) on {job.backend}: {program_command(job)}")
 
     def show(stream: str, line: str) -> None:
         click.echo(line, err=stream == "stderr")
 
     stall = None if stall_timeout == "off" else stall_timeout  # "auto" or seconds
     outcome = run_job(job, show, env=env, timeout=timeout, stall_timeout=stall,
-                      report_dir=Path(cfg.out), before_start=launching)
+                      report_dir=Path(cfg.out))
     if outcome.unstopped:
         click.secho(f"warning: {outcome.unstopped}", fg="yellow", err=True)
     end_if_refused("train", job, outcome)

@@ -12,10 +12,6 @@ probe's errors). With ``--no-preflight`` ``require_job_python`` asks every
 remote host once, in parallel, the cheapest question that gives the answer:
 run the python with nothing to do (``PY -S -c ''``; a path that exists but
 does not start, like a broken venv link, fails the same way).
-``start_python_check`` asks in the background: the launch is planned while
-the hosts answer (their answer is one key exchange each, the longest step
-before a short job starts), and waits for the answer only before any rank
-starts.
 """
 
 from __future__ import annotations
@@ -23,8 +19,6 @@ from __future__ import annotations
 import re
 import shlex
 import subprocess
-import threading
-from collections.abc import Callable
 
 from mlxcluster.errors import InputError
 from mlxcluster.jobs.hosts import for_each_host, host_argv, remote_hosts
@@ -71,27 +65,3 @@ def require_job_python(job, env: dict[str, str] | None = None,
     lacking = [h.name for h, gone in zip(remote, for_each_host(remote, missing), strict=True) if gone]
     if lacking:
         raise python_not_found(job.python, lacking)
-
-
-def start_python_check(job, env: dict[str, str] | None = None,
-                       check: Callable[..., None] = require_job_python) -> Callable[[], None]:
-    """Start ``check(job, env)`` (``require_job_python``) in a thread now;
-    returns the function that waits for its answer and raises what it raised
-    (``python_not_found``)."""
-    failed: list[BaseException] = []
-
-    def ask() -> None:
-        try:
-            check(job, env)
-        except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
-            failed.append(err)
-
-    thread = threading.Thread(target=ask, name="python-check", daemon=True)
-    thread.start()
-
-    def answer() -> None:
-        thread.join()
-        if failed:
-            raise failed[0]
-
-    return answer

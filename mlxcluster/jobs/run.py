@@ -40,8 +40,7 @@ def run_job(job: Job, on_line: Callable[[str, str], None],
             timeout: float | None = None,
             stall_timeout: float | str | None = AUTO,
             report_dir: Path | None = None, run_id: str | None = None,
-            any_line_progress: bool = False,
-            before_start: Callable[[], None] | None = None) -> RunOutcome:
+            any_line_progress: bool = False) -> RunOutcome:
     """Run the job's program (``job.rank_program``: by default `python -m
     reference_train.train ARGS`) on every rank and wait for the end.
 
@@ -57,10 +56,7 @@ def run_job(job: Job, on_line: Callable[[str, str], None],
     ``report_dir``/stall-RUN_ID (default: the current directory), every rank
     is stopped, and stall.Stalled is raised. ``any_line_progress``: every
     output line counts as progress, not only heartbeats (`mlxcluster run`:
-    a program of its own prints none). ``run_id``: default a new one.
-    ``before_start``: called once the launch is planned, before anything
-    starts on a host (the CLI waits there for its python check); what it
-    raises ends the job before launch, with nothing to sweep."""
+    a program of its own prints none). ``run_id``: default a new one."""
     run_id = run_id or new_run_id()
     base_env = dict(os.environ if env is None else env)
     watch = None
@@ -71,20 +67,18 @@ def run_job(job: Job, on_line: Callable[[str, str], None],
     def on_stall() -> MlxclusterError:
         return stop_stalled(job, run_id, watch, Path(report_dir or "."), base_env)
 
-    with tempfile.TemporaryDirectory(prefix="mlxcluster-job.") as tmp:
-        plan = plan_job(job, run_id, tmp, base_env)
-        if before_start is not None:
-            before_start()
-        try:
+    try:
+        with tempfile.TemporaryDirectory(prefix="mlxcluster-job.") as tmp:
+            plan = plan_job(job, run_id, tmp, base_env)
             started = time.monotonic()
             outcome = watch_launcher(process.start_plan(plan), on_line, started, timeout=timeout,
                                      watch=watch, on_stall=on_stall)
-        except (MlxclusterError, Interrupted) as err:  # timed out or interrupted: sweep, then say so
-            with interrupts.deferred():
-                hint = unstopped_hint(sweep(job.hosts, run_id, base_env), run_id)
-            if hint:
-                err.hint = f"{err.hint}; {hint}" if err.hint else hint
-            raise
+    except (MlxclusterError, Interrupted) as err:  # timed out or interrupted: sweep, then say so
+        with interrupts.deferred():
+            hint = unstopped_hint(sweep(job.hosts, run_id, base_env), run_id)
+        if hint:
+            err.hint = f"{err.hint}; {hint}" if err.hint else hint
+        raise
     with interrupts.deferred():
         unstopped = unstopped_hint(sweep(job.hosts, run_id, base_env), run_id)
     lost = lost_host(outcome.exit_code, outcome.failed_rank, [h.name for h in job.hosts], outcome.lines)
