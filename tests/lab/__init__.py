@@ -1,7 +1,8 @@
 """A real multi-host cluster on one Linux machine, for tests and benchmarks.
 
 Each host is a network namespace on a private bridge, with its own IP and
-its own hostname (UTS namespace), running a real OpenSSH ``sshd``. Clients
+its own hostname (UTS namespace) and its own disk at ``lab.disk`` (a mount
+namespace), running a real OpenSSH ``sshd``. Clients
 reach the hosts through an ``ssh`` wrapper first on PATH that points OpenSSH
 at the lab's own ssh_config (``~/.ssh`` is never touched), so ``mlx.launch``,
 ``mpirun``, paramiko and mlxcluster all talk to real servers with no prompt.
@@ -148,6 +149,20 @@ class Lab:
     def host_tmp(self, h: LabHost) -> Path:
         return self.state / f"t{h.index + 1}"
 
+    # Every host has its own disk, as every Mac has: ``lab.disk`` is one path
+    # that each host sees as its own directory (a bind mount in the host's
+    # mount namespace), while this machine, where mlxcluster runs, sees a
+    # directory of its own there. A file a rank writes under it on labhost2
+    # is not on labhost1 nor here. Put runs' --out, logs, stall folders and
+    # data under it; read a host's files with ``host_read`` / ``host_exists``.
+    @property
+    def disk(self) -> Path:
+        return self.state / "disk"
+
+    def host_disk(self, h: LabHost) -> Path:
+        """Where host ``h``'s own disk lies on this machine (seen as ``lab.disk`` there)."""
+        return self.state / f"disk{h.index + 1}"
+
     def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
         """os.environ with the lab's ssh wrapper first on PATH, then the venv's
         bin (as in an activated venv: mlx.launch looks up mpirun on PATH), and
@@ -195,6 +210,17 @@ class Lab:
         h = self.host(host)
         return _run(["ssh", "-F", str(self.ssh_config), h.ip, command],
                     timeout=timeout, check=check)
+
+    def host_exists(self, host: LabHost | str | int, path: str | Path) -> bool:
+        """Whether ``path`` exists on the host's own disk, asked over ssh."""
+        return self.ssh(host, f"test -e {shlex.quote(str(path))}").returncode == 0
+
+    def host_read(self, host: LabHost | str | int, path: str | Path) -> str:
+        """A text file as the host sees it (LabError when it cannot be read there)."""
+        proc = self.ssh(host, f"cat {shlex.quote(str(path))}")
+        if proc.returncode != 0:
+            raise LabError(f"{self.host(host).name}: cannot read {path}: {proc.stderr.strip()}")
+        return proc.stdout
 
     def netns_exec(self, host: LabHost | str | int, args: list[str], *,
                    timeout: float = CMD_TIMEOUT, check: bool = True) -> subprocess.CompletedProcess:
@@ -352,6 +378,8 @@ class Lab:
         self.bin_dir.mkdir()
         for tmp in [self.client_tmp] + [self.host_tmp(h) for h in self.hosts]:
             tmp.mkdir()
+        for disk in [self.disk] + [self.host_disk(h) for h in self.hosts]:
+            disk.mkdir()
         self._make_keys()
         _run(["ip", "link", "add", self.bridge, "type", "bridge"])
         _run(["ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge])
@@ -419,10 +447,20 @@ class Lab:
         # shell rc (see _shell_rc_mount). -D keeps sshd as our child (pid known).
         h.sshd = subprocess.Popen(
             ["ip", "netns", "exec", h.netns, "unshare", "--uts", "--mount", "sh", "-c",
-             f"hostname {h.name} && {self._shell_rc_mount()}exec {SSHD} -D -f {conf} -E {log}"],
+             f"hostname {h.name} && {self._own_disk_mount(h)}{self._shell_rc_mount()}"
+             f"exec {SSHD} -D -f {conf} -E {log}"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
+
+    def _own_disk_mount(self, h: LabHost) -> str:
+        """Shell words that put the host's own directory at ``lab.disk`` (see ``disk``).
+
+        `unshare --mount` makes the namespace's mounts private, so the bind
+        mount is seen by this sshd and everything it starts, and by no one else.
+        """
+        return (f"mount --bind {shlex.quote(str(self.host_disk(h)))} "
+                f"{shlex.quote(str(self.disk))} && ")
 
     def _shell_rc_mount(self) -> str:
         """Shell words that give the host's sessions an empty ~/.bashrc.

@@ -33,6 +33,25 @@ def test_three_hosts_each_with_own_hostname(lab3):
     assert proc.stdout.strip() == "labhost3"
 
 
+def test_every_host_has_its_own_disk(lab3):
+    """A file a host writes under lab.disk is on that host only, as on Macs;
+    this machine (where mlxcluster runs) keeps its own files there too."""
+    path = lab3.disk / "own-disk-probe.txt"
+    path.write_text("client\n")
+    try:
+        assert not any(lab3.host_exists(h, path) for h in lab3.hosts)
+        lab3.ssh(1, f"echo labhost2 > {path}", check=True)
+        assert lab3.host_read(1, path) == "labhost2\n"
+        assert not lab3.host_exists(0, path) and not lab3.host_exists(2, path)
+        assert path.read_text() == "client\n"
+        # Ranks started by a launcher over ssh see the same private disk.
+        proc = lab3.ssh(0, f"ssh {lab3.hosts[1].ip} cat {path}", check=True)
+        assert proc.stdout == "labhost2\n"
+    finally:
+        path.unlink()
+        lab3.ssh(1, f"rm -f {path}")
+
+
 def test_mlx_launch_ring_all_sum_across_three_hosts(lab3):
     ips = ",".join(h.ip for h in lab3.hosts)
     rows = run_job([str(VENV_BIN / "mlx.launch"), "--hosts", ips, "--backend", "ring",
