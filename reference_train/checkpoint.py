@@ -2,19 +2,27 @@
 
     OUT/checkpoints/step_000010/model.safetensors      parameters ("layers.0.attention.wq.weight", ...)
     OUT/checkpoints/step_000010/optimizer.safetensors  AdamW state ("step", "learning_rate", "...weight.m")
-    OUT/checkpoints/step_000010/state.json             {"step": 10, "data": {"epoch": 0,
-                                                        "step_in_epoch": 10, "seed": 0},
+    OUT/checkpoints/step_000010/state.json             {"format": 2, "step": 10,
+                                                        "data": {"epoch": 0, "step_in_epoch": 10, "seed": 0},
                                                         "rng_key": [0, 1], "config": {...},
-                                                        "model_args": {...}, "world_size": 2}
+                                                        "model_args": {...}, "world_size": 2,
+                                                        "hashes": {"model.safetensors": "<sha256>",
+                                                                   "optimizer.safetensors": "<sha256>"}}
     OUT/checkpoints/latest                             "step_000010"
 
 The directory is written under a temporary name and renamed when complete, and
 `latest` is replaced by rename too, so a run killed at any moment leaves either
 the previous checkpoint or the new one, never a half-written one.
+
+Every host keeps its own copy (Macs have their own disks): one rank per host
+writes (train.py), and the `hashes` let a resume tell a whole copy from a
+damaged one and the hosts agree on what they loaded (resume.py). Checkpoints
+written before the hashes (format 1) are hashed when read.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -39,8 +47,25 @@ def save_checkpoint(root: str | Path, step: int, model, optimizer, state: dict,
     try:
         mx.save_safetensors(str(tmp / "model.safetensors"), dict(tree_flatten(model.parameters())))
         mx.save_safetensors(str(tmp / "optimizer.safetensors"), dict(tree_flatten(optimizer.state)))
-        (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=2) + "\n")
-        if final.exists():  # re-running over an old checkpoint of the same step
+        hashes = {name: file_sha256(tmp / name) for name in ARRAY_FILES}
+        (tmp / "state.json").write_text(
+            json.dumps({"format": 2, "step": step, **state, "hashes": hashes}, indent=2) + "\n")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return install_checkpoint(root, tmp, step, keep)
+
+
+# The files of a checkpoint whose content the hashes in state.json vouch for.
+ARRAY_FILES = ("model.safetensors", "optimizer.safetensors")
+CHECKPOINT_FILES = (*ARRAY_FILES, "state.json")
+
+
+def install_checkpoint(root: Path, tmp: Path, step: int, keep: int) -> Path:
+    """Rename the complete directory `tmp` to checkpoint `step`, point `latest` at it, prune."""
+    final = root / checkpoint_name(step)
+    try:
+        if final.exists():  # re-running over an old (or damaged) checkpoint of the same step
             shutil.rmtree(final)
         os.rename(tmp, final)
     except BaseException:
@@ -49,6 +74,48 @@ def save_checkpoint(root: str | Path, step: int, model, optimizer, state: dict,
     write_atomic(root / "latest", final.name + "\n")
     prune_checkpoints(root, keep)
     return final
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def checkpoint_steps(root: Path) -> list[int]:
+    """Steps of the complete checkpoint directories under `root`, oldest first."""
+    steps = []
+    for p in Path(root).glob("step_*"):
+        if p.is_dir() and p.name[5:].isdigit() and (p / "state.json").exists():
+            steps.append(int(p.name[5:]))
+    return sorted(steps)
+
+
+def checkpoint_problem(path: Path) -> str | None:
+    """Why the checkpoint at `path` cannot be trusted (a file missing, or not what its
+    hash in state.json says), or None when it is whole."""
+    try:
+        state = json.loads((path / "state.json").read_text())
+    except (OSError, ValueError) as e:
+        return f"state.json unreadable ({e})"
+    for name in ARRAY_FILES:
+        if not (path / name).is_file():
+            return f"{name} missing"
+    for name, want in (state.get("hashes") or {}).items():
+        if file_sha256(path / name) != want:
+            return f"{name} does not match its hash in state.json"
+    return None
+
+
+def content_hash(path: Path) -> str:
+    """One sha256 for what a checkpoint holds (its arrays), the same on every host
+    holding the same state; format-1 checkpoints are hashed from their files."""
+    state = json.loads((path / "state.json").read_text())
+    hashes = state.get("hashes") or {name: file_sha256(path / name) for name in ARRAY_FILES}
+    joined = "".join(f"{name}={hashes[name]};" for name in ARRAY_FILES)
+    return hashlib.sha256(joined.encode()).hexdigest()
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -63,9 +130,8 @@ def prune_checkpoints(root: Path, keep: int) -> None:
     """Delete all but the newest `keep` checkpoints (0 keeps all)."""
     if keep <= 0:
         return
-    done = sorted(p for p in root.glob("step_*") if p.is_dir())
-    for old in done[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    for step in checkpoint_steps(root)[:-keep]:
+        shutil.rmtree(root / checkpoint_name(step), ignore_errors=True)
 
 
 def resolve_checkpoint(path: str | Path) -> Path | None:

@@ -48,7 +48,7 @@ import numpy as np
 import yaml
 from mlx.utils import tree_map
 
-from .checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
+from .checkpoint import content_hash, load_checkpoint, save_checkpoint
 from .data import (
     DataError,
     ShardedBatches,
@@ -59,6 +59,7 @@ from .data import (
     validation_batches,
 )
 from .model import Llama, ModelArgs, count_parameters, generate, loss_fn
+from .resume import agree_on_checkpoint, check_loaded, checkpoint_root, host_layout
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 # With MLXCLUSTER_HEARTBEAT=1 in the environment (mlxcluster train sets it), every
@@ -311,6 +312,8 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, group, log=print):
         self.cfg, self.group, self.log = cfg, group, log
         self.rank, self.size = group.rank(), group.size()
+        # Every host keeps its own checkpoints (Macs have their own disks): one writer per host.
+        self.layout = host_layout(group)
         self.micro_batch = split_batch(cfg.global_batch, self.size, cfg.grad_accum)
         data_dir = Path(cfg.data) if cfg.data else ensure_default_data()
         self.meta = load_meta(data_dir)
@@ -373,8 +376,16 @@ class Trainer:
         return grad_step, update_step
 
     def resume(self) -> None:
+        """Load the newest checkpoint, agreed by every rank (resume.py: a host lacking
+        it receives it from one that has it; ranks holding different states refuse)."""
         cfg = self.cfg
-        path = resolve_checkpoint(self.out if cfg.resume == "auto" else cfg.resume)
+        root, only = checkpoint_root(cfg.resume, self.out)
+        path, own_notes, notes = agree_on_checkpoint(self.group, self.layout, root, only,
+                                                     cfg.keep_checkpoints)
+        for note in own_notes:  # about this host's disk: said by the rank that saw it
+            print(f"note: {note}", flush=True)
+        for note in notes:
+            self.log(note)
         if path is None:
             if cfg.resume == "auto":
                 self.log(f"no checkpoint in {self.out}; starting from step 0")
@@ -387,13 +398,14 @@ class Trainer:
             raise DataError(f"{path} holds a different model: {saved_args}",
                             "resume with the same model settings")
         state = load_checkpoint(path, self.model, self.optimizer)
+        check_loaded(self.group, self.layout, state["step"], content_hash(path))
         self.step = state["step"]
         self.key = mx.array(state["rng_key"], dtype=mx.uint32)
         self.log(f"resumed from {path} at step {self.step} (data epoch "
                  f"{state['data']['epoch']}, step {state['data']['step_in_epoch']})")
 
     def checkpoint(self) -> None:
-        if self.rank != 0:  # every rank holds the same weights
+        if not self.layout.writes:  # every rank holds the same weights: one copy per host
             return
         state = {"data": self.train_data.position(self.step),
                  "rng_key": np.array(self.key).tolist(), "config": asdict(self.cfg),

@@ -1,0 +1,237 @@
+"""Where each host's ranks write checkpoints, and how all ranks agree before resuming.
+
+Macs have their own disks, so every host keeps its own copy of each
+checkpoint (one writer per host: the lowest rank among those on it). A resume
+then has to make sure every rank starts from the same state:
+
+1. each rank names the newest whole checkpoint on its own disk (its step and
+   a hash of its arrays; a copy whose files do not match the hashes in its
+   state.json is damaged and passed over) and the ranks exchange these;
+2. the newest step anyone holds wins; if its holders hold different contents,
+   nobody trains: a ResumeError names every host, its step and its hash;
+3. a host lacking that checkpoint receives it over the job's own group from
+   the lowest holder (an all_sum in which only the holder sends non-zero
+   bytes, so it works on ring and MPI, under mlxcluster or a plain
+   `mlx.launch` / `mpirun`), verifies it against its hashes and writes it;
+4. after loading, the ranks exchange (step, hash of what they loaded) once
+   more and refuse to train unless all agree.
+
+Everything here is collective: every rank calls the same functions in the
+same order. Nothing prints; the trainer logs the notes returned.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+from .checkpoint import (
+    CHECKPOINT_FILES,
+    checkpoint_name,
+    checkpoint_problem,
+    checkpoint_steps,
+    content_hash,
+    file_sha256,
+    install_checkpoint,
+    resolve_checkpoint,
+)
+
+NAME_BYTES = 64  # a hostname, padded, as exchanged between ranks
+CHUNK_BYTES = 64 << 20  # bytes per all_sum when sending a checkpoint file
+
+
+class ResumeError(ValueError):
+    """The ranks cannot start from one state; the message names the hosts and steps."""
+
+
+@dataclass
+class HostLayout:
+    """Which host every rank runs on, and whether this rank writes for its host."""
+
+    hosts: list[str]
+    rank: int
+
+    @property
+    def writes(self) -> bool:
+        """The lowest rank of each host writes that host's files."""
+        return self.hosts.index(self.hosts[self.rank]) == self.rank
+
+    def name(self, rank: int) -> str:
+        return f"rank {rank} on {self.hosts[rank]}"
+
+
+@dataclass
+class Holding:
+    """The newest whole checkpoint one rank found on its disk (step -1: none)."""
+
+    step: int
+    digest: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+def host_layout(group) -> HostLayout:
+    """Every rank's hostname, gathered once at start (a collective)."""
+    mine = socket.gethostname().encode()[:NAME_BYTES].ljust(NAME_BYTES, b"\0")
+    if group.size() == 1:
+        return HostLayout([mine.rstrip(b"\0").decode(errors="replace")], 0)
+    every = np.array(all_gather_bytes(mine, group)).reshape(group.size(), NAME_BYTES)
+    names = [bytes(row).rstrip(b"\0").decode(errors="replace") for row in every]
+    return HostLayout(names, group.rank())
+
+
+def all_gather_bytes(data: bytes, group) -> mx.array:
+    return mx.distributed.all_gather(mx.array(np.frombuffer(data, dtype=np.uint8)), group=group)
+
+
+def newest_whole(root: Path, only: int | None = None) -> tuple[Holding, Path | None]:
+    """The newest checkpoint under `root` whose files match their hashes
+    (or exactly step `only`), with a note for every damaged one passed over."""
+    notes = []
+    steps = [only] if only is not None else list(reversed(checkpoint_steps(root)))
+    for step in steps:
+        path = root / checkpoint_name(step)
+        if not (path / "state.json").exists():
+            continue
+        problem = checkpoint_problem(path)
+        if problem:
+            notes.append(f"{path} is damaged ({problem}): not used")
+            continue
+        return Holding(step, content_hash(path), notes), path
+    return Holding(-1, "", notes), None
+
+
+def exchange(holding: Holding, group) -> list[Holding]:
+    """Every rank's (step, digest), in rank order."""
+    packed = int(holding.step + 1).to_bytes(8, "little") + bytes.fromhex(holding.digest or "0" * 64)
+    if group.size() == 1:
+        rows = [packed]
+    else:
+        every = np.array(all_gather_bytes(packed, group)).reshape(group.size(), len(packed))
+        rows = [bytes(r) for r in every]
+    out = []
+    for row in rows:
+        step = int.from_bytes(row[:8], "little") - 1
+        out.append(Holding(step, row[8:].hex() if step >= 0 else ""))
+    return out
+
+
+def checkpoint_root(resume: str, out: Path) -> tuple[Path, int | None]:
+    """Where this host's checkpoints for `--resume` live, and the exact step asked
+    for (None: the newest there). `auto` is OUT/checkpoints."""
+    if resume == "auto":
+        return out / "checkpoints", None
+    path = Path(resume)
+    if path.name.startswith("step_") and path.name[5:].isdigit():
+        return path.parent, int(path.name[5:])
+    found = resolve_checkpoint(path)
+    if found is not None:
+        return found.parent, None
+    return (path if path.name == "checkpoints" else path / "checkpoints"), None
+
+
+def agree_on_checkpoint(group, layout: HostLayout, root: Path, only: int | None,
+                        keep: int) -> tuple[Path | None, list[str], list[str]]:
+    """Steps 1-3 above (collective). Returns this rank's checkpoint to load
+    (None: no rank has one), notes about this rank's own disk (damaged copies
+    passed over) and notes every rank holds alike (what was sent where)."""
+    mine, _ = newest_whole(root, only)
+    own = [f"{layout.hosts[layout.rank]} (rank {layout.rank}): {n}" for n in mine.notes]
+    notes: list[str] = []
+    every = exchange(mine, group)
+    step = max(h.step for h in every)
+    if step < 0:
+        return None, own, notes
+    holders = [r for r, h in enumerate(every) if h.step == step]
+    digests = {every[r].digest for r in holders}
+    if len(digests) > 1:
+        raise ResumeError(
+            f"the hosts hold different checkpoints for step {step}: "
+            + "; ".join(f"{layout.name(r)}: step {h.step} hash {h.digest[:12] or '-'}"
+                        for r, h in enumerate(every))
+            + ". Keep one run's checkpoints per --out: remove the copies that do not belong "
+              "to this run, or resume from an explicit --resume PATH")
+    lacking = [r for r, h in enumerate(every) if h.step != step]
+    if lacking:
+        source = holders[0]
+        t0 = time.perf_counter()
+        sent = send_checkpoint(group, layout, root, step, source, receive=layout.rank in lacking,
+                               keep=keep)
+        took = time.perf_counter() - t0
+        for r in lacking:
+            had = f"step {every[r].step}" if every[r].step >= 0 else "no checkpoint"
+            notes.append(f"{layout.hosts[r]} (rank {r}) had {had}: {checkpoint_name(step)} sent "
+                         f"from {layout.hosts[source]} ({sent / 2**20:.1f} MiB in {took:.1f} s)")
+    return root / checkpoint_name(step), own, notes
+
+
+def send_checkpoint(group, layout: HostLayout, root: Path, step: int, source: int,
+                    receive: bool, keep: int) -> int:
+    """Broadcast checkpoint `step` from rank `source` to every rank (collective);
+    the writer of each receiving host verifies and installs it. Returns bytes sent."""
+    is_source = layout.rank == source
+    path = root / checkpoint_name(step)
+    tmp = None
+    if receive and layout.writes:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{checkpoint_name(step)}.recv.", dir=root))
+    total = 0
+    try:
+        for name in CHECKPOINT_FILES:
+            data = (path / name).read_bytes() if is_source else b""
+            size = broadcast_bytes(len(data).to_bytes(8, "little") if is_source else bytes(8),
+                                   group)
+            n = int.from_bytes(size, "little")
+            received = broadcast_bytes(data if is_source else bytes(n), group)
+            total += n
+            if tmp is not None:
+                (tmp / name).write_bytes(received)
+        if tmp is not None:
+            state = json.loads((tmp / "state.json").read_text())
+            for name, want in (state.get("hashes") or {}).items():
+                if file_sha256(tmp / name) != want:
+                    raise ResumeError(f"{layout.hosts[layout.rank]}: {name} of "
+                                      f"{checkpoint_name(step)} arrived damaged (hash mismatch)")
+            install_checkpoint(root, tmp, step, keep)
+            tmp = None
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    barrier(group)  # the other ranks of a receiving host read what its writer installed
+    return total
+
+
+def broadcast_bytes(data: bytes, group) -> bytes:
+    """The source's bytes on every rank: every other rank passes zeros of the same
+    length, so the uint8 sum is exact."""
+    out = bytearray()
+    for start in range(0, max(len(data), 1), CHUNK_BYTES):
+        chunk = np.frombuffer(data[start:start + CHUNK_BYTES], dtype=np.uint8)
+        if chunk.size == 0:
+            break
+        summed = mx.distributed.all_sum(mx.array(chunk), group=group)
+        out += np.array(summed, dtype=np.uint8).tobytes()
+    return bytes(out)
+
+
+def barrier(group) -> None:
+    mx.eval(mx.distributed.all_sum(mx.array([1], dtype=mx.int32), group=group))
+
+
+def check_loaded(group, layout: HostLayout, step: int, digest: str) -> None:
+    """Step 4: every rank loaded the same step and the same arrays, or a ResumeError."""
+    every = exchange(Holding(step, digest), group)
+    if len({(h.step, h.digest) for h in every}) > 1:
+        raise ResumeError(
+            "the ranks loaded different states: "
+            + "; ".join(f"{layout.name(r)}: step {h.step} hash {h.digest[:12] or '-'}"
+                        for r, h in enumerate(every))
+            + ". Nothing was trained; resume from a checkpoint every host has "
+              "(--resume PATH)")
