@@ -69,6 +69,14 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 # step: measured cost in docs/performance.md.
 HEARTBEAT_ENV = "MLXCLUSTER_HEARTBEAT"
 HEARTBEAT_MARK = "@@mlxcluster-heartbeat"
+# With MLXCLUSTER_RECORD=1 (mlxcluster train sets it), the run's record is kept on
+# the machine running mlxcluster, not on rank 0's host (Macs have their own
+# disks): rank 0 prints each metrics record as "@@mlxcluster-record {json}"
+# instead of writing --out/metrics.jsonl, and a {"event": "start", "step": N}
+# record when training starts (N > 0 after a resume); mlxcluster writes them
+# to its own --out/metrics.jsonl.
+RECORD_ENV = "MLXCLUSTER_RECORD"
+RECORD_MARK = "@@mlxcluster-record"
 
 
 @dataclass
@@ -472,7 +480,10 @@ class Trainer:
             self.resume()
         metrics_path = self.out / "metrics.jsonl"
         if self.rank == 0:
-            truncate_metrics(metrics_path, self.step)
+            if recording():
+                emit_record({"event": "start", "step": self.step, "ranks": self.size})
+            else:
+                truncate_metrics(metrics_path, self.step)
         last = min(cfg.steps, cfg.stop_after) if cfg.stop_after else cfg.steps
         tokens_per_step = cfg.global_batch * cfg.block_size
         show_bar = cfg.progress and self.rank == 0 and sys.stdout.isatty()
@@ -502,13 +513,13 @@ class Trainer:
                              f"{record['lr']:.2e} | {record['tokens_per_s']:,.0f} tok/s | peak MiB "
                              f"per rank {'/'.join(f'{v:.0f}' for v in mem)} (mlx), "
                              f"{'/'.join(f'{v:.0f}' for v in rss)} (rss)")
-                    append_metrics(metrics_path, record)
+                    save_record(metrics_path, record)
                 loss_sum, interval_steps = mx.array(0.0), 0
             if cfg.eval_every and (self.step % cfg.eval_every == 0 or self.step == last):
                 val = self.evaluate()
                 if self.rank == 0:
                     self.log(f"step {self.step:>6}/{cfg.steps} | val loss {val:.4f}")
-                    append_metrics(metrics_path, {"step": self.step, "val_loss": val})
+                    save_record(metrics_path, {"step": self.step, "val_loss": val})
                 record["val_loss"] = val
                 self.beat()
             if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and self.step < last:
@@ -547,6 +558,23 @@ def ensure_default_data() -> Path:
 def print_progress(step: int, total: int, width: int = 30) -> None:
     done = int(width * step / max(total, 1))
     print(f"\r[{'#' * done}{'.' * (width - done)}] {step}/{total}", end="", flush=True)
+
+
+def recording() -> bool:
+    """Whether mlxcluster keeps the run's record (RECORD_ENV)."""
+    return os.environ.get(RECORD_ENV, "") not in ("", "0")
+
+
+def emit_record(record: dict) -> None:
+    print(f"{RECORD_MARK} {json.dumps(record)}", flush=True)
+
+
+def save_record(path: Path, record: dict) -> None:
+    """A metrics record: to mlxcluster's record when it keeps one, else to `path`."""
+    if recording():
+        emit_record(record)
+    else:
+        append_metrics(path, record)
 
 
 def append_metrics(path: Path, record: dict) -> None:
@@ -610,7 +638,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if is_root:
         metrics = trainer.out / "metrics.jsonl"
-        if metrics.exists():
+        if metrics.exists() and not recording():  # else mlxcluster draws it where it keeps the record
             log(plot_metrics(metrics, trainer.out / "loss.png"))
         if cfg.sample_tokens > 0:
             text = trainer.sample()

@@ -205,7 +205,11 @@ def test_train_local_out_that_can_be_made_passes_the_check(tmp_path, monkeypatch
     result = invoke("train", "--local", "2", "--no-preflight", "--config", "tiny", "--",
                     "--out", "runs/new/deeper")
     assert result.exit_code == 0, result.output
-    assert len(launched) == 1 and list(tmp_path.iterdir()) == []
+    assert len(launched) == 1
+    # the out check's probe left nothing; the run's record (its log) is kept here
+    made = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*"))
+    assert made == ["runs", "runs/new", "runs/new/deeper", "runs/new/deeper/train.log"]
+    assert launched[0].env["MLXCLUSTER_RECORD"] == "1"
 
 
 # ---- demo ------------------------------------------------------------------------------

@@ -233,12 +233,13 @@ def test_html_path_checked_before_any_work(tmp_path):
 
 
 def test_train_page_needs_the_metrics_here(tmp_path, capsys):
-    """Rank 0 writes metrics.jsonl on its host: elsewhere train says how to make the page."""
+    """The record is kept here; a run that logged nothing gets a warning, not a page."""
     from mlxcluster.cli.train import write_run_page
 
-    write_run_page(tmp_path / "on-another-host", str(tmp_path / "t.html"))
+    write_run_page(tmp_path / "never-logged", str(tmp_path / "t.html"))
     err = capsys.readouterr().err
-    assert "no HTML page written" in err and "mlxcluster report --run" in err
+    assert "no HTML page written" in err and "logged no metrics" in err
+    assert not (tmp_path / "t.html").exists()
     assert not (tmp_path / "t.html").exists()
 
 

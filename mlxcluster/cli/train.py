@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from mlxcluster.train import (
     trainer_help,
     validate_trainer_args,
 )
+from mlxcluster.train_record import RECORD_ENV, RunRecord
 
 
 @click.command("train", context_settings={"ignore_unknown_options": True})
@@ -57,12 +59,12 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
         return
     one_source("train", hostfile, inventory_path, local_ranks, example="--local 2 --config tiny")
     cfg = validate_trainer_args(args)
-    if local_ranks:  # remote hosts: rank 0 reports a bad --out itself, in one line
-        check_out_here(cfg.out)
+    check_out_here(cfg.out)  # the run's record is kept here, at --out (train_record.py)
     check_html_path(html_path)
     job, inventory = choose_job(hostfile, inventory_path, local_ranks, backend, python, mpi_args,
                                 connections_per_ip, trainer_args=args)
     check_batch_split(cfg, len(job.hosts))  # before any preflight or launch: ranks are known
+    job = dataclasses.replace(job, env={**job.env, RECORD_ENV: "1"})
     env = dict(os.environ)
     job = share_connections(plan_backend(job, inventory, env), env)
     n = len(job.hosts)
@@ -72,12 +74,21 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
 
     click.echo(f"launching {n} rank(s) on {job.backend}: {program_command(job)}")
 
+    record = RunRecord(cfg.out)
+    record.start_launch(f"launching {n} rank(s) on {job.backend}: {program_command(job)}")
+
     def show(stream: str, line: str) -> None:
-        click.echo(line, err=stream == "stderr")
+        shown = record.feed(line)
+        if shown is not None:
+            click.echo(shown, err=stream == "stderr")
 
     stall = None if stall_timeout == "off" else stall_timeout  # "auto" or seconds
-    outcome = run_job(job, show, env=env, timeout=timeout, stall_timeout=stall,
-                      report_dir=Path(cfg.out))
+    try:
+        outcome = run_job(job, show, env=env, timeout=timeout, stall_timeout=stall,
+                          report_dir=Path(cfg.out))
+    finally:
+        record.close()
+        draw_loss(record)
     if outcome.unstopped:
         click.secho(f"warning: {outcome.unstopped}", fg="yellow", err=True)
     end_if_refused("train", job, outcome)
@@ -93,12 +104,19 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
         write_run_page(cfg.out, html_path)
 
 
+def draw_loss(record: RunRecord) -> None:
+    """loss.png beside the record, here (the trainer leaves it to us when we keep the record)."""
+    if record.metrics.is_file():
+        from reference_train.train import plot_metrics
+
+        click.echo(plot_metrics(record.metrics, record.out / "loss.png"))
+
+
 def write_run_page(out, html_path: str, failed: str | None = None) -> None:
-    """The run's page from its metrics.jsonl, when rank 0 wrote it on this
-    machine (``failed``: why the run stopped early, shown on the page)."""
+    """The run's page from the record kept here (``failed``: why the run
+    stopped early, shown on the page)."""
     if not (Path(out) / "metrics.jsonl").is_file():
-        click.secho(f"warning: no {out}/metrics.jsonl on this machine (rank 0 writes it on its host): "
-                    "no HTML page written", fg="yellow", err=True)
-        click.echo(f"fix: copy {out} here, then: mlxcluster report --run {out} -o {html_path}", err=True)
+        click.secho(f"warning: the run logged no metrics before it stopped (no {out}/metrics.jsonl):"
+                    " no HTML page written", fg="yellow", err=True)
         return
     emit_page(Report(runs=[out], failed_runs={str(out): failed} if failed else {}), html_path)

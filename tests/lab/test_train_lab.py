@@ -16,9 +16,10 @@ pytestmark = pytest.mark.lab
 
 
 def run_train(lab, tmp_path, data, backend, *extra, steps=3, timeout=300):
-    """mlxcluster train -i <lab inventory>; returns (process, the run's unique out dir)."""
+    """mlxcluster train -i <lab inventory>; returns (process, the run's unique out dir),
+    the out dir on every host's own disk and this machine's (lab.disk)."""
     inventory, env = training_setup(lab, tmp_path)
-    out = tmp_path / f"run-{uuid.uuid4().hex[:8]}"
+    out = lab.disk / f"run-{uuid.uuid4().hex[:8]}"
     cmd = [sys.executable, "-m", "mlxcluster", "train", "-i", str(inventory), "--backend",
            backend, "--config", "tiny", *extra, "--", "--steps", str(steps), "--global_batch", "6", "--data", str(data),
            "--out", str(out), "--sample_tokens", "0"]
@@ -42,12 +43,45 @@ def test_train_across_three_hosts(lab3, lab_data, tmp_path, backend):
     assert "[✓] 3 host(s) run" in proc.stdout
     assert f"[✓] smoke: all_sum over 3 ranks on {backend} = 3" in proc.stdout
     assert "ranks 3 | global batch 6 = 3 ranks x 1 accum x 2" in proc.stdout
+    # The run's record is on this machine, though no rank ran here ...
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if "loss" in r]
     assert [r["step"] for r in train] == [1, 2, 3]
     assert all(r["ranks"] == 3 and len(r["peak_mem_mb"]) == 3 for r in train)
-    assert (out / "checkpoints" / "latest").read_text().strip() == "step_000003"
+    assert records[0]["event"] == "start" and records[0]["step"] == 0
+    assert "step      3/3 | loss" in (out / "train.log").read_text()
+    assert (out / "loss.png").stat().st_size > 0 and not (out / "checkpoints").exists()
+    # ... and every host keeps its own checkpoints, and no record.
+    for h in lab3.hosts:
+        assert lab3.host_read(h, out / "checkpoints" / "latest").strip() == "step_000003"
+        assert not lab3.host_exists(h, out / "metrics.jsonl")
     assert "train finished on 3 rank(s)" in proc.stdout
+    assert_nothing_left(lab3, out)
+
+
+def test_the_record_here_stays_whole_across_a_resume(lab3, lab_data, tmp_path):
+    """Stopped at step 2 and resumed to 4: this machine's metrics.jsonl holds every
+    step once, and its train.log both launches; the hosts resumed from their own disks."""
+    inventory, env = training_setup(lab3, tmp_path)
+    out = lab3.disk / f"run-{uuid.uuid4().hex[:8]}"
+
+    def train(*extra: str) -> subprocess.CompletedProcess:
+        proc = subprocess.run(
+            [sys.executable, "-m", "mlxcluster", "train", "-i", str(inventory), "--no-preflight",
+             "--config", "tiny", "--", "--steps", "4", "--global_batch", "6", "--data",
+             str(lab_data), "--out", str(out), "--sample_tokens", "0", *extra],
+            env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc
+
+    train("--stop_after", "2")
+    proc = train("--resume")
+    assert "at step 2" in proc.stdout
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4]
+    assert [(r["event"], r["step"]) for r in records if "event" in r] == [("start", 0),
+                                                                          ("start", 2)]
+    assert (out / "train.log").read_text().count("== ") == 2
     assert_nothing_left(lab3, out)
 
 
@@ -86,7 +120,7 @@ def test_train_from_an_mlx_launch_hostfile(lab3, lab_data, tmp_path):
     hostfile = tmp_path / "hosts.json"
     hostfile.write_text(json.dumps({"backend": "ring", "hosts": [
         {"ssh": h.ip, "ips": [h.ip]} for h in lab3.hosts]}))
-    out = tmp_path / f"run-{uuid.uuid4().hex[:8]}"
+    out = lab3.disk / f"run-{uuid.uuid4().hex[:8]}"
     env = lab3.env()
     env["PYTHONPATH"] = str(REPO)
     proc = subprocess.run(
@@ -114,7 +148,7 @@ def test_a_batch_that_does_not_split_over_the_hosts_starts_nothing(lab3, lab_dat
     """The tiny config's global batch of 8 over 3 hosts: exit 2 with the
     arithmetic and the fix before any preflight; no host is even logged into."""
     inventory, env = training_setup(lab3, tmp_path)
-    out = tmp_path / f"run-{uuid.uuid4().hex[:8]}"
+    out = lab3.disk / f"run-{uuid.uuid4().hex[:8]}"
     lab3.ssh(0, "true", check=True)  # the logs are live: this login is counted
     before = ssh_logins(lab3)
     assert before["labhost1"] >= 1, before

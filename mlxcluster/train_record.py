@@ -1,0 +1,84 @@
+"""The run's record, kept on the machine that runs `mlxcluster train`.
+
+Macs have their own disks: what rank 0 would write under --out lands on rank
+0's Mac, and a restart on other hosts (or a lost rank-0 Mac) would scatter or
+lose it. So with MLXCLUSTER_RECORD=1 the trainer prints its metrics records
+as `@@mlxcluster-record {json}` lines, and this module writes them here, at
+the same --out path:
+
+    OUT/metrics.jsonl   the trainer's records ({"step": 10, "loss": ...}), its
+                        {"event": "start", "step": N} lines, and mlxcluster's own
+                        events, each with the time it was written
+    OUT/train.log       every line the job printed, as shown, each launch headed
+    OUT/loss.png        drawn here when the job ends
+
+A start at step N (a resume) drops the records of later steps, so a resumed
+run does not log steps twice, as the trainer does for its own metrics.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+RECORD_MARK = "@@mlxcluster-record"  # as reference_train.train.RECORD_MARK
+RECORD_ENV = "MLXCLUSTER_RECORD"
+RECORD_RE = re.compile(re.escape(RECORD_MARK) + r" (.*?)\s*$")
+
+
+class RunRecord:
+    """Takes the job's lines: hides and stores record lines, logs the rest."""
+
+    def __init__(self, out: str | Path):
+        self.out = Path(out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.metrics = self.out / "metrics.jsonl"
+        self.log_path = self.out / "train.log"
+        self._log = open(self.log_path, "a", encoding="utf-8")
+        self.bad_lines = 0
+
+    def start_launch(self, what: str) -> None:
+        self._log.write(f"== {time.strftime('%Y-%m-%d %H:%M:%S')} {what}\n")
+        self._log.flush()
+
+    def feed(self, line: str) -> str | None:
+        """The line to show, or None for a record line (stored instead)."""
+        found = RECORD_RE.search(line)
+        if found is None:
+            self._log.write(line + "\n")
+            self._log.flush()
+            return line
+        try:
+            record = json.loads(found.group(1))
+        except ValueError:
+            self.bad_lines += 1  # cut by a dying rank: the log keeps it
+            self._log.write(line + "\n")
+            return None
+        if record.get("event") == "start":
+            truncate_records(self.metrics, int(record.get("step", 0)))
+        self.add(record)
+        return None
+
+    def add(self, record: dict) -> None:
+        """Append one record (the trainer's, or an event of mlxcluster's own)."""
+        if "event" in record:
+            record = {**record, "time": round(time.time(), 3)}
+        with open(self.metrics, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def close(self) -> None:
+        self._log.close()
+
+
+def truncate_records(path: Path, step: int) -> None:
+    """Keep the records up to `step` (all of them at a resume's step; none at 0)."""
+    if not path.exists():
+        return
+    if step == 0:
+        path.unlink()
+        return
+    keep = [line for line in path.read_text(encoding="utf-8").splitlines()
+            if line.strip() and json.loads(line).get("step", 0) <= step]
+    path.write_text("".join(line + "\n" for line in keep), encoding="utf-8")

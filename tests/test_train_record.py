@@ -1,0 +1,42 @@
+"""The run's record kept where mlxcluster runs: record lines stored, not shown."""
+
+from __future__ import annotations
+
+import json
+
+from mlxcluster.train_record import RunRecord
+
+
+def records(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_record_lines_are_stored_and_the_rest_logged(tmp_path):
+    out = tmp_path / "run"
+    rec = RunRecord(out)
+    rec.start_launch("launching 2 rank(s) on ring")
+    assert rec.feed('@@mlxcluster-record {"event": "start", "step": 0, "ranks": 2}') is None
+    assert rec.feed('[1] @@mlxcluster-record {"step": 1, "loss": 4.5}') is None
+    assert rec.feed("step      1/4 | loss 4.5000") == "step      1/4 | loss 4.5000"
+    assert rec.feed("@@mlxcluster-record {cut short") is None and rec.bad_lines == 1
+    rec.close()
+    got = records(out)
+    assert got[0]["event"] == "start" and "time" in got[0]
+    assert got[1] == {"step": 1, "loss": 4.5}
+    log = (out / "train.log").read_text()
+    assert log.startswith("== ") and "step      1/4 | loss 4.5000\n" in log
+    assert '"step": 1' not in log
+
+
+def test_a_resume_drops_later_steps_and_a_fresh_start_drops_all(tmp_path):
+    out = tmp_path / "run"
+    rec = RunRecord(out)
+    for step in (1, 2, 3, 4):
+        rec.feed(f'@@mlxcluster-record {{"step": {step}, "loss": {5 - step}}}')
+    rec.feed('@@mlxcluster-record {"event": "start", "step": 2, "ranks": 3}')
+    rec.feed('@@mlxcluster-record {"step": 3, "loss": 1.5}')
+    assert [(r.get("step"), r.get("loss")) for r in records(out)] == [
+        (1, 4), (2, 3), (2, None), (3, 1.5)]
+    rec.feed('@@mlxcluster-record {"event": "start", "step": 0, "ranks": 3}')
+    assert [r.get("event") for r in records(out)] == ["start"]
+    rec.close()
