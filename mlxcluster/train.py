@@ -144,3 +144,13 @@ def check_out_here(out: str) -> None:
         raise InputError(f"trainer --out {out} cannot be created: {err.strerror} in {base}",
                          "give --out a path in a directory you can write to") from None
     os.rmdir(probe)
+
+
+# With restarts on and no checkpoint_every, a checkpoint every steps/20 steps: a
+# restart redoes at most 5% of the run. Its cost: docs/performance.md.
+RESTART_CHECKPOINTS_PER_RUN = 20
+
+
+def restart_checkpoint_every(steps: int) -> int:
+    """The checkpoint interval `train --max-restarts` gives a trainer that set none."""
+    return max(1, -(-steps // RESTART_CHECKPOINTS_PER_RUN))

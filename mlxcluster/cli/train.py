@@ -21,11 +21,14 @@ from mlxcluster.cli.params import Duration, launch_options
 from mlxcluster.cli.report import check_html_path, emit_page, html_option
 from mlxcluster.errors import EXIT_FAILED
 from mlxcluster.jobs.job import BACKENDS, program_command
+from mlxcluster.jobs.job_python import require_job_python
 from mlxcluster.jobs.run import run_job
+from mlxcluster.jobs.stall import Stalled
 from mlxcluster.report import Report
 from mlxcluster.train import (
     check_batch_split,
     check_out_here,
+    restart_checkpoint_every,
     trainer_help,
     validate_trainer_args,
 )
@@ -41,10 +44,15 @@ from mlxcluster.train_record import RECORD_ENV, RunRecord
               help="A job with no training progress for this long (20s, 5m...) is stalled: every "
                    "rank's state and stacks are saved and named, the job is stopped, exit 4. "
                    "auto: 10 x the median step time, at least 60 s; off: not watched.")
+@click.option("--max-restarts", type=click.IntRange(0, 100), default=0, show_default=True,
+              help="After a failing rank or a stall, stop every rank, probe the hosts again and "
+                   "launch again from the newest checkpoint, up to this many times. Without "
+                   "checkpoint_every, the trainer then checkpoints every steps/20 steps.")
 @html_option("the run's loss, tokens/s and memory at its end (from --out's metrics.jsonl)")
 @click.argument("trainer_args", nargs=-1, type=click.UNPROCESSED)
 def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, connections_per_ip,
-            no_preflight, no_openblas, timeout, config, stall_timeout, html_path, trainer_args):
+            no_preflight, no_openblas, timeout, config, stall_timeout, max_restarts, html_path,
+            trainer_args):
     """Check the cluster, then run `python -m reference_train.train` on every host.
 
     Arguments after `--` go to the trainer, e.g.
@@ -59,6 +67,8 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
         return
     one_source("train", hostfile, inventory_path, local_ranks, example="--local 2 --config tiny")
     cfg = validate_trainer_args(args)
+    if max_restarts and not cfg.checkpoint_every:  # a restart then loses at most 1/20 of the run
+        args = (*args, "--checkpoint_every", str(restart_checkpoint_every(cfg.steps)))
     check_out_here(cfg.out)  # the run's record is kept here, at --out (train_record.py)
     check_html_path(html_path)
     job, inventory = choose_job(hostfile, inventory_path, local_ranks, backend, python, mpi_args,
@@ -75,7 +85,6 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
     click.echo(f"launching {n} rank(s) on {job.backend}: {program_command(job)}")
 
     record = RunRecord(cfg.out)
-    record.start_launch(f"launching {n} rank(s) on {job.backend}: {program_command(job)}")
 
     def show(stream: str, line: str) -> None:
         shown = record.feed(line)
@@ -83,15 +92,39 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
             click.echo(shown, err=stream == "stderr")
 
     stall = None if stall_timeout == "off" else stall_timeout  # "auto" or seconds
+    restarts = 0
     try:
-        outcome = run_job(job, show, env=env, timeout=timeout, stall_timeout=stall,
-                          report_dir=Path(cfg.out))
+        while True:
+            record.start_launch(f"launching {n} rank(s) on {job.backend}: {program_command(job)}")
+            try:
+                outcome = run_job(job, show, env=env, timeout=timeout, stall_timeout=stall,
+                                  report_dir=Path(cfg.out))
+            except Stalled as err:
+                if restarts >= max_restarts:
+                    raise
+                click.secho(f"error: {err}", fg="red", err=True)
+                cause = str(err).splitlines()[0]
+            else:
+                if outcome.unstopped:
+                    click.secho(f"warning: {outcome.unstopped}", fg="yellow", err=True)
+                end_if_refused("train", job, outcome)
+                if outcome.exit_code == 0 or restarts >= max_restarts:
+                    break
+                who = say_failure("train", outcome, mlx_version)
+                cause = (f"{who} exited with code {outcome.exit_code}"
+                         + (f" (lost the ssh connection to {outcome.lost_host})"
+                            if outcome.lost_host else ""))
+            restarts += 1
+            record.add({"event": "restart", "restart": restarts, "max_restarts": max_restarts,
+                        "cause": cause})
+            click.echo(f"restart {restarts}/{max_restarts} after: {cause}; every rank was "
+                       "stopped; probing the hosts again, then resuming from the newest checkpoint")
+            require_job_python(job, env)  # a host gone for good ends the run here, named
+            if restarts == 1:
+                job = dataclasses.replace(job, trainer_args=(*job.trainer_args, "--resume", "auto"))
     finally:
         record.close()
         draw_loss(record)
-    if outcome.unstopped:
-        click.secho(f"warning: {outcome.unstopped}", fg="yellow", err=True)
-    end_if_refused("train", job, outcome)
     if outcome.exit_code != 0:
         who = say_failure("train", outcome, mlx_version, then=", then rerun with '-- --resume auto' "
                                                              "to continue from the last checkpoint")
@@ -99,7 +132,8 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
             write_run_page(cfg.out, html_path, failed=f"{who} exited with code {outcome.exit_code}")
         click.get_current_context().exit(
             outcome.exit_code if 0 < outcome.exit_code < 256 else EXIT_FAILED)
-    click.echo(f"train finished on {n} rank(s) in {outcome.seconds:.1f} s")
+    again = f" after {restarts} restart(s)" if restarts else ""
+    click.echo(f"train finished on {n} rank(s) in {outcome.seconds:.1f} s{again}")
     if html_path:
         write_run_page(cfg.out, html_path)
 

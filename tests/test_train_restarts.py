@@ -1,0 +1,100 @@
+"""`mlxcluster train --max-restarts`: a stalled job is stopped, launched again from
+the newest checkpoint, and finishes with the losses of an uninterrupted run.
+
+Real ranks (`--local 3`, ring) and a real stall: rank 1's process is stopped
+with SIGSTOP mid-training, as a hung or swapped-out process looks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from mlxcluster.train import restart_checkpoint_every
+from reference_train.prepare import prepare_offline
+from tests.train_support import REPO, run_trainer, train_losses, trainer_env
+
+STEPS = 400
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    out = tmp_path_factory.mktemp("data") / "offline"
+    prepare_offline(out, n_stories=300)
+    return out
+
+
+def common(data) -> list[str]:
+    return ["--steps", str(STEPS), "--global_batch", "12", "--eval_every", "0",
+            "--sample_tokens", "0", "--data", str(data)]
+
+
+def rank_process(out, rank: int) -> psutil.Process | None:
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            cmd = " ".join(p.info["cmdline"] or [])
+            if "reference_train.train" in cmd and str(out) in cmd \
+                    and p.environ().get("MLX_RANK") == str(rank):
+                return p
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return None
+
+
+def test_the_checkpoint_rule_loses_at_most_a_twentieth():
+    assert [restart_checkpoint_every(s) for s in (1, 19, 20, 21, 400, 1000)] == [1, 1, 1, 2, 20, 50]
+
+
+def test_a_stalled_rank_is_restarted_and_the_run_ends_with_the_reference_losses(data, tmp_path):
+    reference = tmp_path / "reference"
+    proc = run_trainer(["--config", "tiny", *common(data), "--out", str(reference)], timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    want = train_losses(reference)
+
+    out = tmp_path / "restarted"
+    env = trainer_env()
+    job = subprocess.Popen(
+        [sys.executable, "-m", "mlxcluster", "train", "--local", "3", "--no-preflight",
+         "--config", "tiny", "--stall-timeout", "8s", "--max-restarts", "1", "--",
+         *common(data), "--out", str(out)],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    stopped = None
+    try:
+        metrics = out / "metrics.jsonl"
+        deadline = time.monotonic() + 180
+        # past the first automatic checkpoint (every 20 steps), before the end
+        while not (metrics.exists() and metrics.read_text().count('"loss"') >= 45):
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+            time.sleep(0.05)
+        stopped = rank_process(out, 1)
+        assert stopped is not None
+        stopped.send_signal(signal.SIGSTOP)
+        stdout, stderr = job.communicate(timeout=240)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+        if stopped is not None and stopped.is_running():
+            stopped.send_signal(signal.SIGCONT)
+    text = stdout + stderr
+    assert job.returncode == 0, text[-4000:]
+    assert "training stalled" in text and "restart 1/1 after: training stalled" in text
+    assert "resumed from" in text and "after 1 restart(s)" in text
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    restarts = [r for r in records if r.get("event") == "restart"]
+    assert len(restarts) == 1 and "stalled" in restarts[0]["cause"]
+    starts = [r["step"] for r in records if r.get("event") == "start"]
+    assert starts[0] == 0 and starts[1] > 0 and starts[1] % 20 == 0  # from a checkpoint
+    got = {r["step"]: r["loss"] for r in records if "loss" in r}
+    assert sorted(got) == list(range(1, STEPS + 1))  # every step once, the redone ones too
+    worst = max(abs(got[s] - want[s]) / abs(want[s]) for s in want)
+    assert worst <= 1.1e-6, worst
+    assert rank_process(out, 0) is None and rank_process(out, 1) is None
