@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # System packages the tests need on Linux (the lab: sshd, namespaces, nftables;
 # OpenBLAS for a usable mlx CPU build; graphviz for topology pictures; chromium
 # to render the HTML report headless in tests/test_report_browser.py).
-SYSTEM_PACKAGES := openssh-server iproute2 nftables libopenblas0-pthread graphviz chromium
+SYSTEM_PACKAGES := openssh-server iproute2 nftables libopenblas0-pthread graphviz chromium rsync
 
 .PHONY: venv system-deps demo test lint clean
 

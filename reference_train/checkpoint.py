@@ -32,6 +32,8 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 
+from .data import file_sha256
+
 
 def checkpoint_name(step: int) -> str:
     return f"step_{step:06d}"
@@ -74,14 +76,6 @@ def install_checkpoint(root: Path, tmp: Path, step: int, keep: int) -> Path:
     write_atomic(root / "latest", final.name + "\n")
     prune_checkpoints(root, keep)
     return final
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def checkpoint_steps(root: Path) -> list[int]:

@@ -5,11 +5,17 @@ Format (written once by `python -m reference_train.prepare`, see docs/training.m
     DIR/meta.json     {"format": "reference_train.tokens/1", "dtype": "uint16",
                        "vocab_size": 257, "eos_id": 256,
                        "tokenizer": {"kind": "byte"},
-                       "splits": {"train": {"file": "train.bin", "tokens": 612345, "documents": 1900},
-                                  "val": {"file": "val.bin", "tokens": 31234, "documents": 100}},
+                       "splits": {"train": {"file": "train.bin", "tokens": 612345, "documents": 1900,
+                                            "bytes": 1224690, "sha256": "9f2c..."},
+                                  "val": {"file": "val.bin", "tokens": 31234, "documents": 100,
+                                          "bytes": 62468, "sha256": "41ab..."}},
                        "source": "offline corpus (2000 generated stories, seed 0)"}
     DIR/train.bin     flat little-endian token ids (uint16, or uint32 when vocab > 65536)
     DIR/val.bin       same, for validation
+
+`bytes` and `sha256` let every host's copy be compared with the one it was
+sent from (`mlxcluster train --data DIR` checks and copies them; data
+prepared before they were recorded has neither, and is hashed when sent).
 
 Documents are concatenated with `eos_id` after each. Sequence i of a split is
 the window tokens[i*L : i*L + L + 1] (inputs are the first L, targets the last L).
@@ -25,6 +31,7 @@ own rows from the memory-mapped file.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import mmap
 import os
@@ -216,7 +223,9 @@ def write_token_files(documents: Iterable[str], tokenizer, out_dir: str | Path,
             "vocab_size": tokenizer.vocab_size,
             "eos_id": tokenizer.eos_id,
             "tokenizer": tokenizer.describe(),
-            "splits": {s: {"file": f"{s}.bin", "tokens": c[0], "documents": c[1]}
+            "splits": {s: {"file": f"{s}.bin", "tokens": c[0], "documents": c[1],
+                           "bytes": (tmp / f"{s}.bin").stat().st_size,
+                           "sha256": file_sha256(tmp / f"{s}.bin")}
                        for s, c in counts.items()},
             "source": source,
         }
@@ -226,6 +235,15 @@ def write_token_files(documents: Iterable[str], tokenizer, out_dir: str | Path,
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return meta
+
+
+def file_sha256(path: str | Path) -> str:
+    """The sha256 of a file's bytes, as hex (read 1 MiB at a time)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def publish_dir(tmp: Path, final: Path) -> None:

@@ -48,10 +48,14 @@ from mlxcluster.train_record import RECORD_ENV, RunRecord
               help="After a failing rank or a stall, stop every rank, probe the hosts again and "
                    "launch again from the newest checkpoint, up to this many times. Without "
                    "checkpoint_every, the trainer then checkpoints every steps/20 steps.")
+@click.option("--no-sync-data", is_flag=True,
+              help="Do not check the trainer's --data DIR on every host (by the sha256 in its "
+                   "meta.json) nor send it where it is missing or different.")
 @html_option("the run's loss, tokens/s and memory at its end (from --out's metrics.jsonl)")
 @click.argument("trainer_args", nargs=-1, type=click.UNPROCESSED)
 def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, connections_per_ip,
-            no_preflight, no_openblas, timeout, config, stall_timeout, max_restarts, html_path,
+            no_preflight, no_openblas, timeout, config, stall_timeout, max_restarts, no_sync_data,
+            html_path,
             trainer_args):
     """Check the cluster, then run `python -m reference_train.train` on every host.
 
@@ -81,6 +85,10 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
     # mlx_version: the cluster's, when the preflight asked (known errors name the fixing release)
     job, mlx_version = prepare_job(job, inventory, env, no_preflight=no_preflight,
                                    no_openblas=no_openblas)
+    if cfg.data and not no_sync_data:  # every Mac has its own disk: DIR must be on each
+        from mlxcluster.cli.data_sync import sync_data
+
+        sync_data(job, cfg.data, env)
 
     click.echo(f"launching {n} rank(s) on {job.backend}: {program_command(job)}")
 

@@ -41,6 +41,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+RANK_STACKS = "/tmp/mlxcluster-stacks"  # as mlxcluster.jobs.rank_wrapper.STACKS_ROOT
+
 STATE_ROOT = Path("/tmp")
 STATE_PREFIX = "mlxcluster-lab-"
 NAME_PREFIX = "mlxc"  # namespaces, bridge and veths all start with this
@@ -459,8 +461,12 @@ class Lab:
         `unshare --mount` makes the namespace's mounts private, so the bind
         mount is seen by this sshd and everything it starts, and by no one else.
         """
+        own_stacks = shlex.quote(str(self.state / f"stacks{h.index + 1}"))
         return (f"mount --bind {shlex.quote(str(self.host_disk(h)))} "
-                f"{shlex.quote(str(self.disk))} && ")
+                f"{shlex.quote(str(self.disk))} && "
+                # The ranks' stack dumps and pid files too (mlxcluster.jobs.rank_wrapper
+                # STACKS_ROOT): a stall is diagnosed over ssh, as on Macs.
+                f"mkdir -p {RANK_STACKS} {own_stacks} && mount --bind {own_stacks} {RANK_STACKS} && ")
 
     def _shell_rc_mount(self) -> str:
         """Shell words that give the host's sessions an empty ~/.bashrc.

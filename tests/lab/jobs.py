@@ -3,9 +3,11 @@ of them on every host afterwards."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,17 +30,29 @@ def start_training(lab, lab_data: Path, tmp_path: Path, backend: str,
                    *flags: str) -> tuple[subprocess.Popen, Path]:
     """`mlxcluster train -i <lab inventory> --backend B --config tiny
     --no-preflight FLAGS` on the lab, training on and on (100000 steps), as a
-    user starts it, in its own session. Returns (the process, the trainer's
-    metrics.jsonl)."""
+    user starts it, in its own session, every host on its own disk: the data
+    is on this machine's (train sends it to the hosts), the run's --out is
+    on each host's and its record on this machine's. Returns (the process,
+    the run's metrics.jsonl here)."""
     inventory, env = training_setup(lab, tmp_path)
-    out = tmp_path / "run"
+    out = lab.disk / f"run-{uuid.uuid4().hex[:8]}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "mlxcluster", "train", "-i", str(inventory), "--backend", backend,
          "--config", "tiny", "--no-preflight", *flags, "--", "--steps", "100000",
-         "--global_batch", "6", "--data", str(lab_data), "--out", str(out), "--sample_tokens", "0"],
+         "--global_batch", "6", "--data", str(data_here(lab, lab_data)), "--out", str(out),
+         "--sample_tokens", "0"],
         env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
     return proc, out / "metrics.jsonl"
+
+
+def data_here(lab, data: Path) -> Path:
+    """``data`` on this machine's own disk in the lab (copied once), from
+    where `mlxcluster train --data` sends it to every host."""
+    here = lab.disk / data.name
+    if not here.exists():
+        shutil.copytree(data, here)
+    return here
 
 
 def wait_for_losses(proc: subprocess.Popen, metrics: Path, count: int = 1,

@@ -16,7 +16,7 @@ from tests.interrupt_helpers import (
     processes_with,
     smoke_run_id,
 )
-from tests.lab.jobs import left_on_hosts, our_prted, training_setup
+from tests.lab.jobs import data_here, left_on_hosts, our_prted, training_setup
 
 pytestmark = pytest.mark.lab
 
@@ -40,12 +40,12 @@ def test_ctrl_c_stops_a_smoke_run_on_every_host(lab3, tmp_path):
 @pytest.mark.parametrize("backend, sig", [("ring", signal.SIGTERM), ("mpi", signal.SIGINT)])
 def test_interrupt_stops_training_on_every_host(lab3, lab_data, tmp_path, backend, sig):
     inventory, env = training_setup(lab3, tmp_path)
-    out = tmp_path / "run"
+    out = lab3.disk / f"run-{backend}"  # every host's own disk; the record here
     metrics = out / "metrics.jsonl"
     run = interrupt_when(
         [*MLXCLUSTER, "train", "-i", str(inventory), "--backend", backend, "--config", "tiny",
          "--no-preflight", "--", "--steps", "100000", "--global_batch", "6", "--data",
-         str(lab_data), "--out", str(out), "--sample_tokens", "0"],
+         str(data_here(lab3, lab_data)), "--out", str(out), "--sample_tokens", "0"],
         lambda _: metrics.exists() and '"loss"' in metrics.read_text(), sig, env=env,
         cwd=str(tmp_path), ready_timeout=180)
     name = signal.Signals(sig).name

@@ -47,9 +47,14 @@ def test_every_host_has_its_own_disk(lab3):
         # Ranks started by a launcher over ssh see the same private disk.
         proc = lab3.ssh(0, f"ssh {lab3.hosts[1].ip} cat {path}", check=True)
         assert proc.stdout == "labhost2\n"
+        # The ranks' stack dumps and pid files are each host's own too.
+        probe = "/tmp/mlxcluster-stacks/own-disk-probe"
+        lab3.ssh(1, f"echo labhost2 > {probe}", check=True)
+        assert lab3.host_read(1, probe) == "labhost2\n"
+        assert not lab3.host_exists(0, probe) and not os.path.exists(probe)
     finally:
         path.unlink()
-        lab3.ssh(1, f"rm -f {path}")
+        lab3.ssh(1, f"rm -f {path} /tmp/mlxcluster-stacks/own-disk-probe")
 
 
 def test_mlx_launch_ring_all_sum_across_three_hosts(lab3):

@@ -1,0 +1,322 @@
+"""The trainer's ``--data DIR`` on every host, as on this machine.
+
+Macs have their own disks: a token folder prepared here is not on the other
+hosts. Before a launch, ``check_copies`` asks every remote host, in one ssh
+call each, what its copy of DIR holds, by the sizes and sha256 recorded in
+DIR/meta.json (``reference_train.prepare`` writes them), and how much space
+is free there. ``check_space`` refuses, before anything is sent, a host that
+cannot hold what it lacks. ``send`` copies what a host lacks or holds
+differently over the job's shared ssh connection: with rsync when both ends
+have it, else as one stream of bytes into a python on the host; the host
+verifies every file's sha256 before renaming it into place
+(mlxcluster.data_sync_remote, which runs there).
+
+This machine's copy is the source. Its files are hashed here first: a
+damaged source is refused, not spread.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlxcluster.errors import InputError, MlxclusterError
+from mlxcluster.jobs.hosts import RankHost, host_argv, run_script, ssh_argv
+
+CHECK_TIMEOUT_S = 600.0  # hashing a host's copy reads all of it (a few GB: tens of seconds)
+STALL_S = 60.0  # a transfer that moves no byte for this long is given up
+HEADROOM = 1.05  # a host must have room for what it lacks plus 5%
+INCOMING_RSYNC = ".incoming.rsync"
+REMOTE_SOURCE = (Path(__file__).parent / "data_sync_remote.py").read_text
+
+Progress = Callable[[int], None]  # bytes sent so far, to this host
+
+
+class DataSyncError(MlxclusterError):
+    """A host's copy of the data could not be checked or sent."""
+
+
+@dataclass(frozen=True)
+class DataFile:
+    name: str
+    bytes: int
+    sha256: str
+
+    def spec(self) -> dict:
+        return {"name": self.name, "bytes": self.bytes, "sha256": self.sha256}
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What a whole copy of the data folder holds (meta.json last)."""
+
+    folder: str  # absolute: the ranks open the same path on every host
+    files: tuple[DataFile, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.bytes for f in self.files)
+
+    def spec(self, files: Sequence[DataFile] | None = None, **more) -> str:
+        return json.dumps({"dir": self.folder,
+                           "files": [f.spec() for f in (self.files if files is None else files)],
+                           **more})
+
+
+@dataclass(frozen=True)
+class HostCopy:
+    """One host's copy, as its check answered."""
+
+    host: RankHost
+    status: dict[str, str]  # file name -> ok | missing | size | different
+    free: int
+    rsync: bool
+
+    def lacking(self, manifest: Manifest) -> tuple[DataFile, ...]:
+        return tuple(f for f in manifest.files if self.status.get(f.name) != "ok")
+
+    def summary(self, manifest: Manifest) -> str:
+        """'missing' / 'train.bin different' / 'whole'."""
+        bad = self.lacking(manifest)
+        if not bad:
+            return "whole"
+        if all(self.status.get(f.name, "missing") == "missing" for f in manifest.files):
+            return "missing"
+        return ", ".join(f"{f.name} {self.status.get(f.name, 'missing')}" for f in bad)
+
+
+@dataclass(frozen=True)
+class Sent:
+    host: str
+    bytes: int
+    seconds: float
+    via: str  # "rsync" or "ssh stream"
+
+    @property
+    def rate(self) -> float:
+        return self.bytes / self.seconds if self.seconds > 0 else float("inf")
+
+
+# ---------------------------------------------------------------- this machine's copy
+
+
+def read_manifest(folder: str | Path) -> Manifest:
+    """The data folder here, every file hashed and checked against meta.json
+    (older folders without recorded hashes are hashed as they are)."""
+    from reference_train.data import DataError, file_sha256, load_meta
+
+    path = Path(folder).resolve()
+    try:
+        meta = load_meta(path)
+    except (DataError, OSError, ValueError) as err:
+        raise InputError(f"--data {folder}: {err}",
+                         "prepare it here with python -m reference_train.prepare --out DIR, "
+                         "or pass --no-sync-data when every host already has its own copy") from None
+    files = []
+    for split in meta["splits"].values():
+        file = path / split["file"]
+        if not file.is_file():
+            raise InputError(f"--data {folder}: {split['file']} is missing here",
+                             "prepare the folder again (python -m reference_train.prepare)")
+        digest, size = file_sha256(file), file.stat().st_size
+        if split.get("sha256") not in (None, digest) or split.get("bytes") not in (None, size):
+            raise InputError(f"--data {folder}: {split['file']} here does not match its meta.json "
+                             f"(sha256 {digest[:12]}, recorded {split['sha256'][:12]}): the copy "
+                             "here is damaged and would not be sent",
+                             "prepare the folder again (python -m reference_train.prepare)")
+        files.append(DataFile(split["file"], size, digest))
+    meta_file = path / "meta.json"
+    files.append(DataFile("meta.json", meta_file.stat().st_size, file_sha256(meta_file)))
+    return Manifest(str(path), tuple(files))
+
+
+# ---------------------------------------------------------------- the hosts' copies
+
+
+def remote_command(python: str, what: str, spec: str) -> str:
+    """The shell words that run data_sync_remote on a host (everything quoted)."""
+    return shlex.join([python, "-S", "-c", REMOTE_SOURCE(), what, spec])
+
+
+def check_copy(manifest: Manifest, host: RankHost, env: dict[str, str] | None = None,
+               timeout: float = CHECK_TIMEOUT_S) -> HostCopy:
+    """Ask ``host`` what its copy holds (DataSyncError when it cannot answer)."""
+    result = run_script(host, remote_command(host.python, "check", manifest.spec()),
+                        timeout=timeout, env=env)
+    if not result.ok:
+        raise DataSyncError(f"could not check --data {manifest.folder} on {host.name}: "
+                            f"{result.error}",
+                            "the host must be reachable over ssh with the job's python; or pass "
+                            "--no-sync-data")
+    answer = json.loads(result.output.strip().splitlines()[-1])
+    return HostCopy(host, answer["files"], int(answer["free"]), bool(answer["rsync"]))
+
+
+def check_space(manifest: Manifest, copies: Sequence[HostCopy]) -> None:
+    """InputError naming every host that cannot hold what it lacks (with the figures)."""
+    short = []
+    for copy in copies:
+        need = sum(f.bytes for f in copy.lacking(manifest))
+        if need and copy.free < need * HEADROOM:
+            short.append(f"{copy.host.name} needs {human_bytes(need)} for {manifest.folder} and "
+                         f"has {human_bytes(copy.free)} free")
+    if short:
+        raise InputError("not enough free space for the data: " + "; ".join(short) +
+                         " (nothing was sent)",
+                         "free space on that host, or give --data a folder on a larger disk "
+                         "(the same path on every host)")
+
+
+# ---------------------------------------------------------------- sending
+
+
+def send(manifest: Manifest, copy: HostCopy, progress: Progress, *,
+         env: dict[str, str] | None = None, use_rsync: bool | None = None) -> Sent:
+    """Send what ``copy``'s host lacks; the host verifies it before
+    renaming it into place. rsync when both ends have it (``use_rsync``
+    None), else a stream of bytes over ssh."""
+    files = copy.lacking(manifest)
+    if use_rsync is None:
+        use_rsync = copy.rsync and shutil.which("rsync") is not None
+    start = time.monotonic()
+    if use_rsync:
+        sent = _send_rsync(manifest, copy.host, files, progress, env)
+    else:
+        sent = _send_stream(manifest, copy.host, files, progress, env)
+    return Sent(copy.host.name, sent, time.monotonic() - start, "rsync" if use_rsync else "ssh stream")
+
+
+def _send_stream(manifest: Manifest, host: RankHost, files: Sequence[DataFile], progress: Progress,
+                 env: dict[str, str] | None) -> int:
+    argv = host_argv(host, remote_command(host.python, "receive", manifest.spec(files)))
+    with tempfile.TemporaryFile() as said:
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                stderr=said, env=env)
+        sent = 0
+        with Watchdog(proc) as watchdog:
+            try:
+                for f in files:
+                    with open(Path(manifest.folder) / f.name, "rb") as source:
+                        for chunk in iter(lambda: source.read(1 << 20), b""):
+                            proc.stdin.write(chunk)
+                            sent += len(chunk)
+                            watchdog.moved()
+                            progress(sent)
+                proc.stdin.close()
+            except BrokenPipeError:
+                pass  # the host stopped reading: its own message says why
+            proc.wait()  # the host verifies and renames: the watchdog bounds it
+        if proc.returncode != 0:
+            said.seek(0)
+            raise _failed(host, manifest, watchdog.why or said.read().decode(errors="replace"))
+    return sent
+
+
+class Watchdog:
+    """Kills a transfer that moves no byte for ``STALL_S`` (or, once the
+    bytes are out, does not end within ``CHECK_TIMEOUT_S``)."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc, self.last, self.why = proc, time.monotonic(), ""
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def moved(self) -> None:
+        self.last = time.monotonic()
+
+    def _watch(self) -> None:
+        while not self._done.wait(1.0):
+            idle = time.monotonic() - self.last
+            if idle > STALL_S + CHECK_TIMEOUT_S or (idle > STALL_S and self.proc.stdin
+                                                    and not self.proc.stdin.closed):
+                self.why = f"no progress for {idle:.0f} s: stopped"
+                self.proc.kill()
+                return
+
+    def __enter__(self) -> Watchdog:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+PROGRESS_RE = re.compile(rb"^\s*([\d,.]+)\s+\d+%")  # rsync --progress: '  1,234,567  45% ...'
+
+
+def _send_rsync(manifest: Manifest, host: RankHost, files: Sequence[DataFile], progress: Progress,
+                env: dict[str, str] | None) -> int:
+    incoming = f"{manifest.folder}/{INCOMING_RSYNC}"
+    made = run_script(host, f"mkdir -p {shlex.quote(incoming)}", timeout=30, env=env)
+    if not made.ok:
+        raise _failed(host, manifest, made.error)
+    ssh = shlex.join(ssh_argv(host, "")[:-3])  # ssh and its options, without '--', target, command
+    argv = ["rsync", "--partial", "--times", "--progress", f"--timeout={STALL_S:.0f}", "-e", ssh,
+            *(str(Path(manifest.folder) / f.name) for f in files), f"{host.ssh_target}:{incoming}/"]
+    with tempfile.TemporaryFile() as said:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=said, env=env)
+        done, current = 0, 0
+        with Watchdog(proc) as watchdog:
+            for piece in _pieces(proc.stdout):
+                watchdog.moved()
+                found = PROGRESS_RE.match(piece)
+                if found:
+                    current = int(found.group(1).replace(b",", b"").replace(b".", b""))
+                    progress(done + current)
+                elif piece.strip():  # a file's name: the one before it is done
+                    done, current = done + current, 0
+            proc.wait()
+        if proc.returncode != 0:
+            said.seek(0)
+            raise _failed(host, manifest, watchdog.why or said.read().decode(errors="replace"))
+    installed = run_script(host, remote_command(host.python, "install",
+                                                manifest.spec(files, **{"from": incoming})),
+                           timeout=CHECK_TIMEOUT_S, env=env)
+    if not installed.ok:
+        raise _failed(host, manifest, installed.error)
+    return sum(f.bytes for f in files)
+
+
+def _pieces(stream) -> Iterator[bytes]:
+    """rsync's progress lines, split on both '\\r' and '\\n' as they arrive."""
+    pending = b""
+    while chunk := stream.read1(4096) if hasattr(stream, "read1") else stream.read(4096):
+        pending += chunk
+        *whole, pending = re.split(rb"[\r\n]", pending)
+        yield from whole
+    if pending:
+        yield pending
+
+
+def _failed(host: RankHost, manifest: Manifest, said: str) -> DataSyncError:
+    last = [ln for ln in said.strip().splitlines() if ln.strip()]
+    return DataSyncError(f"sending --data {manifest.folder} to {host.name} failed: "
+                         f"{last[-1] if last else 'no message'}",
+                         "check the host's disk and ssh; nothing half-sent is used (the next "
+                         "launch checks again), or copy it by hand and pass --no-sync-data")
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def local_path(folder: str) -> str:
+    """The absolute path the ranks get for ``folder`` (relative to here)."""
+    return os.path.abspath(folder)

@@ -1,0 +1,110 @@
+"""`mlxcluster train --data DIR` on three lab hosts, each with its own disk:
+the token folder prepared on this machine is missing on two hosts, sent
+(rsync to one, a plain ssh stream to the host without rsync), verified and
+trained on; a damaged copy on one host is found by its sha256 and replaced;
+a host without the room is refused before anything is sent."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from reference_train.prepare import prepare_offline
+from tests.lab.jobs import training_setup
+
+pytestmark = pytest.mark.lab
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def train(lab, tmp_path, data: Path, out: Path, *flags: str) -> subprocess.CompletedProcess:
+    inventory, env = training_setup(lab, tmp_path)
+    return subprocess.run(
+        [sys.executable, "-m", "mlxcluster", "train", "-i", str(inventory), "--no-preflight",
+         "--config", "tiny", "--stall-timeout", "60s", *flags, "--", "--steps", "4",
+         "--global_batch", "6", "--eval_every", "0", "--sample_tokens", "0", "--data", str(data),
+         "--out", str(out)],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
+
+def path_without_rsync(lab, folder: Path) -> str:
+    """A PATH like the host's, with every program of /usr/bin but rsync."""
+    folder.mkdir()
+    for name in os.listdir("/usr/bin"):
+        if name != "rsync":
+            (folder / name).symlink_to(Path("/usr/bin") / name)
+    return f"{lab.bin_dir}:{Path(lab.default_python).parent}:{folder}"
+
+
+def test_data_missing_on_two_hosts_is_sent_verified_and_trained_on(lab3, tmp_path):
+    data = lab3.disk / f"data-{uuid.uuid4().hex[:6]}"
+    prepare_offline(data, n_stories=200)  # on this machine's own disk
+    files = ["train.bin", "val.bin", "meta.json"]
+    # labhost1 has its copy already; labhost2 and labhost3 have none.
+    first = lab3.host_disk(lab3.hosts[0]) / data.name
+    first.mkdir()
+    for name in files:
+        (first / name).write_bytes((data / name).read_bytes())
+    # labhost3 has no rsync: its copy goes as a plain stream over ssh.
+    lab3.set_host_path(lab3.hosts[2], path_without_rsync(lab3, tmp_path / "bin-no-rsync"))
+    try:
+        assert "rsync" not in lab3.ssh(lab3.hosts[2], "command -v rsync || echo none").stdout.replace(
+            "none", "")
+        proc = train(lab3, tmp_path, data, lab3.disk / f"run-{uuid.uuid4().hex[:6]}")
+    finally:
+        lab3.heal(lab3.hosts[2])
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 0, said[-3000:]
+    assert f"data: labhost1 has {data}" in said
+    assert f"data: labhost2: {data} missing: sending 3 file(s)" in said
+    assert f"data: labhost3: {data} missing: sending 3 file(s)" in said
+    assert "data: labhost2: sent" in said and "by rsync, sha256 verified there" in said
+    assert "by ssh stream, sha256 verified there" in said.split("data: labhost3: sent")[1]
+    for h in lab3.hosts:  # every host's own disk holds the same bytes now
+        for name in files:
+            assert sha(lab3.host_disk(h) / data.name / name) == sha(data / name), (h.name, name)
+        assert not list((lab3.host_disk(h) / data.name).glob(".incoming*"))
+    assert "step      4/4" in said  # trained on
+
+    # A damaged copy: one byte of labhost3's train.bin changed. Found by its
+    # sha256 (same size), replaced, and the job trains again.
+    damaged = lab3.host_disk(lab3.hosts[2]) / data.name / "train.bin"
+    raw = bytearray(damaged.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    damaged.write_bytes(bytes(raw))
+    proc = train(lab3, tmp_path, data, lab3.disk / f"run-{uuid.uuid4().hex[:6]}")
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 0, said[-3000:]
+    assert f"data: labhost3: {data} train.bin different: sending 1 file(s)" in said
+    assert f"data: labhost1 has {data}" in said and f"data: labhost2 has {data}" in said
+    assert sha(damaged) == sha(data / "train.bin")
+
+
+def test_a_host_without_room_for_the_data_is_refused_before_anything_is_sent(lab3, tmp_path):
+    data = lab3.disk / f"data-{uuid.uuid4().hex[:6]}"
+    prepare_offline(data, n_stories=200)
+    # labhost2's data folder is a 16 KiB disk of its own (a tmpfs in its mount namespace).
+    small = lab3.ssh(lab3.hosts[1], f"mkdir -p {data} && mount -t tmpfs -o size=16k tmpfs {data} "
+                                    "&& echo mounted")
+    assert "mounted" in small.stdout, small.stderr
+    try:
+        proc = train(lab3, tmp_path, data, lab3.disk / f"run-{uuid.uuid4().hex[:6]}")
+        left = {h.name: lab3.ssh(h, f"ls -A {data} 2>/dev/null").stdout.split() for h in lab3.hosts}
+    finally:
+        lab3.ssh(lab3.hosts[1], f"umount {data}")
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 2, said[-3000:]
+    need = (data / "train.bin").stat().st_size + (data / "val.bin").stat().st_size + \
+        (data / "meta.json").stat().st_size
+    assert f"error: not enough free space for the data: labhost2 needs {need / 1000:.1f} KB for " \
+           f"{data} and has 16.4 KB free (nothing was sent)" in said, said[-2000:]
+    assert "Traceback" not in said and "launching" not in said
+    assert left == {"labhost1": [], "labhost2": [], "labhost3": []}  # nothing was sent anywhere
