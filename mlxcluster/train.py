@@ -101,6 +101,18 @@ def validate_trainer_args(args: tuple[str, ...]) -> TrainConfig:
                          "every field, its type and its allowed values") from None
 
 
+def trainer_flag(args: tuple[str, ...], flag: str, default):
+    """The value the trainer takes for ``flag`` from ``args`` (the last one
+    given, as argparse takes it), else ``default``."""
+    value = default
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
 def check_batch_split(cfg: TrainConfig, ranks: int) -> None:
     """InputError when the global batch does not split over ``ranks`` x
     ``grad_accum`` micro-batches. The ranks check this too (reference_train

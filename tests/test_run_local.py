@@ -126,3 +126,40 @@ def test_a_silent_run_with_a_stall_timeout_is_stopped_with_exit_4(tmp_path):
     assert time.monotonic() - start < 90
     assert "the job stalled: no progress for" in proc.stderr
     assert list((tmp_path / "logs").glob("stall-mlxrun-*"))
+
+
+RESUMES = """
+import os, sys
+import mlx.core as mx
+g = mx.distributed.init(strict=True, backend="any")
+launch = int(os.environ["MLXCLUSTER_RESTART"])
+total = mx.distributed.all_sum(mx.array([1.0])).item()
+print(f"rank {g.rank()} launch {launch}: all_sum {total:.0f}", flush=True)
+if g.rank() == 1 and launch < 2:
+    sys.exit(3)
+"""
+
+
+def test_max_restarts_launches_again_and_tells_the_program_which_launch_it_is(tmp_path):
+    """`run --max-restarts 2`: rank 1 fails in the first two launches; each
+    time every rank is stopped, the cause said, and the job launched again
+    with MLXCLUSTER_RESTART = 1, then 2; the third launch ends well (exit 0).
+    With --max-restarts 1 the same program fails with rank 1's code."""
+    (tmp_path / "resumes.py").write_text(RESUMES)
+    proc = mlxcluster_run(tmp_path, "--local", "2", "--no-preflight", "--max-restarts", "2",
+                          "--logs", "logs", "--", "python", "resumes.py")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    for k in (0, 1, 2):
+        assert f"[0] rank 0 launch {k}: all_sum 2" in proc.stdout
+    assert "restart 1/2 after: rank 1 exited with code 3" in proc.stdout
+    assert "restart 2/2 after: rank 1 exited with code 3" in proc.stdout
+    assert "(restart 2):" in proc.stdout and "run finished on 2 rank(s)" in proc.stdout
+    assert "after 2 restart(s)" in proc.stdout
+    log = (tmp_path / "logs" / "rank1.log").read_text()  # one log across the launches
+    assert [f"launch {k}" in log for k in (0, 1, 2)] == [True, True, True]
+    proc = mlxcluster_run(tmp_path, "--local", "2", "--no-preflight", "--max-restarts", "1",
+                          "--", "python", "resumes.py")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "restart 1/1 after: rank 1 exited with code 3" in proc.stdout
+    assert "rank 1 launch 1: all_sum 2" in proc.stdout

@@ -11,7 +11,6 @@ import click
 
 from mlxcluster.cli.job_launch import (
     choose_job,
-    end_if_refused,
     one_source,
     plan_backend,
     prepare_job,
@@ -19,13 +18,16 @@ from mlxcluster.cli.job_launch import (
     share_connections,
 )
 from mlxcluster.cli.params import Duration, launch_options
+from mlxcluster.cli.restarts import launch_until_done
 from mlxcluster.errors import EXIT_FAILED, InputError
 from mlxcluster.jobs.cleanup import new_run_id
 from mlxcluster.jobs.job import BACKENDS, program_command, script_path
+from mlxcluster.jobs.restarts import Restarts
 from mlxcluster.jobs.run import run_job
 from mlxcluster.jobs.run_output import RankLogs, program_argv
 
 RUN_PREFIX = "mlxrun"
+RESTART_ENV = "MLXCLUSTER_RESTART"  # which launch of the job this is: 0, then 1, 2... (--max-restarts)
 
 
 @click.command("run", context_settings={"ignore_unknown_options": True,
@@ -35,13 +37,17 @@ RUN_PREFIX = "mlxrun"
               show_default=True,
               help="No output line from any rank for this long (20s, 5m...) is a stall: every "
                    "rank's state and stacks are saved and named, the job is stopped, exit 4.")
+@click.option("--max-restarts", type=click.IntRange(0, 100), default=0, show_default=True,
+              help="After a failing rank or a stall, stop every rank, probe the hosts again and "
+                   "launch again, up to this many times; the program reads which launch it is "
+                   "from MLXCLUSTER_RESTART (0 first) and resumes on its own.")
 @click.option("--logs", "logs_dir", type=click.Path(file_okay=False), default=None,
               help="Folder for one log file per rank (default: ./runs/RUN_ID).")
 @click.option("--rank0-only", is_flag=True,
               help="Show only rank 0's lines (and the launcher's); every rank is still logged.")
 @click.argument("program", nargs=-1, type=click.UNPROCESSED)
 def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, connections_per_ip, no_preflight,
-            no_openblas, timeout, stall_timeout, logs_dir, rank0_only, program):
+            no_openblas, timeout, stall_timeout, max_restarts, logs_dir, rank0_only, program):
     """Check the cluster, then run `python SCRIPT ARGS` (or `-m MODULE`) on every host.
 
     e.g. `mlxcluster run --local 2 -- python train.py --lr 0.1`. Each line is
@@ -71,24 +77,31 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
     except OSError as err:
         raise InputError(f"cannot create the logs folder {logs_path}: {err.strerror}",
                          "give --logs a folder you can write to") from None
+
+    def show(stream: str, line: str) -> None:
+        rank, _ = logs.write(line)
+        if rank0_only and rank not in (0, None):
+            return
+        click.echo(line, err=stream == "stderr")
+
+    stall = None if stall_timeout == "off" else stall_timeout
+
+    def launch(job):
+        click.echo(f"launching {len(job.hosts)} rank(s) on {job.backend}, run {run_id}"
+                   f"{restart_note(job)}: {program_command(job)}")
+        if not restart_note(job):
+            click.echo(f"logs: {logs_path}/rank<R>.log")
+        return run_job(job, show, env=env, timeout=timeout, stall_timeout=stall,
+                       report_dir=logs_path, run_id=run_id, any_line_progress=True)
+
+    def again(job, k: int):
+        return replace(job, env={**job.env, RESTART_ENV: str(k)})
+
     try:
-        click.echo(f"launching {n} rank(s) on {job.backend}, run {run_id}: {program_command(job)}")
-        click.echo(f"logs: {logs_path}/rank<R>.log")
-
-        def show(stream: str, line: str) -> None:
-            rank, _ = logs.write(line)
-            if rank0_only and rank not in (0, None):
-                return
-            click.echo(line, err=stream == "stderr")
-
-        stall = None if stall_timeout == "off" else stall_timeout
-        outcome = run_job(job, show, env=env, timeout=timeout, stall_timeout=stall,
-                          report_dir=logs_path, run_id=run_id, any_line_progress=True)
+        job, outcome = launch_until_done("run", again(job, 0), launch, Restarts(max_restarts), env,
+                                         mlx_version, again=again, record=lambda event: None)
     finally:
         logs.close()
-    if outcome.unstopped:
-        click.secho(f"warning: {outcome.unstopped}", fg="yellow", err=True)
-    end_if_refused("run", job, outcome)
     if outcome.exit_code != 0:
         say_failure("run", outcome, mlx_version)
         if rank0_only and outcome.failed_rank not in (None, 0):  # its lines were not shown
@@ -101,4 +114,11 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
         click.echo(f"logs: {logs_path}", err=True)
         click.get_current_context().exit(
             outcome.exit_code if 0 < outcome.exit_code < 256 else EXIT_FAILED)
-    click.echo(f"run finished on {n} rank(s) in {outcome.seconds:.1f} s; logs: {logs_path}")
+    again_note = f" after {int(job.env[RESTART_ENV])} restart(s)" if job.env[RESTART_ENV] != "0" else ""
+    click.echo(f"run finished on {n} rank(s) in {outcome.seconds:.1f} s{again_note}; "
+               f"logs: {logs_path}")
+
+
+def restart_note(job) -> str:
+    k = job.env.get(RESTART_ENV, "0")
+    return f" (restart {k})" if k != "0" else ""

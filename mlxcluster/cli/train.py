@@ -10,7 +10,6 @@ import click
 
 from mlxcluster.cli.job_launch import (
     choose_job,
-    end_if_refused,
     one_source,
     plan_backend,
     prepare_job,
@@ -19,16 +18,17 @@ from mlxcluster.cli.job_launch import (
 )
 from mlxcluster.cli.params import Duration, launch_options
 from mlxcluster.cli.report import check_html_path, emit_page, html_option
-from mlxcluster.errors import EXIT_FAILED
+from mlxcluster.cli.restarts import launch_until_done
+from mlxcluster.errors import EXIT_FAILED, InputError
 from mlxcluster.jobs.job import BACKENDS, program_command
-from mlxcluster.jobs.job_python import require_job_python
+from mlxcluster.jobs.restarts import Restarts, accumulation_for, without_hosts
 from mlxcluster.jobs.run import run_job
-from mlxcluster.jobs.stall import Stalled
 from mlxcluster.report import Report
 from mlxcluster.train import (
     check_batch_split,
     check_out_here,
     restart_checkpoint_every,
+    trainer_flag,
     trainer_help,
     validate_trainer_args,
 )
@@ -51,11 +51,17 @@ from mlxcluster.train_record import RECORD_ENV, RunRecord
 @click.option("--no-sync-data", is_flag=True,
               help="Do not check the trainer's --data DIR on every host (by the sha256 in its "
                    "meta.json) nor send it where it is missing or different.")
+@click.option("--elastic", is_flag=True,
+              help="With --max-restarts: a host unreachable when the job is launched again, or "
+                   "whose rank failed in two launches in a row, is dropped and training goes on "
+                   "with the rest, the same global batch (grad_accum raised where needed).")
+@click.option("--min-hosts", type=click.IntRange(1), default=2, show_default=True,
+              help="With --elastic: never go on with fewer hosts than this.")
 @html_option("the run's loss, tokens/s and memory at its end (from --out's metrics.jsonl)")
 @click.argument("trainer_args", nargs=-1, type=click.UNPROCESSED)
 def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, connections_per_ip,
             no_preflight, no_openblas, timeout, config, stall_timeout, max_restarts, no_sync_data,
-            html_path,
+            elastic, min_hosts, html_path,
             trainer_args):
     """Check the cluster, then run `python -m reference_train.train` on every host.
 
@@ -71,6 +77,9 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
         return
     one_source("train", hostfile, inventory_path, local_ranks, example="--local 2 --config tiny")
     cfg = validate_trainer_args(args)
+    if elastic and not max_restarts:
+        raise InputError("--elastic goes on without a lost host when the job is launched again: "
+                         "it needs --max-restarts N", "add --max-restarts 2 (or more)")
     if max_restarts and not cfg.checkpoint_every:  # a restart then loses at most 1/20 of the run
         args = (*args, "--checkpoint_every", str(restart_checkpoint_every(cfg.steps)))
     check_out_here(cfg.out)  # the run's record is kept here, at --out (train_record.py)
@@ -81,7 +90,6 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
     job = dataclasses.replace(job, env={**job.env, RECORD_ENV: "1"})
     env = dict(os.environ)
     job = share_connections(plan_backend(job, inventory, env), env)
-    n = len(job.hosts)
     # mlx_version: the cluster's, when the preflight asked (known errors name the fixing release)
     job, mlx_version = prepare_job(job, inventory, env, no_preflight=no_preflight,
                                    no_openblas=no_openblas)
@@ -89,8 +97,6 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
         from mlxcluster.cli.data_sync import sync_data
 
         sync_data(job, cfg.data, env)
-
-    click.echo(f"launching {n} rank(s) on {job.backend}: {program_command(job)}")
 
     record = RunRecord(cfg.out)
 
@@ -100,39 +106,47 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
             click.echo(shown, err=stream == "stderr")
 
     stall = None if stall_timeout == "off" else stall_timeout  # "auto" or seconds
-    restarts = 0
+    micro_batch = cfg.global_batch // (len(job.hosts) * cfg.grad_accum)  # what each rank holds now
+    restarts = Restarts(max_restarts, elastic=elastic, min_hosts=min_hosts)
+
+    def launch(job):
+        said = f"launching {len(job.hosts)} rank(s) on {job.backend}: {program_command(job)}"
+        click.echo(said)
+        record.start_launch(said)
+        return run_job(job, show, env=env, timeout=timeout, stall_timeout=stall,
+                       report_dir=Path(cfg.out))
+
+    def resume(job, k: int):
+        click.echo("resuming from the newest checkpoint every host has")
+        if k == 1:
+            return dataclasses.replace(job, trainer_args=(*job.trainer_args, "--resume", "auto"))
+        return job
+
+    def drop(job, dropping):
+        job = without_hosts(job, {d.host for d in dropping})
+        ranks = len(job.hosts)
+        accum = int(trainer_flag(job.trainer_args, "--grad_accum", cfg.grad_accum))
+        new_accum = accumulation_for(cfg.global_batch, ranks, micro_batch)
+        for d in dropping:
+            record.add({"event": "host_dropped", "host": d.host, "reason": d.reason, "ranks": ranks,
+                        "grad_accum": new_accum})
+            click.echo(f"dropped {d.host} ({d.reason}): going on with {ranks} rank(s) on "
+                       f"{', '.join(dict.fromkeys(h.name for h in job.hosts))}")
+        if new_accum != accum:
+            click.echo(f"grad_accum {accum} -> {new_accum}: the global batch stays "
+                       f"{cfg.global_batch} = {ranks} ranks x {new_accum} accum x "
+                       f"{cfg.global_batch // (ranks * new_accum)}")
+            job = dataclasses.replace(job, trainer_args=(*job.trainer_args, "--grad_accum",
+                                                         str(new_accum)))
+        return job
+
     try:
-        while True:
-            record.start_launch(f"launching {n} rank(s) on {job.backend}: {program_command(job)}")
-            try:
-                outcome = run_job(job, show, env=env, timeout=timeout, stall_timeout=stall,
-                                  report_dir=Path(cfg.out))
-            except Stalled as err:
-                if restarts >= max_restarts:
-                    raise
-                click.secho(f"error: {err}", fg="red", err=True)
-                cause = str(err).splitlines()[0]
-            else:
-                if outcome.unstopped:
-                    click.secho(f"warning: {outcome.unstopped}", fg="yellow", err=True)
-                end_if_refused("train", job, outcome)
-                if outcome.exit_code == 0 or restarts >= max_restarts:
-                    break
-                who = say_failure("train", outcome, mlx_version)
-                cause = (f"{who} exited with code {outcome.exit_code}"
-                         + (f" (lost the ssh connection to {outcome.lost_host})"
-                            if outcome.lost_host else ""))
-            restarts += 1
-            record.add({"event": "restart", "restart": restarts, "max_restarts": max_restarts,
-                        "cause": cause})
-            click.echo(f"restart {restarts}/{max_restarts} after: {cause}; every rank was "
-                       "stopped; probing the hosts again, then resuming from the newest checkpoint")
-            require_job_python(job, env)  # a host gone for good ends the run here, named
-            if restarts == 1:
-                job = dataclasses.replace(job, trainer_args=(*job.trainer_args, "--resume", "auto"))
+        job, outcome = launch_until_done("train", job, launch, restarts, env, mlx_version,
+                                         again=resume, record=record.add, drop=drop)
     finally:
         record.close()
         draw_loss(record)
+    n = len(job.hosts)
     if outcome.exit_code != 0:
         who = say_failure("train", outcome, mlx_version, then=", then rerun with '-- --resume auto' "
                                                              "to continue from the last checkpoint")
@@ -140,7 +154,7 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
             write_run_page(cfg.out, html_path, failed=f"{who} exited with code {outcome.exit_code}")
         click.get_current_context().exit(
             outcome.exit_code if 0 < outcome.exit_code < 256 else EXIT_FAILED)
-    again = f" after {restarts} restart(s)" if restarts else ""
+    again = f" after {restarts.done} restart(s)" if restarts.done else ""
     click.echo(f"train finished on {n} rank(s) in {outcome.seconds:.1f} s{again}")
     if html_path:
         write_run_page(cfg.out, html_path)

@@ -114,4 +114,5 @@ def stop_stalled(job: Job, run_id: str, watch: stall.StallWatch, report_root: Pa
         f"{what} stalled: no progress for {silent:.0f} s (stall timeout {limit:.0f} s): "
         f"{summary}\n" + "\n".join(f"  {line}" for line in stall.rank_lines(states)),
         f"{where}; every rank was stopped. Look at the named rank's host (swapped out, "
-        f"stopped, a hung collective){resume}", report_dir=folder)
+        f"stopped, a hung collective){resume}", report_dir=folder,
+        hosts=tuple(sorted({s.host for s in states if s.is_odd_by_state})), run_id=run_id)

@@ -46,9 +46,11 @@ class Stalled(MlxclusterError):
 
     exit_code = EXIT_STALLED
 
-    def __init__(self, message: str, hint: str | None = None, report_dir: Path | None = None):
+    def __init__(self, message: str, hint: str | None = None, report_dir: Path | None = None,
+                 hosts: tuple[str, ...] = (), run_id: str = ""):
         super().__init__(message, hint)
-        self.report_dir = report_dir
+        self.report_dir, self.run_id = report_dir, run_id
+        self.hosts = hosts  # the hosts of the ranks named (stopped, gone...): for --elastic
 
 
 # ---------------------------------------------------------------- detection

@@ -1,0 +1,142 @@
+"""Launching a job again after it failed (`train`/`run --max-restarts N`),
+and going on without a host that is lost (`train --elastic`).
+
+A launch fails with a ``Failure``: its cause in words and the hosts it
+points at (the rank that exited, the host whose ssh connection was lost, the
+rank a stall names). ``Restarts`` keeps the count and, for elastic jobs,
+which hosts to drop before the next launch: those unreachable now
+(``unreachable_hosts``: one ssh round trip each), and those whose rank
+failed in two launches in a row. ``without_hosts`` is the job on the rest.
+
+Data-parallel training keeps its math on fewer ranks when the global batch
+stays the same: ``accumulation_for`` finds the smallest gradient
+accumulation that splits it over the ranks left in micro-batches no larger
+than before, so every rank's memory still fits (the trainer's losses then
+equal the uninterrupted run's, docs/training.md).
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from dataclasses import dataclass, field, replace
+
+from mlxcluster.errors import InputError, MlxclusterError
+from mlxcluster.jobs.hosts import for_each_host, host_argv, remote_hosts
+from mlxcluster.jobs.job import Job
+from mlxcluster.jobs.job_python import CHECK_TIMEOUT_S
+from mlxcluster.jobs.stall import Stalled
+from mlxcluster.jobs.watch import RunOutcome
+
+UNREACHABLE = 255  # what ssh exits with when it cannot connect
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a launch ended badly, the hosts it points at, and its run id."""
+
+    cause: str
+    hosts: tuple[str, ...] = ()
+    run_id: str = ""
+
+
+def failure_of_outcome(job: Job, outcome: RunOutcome, who: str) -> Failure:
+    """The failure of a launch that ended with a non-zero exit (``who``:
+    'rank 1', as the CLI said it)."""
+    cause = f"{who} exited with code {outcome.exit_code}"
+    if outcome.lost_host:
+        return Failure(f"{cause} (lost the ssh connection to {outcome.lost_host})",
+                       (outcome.lost_host,), outcome.run_id)
+    hosts = ()
+    if outcome.failed_rank is not None and outcome.failed_rank < len(job.hosts):
+        hosts = (job.hosts[outcome.failed_rank].name,)
+    return Failure(cause, hosts, outcome.run_id)
+
+
+def failure_of_stall(err: Stalled) -> Failure:
+    return Failure(str(err).splitlines()[0], err.hosts, err.run_id)
+
+
+def unreachable_hosts(job: Job, env: dict[str, str] | None = None,
+                      timeout: float = CHECK_TIMEOUT_S) -> list[str]:
+    """The job's remote hosts that do not answer ssh now (no connection
+    within the connect timeout, or no answer at all within ``timeout``)."""
+    remote = remote_hosts(job.hosts)
+    command = f"{shlex.quote(job.python)} -S -c ''"
+
+    def gone(host) -> bool:
+        try:
+            proc = subprocess.run(host_argv(host, command), capture_output=True, text=True,
+                                  timeout=timeout, env=env, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            return True
+        return proc.returncode == UNREACHABLE
+
+    return [h.name for h, lost in zip(remote, for_each_host(remote, gone), strict=True) if lost]
+
+
+def without_hosts(job: Job, names: set[str]) -> Job:
+    """The job with every rank on ``names`` taken out (ranks renumbered in order)."""
+    if job.mlx_hostfile is not None:  # jaccl: the RDMA matrix and its cabling change too
+        raise MlxclusterError(f"{job.backend} jobs cannot go on without a host yet: its RDMA "
+                              "rows name every pair of Macs",
+                              "leave out --elastic for jaccl, or use --backend ring")
+    return replace(job, hosts=tuple(h for h in job.hosts if h.name not in names))
+
+
+def accumulation_for(global_batch: int, ranks: int, micro_batch: int) -> int:
+    """The gradient accumulation for ``ranks`` that keeps the global batch and
+    no rank's micro-batch larger than ``micro_batch`` (what every rank held
+    before: its memory fits that): the smallest ``a`` with global_batch =
+    ranks x a x m, m <= micro_batch. InputError with the arithmetic when the
+    global batch does not split over ``ranks`` at all."""
+    if global_batch % ranks:
+        raise InputError(f"global_batch {global_batch} does not split over the {ranks} rank(s) "
+                         f"left ({global_batch} % {ranks} = {global_batch % ranks}): the run cannot "
+                         "go on with the same training math",
+                         "bring the lost host back and rerun with '-- --resume auto', or start "
+                         f"with a global batch every host count splits (e.g. {ranks * 6})")
+    per_rank = global_batch // ranks
+    return next(a for a in range(-(-per_rank // micro_batch), per_rank + 1) if per_rank % a == 0)
+
+
+@dataclass
+class Dropped:
+    host: str
+    reason: str
+
+
+@dataclass
+class Restarts:
+    """The restart budget and, with ``elastic``, which hosts to leave out."""
+
+    max_restarts: int
+    elastic: bool = False
+    min_hosts: int = 2
+    done: int = 0
+    streaks: dict[str, int] = field(default_factory=dict)  # host -> failed launches in a row
+
+    def can_restart(self) -> bool:
+        return self.done < self.max_restarts
+
+    def failed(self, job: Job, failure: Failure) -> None:
+        """A launch of ``job`` failed: count it, for the restart and per host."""
+        self.done += 1
+        for h in {h.name for h in job.hosts}:
+            self.streaks[h] = self.streaks.get(h, 0) + 1 if h in failure.hosts else 0
+
+    def to_drop(self, job: Job, unreachable: list[str]) -> list[Dropped]:
+        """The hosts to leave out of the next launch (elastic only), with why."""
+        if not self.elastic:
+            return []
+        drop = [Dropped(h, "unreachable over ssh") for h in unreachable]
+        drop += [Dropped(h, f"its rank failed in {n} launches in a row")
+                 for h, n in sorted(self.streaks.items()) if n >= 2 and h not in unreachable]
+        left = len({h.name for h in job.hosts} - {d.host for d in drop})
+        if drop and left < self.min_hosts:
+            raise MlxclusterError(
+                f"only {left} host(s) left after dropping "
+                f"{', '.join(f'{d.host} ({d.reason})' for d in drop)}: fewer than --min-hosts "
+                f"{self.min_hosts}",
+                "bring the hosts back and rerun with '-- --resume auto', or lower --min-hosts")
+        return drop

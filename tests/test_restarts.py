@@ -1,0 +1,72 @@
+"""The restart and elastic rules apart from any launch (the lab tests,
+tests/lab/test_elastic_lab.py and test_restart_lab.py, run them for real):
+which hosts are dropped and why, the --min-hosts floor, the gradient
+accumulation that keeps the global batch, and what a failure points at."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlxcluster.errors import InputError, MlxclusterError
+from mlxcluster.jobs.hosts import RankHost
+from mlxcluster.jobs.job import Job
+from mlxcluster.jobs.restarts import (
+    Failure,
+    Restarts,
+    accumulation_for,
+    failure_of_outcome,
+    without_hosts,
+)
+from mlxcluster.jobs.watch import RunOutcome
+
+
+def job_on(*names: str) -> Job:
+    return Job(hosts=tuple(RankHost(n, n, (f"10.0.0.{i}",), "python3")
+                           for i, n in enumerate(names, 1)), backend="ring", python="python3")
+
+
+def test_a_host_is_dropped_when_unreachable_or_failing_in_two_launches_in_a_row():
+    job = job_on("mac1", "mac2", "mac3")
+    restarts = Restarts(3, elastic=True)
+    restarts.failed(job, Failure("rank 1 exited with code 3", ("mac2",)))
+    assert restarts.to_drop(job, []) == []  # once is not enough
+    restarts.failed(job, Failure("rank 1 exited with code 3", ("mac2",)))
+    assert [(d.host, d.reason) for d in restarts.to_drop(job, [])] == \
+        [("mac2", "its rank failed in 2 launches in a row")]
+    restarts.failed(job, Failure("rank 0 exited with code 1", ("mac1",)))  # the streak ends
+    assert restarts.to_drop(job, []) == []
+    assert [(d.host, d.reason) for d in restarts.to_drop(job, ["mac3"])] == \
+        [("mac3", "unreachable over ssh")]
+    assert not restarts.can_restart()
+    assert Restarts(3).to_drop(job, ["mac3"]) == []  # not elastic: nobody is dropped
+
+
+def test_never_fewer_hosts_than_min_hosts():
+    job = job_on("mac1", "mac2", "mac3")
+    with pytest.raises(MlxclusterError, match=r"only 1 host\(s\) left after dropping mac2 "
+                                              r"\(unreachable over ssh\), mac3 \(unreachable over "
+                                              r"ssh\): fewer than --min-hosts 2"):
+        Restarts(2, elastic=True).to_drop(job, ["mac2", "mac3"])
+    assert len(Restarts(2, elastic=True, min_hosts=1).to_drop(job, ["mac2", "mac3"])) == 2
+
+
+def test_the_global_batch_is_kept_by_raising_grad_accum_or_refused_with_the_arithmetic():
+    # 3 ranks x 1 accum x 4: on 2 ranks a micro-batch of 6 would outgrow a rank's
+    # memory; 2 ranks x 2 accum x 3 keeps the global batch and fits.
+    assert accumulation_for(12, 2, micro_batch=4) == 2
+    assert accumulation_for(12, 2, micro_batch=6) == 1
+    assert accumulation_for(12, 1, micro_batch=4) == 3
+    assert accumulation_for(20, 2, micro_batch=3) == 5  # 10 per rank: 5 x 2 (4 x 2.5 is no split)
+    with pytest.raises(InputError) as refused:
+        accumulation_for(9, 2, micro_batch=3)
+    assert str(refused.value).startswith("global_batch 9 does not split over the 2 rank(s) left "
+                                         "(9 % 2 = 1)")
+
+
+def test_without_hosts_renumbers_the_ranks_and_a_failure_names_its_host():
+    job = job_on("mac1", "mac2", "mac3")
+    assert [h.name for h in without_hosts(job, {"mac1"}).hosts] == ["mac2", "mac3"]
+    failed = failure_of_outcome(job, RunOutcome(exit_code=3, failed_rank=2, run_id="r1"), "rank 2")
+    assert failed == Failure("rank 2 exited with code 3", ("mac3",), "r1")
+    lost = failure_of_outcome(job, RunOutcome(exit_code=255, lost_host="mac1", run_id="r2"), "a rank")
+    assert lost.hosts == ("mac1",) and "lost the ssh connection to mac1" in lost.cause
