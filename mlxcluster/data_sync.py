@@ -1,4 +1,4 @@
-"""The trainer's ``--data DIR`` on every host, as on this machine.
+"""The trainer's ``--data DIR`` (and `run`'s script) on every host, as on this machine.
 
 Macs have their own disks: a token folder prepared here is not on the other
 hosts. Before a launch, ``check_copies`` asks every remote host, in one ssh
@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlxcluster.errors import InputError, MlxclusterError
+from mlxcluster.jobs.cleanup import SSH_LOST
 from mlxcluster.jobs.hosts import RankHost, host_argv, run_script, ssh_argv
 
 CHECK_TIMEOUT_S = 600.0  # hashing a host's copy reads all of it (a few GB: tens of seconds)
@@ -44,6 +45,12 @@ Progress = Callable[[int], None]  # bytes sent so far, to this host
 
 class DataSyncError(MlxclusterError):
     """A host's copy of the data could not be checked or sent."""
+
+
+class HostUnreachable(DataSyncError):
+    """ssh could not reach the host: exit 255, as the launchers' own ssh failure."""
+
+    exit_code = SSH_LOST
 
 
 @dataclass(frozen=True)
@@ -140,6 +147,15 @@ def read_manifest(folder: str | Path) -> Manifest:
     return Manifest(str(path), tuple(files))
 
 
+def file_manifest(path: str | Path) -> Manifest:
+    """One file (a `run` script) as a manifest of its folder."""
+    from reference_train.data import file_sha256
+
+    path = Path(path).resolve()
+    return Manifest(str(path.parent), (DataFile(path.name, path.stat().st_size,
+                                                file_sha256(path)),))
+
+
 # ---------------------------------------------------------------- the hosts' copies
 
 
@@ -149,20 +165,30 @@ def remote_command(python: str, what: str, spec: str) -> str:
 
 
 def check_copy(manifest: Manifest, host: RankHost, env: dict[str, str] | None = None,
-               timeout: float = CHECK_TIMEOUT_S) -> HostCopy:
-    """Ask ``host`` what its copy holds (DataSyncError when it cannot answer)."""
-    result = run_script(host, remote_command(host.python, "check", manifest.spec()),
-                        timeout=timeout, env=env)
-    if not result.ok:
-        raise DataSyncError(f"could not check --data {manifest.folder} on {host.name}: "
-                            f"{result.error}",
-                            "the host must be reachable over ssh with the job's python; or pass "
-                            "--no-sync-data")
-    answer = json.loads(result.output.strip().splitlines()[-1])
+               timeout: float = CHECK_TIMEOUT_S, what: str = "--data") -> HostCopy:
+    """Ask ``host`` what its copy holds (DataSyncError when it cannot answer;
+    HostUnreachable, exit 255 as ssh's, when ssh cannot reach it)."""
+    command = remote_command(host.python, "check", manifest.spec())
+    try:
+        proc = subprocess.run(host_argv(host, command), capture_output=True, text=True,
+                              timeout=timeout, env=env, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise DataSyncError(f"{host.name} did not answer within {timeout:.0f} s whether it has "
+                            f"{what} {manifest.folder}",
+                            "check the host (asleep? its disk?), or pass " + opt_out(what)) from None
+    said = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
+    if proc.returncode == SSH_LOST:
+        raise HostUnreachable(f"the ssh connection to {host.name} failed: {said}",
+                              "bring the host back (mlxcluster doctor names what is wrong), or "
+                              "leave it out of the inventory")
+    if proc.returncode != 0:
+        raise DataSyncError(f"could not check {what} {manifest.folder} on {host.name}: {said}",
+                            "the host must run the job's python; or pass " + opt_out(what))
+    answer = json.loads(proc.stdout.strip().splitlines()[-1])
     return HostCopy(host, answer["files"], int(answer["free"]), bool(answer["rsync"]))
 
 
-def check_space(manifest: Manifest, copies: Sequence[HostCopy]) -> None:
+def check_space(manifest: Manifest, copies: Sequence[HostCopy], what: str = "data") -> None:
     """InputError naming every host that cannot hold what it lacks (with the figures)."""
     short = []
     for copy in copies:
@@ -171,7 +197,7 @@ def check_space(manifest: Manifest, copies: Sequence[HostCopy]) -> None:
             short.append(f"{copy.host.name} needs {human_bytes(need)} for {manifest.folder} and "
                          f"has {human_bytes(copy.free)} free")
     if short:
-        raise InputError("not enough free space for the data: " + "; ".join(short) +
+        raise InputError(f"not enough free space for the {what}: " + "; ".join(short) +
                          " (nothing was sent)",
                          "free space on that host, or give --data a folder on a larger disk "
                          "(the same path on every host)")
@@ -303,10 +329,15 @@ def _pieces(stream) -> Iterator[bytes]:
 
 def _failed(host: RankHost, manifest: Manifest, said: str) -> DataSyncError:
     last = [ln for ln in said.strip().splitlines() if ln.strip()]
-    return DataSyncError(f"sending --data {manifest.folder} to {host.name} failed: "
+    return DataSyncError(f"sending {manifest.folder} to {host.name} failed: "
                          f"{last[-1] if last else 'no message'}",
                          "check the host's disk and ssh; nothing half-sent is used (the next "
-                         "launch checks again), or copy it by hand and pass --no-sync-data")
+                         "launch checks again), or copy it by hand and pass --no-sync-data "
+                         "(train) or --no-sync-script (run)")
+
+
+def opt_out(what: str) -> str:
+    return "--no-sync-data" if what == "--data" else "--no-sync-script"
 
 
 def human_bytes(n: float) -> str:

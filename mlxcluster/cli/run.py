@@ -22,6 +22,7 @@ from mlxcluster.cli.restarts import launch_until_done
 from mlxcluster.errors import EXIT_FAILED, InputError
 from mlxcluster.jobs.cleanup import new_run_id
 from mlxcluster.jobs.job import BACKENDS, program_command, script_path
+from mlxcluster.jobs.job_python import require_job_python
 from mlxcluster.jobs.restarts import Restarts
 from mlxcluster.jobs.run import run_job
 from mlxcluster.jobs.run_output import RankLogs, program_argv
@@ -41,13 +42,17 @@ RESTART_ENV = "MLXCLUSTER_RESTART"  # which launch of the job this is: 0, then 1
               help="After a failing rank or a stall, stop every rank, probe the hosts again and "
                    "launch again, up to this many times; the program reads which launch it is "
                    "from MLXCLUSTER_RESTART (0 first) and resumes on its own.")
+@click.option("--no-sync-script", is_flag=True,
+              help="Do not check the script on every host (by sha256) nor send it where it is "
+                   "missing or different; every host then needs it at the same path.")
 @click.option("--logs", "logs_dir", type=click.Path(file_okay=False), default=None,
               help="Folder for one log file per rank (default: ./runs/RUN_ID).")
 @click.option("--rank0-only", is_flag=True,
               help="Show only rank 0's lines (and the launcher's); every rank is still logged.")
 @click.argument("program", nargs=-1, type=click.UNPROCESSED)
 def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, connections_per_ip, no_preflight,
-            no_openblas, timeout, stall_timeout, max_restarts, logs_dir, rank0_only, program):
+            no_openblas, timeout, stall_timeout, max_restarts, no_sync_script, logs_dir, rank0_only,
+            program):
     """Check the cluster, then run `python SCRIPT ARGS` (or `-m MODULE`) on every host.
 
     e.g. `mlxcluster run --local 2 -- python train.py --lr 0.1`. Each line is
@@ -70,6 +75,17 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
     logs_path = Path(logs_dir) if logs_dir else Path("runs") / run_id
     n = len(job.hosts)
 
+    if script and not all(h.is_local for h in job.hosts) and not no_sync_script:
+        # Every Mac has its own disk: the script must be on each, at one path.
+        from mlxcluster.cli.data_sync import sync_script
+
+        if not os.path.isfile(script):
+            raise InputError(f"no such script here: {script}",
+                             "give the path of a Python file on this machine (it is sent to every "
+                             "host), or --no-sync-script when every host has it already")
+        require_job_python(job, env)  # its check runs on the job's python: a missing one said first
+        sync_script(job, script, env)
+        job = replace(job, program=(os.path.abspath(script), *job.program[1:]))
     job, mlx_version = prepare_job(job, inventory, env, no_preflight=no_preflight,
                                    no_openblas=no_openblas)
     try:

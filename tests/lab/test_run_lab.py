@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
 
@@ -57,12 +58,17 @@ while True:
 FAILED_RANK_BUDGET_S = 60  # the failure seen, every rank stopped, the sweep: measured 13 s ring, 9 s mpi
 
 
-def run_on_lab(lab, tmp_path, backend, script, *extra, timeout=300):
-    """mlxcluster run -i <lab inventory> --backend B [extra] -- python SCRIPT;
-    returns (process, run id or None, seconds)."""
+def run_on_lab(lab, tmp_path, backend, script, *extra, timeout=300, on_every_host=False):
+    """mlxcluster run -i <lab inventory> --backend B [extra] -- python SCRIPT,
+    the script on this machine's own disk (run sends it to the hosts; with
+    ``on_every_host``, every host has its own copy already); returns
+    (process, run id or None, seconds)."""
     inventory, env = training_setup(lab, tmp_path)
-    path = tmp_path / "prog.py"  # the lab's hosts share this machine's files: the same path
+    path = lab.disk / f"prog-{uuid.uuid4().hex[:6]}.py"
     path.write_text(script)
+    if on_every_host:
+        for h in lab.hosts:
+            (lab.host_disk(h) / path.name).write_text(script)
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "mlxcluster", "run", "-i", str(inventory),
                            "--backend", backend, "--logs", str(tmp_path / "logs"), *extra, "--",
@@ -79,6 +85,9 @@ def test_a_script_runs_on_three_hosts_tagged_and_logged(lab3, tmp_path, backend)
     print(f"run {backend}: passing script (with preflight) -> exit {proc.returncode} in {took:.1f} s")
     assert proc.returncode == 0, out[-3000:]
     assert f"[✓] smoke: all_sum over 3 ranks on {backend} = 3" in proc.stdout
+    for h in lab3.hosts:  # the script was on this machine's disk only: sent to each host first
+        assert re.search(rf"script: {h.name}: \S+prog-\w+\.py missing: sending 1 file\(s\)",
+                         proc.stdout), proc.stdout[-2000:]
     for r in range(3):
         line = f"rank {r} of 3 on labhost{r + 1}: all_sum 3 ['--flag', 'x']"
         assert f"[{r}] {line}" in proc.stdout, out[-3000:]
@@ -119,11 +128,13 @@ def test_rank_1_exits_3_while_the_others_are_in_all_sum(lab3, tmp_path, backend)
 def test_a_rank_that_never_starts_ends_the_run(lab3, tmp_path, backend):
     """labhost3 refuses ssh: its rank never starts; the run ends with an error
     within a bound (the others do not wait in init forever) and nothing is
-    left on the two other hosts."""
+    left on the two other hosts. (The script is on every host already,
+    --no-sync-script: with the sync on, labhost3 is found before the launch,
+    see the next test.)"""
     try:
         lab3.stop_sshd(lab3.hosts[2])
         proc, run_id, took = run_on_lab(lab3, tmp_path, backend, ALLSUM, "--no-preflight",
-                                        timeout=240)
+                                        "--no-sync-script", timeout=240, on_every_host=True)
     finally:
         lab3.heal(lab3.hosts[2])
     out = proc.stdout + proc.stderr
@@ -134,6 +145,17 @@ def test_a_rank_that_never_starts_ends_the_run(lab3, tmp_path, backend):
     assert "run failed: the ssh connection to" in proc.stderr, out[-3000:]
     assert "[2] rank 2" not in proc.stdout
     assert run_id and left_on_hosts(lab3, bracketed(run_id)) == {}
+
+
+def test_a_host_that_refuses_ssh_is_named_before_the_script_is_sent(lab3, tmp_path):
+    try:
+        lab3.stop_sshd(lab3.hosts[2])
+        proc, run_id, took = run_on_lab(lab3, tmp_path, "ring", ALLSUM, "--no-preflight")
+    finally:
+        lab3.heal(lab3.hosts[2])
+    assert proc.returncode == 255, proc.stdout + proc.stderr
+    assert "error: the ssh connection to labhost3 failed: ssh: connect to host" in proc.stderr
+    assert run_id is None and "launching" not in proc.stdout and "Traceback" not in proc.stderr
 
 
 def test_a_bad_python_is_exit_2_before_anything_starts(lab3, tmp_path):
