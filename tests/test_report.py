@@ -248,3 +248,23 @@ def test_a_failed_run_says_so(tmp_path):
     html = build_page(Report(runs=[run], failed_runs={str(run): "rank 1 exited with code 2"}))
     assert 'class="verdict fail"' in html and "training run: FAILED after 7 steps" in html
     assert "the run failed: rank 1 exited with code 2" in html
+
+
+def test_restarts_and_dropped_hosts_are_listed_in_order(tmp_path):
+    rows = metrics_rows(steps=20, ranks=3)
+    events = [{"event": "start", "step": 0, "ranks": 3, "time": 1764000000.0},
+              {"event": "restart", "restart": 1, "max_restarts": 2, "time": 1764000100.0,
+               "cause": "a rank exited with code 255 (lost the ssh connection to mac3)"},
+              {"event": "host_dropped", "host": "mac3", "reason": "unreachable over ssh",
+               "ranks": 2, "grad_accum": 2, "time": 1764000105.0},
+              {"event": "start", "step": 16, "ranks": 2, "time": 1764000110.0}]
+    run = write_run(tmp_path / "run", [events[0], *rows[:16], *events[1:], *rows[16:]])
+    html = build_page(Report(runs=[run]))
+    said = [html.index(text) for text in (
+        "launched on 3 rank(s), from the start",
+        "restart 1/2 after: a rank exited with code 255 (lost the ssh connection to mac3)",
+        "dropped mac3 (unreachable over ssh): going on with 2 rank(s), grad_accum 2",
+        "launched on 2 rank(s), resuming at step 16")]
+    assert said == sorted(said)
+    plain = build_page(Report(runs=[write_run(tmp_path / "plain", [events[0], *rows])]))
+    assert 'class="events"' not in plain  # one plain launch: nothing to list

@@ -6,12 +6,21 @@ one per evaluation, e.g.::
     {"step": 10, "loss": 3.91, "tokens_per_s": 5120.4, "lr": 0.0003, "grad_norm": 1.2,
      "peak_mem_mb": [812.5, 810.1], "peak_rss_mb": [1500.2, 1490.0], "ranks": 2}
     {"step": 10, "val_loss": 3.95}
+
+Kept by `mlxcluster train`, it also holds the run's events (``time`` in
+seconds since the epoch), shown in order::
+
+    {"event": "start", "step": 0, "ranks": 3, "time": ...}
+    {"event": "restart", "restart": 1, "max_restarts": 2, "cause": "...", "time": ...}
+    {"event": "host_dropped", "host": "mac3", "reason": "unreachable over ssh", "ranks": 2,
+     "grad_accum": 2, "time": ...}
 """
 
 from __future__ import annotations
 
 import json
 import statistics
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +45,7 @@ class TrainView:
     memory_plot: object | None = None
     notes: list[str] = field(default_factory=list)
     failed: str | None = None  # why the run stopped early; None: it finished
+    events: list[tuple[str, str]] = field(default_factory=list)  # (time, what), launches on
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
@@ -128,6 +138,9 @@ def train_view(records: list[dict], name: str) -> TrainView:
         tokens_per_s=statistics.median(v for _, v in speed) if speed else None,
         peak_mem_mb=peak,
     )
+    events = [r for r in records if "event" in r]
+    if any(e["event"] != "start" for e in events) or len(events) > 1:  # more than one plain launch
+        view.events = [(_clock(e.get("time")), describe_event(e)) for e in events]
     if not records:
         view.notes.append(f"{METRICS} holds no record yet: the run logged no step")
     if train or val:
@@ -137,6 +150,25 @@ def train_view(records: list[dict], name: str) -> TrainView:
     if mem_rows:
         view.memory_plot = _memory_plot(mem_rows)
     return view
+
+
+def describe_event(event: dict) -> str:
+    """One event of the record in words."""
+    kind = event["event"]
+    if kind == "start":
+        where = "from the start" if not event.get("step") else f"resuming at step {event['step']}"
+        return f"launched on {event.get('ranks', '?')} rank(s), {where}"
+    if kind == "restart":
+        return (f"restart {event.get('restart')}/{event.get('max_restarts')} after: "
+                f"{event.get('cause', '?')}")
+    if kind == "host_dropped":
+        return (f"dropped {event.get('host')} ({event.get('reason')}): going on with "
+                f"{event.get('ranks')} rank(s), grad_accum {event.get('grad_accum')}")
+    return json.dumps(event)
+
+
+def _clock(when) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when)) if when else "-"
 
 
 def run_view(run_dir: str | Path, failed: str | None = None) -> TrainView:

@@ -57,7 +57,7 @@ def test_a_lost_host_is_dropped_and_the_run_ends_with_the_reference_losses(
     job = subprocess.Popen(
         [sys.executable, "-m", "mlxcluster", "train", "-i", str(inventory), "--no-preflight",
          "--config", "tiny", "--stall-timeout", f"{STALL_TIMEOUT_S}s", "--max-restarts", "2",
-         "--elastic", "--", *common(data_here(lab3, lab_data)), "--out", str(out)],
+         "--elastic", "--html", str(tmp_path / "run.html"), "--", *common(data_here(lab3, lab_data)), "--out", str(out)],
         env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
     back_in = None
@@ -103,6 +103,10 @@ def test_a_lost_host_is_dropped_and_the_run_ends_with_the_reference_losses(
     assert sorted(losses) == list(range(1, STEPS + 1))
     worst = max(abs(losses[s] - reference[s]) / abs(reference[s]) for s in reference)
     assert worst <= PARITY, worst
+    page = (tmp_path / "run.html").read_text()  # the HTML report's training section
+    assert f"dropped {victim.name} (unreachable over ssh): going on with 2 rank(s), " \
+           "grad_accum 2" in page
+    assert "restart 1/2 after:" in page and "resuming at step" in page
     for name in rest:  # both hosts left hold the last checkpoint on their own disks
         assert lab3.host_read(name, out / "checkpoints" / "latest").strip() == f"step_{STEPS:06d}"
     time.sleep(1)
