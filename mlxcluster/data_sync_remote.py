@@ -57,12 +57,13 @@ def check(spec):
             "rsync": shutil.which("rsync") is not None}
 
 
-def install(spec, incoming):
-    """Verify each file in ``incoming`` and rename it into the data folder (meta.json last)."""
+def install(spec, incoming, digests=None):
+    """Verify each file in ``incoming`` (by ``digests`` taken as it arrived,
+    else read again) and rename it into the data folder (meta.json last)."""
     names = []
     for f in sorted(spec["files"], key=lambda f: f["name"] == "meta.json"):
         path = os.path.join(incoming, f["name"])
-        got = sha256_of(path)
+        got = digests[f["name"]] if digests else sha256_of(path)
         if got != f["sha256"]:
             raise ValueError(f"{f['name']} arrived with sha256 {got[:12]}, not {f['sha256'][:12]}")
         os.replace(path, os.path.join(spec["dir"], f["name"]))
@@ -74,17 +75,19 @@ def receive(spec):
     os.makedirs(spec["dir"], exist_ok=True)
     incoming = tempfile.mkdtemp(prefix=".incoming.", dir=spec["dir"])
     try:
-        stream = sys.stdin.buffer
+        stream, digests = sys.stdin.buffer, {}
         for f in spec["files"]:
-            left = f["bytes"]
+            left, h = f["bytes"], hashlib.sha256()
             with open(os.path.join(incoming, f["name"]), "wb") as out:
                 while left:
                     chunk = stream.read(min(CHUNK, left))
                     if not chunk:
                         raise ValueError(f"the stream ended {left} bytes before the end of {f['name']}")
                     out.write(chunk)
+                    h.update(chunk)
                     left -= len(chunk)
-        return install(spec, incoming)
+            digests[f["name"]] = h.hexdigest()
+        return install(spec, incoming, digests)
     finally:
         shutil.rmtree(incoming, ignore_errors=True)
 
