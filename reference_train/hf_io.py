@@ -204,7 +204,7 @@ def config_from_args(args: ModelArgs, base: dict | None = None) -> dict:
     from) keeps its other keys (token ids, max_position_embeddings...)."""
     config = {k: v for k, v in (base or {}).items()
               if k not in ("quantization", "quantization_config", "rope_parameters",
-                           "_name_or_path", "torch_dtype", "dtype")}
+                           "_name_or_path", "dtype")}
     config.update({
         "model_type": "llama", "architectures": ["LlamaForCausalLM"],
         "hidden_size": args.dim, "num_hidden_layers": args.n_layers,
@@ -320,8 +320,7 @@ def export_folder(weights: dict[str, mx.array], args: ModelArgs, out: str | Path
                               "total_parameters": sum(v.size for v in cast.values())},
                  "weight_map": {k: "model.safetensors" for k in sorted(cast)}}
         (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=4))
-        config = config_from_args(args, base_config)
-        config["torch_dtype"] = dtype
+        config = config_from_args(args, {**(base_config or {}), "torch_dtype": dtype})
         (tmp / "config.json").write_text(json.dumps(config, indent=4) + "\n")
         if tokenizer_dir is not None:
             copy_tokenizer(Path(tokenizer_dir), tmp)
@@ -463,6 +462,11 @@ class FolderTokenizer:
 
     def decode(self, ids) -> str:
         return self.tok.decode([i for i in ids if i != self.eos_id])
+
+    def save_files(self, folder: Path) -> None:
+        """Keep the tokenizer's files with the data (an exported model needs them)."""
+        folder.mkdir()
+        copy_tokenizer(self.folder, folder)
 
     def describe(self) -> dict:
         return {"kind": "folder", "name": self.folder.name, "path": str(self.folder.resolve()),

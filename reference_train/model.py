@@ -8,7 +8,7 @@ length), D (model width), H (query heads), K (key/value heads).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -41,6 +41,12 @@ class ModelArgs:
             raise ValueError(f"dim {self.dim} is not divisible by n_heads {self.n_heads}")
         if self.n_heads % kv:
             raise ValueError(f"n_heads {self.n_heads} is not divisible by n_kv_heads {kv}")
+
+
+def args_match(saved: dict, args: ModelArgs) -> bool:
+    """Whether model_args saved in a checkpoint describe `args` (older checkpoints lack
+    the fields added since, which then have their defaults)."""
+    return {**asdict(ModelArgs()), **saved} == asdict(args)
 
 
 class Attention(nn.Module):
