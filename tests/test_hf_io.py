@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import mlx.core as mx
 import pytest
@@ -115,3 +116,34 @@ def test_byte_tokenizer_json_tokenizes_as_the_byte_tokenizer():
     assert ids == ByteTokenizer().encode(text[:-len(" <|endoftext|>")]) + [32, 256]
     assert tok.decode(ids[:-1]) == text[:-len("<|endoftext|>")]
     assert tok.get_vocab_size() == 257
+
+
+def test_data_that_does_not_fit_the_model_names_both(tmp_path):
+    from reference_train.hf_io import check_data_fits
+
+    args = ModelArgs(vocab_size=256, dim=8, n_layers=1, n_heads=2, hidden_dim=16)
+    meta = {"vocab_size": 300, "tokenizer": {"kind": "folder", "path": "/m/llama",
+                                             "tokenizer_json_sha256": "ab" * 32}}
+    with pytest.raises(DataError, match=r"the data /d has a vocabulary of 300 \(the tokenizer of "
+                                        r"/m/llama \(tokenizer.json sha256 abababababab\)\), "
+                                        r"larger than the model's 256"):
+        check_data_fits(meta, Path("/d"), args, None)
+    check_data_fits({**meta, "vocab_size": 256}, Path("/d"), args, None)
+    folder = tmp_path / "llama"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text("{}")
+    with pytest.raises(DataError, match=rf"tokenized with the tokenizer of /m/llama .*, but the "
+                                        rf"model {folder} uses {folder}/tokenizer.json"):
+        check_data_fits({**meta, "vocab_size": 256}, Path("/d"), args, folder)
+
+
+def test_checkpoints_written_before_head_dim_and_rope_scaling_still_match():
+    from dataclasses import asdict
+
+    from reference_train.model import args_match
+
+    args = ModelArgs(vocab_size=257, dim=32, n_layers=2, n_heads=4, hidden_dim=64)
+    old = {k: v for k, v in asdict(args).items() if k not in ("head_dim", "rope_scaling")}
+    assert args_match(old, args)
+    assert not args_match({**old, "dim": 64}, args)
+    assert not args_match(old, ModelArgs(**{**asdict(args), "head_dim": 16}))

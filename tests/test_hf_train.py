@@ -190,3 +190,16 @@ def test_refusals_exit_2_naming_both_sides(llama, llama_data, tmp_path):
     assert f"the data {tmp_path / 'bytes'} was tokenized with the byte tokenizer" in err
     assert f"the model {llama} uses {llama / 'tokenizer.json'}" in err
     assert f"--tokenizer {llama}" in err
+
+
+def test_a_run_from_a_folder_resumes_exactly(llama, llama_data, two_rank_run, tmp_path):
+    out = tmp_path / "run"
+    args = [*COMMON, "--steps", "3", "--init_from", str(llama), "--data", str(llama_data),
+            "--out", str(out)]
+    proc = run_trainer([*args, "--stop_after", "2"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_trainer([*args, "--resume", "auto"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "resumed from" in proc.stdout
+    uninterrupted = train_losses(two_rank_run[1][0])
+    assert train_losses(out) == pytest.approx(uninterrupted, rel=1e-6)
