@@ -128,8 +128,8 @@ def read_config(folder: str | Path) -> dict:
     if quant:
         raise DataError(f"{path}: the weights are quantized ({describe_quantization(quant)}); "
                         "supported: unquantized float32, bfloat16 or float16 weights",
-                        "use the original (unquantized) checkpoint, or dequantize it first "
-                        "(mlx_lm.convert --dequantize)")
+                        f"start from the original checkpoint, or dequantize this one: "
+                        f"mlx_lm.convert --hf-path {folder} --mlx-path {folder}-dequantized -d")
     problems = []
     if config.get("attention_bias") or config.get("mlp_bias"):
         problems.append("attention_bias/mlp_bias true (our Llama has no biases)")
