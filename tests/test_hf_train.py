@@ -140,6 +140,10 @@ def test_export_cli_writes_any_checkpoint(two_rank_run, tmp_path, capsys):
     half = mx.load(str(tmp_path / "bf16" / "model.safetensors"))
     assert {v.dtype for v in half.values()} == {mx.bfloat16}
     assert json.loads((tmp_path / "bf16" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    tokens = mx.array([list(range(1, 60, 2))])
+    full, bf16 = mlx_lm_logits(tmp_path / "fp32", tokens), mlx_lm_logits(tmp_path / "bf16", tokens)
+    assert bf16.dtype == mx.bfloat16
+    assert 1e-3 < mx.abs(full - bf16.astype(mx.float32)).max().item() < 0.1  # why it is asked for
     assert export_main([str(tmp_path / "nothing"), str(tmp_path / "x")]) == 2
     assert "error: no checkpoint at" in capsys.readouterr().err
 
