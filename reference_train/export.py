@@ -38,9 +38,11 @@ from .model import ModelArgs
 
 def export_model(weights: dict[str, mx.array], args: ModelArgs, out: str | Path, *,
                  data_dir: Path | None, init_from: str = "", dtype: str = "float32",
-                 tokenizer_dir: str | Path | None = None) -> str:
+                 tokenizer_dir: str | Path | None = None, need_tokenizer: bool = True) -> str:
     """Write the mlx-lm folder `out` for these weights (our names); return what was
-    written, in one line for the log."""
+    written, in one line for the log. Without tokenizer files to copy, a DataError,
+    or (need_tokenizer False: the end of a run must not fail for it) a folder
+    without them and the note says how to complete it."""
     meta = {}
     if data_dir is not None:
         try:
@@ -56,6 +58,8 @@ def export_model(weights: dict[str, mx.array], args: ModelArgs, out: str | Path,
         kind = (meta.get("tokenizer") or {}).get("kind")
         if kind == "byte":
             byte_json = byte_tokenizer_json()
+        elif not need_tokenizer:
+            pass
         else:
             raise DataError(f"no tokenizer files found for {out} (data {data_dir}: tokenizer "
                             f"{meta.get('tokenizer', 'unknown')})",
@@ -68,7 +72,13 @@ def export_model(weights: dict[str, mx.array], args: ModelArgs, out: str | Path,
     else:
         kind = (f"a {dtype} copy of the float32 master weights, as --export_dtype asks "
                 f"(its logits differ from the float32 model's: by 2e-2 on a tiny Llama)")
-    tok = "byte tokenizer" if byte_json is not None else f"tokenizer from {source}"
+    if byte_json is not None:
+        tok = "byte tokenizer"
+    elif source is not None:
+        tok = f"tokenizer from {source}"
+    else:
+        tok = (f"NO tokenizer files: the data's tokenizer {meta.get('tokenizer')} left none; "
+               f"copy its tokenizer.json and tokenizer_config.json into {out}")
     return f"model for mlx-lm: {out} ({kind}, {size:.1f} MiB; {tok})"
 
 

@@ -441,7 +441,8 @@ class Trainer:
         if self.layout.writes:
             note = export_model(dict(tree_flatten(self.model.parameters())), self.args,
                                 self.out / "model", data_dir=self.data_dir,
-                                init_from=self.cfg.init_from, dtype=self.cfg.export_dtype)
+                                init_from=self.cfg.init_from, dtype=self.cfg.export_dtype,
+                                need_tokenizer=False)
             if self.rank == 0:
                 self.log(note)
 

@@ -9,6 +9,7 @@ import subprocess
 import mlx.core as mx
 import numpy as np
 import pytest
+from mlx.utils import tree_flatten
 
 from reference_train import prepare
 from reference_train.export import main as export_main
@@ -207,3 +208,24 @@ def test_a_run_from_a_folder_resumes_exactly(llama, llama_data, two_rank_run, tm
     assert "resumed from" in proc.stdout
     uninterrupted = train_losses(two_rank_run[1][0])
     assert train_losses(out) == pytest.approx(uninterrupted, rel=1e-6)
+
+
+def test_data_from_an_older_prepare_exports_without_tokenizer_only_when_told(tmp_path):
+    """Data tokenized by name before prepare kept the tokenizer's files: the export at
+    the end of a run still writes the model and says what is missing; the CLI refuses."""
+    from reference_train.data import DataError
+    from reference_train.export import export_model
+    from reference_train.prepare import prepare_offline
+
+    data = tmp_path / "data"
+    prepare_offline(data, n_stories=20)
+    meta = json.loads((data / "meta.json").read_text())
+    (data / "meta.json").write_text(json.dumps({**meta, "tokenizer": {"kind": "hf", "name": "gpt2"}}))
+    args = ModelArgs(vocab_size=257, dim=16, n_layers=1, n_heads=2, hidden_dim=32)
+    weights = dict(tree_flatten(Llama(args).parameters()))
+    with pytest.raises(DataError, match="no tokenizer files found .* pass --tokenizer DIR"):
+        export_model(weights, args, tmp_path / "model", data_dir=data)
+    note = export_model(weights, args, tmp_path / "model", data_dir=data, need_tokenizer=False)
+    assert "NO tokenizer files" in note and "copy its tokenizer.json" in note
+    assert sorted(p.name for p in (tmp_path / "model").iterdir()) == [
+        "config.json", "model.safetensors", "model.safetensors.index.json"]
