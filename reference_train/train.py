@@ -46,9 +46,9 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 import yaml
-from mlx.utils import tree_flatten, tree_map
+from mlx.utils import tree_map
 
-from .checkpoint import content_hash, load_checkpoint, save_checkpoint
+from .checkpoint import checkpoint_name, content_hash, load_checkpoint, save_checkpoint
 from .data import (
     DataError,
     ShardedBatches,
@@ -439,7 +439,10 @@ class Trainer:
         """OUT/model, the trained model as mlx-lm opens it; like checkpoints, one writer
         per host (every host keeps its own copy), written to a temporary folder and renamed."""
         if self.layout.writes:
-            note = export_model(dict(tree_flatten(self.model.parameters())), self.args,
+            # From the checkpoint just written: its model.safetensors holds the float32
+            # master weights (DESIGN: whatever dtype the step computes in).
+            saved = self.out / "checkpoints" / checkpoint_name(self.step) / "model.safetensors"
+            note = export_model(mx.load(str(saved)), self.args,
                                 self.out / "model", data_dir=self.data_dir,
                                 init_from=self.cfg.init_from, dtype=self.cfg.export_dtype,
                                 need_tokenizer=False)
