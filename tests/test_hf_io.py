@@ -29,8 +29,13 @@ def tokens():
     return mx.random.randint(0, 300, (2, 24), key=mx.random.key(7))
 
 
-@pytest.mark.parametrize("config,shard", [(LLAMA3_CONFIG, False), (TIED_CONFIG, True)],
-                         ids=["llama3-rope-gqa-untied", "tied-head_dim-sharded"])
+LINEAR_CONFIG = {**TIED_CONFIG, "rope_scaling": {"type": "linear", "factor": 4.0},
+                 "tie_word_embeddings": False, "num_key_value_heads": 1}
+
+
+@pytest.mark.parametrize("config,shard", [(LLAMA3_CONFIG, False), (TIED_CONFIG, True),
+                                          (LINEAR_CONFIG, False)],
+                         ids=["llama3-rope-gqa-untied", "tied-head_dim-sharded", "linear-rope-mqa"])
 def test_our_logits_equal_mlx_lm_on_the_same_folder(tmp_path, tokens, config, shard):
     folder = make_llama_folder(tmp_path / "llama", config, shard=shard)
     if shard:
@@ -147,3 +152,16 @@ def test_checkpoints_written_before_head_dim_and_rope_scaling_still_match():
     assert args_match(old, args)
     assert not args_match({**old, "dim": 64}, args)
     assert not args_match(old, ModelArgs(**{**asdict(args), "head_dim": 16}))
+
+
+def test_prepare_tokenizer_dir_problems_exit_2(tmp_path, capsys):
+    from reference_train import prepare
+
+    (tmp_path / "empty").mkdir()
+    assert prepare.main(["--out", str(tmp_path / "d"), "--tokenizer", str(tmp_path / "empty")]) == 2
+    assert f"error: {tmp_path / 'empty'}: no tokenizer.json" in capsys.readouterr().err
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "tokenizer.json").write_text("{not json")
+    assert prepare.main(["--out", str(tmp_path / "d"), "--tokenizer", str(tmp_path / "bad")]) == 2
+    assert "is not a tokenizer.json tokenizers can read" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()
