@@ -490,7 +490,8 @@ def check_data_fits(meta: dict, data_dir: Path, args: ModelArgs, init_from: Path
                             "tokenizer cannot be checked",
                             "put the model's tokenizer.json in the folder")
         want = file_sha256(path)
-        if tok.get("kind") != "folder" or tok.get("tokenizer_json_sha256") != want:
+        if tok.get("kind") != "folder" or (tok.get("tokenizer_json_sha256") != want
+                                           and not same_tokenizer(data_dir / "tokenizer", path)):
             raise DataError(
                 f"the data {data_dir} was tokenized with {data_desc}, but the model "
                 f"{init_from} uses {path} (sha256 {want[:12]})",
@@ -502,6 +503,19 @@ def check_data_fits(meta: dict, data_dir: Path, args: ModelArgs, init_from: Path
             f"larger than the model's {args.vocab_size}"
             + (f" ({init_from}/config.json vocab_size)" if init_from else ""),
             "tokenize the data with the model's tokenizer")
+
+
+def same_tokenizer(kept: Path, path: Path) -> bool:
+    """Whether the data's kept tokenizer files and `path` (a tokenizer.json) tokenize
+    alike though their bytes differ (a copy written again by another program): their
+    canonical forms, as the `tokenizers` package serializes them, are equal."""
+    try:
+        from tokenizers import Tokenizer  # type: ignore[import-not-found]
+
+        return (Tokenizer.from_file(str(kept / "tokenizer.json")).to_str()
+                == Tokenizer.from_file(str(path)).to_str())
+    except Exception:  # no copy kept, not readable, or no tokenizers package: not shown alike
+        return False
 
 
 def tokenizer_source(data_dir: Path | None, init_from: str | None) -> Path | None:

@@ -229,3 +229,26 @@ def test_data_from_an_older_prepare_exports_without_tokenizer_only_when_told(tmp
     assert "NO tokenizer files" in note and "copy its tokenizer.json" in note
     assert sorted(p.name for p in (tmp_path / "model").iterdir()) == [
         "config.json", "model.safetensors", "model.safetensors.index.json"]
+
+
+def test_the_same_tokenizer_written_again_still_fits(llama, llama_data, tmp_path):
+    """A copy of the model whose tokenizer.json was written again (other bytes, same
+    tokenizer) accepts the data; a tokenizer trained otherwise does not."""
+    import shutil
+
+    from reference_train.data import DataError, load_meta
+    from reference_train.hf_io import check_data_fits, file_sha256, load_folder
+
+    again = tmp_path / "again"
+    shutil.copytree(llama, again)
+    parsed = json.loads((llama / "tokenizer.json").read_text())
+    (again / "tokenizer.json").write_text(json.dumps(parsed, indent=1, sort_keys=True))
+    args = load_folder(again)[0]
+    meta = load_meta(llama_data)
+    assert file_sha256(again / "tokenizer.json") != meta["tokenizer"]["tokenizer_json_sha256"]
+    check_data_fits(meta, llama_data, args, again)
+    other = tmp_path / "other"
+    shutil.copytree(llama, other)
+    train_tokenizer(vocab_size=290).save_pretrained(other)
+    with pytest.raises(DataError, match=f"but the model {other} uses"):
+        check_data_fits(meta, llama_data, args, other)
