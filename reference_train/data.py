@@ -12,6 +12,12 @@ Format (written once by `python -m reference_train.prepare`, see docs/training.m
                        "source": "offline corpus (2000 generated stories, seed 0)"}
     DIR/train.bin     flat little-endian token ids (uint16, or uint32 when vocab > 65536)
     DIR/val.bin       same, for validation
+    DIR/tokenizer/    the tokenizer's files (tokenizer.json...), when it is not the byte one
+
+With `prepare --tokenizer DIR` (a local folder's tokenizer.json), meta.json's
+tokenizer entry names it: {"kind": "folder", "name": "my-llama", "path":
+"/abs/my-llama", "vocab_size": 32000, "eos_id": 2, "tokenizer_json_sha256":
+"<sha256>"}; training from a model folder (--init_from) checks that hash.
 
 `bytes` and `sha256` let every host's copy be compared with the one it was
 sent from (`mlxcluster train --data DIR` checks and copies them; data
@@ -85,6 +91,7 @@ class HFTokenizer:
             tok = AutoTokenizer.from_pretrained(name)
             self._encode = lambda s: tok.encode(s)
             self._decode = lambda ids: tok.decode(list(ids))
+            self._save = tok.save_pretrained
             self.vocab_size = len(tok)
             eos = tok.eos_token_id
         except ImportError:
@@ -99,6 +106,7 @@ class HFTokenizer:
             tok = Tokenizer.from_pretrained(name)
             self._encode = lambda s: tok.encode(s).ids
             self._decode = lambda ids: tok.decode(list(ids))
+            self._save = lambda folder: tok.save(str(folder / "tokenizer.json"))
             self.vocab_size = tok.get_vocab_size()
             eos = tok.token_to_id("<|endoftext|>")
         except OSError as e:  # transformers raises OSError when the hub is unreachable
@@ -117,6 +125,11 @@ class HFTokenizer:
     def describe(self) -> dict:
         return {"kind": "hf", "name": self.name}
 
+    def save_files(self, folder: Path) -> None:
+        """Keep the tokenizer's files with the data (an exported model needs them)."""
+        folder.mkdir()
+        self._save(folder)
+
 
 class DataError(Exception):
     """A corpus or token directory problem, with a hint on what to do."""
@@ -130,11 +143,22 @@ class DataError(Exception):
         return f"{base} (hint: {self.hint})" if self.hint else base
 
 
-def make_tokenizer(spec: dict | str):
-    """A tokenizer from "byte", a Hugging Face name, or a meta.json `tokenizer` entry."""
+def make_tokenizer(spec: dict | str, data_dir: str | Path | None = None):
+    """A tokenizer from "byte", a local folder holding a tokenizer.json, a Hugging Face
+    name, or a meta.json `tokenizer` entry (its copy kept in `data_dir` when there is one)."""
     if isinstance(spec, dict):
-        spec = "byte" if spec.get("kind") == "byte" else spec["name"]
-    return ByteTokenizer() if spec == "byte" else HFTokenizer(spec)
+        kept = Path(data_dir) / "tokenizer" if data_dir is not None else None
+        if spec.get("kind") == "folder":
+            spec = str(kept if kept and (kept / "tokenizer.json").is_file() else spec["path"])
+        else:
+            spec = "byte" if spec.get("kind") == "byte" else spec["name"]
+    if spec == "byte":
+        return ByteTokenizer()
+    if Path(spec).is_dir():
+        from .hf_io import FolderTokenizer
+
+        return FolderTokenizer(spec)
+    return HFTokenizer(spec)
 
 
 # ---------------------------------------------------------------- corpus readers
@@ -229,6 +253,8 @@ def write_token_files(documents: Iterable[str], tokenizer, out_dir: str | Path,
                        for s, c in counts.items()},
             "source": source,
         }
+        if hasattr(tokenizer, "save_files"):
+            tokenizer.save_files(tmp / "tokenizer")
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
         publish_dir(tmp, out_dir)
     except BaseException:

@@ -7,7 +7,8 @@ length), D (model width), H (query heads), K (key/value heads).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import asdict, dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -15,7 +16,12 @@ import mlx.nn as nn
 
 @dataclass
 class ModelArgs:
-    """Shape of the model. `n_kv_heads` below `n_heads` turns on grouped-query attention."""
+    """Shape of the model. `n_kv_heads` below `n_heads` turns on grouped-query attention.
+
+    `head_dim` (None = dim / n_heads) and `rope_scaling` (None, or Hugging Face's
+    {"rope_type": "linear" | "llama3", "factor": ...}) are what Llama checkpoints
+    may set; reference_train/hf_io.py maps a Hugging Face config to these fields.
+    """
 
     vocab_size: int = 257
     dim: int = 256
@@ -26,13 +32,21 @@ class ModelArgs:
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     tie_embeddings: bool = False
+    head_dim: int | None = None
+    rope_scaling: dict | None = None
 
     def __post_init__(self) -> None:
         kv = self.n_kv_heads or self.n_heads
-        if self.dim % self.n_heads:
+        if self.head_dim is None and self.dim % self.n_heads:
             raise ValueError(f"dim {self.dim} is not divisible by n_heads {self.n_heads}")
         if self.n_heads % kv:
             raise ValueError(f"n_heads {self.n_heads} is not divisible by n_kv_heads {kv}")
+
+
+def args_match(saved: dict, args: ModelArgs) -> bool:
+    """Whether model_args saved in a checkpoint describe `args` (older checkpoints lack
+    the fields added since, which then have their defaults)."""
+    return {**asdict(ModelArgs()), **saved} == asdict(args)
 
 
 class Attention(nn.Module):
@@ -40,13 +54,13 @@ class Attention(nn.Module):
         super().__init__()
         self.n_heads = args.n_heads
         self.n_kv_heads = args.n_kv_heads or args.n_heads
-        self.head_dim = args.dim // args.n_heads
+        self.head_dim = args.head_dim or args.dim // args.n_heads
         self.scale = self.head_dim**-0.5
         self.wq = nn.Linear(args.dim, self.n_heads * self.head_dim, bias=False)
         self.wk = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=False)
         self.wv = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(self.n_heads * self.head_dim, args.dim, bias=False)
-        self.rope = nn.RoPE(self.head_dim, traditional=False, base=args.rope_theta)
+        self.rope = make_rope(self.head_dim, args.rope_theta, args.rope_scaling)
 
     def __call__(self, x: mx.array, mask: mx.array | str | None = "causal") -> mx.array:
         B, L, _ = x.shape
@@ -57,6 +71,40 @@ class Attention(nn.Module):
         # The fused kernel handles grouped-query attention (K < H) itself.
         out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
         return self.wo(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+
+
+def make_rope(head_dim: int, theta: float, scaling: dict | None) -> nn.Module:
+    """Rotary embedding as Llama checkpoints set it: plain, linear-scaled, or Llama 3's."""
+    kind = (scaling or {}).get("rope_type") or (scaling or {}).get("type") or "default"
+    if kind == "llama3":
+        return Llama3RoPE(head_dim, theta, scaling)
+    if kind == "linear":
+        return nn.RoPE(head_dim, traditional=False, base=theta, scale=1 / scaling["factor"])
+    if kind != "default":
+        raise ValueError(f"rope_scaling of type {kind!r} is not supported (default, linear, llama3)")
+    return nn.RoPE(head_dim, traditional=False, base=theta)
+
+
+class Llama3RoPE(nn.Module):
+    """Llama 3.1's RoPE: low frequencies slowed by `factor`, a smooth ramp between the
+    low- and high-frequency wavelengths (Meta's reference; mlx-lm's rope_utils.py)."""
+
+    def __init__(self, dims: int, theta: float, scaling: dict):
+        super().__init__()
+        self.dims = dims
+        factor = scaling["factor"]
+        low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+        old_context = scaling.get("original_max_position_embeddings", 8192)
+        freqs = theta ** (mx.arange(0, dims, 2) / dims)  # inverse frequencies' reciprocals
+        wavelens = 2 * math.pi * freqs
+        freqs = mx.where(wavelens > old_context / low, freqs * factor, freqs)
+        medium = (wavelens > old_context / high) & (wavelens < old_context / low)
+        smooth = (old_context / wavelens - low) / (high - low)
+        self._freqs = mx.where(medium, freqs / ((1 - smooth) / factor + smooth), freqs)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return mx.fast.rope(x, self.dims, traditional=False, base=None, scale=1.0, offset=0,
+                            freqs=self._freqs)
 
 
 class FeedForward(nn.Module):

@@ -8,8 +8,12 @@ Sources (pick one; the default is the bundled offline corpus, no network):
     python -m reference_train.prepare --out data/tinystories \
         --hf-dataset roneneldan/TinyStories --tokenizer gpt2 --max-docs 100000
 
-Tokenizer: byte-level by default (vocab 257, no download); `--tokenizer NAME`
-loads a Hugging Face tokenizer when `transformers` or `tokenizers` is installed.
+Tokenizer: byte-level by default (vocab 257, no download); `--tokenizer DIR`
+uses the tokenizer.json of a local folder (a Llama checkpoint's, offline, for
+training with --init_from DIR); `--tokenizer NAME` loads a Hugging Face tokenizer
+by name. Both need `tokenizers` (or `transformers`) installed.
+
+    python -m reference_train.prepare --out data/llama --text a.txt --tokenizer ~/models/my-llama
 The output format is described in reference_train/data.py and docs/training.md.
 """
 
@@ -62,7 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--text-field", default="text", help="field holding the text (JSONL, HF)")
     p.add_argument("--split", default="train", help="HF dataset split to read")
     p.add_argument("--max-docs", type=int, default=None, help="stop after this many documents (HF)")
-    p.add_argument("--tokenizer", default="byte", help="'byte' (default) or a Hugging Face name, e.g. gpt2")
+    p.add_argument("--tokenizer", default="byte",
+                   help="'byte' (default), a local folder with a tokenizer.json (e.g. the "
+                        "model's for --init_from), or a Hugging Face name, e.g. gpt2")
     p.add_argument("--val-every", type=int, default=20,
                    help="every N-th document goes to validation (default 20, i.e. 5%%)")
     p.add_argument("--stories", type=int, default=OFFLINE_STORIES,
@@ -93,6 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {args.out}: train {tr['tokens']:,} tokens ({tr['documents']} docs), "
           f"val {va['tokens']:,} tokens ({va['documents']} docs), {meta['dtype']}, "
           f"vocab {meta['vocab_size']}, from {source}")
+    tok = meta["tokenizer"]
+    if tok["kind"] == "folder":
+        print(f"tokenizer: {tok['path']}/tokenizer.json (sha256 "
+              f"{tok['tokenizer_json_sha256'][:12]}, eos id {tok['eos_id']}), kept in "
+              f"{args.out}/tokenizer")
     return 0
 
 

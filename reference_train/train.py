@@ -48,7 +48,7 @@ import numpy as np
 import yaml
 from mlx.utils import tree_map
 
-from .checkpoint import content_hash, load_checkpoint, save_checkpoint
+from .checkpoint import checkpoint_name, content_hash, load_checkpoint, save_checkpoint
 from .data import (
     DataError,
     ShardedBatches,
@@ -58,7 +58,9 @@ from .data import (
     split_batch,
     validation_batches,
 )
-from .model import Llama, ModelArgs, count_parameters, generate, loss_fn
+from .export import export_model
+from .hf_io import EXPORT_DTYPES, check_data_fits, load_folder, load_into
+from .model import Llama, ModelArgs, args_match, count_parameters, generate, loss_fn
 from .resume import agree_on_checkpoint, check_loaded, checkpoint_root, host_layout
 
 CONFIG_DIR = Path(__file__).parent / "configs"
@@ -94,6 +96,9 @@ class TrainConfig:
     hidden_dim: int = 512
     tie_embeddings: bool = False
     rope_theta: float = 10000.0
+    # a Hugging Face / mlx-lm Llama folder to start from: its config.json sets the model
+    # (the shape fields above are then not used) and its weights the initial ones
+    init_from: str = ""
     # optimization
     steps: int = 100  # total optimizer steps (the learning-rate schedule spans these)
     stop_after: int = 0  # stop (with a checkpoint) after this step; 0 = run to `steps`
@@ -118,6 +123,7 @@ class TrainConfig:
     resume: str = ""  # "auto" = latest in --out if any, or a checkpoint path
     sample_tokens: int = 200  # text sampled at the end; 0 = none
     sample_prompt: str = "Once upon a time"
+    export_dtype: str = "float32"  # OUT/model's weights: float32 (the master weights), bfloat16, float16
     progress: bool = True  # progress bar, only when stdout is a terminal
 
 
@@ -230,6 +236,8 @@ def check_config(cfg: TrainConfig) -> None:
     divide (the checks the ranks would otherwise hit only after launch)."""
     problems = [p for name, bounds in RANGES.items()
                 if (p := range_problem(name, getattr(cfg, name), *bounds))]
+    if cfg.export_dtype not in EXPORT_DTYPES:
+        problems.append(f"export_dtype {cfg.export_dtype}: must be one of {', '.join(EXPORT_DTYPES)}")
     if problems:
         raise ValueError("; ".join(problems))
     model_args(cfg, vocab_size=2)  # ModelArgs checks dim / n_heads / n_kv_heads
@@ -323,15 +331,21 @@ class Trainer:
         # Every host keeps its own checkpoints (Macs have their own disks): one writer per host.
         self.layout = host_layout(group)
         self.micro_batch = split_batch(cfg.global_batch, self.size, cfg.grad_accum)
-        data_dir = Path(cfg.data) if cfg.data else ensure_default_data()
+        self.data_dir = data_dir = Path(cfg.data) if cfg.data else ensure_default_data()
         self.meta = load_meta(data_dir)
-        self.tokenizer = make_tokenizer(self.meta["tokenizer"])
+        self.tokenizer = make_tokenizer(self.meta["tokenizer"], data_dir)
         self.train_data = ShardedBatches(open_split(data_dir, "train", cfg.block_size),
                                          cfg.global_batch, group, cfg.seed)
         self.val_split = open_split(data_dir, "val", cfg.block_size)
-        self.args = model_args(cfg, self.meta["vocab_size"])
+        # --init_from: the model's shape and weights from a Llama folder (hf_io.py)
+        init_args, init_weights, _ = load_folder(cfg.init_from) if cfg.init_from else (None,) * 3
+        self.args = init_args or model_args(cfg, self.meta["vocab_size"])
+        check_data_fits(self.meta, data_dir, self.args, Path(cfg.init_from) if cfg.init_from else None)
         mx.random.seed(cfg.seed)  # every rank draws the same initial weights
         self.model = Llama(self.args)
+        if init_weights:
+            load_into(self.model, init_weights, cfg.init_from)
+            del init_weights
         self.optimizer = optim.AdamW(learning_rate=self.schedule(), betas=[cfg.beta1, cfg.beta2],
                                      weight_decay=cfg.weight_decay)
         self.optimizer.init(self.model.trainable_parameters())
@@ -402,7 +416,7 @@ class Trainer:
                             "give a checkpoints/step_NNNNNN directory or the run's --out")
         with open(path / "state.json") as f:
             saved_args = json.load(f)["model_args"]
-        if saved_args != asdict(self.args):
+        if not args_match(saved_args, self.args):
             raise DataError(f"{path} holds a different model: {saved_args}",
                             "resume with the same model settings")
         state = load_checkpoint(path, self.model, self.optimizer)
@@ -420,6 +434,20 @@ class Trainer:
                  "model_args": asdict(self.args), "world_size": self.size}
         save_checkpoint(self.out / "checkpoints", self.step, self.model, self.optimizer,
                         state, self.cfg.keep_checkpoints)
+
+    def export(self) -> None:
+        """OUT/model, the trained model as mlx-lm opens it; like checkpoints, one writer
+        per host (every host keeps its own copy), written to a temporary folder and renamed."""
+        if self.layout.writes:
+            # From the checkpoint just written: its model.safetensors holds the float32
+            # master weights (DESIGN: whatever dtype the step computes in).
+            saved = self.out / "checkpoints" / checkpoint_name(self.step) / "model.safetensors"
+            note = export_model(mx.load(str(saved)), self.args,
+                                self.out / "model", data_dir=self.data_dir,
+                                init_from=self.cfg.init_from, dtype=self.cfg.export_dtype,
+                                need_tokenizer=False)
+            if self.rank == 0:
+                self.log(note)
 
     def evaluate(self) -> float:
         """Validation loss averaged over every rank's share of `eval_batches` global batches."""
@@ -473,7 +501,8 @@ class Trainer:
             plan = self.train_data.plan
             self.log(f"ranks {self.size} | global batch {cfg.global_batch} = {self.size} ranks x "
                      f"{cfg.grad_accum} accum x {self.micro_batch} | model "
-                     f"{count_parameters(self.model) / 1e6:.2f}M params | train "
+                     f"{count_parameters(self.model) / 1e6:.2f}M params"
+                     f"{f' from {cfg.init_from}' if cfg.init_from else ''} | train "
                      f"{plan.n_sequences} sequences of {cfg.block_size}: {plan.steps_per_epoch} "
                      f"steps/epoch, {plan.dropped} dropped per epoch")
         if cfg.resume:
@@ -528,6 +557,7 @@ class Trainer:
             if interval_steps == 0:
                 t0 = time.perf_counter()  # time only training, not logging or evaluation
         self.checkpoint()
+        self.export()
         return record
 
     def sample(self) -> str:

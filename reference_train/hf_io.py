@@ -1,0 +1,528 @@
+"""Hugging Face / mlx-lm Llama folders: read one to start from, write one mlx-lm opens.
+
+A folder (what `huggingface-cli download` or `mlx_lm.convert` leaves, and what
+`export_folder` writes):
+
+    DIR/config.json                    {"model_type": "llama", "hidden_size": 2048,
+                                        "num_hidden_layers": 16, "num_attention_heads": 32,
+                                        "num_key_value_heads": 8, "head_dim": 64,
+                                        "intermediate_size": 8192, "rms_norm_eps": 1e-05,
+                                        "rope_theta": 500000.0, "rope_scaling": {"rope_type":
+                                        "llama3", "factor": 32.0, ...},
+                                        "tie_word_embeddings": true, "vocab_size": 128256, ...}
+    DIR/model.safetensors              the weights, Hugging Face names; or shards
+    DIR/model-00001-of-00002.safetensors   listed in model.safetensors.index.json
+    DIR/model.safetensors.index.json   {"metadata": {...}, "weight_map": {name: file}}
+    DIR/tokenizer.json                 (+ tokenizer_config.json, special_tokens_map.json)
+
+Names, theirs <-> ours (reference_train/model.py keeps its own):
+
+    model.embed_tokens.weight                      tok_embeddings.weight
+    model.layers.N.self_attn.{q,k,v,o}_proj.weight layers.N.attention.{wq,wk,wv,wo}.weight
+    model.layers.N.mlp.{gate,down,up}_proj.weight  layers.N.feed_forward.{w1,w2,w3}.weight
+    model.layers.N.input_layernorm.weight          layers.N.attention_norm.weight
+    model.layers.N.post_attention_layernorm.weight layers.N.ffn_norm.weight
+    model.norm.weight                              norm.weight
+    lm_head.weight                                 output.weight (absent when tied)
+
+Both use RoPE on halves (not interleaved), so q and k need no permutation.
+Only mlx, numpy and the standard library are imported here; `tokenizers` only
+when a folder's tokenizer is used to tokenize (FolderTokenizer).
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import mlx.core as mx
+
+from .data import DataError
+from .model import ModelArgs
+
+SUPPORTED_MODEL_TYPES = ("llama",)
+SUPPORTED_ROPE = ("default", "linear", "llama3")
+# Files of a tokenizer that travel with it (copied into token data and exported models).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "generation_config.json", "chat_template.jinja")
+EXPORT_DTYPES = ("float32", "bfloat16", "float16")
+
+# (their pattern, our pattern), per layer with {n}.
+_LAYER_NAMES = [
+    ("self_attn.q_proj", "attention.wq"), ("self_attn.k_proj", "attention.wk"),
+    ("self_attn.v_proj", "attention.wv"), ("self_attn.o_proj", "attention.wo"),
+    ("mlp.gate_proj", "feed_forward.w1"), ("mlp.down_proj", "feed_forward.w2"),
+    ("mlp.up_proj", "feed_forward.w3"), ("input_layernorm", "attention_norm"),
+    ("post_attention_layernorm", "ffn_norm"),
+]
+_TOP_NAMES = [("model.embed_tokens", "tok_embeddings"), ("model.norm", "norm"),
+              ("lm_head", "output")]
+# Weights Hugging Face checkpoints may carry that hold no parameter (precomputed RoPE).
+_IGNORED = re.compile(r".*\.rotary_emb\.inv_freq$")
+
+
+# ---------------------------------------------------------------- names
+
+
+def ours_from_hf(name: str) -> str | None:
+    """Our parameter name for a Hugging Face one, or None when it is not a Llama weight."""
+    m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)", name)
+    if m:
+        for theirs, ours in _LAYER_NAMES:
+            if m.group(2) == theirs:
+                return f"layers.{m.group(1)}.{ours}.{m.group(3)}"
+        return None
+    for theirs, ours in _TOP_NAMES:
+        if name.startswith(theirs + "."):
+            return ours + name[len(theirs):]
+    return None
+
+
+def hf_from_ours(name: str) -> str:
+    """The Hugging Face / mlx-lm name of one of our parameters."""
+    m = re.fullmatch(r"layers\.(\d+)\.(.+)\.(weight|bias)", name)
+    if m:
+        for theirs, ours in _LAYER_NAMES:
+            if m.group(2) == ours:
+                return f"model.layers.{m.group(1)}.{theirs}.{m.group(3)}"
+    for theirs, ours in _TOP_NAMES:
+        if name.startswith(ours + "."):
+            return theirs + name[len(ours):]
+    raise ValueError(f"no Hugging Face name for parameter {name!r}")
+
+
+# ---------------------------------------------------------------- config
+
+
+def read_config(folder: str | Path) -> dict:
+    """config.json of a Llama folder, checked: a DataError names what was found and what
+    is supported (another model type, quantized weights, features our model lacks)."""
+    folder = Path(folder)
+    path = folder / "config.json"
+    if not folder.is_dir():
+        raise DataError(f"--init_from {folder}: not a directory",
+                        "give a local Hugging Face / mlx-lm Llama folder (config.json, "
+                        "model.safetensors, tokenizer.json)")
+    if not path.is_file():
+        raise DataError(f"--init_from {folder}: no config.json there",
+                        "give a local Hugging Face / mlx-lm Llama folder (config.json, "
+                        "model.safetensors, tokenizer.json)")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise DataError(f"{path} cannot be read as JSON: {e}") from None
+    if not isinstance(config, dict):
+        raise DataError(f"{path}: expected a JSON object")
+    kind = config.get("model_type")
+    if kind not in SUPPORTED_MODEL_TYPES:
+        raise DataError(f"{path}: model_type {kind!r} is not supported; supported: "
+                        f"{', '.join(SUPPORTED_MODEL_TYPES)}",
+                        "start from a Llama-architecture checkpoint")
+    quant = config.get("quantization") or config.get("quantization_config")
+    if quant:
+        raise DataError(f"{path}: the weights are quantized ({describe_quantization(quant)}); "
+                        "supported: unquantized float32, bfloat16 or float16 weights",
+                        f"start from the original checkpoint, or dequantize this one: "
+                        f"mlx_lm.convert --hf-path {folder} --mlx-path {folder}-dequantized -d")
+    problems = []
+    if config.get("attention_bias") or config.get("mlp_bias"):
+        problems.append("attention_bias/mlp_bias true (our Llama has no biases)")
+    if config.get("rope_traditional"):
+        problems.append("rope_traditional true (supported: false, Hugging Face's layout)")
+    scaling = rope_scaling_of(config)
+    kind = (scaling or {}).get("rope_type") or (scaling or {}).get("type") or "default"
+    if kind not in SUPPORTED_ROPE:
+        problems.append(f"rope_scaling of type {kind!r} (supported: {', '.join(SUPPORTED_ROPE)})")
+    if any(t != "full_attention" for t in config.get("layer_types") or []):
+        problems.append("sliding-window layers (supported: full attention in every layer)")
+    missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                           "intermediate_size", "vocab_size") if k not in config]
+    if missing:
+        problems.append(f"no {', '.join(missing)}")
+    if problems:
+        raise DataError(f"{path}: {'; '.join(problems)}",
+                        "start from a plain Llama checkpoint")
+    return config
+
+
+def describe_quantization(quant) -> str:
+    if isinstance(quant, dict):
+        parts = [f"{k} {quant[k]}" for k in ("quant_method", "mode", "bits", "group_size")
+                 if k in quant]
+        return ", ".join(parts) or "quantization set"
+    return str(quant)
+
+
+def rope_scaling_of(config: dict) -> dict | None:
+    """rope_scaling as mlx-lm reads it; transformers 5 writes it in rope_parameters."""
+    scaling = config.get("rope_scaling")
+    if scaling is None and isinstance(config.get("rope_parameters"), dict):
+        params = {k: v for k, v in config["rope_parameters"].items() if k != "rope_theta"}
+        scaling = params if (params.get("rope_type") or "default") != "default" else None
+    if scaling and (scaling.get("rope_type") or scaling.get("type")) == "default":
+        return None
+    return scaling
+
+
+def args_from_config(config: dict, tied: bool | None = None) -> ModelArgs:
+    """ModelArgs from a (checked) Hugging Face Llama config.
+
+    `tied`: whether the checkpoint has no lm_head (used when the config does not say;
+    Hugging Face's default is untied, mlx-lm's tied, so the weights decide).
+    """
+    theta = config.get("rope_theta")
+    if theta is None:
+        theta = (config.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+    tie = config.get("tie_word_embeddings")
+    if tie is None:
+        tie = bool(tied)
+    kv = config.get("num_key_value_heads")
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim")
+    if head_dim == config["hidden_size"] // heads:
+        head_dim = None  # the default: keep model_args as a from-scratch model writes them
+    try:
+        return ModelArgs(vocab_size=config["vocab_size"], dim=config["hidden_size"],
+                         n_layers=config["num_hidden_layers"], n_heads=heads,
+                         n_kv_heads=None if kv in (None, heads) else kv,
+                         hidden_dim=config["intermediate_size"],
+                         norm_eps=config.get("rms_norm_eps", 1e-6), rope_theta=float(theta),
+                         tie_embeddings=bool(tie), head_dim=head_dim,
+                         rope_scaling=rope_scaling_of(config))
+    except (TypeError, ValueError) as e:
+        raise DataError(f"config.json does not describe a model we can build: {e}") from None
+
+
+def config_from_args(args: ModelArgs, base: dict | None = None) -> dict:
+    """A Hugging Face / mlx-lm config.json for `args`; `base` (the config a run started
+    from) keeps its other keys (token ids, max_position_embeddings...)."""
+    config = {k: v for k, v in (base or {}).items()
+              if k not in ("quantization", "quantization_config", "rope_parameters",
+                           "_name_or_path", "dtype")}
+    config.update({
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"],
+        "hidden_size": args.dim, "num_hidden_layers": args.n_layers,
+        "num_attention_heads": args.n_heads,
+        "num_key_value_heads": args.n_kv_heads or args.n_heads,
+        "head_dim": args.head_dim or args.dim // args.n_heads,
+        "intermediate_size": args.hidden_dim, "rms_norm_eps": args.norm_eps,
+        "rope_theta": args.rope_theta, "rope_scaling": args.rope_scaling,
+        "rope_traditional": False, "attention_bias": False, "mlp_bias": False,
+        "tie_word_embeddings": args.tie_embeddings, "vocab_size": args.vocab_size,
+    })
+    return dict(sorted(config.items()))
+
+
+# ---------------------------------------------------------------- weights in
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The safetensors files of a folder: those its index lists, else model*.safetensors."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, ValueError, KeyError) as e:
+            raise DataError(f"{index} cannot be read: {e}") from None
+        files = [folder / f for f in sorted(set(weight_map.values()))]
+        absent = [f.name for f in files if not f.is_file()]
+        if absent:
+            raise DataError(f"{index} lists {', '.join(absent)}, not in {folder}",
+                            "download every shard of the checkpoint")
+        return files
+    files = sorted(Path(p) for p in glob.glob(str(folder / "model*.safetensors")))
+    if not files:
+        raise DataError(f"{folder}: no model.safetensors (nor model.safetensors.index.json)",
+                        "give a folder with safetensors weights (a .bin/.pth checkpoint: "
+                        "convert it with mlx_lm.convert first)")
+    return files
+
+
+def load_folder(folder: str | Path) -> tuple[ModelArgs, dict[str, mx.array], dict]:
+    """(model args, float32 weights under our names, config.json) of a Llama folder."""
+    folder = Path(folder)
+    config = read_config(folder)
+    weights: dict[str, mx.array] = {}
+    for f in weight_files(folder):
+        try:
+            loaded = mx.load(str(f))
+        except (OSError, RuntimeError, ValueError) as e:
+            raise DataError(f"{f} cannot be read as safetensors: {e}") from None
+        for name, w in loaded.items():
+            if _IGNORED.match(name):
+                continue
+            if name.endswith((".scales", ".biases")) or not mx.issubdtype(w.dtype, mx.floating):
+                raise DataError(f"{f}: {name} is {w.dtype} (quantized weights); supported: "
+                                "unquantized float32, bfloat16 or float16 weights",
+                                "use the original (unquantized) checkpoint")
+            ours = ours_from_hf(name)
+            if ours is None:
+                raise DataError(f"{f}: weight {name!r} is not part of a Llama model",
+                                "start from a plain Llama checkpoint")
+            weights[ours] = w.astype(mx.float32)  # the master weights train in float32
+    args = args_from_config(config, tied="output.weight" not in weights)
+    if args.tie_embeddings:
+        weights.pop("output.weight", None)  # as mlx-lm does with a tied lm_head
+    return args, weights, config
+
+
+def load_into(model, weights: dict[str, mx.array], source: str | Path) -> None:
+    """Set `model`'s parameters from `weights` (our names); a DataError names what
+    is missing, extra or of another shape."""
+    from mlx.utils import tree_flatten
+
+    want = dict(tree_flatten(model.parameters()))
+    missing = sorted(set(want) - set(weights))
+    extra = sorted(set(weights) - set(want))
+    shapes = [f"{hf_from_ours(k)} {tuple(weights[k].shape)} (config.json says "
+              f"{tuple(want[k].shape)})" for k in sorted(set(want) & set(weights))
+              if weights[k].shape != want[k].shape]
+    problems = []
+    if missing:
+        problems.append(f"missing {', '.join(hf_from_ours(k) for k in missing[:5])}"
+                        + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
+    if extra:
+        problems.append(f"unexpected {', '.join(hf_from_ours(k) for k in extra[:5])}")
+    if shapes:
+        problems.append("shapes differ: " + "; ".join(shapes[:5]))
+    if problems:
+        raise DataError(f"{source}: the weights do not fit its config.json: "
+                        + "; ".join(problems))
+    model.load_weights(list(weights.items()), strict=True)
+
+
+# ---------------------------------------------------------------- weights out
+
+
+def export_folder(weights: dict[str, mx.array], args: ModelArgs, out: str | Path,
+                  tokenizer_dir: str | Path | None, dtype: str = "float32",
+                  base_config: dict | None = None, tokenizer_json: dict | None = None) -> Path:
+    """Write an mlx-lm model folder at `out` atomically (a temporary folder beside it,
+    renamed): config.json, model.safetensors and model.safetensors.index.json (as
+    mlx_lm.utils.save_model writes them), and the tokenizer files from `tokenizer_dir`
+    (or `tokenizer_json`, a tokenizer.json as a dict, with a tokenizer_config.json)."""
+    if dtype not in EXPORT_DTYPES:
+        raise DataError(f"export dtype {dtype!r} is not one of {', '.join(EXPORT_DTYPES)}")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    os.chmod(tmp, 0o755)
+    try:
+        cast = {hf_from_ours(k): v.astype(getattr(mx, dtype)) for k, v in weights.items()}
+        mx.save_safetensors(str(tmp / "model.safetensors"), cast, metadata={"format": "mlx"})
+        index = {"metadata": {"total_size": sum(v.nbytes for v in cast.values()),
+                              "total_parameters": sum(v.size for v in cast.values())},
+                 "weight_map": {k: "model.safetensors" for k in sorted(cast)}}
+        (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=4))
+        config = config_from_args(args, {**(base_config or {}), "torch_dtype": dtype})
+        (tmp / "config.json").write_text(json.dumps(config, indent=4) + "\n")
+        if tokenizer_dir is not None:
+            copy_tokenizer(Path(tokenizer_dir), tmp)
+        elif tokenizer_json is not None:
+            (tmp / "tokenizer.json").write_text(json.dumps(tokenizer_json))
+            eos = next(t["content"] for t in tokenizer_json["added_tokens"])
+            (tmp / "tokenizer_config.json").write_text(json.dumps(
+                {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos}, indent=2))
+        replace_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def copy_tokenizer(src: Path, dst: Path) -> list[str]:
+    """Copy the tokenizer files of `src` into `dst`; a tokenizer.json alone gets a
+    tokenizer_config.json so that transformers loads it as it is."""
+    if not (src / "tokenizer.json").is_file():
+        raise DataError(f"{src}: no tokenizer.json", "give a folder with a Hugging Face "
+                        "tokenizer.json (--tokenizer DIR)")
+    copied = [n for n in TOKENIZER_FILES if (src / n).is_file()]
+    for name in copied:
+        shutil.copyfile(src / name, dst / name)
+    if "tokenizer_config.json" not in copied:
+        tok = FolderTokenizer(src)
+        (dst / "tokenizer_config.json").write_text(json.dumps(
+            {"tokenizer_class": "PreTrainedTokenizerFast",
+             "eos_token": tok.token_text(tok.eos_id)}, indent=2))
+        copied.append("tokenizer_config.json")
+    return copied
+
+
+def replace_dir(tmp: Path, final: Path) -> None:
+    """Rename the finished folder `tmp` to `final`, replacing an older one (moved
+    aside first, so `final` is never half old, half new)."""
+    old = None
+    if final.exists():
+        old = final.with_name(f".{final.name}.old.{os.getpid()}")
+        final.rename(old)
+    tmp.rename(final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def byte_tokenizer_json(eos_text: str = "<|endoftext|>") -> dict:
+    """A tokenizer.json that tokenizes exactly as data.ByteTokenizer: one id per UTF-8
+    byte (0-255), `eos_text` = 256. Byte-level BPE with no merges, so any Hugging Face
+    tokenizer reader (transformers, mlx-lm) opens a byte-trained model."""
+    # GPT-2's printable stand-ins for bytes (tokenizers' ByteLevel alphabet).
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+                 + list(range(ord("®"), ord("ÿ") + 1)))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+                  "use_regex": False}
+    return {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [{"id": 256, "content": eos_text, "single_word": False,
+                          "lstrip": False, "rstrip": False, "normalized": False,
+                          "special": True}],
+        "normalizer": None, "pre_tokenizer": byte_level, "post_processor": None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+                    "use_regex": False},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None,
+                  "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                  "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "vocab": {chars[b]: b for b in range(256)}, "merges": []},
+    }
+
+
+# ---------------------------------------------------------------- tokenizer
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+class FolderTokenizer:
+    """The tokenizer.json of a local folder, through the `tokenizers` package (offline)."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        path = self.folder / "tokenizer.json"
+        if not path.is_file():
+            raise DataError(f"{self.folder}: no tokenizer.json",
+                            "give a folder with a Hugging Face tokenizer.json")
+        try:
+            from tokenizers import Tokenizer  # type: ignore[import-not-found]
+        except ImportError as e:
+            raise DataError(f"the tokenizer in {self.folder} needs the 'tokenizers' package, "
+                            "which is not installed", "pip install tokenizers") from e
+        try:
+            self.tok = Tokenizer.from_file(str(path))
+        except Exception as e:  # tokenizers raises its own Exception type
+            raise DataError(f"{path} is not a tokenizer.json tokenizers can read: {e}") from None
+        self.sha256 = file_sha256(path)
+        self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
+        self.eos_id = self._find_eos()
+
+    def _find_eos(self) -> int:
+        """The end-of-text id: tokenizer_config.json's eos_token, config.json's
+        eos_token_id, else a token named like one."""
+        cfg = self._json("tokenizer_config.json")
+        eos = cfg.get("eos_token")
+        if isinstance(eos, dict):
+            eos = eos.get("content")
+        if isinstance(eos, str) and self.tok.token_to_id(eos) is not None:
+            return self.tok.token_to_id(eos)
+        ids = self._json("config.json").get("eos_token_id")
+        if isinstance(ids, list) and ids:
+            ids = ids[0]
+        if isinstance(ids, int):
+            return ids
+        for name in ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eot_id|>"):
+            if self.tok.token_to_id(name) is not None:
+                return self.tok.token_to_id(name)
+        raise DataError(f"{self.folder}: no end-of-text token found (tokenizer_config.json "
+                        "eos_token, config.json eos_token_id, or a token like <|endoftext|>)",
+                        "set eos_token in the folder's tokenizer_config.json")
+
+    def _json(self, name: str) -> dict:
+        try:
+            value = json.loads((self.folder / name).read_text())
+        except (OSError, ValueError):
+            return {}
+        return value if isinstance(value, dict) else {}
+
+    def token_text(self, i: int) -> str:
+        return self.tok.id_to_token(i)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids) -> str:
+        return self.tok.decode([i for i in ids if i != self.eos_id])
+
+    def save_files(self, folder: Path) -> None:
+        """Keep the tokenizer's files with the data (an exported model needs them)."""
+        folder.mkdir()
+        copy_tokenizer(self.folder, folder)
+
+    def describe(self) -> dict:
+        return {"kind": "folder", "name": self.folder.name, "path": str(self.folder.resolve()),
+                "vocab_size": self.vocab_size, "eos_id": self.eos_id,
+                "tokenizer_json_sha256": self.sha256}
+
+
+def check_data_fits(meta: dict, data_dir: Path, args: ModelArgs, init_from: Path | None) -> None:
+    """A DataError naming both when the data was tokenized with another tokenizer than
+    the model's folder, or holds ids beyond the model's vocabulary."""
+    tok = meta.get("tokenizer") or {}
+    if tok.get("kind") == "folder":
+        data_desc = (f"the tokenizer of {tok.get('path')} (tokenizer.json sha256 "
+                     f"{tok.get('tokenizer_json_sha256', '?')[:12]})")
+    else:
+        data_desc = f"the {tok.get('kind', '?')} tokenizer {tok.get('name', '')}".rstrip()
+    if init_from is not None:
+        path = init_from / "tokenizer.json"
+        if not path.is_file():
+            raise DataError(f"--init_from {init_from}: no tokenizer.json, so the data's "
+                            "tokenizer cannot be checked",
+                            "put the model's tokenizer.json in the folder")
+        want = file_sha256(path)
+        if tok.get("kind") != "folder" or (tok.get("tokenizer_json_sha256") != want
+                                           and not same_tokenizer(data_dir / "tokenizer", path)):
+            raise DataError(
+                f"the data {data_dir} was tokenized with {data_desc}, but the model "
+                f"{init_from} uses {path} (sha256 {want[:12]})",
+                f"tokenize with the model's tokenizer: python -m reference_train.prepare "
+                f"--tokenizer {init_from} --out DIR ...")
+    if meta["vocab_size"] > args.vocab_size:
+        raise DataError(
+            f"the data {data_dir} has a vocabulary of {meta['vocab_size']} ({data_desc}), "
+            f"larger than the model's {args.vocab_size}"
+            + (f" ({init_from}/config.json vocab_size)" if init_from else ""),
+            "tokenize the data with the model's tokenizer")
+
+
+def same_tokenizer(kept: Path, path: Path) -> bool:
+    """Whether the data's kept tokenizer files and `path` (a tokenizer.json) tokenize
+    alike though their bytes differ (a copy written again by another program): their
+    canonical forms, as the `tokenizers` package serializes them, are equal."""
+    try:
+        from tokenizers import Tokenizer  # type: ignore[import-not-found]
+
+        return (Tokenizer.from_file(str(kept / "tokenizer.json")).to_str()
+                == Tokenizer.from_file(str(path)).to_str())
+    except Exception:  # no copy kept, not readable, or no tokenizers package: not shown alike
+        return False
+
+
+def tokenizer_source(data_dir: Path | None, init_from: str | None) -> Path | None:
+    """Where an exported model's tokenizer files come from: the copy kept with the data
+    (prepare --tokenizer DIR), else the folder the run started from; None = byte data."""
+    if data_dir is not None and (data_dir / "tokenizer" / "tokenizer.json").is_file():
+        return data_dir / "tokenizer"
+    if init_from and (Path(init_from) / "tokenizer.json").is_file():
+        return Path(init_from)
+    return None
