@@ -142,9 +142,26 @@ def read_manifest(folder: str | Path) -> Manifest:
                              "here is damaged and would not be sent",
                              "prepare the folder again (python -m reference_train.prepare)")
         files.append(DataFile(split["file"], size, digest))
+    for file in sorted((path / "tokenizer").rglob("*")):  # an exported model needs them (prepare)
+        if file.is_file():
+            files.append(DataFile(file.relative_to(path).as_posix(), file.stat().st_size,
+                                  file_sha256(file)))
     meta_file = path / "meta.json"
     files.append(DataFile("meta.json", meta_file.stat().st_size, file_sha256(meta_file)))
     return Manifest(str(path), tuple(files))
+
+
+def folder_manifest(folder: str | Path) -> Manifest:
+    """Every file under ``folder`` (a model folder for --init_from), hashed here."""
+    from reference_train.data import file_sha256
+
+    path = Path(folder).resolve()
+    if not path.is_dir():
+        raise InputError(f"no such folder here: {folder}",
+                         "give the path of the folder on this machine (it is sent to every host)")
+    return Manifest(str(path), tuple(
+        DataFile(f.relative_to(path).as_posix(), f.stat().st_size, file_sha256(f))
+        for f in sorted(path.rglob("*")) if f.is_file() and not f.name.startswith(".")))
 
 
 def file_manifest(path: str | Path) -> Manifest:
@@ -290,8 +307,10 @@ def _send_rsync(manifest: Manifest, host: RankHost, files: Sequence[DataFile], p
     if not made.ok:
         raise _failed(host, manifest, made.error)
     ssh = shlex.join(ssh_argv(host, "")[:-3])  # ssh and its options, without '--', target, command
-    argv = ["rsync", "--partial", "--times", "--progress", f"--timeout={STALL_S:.0f}", "-e", ssh,
-            *(str(Path(manifest.folder) / f.name) for f in files), f"{host.ssh_target}:{incoming}/"]
+    # --relative with 'DIR/./NAME': each file lands at incoming/NAME (tokenizer/... included).
+    argv = ["rsync", "--partial", "--times", "--progress", "--relative", f"--timeout={STALL_S:.0f}",
+            "-e", ssh, *(f"{manifest.folder}/./{f.name}" for f in files),
+            f"{host.ssh_target}:{incoming}/"]
     with tempfile.TemporaryFile() as said:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=said, env=env)
         done, current = 0, 0
@@ -337,7 +356,7 @@ def _failed(host: RankHost, manifest: Manifest, said: str) -> DataSyncError:
 
 
 def opt_out(what: str) -> str:
-    return "--no-sync-data" if what == "--data" else "--no-sync-script"
+    return "--no-sync-script" if what == "the script" else "--no-sync-data"
 
 
 def human_bytes(n: float) -> str:

@@ -66,7 +66,9 @@ def install(spec, incoming, digests=None):
         got = digests[f["name"]] if digests else sha256_of(path)
         if got != f["sha256"]:
             raise ValueError(f"{f['name']} arrived with sha256 {got[:12]}, not {f['sha256'][:12]}")
-        os.replace(path, os.path.join(spec["dir"], f["name"]))
+        target = os.path.join(spec["dir"], f["name"])
+        os.makedirs(os.path.dirname(target), exist_ok=True)  # tokenizer/...
+        os.replace(path, target)
         names.append(f["name"])
     return {"installed": names}
 
@@ -78,7 +80,9 @@ def receive(spec):
         stream, digests = sys.stdin.buffer, {}
         for f in spec["files"]:
             left, h = f["bytes"], hashlib.sha256()
-            with open(os.path.join(incoming, f["name"]), "wb") as out:
+            path = os.path.join(incoming, f["name"])
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as out:
                 while left:
                     chunk = stream.read(min(CHUNK, left))
                     if not chunk:

@@ -100,3 +100,20 @@ def test_rsync_progress_is_read_across_carriage_returns():
         b"train.bin", b"", b"     32,768  40%   31.25MB/s    0:00:00",
         b"     81,410 100%   12.00MB/s    0:00:00 (xfer#1, to-check=1/2)", b"val.bin", b"",
         b"      3,898 100%    3.72MB/s"]
+
+
+def test_the_tokenizer_kept_with_the_data_goes_with_it(data, tmp_path):
+    """prepare --tokenizer DIR keeps the tokenizer's files in DATA/tokenizer/
+    (an exported model needs them on every host): in the manifest, and
+    installed in that subfolder by the host's script."""
+    (data / "tokenizer").mkdir()
+    (data / "tokenizer" / "tokenizer.json").write_text('{"model": {}}')
+    manifest = read_manifest(data)
+    assert [f.name for f in manifest.files] == ["train.bin", "val.bin", "tokenizer/tokenizer.json",
+                                                "meta.json"]
+    there = tmp_path / "there"
+    spec = json.dumps({"dir": str(there), "files": [f.spec() for f in manifest.files]})
+    stream = b"".join((data / f.name).read_bytes() for f in manifest.files)
+    assert remote("receive", spec, stream).returncode == 0
+    assert (there / "tokenizer" / "tokenizer.json").read_text() == '{"model": {}}'
+    assert json.loads(remote("check", spec).stdout)["files"]["tokenizer/tokenizer.json"] == "ok"

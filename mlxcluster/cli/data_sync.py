@@ -11,6 +11,7 @@ from mlxcluster.data_sync import (
     check_copy,
     check_space,
     file_manifest,
+    folder_manifest,
     human_bytes,
     read_manifest,
     send,
@@ -27,6 +28,12 @@ def sync_data(job, folder: str, env: dict[str, str]) -> None:
         send_where_needed(job, read_manifest(folder), "data", env)
 
 
+def sync_model(job, folder: str, env: dict[str, str]) -> None:
+    """The trainer's --init_from folder on every remote host, as here."""
+    if remote_hosts(job.hosts):
+        send_where_needed(job, folder_manifest(folder), "model", env)
+
+
 def sync_script(job, script: str, env: dict[str, str]) -> None:
     """`run`'s script file on every remote host, at its absolute path here."""
     if remote_hosts(job.hosts):
@@ -34,7 +41,7 @@ def sync_script(job, script: str, env: dict[str, str]) -> None:
 
 
 def send_where_needed(job, manifest: Manifest, what: str, env: dict[str, str]) -> None:
-    flag = "--data" if what == "data" else "the script"
+    flag = {"data": "--data", "model": "--init_from"}.get(what, "the " + what)
     copies = for_each_host(remote_hosts(job.hosts),
                            lambda h: check_copy(manifest, h, env, what=flag))
     check_space(manifest, copies, what)

@@ -49,8 +49,8 @@ from mlxcluster.train_record import RECORD_ENV, RunRecord
                    "launch again from the newest checkpoint, up to this many times. Without "
                    "checkpoint_every, the trainer then checkpoints every steps/20 steps.")
 @click.option("--no-sync-data", is_flag=True,
-              help="Do not check the trainer's --data DIR on every host (by the sha256 in its "
-                   "meta.json) nor send it where it is missing or different.")
+              help="Do not check the trainer's --data DIR (by the sha256 in its meta.json) and "
+                   "--init_from DIR on every host, nor send them where missing or different.")
 @click.option("--elastic", is_flag=True,
               help="With --max-restarts: a host unreachable when the job is launched again, or "
                    "whose rank failed in two launches in a row, is dropped and training goes on "
@@ -93,10 +93,13 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
     # mlx_version: the cluster's, when the preflight asked (known errors name the fixing release)
     job, mlx_version = prepare_job(job, inventory, env, no_preflight=no_preflight,
                                    no_openblas=no_openblas)
-    if cfg.data and not no_sync_data:  # every Mac has its own disk: DIR must be on each
-        from mlxcluster.cli.data_sync import sync_data
+    if (cfg.data or cfg.init_from) and not no_sync_data:  # every Mac has its own disk
+        from mlxcluster.cli.data_sync import sync_data, sync_model
 
-        sync_data(job, cfg.data, env)
+        if cfg.init_from:
+            sync_model(job, cfg.init_from, env)
+        if cfg.data:
+            sync_data(job, cfg.data, env)
 
     record = RunRecord(cfg.out)
 

@@ -1,12 +1,15 @@
-"""A Llama folder trained over three lab hosts: every host writes its own OUT/model.
+"""A Llama folder trained over three lab hosts by `mlxcluster train`: every
+host writes its own OUT/model.
 
-Each host has its own disk at ``lab.disk`` (as Macs have); the model folder and
-the token data are on the shared filesystem (the same files on every host). The
-trainer runs under a plain ``mlx.launch --hostfile``.
+Each host has its own disk at ``lab.disk`` (as Macs have). The model folder
+and the token data (tokenized with the model's tokenizer) are on this
+machine's disk only: `train` sends both to every host, checked by sha256.
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import uuid
 
 import mlx.core as mx
@@ -14,23 +17,32 @@ import pytest
 
 from reference_train import prepare
 from tests.hf_support import LLAMA3_CONFIG, make_llama_folder, mlx_lm_logits, train_tokenizer
-from tests.lab.test_resume_lab import launch, on_host
+from tests.lab.jobs import training_setup
+from tests.lab.test_resume_lab import on_host
 
 pytestmark = pytest.mark.lab
 
 
 def test_every_host_writes_its_own_out_model(lab3, tmp_path):
-    llama = make_llama_folder(tmp_path / "tiny-llama", LLAMA3_CONFIG, tokenizer=train_tokenizer())
-    data = tmp_path / "data"
+    here = lab3.disk / f"hf-{uuid.uuid4().hex[:8]}"  # this machine's own disk
+    llama = make_llama_folder(here / "tiny-llama", LLAMA3_CONFIG, tokenizer=train_tokenizer())
+    data = here / "data"
     assert prepare.main(["--out", str(data), "--tokenizer", str(llama), "--stories", "100"]) == 0
-    out = lab3.disk / f"hf-{uuid.uuid4().hex[:8]}"
-    proc = launch(lab3, tmp_path, [
-        "--config", "tiny", "--steps", "2", "--global_batch", "6", "--block_size", "32",
-        "--eval_every", "0", "--sample_tokens", "0", "--init_from", str(llama),
-        "--data", str(data), "--out", str(out)])
+    out = lab3.disk / f"hf-out-{uuid.uuid4().hex[:8]}"
+    inventory, env = training_setup(lab3, tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mlxcluster", "train", "-i", str(inventory), "--no-preflight",
+         "--config", "tiny", "--stall-timeout", "60s", "--", "--steps", "2", "--global_batch", "6",
+         "--block_size", "32", "--eval_every", "0", "--sample_tokens", "0", "--init_from",
+         str(llama), "--data", str(data), "--out", str(out)],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    for h in lab3.hosts:  # both folders sent to every host, checked there
+        assert f"model: {h.name}: {llama} missing: sending" in proc.stdout, proc.stdout[-3000:]
+        assert f"data: {h.name}: {data} missing: sending" in proc.stdout
+        assert lab3.host_exists(h, data / "tokenizer" / "tokenizer.json")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count("model for mlx-lm: ") == 1  # said once, by rank 0
-    assert not out.exists()  # this machine ran no rank
+    assert not (out / "model").exists()  # this machine ran no rank (it keeps the record)
     copies = [on_host(lab3, i, out / "model") for i in range(3)]
     weights = [(c / "model.safetensors").read_bytes() for c in copies]
     assert weights[0] == weights[1] == weights[2]
