@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from pathlib import Path
 
 import click
@@ -143,6 +144,7 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
                                                          str(new_accum)))
         return job
 
+    started = time.monotonic()
     try:
         job, outcome = launch_until_done("train", job, launch, restarts, env, mlx_version,
                                          again=resume, record=record.add, drop=drop)
@@ -158,7 +160,8 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
         click.get_current_context().exit(
             outcome.exit_code if 0 < outcome.exit_code < 256 else EXIT_FAILED)
     again = f" after {restarts.done} restart(s)" if restarts.done else ""
-    click.echo(f"train finished on {n} rank(s) in {outcome.seconds:.1f} s{again}")
+    took = outcome.seconds if not restarts.done else time.monotonic() - started
+    click.echo(f"train finished on {n} rank(s) in {took:.1f} s{again}")
     if html_path:
         write_run_page(cfg.out, html_path)
 
