@@ -64,6 +64,16 @@ def lab3():
         yield lab
 
 
+@pytest.fixture(scope="module")
+def lab3_own_tmp():
+    """Like ``lab3``, and every host's /tmp is its own too (``Lab.own_tmp``)."""
+    _require_lab()
+    from tests.lab import start_lab
+
+    with start_lab(3, own_tmp=True) as lab:
+        yield lab
+
+
 @pytest.fixture
 def make_lab():
     """Factory: ``make_lab(n)`` starts an n-host lab torn down after the test."""

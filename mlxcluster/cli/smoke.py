@@ -93,7 +93,7 @@ def render_failures(report: SmokeReport) -> str:
         lines.append(f"  stalled: {report.stall}")
         lines.append(f"  every rank's state and Python stacks: {report.stall_dir or 'could not be saved'}")
     for problem in report.cleanup_problems:
-        lines.append(f"  cleanup: {problem} (processes of run {report.run_id} may be left there)")
+        lines.append(f"  cleanup: {problem} (processes and files of run {report.run_id} may be left there)")
     return "\n".join(lines)
 
 

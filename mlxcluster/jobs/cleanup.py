@@ -73,7 +73,14 @@ def unstopped_hint(results: list[HostResult], run_id: str) -> str | None:
         return None
     names = ", ".join(f"{r.host} ({r.error.splitlines()[-1] if r.error else 'failed'})" for r in left)
     return (f"could not reach {names} to make sure no rank of the job is left there; "
-            f"when it answers again: ssh HOST pkill -f {run_id}")
+            f"when it answers again: {leftover_advice(run_id)}")
+
+
+def leftover_advice(run_id: str) -> str:
+    """What to run on a host the sweep could not reach, once it answers: its
+    ranks, then the run's files there (each Mac has its own disk)."""
+    return (f"ssh HOST pkill -f {run_id}, then ssh HOST rm -rf /tmp/{run_id} "
+            f"{STACKS_ROOT}/{run_id}")
 
 
 def lost_host(exit_code: int, failed_rank: int | None, host_names: list[str],

@@ -25,7 +25,7 @@ from pathlib import Path
 from mlxcluster import interrupts
 from mlxcluster.errors import EXIT_FAILED, EXIT_OK, EXIT_STALLED, EXIT_UNAVAILABLE, Interrupted
 from mlxcluster.jobs import process, stall
-from mlxcluster.jobs.cleanup import kill_local_group
+from mlxcluster.jobs.cleanup import kill_local_group, leftover_advice
 from mlxcluster.jobs.hosts import HostResult, RankHost, for_each_host, run_script
 from mlxcluster.jobs.plan import LaunchPlan
 from mlxcluster.smoke import preflight, remote
@@ -133,7 +133,9 @@ def run_plan(plan: LaunchPlan, timeout_s: float = 60.0,
     report.soak = soak_summary()
     if launched is None:  # the worker never reached every host: nothing ran
         return report
-    report.cleanup_problems = [f"{r.host}: {r.error}" for r in cleaned if not r.ok]
+    report.cleanup_problems = [f"{r.host}: {r.error}; when it answers again: "
+                               + leftover_advice(plan.run_id).replace("HOST", r.host)
+                               for r in cleaned if not r.ok]
     report.launcher_stderr = "\n".join(watch.stderr_lines[-20:])
     report.ranks = outcomes(watch, blamed, tails)
     report.checks = sum(s.checks for s in watch.ranks)

@@ -98,9 +98,10 @@ class LabHost:
 class Lab:
     """A running lab; build it with ``start_lab``."""
 
-    def __init__(self, n: int, *, python: str | None = None):
+    def __init__(self, n: int, *, python: str | None = None, own_tmp: bool = False):
         if n < 1 or n > 60:
             raise LabError("a lab has 1 to 60 hosts")
+        self.own_tmp = own_tmp  # every host's /tmp its own too (see _own_tmp_mount)
         self.id = secrets.token_hex(2)
         self.tag = f"{NAME_PREFIX}{self.id}"
         self.state = STATE_ROOT / f"{STATE_PREFIX}{self.id}"
@@ -449,7 +450,8 @@ class Lab:
         # shell rc (see _shell_rc_mount). -D keeps sshd as our child (pid known).
         h.sshd = subprocess.Popen(
             ["ip", "netns", "exec", h.netns, "unshare", "--uts", "--mount", "sh", "-c",
-             f"hostname {h.name} && {self._own_disk_mount(h)}{self._shell_rc_mount()}"
+             f"hostname {h.name} && {self._own_tmp_mount(h)}{self._own_disk_mount(h)}"
+             f"{self._shell_rc_mount()}"
              f"exec {SSHD} -D -f {conf} -E {log}"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True,
@@ -467,6 +469,28 @@ class Lab:
                 # The ranks' stack dumps and pid files too (mlxcluster.jobs.rank_wrapper
                 # STACKS_ROOT): a stall is diagnosed over ssh, as on Macs.
                 f"mkdir -p {RANK_STACKS} {own_stacks} && mount --bind {own_stacks} {RANK_STACKS} && ")
+
+    def _own_tmp_mount(self, h: LabHost) -> str:
+        """With ``own_tmp``: shell words that give the host a /tmp of its own
+        (``<state>/tmp<i>``), as a Mac has, so that what a command stages
+        under /tmp on one host (smoke's worker, launchers' files) is on that
+        host only. What the lab itself keeps under the real /tmp stays seen
+        at its path: the lab's state folder, and the repository and its venv
+        when they lie under /tmp (the same software on every Mac)."""
+        if not self.own_tmp:
+            return ""
+        real = f"/run/{STATE_PREFIX}{self.id}/h{h.index + 1}"
+        keep = [self.state] + [p for p in (Path(__file__).resolve().parents[2],
+                                           Path(sys.prefix).resolve())
+                               if p.is_relative_to("/tmp")]
+        words = [f"mkdir -p {shlex.quote(real)} {shlex.quote(str(self.state / f'tmp{h.index + 1}'))}",
+                 f"mount --rbind /tmp {shlex.quote(real)}",
+                 f"mount --bind {shlex.quote(str(self.state / f'tmp{h.index + 1}'))} /tmp",
+                 "chmod 1777 /tmp"]
+        for path in keep:
+            inside = shlex.quote(f"{real}/{path.relative_to('/tmp')}")
+            words += [f"mkdir -p {shlex.quote(str(path))}", f"mount --bind {inside} {shlex.quote(str(path))}"]
+        return " && ".join(words) + " && "
 
     def _shell_rc_mount(self) -> str:
         """Shell words that give the host's sessions an empty ~/.bashrc.
@@ -616,6 +640,12 @@ def _destroy(lab_id: str) -> None:
         if name.startswith(f"{NAME_PREFIX}{lab_id}"):
             _run(["ip", "link", "del", name], check=False)
     shutil.rmtree(STATE_ROOT / f"{STATE_PREFIX}{lab_id}", ignore_errors=True)
+    # own_tmp's mount points: empty here (the mounts lived in the hosts' namespaces);
+    # rmdir, never a recursive delete, removes nothing else if one were not.
+    real = Path("/run") / f"{STATE_PREFIX}{lab_id}"
+    for point in [*real.glob("h*"), real]:
+        with contextlib.suppress(OSError):
+            point.rmdir()
 
 
 def _owner_alive(state_dir: Path) -> bool:
@@ -660,9 +690,9 @@ def our_namespaces() -> list[str]:
 
 
 @contextlib.contextmanager
-def start_lab(n: int, *, python: str | None = None) -> Iterator[Lab]:
+def start_lab(n: int, *, python: str | None = None, own_tmp: bool = False) -> Iterator[Lab]:
     """Bring up an n-host lab; tear it down on exit, error or Ctrl-C."""
-    lab = Lab(n, python=python)
+    lab = Lab(n, python=python, own_tmp=own_tmp)
     try:
         lab.start()
         yield lab

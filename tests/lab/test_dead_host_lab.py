@@ -44,6 +44,8 @@ def test_a_host_lost_mid_training_ends_the_job_and_is_named(lab3, lab_data, tmp_
     run_id = advice.group(1)
     # Every other host is clear already; follow the advice on labhost3 as a user would.
     assert set(left_on_hosts(lab3, bracketed(run_id))) <= {"labhost3"}
+    assert f"then ssh HOST rm -rf /tmp/{run_id} /tmp/mlxcluster-stacks/{run_id}" in stderr
     lab3.ssh(lab3.hosts[2], f"pkill -f '{bracketed(run_id)}' || true")
+    lab3.ssh(lab3.hosts[2], f"rm -rf /tmp/{run_id} /tmp/mlxcluster-stacks/{run_id}")
     time.sleep(1)
-    assert left_on_hosts(lab3, bracketed(run_id)) == {}
+    assert left_on_hosts(lab3, bracketed(run_id), f"/tmp/mlxcluster-stacks/{bracketed(run_id)}") == {}

@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -19,6 +20,13 @@ from mlxcluster.jobs.rank_wrapper import STACKS_ROOT
 from tests.interrupt_helpers import SmokeWorkersRunning
 
 pytestmark = pytest.mark.lab
+
+
+@pytest.fixture(scope="module")
+def lab3(lab3_own_tmp):
+    """Every host with its own /tmp as well as its own disk: smoke stages its
+    worker and keeps its ranks' files under /tmp on each host, as on Macs."""
+    return lab3_own_tmp
 
 SMALL = ["--sizes", "1K:2K", "--dtypes", "float32"]
 
@@ -138,9 +146,12 @@ def test_a_host_lost_mid_run_is_named_and_the_rest_stopped(lab3, inventory):
     assert run["reason"].startswith("rank 2 on labhost3: its ssh connection failed or was lost"), run["reason"]
     assert [r["status"] for r in run["ranks"]] == ["stopped", "stopped", "exited"]
     assert [p.split(":")[0] for p in run["cleanup_problems"]] == ["labhost3"]
-    # Once labhost3 is back, do what the report says for it; then no host holds anything of the run.
-    pattern = f"[{ready.run_id[0]}]{ready.run_id[1:]}"
-    lab3.ssh(lab3.hosts[2], f"pkill -f '{pattern}'; rm -rf /tmp/{pattern}; true")
+    # Once labhost3 is back, do what the report says for it (its own /tmp holds the
+    # run's files: the sweep could not reach it); then no host holds anything of the run.
+    advice = run["cleanup_problems"][0].split("when it answers again: ")[1]
+    for command in advice.split(", then "):
+        assert command.startswith("ssh labhost3 "), advice
+        lab3.ssh(lab3.hosts[2], command.removeprefix("ssh labhost3 ") + "; true")
     assert_nothing_left(lab3, {**run, "cleanup_problems": []})
 
 
@@ -164,3 +175,15 @@ def test_jaccl_from_the_inventory_is_unavailable_per_host(lab3, inventory):
     # No run was planned: a run id and a launcher command exist from the plan on.
     assert run["run_id"] == "" and run["command"] == [] and run["ranks"] == []
     assert sorted(run["host_reasons"]) == [h.name for h in lab3.hosts]
+
+
+def test_every_host_has_its_own_tmp(lab3):
+    """The lab of this module: a file under /tmp on labhost2 is on no other host, nor here."""
+    probe = "/tmp/own-tmp-probe.txt"
+    lab3.ssh(1, f"echo labhost2 > {probe}", check=True)
+    try:
+        assert lab3.host_read(1, probe) == "labhost2\n"
+        assert not lab3.host_exists(0, probe) and not lab3.host_exists(2, probe)
+        assert not Path(probe).exists()
+    finally:
+        lab3.ssh(1, f"rm -f {probe}")

@@ -24,6 +24,13 @@ from tests.lab.test_smoke_lab import assert_nothing_left
 
 pytestmark = pytest.mark.lab
 
+
+@pytest.fixture(scope="module")
+def lab3(lab3_own_tmp):
+    """Every host with its own /tmp as well as its own disk: smoke stages its
+    worker and keeps its ranks' files under /tmp on each host, as on Macs."""
+    return lab3_own_tmp
+
 SIZES = ["--sizes", "1K:256K", "--dtypes", "float32,int32"]
 ITERATION_TIMEOUT_S = 20  # a loaded 2-core machine starts 3 ranks slowly: init has this deadline too
 # After the per-iteration deadline: up to ~1 s until the last soak event
