@@ -21,7 +21,7 @@ import shlex
 import subprocess
 
 from mlxcluster.errors import InputError
-from mlxcluster.jobs.hosts import for_each_host, host_argv, remote_hosts
+from mlxcluster.jobs.hosts import RankHost, for_each_host, host_argv, remote_hosts
 
 # What a shell says when the python path is not there; "exit code 127" is how the probe
 # reports a shell that said nothing.
@@ -45,23 +45,32 @@ def is_missing_python(returncode: int, output: str) -> bool:
                                         and bool(MISSING_PYTHON_RE.search(output)))
 
 
+def python_answers(job, env: dict[str, str] | None = None, timeout: float = CHECK_TIMEOUT_S
+                   ) -> list[tuple[RankHost, subprocess.CompletedProcess | None]]:
+    """Every remote host of ``job`` (a jobs.job.Job) asked, all at once, to
+    run the job's python with nothing to do (``PY -S -c ''``): the cheapest
+    question that says both whether the host answers ssh and whether the
+    python is there. None: no answer within ``timeout``. Never prompts."""
+    remote = remote_hosts(job.hosts)
+    command = f"{shlex.quote(job.python)} -S -c ''"
+
+    def ask(host) -> subprocess.CompletedProcess | None:
+        try:
+            return subprocess.run(host_argv(host, command), capture_output=True, text=True,
+                                  timeout=timeout, env=env, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            return None
+
+    return list(zip(remote, for_each_host(remote, ask), strict=True))
+
+
 def require_job_python(job, env: dict[str, str] | None = None,
                        timeout: float = CHECK_TIMEOUT_S) -> None:
     """Raise ``python_not_found`` when the job's python does not start on a
     remote host of ``job`` (a jobs.job.Job). Ranks on this machine
     are checked where the job is built (jobs.hosts.require_python_here).
-    One ssh round trip per host, all at once; never prompts."""
-    remote = remote_hosts(job.hosts)
-    command = f"{shlex.quote(job.python)} -S -c ''"
-
-    def missing(host) -> bool:
-        try:
-            proc = subprocess.run(host_argv(host, command), capture_output=True, text=True,
-                                  timeout=timeout, env=env, stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            return False  # not an answer about the path; the launch finds the host
-        return is_missing_python(proc.returncode, proc.stderr)
-
-    lacking = [h.name for h, gone in zip(remote, for_each_host(remote, missing), strict=True) if gone]
+    A host that does not answer is not judged here: the launch reports it."""
+    lacking = [h.name for h, proc in python_answers(job, env, timeout)
+               if proc is not None and is_missing_python(proc.returncode, proc.stderr)]
     if lacking:
         raise python_not_found(job.python, lacking)

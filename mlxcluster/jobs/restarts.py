@@ -17,14 +17,11 @@ equal the uninterrupted run's, docs/training.md).
 
 from __future__ import annotations
 
-import shlex
-import subprocess
 from dataclasses import dataclass, field, replace
 
 from mlxcluster.errors import InputError, MlxclusterError
-from mlxcluster.jobs.hosts import for_each_host, host_argv, remote_hosts
 from mlxcluster.jobs.job import Job
-from mlxcluster.jobs.job_python import CHECK_TIMEOUT_S
+from mlxcluster.jobs.job_python import CHECK_TIMEOUT_S, python_answers
 from mlxcluster.jobs.stall import Stalled
 from mlxcluster.jobs.watch import RunOutcome
 
@@ -61,18 +58,8 @@ def unreachable_hosts(job: Job, env: dict[str, str] | None = None,
                       timeout: float = CHECK_TIMEOUT_S) -> list[str]:
     """The job's remote hosts that do not answer ssh now (no connection
     within the connect timeout, or no answer at all within ``timeout``)."""
-    remote = remote_hosts(job.hosts)
-    command = f"{shlex.quote(job.python)} -S -c ''"
-
-    def gone(host) -> bool:
-        try:
-            proc = subprocess.run(host_argv(host, command), capture_output=True, text=True,
-                                  timeout=timeout, env=env, stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            return True
-        return proc.returncode == UNREACHABLE
-
-    return [h.name for h, lost in zip(remote, for_each_host(remote, gone), strict=True) if lost]
+    return [h.name for h, proc in python_answers(job, env, timeout)
+            if proc is None or proc.returncode == UNREACHABLE]
 
 
 def without_hosts(job: Job, names: set[str]) -> Job:
