@@ -158,6 +158,8 @@ class Llama(nn.Module):
 def loss_fn(model: Llama, inputs: mx.array, targets: mx.array) -> mx.array:
     """Mean next-token cross-entropy over every position of the batch."""
     logits = model(inputs)
+    if logits.dtype != mx.float32:  # bfloat16 passes: the loss itself in float32
+        logits = logits.astype(mx.float32)
     return nn.losses.cross_entropy(logits, targets, reduction="mean")
 
 

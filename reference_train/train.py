@@ -61,6 +61,7 @@ from .data import (
 from .export import export_model
 from .hf_io import EXPORT_DTYPES, check_data_fits, load_folder, load_into
 from .model import Llama, ModelArgs, args_match, count_parameters, generate, loss_fn
+from .precision import DTYPES, average_gradients, compute_copy, dtype_of, refresh, to_float32
 from .resume import agree_on_checkpoint, check_loaded, checkpoint_root, host_layout
 
 CONFIG_DIR = Path(__file__).parent / "configs"
@@ -111,6 +112,8 @@ class TrainConfig:
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
+    dtype: str = "float32"  # compute: float32, or bfloat16 on float32 master weights (precision.py)
+    comm_dtype: str = "float32"  # the gradient all-reduce: float32 or bfloat16 (half the bytes)
     seed: int = 0
     compile: bool = True
     # output
@@ -236,6 +239,9 @@ def check_config(cfg: TrainConfig) -> None:
     divide (the checks the ranks would otherwise hit only after launch)."""
     problems = [p for name, bounds in RANGES.items()
                 if (p := range_problem(name, getattr(cfg, name), *bounds))]
+    for name in ("dtype", "comm_dtype"):
+        if getattr(cfg, name) not in DTYPES:
+            problems.append(f"{name} {getattr(cfg, name)}: must be one of {', '.join(DTYPES)}")
     if cfg.export_dtype not in EXPORT_DTYPES:
         problems.append(f"export_dtype {cfg.export_dtype}: must be one of {', '.join(EXPORT_DTYPES)}")
     if problems:
@@ -346,6 +352,9 @@ class Trainer:
         if init_weights:
             load_into(self.model, init_weights, cfg.init_from)
             del init_weights
+        # --dtype bfloat16: the passes run on a bfloat16 copy; self.model stays the float32 master.
+        self.compute_dtype, self.comm_dtype = dtype_of(cfg.dtype), dtype_of(cfg.comm_dtype)
+        self.compute = compute_copy(self.model, lambda: Llama(self.args), self.compute_dtype)
         self.optimizer = optim.AdamW(learning_rate=self.schedule(), betas=[cfg.beta1, cfg.beta2],
                                      weight_decay=cfg.weight_decay)
         self.optimizer.init(self.model.trainable_parameters())
@@ -375,14 +384,19 @@ class Trainer:
     def build_steps(self):
         """Compiled gradient and update functions (state captured, see mx.compile)."""
         model, optimizer, group, clip = self.model, self.optimizer, self.group, self.cfg.grad_clip
-        loss_and_grad = nn.value_and_grad(model, loss_fn)
-        state = [model.state, optimizer.state]
+        compute, dtype, comm = self.compute, self.compute_dtype, self.comm_dtype
+        loss_and_grad = nn.value_and_grad(compute, loss_fn)
+        state = [model.state, optimizer.state] + ([compute.state] if compute is not model else [])
 
         def grad_step(x, y):
-            return loss_and_grad(model, x, y)
+            if compute is model:
+                return loss_and_grad(model, x, y)
+            refresh(compute, model, dtype)  # bfloat16 passes on the float32 master's values
+            loss, grads = loss_and_grad(compute, x, y)
+            return loss.astype(mx.float32), to_float32(grads)
 
         def update_step(grads):
-            grads = nn.average_gradients(grads, group=group)
+            grads = average_gradients(grads, group, comm)
             if clip > 0:
                 grads, norm = optim.clip_grad_norm(grads, clip)
             else:
