@@ -40,6 +40,7 @@ import time
 from dataclasses import asdict, dataclass, fields
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -63,6 +64,7 @@ from .hf_io import EXPORT_DTYPES, check_data_fits, load_folder, load_into
 from .model import Llama, ModelArgs, args_match, count_parameters, generate, loss_fn
 from .precision import DTYPES, average_gradients, compute_copy, dtype_of, refresh, to_float32
 from .resume import agree_on_checkpoint, check_loaded, checkpoint_root, host_layout
+from .sharded_optimizer import ShardedOptimizer
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 # With MLXCLUSTER_HEARTBEAT=1 in the environment (mlxcluster train sets it), every
@@ -114,6 +116,7 @@ class TrainConfig:
     grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
     dtype: str = "float32"  # compute: float32, or bfloat16 on float32 master weights (precision.py)
     comm_dtype: str = "float32"  # the gradient all-reduce: float32 or bfloat16 (half the bytes)
+    shard_optimizer: bool = False  # ZeRO-1: AdamW state for 1/N of the parameters per rank
     seed: int = 0
     compile: bool = True
     # output
@@ -357,7 +360,10 @@ class Trainer:
         self.compute = compute_copy(self.model, lambda: Llama(self.args), self.compute_dtype)
         self.optimizer = optim.AdamW(learning_rate=self.schedule(), betas=[cfg.beta1, cfg.beta2],
                                      weight_decay=cfg.weight_decay)
-        self.optimizer.init(self.model.trainable_parameters())
+        if cfg.shard_optimizer:  # each rank keeps its share of the state (sharded_optimizer.py)
+            self.optimizer = ShardedOptimizer(self.optimizer, self.model, group)
+        else:
+            self.optimizer.init(self.model.trainable_parameters())
         mx.eval(self.model.parameters(), self.optimizer.state)
         # All randomness after initialisation flows from this key (saved in checkpoints).
         self.key = mx.random.key(cfg.seed + 1)
@@ -441,12 +447,15 @@ class Trainer:
                  f"{state['data']['epoch']}, step {state['data']['step_in_epoch']})")
 
     def checkpoint(self) -> None:
+        optimizer = self.optimizer
+        if isinstance(optimizer, ShardedOptimizer):  # whole on every host: gathered by every rank
+            optimizer = SimpleNamespace(state=optimizer.gathered_state())
         if not self.layout.writes:  # every rank holds the same weights: one copy per host
             return
         state = {"data": self.train_data.position(self.step),
                  "rng_key": np.array(self.key).tolist(), "config": asdict(self.cfg),
                  "model_args": asdict(self.args), "world_size": self.size}
-        save_checkpoint(self.out / "checkpoints", self.step, self.model, self.optimizer,
+        save_checkpoint(self.out / "checkpoints", self.step, self.model, optimizer,
                         state, self.cfg.keep_checkpoints)
 
     def export(self) -> None:
