@@ -61,6 +61,7 @@ from .data import (
 )
 from .export import export_model
 from .hf_io import EXPORT_DTYPES, check_data_fits, load_folder, load_into
+from .mfu import flops_per_token, peak_flops
 from .model import Llama, ModelArgs, args_match, count_parameters, generate, loss_fn
 from .precision import DTYPES, average_gradients, compute_copy, dtype_of, refresh, to_float32
 from .resume import agree_on_checkpoint, check_loaded, checkpoint_root, host_layout
@@ -365,6 +366,14 @@ class Trainer:
         else:
             self.optimizer.init(self.model.trainable_parameters())
         mx.eval(self.model.parameters(), self.optimizer.state)
+        # Where the time goes (mfu.py): the model's FLOPs per token and this rank's peak.
+        a = self.args
+        embedding = 0 if a.tie_embeddings else a.vocab_size * a.dim  # a lookup, not a matmul
+        self.flops_per_token = flops_per_token(count_parameters(self.model), embedding, a.n_layers,
+                                               a.n_heads, a.head_dim or a.dim // a.n_heads,
+                                               cfg.block_size)
+        self.peak, self.peak_source = peak_flops(self.compute_dtype)
+        self.split: dict = {}  # the last timed step's phases (train_step)
         # All randomness after initialisation flows from this key (saved in checkpoints).
         self.key = mx.random.key(cfg.seed + 1)
         self.step = 0
@@ -401,8 +410,10 @@ class Trainer:
             loss, grads = loss_and_grad(compute, x, y)
             return loss.astype(mx.float32), to_float32(grads)
 
+        def reduce_step(grads):  # the gradient all-reduce, apart: its time is measured
+            return average_gradients(grads, group, comm)
+
         def update_step(grads):
-            grads = average_gradients(grads, group, comm)
             if clip > 0:
                 grads, norm = optim.clip_grad_norm(grads, clip)
             else:
@@ -415,7 +426,8 @@ class Trainer:
             # gradient step must declare the state as an output too.
             compile_ = partial(mx.compile, inputs=state, outputs=state)
             grad_step, update_step = compile_(grad_step), compile_(update_step)
-        return grad_step, update_step
+            reduce_step = mx.compile(reduce_step)
+        return grad_step, reduce_step, update_step
 
     def resume(self) -> None:
         """Load the newest checkpoint, agreed by every rank (resume.py: a host lacking
@@ -490,15 +502,19 @@ class Trainer:
         every = np.array(every).reshape(-1, 2)
         return [round(float(v), 1) for v in every[:, 0]], [round(float(v), 1) for v in every[:, 1]]
 
-    def train_step(self) -> tuple[mx.array, mx.array]:
+    def train_step(self, timed: bool = False) -> tuple[mx.array, mx.array]:
         """One optimizer step on this rank's slice of global batch `self.step`.
 
         Returns (this rank's loss, gradient norm), evaluated; advances self.step.
+        ``timed``: evaluate between the phases and keep their seconds in
+        ``self.split`` (compute, gradient communication, optimizer); the
+        values are the same, only the waits differ (logged steps only).
         """
         cfg = self.cfg
         if self._steps is None:  # built after any resume replaced the optimizer state
             self._steps = self.build_steps()
-        grad_step, update_step = self._steps
+        grad_step, reduce_step, update_step = self._steps
+        start = time.perf_counter()
         x_all, y_all = self.train_data.batch(self.step)
         step_loss, grads = mx.array(0.0), None
         for m in range(cfg.grad_accum):
@@ -510,9 +526,19 @@ class Trainer:
                 mx.eval(grads, step_loss)  # bound memory to one micro-batch of activations
         if cfg.grad_accum > 1:
             grads = tree_map(lambda g: g / cfg.grad_accum, grads)
+        if timed:
+            mx.eval(grads, step_loss)
+            computed = time.perf_counter()
+        grads = reduce_step(grads)
+        if timed:
+            mx.eval(grads)
+            reduced = time.perf_counter()
         norm = update_step(grads)
         step_loss = step_loss / cfg.grad_accum
         mx.eval(self.model.parameters(), self.optimizer.state, step_loss, norm)
+        if timed:
+            self.split = {"compute_s": round(computed - start, 6), "comm_s": round(reduced - computed, 6),
+                          "optimizer_s": round(time.perf_counter() - reduced, 6)}
         self.step += 1
         return step_loss, norm
 
@@ -528,6 +554,10 @@ class Trainer:
                      f"{f' from {cfg.init_from}' if cfg.init_from else ''} | train "
                      f"{plan.n_sequences} sequences of {cfg.block_size}: {plan.steps_per_epoch} "
                      f"steps/epoch, {plan.dropped} dropped per epoch")
+            self.log(f"compute {cfg.dtype} on float32 master weights, gradients all-reduced in "
+                     f"{cfg.comm_dtype}{', optimizer state sharded' if cfg.shard_optimizer else ''}"
+                     f" | {self.flops_per_token / 1e6:.2f} MFLOPs per token; mfu against "
+                     f"{self.peak_source}")
         if cfg.resume:
             self.resume()
         metrics_path = self.out / "metrics.jsonl"
@@ -542,7 +572,8 @@ class Trainer:
         record: dict = {}
         loss_sum, interval_steps, t0 = mx.array(0.0), 0, time.perf_counter()
         while self.step < last:
-            step_loss, norm = self.train_step()
+            logged = (self.step + 1) % cfg.log_every == 0 or self.step + 1 == last
+            step_loss, norm = self.train_step(timed=logged)
             self.beat()
             loss_sum = loss_sum + step_loss
             interval_steps += 1
@@ -558,13 +589,20 @@ class Trainer:
                           "lr": float(self.optimizer.learning_rate.item()),
                           "grad_norm": float(norm.item()), "peak_mem_mb": mem,
                           "peak_rss_mb": rss, "ranks": self.size}
+                record["mfu"] = round(self.flops_per_token * record["tokens_per_s"]
+                                      / (self.peak * self.size), 6)
+                record.update(self.split)  # this step's: compute, gradient all-reduce, optimizer
+                record["dtype"] = cfg.dtype
                 if self.rank == 0:
                     if show_bar:
                         print("\r", end="")
                     self.log(f"step {self.step:>6}/{cfg.steps} | loss {loss:.4f} | lr "
                              f"{record['lr']:.2e} | {record['tokens_per_s']:,.0f} tok/s | peak MiB "
                              f"per rank {'/'.join(f'{v:.0f}' for v in mem)} (mlx), "
-                             f"{'/'.join(f'{v:.0f}' for v in rss)} (rss)")
+                             f"{'/'.join(f'{v:.0f}' for v in rss)} (rss) | mfu "
+                             f"{100 * record['mfu']:.1f}% | step {record['compute_s'] * 1000:.0f} ms "
+                             f"compute, {record['comm_s'] * 1000:.0f} comm, "
+                             f"{record['optimizer_s'] * 1000:.0f} optimizer")
                     save_record(metrics_path, record)
                 loss_sum, interval_steps = mx.array(0.0), 0
             if cfg.eval_every and (self.step % cfg.eval_every == 0 or self.step == last):
