@@ -268,3 +268,14 @@ def test_restarts_and_dropped_hosts_are_listed_in_order(tmp_path):
     assert said == sorted(said)
     plain = build_page(Report(runs=[write_run(tmp_path / "plain", [events[0], *rows])]))
     assert 'class="events"' not in plain  # one plain launch: nothing to list
+
+
+def test_mfu_and_the_step_split_are_shown(tmp_path):
+    rows = metrics_rows(steps=10, ranks=2)
+    for i, r in enumerate(rows):
+        if "loss" in r:
+            r.update({"mfu": 0.30 + 0.01 * i, "compute_s": 0.020, "comm_s": 0.004,
+                      "optimizer_s": 0.001})
+    html = build_page(Report(runs=[write_run(tmp_path / "run", rows)]))
+    assert "MFU (median of the logged steps) 3" in html
+    assert "a logged step: compute 20.0 ms, comm 4.0 ms, optimizer 1.0 ms" in html

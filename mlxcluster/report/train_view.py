@@ -46,6 +46,8 @@ class TrainView:
     notes: list[str] = field(default_factory=list)
     failed: str | None = None  # why the run stopped early; None: it finished
     events: list[tuple[str, str]] = field(default_factory=list)  # (time, what), launches on
+    mfu: float | None = None  # median over the logged steps (reference_train/mfu.py)
+    split_ms: dict[str, float] = field(default_factory=dict)  # median ms: compute, comm, optimizer
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
@@ -138,6 +140,12 @@ def train_view(records: list[dict], name: str) -> TrainView:
         tokens_per_s=statistics.median(v for _, v in speed) if speed else None,
         peak_mem_mb=peak,
     )
+    mfus = [r["mfu"] for r in records if "mfu" in r]
+    view.mfu = statistics.median(mfus) if mfus else None
+    for key in ("compute_s", "comm_s", "optimizer_s"):
+        values = [r[key] for r in records if key in r]
+        if values:
+            view.split_ms[key[:-2]] = 1000 * statistics.median(values)
     events = [r for r in records if "event" in r]
     if any(e["event"] != "start" for e in events) or len(events) > 1:  # more than one plain launch
         view.events = [(_clock(e.get("time")), describe_event(e)) for e in events]
