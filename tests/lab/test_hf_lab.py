@@ -1,5 +1,6 @@
-"""A Llama folder trained over three lab hosts by `mlxcluster train`: every
-host writes its own OUT/model.
+"""A Llama folder trained over three lab hosts by `mlxcluster train`, in
+bfloat16 on float32 master weights with the optimizer state sharded: every
+host writes its own OUT/model (float32), which mlx-lm opens.
 
 Each host has its own disk at ``lab.disk`` (as Macs have). The model folder
 and the token data (tokenized with the model's tokenizer) are on this
@@ -33,13 +34,16 @@ def test_every_host_writes_its_own_out_model(lab3, tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "mlxcluster", "train", "-i", str(inventory), "--no-preflight",
          "--config", "tiny", "--stall-timeout", "60s", "--", "--steps", "2", "--global_batch", "6",
-         "--block_size", "32", "--eval_every", "0", "--sample_tokens", "0", "--init_from",
+         "--block_size", "32", "--eval_every", "0", "--sample_tokens", "0",
+         "--dtype", "bfloat16", "--shard_optimizer", "true", "--init_from",
          str(llama), "--data", str(data), "--out", str(out)],
         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     for h in lab3.hosts:  # both folders sent to every host, checked there
         assert f"model: {h.name}: {llama} missing: sending" in proc.stdout, proc.stdout[-3000:]
         assert f"data: {h.name}: {data} missing: sending" in proc.stdout
         assert lab3.host_exists(h, data / "tokenizer" / "tokenizer.json")
+    assert "compute bfloat16 on float32 master weights, gradients all-reduced in float32, " \
+           "optimizer state sharded" in proc.stdout, proc.stdout[-3000:]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count("model for mlx-lm: ") == 1  # said once, by rank 0
     assert not (out / "model").exists()  # this machine ran no rank (it keeps the record)
