@@ -29,6 +29,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "mlxcluster"
 # Popen outside the jobs layer, each for a reason that is not a job's launcher.
 OTHER_PROCESSES = {
     "tune/measure.py": "the receiving end of a raw TCP stream (tune's limit), one per host pair",
+    "data_sync.py": "a copy sent to a host: bytes written into ssh's stdin, or rsync's "
+                         "progress read, under a watchdog of its own",
 }
 
 

@@ -28,7 +28,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # listed by name until they move into mlxcluster/jobs/.
     ("jobs", ("mlxcluster.jobs", "mlxcluster.smoke", "mlxcluster.train*", "mlxcluster.stall",
               "mlxcluster.rank_wrapper", "mlxcluster.run_output", "mlxcluster.blas",
-              "mlxcluster.tuned", "mlxcluster.job_python", "mlxcluster.tune")),
+              "mlxcluster.tuned", "mlxcluster.job_python", "mlxcluster.tune",
+              "mlxcluster.data_sync*")),
     ("report", ("mlxcluster.report",)),
     # Above report: the demo runs every command, then writes the HTML report.
     ("demo", ("mlxcluster.demo", "mlxcluster.jobs.demo")),

@@ -79,13 +79,13 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
         # Every Mac has its own disk: the script must be on each, at one path.
         from mlxcluster.cli.data_sync import sync_script
 
-        if not os.path.isfile(script):
-            raise InputError(f"no such script here: {script}",
-                             "give the path of a Python file on this machine (it is sent to every "
-                             "host), or --no-sync-script when every host has it already")
-        require_job_python(job, env)  # its check runs on the job's python: a missing one said first
-        sync_script(job, script, env)
-        job = replace(job, program=(os.path.abspath(script), *job.program[1:]))
+        if os.path.isfile(script):
+            require_job_python(job, env)  # the check runs on the job's python: a missing one first
+            sync_script(job, script, env)
+            job = replace(job, program=(os.path.abspath(script), *job.program[1:]))
+        else:  # kept on the hosts only: the preflight looks for it there
+            click.echo(f"script: {script} is not on this machine: not sent (every host must "
+                       "have it at that path)")
     job, mlx_version = prepare_job(job, inventory, env, no_preflight=no_preflight,
                                    no_openblas=no_openblas)
     try:
