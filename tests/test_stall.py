@@ -358,3 +358,13 @@ def test_a_frame_at_a_collective_is_named_by_it(tmp_path):
     assert Frame(str(source), 2, "run").short == "all_sum at train.py:2 (in run)"
     assert Frame(str(source), 4, "run").short == "run at train.py:4"
     assert Frame(str(tmp_path / "elsewhere.py"), 3, "run").short == "run at elsewhere.py:3"
+
+
+def test_beside_a_stopped_rank_the_others_are_placed_not_blamed():
+    """MPI: with rank 1 stopped mid all-reduce, rank 0 may have finished its
+    part and wait in the next collective while rank 2 still waits in this one
+    (seen in CI). Both wait on rank 1; neither is a suspect."""
+    text = diagnose(three(stacks=(EVALUATING, "", WAITING)))
+    assert text == ("rank 1 on labhost2 is stopped (state T, CPU time not advancing); "
+                    "ranks 0 and 2 wait at different places: rank 0 in evaluate at train.py:333, "
+                    "rank 2 in train_step at train.py:412")

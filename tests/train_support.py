@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -40,8 +41,18 @@ def run_trainer(args: list[str], ranks: int = 1, timeout: float = 120,
             if key in env:
                 full += ["--env", f"{key}={env[key]}"]
         full += ["--", *cmd]
-    return subprocess.run(full, cwd=REPO, env=trainer_env(), capture_output=True, text=True,
-                          timeout=timeout)
+    # A session of its own, so that a timeout kills mlx.launch's ranks too
+    # (subprocess.run kills only the launcher; its ranks trained on for
+    # half an hour once, slowing every test after).
+    proc = subprocess.Popen(full, cwd=REPO, env=trainer_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(full, proc.returncode, stdout, stderr)
 
 
 def read_metrics(out: Path) -> list[dict]:

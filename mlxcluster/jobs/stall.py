@@ -267,8 +267,9 @@ def diagnose(states: list[RankState]) -> str:
 
     'rank 1 on labhost2 is stopped (state T, CPU time not advancing); ranks 0
     and 2 wait in all_sum at train.py:413 (in evaluate)'. A rank in a bad state (stopped,
-    zombie, uninterruptible wait, gone) is odd by itself; among the rest, ranks
-    whose main thread stands elsewhere than the largest group are odd too.
+    zombie, uninterruptible wait, gone) is odd by itself; then the others are
+    only placed. Without one, ranks whose main thread stands elsewhere than the
+    largest group are the odd ones.
     """
     if not states:
         return "no rank could be found on any host"
@@ -280,6 +281,14 @@ def diagnose(states: list[RankState]) -> str:
         groups.setdefault(where.short if where else "", []).append(s)
     ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), min(x.rank for x in kv[1])))
     parts = [f"rank {s.rank} on {s.host} {s.describe()}" for s in sorted(odd, key=lambda s: s.rank)]
+    if odd and len(ordered) > 1:
+        # A stopped or gone rank is the cause; the others wait on it wherever
+        # the collective in flight left them (one MPI rank may finish its
+        # part of an all-reduce and go on to the next): places, not suspects.
+        places = ", ".join(f"rank {s.rank} in {s.where.short}" if s.where else f"rank {s.rank} gave no stack"
+                           for s in sorted(rest, key=lambda s: s.rank))
+        parts.append(f"{ranks_text([s.rank for s in rest])} wait at different places: {places}")
+        return "; ".join(parts)
     if ordered:
         main_where, main_group = ordered[0]
         tie = len(ordered) > 1 and len(ordered[1][1]) == len(main_group)
