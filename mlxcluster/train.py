@@ -113,6 +113,19 @@ def trainer_flag(args: tuple[str, ...], flag: str, default):
     return value
 
 
+def without_flag(args: tuple[str, ...], flag: str) -> tuple[str, ...]:
+    """``args`` without ``flag VALUE`` and ``flag=VALUE`` (a flag that takes a value)."""
+    kept, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == flag:
+            skip = True
+        elif not arg.startswith(flag + "="):
+            kept.append(arg)
+    return tuple(kept)
+
+
 def check_batch_split(cfg: TrainConfig, ranks: int) -> None:
     """InputError when the global batch does not split over ``ranks`` x
     ``grad_accum`` micro-batches. The ranks check this too (reference_train

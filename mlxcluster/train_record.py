@@ -68,6 +68,24 @@ class RunRecord:
         with open(self.metrics, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
 
+    def resume_bound(self, log_every: int, eval_every: int) -> int:
+        """The first step a restart must not resume past: a loss (or val loss)
+        the trainer logged up to it but that never reached this machine (lost
+        in flight with rank 0's host) would be missing from the record for good.
+        Resuming before it redoes those steps, exactly, and logs them again."""
+        losses, vals = [0], [0]
+        if self.metrics.exists():
+            for line in self.metrics.read_text(encoding="utf-8").splitlines():
+                record = json.loads(line) if line.strip() else {}
+                if "loss" in record:
+                    losses.append(record["step"])
+                if "val_loss" in record:
+                    vals.append(record["step"])
+        bound = max(losses) + log_every
+        if eval_every:
+            bound = min(bound, max(vals) + eval_every)
+        return bound
+
     def close(self) -> None:
         self._log.close()
 

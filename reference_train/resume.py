@@ -91,11 +91,14 @@ def all_gather_bytes(data: bytes, group) -> mx.array:
     return mx.distributed.all_gather(mx.array(np.frombuffer(data, dtype=np.uint8)), group=group)
 
 
-def newest_whole(root: Path, only: int | None = None) -> tuple[Holding, Path | None]:
+def newest_whole(root: Path, only: int | None = None,
+                 before: int = 0) -> tuple[Holding, Path | None]:
     """The newest checkpoint under `root` whose files match their hashes
-    (or exactly step `only`), with a note for every damaged one passed over."""
+    (or exactly step `only`; only steps below `before` unless it is 0), with
+    a note for every damaged one passed over."""
     notes = []
     steps = [only] if only is not None else list(reversed(checkpoint_steps(root)))
+    steps = [s for s in steps if not before or s < before]
     for step in steps:
         path = root / checkpoint_name(step)
         if not (path / "state.json").exists():
@@ -138,11 +141,12 @@ def checkpoint_root(resume: str, out: Path) -> tuple[Path, int | None]:
 
 
 def agree_on_checkpoint(group, layout: HostLayout, root: Path, only: int | None,
-                        keep: int) -> tuple[Path | None, list[str], list[str]]:
-    """Steps 1-3 above (collective). Returns this rank's checkpoint to load
-    (None: no rank has one), notes about this rank's own disk (damaged copies
-    passed over) and notes every rank holds alike (what was sent where)."""
-    mine, _ = newest_whole(root, only)
+                        keep: int, before: int = 0) -> tuple[Path | None, list[str], list[str]]:
+    """Steps 1-3 above (collective), among the checkpoints below step `before`
+    (0: all). Returns this rank's checkpoint to load (None: no rank has one),
+    notes about this rank's own disk (damaged copies passed over) and notes
+    every rank holds alike (what was sent where)."""
+    mine, _ = newest_whole(root, only, before)
     own = [f"{layout.hosts[layout.rank]} (rank {layout.rank}): {n}" for n in mine.notes]
     notes: list[str] = []
     every = exchange(mine, group)

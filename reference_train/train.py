@@ -128,6 +128,10 @@ class TrainConfig:
     checkpoint_every: int = 0  # 0 = only at the end
     keep_checkpoints: int = 2  # newest checkpoints kept; 0 = all
     resume: str = ""  # "auto" = latest in --out if any, or a checkpoint path
+    # With --resume: only checkpoints before this step (0: any). mlxcluster
+    # train passes the first step its record lacks, so that a restart redoes
+    # the steps whose records were lost with rank 0's host.
+    resume_before: int = 0
     sample_tokens: int = 200  # text sampled at the end; 0 = none
     sample_prompt: str = "Once upon a time"
     export_dtype: str = "float32"  # OUT/model's weights: float32 (the master weights), bfloat16, float16
@@ -224,6 +228,7 @@ RANGES: dict[str, tuple[float | None, float | None, bool]] = {
     "seed": (0, 2**63, True), "log_every": (1, None, True), "eval_every": (0, None, True),
     "eval_batches": (1, None, True), "checkpoint_every": (0, None, True),
     "keep_checkpoints": (0, None, True), "sample_tokens": (0, None, True),
+    "resume_before": (0, None, True),
 }
 
 
@@ -397,7 +402,10 @@ class Trainer:
                                      cosine], [warmup])
 
     def build_steps(self):
-        """Compiled gradient and update functions (state captured, see mx.compile)."""
+        """Compiled gradient, all-reduce and update functions (state captured,
+        see mx.compile), and the three as one: the step that is not timed and
+        has one micro-batch runs as one compiled graph, which MLX schedules
+        without a stop between the phases."""
         model, optimizer, group, clip = self.model, self.optimizer, self.group, self.cfg.grad_clip
         compute, dtype, comm = self.compute, self.compute_dtype, self.comm_dtype
         loss_and_grad = nn.value_and_grad(compute, loss_fn)
@@ -421,13 +429,18 @@ class Trainer:
             optimizer.update(model, grads)
             return norm
 
+        def whole_step(x, y):  # the three in one graph, as mlx-lm compiles its step
+            loss, grads = grad_step(x, y)
+            return loss, update_step(reduce_step(grads))
+
         if self.cfg.compile:
             # value_and_grad writes the parameters back into the model, so the
             # gradient step must declare the state as an output too.
             compile_ = partial(mx.compile, inputs=state, outputs=state)
+            whole_step = compile_(whole_step)
             grad_step, update_step = compile_(grad_step), compile_(update_step)
             reduce_step = mx.compile(reduce_step)
-        return grad_step, reduce_step, update_step
+        return grad_step, reduce_step, update_step, whole_step
 
     def resume(self) -> None:
         """Load the newest checkpoint, agreed by every rank (resume.py: a host lacking
@@ -435,7 +448,7 @@ class Trainer:
         cfg = self.cfg
         root, only = checkpoint_root(cfg.resume, self.out)
         path, own_notes, notes = agree_on_checkpoint(self.group, self.layout, root, only,
-                                                     cfg.keep_checkpoints)
+                                                     cfg.keep_checkpoints, before=cfg.resume_before)
         for note in own_notes:  # about this host's disk: said by the rank that saw it
             print(f"note: {note}", flush=True)
         for note in notes:
@@ -513,9 +526,14 @@ class Trainer:
         cfg = self.cfg
         if self._steps is None:  # built after any resume replaced the optimizer state
             self._steps = self.build_steps()
-        grad_step, reduce_step, update_step = self._steps
+        grad_step, reduce_step, update_step, whole_step = self._steps
         start = time.perf_counter()
         x_all, y_all = self.train_data.batch(self.step)
+        if cfg.grad_accum == 1 and not timed:
+            step_loss, norm = whole_step(mx.array(x_all), mx.array(y_all))
+            mx.eval(self.model.parameters(), self.optimizer.state, step_loss, norm)
+            self.step += 1
+            return step_loss, norm
         step_loss, grads = mx.array(0.0), None
         for m in range(cfg.grad_accum):
             rows = slice(m * self.micro_batch, (m + 1) * self.micro_batch)

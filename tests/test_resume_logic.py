@@ -54,3 +54,13 @@ def test_resume_paths_name_the_checkpoint_folder_on_each_host(tmp_path):
         out / "checkpoints", 10)
     assert checkpoint_root(str(out), out) == (out / "checkpoints", None)  # nothing there yet
     assert checkpoint_root(str(out / "checkpoints"), out) == (out / "checkpoints", None)
+
+
+def test_a_bound_passes_over_the_checkpoints_at_and_after_it(tmp_path):
+    root = tmp_path / "checkpoints"
+    for step in (8, 16, 24):
+        saved(root, step)
+    assert newest_whole(root, before=24)[0].step == 16
+    assert newest_whole(root, before=25)[0].step == 24
+    assert newest_whole(root, before=8)[0].step == -1  # none before: start from step 0
+    assert newest_whole(root, before=0)[0].step == 24  # 0: no bound

@@ -40,3 +40,20 @@ def test_a_resume_drops_later_steps_and_a_fresh_start_drops_all(tmp_path):
     rec.feed('@@mlxcluster-record {"event": "start", "step": 0, "ranks": 3}')
     assert [r.get("event") for r in records(out)] == ["start"]
     rec.close()
+
+
+def test_a_restart_resumes_before_the_first_step_the_record_lacks(tmp_path):
+    """Rank 0's host lost: its last records died with its link. The bound
+    keeps every logged step (and every evaluation) the record lacks ahead of
+    the resume, so that they are redone and logged again."""
+    rec = RunRecord(tmp_path / "run")
+    assert rec.resume_bound(log_every=10, eval_every=50) == 10  # nothing recorded: before the first log
+    for step in (10, 20, 30):
+        rec.feed(f'@@mlxcluster-record {{"step": {step}, "loss": 3.0}}')
+    assert rec.resume_bound(log_every=10, eval_every=0) == 40  # a checkpoint at 39 logged nothing new
+    assert rec.resume_bound(log_every=10, eval_every=25) == 25  # the val loss at 25 never came
+    rec.feed('@@mlxcluster-record {"step": 25, "val_loss": 3.1}')
+    assert rec.resume_bound(log_every=10, eval_every=25) == 40
+    rec.feed('@@mlxcluster-record {"event": "start", "step": 20, "ranks": 2}')  # a resume at 20
+    assert rec.resume_bound(log_every=1, eval_every=0) == 21
+    rec.close()

@@ -17,7 +17,7 @@ import time
 import psutil
 import pytest
 
-from mlxcluster.train import restart_checkpoint_every
+from mlxcluster.train import restart_checkpoint_every, without_flag
 from reference_train.prepare import prepare_offline
 from tests.train_support import REPO, run_trainer, train_losses, trainer_env
 
@@ -98,3 +98,27 @@ def test_a_stalled_rank_is_restarted_and_the_run_ends_with_the_reference_losses(
     worst = max(abs(got[s] - want[s]) / abs(want[s]) for s in want)
     assert worst <= 1.1e-6, worst
     assert rank_process(out, 0) is None and rank_process(out, 1) is None
+
+
+def test_without_flag_drops_a_flag_and_its_value_in_both_spellings():
+    args = ("--steps", "40", "--resume_before", "30", "--resume", "auto", "--resume_before=20")
+    assert without_flag(args, "--resume_before") == ("--steps", "40", "--resume", "auto")
+    assert without_flag(args, "--lr") == args
+
+
+def test_resume_before_a_step_redoes_the_steps_after_the_checkpoint_below_it(data, tmp_path):
+    """What `train` passes after a restart: a checkpoint at or after the bound
+    is passed over, and the steps from the one before are trained again, with
+    the same losses."""
+    out = tmp_path / "run"
+    args = ["--config", "tiny", "--steps", "12", "--global_batch", "12", "--eval_every", "0",
+            "--sample_tokens", "0", "--data", str(data), "--out", str(out), "--log_every", "1",
+            "--checkpoint_every", "4", "--keep_checkpoints", "0"]
+    first = run_trainer(args, timeout=240)
+    assert first.returncode == 0, first.stderr[-2000:]
+    want = train_losses(out)
+    again = run_trainer([*args, "--resume", "auto", "--resume_before", "10"], timeout=240)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "checkpoints/step_000008 at step 8" in again.stdout
+    assert sorted(train_losses(out)) == list(range(1, 13))
+    assert train_losses(out) == want

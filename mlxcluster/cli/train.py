@@ -32,6 +32,7 @@ from mlxcluster.train import (
     trainer_flag,
     trainer_help,
     validate_trainer_args,
+    without_flag,
 )
 from mlxcluster.train_record import RECORD_ENV, RunRecord
 
@@ -121,10 +122,13 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
                        report_dir=Path(cfg.out))
 
     def resume(job, k: int):
-        click.echo("resuming from the newest checkpoint every host has")
+        bound = record.resume_bound(cfg.log_every, cfg.eval_every)
+        click.echo(f"resuming from the newest checkpoint every host has before step {bound} "
+                   "(the steps after it are not all in the record yet)")
+        args = without_flag(job.trainer_args, "--resume_before")
         if k == 1:
-            return dataclasses.replace(job, trainer_args=(*job.trainer_args, "--resume", "auto"))
-        return job
+            args = (*args, "--resume", "auto")
+        return dataclasses.replace(job, trainer_args=(*args, "--resume_before", str(bound)))
 
     def drop(job, dropping):
         job = without_hosts(job, {d.host for d in dropping})

@@ -1,0 +1,124 @@
+"""Our training step against mlx-lm's, alone, in one process, in turn.
+
+    python bench/step_vs_mlx_lm.py              # ~2 minutes on 2 cores
+    python bench/step_vs_mlx_lm.py --rounds 9 --steps 20
+
+bench/vs_mlx_lm.py compares the two trainers whole, each in its own process
+(start-up, data, reports and all); their tokens/s differ by a few percent
+from run to run on this shared machine. This one takes the noise out of
+the step itself: the same Llama folder (bench/vs_mlx_lm.py's), loaded once
+by our Trainer (`--init_from`) and once by mlx-lm's `load`, the same batch
+of 8 x 128 tokens, float32, AdamW, both in one process; then round after
+round, --steps of ours (`Trainer.train_step`, the step it runs when the step
+is not logged) and --steps of mlx-lm's (its trainer's compiled step:
+value_and_grad of its default loss, average_gradients, optimizer.update,
+one mx.compile with the state, evaluated as it does). Prints ms per step per
+round and the ratio mlx-lm / ours (> 1: ours is faster), with the median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from mlxcluster.blas import find_openblas, with_openblas  # noqa: E402
+
+
+def mlx_lm_step(folder: Path):
+    """mlx-lm's model from ``folder`` and its trainer's step (mlx_lm.tuner.trainer.train)."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    import mlx.optimizers as optim
+    from mlx.nn.utils import average_gradients
+    from mlx_lm.tuner.trainer import default_loss
+    from mlx_lm.utils import load
+
+    model, _ = load(str(folder))
+    optimizer = optim.AdamW(learning_rate=1e-5)
+    state = [model.state, optimizer.state, mx.random.state]
+    loss_and_grad = nn.value_and_grad(model, default_loss)
+
+    @partial(mx.compile, inputs=state, outputs=state)
+    def step(batch, lengths):
+        (loss, tokens), grad = loss_and_grad(model, batch, lengths)
+        optimizer.update(model, average_gradients(grad))
+        return loss, tokens
+
+    def run(batch, lengths):
+        loss, tokens = step(batch, lengths)
+        mx.eval(state, loss, tokens)
+
+    return run
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=20, help="steps of each per round")
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--block-size", type=int, default=128)
+    p.add_argument("--batch", type=int, default=8)
+    args = p.parse_args()
+    blas = find_openblas()
+    if blas and str(blas) not in os.environ.get("LD_PRELOAD", ""):  # acts at start-up: re-exec
+        env = with_openblas(os.environ, blas)
+        env.setdefault("OPENBLAS_NUM_THREADS", "2")
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
+
+    import mlx.core as mx
+    import numpy as np
+
+    from reference_train.train import Trainer, build_config, init_group
+    from vs_mlx_lm import CONFIG, build
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder, tokens, _ = build(Path(tmp), args.block_size)
+        cfg = build_config(["--init_from", str(folder), "--data", str(tokens), "--out",
+                            str(Path(tmp) / "out"), "--global_batch", str(args.batch),
+                            "--block_size", str(args.block_size), "--eval_every", "0",
+                            "--sample_tokens", "0", "--warmup_steps", "0", "--grad_clip", "0",
+                            "--lr", "1e-5", "--steps", str(10 * args.rounds * args.steps)])
+        trainer = Trainer(cfg, init_group(), lambda msg: None)
+        theirs = mlx_lm_step(folder)
+        x, y = trainer.train_data.batch(0)
+        # mlx-lm's batch is the sequence and its last target; lengths mark every token
+        batch = mx.array(np.concatenate([x, y[:, -1:]], axis=1).astype(np.int32))
+        lengths = mx.array([[0, args.block_size]] * args.batch)
+
+        def ours_s() -> float:
+            start = time.perf_counter()
+            for _ in range(args.steps):
+                trainer.train_step()
+            return (time.perf_counter() - start) / args.steps
+
+        def theirs_s() -> float:
+            start = time.perf_counter()
+            for _ in range(args.steps):
+                theirs(batch, lengths)
+            return (time.perf_counter() - start) / args.steps
+
+        ours_s(), theirs_s()  # compile, warm the caches
+        rounds = [(ours_s(), theirs_s()) for _ in range(args.rounds)]
+    ratios = [t / o for o, t in rounds]
+    print(f"Llama {CONFIG['hidden_size']}x{CONFIG['num_hidden_layers']} layers, vocab "
+          f"{CONFIG['vocab_size']}, batch {args.batch} x {args.block_size}, float32, AdamW, one "
+          f"process, {args.rounds} rounds of {args.steps} steps each, blas "
+          f"{'OpenBLAS' if blas else 'default'}")
+    print("  ours ms/step:   " + ", ".join(f"{o * 1000:.1f}" for o, _ in rounds))
+    print("  mlx-lm ms/step: " + ", ".join(f"{t * 1000:.1f}" for _, t in rounds))
+    print(f"  mlx-lm / ours (> 1: ours faster): {', '.join(f'{r:.3f}' for r in ratios)} "
+          f"(median {statistics.median(ratios):.3f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
