@@ -17,7 +17,6 @@ config's own step count.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -27,7 +26,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from mlxcluster.blas import find_openblas, with_openblas  # noqa: E402
+from bench_support import rerun_with_openblas  # noqa: E402
+
 from mlxcluster.train import restart_checkpoint_every  # noqa: E402
 
 
@@ -38,11 +38,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--warmup", type=int, default=5)
     args = p.parse_args()
-    blas = find_openblas()
-    if blas and str(blas) not in os.environ.get("LD_PRELOAD", ""):  # acts at start-up: re-exec
-        env = with_openblas(os.environ, blas)
-        env.setdefault("OPENBLAS_NUM_THREADS", "1")
-        os.execve(sys.executable, [sys.executable, *sys.argv], env)
+    blas = rerun_with_openblas(threads=1)
 
     import mlx.core as mx
 

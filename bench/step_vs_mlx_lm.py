@@ -19,7 +19,6 @@ round and the ratio mlx-lm / ours (> 1: ours is faster), with the median.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -31,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from mlxcluster.blas import find_openblas, with_openblas  # noqa: E402
+from bench_support import rerun_with_openblas  # noqa: E402
 
 
 def mlx_lm_step(folder: Path):
@@ -68,17 +67,13 @@ def main() -> int:
     p.add_argument("--block-size", type=int, default=128)
     p.add_argument("--batch", type=int, default=8)
     args = p.parse_args()
-    blas = find_openblas()
-    if blas and str(blas) not in os.environ.get("LD_PRELOAD", ""):  # acts at start-up: re-exec
-        env = with_openblas(os.environ, blas)
-        env.setdefault("OPENBLAS_NUM_THREADS", "2")
-        os.execve(sys.executable, [sys.executable, *sys.argv], env)
+    blas = rerun_with_openblas(threads=2)
 
     import mlx.core as mx
     import numpy as np
+    from vs_mlx_lm import CONFIG, build
 
     from reference_train.train import Trainer, build_config, init_group
-    from vs_mlx_lm import CONFIG, build
 
     with tempfile.TemporaryDirectory() as tmp:
         folder, tokens, _ = build(Path(tmp), args.block_size)

@@ -104,7 +104,7 @@ def test_a_stopped_rank_is_found_named_and_stopped(lab3, lab_data, tmp_path, bac
     report = out / f"stall-{run_id}"
     assert f"every rank's state and Python stacks: {report}" in stderr
     assert "rank 1 on labhost2 is stopped" in (report / "summary.txt").read_text()
-    for rank, (named, _, line, within) in zip((0, 2), places):
+    for rank, (named, _, line, within) in zip((0, 2), places, strict=True):
         stacks = (report / f"rank{rank}.txt").read_text()
         function = within or named  # 'all_sum at train.py:479 (in run)'
         assert f'line {line} in {function}' in stacks
