@@ -6,14 +6,19 @@ updates that share, and the updated parameters are gathered on every rank.
 
 Shares are whole parameters, dealt out largest first to the rank holding the
 fewest elements so far (deterministic: every rank computes the same deal).
-The gradients are averaged over all ranks as without sharding (``all_sum``:
-MLX's ring and MPI backends have no ``sum_scatter`` — ring raises "[ring]
-sum_scatter not supported", MPI "[mpi] sum_scatter not yet implemented" —
-and every rank needs the global gradient norm for clipping anyway), so each
-rank updates its share from exactly the gradient the unsharded optimizer
-sees. The gather is one ``all_sum`` of a flat vector in which each rank
-fills its own parameters and leaves zeros elsewhere: x + 0 = x, so every
-rank ends with bit-for-bit the parameters of the unsharded run.
+Laid end to end, rank 0's parameters, then rank 1's..., each share padded to
+the largest one, the flat vector splits into N equal pieces, piece r being
+rank r's share: the cut that ``sum_scatter`` and ``all_gather`` make.
+
+A step: the gradients are reduce-scattered (each rank receives the average of
+its own share only), clipped by the global norm (each rank's sum of squares,
+one ``all_sum`` of a scalar), the share is updated, and the updated pieces are
+all-gathered. Only JACCL (mlx >= 0.32.1) and NCCL have ``sum_scatter``; ring
+raises "[ring] sum_scatter not supported" (and on macOS the error can hang
+every rank instead, ml-explore/mlx#4285) and MPI "[mpi] sum_scatter not yet
+implemented", so the backend is read from the launch, never tried: elsewhere
+the gradients are all-summed and each rank keeps its piece, the same values.
+``all_gather`` copies, so every rank ends with bit-for-bit the same parameters.
 
 Checkpoints hold the whole state in the unsharded layout (``gathered_state``,
 a collective every rank calls), so every host's own copy is whole and a run
@@ -22,10 +27,16 @@ resumes on any rank count, sharded or not; loading keeps this rank's share.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 
 MOMENTS = ("m", "v")  # AdamW's per-parameter state, each shaped like the parameter
+
+# Backends with a reduce-scatter, from the mlx release that added it
+# (docs/training.md has the table and its sources).
+SUM_SCATTER_SINCE = {"nccl": (0, 30, 0), "jaccl": (0, 32, 1)}
 
 
 def deal(sizes: dict[str, int], ranks: int) -> dict[str, int]:
@@ -38,17 +49,43 @@ def deal(sizes: dict[str, int], ranks: int) -> dict[str, int]:
     return owner
 
 
+def launched_backend(env: Mapping[str, str], cuda: bool) -> str:
+    """The backend ``mx.distributed.init()`` picks for this launch, read from
+    what the launchers set, in the order MLX tries them (distributed.cpp:
+    nccl on CUDA, ring, mpi, jaccl); "none" for a single process."""
+    if cuda and "MLX_RANK" in env and "MLX_WORLD_SIZE" in env:
+        return "nccl"
+    if "MLX_HOSTFILE" in env and "MLX_RANK" in env:
+        return "ring"
+    if any(var in env for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")):
+        return "mpi"
+    if (any(var in env for var in ("JACCL_IBV_DEVICES", "MLX_IBV_DEVICES"))
+            and any(var in env for var in ("JACCL_COORDINATOR", "MLX_JACCL_COORDINATOR"))):
+        return "jaccl"
+    return "none"
+
+
+def has_sum_scatter(backend: str, mlx_version: str) -> bool:
+    since = SUM_SCATTER_SINCE.get(backend)
+    if since is None:
+        return False
+    release = tuple(int(p) for p in mlx_version.split(".")[:3] if p.isdigit())
+    return release >= since
+
+
 class ShardedOptimizer:
     """Wraps an MLX optimizer (AdamW) so that it holds and updates this rank's share."""
 
-    def __init__(self, optimizer, model, group):
-        self.inner, self.group = optimizer, group
+    def __init__(self, optimizer, model, group, reduce_scatter: bool = False):
+        self.inner, self.group, self.reduce_scatter = optimizer, group, reduce_scatter
         self.rank, self.size = group.rank(), group.size()
         params = dict(tree_flatten(model.trainable_parameters()))
         self.names = sorted(params)
         self.shapes = {n: params[n].shape for n in self.names}
         self.owner = deal({n: params[n].size for n in self.names}, self.size)
-        self.mine = [n for n in self.names if self.owner[n] == self.rank]
+        self.shares = [[n for n in self.names if self.owner[n] == r] for r in range(self.size)]
+        self.mine = self.shares[self.rank]
+        self.piece = max(sum(params[n].size for n in share) for share in self.shares)
         self.inner.init(tree_unflatten([(n, params[n]) for n in self.mine]))
 
     # What mx.eval / mx.compile see: this rank's share of the state.
@@ -68,40 +105,79 @@ class ShardedOptimizer:
     def learning_rate(self):
         return self.inner.learning_rate
 
-    def update(self, model, grads) -> None:
-        """Update this rank's share from the (already averaged) gradients, then
-        gather the updated parameters on every rank."""
-        grads, params = dict(tree_flatten(grads)), dict(tree_flatten(model.trainable_parameters()))
+    def average_gradients(self, grads, comm_dtype: mx.Dtype) -> dict[str, mx.array]:
+        """This rank's share of the ranks' mean gradient, in float32 (a flat
+        dict by parameter name), reduced in ``comm_dtype``."""
+        grads = dict(tree_flatten(grads))
+        if self.size == 1:
+            return {n: grads[n] for n in self.mine}
+        flat = mx.concatenate([self._padded([grads[n] for n in share]) for share in self.shares])
+        flat = flat.astype(comm_dtype)
+        if self.reduce_scatter:
+            piece = mx.distributed.sum_scatter(flat, group=self.group)
+        else:  # the same piece, the long way: the whole sum, then keep ours
+            at = self.rank * self.piece
+            piece = mx.distributed.all_sum(flat, group=self.group)[at:at + self.piece]
+        return self._split((piece / self.size).astype(mx.float32), self.mine)
+
+    def clip_grad_norm(self, grads: dict[str, mx.array], max_norm: float):
+        """``optim.clip_grad_norm`` for shares: the global norm from every rank's sum of squares."""
+        squares = sum((g.square().sum() for g in grads.values()), mx.array(0.0))
+        total = mx.sqrt(mx.distributed.all_sum(squares, group=self.group)
+                        if self.size > 1 else squares)
+        normalizer = mx.minimum(max_norm / (total + 1e-6), 1.0)
+        return {n: (g * normalizer).astype(g.dtype) for n, g in grads.items()}, total
+
+    def update(self, model, grads: dict[str, mx.array]) -> None:
+        """Update this rank's share from its averaged gradients (``average_gradients``),
+        then gather the updated parameters on every rank."""
+        params = dict(tree_flatten(model.trainable_parameters()))
         new = dict(tree_flatten(self.inner.apply_gradients(
-            tree_unflatten([(n, grads[n]) for n in self.mine]),
+            tree_unflatten(list(grads.items())),
             tree_unflatten([(n, params[n]) for n in self.mine]))))
-        whole = self._gather({n: new[n] for n in self.mine}, params)
-        model.update(tree_unflatten(list(whole.items())))
+        pieces = self._gather([new[n] for n in self.mine])
+        model.update(tree_unflatten([(n, v) for share, piece in zip(self.shares, pieces, strict=True)
+                                     for n, v in self._split(piece, share).items()]))
 
     def gathered_state(self):
         """The whole state in the unsharded layout, on every rank (a collective)."""
         own = dict(tree_flatten(self.inner.state))
-        fields = {f"{n}.{m}": own.get(f"{n}.{m}") for n in self.names for m in MOMENTS}
-        shapes = {k: self.shapes[k.rsplit(".", 1)[0]] for k in fields}
-        gathered = self._gather({k: v for k, v in fields.items() if v is not None},
-                                {k: mx.zeros(shapes[k], dtype=mx.float32) for k in fields})
-        rest = [(k, v) for k, v in own.items() if k.rsplit(".", 1)[0] not in self.names
-                and k not in gathered]
+        pieces = self._gather([own[f"{n}.{m}"] for m in MOMENTS for n in self.mine], len(MOMENTS))
+        gathered = {}
+        for share, piece in zip(self.shares, pieces, strict=True):
+            for m, part in zip(MOMENTS, mx.split(piece, len(MOMENTS)), strict=True):
+                gathered.update({f"{n}.{m}": v for n, v in self._split(part, share).items()})
+        rest = [(k, v) for k, v in own.items() if k.rsplit(".", 1)[0] not in self.names]
         mx.eval(gathered)  # now, on every rank: MLX is lazy, and only writers would evaluate it
         return tree_unflatten(sorted(gathered.items()) + rest)
 
-    def _gather(self, mine: dict[str, mx.array], like: dict[str, mx.array]) -> dict[str, mx.array]:
-        """Every key of ``like``, with the owners' values: one all_sum of a
-        flat vector where only the owner's part is not zero."""
-        if self.size == 1:
-            return {k: mine.get(k, like[k]) for k in like}
-        keys = sorted(like)
-        flat = mx.concatenate([(mine[k] if k in mine else mx.zeros_like(like[k])).reshape(-1)
-                               for k in keys])
-        summed = mx.distributed.all_sum(flat, group=self.group)
+    # ------------------------------------------------------------ the flat layout
+
+    def _padded(self, arrays: list[mx.array], pieces: int = 1) -> mx.array:
+        """Arrays end to end, padded with zeros to ``pieces`` equal pieces' length.
+        ``pieces`` > 1: the arrays come as that many groups, each its own piece."""
+        per = len(arrays) // pieces
+        parts = []
+        for p in range(pieces):
+            group = [a.reshape(-1) for a in arrays[p * per:(p + 1) * per]]
+            filled = sum(a.size for a in group)
+            parts += group + [mx.zeros((self.piece - filled,), dtype=mx.float32)]
+        return mx.concatenate(parts)
+
+    def _split(self, piece: mx.array, names: list[str]) -> dict[str, mx.array]:
+        """A piece cut back into the named parameters (the padding dropped)."""
         out, at = {}, 0
-        for k in keys:
-            n = like[k].size
-            out[k] = summed[at:at + n].reshape(like[k].shape)
-            at += n
+        for n in names:
+            size = 1
+            for d in self.shapes[n]:
+                size *= d
+            out[n] = piece[at:at + size].reshape(self.shapes[n])
+            at += size
         return out
+
+    def _gather(self, arrays: list[mx.array], pieces: int = 1) -> list[mx.array]:
+        """Every rank's piece (this rank's ``arrays``, padded), in rank order."""
+        mine = self._padded(arrays, pieces)
+        if self.size == 1:
+            return [mine]
+        return mx.split(mx.distributed.all_gather(mine, group=self.group), self.size)

@@ -65,7 +65,7 @@ from .mfu import flops_per_token, peak_flops
 from .model import Llama, ModelArgs, args_match, count_parameters, generate, loss_fn
 from .precision import DTYPES, average_gradients, compute_copy, dtype_of, refresh, to_float32
 from .resume import agree_on_checkpoint, check_loaded, checkpoint_root, host_layout
-from .sharded_optimizer import ShardedOptimizer
+from .sharded_optimizer import ShardedOptimizer, has_sum_scatter, launched_backend
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 # With MLXCLUSTER_HEARTBEAT=1 in the environment (mlxcluster train sets it), every
@@ -343,6 +343,9 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, group, log=print):
         self.cfg, self.group, self.log = cfg, group, log
         self.rank, self.size = group.rank(), group.size()
+        cuda = hasattr(mx, "cuda") and mx.cuda.is_available()
+        self.backend = launched_backend(os.environ, cuda) if self.size > 1 else "none"
+        self.reduce_scatter = False
         # Every host keeps its own checkpoints (Macs have their own disks): one writer per host.
         self.layout = host_layout(group)
         self.micro_batch = split_batch(cfg.global_batch, self.size, cfg.grad_accum)
@@ -367,7 +370,9 @@ class Trainer:
         self.optimizer = optim.AdamW(learning_rate=self.schedule(), betas=[cfg.beta1, cfg.beta2],
                                      weight_decay=cfg.weight_decay)
         if cfg.shard_optimizer:  # each rank keeps its share of the state (sharded_optimizer.py)
-            self.optimizer = ShardedOptimizer(self.optimizer, self.model, group)
+            self.reduce_scatter = has_sum_scatter(self.backend, mx.__version__)
+            self.optimizer = ShardedOptimizer(self.optimizer, self.model, group,
+                                              reduce_scatter=self.reduce_scatter)
         else:
             self.optimizer.init(self.model.trainable_parameters())
         mx.eval(self.model.parameters(), self.optimizer.state)
@@ -418,12 +423,18 @@ class Trainer:
             loss, grads = loss_and_grad(compute, x, y)
             return loss.astype(mx.float32), to_float32(grads)
 
+        # Sharded (sharded_optimizer.py): each rank receives, clips and updates its share only.
+        sharded = isinstance(optimizer, ShardedOptimizer)
+        clip_grad_norm = optimizer.clip_grad_norm if sharded else optim.clip_grad_norm
+
         def reduce_step(grads):  # the gradient all-reduce, apart: its time is measured
+            if sharded:
+                return optimizer.average_gradients(grads, comm)
             return average_gradients(grads, group, comm)
 
         def update_step(grads):
             if clip > 0:
-                grads, norm = optim.clip_grad_norm(grads, clip)
+                grads, norm = clip_grad_norm(grads, clip)
             else:
                 norm = mx.array(0.0)
             optimizer.update(model, grads)
@@ -560,6 +571,17 @@ class Trainer:
         self.step += 1
         return step_loss, norm
 
+    def reduction(self) -> str:
+        """How the gradients are averaged, for the log."""
+        cfg = self.cfg
+        if not cfg.shard_optimizer:
+            return f"gradients all-reduced in {cfg.comm_dtype}"
+        if self.reduce_scatter:
+            return (f"gradients reduce-scattered in {cfg.comm_dtype} ({self.backend}), "
+                    "optimizer state sharded")
+        return (f"gradients all-reduced in {cfg.comm_dtype}, optimizer state sharded (each rank "
+                f"keeps its share: {self.backend} has no sum_scatter)")
+
     def run(self) -> dict:
         """Train from self.step to the end (or stop_after); return the last metrics."""
         cfg = self.cfg
@@ -572,8 +594,7 @@ class Trainer:
                      f"{f' from {cfg.init_from}' if cfg.init_from else ''} | train "
                      f"{plan.n_sequences} sequences of {cfg.block_size}: {plan.steps_per_epoch} "
                      f"steps/epoch, {plan.dropped} dropped per epoch")
-            self.log(f"compute {cfg.dtype} on float32 master weights, gradients all-reduced in "
-                     f"{cfg.comm_dtype}{', optimizer state sharded' if cfg.shard_optimizer else ''}"
+            self.log(f"compute {cfg.dtype} on float32 master weights, {self.reduction()}"
                      f" | {self.flops_per_token / 1e6:.2f} MFLOPs per token; mfu against "
                      f"{self.peak_source}")
         if cfg.resume:

@@ -3,16 +3,30 @@ real local ranks (ring): the same losses as the unsharded optimizer (within
 1e-6; measured 5.1e-7 and 5.8e-7 against one process at 2 and 3 ranks, the
 all_sum order's rounding, as unsharded ranks show), checkpoints in the
 unsharded layout with the same AdamW state, and a resume on another rank
-count, sharded or not. The memory per rank: bench/optimizer_memory.py."""
+count, sharded or not. The memory per rank: bench/optimizer_memory.py.
+
+The reduce-scatter itself runs only on JACCL and NCCL (no Thunderbolt 5 or
+CUDA here); what it relies on is tested: the flat layout cut into equal
+pieces gives each rank its own share, and the backend is read from the
+launch, so that ring and MPI, which raise, are never asked for one."""
 
 from __future__ import annotations
 
 import shutil
 
 import mlx.core as mx
+import mlx.optimizers as optim
 import numpy as np
+import pytest
+from mlx.utils import tree_flatten
 
-from reference_train.sharded_optimizer import deal
+from reference_train.model import Llama, ModelArgs
+from reference_train.sharded_optimizer import (
+    ShardedOptimizer,
+    deal,
+    has_sum_scatter,
+    launched_backend,
+)
 
 from .train_support import run_trainer, train_losses
 
@@ -24,6 +38,7 @@ SHARD = ["--shard_optimizer", "true"]
 def run(tmp_path, name, *extra, ranks=1):
     proc = run_trainer([*COMMON, *extra, "--out", str(tmp_path / name)], ranks=ranks, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    (tmp_path / f"{name}.stdout").write_text(proc.stdout)
     return train_losses(tmp_path / name)
 
 
@@ -38,10 +53,66 @@ def test_the_deal_is_balanced_and_the_same_on_every_rank():
     assert sorted(per_rank) == [910, 1000, 1000] and owner == deal(dict(reversed(sizes.items())), 3)
 
 
+class Rank:
+    """A group's rank() and size() (the layout is computed from them alone)."""
+
+    def __init__(self, rank, size):
+        self._rank, self._size = rank, size
+
+    def rank(self):
+        return self._rank
+
+    def size(self):
+        return self._size
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_the_flat_layout_cut_in_equal_pieces_gives_each_rank_its_share(ranks):
+    mx.random.seed(0)
+    model = Llama(ModelArgs(vocab_size=50, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                            hidden_dim=48))
+    grads = {n: mx.random.normal(p.shape) for n, p in tree_flatten(model.trainable_parameters())}
+    shards = [ShardedOptimizer(optim.AdamW(1e-3), model, Rank(r, ranks)) for r in range(ranks)]
+    # What every rank sends to sum_scatter, the same layout on every rank:
+    flats = [mx.concatenate([s._padded([grads[n] for n in share]) for share in s.shares])
+             for s in shards]
+    assert all(mx.array_equal(f, flats[0]).item() for f in flats)
+    assert flats[0].size == ranks * shards[0].piece
+    pieces = mx.split(flats[0], ranks)  # what sum_scatter hands rank r: the r-th equal piece
+    for r, s in enumerate(shards):
+        got = s._split(pieces[r], s.mine)
+        assert sorted(got) == s.mine and s.mine
+        assert all(mx.array_equal(got[n], grads[n]).item() for n in s.mine)
+    assert sorted(n for s in shards for n in s.mine) == sorted(grads)  # each parameter once
+
+
+@pytest.mark.parametrize(("env", "cuda", "backend"), [
+    ({"MLX_HOSTFILE": "/tmp/h.json", "MLX_RANK": "1"}, False, "ring"),  # mlx.launch --backend ring
+    ({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "0"}, False, "mpi"),  # mpirun
+    ({"MLX_IBV_DEVICES": "/tmp/d.json", "MLX_JACCL_COORDINATOR": "10.0.0.1:5000",
+      "MLX_RANK": "0"}, False, "jaccl"),                                # mlx.launch --backend jaccl
+    ({"MLX_RANK": "0", "MLX_WORLD_SIZE": "2", "NCCL_HOST_IP": "10.0.0.1"}, True, "nccl"),
+    ({"MLX_RANK": "0", "MLX_WORLD_SIZE": "2"}, False, "none"),          # nccl's env, no CUDA
+    ({}, False, "none"),
+])
+def test_the_backend_is_read_from_the_launch(env, cuda, backend):
+    assert launched_backend(env, cuda) == backend
+
+
+def test_only_jaccl_and_nccl_are_asked_for_a_reduce_scatter():
+    assert not has_sum_scatter("ring", "0.32.4") and not has_sum_scatter("mpi", "0.32.4")
+    assert not has_sum_scatter("jaccl", "0.32.0") and has_sum_scatter("jaccl", "0.32.1")
+    assert has_sum_scatter("nccl", "0.30.0") and has_sum_scatter("jaccl", "0.33.0.dev20261101")
+    assert not has_sum_scatter("none", "0.32.4")
+
+
 def test_sharded_losses_and_state_equal_the_unsharded_ones(tmp_path):
     one = run(tmp_path, "one")
     plain = run(tmp_path, "plain2", ranks=2)
     sharded = run(tmp_path, "zero2", *SHARD, ranks=2)
+    said = (tmp_path / "zero2.stdout").read_text()
+    assert ("gradients all-reduced in float32, optimizer state sharded (each rank keeps its "
+            "share: ring has no sum_scatter)") in said, said[-2000:]
     assert worst(sharded, one) < 1e-6 and worst(sharded, plain) < 1e-6
     assert worst(run(tmp_path, "zero3", *SHARD, ranks=3), one) < 1e-6
     # The checkpoint holds the whole AdamW state in the unsharded layout.

@@ -152,7 +152,7 @@ STATE_WORDS = {"R": "running", "S": "sleeping", "I": "idle", "D": "in uninterrup
 BAD_STATES = ("T", "t", "Z", "D", "U")  # a rank in one of these is the odd one out
 
 
-COLLECTIVE_RE = re.compile(r"\b(all_sum|all_gather|all_max|all_min|average_gradients|"
+COLLECTIVE_RE = re.compile(r"\b(all_sum|all_gather|all_max|all_min|sum_scatter|average_gradients|"
                            r"send|recv|recv_like)\(")
 CONTINUATION = (")", "]", "/", "*", "+", "-", ".", "%", "&", "|")
 
