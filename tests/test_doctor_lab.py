@@ -198,6 +198,23 @@ def test_paramiko_honours_proxyjump_from_the_ssh_config(lab3, tmp_path):
     assert connection.split()[0] == jump.ip
 
 
+def test_a_command_that_ends_before_reading_its_input_gives_its_own_answer(lab3):
+    # Seen in CI: doctor's probe sends its script to a python that is not
+    # there; sshd closed the channel (exit 127) before the script was sent,
+    # and paramiko's "Socket is closed" was blamed on ssh-paramiko instead of
+    # python-path. 8 MiB of input cannot fit in the channel's window, so the
+    # command always ends while it is being sent.
+    from mlxcluster.ssh.remote import ParamikoRunner
+
+    host = lab3.hosts[1]
+    with ParamikoRunner(str(lab3.ssh_config), connect_timeout=CONNECT_TIMEOUT) as runner:
+        result = runner.run(host.name, "echo not reading >&2; exit 3", stdin="x" * (8 << 20),
+                            timeout=30)
+        assert (result.exit_status, result.stderr.strip()) == (3, "not reading")
+        # The connection is still good for the next command.
+        assert runner.run(host.name, "hostname", timeout=30).stdout.strip() == host.name
+
+
 def test_data_ip_not_on_its_host_blames_only_data_ips_present(lab3, inventory_path, tmp_path):
     """An inventory IP that labhost3 does not have (e.g. renumbered after a reboot)."""
     host = lab3.host("labhost3")

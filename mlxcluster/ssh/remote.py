@@ -383,7 +383,7 @@ class ParamikoRunner:
             channel.settimeout(limit)
             exec_bounded(channel, command, started + limit - time.monotonic(), alias, limit)
             if stdin is not None:
-                channel.sendall(stdin.encode("utf-8"))
+                send_input(channel, stdin.encode("utf-8"))
             channel.shutdown_write()
             out, err = read_channel(channel, started + limit)
             if not channel.exit_status_ready():
@@ -488,6 +488,19 @@ def read_line(channel: paramiko.Channel, timeout: float) -> str | None:
     if not buf:
         return None
     return buf.split(b"\n", 1)[0].decode("utf-8", "replace")
+
+
+def send_input(channel: paramiko.Channel, data: bytes) -> None:
+    """Send a command its stdin. A command that ends without reading it (a
+    python that is not there: 'not found', exit 127) may have closed the
+    channel first: paramiko then raises "Socket is closed", which would hide
+    the command's own answer (its output and exit status, still to be read)."""
+    try:
+        channel.sendall(data)
+    except OSError:
+        transport = channel.get_transport()
+        if not channel.closed or transport is None or not transport.is_active():
+            raise  # the connection itself is gone: that is the answer
 
 
 def read_channel(channel: paramiko.Channel, deadline: float) -> tuple[bytes, bytes]:
