@@ -6,6 +6,7 @@ tests/lab/test_dead_host_lab.py."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import pytest
 
 from mlxcluster.jobs.cleanup import (
     LauncherStopNoise,
+    bracketed,
     lost_host,
     marked_program,
     new_run_id,
@@ -118,6 +120,29 @@ def test_the_stop_script_stops_every_rank_of_the_run_and_nothing_else(shell, tmp
         for proc in (*ranks, other):
             proc.kill()
             proc.wait(timeout=10)
+
+
+def test_the_stop_script_survives_another_sweep_of_the_same_process_table():
+    """Lab hosts share one process table, as ranks run here do: another
+    host's sweep, KILLing whatever carries the run id, once killed this
+    sweep's own remover half way (seen in CI: the run's stack folder left).
+    Nothing the script starts carries the run id."""
+    run_id = new_run_id()
+    stacks = Path(STACKS_ROOT) / run_id
+    for i in range(200):
+        (stacks / f"d{i}").mkdir(parents=True)
+        (stacks / f"d{i}" / "rank0.stacks").write_text("x\n")
+    other_sweep = subprocess.Popen(
+        ["bash", "-c", f"while true; do pkill -KILL -f '{bracketed(run_id)}'; done"])
+    try:
+        done = subprocess.run(["sh", "-c", stop_script(run_id)], capture_output=True, text=True,
+                              timeout=30)
+        assert done.returncode == 0, done.stderr
+        assert not stacks.exists()
+    finally:
+        other_sweep.kill()
+        other_sweep.wait(timeout=10)
+        shutil.rmtree(stacks, ignore_errors=True)
 
 
 def test_the_launchers_ssh_adds_keepalive_batchmode_and_the_inventory_config(tmp_path):

@@ -49,11 +49,15 @@ def stop_script(run_id: str) -> str:
     trip, not half a second more (docs/performance.md, run overhead). Then
     the run's stack dumps (mlxcluster.jobs.rank_wrapper) are removed (found
     by ``find``, not a shell glob: zsh, macOS's login shell, fails a glob
-    that matches nothing)."""
+    that matches nothing). ``find -delete`` removes them itself: an ``rm``
+    would carry the run id in its arguments, and a sweep of another host
+    that shares this process table (the lab's hosts do; so do ranks run
+    here) killed it half way once, leaving the folder (seen in CI)."""
     pattern = bracketed(run_id)
+    folder = f"{STACKS_ROOT}/{pattern}"
     return (f"if pkill -TERM -f '{pattern}'; then pkill -CONT -f '{pattern}'; sleep 0.5; "
-            f"pkill -KILL -f '{pattern}'; fi; find {STACKS_ROOT} -maxdepth 1 -name '{pattern}' "
-            "-exec rm -rf {} + 2>/dev/null; true")
+            f"pkill -KILL -f '{pattern}'; fi; find {STACKS_ROOT} \\( -path '{folder}' -o "
+            f"-path '{folder}/*' \\) -delete 2>/dev/null; true")
 
 
 def sweep(hosts: tuple[RankHost, ...], run_id: str,

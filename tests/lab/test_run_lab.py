@@ -106,7 +106,8 @@ def test_rank_1_exits_3_every_host_is_cleared_and_the_code_is_3(lab3, tmp_path, 
     assert "run failed: rank 1 exited with code 3; every rank was stopped" in proc.stderr
     assert all(f"[{r}] rank {r} ready" in proc.stdout for r in range(3)), out[-3000:]
     assert run_id and left_on_hosts(lab3, bracketed(run_id),
-                                         f"/tmp/mlxcluster-stacks/{bracketed(run_id)}") == {}
+                                         f"/tmp/mlxcluster-stacks/{bracketed(run_id)}") == {}, \
+        out[-3000:]
 
 
 @pytest.mark.parametrize("backend", ["ring", "mpi"])
