@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import time
@@ -49,15 +50,25 @@ def stop_script(run_id: str) -> str:
     trip, not half a second more (docs/performance.md, run overhead). Then
     the run's stack dumps (mlxcluster.jobs.rank_wrapper) are removed (found
     by ``find``, not a shell glob: zsh, macOS's login shell, fails a glob
-    that matches nothing). ``find -delete`` removes them itself: an ``rm``
-    would carry the run id in its arguments, and a sweep of another host
-    that shares this process table (the lab's hosts do; so do ranks run
-    here) killed it half way once, leaving the folder (seen in CI)."""
+    that matches nothing): ``remove_dirs``."""
     pattern = bracketed(run_id)
-    folder = f"{STACKS_ROOT}/{pattern}"
     return (f"if pkill -TERM -f '{pattern}'; then pkill -CONT -f '{pattern}'; sleep 0.5; "
-            f"pkill -KILL -f '{pattern}'; fi; find {STACKS_ROOT} \\( -path '{folder}' -o "
-            f"-path '{folder}/*' \\) -delete 2>/dev/null; true")
+            f"pkill -KILL -f '{pattern}'; fi; {remove_dirs(STACKS_ROOT, pattern)}; true")
+
+
+def remove_dirs(parent: str, pattern: str) -> str:
+    """Shell text removing every directory ``parent``/``pattern`` (a bracketed
+    run id) where no process it starts carries the name in its arguments: an
+    ``rm -rf`` of the folder did, and a sweep of another host that shares
+    this process table (the lab's hosts do; so do ranks run here) KILLed it
+    half way, leaving the folder (seen in CI). The glob is expanded and the
+    folder entered by bash itself (zsh, macOS's login shell, fails a glob
+    that matches nothing); ``find`` then deletes what is inside it, and the
+    empty folder."""
+    inner = (f'for d in {parent}/{pattern}; do [ -d "$d" ] || continue; '
+             f'cd "$d" && find . -mindepth 1 -delete; cd /; done; '
+             f"find {parent} -maxdepth 1 -name '{pattern}' -type d -empty -delete")
+    return f"bash -c {shlex.quote(inner)} 2>/dev/null"
 
 
 def sweep(hosts: tuple[RankHost, ...], run_id: str,

@@ -9,7 +9,7 @@ import shlex
 import shutil
 from pathlib import Path
 
-from mlxcluster.jobs.cleanup import bracketed, kill_local_marked, stop_script
+from mlxcluster.jobs.cleanup import bracketed, kill_local_marked, remove_dirs, stop_script
 from mlxcluster.jobs.hosts import HostResult, for_each_host, remote_hosts, run_script
 from mlxcluster.jobs.plan import LaunchPlan
 from mlxcluster.jobs.rank_wrapper import EXIT_MARK
@@ -57,7 +57,7 @@ def remote_cleanup_script(plan: LaunchPlan, kill: bool) -> str:
     script = f"{stop_script(plan.run_id)}; " if kill else ""
     script += (f"for f in {glob_dir}/*.err; do [ -f \"$f\" ] || continue; "
                f"echo \"{ERR_MARK}$f\"; tail -c {TAIL_BYTES} \"$f\"; echo; done; "
-               f"rm -rf {glob_dir}; true")
+               f"{remove_dirs('/tmp', bracketed(plan.run_id))}; true")
     return script
 
 
