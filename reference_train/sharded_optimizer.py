@@ -82,10 +82,11 @@ class ShardedOptimizer:
         params = dict(tree_flatten(model.trainable_parameters()))
         self.names = sorted(params)
         self.shapes = {n: params[n].shape for n in self.names}
-        self.owner = deal({n: params[n].size for n in self.names}, self.size)
+        self.sizes = {n: params[n].size for n in self.names}
+        self.owner = deal(self.sizes, self.size)
         self.shares = [[n for n in self.names if self.owner[n] == r] for r in range(self.size)]
         self.mine = self.shares[self.rank]
-        self.piece = max(sum(params[n].size for n in share) for share in self.shares)
+        self.piece = max(sum(self.sizes[n] for n in share) for share in self.shares)
         self.inner.init(tree_unflatten([(n, params[n]) for n in self.mine]))
 
     # What mx.eval / mx.compile see: this rank's share of the state.
@@ -142,42 +143,34 @@ class ShardedOptimizer:
     def gathered_state(self):
         """The whole state in the unsharded layout, on every rank (a collective)."""
         own = dict(tree_flatten(self.inner.state))
-        pieces = self._gather([own[f"{n}.{m}"] for m in MOMENTS for n in self.mine], len(MOMENTS))
         gathered = {}
-        for share, piece in zip(self.shares, pieces, strict=True):
-            for m, part in zip(MOMENTS, mx.split(piece, len(MOMENTS)), strict=True):
-                gathered.update({f"{n}.{m}": v for n, v in self._split(part, share).items()})
+        for m in MOMENTS:
+            pieces = self._gather([own[f"{n}.{m}"] for n in self.mine])
+            for share, piece in zip(self.shares, pieces, strict=True):
+                gathered.update({f"{n}.{m}": v for n, v in self._split(piece, share).items()})
         rest = [(k, v) for k, v in own.items() if k.rsplit(".", 1)[0] not in self.names]
         mx.eval(gathered)  # now, on every rank: MLX is lazy, and only writers would evaluate it
         return tree_unflatten(sorted(gathered.items()) + rest)
 
     # ------------------------------------------------------------ the flat layout
 
-    def _padded(self, arrays: list[mx.array], pieces: int = 1) -> mx.array:
-        """Arrays end to end, padded with zeros to ``pieces`` equal pieces' length.
-        ``pieces`` > 1: the arrays come as that many groups, each its own piece."""
-        per = len(arrays) // pieces
-        parts = []
-        for p in range(pieces):
-            group = [a.reshape(-1) for a in arrays[p * per:(p + 1) * per]]
-            filled = sum(a.size for a in group)
-            parts += group + [mx.zeros((self.piece - filled,), dtype=mx.float32)]
-        return mx.concatenate(parts)
+    def _padded(self, arrays: list[mx.array]) -> mx.array:
+        """Arrays end to end, padded with zeros to one piece's length."""
+        filled = sum(a.size for a in arrays)
+        return mx.concatenate([a.reshape(-1) for a in arrays]
+                              + [mx.zeros((self.piece - filled,), dtype=mx.float32)])
 
     def _split(self, piece: mx.array, names: list[str]) -> dict[str, mx.array]:
         """A piece cut back into the named parameters (the padding dropped)."""
         out, at = {}, 0
         for n in names:
-            size = 1
-            for d in self.shapes[n]:
-                size *= d
-            out[n] = piece[at:at + size].reshape(self.shapes[n])
-            at += size
+            out[n] = piece[at:at + self.sizes[n]].reshape(self.shapes[n])
+            at += self.sizes[n]
         return out
 
-    def _gather(self, arrays: list[mx.array], pieces: int = 1) -> list[mx.array]:
+    def _gather(self, arrays: list[mx.array]) -> list[mx.array]:
         """Every rank's piece (this rank's ``arrays``, padded), in rank order."""
-        mine = self._padded(arrays, pieces)
+        mine = self._padded(arrays)
         if self.size == 1:
             return [mine]
         return mx.split(mx.distributed.all_gather(mine, group=self.group), self.size)

@@ -48,9 +48,8 @@ def stop_script(run_id: str) -> str:
     waited when TERM found a process (pkill exits 1 when none matched): after
     a job that ended cleanly, the usual case, the sweep costs one ssh round
     trip, not half a second more (docs/performance.md, run overhead). Then
-    the run's stack dumps (mlxcluster.jobs.rank_wrapper) are removed (found
-    by ``find``, not a shell glob: zsh, macOS's login shell, fails a glob
-    that matches nothing): ``remove_dirs``."""
+    the run's stack dumps (mlxcluster.jobs.rank_wrapper) are removed
+    (``remove_dirs``)."""
     pattern = bracketed(run_id)
     return (f"if pkill -TERM -f '{pattern}'; then pkill -CONT -f '{pattern}'; sleep 0.5; "
             f"pkill -KILL -f '{pattern}'; fi; {remove_dirs(STACKS_ROOT, pattern)}; true")
