@@ -43,7 +43,8 @@ def main() -> int:
     import mlx.core as mx
 
     from reference_train.checkpoint import checkpoint_name
-    from reference_train.train import Trainer, build_config, init_group
+    from reference_train.launch_env import init_group
+    from reference_train.train import Trainer, build_config
 
     with tempfile.TemporaryDirectory(prefix="ckpt-bench.") as out:
         cfg = build_config(["--config", args.config, "--out", out, "--sample_tokens", "0"])

@@ -26,7 +26,8 @@ RANK_SCRIPT = """
 import json, sys
 import mlx.core as mx
 from mlx.utils import tree_flatten
-from reference_train.train import Trainer, build_config, init_group
+from reference_train.launch_env import init_group  # noqa: E402
+from reference_train.train import Trainer, build_config
 group = init_group()
 cfg = build_config(sys.argv[1:])
 trainer = Trainer(cfg, group, lambda m: None)

@@ -73,7 +73,8 @@ def main() -> int:
     import numpy as np
     from vs_mlx_lm import CONFIG, build
 
-    from reference_train.train import Trainer, build_config, init_group
+    from reference_train.launch_env import init_group
+    from reference_train.train import Trainer, build_config
 
     with tempfile.TemporaryDirectory() as tmp:
         folder, tokens, _ = build(Path(tmp), args.block_size)

@@ -13,11 +13,10 @@ rank r's share: the cut that ``sum_scatter`` and ``all_gather`` make.
 A step: the gradients are reduce-scattered (each rank receives the average of
 its own share only), clipped by the global norm (each rank's sum of squares,
 one ``all_sum`` of a scalar), the share is updated, and the updated pieces are
-all-gathered. Only JACCL (mlx >= 0.32.1) and NCCL have ``sum_scatter``; ring
-raises "[ring] sum_scatter not supported" (and on macOS the error can hang
-every rank instead, ml-explore/mlx#4285) and MPI "[mpi] sum_scatter not yet
-implemented", so the backend is read from the launch, never tried: elsewhere
-the gradients are all-summed and each rank keeps its piece, the same values.
+all-gathered. Only JACCL (mlx >= 0.32.1) and NCCL have ``sum_scatter``
+(launch_env.py reads the backend from the launch; ring and MPI raise):
+elsewhere the gradients are all-summed and each rank keeps its piece, the
+same values.
 ``all_gather`` copies, so every rank ends with bit-for-bit the same parameters.
 
 Checkpoints hold the whole state in the unsharded layout (``gathered_state``,
@@ -27,17 +26,10 @@ resumes on any rank count, sharded or not; loading keeps this rank's share.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 
 MOMENTS = ("m", "v")  # AdamW's per-parameter state, each shaped like the parameter
-
-# Backends with a reduce-scatter, from the mlx release that added it
-# (docs/training.md has the table and its sources).
-SUM_SCATTER_SINCE = {"nccl": (0, 30, 0), "jaccl": (0, 32, 1)}
-
 
 def deal(sizes: dict[str, int], ranks: int) -> dict[str, int]:
     """Each parameter's owning rank: largest first, to the least-loaded rank."""
@@ -47,30 +39,6 @@ def deal(sizes: dict[str, int], ranks: int) -> dict[str, int]:
         owner[name] = rank
         load[rank] += sizes[name]
     return owner
-
-
-def launched_backend(env: Mapping[str, str], cuda: bool) -> str:
-    """The backend ``mx.distributed.init()`` picks for this launch, read from
-    what the launchers set, in the order MLX tries them (distributed.cpp:
-    nccl on CUDA, ring, mpi, jaccl); "none" for a single process."""
-    if cuda and "MLX_RANK" in env and "MLX_WORLD_SIZE" in env:
-        return "nccl"
-    if "MLX_HOSTFILE" in env and "MLX_RANK" in env:
-        return "ring"
-    if any(var in env for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")):
-        return "mpi"
-    if (any(var in env for var in ("JACCL_IBV_DEVICES", "MLX_IBV_DEVICES"))
-            and any(var in env for var in ("JACCL_COORDINATOR", "MLX_JACCL_COORDINATOR"))):
-        return "jaccl"
-    return "none"
-
-
-def has_sum_scatter(backend: str, mlx_version: str) -> bool:
-    since = SUM_SCATTER_SINCE.get(backend)
-    if since is None:
-        return False
-    release = tuple(int(p) for p in mlx_version.split(".")[:3] if p.isdigit())
-    return release >= since
 
 
 class ShardedOptimizer:

@@ -61,11 +61,12 @@ from .data import (
 )
 from .export import export_model
 from .hf_io import EXPORT_DTYPES, check_data_fits, load_folder, load_into
+from .launch_env import current_backend, has_sum_scatter, init_group
 from .mfu import flops_per_token, peak_flops
 from .model import Llama, ModelArgs, args_match, count_parameters, generate, loss_fn
 from .precision import DTYPES, average_gradients, compute_copy, dtype_of, refresh, to_float32
 from .resume import agree_on_checkpoint, check_loaded, checkpoint_root, host_layout
-from .sharded_optimizer import ShardedOptimizer, has_sum_scatter, launched_backend
+from .sharded_optimizer import ShardedOptimizer
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 # With MLXCLUSTER_HEARTBEAT=1 in the environment (mlxcluster train sets it), every
@@ -293,38 +294,7 @@ def default_data_dir() -> Path:
     return Path(base) / "reference_train" / "offline-v1"
 
 
-# ---------------------------------------------------------------- distributed
-
-
-def expected_world_size() -> int | None:
-    """The number of ranks a launcher asked for, when it says so in the environment."""
-    for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MLX_WORLD_SIZE"):
-        if os.environ.get(var, "").isdigit():
-            return int(os.environ[var])
-    hostfile = os.environ.get("MLX_HOSTFILE")
-    if hostfile and os.path.isfile(hostfile):
-        try:
-            hosts = json.loads(Path(hostfile).read_text() or "[]")
-        except ValueError:
-            return None
-        return len(hosts) if isinstance(hosts, list) and hosts else None
-    return None
-
-
-def init_group():
-    """mx.distributed.init(), refusing the silent group of 1 a failed backend gives."""
-    hostfile = os.environ.get("MLX_HOSTFILE")
-    if hostfile and os.path.isfile(hostfile) and not Path(hostfile).read_text().strip():
-        # `mlx.launch -n 1` writes an empty hostfile, which init() fails to parse.
-        del os.environ["MLX_HOSTFILE"]
-    group = mx.distributed.init()
-    expected = expected_world_size()
-    if expected and expected > 1 and group.size() != expected:
-        raise RuntimeError(
-            f"launched as {expected} ranks but mx.distributed.init() gave a group of "
-            f"{group.size()}: the distributed backend did not start (for MPI, is "
-            "MLX_MPI_LIBNAME the libmpi of the mpirun used?)")
-    return group
+# ---------------------------------------------------------------- memory
 
 
 def peak_memory_mb() -> tuple[float, float]:
@@ -343,8 +313,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, group, log=print):
         self.cfg, self.group, self.log = cfg, group, log
         self.rank, self.size = group.rank(), group.size()
-        cuda = hasattr(mx, "cuda") and mx.cuda.is_available()
-        self.backend = launched_backend(os.environ, cuda) if self.size > 1 else "none"
+        self.backend = current_backend(group)
         self.reduce_scatter = False
         # Every host keeps its own checkpoints (Macs have their own disks): one writer per host.
         self.layout = host_layout(group)

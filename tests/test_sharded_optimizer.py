@@ -7,8 +7,9 @@ count, sharded or not. The memory per rank: bench/optimizer_memory.py.
 
 The reduce-scatter itself runs only on JACCL and NCCL (no Thunderbolt 5 or
 CUDA here); what it relies on is tested: the flat layout cut into equal
-pieces gives each rank its own share, and the backend is read from the
-launch, so that ring and MPI, which raise, are never asked for one."""
+pieces gives each rank its own share; the backend is read from the launch
+(tests/test_launch_env.py), so that ring and MPI, which raise, are never
+asked for one."""
 
 from __future__ import annotations
 
@@ -21,12 +22,7 @@ import pytest
 from mlx.utils import tree_flatten
 
 from reference_train.model import Llama, ModelArgs
-from reference_train.sharded_optimizer import (
-    ShardedOptimizer,
-    deal,
-    has_sum_scatter,
-    launched_backend,
-)
+from reference_train.sharded_optimizer import ShardedOptimizer, deal
 
 from .train_support import run_trainer, train_losses
 
@@ -84,26 +80,6 @@ def test_the_flat_layout_cut_in_equal_pieces_gives_each_rank_its_share(ranks):
         assert sorted(got) == s.mine and s.mine
         assert all(mx.array_equal(got[n], grads[n]).item() for n in s.mine)
     assert sorted(n for s in shards for n in s.mine) == sorted(grads)  # each parameter once
-
-
-@pytest.mark.parametrize(("env", "cuda", "backend"), [
-    ({"MLX_HOSTFILE": "/tmp/h.json", "MLX_RANK": "1"}, False, "ring"),  # mlx.launch --backend ring
-    ({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "0"}, False, "mpi"),  # mpirun
-    ({"MLX_IBV_DEVICES": "/tmp/d.json", "MLX_JACCL_COORDINATOR": "10.0.0.1:5000",
-      "MLX_RANK": "0"}, False, "jaccl"),                                # mlx.launch --backend jaccl
-    ({"MLX_RANK": "0", "MLX_WORLD_SIZE": "2", "NCCL_HOST_IP": "10.0.0.1"}, True, "nccl"),
-    ({"MLX_RANK": "0", "MLX_WORLD_SIZE": "2"}, False, "none"),          # nccl's env, no CUDA
-    ({}, False, "none"),
-])
-def test_the_backend_is_read_from_the_launch(env, cuda, backend):
-    assert launched_backend(env, cuda) == backend
-
-
-def test_only_jaccl_and_nccl_are_asked_for_a_reduce_scatter():
-    assert not has_sum_scatter("ring", "0.32.4") and not has_sum_scatter("mpi", "0.32.4")
-    assert not has_sum_scatter("jaccl", "0.32.0") and has_sum_scatter("jaccl", "0.32.1")
-    assert has_sum_scatter("nccl", "0.30.0") and has_sum_scatter("jaccl", "0.33.0.dev20261101")
-    assert not has_sum_scatter("none", "0.32.4")
 
 
 def test_sharded_losses_and_state_equal_the_unsharded_ones(tmp_path):

@@ -14,7 +14,6 @@ from reference_train.train import (
     CONFIG_DIR,
     TrainConfig,
     build_config,
-    expected_world_size,
     plot_metrics,
 )
 
@@ -89,18 +88,6 @@ def test_values_out_of_range_are_refused(flag, value, message):
 def test_bundled_configs_are_in_range():
     for name in ("tiny", "demo", "blog"):
         build_config(["--config", name])
-
-
-def test_launcher_world_size_from_environment(monkeypatch, tmp_path):
-    for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MLX_WORLD_SIZE", "MLX_HOSTFILE"):
-        monkeypatch.delenv(var, raising=False)
-    assert expected_world_size() is None
-    hostfile = tmp_path / "h.json"
-    hostfile.write_text('[["127.0.0.1:5000"], ["127.0.0.1:5001"], ["127.0.0.1:5002"]]')
-    monkeypatch.setenv("MLX_HOSTFILE", str(hostfile))
-    assert expected_world_size() == 3
-    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "4")
-    assert expected_world_size() == 4
 
 
 @pytest.mark.parametrize("kv_heads,tied", [(None, False), (2, True), (1, False)])
