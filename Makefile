@@ -5,8 +5,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # System packages the tests need on Linux (the lab: sshd, namespaces, nftables;
 # OpenBLAS for a usable mlx CPU build; graphviz for topology pictures; chromium
-# to render the HTML report headless in tests/test_report_browser.py).
-SYSTEM_PACKAGES := openssh-server iproute2 nftables libopenblas0-pthread graphviz chromium rsync
+# to render the HTML report headless in tests/test_report_browser.py; zsh, a
+# Mac's login shell, which the lab hosts run remote commands through).
+SYSTEM_PACKAGES := openssh-server iproute2 nftables libopenblas0-pthread graphviz chromium rsync zsh
 
 .PHONY: venv system-deps demo test lint clean
 

@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +21,7 @@ from mlxcluster.jobs.watch import parse_launcher_exit
 from mlxcluster.smoke import launch, remote
 from mlxcluster.smoke.launch import WorkerOptions
 from mlxcluster.smoke.watch import parse_event
+from tests.conftest import require
 
 LAB = tuple(RankHost(f"labhost{i}", f"10.77.5.{10 + i}", (f"10.77.5.{10 + i}",), "/venv/bin/python",
                      user="root") for i in (1, 2, 3))
@@ -146,6 +148,35 @@ def test_cleanup_script_never_names_the_run_id_literally():
     assert "mlxsmoke-c0ffee1234" not in script  # pkill -f would match its own shell
     assert re.search(bracketed(plan.run_id), "python worker.py --run-id mlxsmoke-c0ffee1234")
     assert "pkill -TERM -f '[m]lxsmoke-c0ffee1234'" in script
+
+
+@pytest.mark.parametrize("login_shell", ["bash", "zsh"])
+@pytest.mark.parametrize("err_files", [0, 2])
+def test_the_cleanup_script_reads_tails_and_removes_the_folder_under_either_login_shell(
+        login_shell, err_files):
+    """sshd runs the script through the user's login shell: zsh on a Mac. zsh
+    fails a glob that matches nothing and drops the rest of the line, so a
+    host whose run folder held no stderr file kept the folder (and the
+    script exited 1). Run by the real shell, both cases: tails read, folder
+    gone, exit 0."""
+    require(shutil.which(login_shell) is not None,
+            f"{login_shell} is not installed (make system-deps installs it)")
+    run_id = f"mlxsmoke-shelltest{os.getpid()}{login_shell}{err_files}"
+    plan = launch.plan_mlx_launch("ring", LAB, WorkerOptions(), {}, run_id=run_id)
+    folder = Path("/tmp") / run_id
+    folder.mkdir()
+    try:
+        (folder / "worker.py").write_text("staged\n")
+        for rank in range(err_files):
+            (folder / f"{run_id}.rank{rank}.err").write_text(f"rank {rank} said this\n")
+        done = subprocess.run([login_shell, "-c", remote.remote_cleanup_script(plan, kill=True)],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert not folder.exists()
+        expected = {rank: f"rank {rank} said this" for rank in range(err_files)}
+        assert remote.parse_tails(done.stdout) == expected
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_stderr_tails_by_rank():

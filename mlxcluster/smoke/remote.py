@@ -52,13 +52,15 @@ def remote_cleanup_script(plan: LaunchPlan, kill: bool) -> str:
     """Kill the run's processes (jobs.cleanup's stop script: TERM, CONT so
     that a stopped rank handles its TERM, then KILL), print every rank's
     stderr tail, remove the run directory; the run id itself never appears
-    literally."""
+    literally. The tails are read by bash whatever the login shell: zsh,
+    macOS's, fails a glob that matches nothing and drops the rest of the
+    line, which left the run directory on a host without stderr files."""
     glob_dir = f"/tmp/{bracketed(plan.run_id)}"  # the shell glob finds the directory
+    tails = (f'for f in {glob_dir}/*.err; do [ -f "$f" ] || continue; '
+             f'echo "{ERR_MARK}$f"; tail -c {TAIL_BYTES} "$f"; echo; done')
     script = f"{stop_script(plan.run_id)}; " if kill else ""
-    script += (f"for f in {glob_dir}/*.err; do [ -f \"$f\" ] || continue; "
-               f"echo \"{ERR_MARK}$f\"; tail -c {TAIL_BYTES} \"$f\"; echo; done; "
-               f"{remove_dirs('/tmp', bracketed(plan.run_id))}; true")
-    return script
+    return (f"{script}bash -c {shlex.quote(tails)}; "
+            f"{remove_dirs('/tmp', bracketed(plan.run_id))}; true")
 
 
 def parse_tails(output: str) -> dict[int, str]:

@@ -2,7 +2,8 @@
 
 Each host is a network namespace on a private bridge, with its own IP and
 its own hostname (UTS namespace) and its own disk at ``lab.disk`` (a mount
-namespace), running a real OpenSSH ``sshd``. Clients
+namespace), running a real OpenSSH ``sshd`` that runs every command through
+zsh, a Mac's login shell (``LOGIN_SHELL``). Clients
 reach the hosts through an ``ssh`` wrapper first on PATH that points OpenSSH
 at the lab's own ssh_config (``~/.ssh`` is never touched), so ``mlx.launch``,
 ``mpirun``, paramiko and mlxcluster all talk to real servers with no prompt.
@@ -49,7 +50,12 @@ NAME_PREFIX = "mlxc"  # namespaces, bridge and veths all start with this
 SSHD = "/usr/sbin/sshd"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 CMD_TIMEOUT = 20.0
-REQUIRED_TOOLS = ("ip", "unshare", "nft", "tc", "ssh", "ssh-keygen", "ssh-keyscan")
+REQUIRED_TOOLS = ("ip", "unshare", "nft", "tc", "ssh", "ssh-keygen", "ssh-keyscan", "zsh")
+# sshd runs every command through the user's login shell: zsh on a Mac since
+# Catalina. zsh differs where scripts break (a glob that matches nothing
+# fails and drops the rest of the line; unquoted $vars are not split), so
+# the hosts' root has it too (_login_shell_mount).
+LOGIN_SHELL = "zsh"
 
 
 class LabError(RuntimeError):
@@ -66,7 +72,8 @@ def lab_unavailable_reason() -> str | None:
         return "sshd is missing: apt-get install openssh-server (make test does this)"
     missing = [t for t in REQUIRED_TOOLS if shutil.which(t, path=SYSTEM_PATH) is None]
     if missing:
-        return f"missing tools: {', '.join(missing)} (make test installs iproute2, nftables, openssh)"
+        return (f"missing tools: {', '.join(missing)} (make test installs iproute2, nftables, "
+                "openssh, zsh)")
     return None
 
 
@@ -451,7 +458,7 @@ class Lab:
         h.sshd = subprocess.Popen(
             ["ip", "netns", "exec", h.netns, "unshare", "--uts", "--mount", "sh", "-c",
              f"hostname {h.name} && {self._own_tmp_mount(h)}{self._own_disk_mount(h)}"
-             f"{self._shell_rc_mount()}"
+             f"{self._shell_rc_mount()}{self._login_shell_mount()}"
              f"exec {SSHD} -D -f {conf} -E {log}"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True,
@@ -507,6 +514,22 @@ class Lab:
         empty = self.state / "host_bashrc"
         empty.write_text("# lab host: non-interactive sessions read nothing (like zsh on a Mac)\n")
         return f"mount --bind {shlex.quote(str(empty))} {shlex.quote(str(rc))} && "
+
+    def _login_shell_mount(self) -> str:
+        """Shell words that make root's login shell zsh for this host's sshd
+        (a copy of /etc/passwd with root's shell changed, bind-mounted in the
+        host's mount namespace: this machine's own root keeps bash)."""
+        passwd = self.state / "host_passwd"
+        if not passwd.exists():
+            zsh = shutil.which(LOGIN_SHELL, path=SYSTEM_PATH)
+            lines = []
+            for line in Path("/etc/passwd").read_text().splitlines():
+                fields = line.split(":")
+                if len(fields) == 7 and fields[0] == "root":
+                    fields[6] = zsh
+                lines.append(":".join(fields))
+            passwd.write_text("\n".join(lines) + "\n")
+        return f"mount --bind {shlex.quote(str(passwd))} /etc/passwd && "
 
     def _restart_sshd(self, h: LabHost) -> None:
         _stop_process(h.sshd)

@@ -57,6 +57,19 @@ def test_every_host_has_its_own_disk(lab3):
         lab3.ssh(1, f"rm -f {path} /tmp/mlxcluster-stacks/own-disk-probe")
 
 
+def test_every_host_runs_commands_through_zsh_as_a_mac_does(lab3):
+    """sshd runs a command through the login shell, zsh on a Mac: a glob
+    that matches nothing fails there and drops the rest of the line (bash
+    passes the word on). This machine's own root keeps bash."""
+    for h in lab3.hosts:
+        proc = lab3.ssh(h, "echo $ZSH_VERSION; for f in /nonexistent-dir/*.err; do :; done; "
+                           "echo reached")
+        assert proc.stdout.strip() and "reached" not in proc.stdout
+        assert "no matches found" in proc.stderr
+    assert subprocess.run(["bash", "-c", "getent passwd root"], capture_output=True,
+                          text=True).stdout.rstrip().endswith("bash")
+
+
 def test_mlx_launch_ring_all_sum_across_three_hosts(lab3):
     ips = ",".join(h.ip for h in lab3.hosts)
     rows = run_job([str(VENV_BIN / "mlx.launch"), "--hosts", ips, "--backend", "ring",
