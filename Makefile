@@ -6,8 +6,9 @@ PY := $(VENV)/bin/python
 # System packages the tests need on Linux (the lab: sshd, namespaces, nftables;
 # OpenBLAS for a usable mlx CPU build; graphviz for topology pictures; chromium
 # to render the HTML report headless in tests/test_report_browser.py; zsh, a
-# Mac's login shell, which the lab hosts run remote commands through).
-SYSTEM_PACKAGES := openssh-server iproute2 nftables libopenblas0-pthread graphviz chromium rsync zsh
+# Mac's login shell, which the lab hosts run remote commands through; fish, a
+# login shell no launcher's command line parses, for doctor's login-shell check).
+SYSTEM_PACKAGES := openssh-server iproute2 nftables libopenblas0-pthread graphviz chromium rsync zsh fish
 
 .PHONY: venv system-deps demo test lint clean
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import pwd
 import subprocess
 import sys
 from pathlib import Path
@@ -58,7 +59,7 @@ def test_identical_real_hosts_pass_every_software_check(real_probe):
     report = replay_doctor(hosts_from(real_probe))
     for check_id in ("hostnames-unique", "python-path", "mlx-version", "macos-version", "backends",
                      "memory-imbalance", "mpirun-path", "openmpi-version", "openmpi5-for-launch",
-                     "metal-fast-synch", "mlx-env-differs"):
+                     "metal-fast-synch", "mlx-env-differs", "login-shell"):
         assert result(report, check_id).status is Status.PASS, result(report, check_id)
     assert result(report, "ssh-paramiko").status is Status.SKIP  # live only
     # The mlx[cpu] wheel's reference BLAS is really what this machine runs.
@@ -261,6 +262,63 @@ def test_fast_synch_and_differing_env_warn(real_probe):
     assert blamed(result(report, "metal-fast-synch")) == ["h2"]
     assert result(report, "metal-fast-synch").status is Status.WARN
     assert blamed(result(report, "mlx-env-differs")) == ["h2"]
+
+
+def shell(path: str, resolved: str | None = None):
+    return lambda f: f.update(login_shell={"path": path, "resolved": resolved or path})
+
+
+def test_the_login_shell_is_read_by_the_probe(real_probe):
+    """This machine's root runs bash: the probe reports the passwd entry and its file."""
+    got = real_probe["login_shell"]
+    assert got["path"] == pwd.getpwuid(os.getuid()).pw_shell
+    assert got["resolved"] == os.path.realpath(got["path"])
+    facts = host_facts(hosts_from(real_probe, n=1)["h1"])
+    assert (facts.login_shell, facts.login_shell_resolved) == (got["path"], got["resolved"])
+
+
+@pytest.mark.parametrize("backend", [None, "ring", "mpi", "jaccl"])
+def test_a_fish_login_shell_fails_every_backend(real_probe, backend):
+    caps = hosts_from(real_probe, h2=shell("/opt/homebrew/bin/fish"))
+    r = result(replay_doctor(caps, backend=backend), "login-shell")
+    assert r.status is Status.FAIL and blamed(r) == ["h2"]
+    assert "fish" in r.hosts["h2"] and "chsh -s /bin/zsh" in r.hint and "hang" in r.hint
+
+
+@pytest.mark.parametrize(("backend", "status"), [("ring", Status.FAIL), ("nccl", Status.FAIL),
+                                                 ("mpi", Status.PASS), (None, Status.WARN)])
+def test_a_posix_sh_fails_only_what_mlx_launch_starts(real_probe, backend, status):
+    """Debian's /bin/sh is dash: mpirun's command runs there, mlx.launch's (bash arrays) does not."""
+    caps = hosts_from(real_probe, h3=shell("/bin/sh", "/usr/bin/dash"))
+    r = result(replay_doctor(caps, backend=backend), "login-shell")
+    assert r.status is status
+    assert blamed(r) == ([] if status is Status.PASS else ["h3"])
+    assert "/bin/sh (/usr/bin/dash)" in r.hosts["h3"]
+    if status is not Status.PASS:
+        assert "exits 2" in r.hint and "mpi works" in r.hint
+
+
+def test_a_local_hosts_login_shell_is_not_judged(real_probe):
+    """Ranks on 127.0.0.1 are started by bash here, never through the login shell."""
+    from mlxcluster.inventory.inventory import local_inventory
+
+    facts = copy.deepcopy(real_probe)
+    shell("/opt/homebrew/bin/fish")(facts)
+    caps = {"local-0": HostCapture("local-0", {PROBE: json.dumps(facts)})}
+    r = result(replay_doctor(caps, inventory=local_inventory(1), backend="ring"), "login-shell")
+    assert r.status is Status.PASS, r
+    assert r.hosts["local-0"] == "/opt/homebrew/bin/fish: not used (local ranks start without ssh)"
+
+
+def test_macos_sh_zsh_and_an_older_probe_pass(real_probe):
+    def mac_sh(f):
+        f.update(platform="darwin")
+        shell("/bin/sh")(f)
+
+    caps = hosts_from(real_probe, h1=shell("/bin/zsh"), h2=mac_sh, h3=lambda f: f.pop("login_shell"))
+    r = result(replay_doctor(caps, backend="ring"), "login-shell")
+    assert r.status is Status.PASS, r
+    assert r.hosts["h3"] == "not reported (an older probe)"
 
 
 def test_macos_captures_without_probe(macos_fixtures):

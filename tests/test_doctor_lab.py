@@ -135,6 +135,9 @@ def test_healthy_lab_passes_collects_and_replays(lab3, inventory_path, tmp_path)
         # The first host runs the host-to-host hops with its python: with that
         # python gone the hops are not tried, and no other host is blamed.
         ("python_missing_on_first", "labhost1", {"python-path"}, "not found"),
+        # sshd runs every command through the login shell: fish parses none of
+        # the launchers' command lines (login-shell), nothing else is blamed.
+        ("login_shell_fish", "labhost2", {"login-shell"}, "/usr/bin/fish"),
     ],
 )
 def test_fault_fails_the_right_check_on_the_right_host(lab3, inventory_path, other_mlx_python,
@@ -151,6 +154,7 @@ def test_fault_fails_the_right_check_on_the_right_host(lab3, inventory_path, oth
         "other_mlx": lambda: lab3.set_host_python(host, other_mlx_python),
         "unknown_host_key": lambda: lab3.forget_host_key(host),
         "python_missing_on_first": lambda: lab3.set_host_python(host, "/nonexistent/python"),
+        "login_shell_fish": lambda: lab3.set_login_shell(host, "fish"),
     }[fault]
     inject()
     try:

@@ -99,6 +99,25 @@ def test_probe_problems_for_a_run_job():
     assert "reference_train does not import" in check_probes(train, [HostProbe(a, ok)])[0]
 
 
+def test_a_login_shell_that_cannot_parse_the_launch_stops_the_job_before_it_hangs():
+    """fish parses no launcher's command line (measured: mlx.launch and mpirun
+    hang); dash parses mpirun's only. A local rank is started by bash, not over ssh."""
+    ring = replace(job_from_inventory(parse_inventory(INVENTORY), "ring"), program=("-m", "pkg"))
+    mpi = replace(ring, backend="mpi")
+    a = RankHost("mac1", "mac1.local", ("10.0.0.1",), "/py")
+    here = RankHost("local", "127.0.0.1", ("127.0.0.1",), "/py")
+    fish = {"mlx": "0.32.4", "login_shell": "/opt/homebrew/bin/fish", "shell_kind": "other"}
+    dash = {"mlx": "0.32.4", "login_shell": "/bin/sh", "shell_kind": "posix"}
+    assert check_probes(ring, [HostProbe(a, fish)]) == [
+        "mac1: its login shell /opt/homebrew/bin/fish cannot parse the command line mlx.launch "
+        "sends over ssh (the launch would hang, or that rank exit 2): chsh -s /bin/zsh (macOS) "
+        "or chsh -s /bin/bash (Linux) there"]
+    assert "mpirun sends" in check_probes(mpi, [HostProbe(a, fish)])[0]
+    assert "mlx.launch sends" in check_probes(ring, [HostProbe(a, dash)])[0]
+    assert check_probes(mpi, [HostProbe(a, dash)]) == []
+    assert here.is_local and check_probes(ring, [HostProbe(here, fish)]) == []
+
+
 def test_rank_tags_and_one_log_per_rank(tmp_path):
     assert split_rank("[12] loss 2.3") == (12, "loss 2.3")
     assert split_rank("[0] ") == (0, "")

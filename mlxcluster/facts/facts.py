@@ -82,6 +82,8 @@ class HostFacts:
     env: dict[str, str] = field(default_factory=dict)
     inventory_env: dict[str, str] = field(default_factory=dict)
     path_env: str | None = None
+    login_shell: str | None = None  # the user's shell, which sshd runs remote commands through
+    login_shell_resolved: str | None = None  # the file it is (realpath: /bin/sh -> dash)
     blas_provider: str | None = None
     blas_mapped: tuple[str, ...] = ()
     interfaces: tuple[dict[str, Any], ...] = ()
@@ -213,7 +215,7 @@ def host_facts(capture: HostCapture) -> HostFacts:
         return HostFacts(name=capture.name, probed=False, **extra)
     r = _Reader()
     os_, mlx, mpi = r.section(p, "os"), r.section(p, "mlx"), r.section(p, "mpi")
-    python = r.section(p, "python")
+    python, shell = r.section(p, "python"), r.section(p, "login_shell")
     mpirun, ompi = r.section(mpi, "mpirun", "mpi."), r.section(mpi, "ompi_info", "mpi.")
     mpirun_path = r.get(mpirun, "path", str, "mpi.mpirun.")
     launch = r.fields(r.section(mpi, "launch_libmpi", "mpi."), _LAUNCH_LIBMPI, "mpi.launch_libmpi.")
@@ -246,6 +248,8 @@ def host_facts(capture: HostCapture) -> HostFacts:
         launch_libmpi=launch if "name" in launch else {},  # a library without a name is none
         env=r.mapping(p, "env", str), inventory_env=r.mapping(p, "inventory_env", str),
         path_env=r.get(p, "path_env", str),
+        login_shell=r.get(shell, "path", str, "login_shell."),
+        login_shell_resolved=r.get(shell, "resolved", str, "login_shell."),
         blas_provider=r.get(blas, "sgemm_provider", str, "mlx.blas."),
         blas_mapped=tuple(m for m in r.items(blas, "mapped", "mlx.blas.") if isinstance(m, str)),
         interfaces=_interfaces(r, p),

@@ -508,6 +508,21 @@ def main(argv):
     return facts
 
 
+def probe_login_shell():
+    """The user's login shell, which sshd runs every remote command through
+    (launchers send it shell text), and the file it resolves to (/bin/sh is
+    dash on Debian)."""
+    try:
+        import pwd
+        path = pwd.getpwuid(os.getuid()).pw_shell
+    except (ImportError, KeyError):
+        path = None
+    path = path or os.environ.get("SHELL")
+    if not path:
+        return None
+    return {"path": path, "resolved": os.path.realpath(path)}
+
+
 def collect_facts(argv):
     inventory_keys = parse_args(argv)
     commands, raw, errors = {}, {}, []
@@ -521,6 +536,7 @@ def collect_facts(argv):
     # of MLX_* variables only (checks read them); others only as set.
     facts["inventory_env"] = {k: (v if k.startswith("MLX_") else "(set)") for k, v in inventory_env.items()}
     facts["path_env"] = os.environ.get("PATH")
+    facts["login_shell"] = probe_login_shell()
     facts["os"] = probe_os(commands, raw)
     facts.update(probe_hardware(commands))
     facts["python"] = {"executable": sys.executable, "version": platform.python_version(),

@@ -20,6 +20,7 @@ from mlxcluster.blas import OPENBLAS_CANDIDATES
 from mlxcluster.facts.capture import PROBE, HostCapture
 from mlxcluster.facts.collect import PROBE_TIMEOUT, capture_from_probe, probe_command, probe_source
 from mlxcluster.facts.facts import host_facts
+from mlxcluster.facts.shell import SHELL_FIX, parses_launch, shell_kind
 from mlxcluster.jobs.hosts import RankHost, distinct_hosts, for_each_host, host_argv
 from mlxcluster.jobs.job import TRAINER_MODULE, Job, rank_env, script_path
 from mlxcluster.ssh.results import CommandResult
@@ -31,7 +32,8 @@ RANK_WRAPPER_MODULE = "mlxcluster.jobs.rank_wrapper"
 class HostProbe:
     """What the job's python reported on one host (or why it could not).
 
-    ``facts``: ``python``, ``platform``, ``host``, ``cpus``; ``mlx`` (its
+    ``facts``: ``python``, ``platform``, ``host``, ``cpus``, ``login_shell``
+    and its ``shell_kind`` (facts.shell); ``mlx`` (its
     version) or ``mlx_error``; ``reference_train`` or
     ``reference_train_error`` (train); ``script`` (run: the file exists);
     ``rank_wrapper_error``; ``openblas`` (the first candidate present, or None)."""
@@ -54,7 +56,9 @@ def job_facts(probe: dict, job: Job) -> dict:
     asked = probe.get("job") or {}
     imports, files = asked.get("imports") or {}, asked.get("files") or {}
     out: dict = {"python": facts.python, "platform": facts.platform, "host": facts.hostname,
-                 "cpus": facts.cpu_count or 1}
+                 "cpus": facts.cpu_count or 1, "login_shell": facts.login_shell,
+                 "shell_kind": shell_kind(facts.login_shell, facts.login_shell_resolved,
+                                          facts.platform)}
     if facts.mlx_version:
         out["mlx"] = facts.mlx_version
     else:
@@ -123,6 +127,12 @@ def check_probes(job: Job, probes: list[HostProbe]) -> list[str]:
         elif job.program is None and not p.facts.get("reference_train"):
             problems.append(f"{p.host.name}: reference_train does not import: "
                             f"{p.facts.get('reference_train_error')}")
+        elif (not p.host.is_local
+              and parses_launch(p.facts.get("shell_kind"), job.backend) is False):
+            launcher = "mpirun" if job.backend == "mpi" else "mlx.launch"
+            problems.append(f"{p.host.name}: its login shell {p.facts.get('login_shell')} cannot "
+                            f"parse the command line {launcher} sends over ssh (the launch would "
+                            f"hang, or that rank exit 2): {SHELL_FIX} there")
         elif p.facts.get("rank_wrapper_error"):
             problems.append(f"{p.host.name}: mlxcluster.jobs.rank_wrapper (every rank runs under it) "
                             f"does not import: {p.facts['rank_wrapper_error']}")

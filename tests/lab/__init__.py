@@ -97,6 +97,7 @@ class LabHost:
     python: str | None = None  # per-host python override (see Lab.python)
     faults: set[str] = field(default_factory=set)
     second_ip: str | None = None  # on eth1, once Lab.add_second_link ran
+    login_shell: str = LOGIN_SHELL  # what sshd runs commands through (set_login_shell)
 
     def __str__(self) -> str:
         return self.name
@@ -282,6 +283,16 @@ class Lab:
         self._restart_sshd(h)
         h.faults.add("path")
 
+    def set_login_shell(self, host, shell: str) -> None:
+        """Give root another login shell on this host (``fish``, ``tcsh``...;
+        sshd restarted): every command sent over ssh is then parsed by it."""
+        h = self.host(host)
+        if shutil.which(shell, path=SYSTEM_PATH) is None:
+            raise LabError(f"{shell} is not installed here (apt-get install {shell})")
+        h.login_shell = shell
+        self._restart_sshd(h)
+        h.faults.add("login_shell")
+
     def set_host_python(self, host, python: str) -> None:
         """Make the lab python path run another interpreter on this host only."""
         h = self.host(host)
@@ -341,8 +352,9 @@ class Lab:
             for dev in ("eth0", "eth1") if h.second_ip else ("eth0",):
                 self.netns_exec(h, ["tc", "qdisc", "del", "dev", dev, "root"], check=False)
             h.python = None
-            restart = h.sshd is None or h.path != self.default_path
-            h.path = self.default_path
+            restart = (h.sshd is None or h.path != self.default_path
+                       or h.login_shell != LOGIN_SHELL)
+            h.path, h.login_shell = self.default_path, LOGIN_SHELL
             if restart:
                 self._restart_sshd(h)
             h.faults.clear()
@@ -458,7 +470,7 @@ class Lab:
         h.sshd = subprocess.Popen(
             ["ip", "netns", "exec", h.netns, "unshare", "--uts", "--mount", "sh", "-c",
              f"hostname {h.name} && {self._own_tmp_mount(h)}{self._own_disk_mount(h)}"
-             f"{self._shell_rc_mount()}{self._login_shell_mount()}"
+             f"{self._shell_rc_mount()}{self._login_shell_mount(h)}"
              f"exec {SSHD} -D -f {conf} -E {log}"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True,
@@ -515,18 +527,19 @@ class Lab:
         empty.write_text("# lab host: non-interactive sessions read nothing (like zsh on a Mac)\n")
         return f"mount --bind {shlex.quote(str(empty))} {shlex.quote(str(rc))} && "
 
-    def _login_shell_mount(self) -> str:
-        """Shell words that make root's login shell zsh for this host's sshd
-        (a copy of /etc/passwd with root's shell changed, bind-mounted in the
-        host's mount namespace: this machine's own root keeps bash)."""
-        passwd = self.state / "host_passwd"
+    def _login_shell_mount(self, h: LabHost) -> str:
+        """Shell words that make root's login shell ``h.login_shell`` (zsh,
+        as on a Mac, unless a test set another) for this host's sshd: a copy
+        of /etc/passwd with root's shell changed, bind-mounted in the host's
+        mount namespace (this machine's own root keeps bash)."""
+        passwd = self.state / f"host_passwd_{h.login_shell}"
         if not passwd.exists():
-            zsh = shutil.which(LOGIN_SHELL, path=SYSTEM_PATH)
+            shell = shutil.which(h.login_shell, path=SYSTEM_PATH)
             lines = []
             for line in Path("/etc/passwd").read_text().splitlines():
                 fields = line.split(":")
                 if len(fields) == 7 and fields[0] == "root":
-                    fields[6] = zsh
+                    fields[6] = shell
                 lines.append(":".join(fields))
             passwd.write_text("\n".join(lines) + "\n")
         return f"mount --bind {shlex.quote(str(passwd))} /etc/passwd && "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -68,6 +69,48 @@ def test_every_host_runs_commands_through_zsh_as_a_mac_does(lab3):
         assert "no matches found" in proc.stderr
     assert subprocess.run(["bash", "-c", "getent passwd root"], capture_output=True,
                           text=True).stdout.rstrip().endswith("bash")
+
+
+def bounded_job(cmd: list[str], lab, timeout: float) -> tuple[int | None, str]:
+    """(exit code or None when it was still running after ``timeout`` s, output);
+    the launcher's process group is killed either way, and the ranks on the hosts."""
+    proc = subprocess.Popen(cmd, env=lab.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, out
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        return None, proc.communicate()[0]
+    finally:
+        for h in lab.hosts:
+            lab.ssh(h, "pkill -KILL -f '[a]llsum.py'")
+
+
+def test_what_each_login_shell_makes_of_the_launchers_command_lines(lab3, tmp_path):
+    """The evidence behind doctor's login-shell check: sshd runs the command
+    line a launcher sends with the login shell. dash (a POSIX sh) runs
+    mpirun's but not mlx.launch's bash text (that rank exits 2); fish runs
+    neither, and both launchers hang, rank 0 waiting for a rank that never
+    started."""
+    ips = ",".join(h.ip for h in lab3.hosts)
+    ring = [str(VENV_BIN / "mlx.launch"), "--hosts", ips, "--backend", "ring",
+            "--python", lab3.python, str(HERE / "allsum.py"), "ring"]
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("".join(f"{h.ip} slots=1\n" for h in lab3.hosts))
+    mpi = mpirun_cmd(lab3, hostfile) + ["mpi"]
+    try:
+        lab3.set_login_shell(1, "dash")
+        code, out = bounded_job(ring, lab3, 60)
+        assert "Node with rank 1 exited with code 2" in out, (code, out[-2000:])
+        code, out = bounded_job(mpi, lab3, 60)
+        assert code == 0 and out.count("RESULT ") == 3, out[-2000:]
+        lab3.set_login_shell(1, "fish")
+        for cmd in (ring, mpi):
+            code, out = bounded_job(cmd, lab3, 15)
+            assert code is None and "RESULT " not in out, (code, out[-2000:])
+    finally:
+        lab3.heal(1)
 
 
 def test_mlx_launch_ring_all_sum_across_three_hosts(lab3):

@@ -211,3 +211,43 @@ def test_a_python_missing_on_one_host_is_exit_2_naming_it(lab3, tmp_path, backen
     assert "[✓] doctor" not in proc.stdout  # the probe said it before the doctor's checks
     assert not (tmp_path / "logs").exists() and not (tmp_path / "out").exists()
     assert left_on_hosts(lab3, "[r]ank_wrapper.*" + str(tmp_path)) == {}
+
+
+@pytest.mark.parametrize("backend", ["ring", "mpi"])
+@pytest.mark.parametrize("source", ["inventory", "hostfile"])
+def test_a_fish_login_shell_is_named_before_the_launch_hangs(lab3, tmp_path, backend, source):
+    """labhost2's login shell is fish: sshd runs the launcher's command line
+    with it, which fish cannot parse (measured: mlx.launch and mpirun hang,
+    tests/lab/test_lab.py). Before launching, run names the host and the
+    fix (exit 1): with an inventory doctor's login-shell check, with a
+    hostfile the job's probe; nothing launched either way."""
+    inventory, env = training_setup(lab3, tmp_path)
+    (tmp_path / "prog.py").write_text(ALLSUM)
+    if source == "inventory":
+        hosts = ["-i", str(inventory), "--backend", backend]
+    else:
+        hostfile = tmp_path / "hosts.json"
+        hostfile.write_text(json.dumps({"backend": backend, "hosts": [
+            {"ssh": h.ip, "ips": [h.ip]} for h in lab3.hosts]}))
+        hosts = ["--hostfile", str(hostfile), "--python", lab3.python]
+    lab3.set_login_shell(lab3.hosts[1], "fish")
+    try:
+        proc = subprocess.run([sys.executable, "-m", "mlxcluster", "run", *hosts, "--logs",
+                               str(tmp_path / "logs"), "--", "prog.py"], env=env,
+                              capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    finally:
+        lab3.heal(lab3.hosts[1])
+    out = proc.stdout + proc.stderr
+    if source == "inventory":
+        assert proc.returncode == 1, out[-3000:]
+        assert "labhost2: ✗ /usr/bin/fish" in out and "labhost1: /usr/bin/zsh" in out, out[-3000:]
+        assert "doctor found 1 failing check(s)" in proc.stderr
+    else:
+        assert proc.returncode == 1, out[-3000:]
+        assert "preflight found 1 problem(s)" in proc.stderr
+        launcher = "mpirun" if backend == "mpi" else "mlx.launch"
+        assert (f"{lab3.hosts[1].ip}: its login shell /usr/bin/fish cannot parse the command line "
+                f"{launcher} sends over ssh") in proc.stderr, out[-3000:]
+    assert "chsh -s /bin/zsh" in out
+    assert "Traceback" not in out and "launching" not in proc.stdout
+    assert not (tmp_path / "logs").exists()
