@@ -150,6 +150,19 @@ def test_hung_rank_hits_the_deadline(tmp_path):
     assert_nothing_left(report)
 
 
+def test_a_hung_rank_in_text_output_says_stalled_and_exits_4(tmp_path):
+    """As a person runs it (no --json): a stall used to end in a KeyError
+    traceback after the table (the verdict line knew 0, 1 and 3 only)."""
+    result = CliRunner().invoke(main, ["smoke", "--backend", "ring", "--local", "2", *SMALL,
+                                       "--timeout", "12", "--stall-dir", str(tmp_path)],
+                                env={"MLXCLUSTER_SMOKE_HANG_RANK": "0"})
+    assert result.exit_code == 4, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert "rank 0 on local-0: hung: no progress for 12 s" in result.output, result.output
+    assert result.output.rstrip().endswith(
+        "smoke STALLED: a rank made no progress within the deadline"), result.output
+
+
 def test_wrong_element_names_op_dtype_size_index():
     code, report, _ = smoke("--backend", "mpi", "--local", "2", "--sizes", "1K:2K",
                             "--dtypes", "bfloat16", env={"MLXCLUSTER_SMOKE_CORRUPT_RANK": "1"})

@@ -27,7 +27,15 @@ from tabulate import tabulate
 from mlxcluster.cli.params import Duration, inventory_option, load_chosen_inventory
 from mlxcluster.cli.report import check_html_path, emit_page, html_option
 from mlxcluster.doctor.known_errors import diagnose
-from mlxcluster.errors import EXIT_FAILED, InputError, Interrupted, MlxclusterError
+from mlxcluster.errors import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_STALLED,
+    EXIT_UNAVAILABLE,
+    InputError,
+    Interrupted,
+    MlxclusterError,
+)
 from mlxcluster.inventory.inventory import Inventory
 from mlxcluster.jobs.connections import shared_hosts
 from mlxcluster.jobs.hosts import (
@@ -45,6 +53,11 @@ from mlxcluster.smoke.run import SmokeReport, exit_code_for, run_backend
 from mlxcluster.smoke.soak import SoakSummary, new_seed
 from mlxcluster.smoke.stats import format_bytes, parse_size_range
 from mlxcluster.tuned import MAX_CONNECTIONS, apply_tuned, read_tuned, split_words
+
+# The last line of a text run, one per exit code exit_code_for gives (docs/smoke.md).
+VERDICTS = {EXIT_OK: "smoke passed", EXIT_FAILED: "smoke FAILED",
+            EXIT_UNAVAILABLE: "backend unavailable",
+            EXIT_STALLED: "smoke STALLED: a rank made no progress within the deadline"}
 
 DTYPE_CHOICES = ("float32", "float16", "bfloat16", "int32")
 MARK = {"passed": "✓", "failed": "✗", "unavailable": "-"}
@@ -269,8 +282,7 @@ def command(backend, hostfile, inventory_path, local_n, python, bench, sizes, dt
                 click.echo("\n" + render_bench(r))
             if r.soak:
                 click.echo("\n" + render_soak(r.backend, r.soak))
-        verdict = {0: "smoke passed", 1: "smoke FAILED", 3: "backend unavailable"}[code]
-        click.echo(f"\n{verdict}")
+        click.echo(f"\n{VERDICTS[code]}")
     if html_path:
         emit_page(Report(smoke=reports_to_dict(reports, exit_with, plot_error and plot_error.message)),
                   html_path, err=as_json)
