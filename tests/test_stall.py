@@ -209,6 +209,14 @@ def test_gone_and_unreachable_ranks_are_said_so():
     assert text.endswith("rank 0 waits in train_step at train.py:412")
 
 
+def test_a_rank_that_never_registered_is_said_not_to_have_started():
+    """Seen with a fish login shell on labhost2: mlx.launch's command never ran."""
+    states = [RankState(0, "labhost1", 10, "Sl", 1, 1, WAITING), RankState(1, "labhost2")]
+    assert diagnose(states) == ("rank 1 on labhost2 is not started (no process registered; "
+                                "mlxcluster doctor checks that host); rank 0 waits in train_step "
+                                "at train.py:412")
+
+
 def test_two_ranks_in_two_places_are_both_listed():
     states = [RankState(0, "h0", 10, "Sl", 1, 1, WAITING), RankState(1, "h1", 11, "Sl", 1, 1, EVALUATING)]
     assert diagnose(states) == ("rank 0 on h0 in train_step at train.py:412; "

@@ -203,7 +203,10 @@ class RankState:
         if self.error:
             return f"unknown ({self.error})"
         if self.pid is None:
-            return "not found (no process registered)"
+            # The rank wrapper registers its pid first thing: the launcher's
+            # command never ran it there (a login shell that cannot parse the
+            # command, a python that is not there: doctor checks both).
+            return "not started (no process registered; mlxcluster doctor checks that host)"
         if not self.stat:
             return "gone (the process no longer exists)"
         return STATE_WORDS.get(self.stat[0], self.stat)
