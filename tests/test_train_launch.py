@@ -143,6 +143,18 @@ def test_failed_rank_from_real_launcher_messages():
     assert failed_rank(["all good"], 0) == (0, None)
 
 
+def test_a_rank_the_launcher_stopped_is_not_blamed_before_the_one_that_failed():
+    """mlx.launch TERMs the other ranks once one failed; if their warnings
+    come before the lost host's (a CI run under heavy load reported "a rank
+    exited with code -15" for a lost labhost3), rank 2 and 255 it is still;
+    with nothing but stopped ranks, the first of them."""
+    lost = ["\x1b[33m[WARN] Node with rank 0 exited with code -15 \x1b[0m",
+            "\x1b[33m[WARN] Node with rank 1 exited with code -15 \x1b[0m",
+            "\x1b[33m[WARN] Node with rank 2 exited with code 255 \x1b[0m"]
+    assert failed_rank(lost, 0) == (255, 2)
+    assert failed_rank(lost[:2], 0) == (-15, 0)
+
+
 LAUNCHER_OUTPUT = Path(__file__).parent / "fixtures" / "launcher_output"  # README.md there
 
 

@@ -10,7 +10,9 @@ also keeps its deadlines. This is the one line pump of mlxcluster.
 from __future__ import annotations
 
 import queue
+import signal
 import subprocess
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +23,16 @@ from mlxcluster.ssh.launcher_ssh import launcher_environment
 from mlxcluster.ssh.shared import shared_in
 
 END = None  # the line that says a stream ended
+
+# SIGINT is how a launcher is told to stop (mlx.launch and mpirun then stop
+# their ranks on every host: jobs.watch.stop_launcher). A process started in
+# the background by a shell script (`mlxcluster train ... &`, nohup in a
+# script) inherits SIGINT ignored, and exec keeps it ignored: the launcher
+# then shrugged the stop off and was KILLed 20 s later, its remote ranks left
+# to the sweep (seen in CI, started with `&`). Such a launcher is started
+# through this line of python, which sets SIGINT back to its default first.
+SIGINT_DEFAULT_THEN_EXEC = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                            "os.execvp(sys.argv[1], sys.argv[1:])")
 
 
 def pump_lines(stream, name: str, out: queue.Queue) -> None:
@@ -78,8 +90,9 @@ class Running:
 
 def start(argv: list[str], env: dict[str, str] | None = None, *,
           merge_stderr: bool = False) -> Running:
-    """Start ``argv`` in its own session (stdin closed) and pump its lines."""
-    proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+    """Start ``argv`` in its own session (stdin closed, SIGINT not ignored)
+    and pump its lines."""
+    proc = subprocess.Popen(sigint_not_ignored(argv), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
                             start_new_session=True)
     streams = [(proc.stdout, "stdout")] + ([] if merge_stderr else [(proc.stderr, "stderr")])
@@ -89,6 +102,14 @@ def start(argv: list[str], env: dict[str, str] | None = None, *,
     for t in pumps:
         t.start()
     return Running(proc, lines, pumps, open_streams=len(pumps))
+
+
+def sigint_not_ignored(argv: list[str]) -> list[str]:
+    """``argv``, or ``argv`` behind SIGINT_DEFAULT_THEN_EXEC when this process
+    ignores SIGINT (the child would inherit that)."""
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        return argv
+    return [sys.executable, "-c", SIGINT_DEFAULT_THEN_EXEC, *argv]
 
 
 def start_plan(plan: LaunchPlan) -> Running:

@@ -36,6 +36,8 @@ MPI_ABORT_RE = re.compile(r"MPI_ERRORS_ARE_FATAL|has exited due to process rank 
 EXIT_LINE_RE = re.compile(r"^(?:\[\d+\] )?" + re.escape(EXIT_MARK) +
                           r" (\d+) (\d+) (\d+(?:\.\d*)?)[ \t\r]*$", re.M)
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
+# How mlx.launch stops the other ranks once one failed (subprocess codes: -signal).
+STOPPED_BY_LAUNCHER = frozenset({-signal.SIGTERM, -signal.SIGINT, -signal.SIGHUP})
 LAUNCHER_STOP_GRACE_S = 20.0  # mlx.launch / mpirun stop their ranks on every host meanwhile
 PUMP_JOIN_S = 10.0
 
@@ -88,7 +90,12 @@ def failed_rank(lines: list[str], returncode: int) -> tuple[int, int | None]:
         first = min(exits, key=lambda m: float(m.group(3)))  # min keeps the first of equal times
         return int(first.group(2)), int(first.group(1))
     text = ANSI_RE.sub("", "\n".join(lines))
-    warn = next((m for m in MLX_EXIT_RE.finditer(text) if m.group(2) is not None), None)
+    warns = [m for m in MLX_EXIT_RE.finditer(text) if m.group(2) is not None]
+    # Once a rank failed, mlx.launch TERMs the others, and their warnings may
+    # come first: a CI run that lost labhost3 under heavy load said "a rank
+    # exited with code -15", not the lost host. A rank stopped so is not the cause.
+    warn = next((m for m in warns if int(m.group(2)) not in STOPPED_BY_LAUNCHER), None)
+    warn = warn or (warns[0] if warns else None)
     if warn:
         return int(warn.group(2)), int(warn.group(1))
     rank, code = MPI_PROC_RE.search(text), MPI_CODE_RE.search(text)
