@@ -207,13 +207,17 @@ def load_inventory(path: str | os.PathLike) -> Inventory:
     return parse_inventory(text, source=str(p), check_files=True)
 
 
+# The only ssh name mlx.launch runs a rank at without ssh (local_inventory's hosts).
+LOCAL_TARGETS = ("127.0.0.1",)
+
+
 def local_inventory(n: int, python: str | None = None) -> Inventory:
     """N ranks on this machine (127.0.0.1 repeated), for demos and tests."""
     if n < 1:
         raise InventoryError("<local>", [f"--local needs at least 1 rank, got {n}"])
     py = python or sys.executable
     hosts = tuple(
-        Host(name=f"local-{i}", ssh="127.0.0.1", ips=("127.0.0.1",), python=py) for i in range(n)
+        Host(name=f"local-{i}", ssh=LOCAL_TARGETS[0], ips=("127.0.0.1",), python=py) for i in range(n)
     )
     return Inventory(cluster="local", python=py, hosts=hosts, path=None)
 

@@ -20,10 +20,9 @@ from typing import TypeVar
 
 from mlxcluster.errors import InputError
 from mlxcluster.hostfile.hostfile import load_launch_hostfile
-from mlxcluster.inventory.inventory import local_inventory
+from mlxcluster.inventory.inventory import LOCAL_TARGETS, local_inventory
 from mlxcluster.ssh import openssh
 
-LOCAL_TARGETS = ("127.0.0.1",)  # the only ssh name mlx.launch runs without ssh
 SSH_TIMEOUT_S = 20
 SSH_CONNECT_TIMEOUT_S = 5
 

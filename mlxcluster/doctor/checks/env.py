@@ -23,7 +23,7 @@ from mlxcluster.doctor.checks.common import (
     worst,
 )
 from mlxcluster.facts.shell import SHELL_FIX, parses_launch, shell_kind
-from mlxcluster.jobs.hosts import LOCAL_TARGETS
+from mlxcluster.inventory.inventory import LOCAL_TARGETS
 
 FAST_SYNCH = "MLX_METAL_FAST_SYNCH"
 
