@@ -13,6 +13,9 @@ batch of sequences of the same length, float32, OpenBLAS preloaded where
 Linux has it, one after the other for --rounds rounds:
 
   ours:    python -m reference_train.train --init_from FOLDER --data DIR ...
+  ours/mlx: the same with --kernels mlx (MLX's softmax, silu and loss, as
+           mlx-lm runs them; the default builds them from multiply-adds on
+           Linux's CPU, reference_train/kernels.py)
   mlx-lm:  python -m mlx_lm lora --fine-tune-type full --optimizer adamw ...
   mlx-lm*: the same with --clear-cache-threshold 2**40 (its default, 0, empties
            MLX's buffer cache after every step; our trainer keeps it; measured:
@@ -72,12 +75,12 @@ def build(tmp: Path, block: int) -> tuple[Path, Path, Path]:
     return model, tokens, jsonl
 
 
-def ours(model, tokens, out, steps, batch, block, env) -> tuple[float, float]:
+def ours(model, tokens, out, steps, batch, block, env, *extra: str) -> tuple[float, float]:
     subprocess.run([sys.executable, "-m", "reference_train.train", "--init_from", str(model),
                     "--data", str(tokens), "--out", str(out), "--steps", str(steps),
                     "--global_batch", str(batch), "--block_size", str(block), "--eval_every", "0",
                     "--sample_tokens", "0", "--log_every", "10", "--warmup_steps", "0",
-                    "--grad_clip", "0", "--lr", "1e-5"],
+                    "--grad_clip", "0", "--lr", "1e-5", *extra],
                    env=env, check=True, capture_output=True, text=True, timeout=1800)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     speeds = [r["tokens_per_s"] for r in records if "tokens_per_s" in r][1:]
@@ -130,12 +133,15 @@ def main() -> int:
     args = p.parse_args()
     env = with_openblas({**os.environ, "PYTHONPATH": str(REPO), "OPENBLAS_NUM_THREADS": "2"},
                         find_openblas())
-    results: dict[str, list[tuple[float, float]]] = {"ours": [], "mlx-lm": [], "mlx-lm*": []}
+    results: dict[str, list[tuple[float, float]]] = {"ours": [], "ours/mlx": [], "mlx-lm": [],
+                                                     "mlx-lm*": []}
     with tempfile.TemporaryDirectory() as tmp:
         model, tokens, jsonl = build(Path(tmp), args.block_size)
         for r in range(args.rounds):
             results["ours"].append(ours(model, tokens, Path(tmp) / f"ours{r}", args.steps,
                                         args.batch, args.block_size, env))
+            results["ours/mlx"].append(ours(model, tokens, Path(tmp) / f"oursm{r}", args.steps,
+                                            args.batch, args.block_size, env, "--kernels", "mlx"))
             results["mlx-lm"].append(mlx_lm(model, jsonl, Path(tmp) / f"lm{r}", args.steps,
                                             args.batch, args.block_size, env))
             # mlx-lm's default --clear-cache-threshold 0 empties MLX's buffer cache after
@@ -148,10 +154,13 @@ def main() -> int:
           f"{CONFIG['vocab_size']}, batch {args.batch} x {args.block_size} tokens, {args.steps} "
           f"steps, float32, AdamW, one process, {args.rounds} rounds")
     for name, got in results.items():
-        print(f"  {name:7s} {statistics.median(s for s, _ in got):9,.0f} tok/s  peak MLX memory "
+        print(f"  {name:8s} {statistics.median(s for s, _ in got):9,.0f} tok/s  peak MLX memory "
               f"{statistics.median(m for _, m in got):7.1f} MiB")
     print(f"  ours / mlx-lm tokens/s: {', '.join(f'{x:.2f}' for x in ratios)} "
           f"(median {statistics.median(ratios):.2f})")
+    mlx_kernels = [a[0] / b[0] for a, b in zip(results["ours/mlx"], results["mlx-lm"], strict=True)]
+    print(f"  ours --kernels mlx / mlx-lm tokens/s: {', '.join(f'{x:.2f}' for x in mlx_kernels)} "
+          f"(median {statistics.median(mlx_kernels):.2f})")
     kept = [a[0] / b[0] for a, b in zip(results["ours"], results["mlx-lm*"], strict=True)]
     print(f"  ours / mlx-lm with its buffer cache kept (*): {', '.join(f'{x:.2f}' for x in kept)} "
           f"(median {statistics.median(kept):.2f})")

@@ -2,7 +2,9 @@
 
 The model knows nothing about parallelism (train.py averages the gradients), so
 the same file serves 1 process and N hosts. Shapes use B (batch), L (sequence
-length), D (model width), H (query heads), K (key/value heads).
+length), D (model width), H (query heads), K (key/value heads). Attention,
+SwiGLU's silu and the loss go through kernels.py: MLX's own kernels, except
+on Linux's CPU, where MLX's exp is slow (see there).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from dataclasses import asdict, dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
+
+from . import kernels
 
 
 @dataclass
@@ -68,8 +72,8 @@ class Attention(nn.Module):
         k = self.wk(x).reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
         v = self.wv(x).reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
         q, k = self.rope(q), self.rope(k)
-        # The fused kernel handles grouped-query attention (K < H) itself.
-        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
+        # Both paths handle grouped-query attention (K < H) themselves.
+        out = kernels.attention(q, k, v, scale=self.scale, mask=mask)
         return self.wo(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
 
 
@@ -117,7 +121,7 @@ class FeedForward(nn.Module):
         self.w3 = nn.Linear(args.dim, args.hidden_dim, bias=False)
 
     def __call__(self, x: mx.array) -> mx.array:
-        return self.w2(nn.silu(self.w1(x)) * self.w3(x))
+        return self.w2(kernels.silu(self.w1(x)) * self.w3(x))
 
 
 class TransformerBlock(nn.Module):
@@ -160,7 +164,7 @@ def loss_fn(model: Llama, inputs: mx.array, targets: mx.array) -> mx.array:
     logits = model(inputs)
     if logits.dtype != mx.float32:  # bfloat16 passes: the loss itself in float32
         logits = logits.astype(mx.float32)
-    return nn.losses.cross_entropy(logits, targets, reduction="mean")
+    return kernels.cross_entropy(logits, targets)
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -49,6 +49,7 @@ import numpy as np
 import yaml
 from mlx.utils import tree_map
 
+from . import kernels
 from .checkpoint import checkpoint_name, content_hash, load_checkpoint, save_checkpoint
 from .data import (
     DataError,
@@ -121,6 +122,9 @@ class TrainConfig:
     shard_optimizer: bool = False  # ZeRO-1: AdamW state for 1/N of the parameters per rank
     seed: int = 0
     compile: bool = True
+    # auto: softmax, silu and the loss built from multiply-adds on Linux's CPU, where
+    # MLX's exp is slow (kernels.py), MLX's own elsewhere; mlx: MLX's own everywhere
+    kernels: str = "auto"
     # output
     out: str = "runs/reference"
     log_every: int = 10
@@ -252,6 +256,8 @@ def check_config(cfg: TrainConfig) -> None:
     for name in ("dtype", "comm_dtype"):
         if getattr(cfg, name) not in DTYPES:
             problems.append(f"{name} {getattr(cfg, name)}: must be one of {', '.join(DTYPES)}")
+    if cfg.kernels not in kernels.MODES:
+        problems.append(f"kernels {cfg.kernels}: must be one of {', '.join(kernels.MODES)}")
     if cfg.export_dtype not in EXPORT_DTYPES:
         problems.append(f"export_dtype {cfg.export_dtype}: must be one of {', '.join(EXPORT_DTYPES)}")
     if problems:
@@ -313,6 +319,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, group, log=print):
         self.cfg, self.group, self.log = cfg, group, log
         self.rank, self.size = group.rank(), group.size()
+        kernels.use(cfg.kernels)  # before any step is traced
         self.backend = current_backend(group)
         self.reduce_scatter = False
         # Every host keeps its own checkpoints (Macs have their own disks): one writer per host.
