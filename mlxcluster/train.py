@@ -16,6 +16,7 @@ import io
 import os
 import tempfile
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,7 @@ from mlxcluster.jobs.hosts import RankHost
 from mlxcluster.jobs.job import Job, launcher_name, split_mpi_args
 from mlxcluster.jobs.watch import launcher_error
 from mlxcluster.smoke.launch import WorkerOptions
+from mlxcluster.smoke.preflight import unavailable_reason
 from mlxcluster.smoke.run import run_backend
 
 if TYPE_CHECKING:
@@ -49,8 +51,10 @@ def smoke_all_sum(job: Job, env: dict[str, str] | None = None,
     a deadline per phase, nothing left running. Returns (ok, one-line detail)."""
     n = len(job.hosts)
     try:
-        # jaccl: plan_jaccl_job already judged every host from its topology.
-        judged = (lambda backend, ranks: None) if job.mlx_hostfile is not None else None
+        # jaccl: plan_jaccl_job already judged every host from its topology; the login
+        # shells: the job's own probe asked them (jobs.preflight.check_probes).
+        judged = ((lambda backend, ranks: None) if job.mlx_hostfile is not None
+                  else partial(unavailable_reason, shells=False))
         report = run_backend(job.backend, smoke_ranks(job), SMOKE_OPTIONS, timeout_s=timeout,
                              environ=env, mpi_args=split_mpi_args(job), reason_unavailable=judged)
     except MlxclusterError as e:

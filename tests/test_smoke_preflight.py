@@ -13,7 +13,7 @@ import pytest
 from mlxcluster.errors import InputError
 from mlxcluster.facts.capture import PROBE, SW_VERS, HostCapture
 from mlxcluster.jobs import hosts
-from mlxcluster.jobs.hosts import RankHost, local_hosts
+from mlxcluster.jobs.hosts import HostResult, RankHost, local_hosts
 from mlxcluster.smoke import preflight
 from mlxcluster.smoke.preflight import (
     HostFacts,
@@ -132,3 +132,54 @@ def test_local_ranks_need_a_python_that_exists_here():
         hosts.require_local_pythons(local_hosts(2, "/nonexistent/python"))
     remote = RankHost("mac1", "mac1.local", ("10.0.0.1",), "/nonexistent/python")
     hosts.require_local_pythons([remote])
+
+
+FISH_REFUSAL = ("its login shell /opt/homebrew/bin/fish cannot parse the command line mlx.launch "
+                "sends over ssh (the launch would hang, or that rank exit 2): chsh -s /bin/zsh "
+                "(macOS) or chsh -s /bin/bash (Linux) there")
+
+
+def shell_answers(answers: dict[str, HostResult]):
+    """A runner answering preflight.SHELL_QUESTION per ssh target, recording what it was asked."""
+    asked = []
+
+    def run(host, script):
+        asked.append((host.ssh, script))
+        return answers[host.ssh]
+
+    return run, asked
+
+
+def test_a_login_shell_that_cannot_parse_the_launch_is_named_before_launching():
+    mac1, mac2 = (RankHost(f"mac{i}", f"mac{i}.local", (f"mac{i}.local",), "/py") for i in (1, 2))
+    ranks = (*local_hosts(1), mac1, mac2, mac2)
+    run, asked = shell_answers({"mac1.local": HostResult("mac1", True, "/bin/zsh\nDarwin\n"),
+                                "mac2.local": HostResult("mac2", True,
+                                                         "/opt/homebrew/bin/fish\nDarwin\n")})
+    assert preflight.unavailable_reason("ring", ranks, run=run) == f"mac2: {FISH_REFUSAL}"
+    # once per remote host; local ranks start without ssh, so their shell is not asked
+    assert sorted(asked) == [("mac1.local", preflight.SHELL_QUESTION),
+                             ("mac2.local", preflight.SHELL_QUESTION)]
+    assert "mpirun sends" in preflight.unavailable_reason("mpi", ranks, run=run)
+    asked.clear()
+    assert preflight.unavailable_reason("ring", ranks, run=run, shells=False) is None
+    assert asked == []  # train and run asked already, in their own probe
+
+
+@pytest.mark.parametrize("answer,backend,refused", [
+    ("/bin/sh\nLinux\n", "ring", True),       # dash: mlx.launch's bash text, that rank exits 2
+    ("/bin/sh\nLinux\n", "mpi", False),       # ... but mpirun's POSIX sh is fine
+    ("/bin/sh\nDarwin\n", "ring", False),     # macOS's sh is bash
+    ("/usr/bin/fish\nLinux\n", "mpi", True),
+    ("/bin/zsh\nDarwin\n", "ring", False),
+    ("/usr/local/bin/myshell\nDarwin\n", "ring", False),  # unknown: not refused
+    ("Unknown command: echo\n", "ring", False),           # no answer to read: left to the launch
+])
+def test_what_a_login_shell_answer_refuses(answer, backend, refused):
+    assert (preflight.shell_refusal(answer, backend) is not None) == refused
+
+
+def test_a_host_that_does_not_answer_is_left_to_the_launch():
+    mac = RankHost("mac1", "mac1.local", ("mac1.local",), "/py")
+    run, _ = shell_answers({"mac1.local": HostResult("mac1", False, "", "timed out after 30 s")})
+    assert preflight.unavailable_reason("ring", (mac, mac), run=run) is None

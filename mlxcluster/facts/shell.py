@@ -47,3 +47,14 @@ def parses_launch(kind: str | None, backend: str | None) -> bool | None:
         return None if backend in (None, "any") else backend == "mpi"
     return True
 
+
+
+def launch_refusal(shell: str | None, kind: str | None, backend: str | None) -> str | None:
+    """Why a host whose login shell ``shell`` is of ``kind`` cannot start a rank
+    of ``backend`` over ssh, with the fix, in the words run, train and smoke
+    say it; None when it can, or when that is not known."""
+    if parses_launch(kind, backend) is not False:
+        return None
+    launcher = "mpirun" if backend == "mpi" else "mlx.launch"
+    return (f"its login shell {shell} cannot parse the command line {launcher} sends over ssh "
+            f"(the launch would hang, or that rank exit 2): {SHELL_FIX} there")

@@ -20,7 +20,7 @@ from mlxcluster.blas import OPENBLAS_CANDIDATES
 from mlxcluster.facts.capture import PROBE, HostCapture
 from mlxcluster.facts.collect import PROBE_TIMEOUT, capture_from_probe, probe_command, probe_source
 from mlxcluster.facts.facts import host_facts
-from mlxcluster.facts.shell import SHELL_FIX, parses_launch, shell_kind
+from mlxcluster.facts.shell import launch_refusal, shell_kind
 from mlxcluster.jobs.hosts import RankHost, distinct_hosts, for_each_host, host_argv
 from mlxcluster.jobs.job import TRAINER_MODULE, Job, rank_env, script_path
 from mlxcluster.ssh.results import CommandResult
@@ -127,12 +127,9 @@ def check_probes(job: Job, probes: list[HostProbe]) -> list[str]:
         elif job.program is None and not p.facts.get("reference_train"):
             problems.append(f"{p.host.name}: reference_train does not import: "
                             f"{p.facts.get('reference_train_error')}")
-        elif (not p.host.is_local
-              and parses_launch(p.facts.get("shell_kind"), job.backend) is False):
-            launcher = "mpirun" if job.backend == "mpi" else "mlx.launch"
-            problems.append(f"{p.host.name}: its login shell {p.facts.get('login_shell')} cannot "
-                            f"parse the command line {launcher} sends over ssh (the launch would "
-                            f"hang, or that rank exit 2): {SHELL_FIX} there")
+        elif not p.host.is_local and (why := launch_refusal(
+                p.facts.get("login_shell"), p.facts.get("shell_kind"), job.backend)):
+            problems.append(f"{p.host.name}: {why}")
         elif p.facts.get("rank_wrapper_error"):
             problems.append(f"{p.host.name}: mlxcluster.jobs.rank_wrapper (every rank runs under it) "
                             f"does not import: {p.facts['rank_wrapper_error']}")

@@ -155,6 +155,32 @@ def test_a_host_lost_mid_run_is_named_and_the_rest_stopped(lab3, inventory):
     assert_nothing_left(lab3, {**run, "cleanup_problems": []})
 
 
+@pytest.mark.parametrize("backend", ["ring", "mpi"])
+def test_a_fish_login_shell_is_named_before_anything_is_launched(lab3, inventory, backend):
+    """labhost2's login shell is fish, which parses neither mlx.launch's nor
+    mpirun's command line (measured: both hang, tests/lab/test_lab.py); smoke
+    waited for its --timeout, then called the rank not started. Now its
+    preflight asks every host's login shell: exit 3 at once, labhost2 and the
+    fix named, nothing staged or started anywhere."""
+    lab3.set_login_shell(lab3.hosts[1], "fish")
+    try:
+        code, run, elapsed = smoke(lab3, inventory, "--backend", backend, *SMALL,
+                                   "--timeout", "30")
+    finally:
+        lab3.heal(lab3.hosts[1])
+    launcher = "mpirun" if backend == "mpi" else "mlx.launch"
+    assert code == 3 and run["status"] == "unavailable", run
+    assert run["reason"] == (
+        f"labhost2: its login shell /usr/bin/fish cannot parse the command line {launcher} "
+        "sends over ssh (the launch would hang, or that rank exit 2): chsh -s /bin/zsh (macOS) "
+        "or chsh -s /bin/bash (Linux) there"), run["reason"]
+    assert elapsed < 15, elapsed  # not the 30 s deadline
+    assert run["run_id"] == "" and run["ranks"] == []  # nothing planned, so nothing launched
+    for host in lab3.hosts:
+        out = lab3.ssh(host, "ls -d /tmp/mlxsmoke-* 2>/dev/null; true")
+        assert out.stdout.strip() == "", (host.name, out.stdout)
+
+
 def test_jaccl_from_the_inventory_is_unavailable_per_host(lab3, inventory):
     """No --hostfile needed: the RDMA matrix would come from the hosts' live
     topology; these Linux hosts have no RDMA and no Thunderbolt, each says so,
