@@ -7,7 +7,9 @@ count, sharded or not. The memory per rank: bench/optimizer_memory.py.
 
 The reduce-scatter itself runs only on JACCL and NCCL (no Thunderbolt 5 or
 CUDA here); what it relies on is tested: the flat layout cut into equal
-pieces gives each rank its own share; the backend is read from the launch
+pieces gives each rank its own share; the trainer's reduce-scatter branch
+gives the same losses across real ranks with the primitive built from ring's
+all_sum (tests/sum_scatter_standin.py); the backend is read from the launch
 (tests/test_launch_env.py), so that ring and MPI, which raise, are never
 asked for one."""
 
@@ -31,8 +33,9 @@ COMMON = ["--config", "tiny", "--steps", "30", "--global_batch", "6", "--eval_ev
 SHARD = ["--shard_optimizer", "true"]
 
 
-def run(tmp_path, name, *extra, ranks=1):
-    proc = run_trainer([*COMMON, *extra, "--out", str(tmp_path / name)], ranks=ranks, timeout=300)
+def run(tmp_path, name, *extra, ranks=1, module="reference_train.train"):
+    proc = run_trainer([*COMMON, *extra, "--out", str(tmp_path / name)], ranks=ranks, timeout=300,
+                       module=module)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (tmp_path / f"{name}.stdout").write_text(proc.stdout)
     return train_losses(tmp_path / name)
@@ -117,3 +120,17 @@ def test_sharded_gradients_in_bfloat16_equal_the_unsharded_ones(tmp_path):
     sharded = run(tmp_path, "zero", *bf16, *SHARD, ranks=2)
     assert worst(sharded, plain, range(1, 13)) < 1e-6
     assert worst(sharded, run(tmp_path, "fp32", "--steps", "12", ranks=2), range(2, 13)) > 1e-6
+
+
+def test_the_reduce_scatter_branch_gives_the_same_losses_across_real_ranks(tmp_path):
+    # sum_scatter built from ring's all_sum (tests/sum_scatter_standin.py): the
+    # branch JACCL and NCCL take, its call and the use of its pieces, on 2 and 3 ranks.
+    standin = "tests.sum_scatter_standin"
+    one = run(tmp_path, "one", "--steps", "12")
+    for ranks in (2, 3):
+        name = f"scatter{ranks}"
+        losses = run(tmp_path, name, *SHARD, "--steps", "12", ranks=ranks, module=standin)
+        said = (tmp_path / f"{name}.stdout").read_text()
+        assert "gradients reduce-scattered in float32 (ring), optimizer state sharded" in said, \
+            said[-2000:]
+        assert worst(losses, one, range(1, 13)) < 1e-6

@@ -27,9 +27,11 @@ def trainer_env() -> dict[str, str]:
 
 
 def run_trainer(args: list[str], ranks: int = 1, timeout: float = 120,
-                port: int = 32323) -> subprocess.CompletedProcess:
-    """`python -m reference_train.train ARGS`, alone or under `mlx.launch -n RANKS` (ring)."""
-    cmd = ["-m", "reference_train.train", *args]
+                port: int = 32323, module: str = "reference_train.train",
+                ) -> subprocess.CompletedProcess:
+    """`python -m reference_train.train ARGS` (or another ``module``), alone or
+    under `mlx.launch -n RANKS` (ring)."""
+    cmd = ["-m", module, *args]
     if ranks == 1:
         full = [PYTHON, *cmd]
     else:
