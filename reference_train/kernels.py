@@ -8,10 +8,9 @@ sigmoid and logsumexp cost the same as its exp. In a training step of the
 bench's Llama (bench/step_vs_mlx_lm.py) perf counted 12% of all samples in
 exp, fmaf and sigmoid. The exp below (Cephes' expf: k = round(x / ln 2),
 r = x - k ln 2, a polynomial in r, 2^k written into the exponent bits of two
-halves)
-is arithmetic that `mx.compile` fuses into one loop: 3-4x faster than MLX's exp
-and closer to the true value (largest relative error over [-87, 88]: 7.8e-8
-against float64; MLX's exp: 3.3e-6).
+halves) is arithmetic that `mx.compile` fuses into one loop: 3-4x faster than
+MLX's exp and closer to the true value (largest relative error over
+[-87, 88]: 7.8e-8 against float64; MLX's exp: 3.3e-6).
 
 Each function here has its textbook gradient (`mx.custom_function`), so that
 backpropagation multiplies by the saved output instead of differentiating
