@@ -48,7 +48,6 @@ def parses_launch(kind: str | None, backend: str | None) -> bool | None:
     return True
 
 
-
 def launch_refusal(shell: str | None, kind: str | None, backend: str | None) -> str | None:
     """Why a host whose login shell ``shell`` is of ``kind`` cannot start a rank
     of ``backend`` over ssh, with the fix, in the words run, train and smoke
