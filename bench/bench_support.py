@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mlxcluster.blas import find_openblas, with_openblas  # noqa: E402
+from mlxcluster.facts.blas import find_openblas, with_openblas  # noqa: E402
 
 
 def rerun_with_openblas(threads: int) -> Path | None:

@@ -36,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from mlxcluster.blas import find_openblas, with_openblas  # noqa: E402
+from mlxcluster.facts.blas import find_openblas, with_openblas  # noqa: E402
 
 
 class BareLoop:

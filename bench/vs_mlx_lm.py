@@ -42,7 +42,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from mlxcluster.blas import find_openblas, with_openblas  # noqa: E402
+from mlxcluster.facts.blas import find_openblas, with_openblas  # noqa: E402
 
 CONFIG = {"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 4,
           "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 4,

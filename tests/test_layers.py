@@ -27,8 +27,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # Launching jobs, and what is built on it. The flat launch modules are
     # listed by name until they move into mlxcluster/jobs/.
     ("jobs", ("mlxcluster.jobs", "mlxcluster.smoke", "mlxcluster.train*", "mlxcluster.stall",
-              "mlxcluster.rank_wrapper", "mlxcluster.run_output", "mlxcluster.blas",
-              "mlxcluster.tuned", "mlxcluster.job_python", "mlxcluster.tune",
+              "mlxcluster.rank_wrapper", "mlxcluster.run_output", "mlxcluster.facts.blas",
+              "mlxcluster.hostfile.tuned", "mlxcluster.job_python", "mlxcluster.tune",
               "mlxcluster.data_sync*")),
     ("report", ("mlxcluster.report",)),
     # Above report: the demo runs every command, then writes the HTML report.

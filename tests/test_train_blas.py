@@ -1,4 +1,4 @@
-"""mlxcluster.blas: finding OpenBLAS and preloading it for the trainer."""
+"""mlxcluster.facts.blas: finding OpenBLAS and preloading it for the trainer."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mlxcluster.blas import OPENBLAS_CANDIDATES, find_openblas, with_openblas
+from mlxcluster.facts.blas import OPENBLAS_CANDIDATES, find_openblas, with_openblas
 
 from .conftest import require
 

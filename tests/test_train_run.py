@@ -1,7 +1,7 @@
 """The reference trainer end to end, on real mlx: parity across ranks, exact resume, memory.
 
 Multi-rank runs use `mlx.launch -n N --backend ring` on this machine (no ssh),
-with OpenBLAS preloaded when the system has it (mlxcluster.blas).
+with OpenBLAS preloaded when the system has it (mlxcluster.facts.blas).
 """
 
 from __future__ import annotations

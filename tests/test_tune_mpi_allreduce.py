@@ -23,7 +23,7 @@ from mlxcluster.tune.candidates import Candidate, make_candidates, parse_allredu
 from mlxcluster.tune.measure import Plan, mpi_args, worker_options
 from mlxcluster.tune.result import candidate_dict
 from mlxcluster.tune.select import Sample, choose
-from mlxcluster.tuned import apply_tuned, parse_tuned_args, read_tuned, split_words, tuned_job
+from mlxcluster.hostfile.tuned import apply_tuned, parse_tuned_args, read_tuned, split_words, tuned_job
 from tests.test_tuned_settings import write_tune_output
 
 M32 = 32 << 20

@@ -21,7 +21,7 @@ from mlxcluster.jobs.job import job_from_hostfile, split_mpi_args
 from mlxcluster.jobs.plan import launcher_argv, write_hostfile
 from mlxcluster.tune.candidates import Candidate
 from mlxcluster.tune.files import winner_files
-from mlxcluster.tuned import Applied, apply_tuned, parse_tuned_args, read_tuned, tuned_job
+from mlxcluster.hostfile.tuned import Applied, apply_tuned, parse_tuned_args, read_tuned, tuned_job
 
 INVENTORY = parse_inventory("""
 cluster: lab

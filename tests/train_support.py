@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mlxcluster.blas import find_openblas, with_openblas
+from mlxcluster.facts.blas import find_openblas, with_openblas
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable

@@ -30,7 +30,7 @@ from mlxcluster.jobs.job import (
 )
 from mlxcluster.jobs.job_python import require_job_python
 from mlxcluster.jobs.watch import launcher_error
-from mlxcluster.tuned import tuned_job
+from mlxcluster.hostfile.tuned import tuned_job
 
 
 def one_source(command: str, hostfile, inventory_path, local_ranks, *, example: str) -> None:

@@ -16,7 +16,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from mlxcluster.blas import OPENBLAS_CANDIDATES
+from mlxcluster.facts.blas import OPENBLAS_CANDIDATES
 from mlxcluster.facts.capture import PROBE, HostCapture
 from mlxcluster.facts.collect import PROBE_TIMEOUT, capture_from_probe, probe_command, probe_source
 from mlxcluster.facts.facts import host_facts
