@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 
 from bench_support import rerun_with_openblas  # noqa: E402
 
-from mlxcluster.train import restart_checkpoint_every  # noqa: E402
+from mlxcluster.launch.trainer import restart_checkpoint_every  # noqa: E402
 
 
 def main() -> int:
@@ -43,8 +43,9 @@ def main() -> int:
     import mlx.core as mx
 
     from reference_train.checkpoint import checkpoint_name
+    from reference_train.config import build_config
     from reference_train.launch_env import init_group
-    from reference_train.train import Trainer, build_config
+    from reference_train.train import Trainer
 
     with tempfile.TemporaryDirectory(prefix="ckpt-bench.") as out:
         cfg = build_config(["--config", args.config, "--out", out, "--sample_tokens", "0"])

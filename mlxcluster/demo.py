@@ -33,7 +33,7 @@ from mlxcluster import interrupts
 from mlxcluster.errors import InputError, Interrupted
 from mlxcluster.inventory.inventory import local_inventory
 from mlxcluster.jobs import process
-from mlxcluster.train import validate_trainer_args
+from mlxcluster.launch.trainer import parse_trainer_args
 
 
 @dataclass
@@ -99,7 +99,7 @@ def run_demo(ranks: int = 2, workdir: Path | str = "runs/demo", steps: int = 100
 
     Bad input (a trainer config or steps the trainer refuses, a workdir that
     cannot be made) is an InputError before the first step."""
-    validate_trainer_args(("--config", config, "--steps", str(steps)))
+    parse_trainer_args(("--config", config, "--steps", str(steps)))
     workdir = Path(workdir).resolve()
     py = python or sys.executable
     try:

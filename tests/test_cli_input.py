@@ -127,7 +127,7 @@ def test_smoke_backend_flag_overrides_the_hostfile_backend(tmp_path, monkeypatch
 @pytest.mark.parametrize("command", ["smoke", "train"])
 def test_local_runs_refuse_a_missing_python(command, monkeypatch):
     monkeypatch.setattr("mlxcluster.cli.smoke.run_backend", no_run)
-    monkeypatch.setattr("mlxcluster.cli.preflight.probe_hosts", no_run)
+    monkeypatch.setattr("mlxcluster.launch.preflight.probe_hosts", no_run)
     result = invoke(command, "--local", "2", "--python", "/nonexistent/python")
     assert result.exit_code == 2, result.output
     assert "python not found: /nonexistent/python" in result.output
@@ -149,8 +149,8 @@ def test_train_refuses_bad_trainer_config_before_launch(args, needle, tmp_path, 
     (tmp_path / "adir").mkdir()
     (tmp_path / "bad.yaml").write_text("steps: [1\n")
     (tmp_path / "keys.yaml").write_text("{[1]: 2}\n")
-    monkeypatch.setattr("mlxcluster.cli.preflight.probe_hosts", no_run)
-    monkeypatch.setattr("mlxcluster.cli.train.run_job", no_run)
+    monkeypatch.setattr("mlxcluster.launch.preflight.probe_hosts", no_run)
+    monkeypatch.setattr("mlxcluster.launch.trainer.run_job", no_run)
     result = invoke("train", "--local", "2", *args)
     assert result.exit_code == 2, result.output
     assert needle in result.output and "Traceback" not in result.output
@@ -160,7 +160,7 @@ def test_train_config_named_like_a_folder_here_says_which(tmp_path, monkeypatch)
     """`train --config tiny` run in a directory holding a folder 'tiny'."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "tiny").mkdir()
-    monkeypatch.setattr("mlxcluster.cli.preflight.probe_hosts", no_run)
+    monkeypatch.setattr("mlxcluster.launch.preflight.probe_hosts", no_run)
     result = invoke("train", "--local", "2", "--config", "tiny")
     assert result.exit_code == 2, result.output
     assert "--config tiny is ambiguous" in result.output and "configs/tiny.yaml" in result.output
@@ -173,8 +173,8 @@ def test_train_config_named_like_a_folder_here_says_which(tmp_path, monkeypatch)
 def test_train_passes_help_to_the_trainer(args, monkeypatch):
     """`train ... -- --help` printed the trainer's help, then 'error: trainer
     arguments rejected', exit 2."""
-    monkeypatch.setattr("mlxcluster.cli.preflight.probe_hosts", no_run)
-    monkeypatch.setattr("mlxcluster.cli.train.run_job", no_run)
+    monkeypatch.setattr("mlxcluster.launch.preflight.probe_hosts", no_run)
+    monkeypatch.setattr("mlxcluster.launch.trainer.run_job", no_run)
     result = invoke("train", *args)
     assert result.exit_code == 0, result.output
     assert "usage: python -m reference_train.train" in result.output
@@ -189,8 +189,8 @@ def test_train_passes_help_to_the_trainer(args, monkeypatch):
 def test_train_local_out_checked_before_launch(out, needle, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "afile").write_text("")
-    monkeypatch.setattr("mlxcluster.cli.preflight.probe_hosts", no_run)
-    monkeypatch.setattr("mlxcluster.cli.train.run_job", no_run)
+    monkeypatch.setattr("mlxcluster.launch.preflight.probe_hosts", no_run)
+    monkeypatch.setattr("mlxcluster.launch.trainer.run_job", no_run)
     result = invoke("train", "--local", "2", "--config", "tiny", "--", "--out", out)
     assert result.exit_code == 2, result.output
     assert needle in result.output
@@ -200,7 +200,7 @@ def test_train_local_out_checked_before_launch(out, needle, tmp_path, monkeypatc
 def test_train_local_out_that_can_be_made_passes_the_check(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     launched = []
-    monkeypatch.setattr("mlxcluster.cli.train.run_job",
+    monkeypatch.setattr("mlxcluster.launch.trainer.run_job",
                         lambda job, *a, **k: launched.append(job) or RunOutcome(0, seconds=0.1))
     result = invoke("train", "--local", "2", "--no-preflight", "--config", "tiny", "--",
                     "--out", "runs/new/deeper")

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from mlxcluster.data_sync import (
+from mlxcluster.launch.sync import (
     REMOTE_SOURCE,
     DataFile,
     HostCopy,

@@ -27,7 +27,7 @@ from mlxcluster.jobs import run as job_run
 from mlxcluster.jobs.job import job_from_hostfile, job_from_inventory, job_local, plan_jaccl_job
 from mlxcluster.jobs.plan import LaunchPlan, launcher_argv, mlx_launch_path, write_hostfile
 from mlxcluster.smoke.launch import plan_launch
-from mlxcluster.train import SMOKE_OPTIONS, smoke_ranks
+from mlxcluster.launch.preflight import SMOKE_OPTIONS, smoke_ranks
 from tests.test_checks_topology import slow_osaurus
 from tests.topology_helpers import (
     OSAURUS,
@@ -229,7 +229,7 @@ def test_cli_with_a_tb4_host_exits_3_naming_it_before_anything(macos_fixtures, t
     """Preflight on: the topology verdict comes before doctor, the probe and the smoke."""
     tb4 = load_capture_dir(make_capture_dir(macos_fixtures, tmp_path / "tb4", OSAURUS, slow_osaurus))
     monkeypatch.setattr(doctor_collect, "collect_captures", lambda inv: tb4)
-    monkeypatch.setattr("mlxcluster.cli.preflight.probe_hosts", lambda *a, **k: pytest.fail("probed"))
+    monkeypatch.setattr("mlxcluster.launch.preflight.probe_hosts", lambda *a, **k: pytest.fail("probed"))
     inv_path = tmp_path / "inv.yaml"
     inv_path.write_text(inventory_text(["local", "peer"]))
     args = [a for a in COMMANDS[command] if a != "--no-preflight"]

@@ -90,12 +90,12 @@ def test_smoke_prints_cause_and_fix_under_the_failed_rank(macos_fixtures):
 def test_train_prints_cause_and_fix_when_a_rank_fails(monkeypatch, macos_fixtures):
     from click.testing import CliRunner
 
-    import mlxcluster.cli.train as train_cli
+    import mlxcluster.launch.trainer as trainer
     from mlxcluster.cli import main
     from mlxcluster.jobs.watch import RunOutcome
 
     rtr = real_lines(macos_fixtures)[0]
-    monkeypatch.setattr(train_cli, "run_job", lambda job, on_line, **kwargs: RunOutcome(
+    monkeypatch.setattr(trainer, "run_job", lambda job, on_line, **kwargs: RunOutcome(
         exit_code=1, failed_rank=1, seconds=0.1, lines=("step 1", rtr)))
     result = CliRunner().invoke(main, ["train", "--local", "2", "--no-preflight", "--config", "tiny"])
     assert result.exit_code == 1, result.output
@@ -106,18 +106,18 @@ def test_train_prints_cause_and_fix_when_a_rank_fails(monkeypatch, macos_fixture
 def test_train_names_the_mlx_release_that_fixes_it(monkeypatch, macos_fixtures):
     from click.testing import CliRunner
 
-    import mlxcluster.cli.preflight as preflight
-    import mlxcluster.cli.train as train_cli
+    import mlxcluster.launch.preflight as preflight
+    import mlxcluster.launch.trainer as trainer
     from mlxcluster.cli import main
     from mlxcluster.jobs.preflight import HostProbe
     from mlxcluster.jobs.watch import RunOutcome
 
     too_big = real_lines(macos_fixtures)[-2]  # mlx #4280, fixed in 0.32.1
     monkeypatch.setattr(preflight, "probe_hosts", lambda job, env=None: [
-        HostProbe(h, {"mlx": "0.32.0", "platform": "darwin", "reference_train": True}) for h in job.hosts])
+        HostProbe(h, {"mlx": "0.32.0", "platform": "darwin", "import_errors": {}}) for h in job.hosts])
     monkeypatch.setattr(preflight, "check_probes", lambda job, probes: [])
     monkeypatch.setattr(preflight, "smoke_all_sum", lambda job, env=None: (True, "all_sum ok"))
-    monkeypatch.setattr(train_cli, "run_job", lambda job, on_line, **kwargs: RunOutcome(
+    monkeypatch.setattr(trainer, "run_job", lambda job, on_line, **kwargs: RunOutcome(
         exit_code=1, failed_rank=0, seconds=0.1, lines=(too_big, "[ring] Too many send/recv errors. Aborting...")))
     result = CliRunner().invoke(main, ["train", "--local", "2", "--config", "tiny", "--no-openblas"])
     assert result.exit_code == 1, result.output

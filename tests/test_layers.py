@@ -12,27 +12,31 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "mlxcluster"
 
-# Lowest first. A name stands for that module and everything under it; a name
-# ending in "*" for every module whose dotted name starts with it; the bare
-# package ("mlxcluster", for __version__) only for itself.
+# Lowest first, one package (or top-level module) per layer. A name stands for
+# that module and everything under it; the bare package ("mlxcluster", for
+# __version__) only for itself.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("mlxcluster", "mlxcluster.errors", "mlxcluster.outputs", "mlxcluster.interrupts")),
-    ("ssh, inventory", ("mlxcluster.ssh", "mlxcluster.inventory")),
+    ("ssh", ("mlxcluster.ssh",)),
+    ("inventory", ("mlxcluster.inventory",)),
     ("facts", ("mlxcluster.facts",)),
     ("topology", ("mlxcluster.topology",)),
     ("hostfile", ("mlxcluster.hostfile",)),
     # Above hostfile: doctor's checks compare a hostfile with the cabling and
     # print the IP plan as a fix.
     ("doctor", ("mlxcluster.doctor",)),
-    # Launching jobs, and what is built on it. The flat launch modules are
-    # listed by name until they move into mlxcluster/jobs/.
-    ("jobs", ("mlxcluster.jobs", "mlxcluster.smoke", "mlxcluster.train*", "mlxcluster.stall",
-              "mlxcluster.rank_wrapper", "mlxcluster.run_output", "mlxcluster.facts.blas",
-              "mlxcluster.hostfile.tuned", "mlxcluster.job_python", "mlxcluster.tune",
-              "mlxcluster.data_sync*")),
+    # One program on every rank: plan, start, watch, stop, restart.
+    ("jobs", ("mlxcluster.jobs",)),
+    # The smoke worker's runs, through jobs.
+    ("smoke", ("mlxcluster.smoke",)),
+    # tune measures candidates with smoke's benchmark.
+    ("tune", ("mlxcluster.tune",)),
+    # What run and train add around a job: preflight (doctor, smoke's
+    # all_sum), the trainer hand-off, the record, data on every host.
+    ("launch", ("mlxcluster.launch",)),
     ("report", ("mlxcluster.report",)),
     # Above report: the demo runs every command, then writes the HTML report.
-    ("demo", ("mlxcluster.demo", "mlxcluster.jobs.demo")),
+    ("demo", ("mlxcluster.demo",)),
     ("cli", ("mlxcluster.cli", "mlxcluster.__main__")),
 ]
 
@@ -42,9 +46,7 @@ def layer_of(module: str) -> int | None:
     best: tuple[int, int] | None = None  # (length of the name, layer)
     for index, (_, names) in enumerate(LAYERS):
         for name in names:
-            if name.endswith("*"):
-                covers = module.startswith(name[:-1])
-            elif name == "mlxcluster":
+            if name == "mlxcluster":
                 covers = module == name
             else:
                 covers = module == name or module.startswith(name + ".")
@@ -143,10 +145,74 @@ def test_relative_imports_resolve_like_python():
         "mlxcluster.ssh.remote"}
 
 
-def test_launch_modules_count_as_jobs_wherever_they_live():
-    jobs = [name for name, _ in LAYERS].index("jobs")
-    for module in ("mlxcluster.train_launch", "mlxcluster.train_cleanup", "mlxcluster.smoke.run",
-                   "mlxcluster.jobs.launch", "mlxcluster.stall", "mlxcluster.tune.measure"):
-        assert layer_of(module) == jobs, module
+def test_every_name_in_the_layers_is_a_module_that_exists():
+    modules = set(module_files())
+    missing = [name for _, names in LAYERS for name in names if name not in modules]
+    assert missing == []
+
+
+def test_no_circle_between_modules():
+    """No two modules import each other, however far round (lazy imports
+    inside functions count: they only hide a circle)."""
+    graph = import_graph()
+    assert circles(graph) == []
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every cycle of the import graph, by its strongly connected components
+    (Tarjan's algorithm); a package's ``__init__`` importing its own modules
+    is no cycle unless they import it back."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in graph or target == node:
+                continue
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_a_circle_is_found():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert circles(graph) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_each_package_has_its_own_layer():
+    assert layer_of("mlxcluster.launch.trainer") > layer_of("mlxcluster.jobs.run")
+    assert layer_of("mlxcluster.launch.preflight") > layer_of("mlxcluster.smoke.run")
+    assert layer_of("mlxcluster.smoke.run") > layer_of("mlxcluster.jobs.run")
+    assert layer_of("mlxcluster.cli.train") == len(LAYERS) - 1
     assert layer_of("mlxcluster.errors") == 0
     assert layer_of("mlxcluster.errors_extra") is None
+
+
+def test_only_shared_modules_are_loose_at_the_top_of_the_package():
+    """Every stage lives in its package; the top holds what all share."""
+    loose = sorted(p.stem for p in PACKAGE.glob("*.py"))
+    assert loose == ["__init__", "__main__", "demo", "errors", "interrupts", "outputs"]

@@ -23,6 +23,7 @@ from mlxcluster.jobs.plan import launcher_argv, write_hostfile
 from mlxcluster.jobs.preflight import HostProbe, check_probes
 from mlxcluster.jobs.run_output import RankLogs, is_python_word, program_argv, split_rank
 from mlxcluster.jobs.stall import LineWatch
+from mlxcluster.launch.trainer import parse_trainer_args, trainer_job
 
 INVENTORY = """
 cluster: lab
@@ -77,7 +78,8 @@ def test_a_run_job_goes_through_the_same_launch_commands_as_train(tmp_path):
                                                              *rank_program(job)])
     assert "--env=MLXCLUSTER_TAG_OUTPUT=1" in argv
     assert argv[-5:] == ["--", "-m", "mlxcluster.jobs.rank_wrapper", "/work/t.py", "--a"]
-    train = job_from_inventory(parse_inventory(INVENTORY), "ring", ("--steps", "2"))
+    train = trainer_job(job_from_inventory(parse_inventory(INVENTORY), "ring"),
+                        parse_trainer_args(("--steps", "2")))
     assert rank_program(train) == ("-m", "reference_train.train", "--progress", "false",
                                    "--steps", "2")
     assert "MLXCLUSTER_TAG_OUTPUT" not in rank_env(train)
@@ -95,8 +97,12 @@ def test_probe_problems_for_a_run_job():
                         "or use a shared folder)"]
     module = replace(job, program=("-m", "pkg.mod"))
     assert check_probes(module, [HostProbe(a, ok)]) == []
-    train = replace(job, program=None)
-    assert "reference_train does not import" in check_probes(train, [HostProbe(a, ok)])[0]
+    train = replace(job, program=("-m", "reference_train.train"), imports=("reference_train.train",))
+    assert check_probes(train, [HostProbe(a, {**ok, "import_errors": {}})]) == []
+    said = {"reference_train.train": "ModuleNotFoundError: No module named 'reference_train'"}
+    assert check_probes(train, [HostProbe(a, {**ok, "import_errors": said})]) == [
+        "mac1: reference_train.train does not import: ModuleNotFoundError: No module named "
+        "'reference_train'"]
 
 
 def test_a_login_shell_that_cannot_parse_the_launch_stops_the_job_before_it_hangs():

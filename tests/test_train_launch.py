@@ -27,7 +27,7 @@ from mlxcluster.jobs.job import job_from_hostfile, job_from_inventory, job_local
 from mlxcluster.jobs.plan import launcher_argv, write_hostfile
 from mlxcluster.jobs.preflight import HostProbe, check_probes, common_openblas, openblas_env
 from mlxcluster.jobs.watch import failed_rank, launcher_error, run_streaming
-from mlxcluster.train import check_batch_split
+from mlxcluster.launch.trainer import check_batch_split
 from reference_train.data import split_batch
 from reference_train.train import build_config
 
@@ -48,7 +48,7 @@ hosts:
 
 
 def test_job_from_inventory_and_hostfile(tmp_path):
-    job = job_from_inventory(parse_inventory(INVENTORY), "ring", ("--config", "tiny"))
+    job = job_from_inventory(parse_inventory(INVENTORY), "ring")
     assert [(h.name, h.ssh, h.ip) for h in job.hosts] == [("mac1", "mac1.local", "10.0.0.1"),
                                                           ("mac2", "10.0.0.2", "10.0.0.2")]
     assert job.python == "/opt/venv/bin/python" and job.ssh_config == "/tmp/ssh_config"
@@ -82,7 +82,7 @@ def test_hosts_with_different_pythons_or_env_are_refused():
 
 
 def test_launcher_commands_for_ring_and_mpi(tmp_path):
-    job = job_from_inventory(parse_inventory(INVENTORY), "ring", ("--steps", "2"))
+    job = job_from_inventory(parse_inventory(INVENTORY), "ring")
     argv = launcher_argv(job, write_hostfile(job, tmp_path), ["-m", "reference_train.train"])
     assert Path(argv[0]).name == "mlx.launch"
     assert argv[argv.index("--python") + 1] == "/opt/venv/bin/python"
@@ -421,8 +421,8 @@ def nothing_may_start(monkeypatch):
     """Every step of `mlxcluster train` that reaches a host or starts a process
     records that it was called (and starts nothing)."""
     import mlxcluster.cli.job_launch as job_launch
-    import mlxcluster.cli.preflight as preflight
-    import mlxcluster.cli.train as train_cli
+    import mlxcluster.launch.preflight as preflight
+    import mlxcluster.launch.trainer as trainer
 
     called: list[str] = []
 
@@ -433,7 +433,7 @@ def nothing_may_start(monkeypatch):
         return record
 
     for module, name in ((preflight, "run_doctor_preflight"), (preflight, "probe_hosts"),
-                         (preflight, "smoke_all_sum"), (train_cli, "run_job"),
+                         (preflight, "smoke_all_sum"), (trainer, "run_job"),
                          (job_launch, "require_job_python")):
         monkeypatch.setattr(module, name, recorder(name))
     monkeypatch.setattr(subprocess, "Popen", recorder("subprocess.Popen"))
@@ -478,16 +478,16 @@ def test_resume_alone_means_auto(tmp_path, monkeypatch):
         "runs/x/checkpoints/step_000005"
     assert build_config([]).resume == ""
 
-    import mlxcluster.cli.train as train_cli
+    import mlxcluster.launch.trainer as trainer
     from mlxcluster.jobs.watch import RunOutcome
 
     launched: list[tuple[str, ...]] = []
 
     def fake_launch(job, on_line, env=None, timeout=None, **_stall):
-        launched.append(job.trainer_args)
+        launched.append(job.program[2:])
         return RunOutcome(exit_code=0, failed_rank=None, seconds=0.1)
 
-    monkeypatch.setattr(train_cli, "run_job", fake_launch)
+    monkeypatch.setattr(trainer, "run_job", fake_launch)
     for args, want in ((["--resume", "--", "--steps", "2"], "auto"),
                        (["--", "--steps", "2", "--resume"], "auto"),
                        (["--", "--resume"], "auto"),

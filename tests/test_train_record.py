@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from mlxcluster.train_record import RunRecord
+from mlxcluster.launch.record import RunRecord
 
 
 def records(out):

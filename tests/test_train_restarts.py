@@ -17,7 +17,7 @@ import time
 import psutil
 import pytest
 
-from mlxcluster.train import restart_checkpoint_every, without_flag
+from mlxcluster.launch.trainer import parse_trainer_args, restart_checkpoint_every
 from reference_train.prepare import prepare_offline
 from tests.train_support import REPO, run_trainer, train_losses, trainer_env
 
@@ -100,10 +100,20 @@ def test_a_stalled_rank_is_restarted_and_the_run_ends_with_the_reference_losses(
     assert rank_process(out, 0) is None and rank_process(out, 1) is None
 
 
-def test_without_flag_drops_a_flag_and_its_value_in_both_spellings():
-    args = ("--steps", "40", "--resume_before", "30", "--resume", "auto", "--resume_before=20")
-    assert without_flag(args, "--resume_before") == ("--steps", "40", "--resume", "auto")
-    assert without_flag(args, "--lr") == args
+def test_flags_set_by_mlxcluster_come_last_once_each_and_the_config_follows():
+    """What a restart or a dropped host changes is set on the parsed value,
+    not edited into a command line: each flag once, after the user's (a later
+    flag wins in argparse), and the ranks build the config we hold."""
+    from reference_train.config import build_config
+
+    given = ("--config", "tiny", "--steps", "40", "--resume_before=20", "--grad_accum", "1")
+    args = parse_trainer_args(given)
+    again = args.with_flags(resume="auto", resume_before=30).with_flags(grad_accum=2)
+    again = again.with_flags(resume_before=35)
+    assert again.argv() == (*given, "--resume", "auto", "--grad_accum", "2", "--resume_before", "35")
+    assert (again.config.resume, again.config.resume_before, again.config.grad_accum) == ("auto", 35, 2)
+    assert build_config(list(again.argv())) == again.config
+    assert args.argv() == given and args.config.grad_accum == 1  # the first value is unchanged
 
 
 def test_resume_before_a_step_redoes_the_steps_after_the_checkpoint_below_it(data, tmp_path):

@@ -21,7 +21,7 @@ def launches(monkeypatch, tmp_path):
         seen.append({"timeout": timeout, **kw})
         return RunOutcome(exit_code=0, seconds=0.1)
 
-    monkeypatch.setattr("mlxcluster.cli.train.run_job", fake_launch)
+    monkeypatch.setattr("mlxcluster.launch.trainer.run_job", fake_launch)
     return seen
 
 
@@ -53,7 +53,7 @@ def test_a_stall_exits_4_with_the_diagnosis_and_the_stacks_folder(monkeypatch, t
                       "h2 is stopped (state T, CPU time not advancing); ranks 0 and 2 wait in "
                       "run at train.py:479", "every rank's state and Python stacks: runs/x/stall-r")
 
-    monkeypatch.setattr("mlxcluster.cli.train.run_job", stalled)
+    monkeypatch.setattr("mlxcluster.launch.trainer.run_job", stalled)
     result = CliRunner().invoke(cli, ["train", "--local", "3", "--no-preflight", "--config", "tiny",
                                       "--", "--global_batch", "6"])
     assert result.exit_code == EXIT_STALLED == 4, result.output

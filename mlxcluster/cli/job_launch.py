@@ -1,7 +1,8 @@
 """What `mlxcluster run` and `mlxcluster train` share on the command line:
 the job from the launch flags (``choose_job``), the backend's plan
-(``plan_backend``), the preflight or the python check (``prepare_job``), and
-how a failed job is said (``end_if_refused``, ``say_failure``).
+(``plan_backend``), the preflight or the python check (``prepare_job``), the
+launch path's events rendered (``EventView``), and how a failed job is said
+(``say_refusal``, ``say_failure``).
 
 Kept light on purpose: `run --no-preflight` imports only this, the jobs
 layer and the inventory. The preflight (doctor's checks, the smoke all_sum,
@@ -20,7 +21,20 @@ from mlxcluster.cli.params import load_chosen_inventory
 from mlxcluster.doctor.known_errors import diagnose
 from mlxcluster.errors import EXIT_FAILED, InputError
 from mlxcluster.hostfile.jaccl_plan import fast_synch_warning
+from mlxcluster.hostfile.tuned import tuned_job
 from mlxcluster.jobs.connections import shared_connections
+from mlxcluster.jobs.events import (
+    Checked,
+    ChecksFailed,
+    LaunchFailed,
+    Note,
+    Restarting,
+    SendEnded,
+    Sending,
+    SendProgress,
+    StallFailed,
+    Warned,
+)
 from mlxcluster.jobs.job import (
     job_from_hostfile,
     job_from_inventory,
@@ -29,8 +43,6 @@ from mlxcluster.jobs.job import (
     plan_jaccl_job,
 )
 from mlxcluster.jobs.job_python import require_job_python
-from mlxcluster.jobs.watch import launcher_error
-from mlxcluster.hostfile.tuned import tuned_job
 
 
 def one_source(command: str, hostfile, inventory_path, local_ranks, *, example: str) -> None:
@@ -42,20 +54,20 @@ def one_source(command: str, hostfile, inventory_path, local_ranks, *, example: 
 
 
 def choose_job(hostfile, inventory_path, local_ranks, backend, python, mpi_args,
-               connections_per_ip: int | None = None, trainer_args: tuple[str, ...] = ()):
+               connections_per_ip: int | None = None):
     """The job of `run` or `train` from the launch flags (``launch_options``):
     a hostfile (with the settings tune recorded beside it), --local N, else
     the inventory (-i or the default one). Returns (the job, the inventory or None)."""
     py = python or sys.executable
     inventory = None
     if hostfile:
-        job = job_from_hostfile(hostfile, backend, py, trainer_args, tuple(mpi_args))
+        job = job_from_hostfile(hostfile, backend, py, tuple(mpi_args))
     elif local_ranks:
-        job = job_local(local_ranks, backend or "ring", py, trainer_args, tuple(mpi_args))
+        job = job_local(local_ranks, backend or "ring", py, tuple(mpi_args))
     else:
         inventory = load_chosen_inventory(inventory_path,
                                           other_sources="--hostfile FILE or --local N")
-        job = job_from_inventory(inventory, backend or "ring", trainer_args, tuple(mpi_args))
+        job = job_from_inventory(inventory, backend or "ring", tuple(mpi_args))
     return pick_up_tuned(job, hostfile, connections_per_ip), inventory
 
 
@@ -88,29 +100,74 @@ def share_connections(job, env: dict[str, str]):
     return click.get_current_context().with_resource(shared_connections(job, env))
 
 
-def prepare_job(job, inventory, env: dict[str, str], *, no_preflight: bool, no_openblas: bool):
+def prepare_job(job, inventory, env: dict[str, str], view: EventView, *, no_preflight: bool,
+                no_openblas: bool):
     """Before the launch: the preflight, or with ``no_preflight`` only the
     python looked for on every host (a missing one is exit 2, both ways).
     Returns (the job, the cluster's mlx version or None)."""
     if no_preflight:
         require_job_python(job, env)
         return job, None
-    from mlxcluster.cli.preflight import preflight  # heavy: see the module docstring
+    from mlxcluster.launch.preflight import preflight  # heavy: see the module docstring
 
-    return preflight(job, env, no_openblas=no_openblas, inventory=inventory)
+    job, view.mlx_version = preflight(job, env, view, no_openblas=no_openblas, inventory=inventory)
+    return job, view.mlx_version
 
 
-def end_if_refused(command: str, job, outcome) -> None:
-    """When the launcher refused to start the job (no rank ran, none is to
+class EventView:
+    """Renders the launch path's events (jobs/events.py) as `run` and
+    `train` print them; a transfer's progress bar on stderr."""
+
+    def __init__(self, command: str, mlx_version: str | None = None):
+        self.command = command
+        self.mlx_version = mlx_version  # the cluster's, once the preflight knows it
+        self._bar = None
+
+    def __call__(self, event: object) -> None:
+        if isinstance(event, Note):
+            click.echo(event.text)
+        elif isinstance(event, Warned):
+            click.secho(f"warning: {event.text}", fg="yellow", err=True)
+        elif isinstance(event, Checked):
+            self._checked(event)
+        elif isinstance(event, ChecksFailed):
+            from mlxcluster.cli.doctor import render_check  # preflight only: see the docstring
+
+            for result in event.results:
+                for text, colour in render_check(result, verbose=False):
+                    click.secho(text, fg=colour, err=True)
+        elif isinstance(event, LaunchFailed):
+            say_failure(self.command, event.outcome, self.mlx_version)
+        elif isinstance(event, StallFailed):
+            click.secho(f"error: {event.error}", fg="red", err=True)
+        elif isinstance(event, Restarting):
+            click.echo(f"restart {event.done}/{event.max_restarts} after: {event.cause}; every "
+                       "rank was stopped; probing the hosts again")
+        elif isinstance(event, Sending):
+            self._bar = click.progressbar(length=max(event.total, 1), label=f"  to {event.host}",
+                                          file=click.get_text_stream("stderr"))
+            self._bar.__enter__()
+        elif isinstance(event, SendProgress) and self._bar is not None:
+            self._bar.update(event.done - self._bar.pos)
+        elif isinstance(event, SendEnded) and self._bar is not None:
+            self._bar.__exit__(None, None, None)
+            self._bar = None
+
+    @staticmethod
+    def _checked(event: Checked) -> None:
+        if event.mark == "ok":
+            click.echo(f"[✓] {event.text}")
+        elif event.mark == "warn":
+            click.secho(f"[!] {event.text}", fg="yellow")
+        else:
+            click.secho(f"[✗] {event.text}", fg="red", err=True)
+
+
+def say_refusal(command: str, job, outcome) -> None:
+    """The launcher refused to start the job (no rank ran, none is to
     blame): say so with its own message and exit 1."""
-    # A host lost to ssh comes first: mpirun frames that in the same kind of
-    # message as an option it refuses, but ranks did run.
-    refused = outcome.exit_code and outcome.failed_rank is None and not outcome.lost_host
-    why = launcher_error(outcome.lines) if refused else None
-    if not why:
-        return
-    click.secho(f"{command} failed: {launcher_name(job)} did not start the job, no rank ran: {why}",
-                fg="red", err=True)
+    click.secho(f"{command} failed: {launcher_name(job)} did not start the job, no rank ran: "
+                f"{outcome.refusal}", fg="red", err=True)
     click.echo("fix: check the --mpi-arg values and the hostfile (the launcher's message "
                "is above)" if job.backend == "mpi" else
                "fix: the launcher's message is above", err=True)
@@ -121,7 +178,7 @@ def say_failure(command: str, outcome, mlx_version: str | None, *, then: str = "
     """Who failed and how (a host lost to ssh named, with its fix and
     ``then``), and the cause and fix of any known message in the output
     (docs/errors.md). Returns who failed ("rank 1", or "a rank")."""
-    who = f"rank {outcome.failed_rank}" if outcome.failed_rank is not None else "a rank"
+    who = outcome.who
     if outcome.lost_host:
         click.secho(f"{command} failed: the ssh connection to {outcome.lost_host} failed or was lost "
                     f"({who} exited with ssh's code 255: the host stopped answering, went to "
@@ -134,3 +191,8 @@ def say_failure(command: str, outcome, mlx_version: str | None, *, then: str = "
     for known in diagnose(outcome.lines):
         click.echo(f"known error: {known.text(mlx_version)}", err=True)
     return who
+
+
+def exit_code_of(outcome) -> int:
+    """The command's exit code for a failed job: the failing rank's, else 1."""
+    return outcome.exit_code if 0 < outcome.exit_code < 256 else EXIT_FAILED

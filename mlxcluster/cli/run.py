@@ -10,20 +10,22 @@ from pathlib import Path
 import click
 
 from mlxcluster.cli.job_launch import (
+    EventView,
     choose_job,
+    exit_code_of,
     one_source,
     plan_backend,
     prepare_job,
     say_failure,
+    say_refusal,
     share_connections,
 )
 from mlxcluster.cli.params import Duration, launch_options
-from mlxcluster.cli.restarts import launch_until_done
-from mlxcluster.errors import EXIT_FAILED, InputError
+from mlxcluster.errors import InputError
 from mlxcluster.jobs.cleanup import new_run_id
 from mlxcluster.jobs.job import BACKENDS, program_command, script_path
 from mlxcluster.jobs.job_python import require_job_python
-from mlxcluster.jobs.restarts import Restarts
+from mlxcluster.jobs.restarts import Restarts, launch_until_done
 from mlxcluster.jobs.run import run_job
 from mlxcluster.jobs.run_output import RankLogs, program_argv
 
@@ -70,6 +72,7 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
         raise InputError(f"no such script: {script}",
                          "give the path of a Python file (relative to this directory, or absolute)")
     env = dict(os.environ)
+    view = EventView("run")
     job = share_connections(plan_backend(job, inventory, env), env)
     run_id = new_run_id(RUN_PREFIX)
     logs_path = Path(logs_dir) if logs_dir else Path("runs") / run_id
@@ -77,16 +80,16 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
 
     if script and not all(h.is_local for h in job.hosts) and not no_sync_script:
         # Every Mac has its own disk: the script must be on each, at one path.
-        from mlxcluster.cli.data_sync import sync_script
+        from mlxcluster.launch.sync import sync_script
 
         if os.path.isfile(script):
             require_job_python(job, env)  # the check runs on the job's python: a missing one first
-            sync_script(job, script, env)
+            sync_script(job, script, env, view)
             job = replace(job, program=(os.path.abspath(script), *job.program[1:]))
         else:  # kept on the hosts only: the preflight looks for it there
             click.echo(f"script: {script} is not on this machine: not sent (every host must "
                        "have it at that path)")
-    job, mlx_version = prepare_job(job, inventory, env, no_preflight=no_preflight,
+    job, mlx_version = prepare_job(job, inventory, env, view, no_preflight=no_preflight,
                                    no_openblas=no_openblas)
     try:
         logs = RankLogs(logs_path)
@@ -110,14 +113,13 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
         return run_job(job, show, env=env, timeout=timeout, stall_timeout=stall,
                        report_dir=logs_path, run_id=run_id, any_line_progress=True)
 
-    def again(job, k: int):
-        return replace(job, env={**job.env, RESTART_ENV: str(k)})
-
     try:
-        job, outcome = launch_until_done("run", again(job, 0), launch, Restarts(max_restarts), env,
-                                         mlx_version, again=again, record=lambda event: None)
+        job, outcome = launch_until_done(numbered(job, 0)[0], launch, Restarts(max_restarts), env,
+                                         again=numbered, on_event=view)
     finally:
         logs.close()
+    if outcome.refusal:
+        say_refusal("run", job, outcome)
     if outcome.exit_code != 0:
         say_failure("run", outcome, mlx_version)
         if rank0_only and outcome.failed_rank not in (None, 0):  # its lines were not shown
@@ -128,11 +130,16 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
                 for line in hidden:
                     click.echo(f"[{outcome.failed_rank}] {line}", err=True)
         click.echo(f"logs: {logs_path}", err=True)
-        click.get_current_context().exit(
-            outcome.exit_code if 0 < outcome.exit_code < 256 else EXIT_FAILED)
+        click.get_current_context().exit(exit_code_of(outcome))
     again_note = f" after {int(job.env[RESTART_ENV])} restart(s)" if job.env[RESTART_ENV] != "0" else ""
     click.echo(f"run finished on {n} rank(s) in {outcome.seconds:.1f} s{again_note}; "
                f"logs: {logs_path}")
+
+
+def numbered(job, k: int):
+    """The job for launch ``k`` (0 first): the program reads it from
+    MLXCLUSTER_RESTART and resumes on its own."""
+    return replace(job, env={**job.env, RESTART_ENV: str(k)}), []
 
 
 def restart_note(job) -> str:

@@ -1,9 +1,10 @@
 """A job: one program on every rank, and how to build one from what the user gave.
 
-``mlxcluster train`` runs the reference trainer (``Job.program`` None:
-``python -m reference_train.train TRAINER_ARGS``); ``mlxcluster run`` runs the
-user's script or module (``Job.program``). Every rank runs under
-``mlxcluster.jobs.rank_wrapper`` with the run id on its command line.
+``Job.program`` is what every rank's python runs: `mlxcluster run`'s script or
+module, or the reference trainer as the hand-off builds it
+(``mlxcluster.launch.trainer``); this layer knows no program in particular.
+Every rank runs under ``mlxcluster.jobs.rank_wrapper`` with the run id on its
+command line.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from mlxcluster.hostfile.hostfile import BACKENDS as MLX_BACKENDS
 from mlxcluster.hostfile.hostfile import MlxHostfile, load_launch_hostfile
 from mlxcluster.inventory.inventory import Inventory, local_inventory
 from mlxcluster.jobs.hosts import RankHost, hosts_from_inventory, require_python_here
+from mlxcluster.jobs.stall import HEARTBEAT_ENV
 
 BACKENDS = ("ring", "mpi", "jaccl", "jaccl-ring")  # what train and run launch
-TRAINER_MODULE = "reference_train.train"
 
 
 @dataclass(frozen=True)
@@ -31,16 +32,25 @@ class Job:
     hosts: tuple[RankHost, ...]
     backend: str
     python: str
-    trainer_args: tuple[str, ...] = ()
     ssh_config: str | None = None
     mpi_args: tuple[str, ...] = ()
     starting_port: int = 32323
     connections_per_ip: int = 1  # ring: mlx.launch --connections-per-ip (tuned.py)
     env: dict[str, str] = field(default_factory=dict)
-    # The python arguments every rank runs (after the rank wrapper): None is
-    # the reference trainer with trainer_args; `mlxcluster run` sets its own
-    # (``("/abs/script.py", ARGS...)`` or ``("-m", "module", ARGS...)``).
-    program: tuple[str, ...] | None = None
+    # The python arguments every rank runs (after the rank wrapper):
+    # ``("/abs/script.py", ARGS...)`` or ``("-m", "module", ARGS...)``.
+    program: tuple[str, ...] = ()
+    # The program as the user knows it, for display, when it differs from
+    # what runs (the trainer's hand-off adds --progress false).
+    shown_program: tuple[str, ...] | None = None
+    # Modules the preflight checks every host's python imports (the trainer's
+    # hand-off: reference_train.train); a `run` module is not imported there:
+    # its import could do anything.
+    imports: tuple[str, ...] = ()
+    # How messages name the job and how to go on after it failed or stalled
+    # (the trainer: "training", then resume from the last checkpoint).
+    title: str = "the job"
+    then: str = ""
     tag_output: bool = False  # every rank's lines start with "[R] " (rank_wrapper)
     # jaccl / jaccl-ring: the hostfile with the rdma rows, hosts in rank order (jaccl_plan)
     mlx_hostfile: MlxHostfile | None = None
@@ -52,8 +62,7 @@ def package_root() -> Path:
     return Path(__file__).resolve().parent.parent.parent
 
 
-def job_from_inventory(inv: Inventory, backend: str, trainer_args: tuple[str, ...] = (),
-                       mpi_args: tuple[str, ...] = ()) -> Job:
+def job_from_inventory(inv: Inventory, backend: str, mpi_args: tuple[str, ...] = ()) -> Job:
     """A job with one rank per inventory host, all with the inventory's python."""
     check_backend(backend)
     pythons = sorted({h.python for h in inv.hosts})
@@ -66,12 +75,11 @@ def job_from_inventory(inv: Inventory, backend: str, trainer_args: tuple[str, ..
         raise InputError("hosts set different env values; mlx.launch and mpirun give every "
                          "rank one environment", "give every host the same env (the top-level env: applies to all)")
     return Job(hosts=hosts_from_inventory(inv), backend=backend, python=pythons[0],
-               trainer_args=trainer_args, ssh_config=inv.ssh_config, mpi_args=mpi_args,
+               ssh_config=inv.ssh_config, mpi_args=mpi_args,
                env=dict(envs.pop()))
 
 
 def job_from_hostfile(path: str | Path, backend: str | None, python: str,
-                      trainer_args: tuple[str, ...] = (),
                       mpi_args: tuple[str, ...] = ()) -> Job:
     """A job from an mlx.launch hostfile ({"backend": ..., "hosts": [{"ssh", "ips"}]})
     or an MPI one (``host slots=1``), validated as ``hostfile check`` does."""
@@ -79,15 +87,13 @@ def job_from_hostfile(path: str | Path, backend: str | None, python: str,
     backend = backend or hostfile.backend or "ring"
     check_backend(backend)
     hosts = tuple(RankHost(h.ssh, h.ssh, h.ips[:1], python) for h in hostfile.hosts)
-    return Job(hosts=hosts, backend=backend, python=python, trainer_args=trainer_args,
-               mpi_args=mpi_args, mlx_hostfile=hostfile if jaccl_plan.is_jaccl(backend) else None)
+    return Job(hosts=hosts, backend=backend, python=python, mpi_args=mpi_args, mlx_hostfile=hostfile if jaccl_plan.is_jaccl(backend) else None)
 
 
-def job_local(n: int, backend: str, python: str, trainer_args: tuple[str, ...] = (),
-              mpi_args: tuple[str, ...] = ()) -> Job:
+def job_local(n: int, backend: str, python: str, mpi_args: tuple[str, ...] = ()) -> Job:
     """N ranks on this machine (its python must exist here)."""
     require_python_here(python)
-    return job_from_inventory(local_inventory(n, python), backend, trainer_args, mpi_args)
+    return job_from_inventory(local_inventory(n, python), backend, mpi_args)
 
 
 def check_backend(backend: str) -> None:
@@ -133,7 +139,7 @@ def rank_env(job: Job) -> dict[str, str]:
     """Variables every rank gets: PYTHONPATH to reference_train (and
     mlxcluster.jobs.rank_wrapper) ahead of the job's own PYTHONPATH, heartbeat
     lines on, rank-tagged output for ``tag_output``, plus the job's env."""
-    env = {"MLXCLUSTER_HEARTBEAT": "1", **job.env}
+    env = {HEARTBEAT_ENV: "1", **job.env}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(package_root()), job.env.get("PYTHONPATH"))
                                         if p)
     if job.tag_output:
@@ -142,27 +148,21 @@ def rank_env(job: Job) -> dict[str, str]:
 
 
 def rank_program(job: Job) -> tuple[str, ...]:
-    """What each rank's python runs after the rank wrapper: the job's
-    program, else the reference trainer (its progress bar off: output arrives
-    line by line, and mpirun gives ranks a terminal; the user's --progress
-    still wins)."""
-    if job.program is not None:
-        return job.program
-    return ("-m", TRAINER_MODULE, "--progress", "false", *job.trainer_args)
+    """What each rank's python runs after the rank wrapper."""
+    return job.program
 
 
 def script_path(job: Job) -> str | None:
-    """The script file a `run` job starts (None for a module or the trainer)."""
+    """The script file a job starts (None for a module)."""
     if job.program and job.program[0] != "-m":
         return job.program[0]
     return None
 
 
 def program_command(job: Job) -> str:
-    """The command line every rank runs (the trainer, or a `run` program), for display."""
-    if job.program is not None:
-        return shlex.join([job.python, *job.program])
-    return shlex.join([job.python, "-m", TRAINER_MODULE, *job.trainer_args])
+    """The command line every rank runs, for display."""
+    shown = job.program if job.shown_program is None else job.shown_program
+    return shlex.join([job.python, *shown])
 
 
 def launcher_name(job: Job) -> str:

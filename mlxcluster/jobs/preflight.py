@@ -3,8 +3,8 @@ python and environment on every host, read by doctor's facts.
 
 The probe (``probe_script.py``, piped to ``<python> -`` as doctor does)
 reports the python, mlx, the platform and the cores; the job adds
-``--import`` for what every rank imports (the rank wrapper, and the trainer
-for ``train``) and ``--file`` for the script of ``run`` and the OpenBLAS
+``--import`` for what every rank imports (the rank wrapper, and the job's
+``imports``: the trainer for ``train``) and ``--file`` for the script of ``run`` and the OpenBLAS
 candidates. ``HostProbe.facts`` is the little of that a job needs, by name.
 """
 
@@ -22,7 +22,7 @@ from mlxcluster.facts.collect import PROBE_TIMEOUT, capture_from_probe, probe_co
 from mlxcluster.facts.facts import host_facts
 from mlxcluster.facts.shell import launch_refusal, shell_kind
 from mlxcluster.jobs.hosts import RankHost, distinct_hosts, for_each_host, host_argv
-from mlxcluster.jobs.job import TRAINER_MODULE, Job, rank_env, script_path
+from mlxcluster.jobs.job import Job, rank_env, script_path
 from mlxcluster.ssh.results import CommandResult
 
 RANK_WRAPPER_MODULE = "mlxcluster.jobs.rank_wrapper"
@@ -34,8 +34,8 @@ class HostProbe:
 
     ``facts``: ``python``, ``platform``, ``host``, ``cpus``, ``login_shell``
     and its ``shell_kind`` (facts.shell); ``mlx`` (its
-    version) or ``mlx_error``; ``reference_train`` or
-    ``reference_train_error`` (train); ``script`` (run: the file exists);
+    version) or ``mlx_error``; ``import_errors`` (each of the job's
+    ``imports`` that does not import, and why); ``script`` (the file exists);
     ``rank_wrapper_error``; ``openblas`` (the first candidate present, or None)."""
 
     host: RankHost
@@ -45,7 +45,7 @@ class HostProbe:
 
 def probe_arguments(job: Job) -> list[str]:
     """The probe's --import and --file arguments for ``job``."""
-    modules = [RANK_WRAPPER_MODULE] + ([TRAINER_MODULE] if job.program is None else [])
+    modules = [RANK_WRAPPER_MODULE, *job.imports]
     files = ([script_path(job)] if script_path(job) else []) + list(OPENBLAS_CANDIDATES)
     return [*(a for m in modules for a in ("--import", m)), *(a for f in files for a in ("--file", f))]
 
@@ -63,11 +63,8 @@ def job_facts(probe: dict, job: Job) -> dict:
         out["mlx"] = facts.mlx_version
     else:
         out["mlx_error"] = facts.mlx_import_error
-    if job.program is None:
-        if imports.get(TRAINER_MODULE, "not asked") is None:
-            out["reference_train"] = True
-        else:
-            out["reference_train_error"] = imports.get(TRAINER_MODULE, "not asked")
+    out["import_errors"] = {m: imports.get(m, "not asked") for m in job.imports
+                            if imports.get(m, "not asked") is not None}
     script = script_path(job)
     if script:
         out["script"] = bool(files.get(script))
@@ -112,8 +109,7 @@ def probe_capture(host: RankHost, python: str, rank_vars: dict[str, str],
 
 
 def check_probes(job: Job, probes: list[HostProbe]) -> list[str]:
-    """Problems that would stop the trainer (or a `run` program), one line per
-    host and cause."""
+    """Problems that would stop the job's program, one line per host and cause."""
     problems = []
     script = script_path(job)
     for p in probes:
@@ -124,9 +120,9 @@ def check_probes(job: Job, probes: list[HostProbe]) -> list[str]:
         elif script and p.facts.get("script") is False:
             problems.append(f"{p.host.name}: no file {script} (every rank runs it from that path; "
                             "copy it there or use a shared folder)")
-        elif job.program is None and not p.facts.get("reference_train"):
-            problems.append(f"{p.host.name}: reference_train does not import: "
-                            f"{p.facts.get('reference_train_error')}")
+        elif p.facts.get("import_errors"):
+            module, error = next(iter(p.facts["import_errors"].items()))
+            problems.append(f"{p.host.name}: {module} does not import: {error}")
         elif not p.host.is_local and (why := launch_refusal(
                 p.facts.get("login_shell"), p.facts.get("shell_kind"), job.backend)):
             problems.append(f"{p.host.name}: {why}")

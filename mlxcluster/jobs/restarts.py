@@ -13,15 +13,32 @@ stays the same: ``accumulation_for`` finds the smallest gradient
 accumulation that splits it over the ranks left in micro-batches no larger
 than before, so every rank's memory still fits (the trainer's losses then
 equal the uninterrupted run's, docs/training.md).
+
+``launch_until_done`` is the loop itself, for `train` and `run` alike: what
+changes between launches (the trainer's resume, `run`'s MLXCLUSTER_RESTART,
+a dropped host's batch) is the caller's ``again`` and ``drop``; every step
+is reported as an event (jobs/events.py), never printed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from mlxcluster import interrupts
 from mlxcluster.errors import InputError, MlxclusterError
+from mlxcluster.jobs.cleanup import sweep, unstopped_hint
+from mlxcluster.jobs.events import (
+    LaunchFailed,
+    Note,
+    OnEvent,
+    Restarting,
+    StallFailed,
+    Warned,
+)
+from mlxcluster.jobs.hosts import RankHost, remote_hosts
 from mlxcluster.jobs.job import Job
-from mlxcluster.jobs.job_python import CHECK_TIMEOUT_S, python_answers
+from mlxcluster.jobs.job_python import CHECK_TIMEOUT_S, python_answers, require_job_python
 from mlxcluster.jobs.stall import Stalled
 from mlxcluster.jobs.watch import RunOutcome
 
@@ -37,10 +54,9 @@ class Failure:
     run_id: str = ""
 
 
-def failure_of_outcome(job: Job, outcome: RunOutcome, who: str) -> Failure:
-    """The failure of a launch that ended with a non-zero exit (``who``:
-    'rank 1', as the CLI said it)."""
-    cause = f"{who} exited with code {outcome.exit_code}"
+def failure_of_outcome(job: Job, outcome: RunOutcome) -> Failure:
+    """The failure of a launch that ended with a non-zero exit."""
+    cause = f"{outcome.who} exited with code {outcome.exit_code}"
     if outcome.lost_host:
         return Failure(f"{cause} (lost the ssh connection to {outcome.lost_host})",
                        (outcome.lost_host,), outcome.run_id)
@@ -127,3 +143,71 @@ class Restarts:
                 f"{self.min_hosts}",
                 "bring the hosts back and rerun with '-- --resume auto', or lower --min-hosts")
         return drop
+
+
+# What changes for the next launch: the job for restart k, or the job
+# without the dropped hosts; each with the notes to show.
+Again = Callable[[Job, int], tuple[Job, list[str]]]
+Drop = Callable[[Job, list[Dropped]], tuple[Job, list[str]]]
+
+
+def launch_until_done(job: Job, launch: Callable[[Job], RunOutcome], restarts: Restarts,
+                      env: dict[str, str], *, again: Again, on_event: OnEvent,
+                      drop: Drop | None = None) -> tuple[Job, RunOutcome]:
+    """Launch ``job`` until it ends well, the launcher refuses it, or
+    ``restarts`` are spent; return the last job launched and its outcome (a
+    stall past the budget is raised).
+
+    After a failure: the hosts are asked again over ssh; with ``drop``
+    (elastic) the ones ``restarts`` leaves out go, else an unreachable host
+    ends the run; the job's python is looked for on every host; then
+    ``again(job, k)`` gives restart k's job. Dropped hosts are swept again at
+    the end (the first sweep could not reach them)."""
+    left_behind: list[tuple[RankHost, str]] = []  # a dropped host, the run id of its ranks
+    try:
+        return _launch_until_done(job, launch, restarts, env, again, drop, on_event, left_behind)
+    finally:
+        with interrupts.deferred():
+            for host, run_id in left_behind:  # stop what it still runs, now that it may answer
+                hint = unstopped_hint(sweep((host,), run_id, env), run_id)
+                if hint:
+                    on_event(Warned(hint))
+
+
+def _launch_until_done(job, launch, restarts, env, again, drop, on_event, left_behind):
+    while True:
+        try:
+            outcome = launch(job)
+        except Stalled as err:
+            if not restarts.can_restart():
+                raise
+            on_event(StallFailed(err))
+            failure = failure_of_stall(err)
+        else:
+            if outcome.unstopped:
+                on_event(Warned(outcome.unstopped))
+            if outcome.exit_code == 0 or outcome.refusal or not restarts.can_restart():
+                return job, outcome
+            on_event(LaunchFailed(outcome))
+            failure = failure_of_outcome(job, outcome)
+        restarts.failed(job, failure)
+        on_event(Restarting(restarts.done, restarts.max_restarts, failure.cause))
+        unreachable = unreachable_hosts(job, env)
+        dropping = restarts.to_drop(job, unreachable)
+        if dropping and drop is not None:
+            gone = {d.host for d in dropping}
+            left_behind += [(h, failure.run_id) for h in remote_hosts(job.hosts) if h.name in gone]
+            job = _said(drop(job, dropping), on_event)
+        elif unreachable:
+            raise MlxclusterError(f"cannot launch again: {', '.join(unreachable)} does not answer "
+                                  "over ssh", "bring the host back and rerun (train: with "
+                                  "'-- --resume auto'); `train --elastic` goes on without it")
+        require_job_python(job, env)  # a host whose python is gone ends the run here, named
+        job = _said(again(job, restarts.done), on_event)
+
+
+def _said(changed: tuple[Job, list[str]], on_event: OnEvent) -> Job:
+    job, notes = changed
+    for note in notes:
+        on_event(Note(note))
+    return job

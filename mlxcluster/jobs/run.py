@@ -41,8 +41,7 @@ def run_job(job: Job, on_line: Callable[[str, str], None],
             stall_timeout: float | str | None = AUTO,
             report_dir: Path | None = None, run_id: str | None = None,
             any_line_progress: bool = False) -> RunOutcome:
-    """Run the job's program (``job.rank_program``: by default `python -m
-    reference_train.train ARGS`) on every rank and wait for the end.
+    """Run the job's program (``job.program``) on every rank and wait for the end.
 
     The launcher reaches the hosts through launcher_ssh's ssh (keepalive,
     BatchMode, the inventory's ssh_config): a host that dies mid-run ends that
@@ -108,11 +107,9 @@ def stop_stalled(job: Job, run_id: str, watch: stall.StallWatch, report_root: Pa
     sweep(job.hosts, run_id, env)  # stop every rank now; run_job sweeps once more
     where = f"every rank's state and Python stacks: {folder}" if folder else \
         "the stacks could not be saved"
-    what, resume = ("training", ", then rerun with '-- --resume auto' to continue from the "
-                    "last checkpoint") if job.program is None else ("the job", "")
     return stall.Stalled(
-        f"{what} stalled: no progress for {silent:.0f} s (stall timeout {limit:.0f} s): "
+        f"{job.title} stalled: no progress for {silent:.0f} s (stall timeout {limit:.0f} s): "
         f"{summary}\n" + "\n".join(f"  {line}" for line in stall.rank_lines(states)),
         f"{where}; every rank was stopped. Look at the named rank's host (swapped out, "
-        f"stopped, a hung collective){resume}", report_dir=folder,
+        f"stopped, a hung collective){job.then}", report_dir=folder,
         hosts=tuple(sorted({s.host for s in states if s.is_odd_by_state})), run_id=run_id)

@@ -2,7 +2,7 @@
 host, doing what) and its evidence kept.
 
 Progress is the heartbeat lines the ranks print (``@@mlxcluster-heartbeat
-RANK STEP``, see reference_train/train.py; the launcher hides them).
+RANK STEP``, see reference_train/metrics.py; the launcher hides them).
 ``StallWatch`` turns them into "stalled or not" with an injected clock:
 a fixed limit (``--stall-timeout``) or, by default, 10 x the median step
 time with a floor of 60 s. The watch is armed by the first heartbeat;
@@ -31,8 +31,8 @@ from pathlib import Path
 
 from mlxcluster.errors import EXIT_STALLED, MlxclusterError
 from mlxcluster.jobs.rank_wrapper import STACKS_ROOT
+from reference_train.metrics import HEARTBEAT_ENV, HEARTBEAT_MARK  # the protocol's one copy
 
-HEARTBEAT_MARK = "@@mlxcluster-heartbeat"  # as reference_train.train.HEARTBEAT_MARK
 HEARTBEAT_RE = re.compile(re.escape(HEARTBEAT_MARK) + r" (\d+) (\d+|done)\r?")
 AUTO_FACTOR = 10.0  # the default limit: this many median step times...
 AUTO_FLOOR_S = 60.0  # ...but never less than this

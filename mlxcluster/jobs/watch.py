@@ -54,6 +54,21 @@ class RunOutcome:
     lost_host: str | None = None  # the host whose ssh connection failed or was lost
     unstopped: str | None = None  # hosts the final sweep could not reach, and what to run there
 
+    @property
+    def who(self) -> str:
+        """Who failed, as messages name it: "rank 1", or "a rank"."""
+        return f"rank {self.failed_rank}" if self.failed_rank is not None else "a rank"
+
+    @property
+    def refusal(self) -> str | None:
+        """The launcher's own message when it refused to start the job (no
+        rank ran, none is to blame), else None."""
+        # A host lost to ssh comes first: mpirun frames that in the same kind
+        # of message as an option it refuses, but ranks did run.
+        if not self.exit_code or self.failed_rank is not None or self.lost_host:
+            return None
+        return launcher_error(self.lines)
+
 
 def parse_launcher_exit(line: str, pending_rank: list[int | None]) -> tuple[int, int | None] | None:
     """(rank, exit code) from a launcher's stderr line, for ranks that died

@@ -1,4 +1,4 @@
-"""What runs on each host for `train --data DIR` (mlxcluster.data_sync): a
+"""What runs on each host for `train --data DIR` (mlxcluster.launch.sync): a
 stdlib-only script, sent as ``python -c`` with one JSON argument, so that it
 needs nothing on the host but the job's python.
 

@@ -1,4 +1,6 @@
-"""The run's record, kept on the machine that runs `mlxcluster train`.
+"""The run's record, kept on the machine that runs `mlxcluster train`: the
+launcher's half of the record protocol (the trainer's half, and its marks,
+are reference_train/metrics.py).
 
 Macs have their own disks: what rank 0 would write under --out lands on rank
 0's Mac, and a restart on other hosts (or a lost rank-0 Mac) would scatter or
@@ -23,8 +25,10 @@ import re
 import time
 from pathlib import Path
 
-RECORD_MARK = "@@mlxcluster-record"  # as reference_train.train.RECORD_MARK
-RECORD_ENV = "MLXCLUSTER_RECORD"
+from reference_train.metrics import RECORD_ENV, RECORD_MARK, truncate_metrics
+
+__all__ = ["RECORD_ENV", "RunRecord"]
+
 RECORD_RE = re.compile(re.escape(RECORD_MARK) + r" (.*?)\s*$")
 
 
@@ -57,7 +61,7 @@ class RunRecord:
             self._log.write(line + "\n")
             return None
         if record.get("event") == "start":
-            truncate_records(self.metrics, int(record.get("step", 0)))
+            truncate_metrics(self.metrics, int(record.get("step", 0)))
         self.add(record)
         return None
 
@@ -89,14 +93,3 @@ class RunRecord:
     def close(self) -> None:
         self._log.close()
 
-
-def truncate_records(path: Path, step: int) -> None:
-    """Keep the records up to `step` (all of them at a resume's step; none at 0)."""
-    if not path.exists():
-        return
-    if step == 0:
-        path.unlink()
-        return
-    keep = [line for line in path.read_text(encoding="utf-8").splitlines()
-            if line.strip() and json.loads(line).get("step", 0) <= step]
-    path.write_text("".join(line + "\n" for line in keep), encoding="utf-8")

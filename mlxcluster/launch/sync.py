@@ -9,10 +9,14 @@ cannot hold what it lacks. ``send`` copies what a host lacks or holds
 differently over the job's shared ssh connection: with rsync when both ends
 have it, else as one stream of bytes into a python on the host; the host
 verifies every file's sha256 before renaming it into place
-(mlxcluster.data_sync_remote, which runs there).
+(mlxcluster.launch.sync_agent, which runs there).
 
 This machine's copy is the source. Its files are hashed here first: a
 damaged source is refused, not spread.
+
+``sync_data``, ``sync_model`` and ``sync_script`` do all of it for a job's
+remote hosts (check every copy, check the room, send each host what it
+lacks), reporting every step as an event (jobs/events.py).
 """
 
 from __future__ import annotations
@@ -32,13 +36,15 @@ from pathlib import Path
 
 from mlxcluster.errors import InputError, MlxclusterError
 from mlxcluster.jobs.cleanup import SSH_LOST
-from mlxcluster.jobs.hosts import RankHost, host_argv, run_script, ssh_argv
+from mlxcluster.jobs.events import Note, OnEvent, SendEnded, Sending, SendProgress
+from mlxcluster.jobs.hosts import RankHost, for_each_host, host_argv, remote_hosts, run_script, ssh_argv
+from mlxcluster.jobs.job import Job
 
 CHECK_TIMEOUT_S = 600.0  # hashing a host's copy reads all of it (a few GB: tens of seconds)
 STALL_S = 60.0  # a transfer that moves no byte for this long is given up
 HEADROOM = 1.05  # a host must have room for what it lacks plus 5%
 INCOMING_RSYNC = ".incoming.rsync"
-REMOTE_SOURCE = (Path(__file__).parent / "data_sync_remote.py").read_text
+REMOTE_SOURCE = (Path(__file__).parent / "sync_agent.py").read_text
 
 Progress = Callable[[int], None]  # bytes sent so far, to this host
 
@@ -177,7 +183,7 @@ def file_manifest(path: str | Path) -> Manifest:
 
 
 def remote_command(python: str, what: str, spec: str) -> str:
-    """The shell words that run data_sync_remote on a host (everything quoted)."""
+    """The shell words that run sync_agent on a host (everything quoted)."""
     return shlex.join([python, "-S", "-c", REMOTE_SOURCE(), what, spec])
 
 
@@ -218,6 +224,59 @@ def check_space(manifest: Manifest, copies: Sequence[HostCopy], what: str = "dat
                          " (nothing was sent)",
                          "free space on that host, or give --data a folder on a larger disk "
                          "(the same path on every host)")
+
+
+# ---------------------------------------------------------------- a job's hosts
+
+
+def sync_data(job: Job, folder: str, env: dict[str, str], on_event: OnEvent) -> None:
+    """The trainer's --data ``folder`` on every remote host of ``job``: what
+    is lacking or different sent, each file verified on arrival. Raises
+    before anything is sent when a host cannot be asked or has not the room."""
+    if remote_hosts(job.hosts):
+        send_where_needed(job, read_manifest(folder), "data", env, on_event)
+
+
+def sync_model(job: Job, folder: str, env: dict[str, str], on_event: OnEvent) -> None:
+    """The trainer's --init_from folder on every remote host, as here."""
+    if remote_hosts(job.hosts):
+        send_where_needed(job, folder_manifest(folder), "model", env, on_event)
+
+
+def sync_script(job: Job, script: str, env: dict[str, str], on_event: OnEvent) -> None:
+    """`run`'s script file on every remote host, at its absolute path here."""
+    if remote_hosts(job.hosts):
+        send_where_needed(job, file_manifest(script), "script", env, on_event)
+
+
+def send_where_needed(job: Job, manifest: Manifest, what: str, env: dict[str, str],
+                      on_event: OnEvent) -> None:
+    """Every remote host's copy checked (in parallel), the room checked on
+    all of them, then each host sent what it lacks, in turn."""
+    flag = {"data": "--data", "model": "--init_from"}.get(what, "the " + what)
+    copies = for_each_host(remote_hosts(job.hosts),
+                           lambda h: check_copy(manifest, h, env, what=flag))
+    check_space(manifest, copies, what)
+    size = human_bytes(manifest.total_bytes)
+    shown = manifest.folder if len(manifest.files) > 1 else \
+        f"{manifest.folder}/{manifest.files[0].name}"
+    for copy in copies:
+        state = copy.summary(manifest)
+        if state == "whole":
+            on_event(Note(f"{what}: {copy.host.name} has {shown} ({size}, sha256 checked)"))
+            continue
+        lacking = copy.lacking(manifest)
+        need = sum(f.bytes for f in lacking)
+        on_event(Note(f"{what}: {copy.host.name}: {shown} {state}: sending "
+                      f"{len(lacking)} file(s), {human_bytes(need)}"))
+        name = copy.host.name
+        on_event(Sending(name, need))
+        try:
+            sent = send(manifest, copy, lambda n: on_event(SendProgress(name, n)), env=env)
+        finally:
+            on_event(SendEnded(name))
+        on_event(Note(f"{what}: {name}: sent {human_bytes(sent.bytes)} in {sent.seconds:.1f} s "
+                      f"({human_bytes(sent.rate)}/s) by {sent.via}, sha256 verified there"))
 
 
 # ---------------------------------------------------------------- sending

@@ -1,0 +1,13 @@
+"""What `mlxcluster run` and `mlxcluster train` add around a job (jobs/):
+
+    preflight.py   the probe, doctor's checks, OpenBLAS, the smoke all_sum
+                   (imported only when a preflight runs)
+    trainer.py     the trainer hand-off: its arguments parsed once, the job's
+                   program, what a restart or a lost host changes
+    record.py      the run's record kept here (the launcher's half of the
+                   record protocol; the trainer's is reference_train/metrics.py)
+    sync.py        data and model folders, and run's script, on every host
+    sync_agent.py  what sync runs on each host (read as text, stdlib only)
+
+Every step is reported as an event (jobs/events.py); nothing here prints.
+"""

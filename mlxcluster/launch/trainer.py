@@ -1,0 +1,273 @@
+"""Hand-off to the reference trainer: what is trainer-specific about a job.
+
+The trainer's arguments are parsed once, here, before anything starts on the
+hosts (``parse_trainer_args``: the same ``build_config`` every rank runs) into
+a ``TrainerArgs``; what mlxcluster adds to them (a checkpoint interval for
+restarts, ``--resume``, a new ``--grad_accum`` after a lost host) is set on
+that value, never edited into a command line. ``trainer_job`` makes the job's
+program from it: to the jobs layer the trainer is one program among others.
+
+``TrainerRun`` is a training run across launches: it keeps the run's record
+here (launch/record.py), and decides what a restart resumes from and what a
+dropped host changes; ``run_trainer`` launches it until done
+(jobs.restarts.launch_until_done).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mlxcluster.errors import InputError
+from mlxcluster.jobs.events import Note, OnEvent, Restarting
+from mlxcluster.jobs.job import Job, program_command
+from mlxcluster.jobs.restarts import (
+    Dropped,
+    Restarts,
+    accumulation_for,
+    launch_until_done,
+    without_hosts,
+)
+from mlxcluster.jobs.run import run_job
+from mlxcluster.jobs.watch import RunOutcome
+from mlxcluster.launch.record import RECORD_ENV, RunRecord
+from reference_train.config import TrainConfig, build_config
+from reference_train.metrics import plot_metrics
+
+TRAINER_MODULE = "reference_train.train"
+# How to go on after a failed or stalled run, in every message that says so.
+RESUME_THEN = ", then rerun with '-- --resume auto' to continue from the last checkpoint"
+
+
+@dataclass(frozen=True)
+class TrainerHelp:
+    """The trainer's own help text, asked for with `-- --help`."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class TrainerArgs:
+    """The trainer's arguments: what the user gave, the config every rank
+    builds from them, and the flags mlxcluster sets on top (last on the
+    command line: argparse takes the last value of a flag)."""
+
+    given: tuple[str, ...]
+    config: TrainConfig
+    ours: dict[str, str] = field(default_factory=dict)  # flag name -> value, in the order set
+
+    def with_flags(self, **values) -> TrainerArgs:
+        """These flags set (or set again) by mlxcluster; the config follows."""
+        ours = dict(self.ours)
+        for name, value in values.items():
+            ours.pop(name, None)  # set again: moves to the end, as a later flag wins
+            ours[name] = str(value)
+        return dataclasses.replace(self, ours=ours, config=dataclasses.replace(self.config, **values))
+
+    def argv(self) -> tuple[str, ...]:
+        return (*self.given, *(part for name, value in self.ours.items()
+                               for part in (f"--{name}", value)))
+
+
+def parse_trainer_args(args: tuple[str, ...]) -> TrainerArgs | TrainerHelp:
+    """Parse the trainer's own flags here, before anything starts on the hosts:
+    a typo must not cost a launch on every host to find out. Returns the
+    arguments with the config every rank will build, or the trainer's help
+    when ``args`` ask for it (`-- --help`)."""
+    shown, said = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(shown), contextlib.redirect_stderr(said):
+            return TrainerArgs(tuple(args), build_config(list(args)))
+    except SystemExit as done:  # argparse: the help (exit 0), or an unknown flag or missing value
+        if done.code in (0, None):
+            return TrainerHelp(shown.getvalue())
+        lines = [ln for ln in said.getvalue().splitlines() if ln.strip()]
+        raise InputError(f"trainer arguments rejected: {lines[-1] if lines else ' '.join(args)}",
+                         "python -m reference_train.train --help lists every --field") from None
+    except ValueError as err:  # a config file's problem, a type or a value out of range
+        raise InputError(f"trainer arguments rejected: {err}",
+                         "configs are tiny, demo, blog or a YAML file; docs/training.md lists "
+                         "every field, its type and its allowed values") from None
+
+
+def trainer_job(job: Job, args: TrainerArgs) -> Job:
+    """``job`` running the trainer with ``args``: its progress bar off (output
+    arrives line by line, and mpirun gives ranks a terminal; the user's
+    --progress still wins), shown as the user would type it; the preflight
+    checks every host imports it; its metrics records come to this machine."""
+    return dataclasses.replace(
+        job, program=("-m", TRAINER_MODULE, "--progress", "false", *args.argv()),
+        shown_program=("-m", TRAINER_MODULE, *args.argv()), imports=(TRAINER_MODULE,),
+        title="training", then=RESUME_THEN, env={**job.env, RECORD_ENV: "1"})
+
+
+# With restarts on and no checkpoint_every, a checkpoint every steps/20 steps: a
+# restart redoes at most 5% of the run. Its cost: docs/performance.md.
+RESTART_CHECKPOINTS_PER_RUN = 20
+
+
+def restart_checkpoint_every(steps: int) -> int:
+    """The checkpoint interval `train --max-restarts` gives a trainer that set none."""
+    return max(1, -(-steps // RESTART_CHECKPOINTS_PER_RUN))
+
+
+def with_restart_checkpoints(args: TrainerArgs, max_restarts: int) -> TrainerArgs:
+    """With restarts on, a checkpoint interval when the run set none: a
+    restart then loses at most 1/20 of the run."""
+    if max_restarts and not args.config.checkpoint_every:
+        return args.with_flags(checkpoint_every=restart_checkpoint_every(args.config.steps))
+    return args
+
+
+def check_batch_split(cfg: TrainConfig, ranks: int) -> None:
+    """InputError when the global batch does not split over ``ranks`` x
+    ``grad_accum`` micro-batches. The ranks check this too (reference_train
+    split_batch), but only after a launch on every host, and then every rank
+    dies with the same error; the number of ranks is known here before that."""
+    unit = ranks * cfg.grad_accum
+    rest = cfg.global_batch % unit
+    if not rest:
+        return
+    over = f"{ranks} ranks" if cfg.grad_accum == 1 else \
+        f"{ranks} ranks x grad_accum {cfg.grad_accum} = {unit} micro-batches"
+    below, above = cfg.global_batch - rest, cfg.global_batch - rest + unit
+    choices = f"{below} or {above}" if below else f"{above}"
+    divisors = [n for n in range(1, cfg.global_batch + 1)
+                if cfg.global_batch % (n * cfg.grad_accum) == 0]
+    raise InputError(
+        f"global_batch {cfg.global_batch} does not split over {over} "
+        f"({cfg.global_batch} % {unit} = {rest}): use --global_batch {choices}",
+        f"pass it to the trainer after '--' (e.g. -- --global_batch {above}) or set it in the "
+        f"config; or run on a number of ranks it splits over: "
+        f"{', '.join(map(str, divisors[:8]))}{', ...' if len(divisors) > 8 else ''}")
+
+
+def check_out_here(out: str) -> None:
+    """For ranks on this machine: rank 0 writes the run to the trainer's
+    ``--out``, so it must be a directory here or creatable here (checked by
+    creating and removing a directory beside where it will be made)."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise InputError(f"trainer --out {out} exists and is not a directory",
+                         "give --out a directory path (new or existing), e.g. -- --out runs/mine")
+    base = path
+    while not base.exists() and base != base.parent:
+        base = base.parent
+    if not base.is_dir():
+        raise InputError(f"trainer --out {out} cannot be created: {base} is not a directory",
+                         "give --out a path under a directory, e.g. -- --out runs/mine")
+    try:
+        probe = tempfile.mkdtemp(prefix=".mlxcluster-out-probe.", dir=base)
+    except OSError as err:
+        raise InputError(f"trainer --out {out} cannot be created: {err.strerror} in {base}",
+                         "give --out a path in a directory you can write to") from None
+    os.rmdir(probe)
+
+
+class TrainerRun:
+    """A training run across its launches: its record kept here, at --out
+    (the ranks print their records; rank 0's Mac may be lost), and what a
+    restart or a lost host changes in the trainer's arguments."""
+
+    def __init__(self, args: TrainerArgs, ranks: int):
+        self.args = args
+        self.record = RunRecord(args.config.out)
+        # what each rank holds now: a smaller world never gets more per rank
+        self.micro_batch = args.config.global_batch // (ranks * args.config.grad_accum)
+
+    def job(self, job: Job) -> Job:
+        return trainer_job(job, self.args)
+
+    def resume(self, job: Job, k: int) -> tuple[Job, list[str]]:
+        """Restart ``k``'s job: from the newest checkpoint every host has
+        before the first step the record lacks (launch/record.py)."""
+        cfg = self.args.config
+        bound = self.record.resume_bound(cfg.log_every, cfg.eval_every)
+        flags = {"resume": "auto"} if k == 1 else {}
+        self.args = self.args.with_flags(**flags, resume_before=bound)
+        return self.job(job), [f"resuming from the newest checkpoint every host has before step "
+                               f"{bound} (the steps after it are not all in the record yet)"]
+
+    def drop(self, job: Job, dropping: list[Dropped]) -> tuple[Job, list[str]]:
+        """The job without ``dropping``'s hosts, the global batch kept
+        (grad_accum raised where the rest cannot hold it otherwise)."""
+        job = without_hosts(job, {d.host for d in dropping})
+        ranks, cfg = len(job.hosts), self.args.config
+        new_accum = accumulation_for(cfg.global_batch, ranks, self.micro_batch)
+        notes = []
+        for d in dropping:
+            self.record.add({"event": "host_dropped", "host": d.host, "reason": d.reason,
+                             "ranks": ranks, "grad_accum": new_accum})
+            notes.append(f"dropped {d.host} ({d.reason}): going on with {ranks} rank(s) on "
+                         f"{', '.join(dict.fromkeys(h.name for h in job.hosts))}")
+        if new_accum != cfg.grad_accum:
+            notes.append(f"grad_accum {cfg.grad_accum} -> {new_accum}: the global batch stays "
+                         f"{cfg.global_batch} = {ranks} ranks x {new_accum} accum x "
+                         f"{cfg.global_batch // (ranks * new_accum)}")
+            self.args = self.args.with_flags(grad_accum=new_accum)
+        return self.job(job), notes
+
+    def noted(self, on_event: OnEvent) -> OnEvent:
+        """``on_event``, with each restart kept in the record first."""
+        def emit(event: object) -> None:
+            if isinstance(event, Restarting):
+                self.record.add({"event": "restart", "restart": event.done,
+                                 "max_restarts": event.max_restarts, "cause": event.cause})
+            on_event(event)
+        return emit
+
+    def close(self) -> str | None:
+        """Close the record and draw loss.png beside it, here (the trainer
+        leaves it to us when we keep the record); returns what plotting said."""
+        self.record.close()
+        if self.record.metrics.is_file():
+            return plot_metrics(self.record.metrics, self.record.out / "loss.png")
+        return None
+
+
+@dataclass(frozen=True)
+class TrainerResult:
+    job: Job  # the last one launched (fewer hosts after an elastic drop)
+    outcome: RunOutcome
+    restarts: int
+    seconds: float  # the whole run's, restarts included
+
+
+def run_trainer(job: Job, args: TrainerArgs, restarts: Restarts, env: dict[str, str], *,
+                timeout: float | None, stall_timeout: float | str | None,
+                on_line, on_event: OnEvent) -> TrainerResult:
+    """Run the trainer on ``job``'s ranks until it ends well or the restarts
+    are spent, with the record kept at --out here. ``on_line(stream, line)``
+    gets the job's lines (record lines kept out), ``on_event`` every step."""
+    run = TrainerRun(args, len(job.hosts))
+    noted = run.noted(on_event)
+
+    def show(stream: str, line: str) -> None:
+        shown = run.record.feed(line)
+        if shown is not None:
+            on_line(stream, shown)
+
+    def launch(job: Job) -> RunOutcome:
+        said = f"launching {len(job.hosts)} rank(s) on {job.backend}: {program_command(job)}"
+        on_event(Note(said))
+        run.record.start_launch(said)
+        return run_job(job, show, env=env, timeout=timeout, stall_timeout=stall_timeout,
+                       report_dir=Path(args.config.out))
+
+    started = time.monotonic()
+    try:
+        job, outcome = launch_until_done(run.job(job), launch, restarts, env, again=run.resume,
+                                         drop=run.drop,
+                                         on_event=noted)
+    finally:
+        plotted = run.close()
+        if plotted:
+            on_event(Note(plotted))
+    took = outcome.seconds if not restarts.done else time.monotonic() - started
+    return TrainerResult(job, outcome, restarts.done, took)
