@@ -29,10 +29,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from mlxcluster.launch.sync import check_copy, read_manifest, send  # noqa: E402
 from mlxcluster.inventory.inventory import load_inventory  # noqa: E402
 from mlxcluster.jobs.connections import shared_hosts  # noqa: E402
 from mlxcluster.jobs.hosts import hosts_from_inventory, ssh_argv  # noqa: E402
+from mlxcluster.launch.sync import check_copy, read_manifest, send  # noqa: E402
 from tests.lab import lab_unavailable_reason, start_lab  # noqa: E402
 
 

@@ -13,6 +13,8 @@ import sys
 
 import pytest
 
+from mlxcluster.errors import InputError
+from mlxcluster.jobs.hosts import RankHost
 from mlxcluster.launch.sync import (
     REMOTE_SOURCE,
     DataFile,
@@ -22,8 +24,6 @@ from mlxcluster.launch.sync import (
     check_space,
     read_manifest,
 )
-from mlxcluster.errors import InputError
-from mlxcluster.jobs.hosts import RankHost
 from reference_train.prepare import prepare_offline
 
 HOST = RankHost(name="mac2", ssh="mac2", ips=("10.0.0.2",), python="python3")

@@ -26,8 +26,8 @@ from mlxcluster.jobs import process
 from mlxcluster.jobs import run as job_run
 from mlxcluster.jobs.job import job_from_hostfile, job_from_inventory, job_local, plan_jaccl_job
 from mlxcluster.jobs.plan import LaunchPlan, launcher_argv, mlx_launch_path, write_hostfile
-from mlxcluster.smoke.launch import plan_launch
 from mlxcluster.launch.preflight import SMOKE_OPTIONS, smoke_ranks
+from mlxcluster.smoke.launch import plan_launch
 from tests.test_checks_topology import slow_osaurus
 from tests.topology_helpers import (
     OSAURUS,
@@ -206,6 +206,7 @@ def test_cli_launches_the_pair_plan_and_warns_only_on_fast_synch(pair, tmp_path,
                                                                  launches, command, fast_synch):
     """Fast synch stays MLX's default (unset) unless the user sets it; set, it
     is passed on and the deadlock warning printed."""
+    monkeypatch.chdir(tmp_path)  # train's record (default --out runs/reference) goes here
     inv_path, captures_dir = pair
     captures = load_capture_dir(captures_dir)
     monkeypatch.setattr(doctor_collect, "collect_captures", lambda inv: captures)

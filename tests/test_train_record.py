@@ -57,3 +57,21 @@ def test_a_restart_resumes_before_the_first_step_the_record_lacks(tmp_path):
     rec.feed('@@mlxcluster-record {"event": "start", "step": 20, "ranks": 2}')  # a resume at 20
     assert rec.resume_bound(log_every=1, eval_every=0) == 21
     rec.close()
+
+
+def test_the_launcher_and_the_trainer_speak_one_protocol():
+    """The marks and switches the trainer prints and reads are the very
+    objects the launcher matches (one copy: reference_train/metrics.py), and
+    the metrics file is cut at a resume by the trainer's own function."""
+    import mlxcluster.jobs.job as job
+    import mlxcluster.jobs.stall as stall
+    import mlxcluster.launch.record as record
+    import reference_train.metrics as metrics
+
+    assert record.RECORD_MARK is metrics.RECORD_MARK and record.RECORD_ENV is metrics.RECORD_ENV
+    assert stall.HEARTBEAT_MARK is metrics.HEARTBEAT_MARK
+    assert job.HEARTBEAT_ENV is metrics.HEARTBEAT_ENV
+    assert record.truncate_metrics is metrics.truncate_metrics
+    # A line the trainer emits is one the record takes.
+    assert record.RECORD_RE.search(f"{metrics.RECORD_MARK} {{\"step\": 1}}").group(1) == '{"step": 1}'
+    assert stall.HEARTBEAT_RE.search(f"{metrics.HEARTBEAT_MARK} 0 5")

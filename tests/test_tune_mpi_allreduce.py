@@ -15,6 +15,13 @@ from click.testing import CliRunner
 from mlxcluster.cli import main as cli
 from mlxcluster.errors import InputError
 from mlxcluster.facts.mpi import find_mpirun
+from mlxcluster.hostfile.tuned import (
+    apply_tuned,
+    parse_tuned_args,
+    read_tuned,
+    split_words,
+    tuned_job,
+)
 from mlxcluster.jobs.hosts import RankHost
 from mlxcluster.jobs.job import job_from_hostfile
 from mlxcluster.jobs.plan import plan_job
@@ -23,7 +30,6 @@ from mlxcluster.tune.candidates import Candidate, make_candidates, parse_allredu
 from mlxcluster.tune.measure import Plan, mpi_args, worker_options
 from mlxcluster.tune.result import candidate_dict
 from mlxcluster.tune.select import Sample, choose
-from mlxcluster.hostfile.tuned import apply_tuned, parse_tuned_args, read_tuned, split_words, tuned_job
 from tests.test_tuned_settings import write_tune_output
 
 M32 = 32 << 20

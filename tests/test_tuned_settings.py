@@ -15,13 +15,13 @@ from click.testing import CliRunner
 from mlxcluster.cli import main as cli
 from mlxcluster.errors import InputError
 from mlxcluster.hostfile.hostfile_generate import generate_mpi
+from mlxcluster.hostfile.tuned import Applied, apply_tuned, parse_tuned_args, read_tuned, tuned_job
 from mlxcluster.inventory.inventory import parse_inventory
 from mlxcluster.jobs.hosts import hosts_from_hostfile
 from mlxcluster.jobs.job import job_from_hostfile, split_mpi_args
 from mlxcluster.jobs.plan import launcher_argv, write_hostfile
 from mlxcluster.tune.candidates import Candidate
 from mlxcluster.tune.files import winner_files
-from mlxcluster.hostfile.tuned import Applied, apply_tuned, parse_tuned_args, read_tuned, tuned_job
 
 INVENTORY = parse_inventory("""
 cluster: lab

@@ -8,9 +8,9 @@ import re
 import click
 
 from mlxcluster.errors import InputError
+from mlxcluster.hostfile.tuned import MAX_CONNECTIONS
 from mlxcluster.inventory.inventory import Inventory, load_inventory
 from mlxcluster.inventory.inventory_search import InventoryChoice, find_inventory
-from mlxcluster.hostfile.tuned import MAX_CONNECTIONS
 
 
 class Seconds(click.FloatRange):

@@ -20,7 +20,7 @@ from mlxcluster.hostfile.hostfile import BACKENDS as MLX_BACKENDS
 from mlxcluster.hostfile.hostfile import MlxHostfile, load_launch_hostfile
 from mlxcluster.inventory.inventory import Inventory, local_inventory
 from mlxcluster.jobs.hosts import RankHost, hosts_from_inventory, require_python_here
-from mlxcluster.jobs.stall import HEARTBEAT_ENV
+from reference_train.metrics import HEARTBEAT_ENV  # the protocol's one copy (no mlx)
 
 BACKENDS = ("ring", "mpi", "jaccl", "jaccl-ring")  # what train and run launch
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from mlxcluster.errors import EXIT_STALLED, MlxclusterError
 from mlxcluster.jobs.rank_wrapper import STACKS_ROOT
-from reference_train.metrics import HEARTBEAT_ENV, HEARTBEAT_MARK  # the protocol's one copy
+from reference_train.metrics import HEARTBEAT_MARK  # the protocol's one copy
 
 HEARTBEAT_RE = re.compile(re.escape(HEARTBEAT_MARK) + r" (\d+) (\d+|done)\r?")
 AUTO_FACTOR = 10.0  # the default limit: this many median step times...

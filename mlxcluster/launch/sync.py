@@ -37,7 +37,14 @@ from pathlib import Path
 from mlxcluster.errors import InputError, MlxclusterError
 from mlxcluster.jobs.cleanup import SSH_LOST
 from mlxcluster.jobs.events import Note, OnEvent, SendEnded, Sending, SendProgress
-from mlxcluster.jobs.hosts import RankHost, for_each_host, host_argv, remote_hosts, run_script, ssh_argv
+from mlxcluster.jobs.hosts import (
+    RankHost,
+    for_each_host,
+    host_argv,
+    remote_hosts,
+    run_script,
+    ssh_argv,
+)
 from mlxcluster.jobs.job import Job
 
 CHECK_TIMEOUT_S = 600.0  # hashing a host's copy reads all of it (a few GB: tens of seconds)
@@ -272,7 +279,7 @@ def send_where_needed(job: Job, manifest: Manifest, what: str, env: dict[str, st
         name = copy.host.name
         on_event(Sending(name, need))
         try:
-            sent = send(manifest, copy, lambda n: on_event(SendProgress(name, n)), env=env)
+            sent = send(manifest, copy, lambda n, name=name: on_event(SendProgress(name, n)), env=env)
         finally:
             on_event(SendEnded(name))
         on_event(Note(f"{what}: {name}: sent {human_bytes(sent.bytes)} in {sent.seconds:.1f} s "
