@@ -68,8 +68,9 @@ def main() -> int:
 
     import mlx.core as mx
 
+    from reference_train.config import build_config
     from reference_train.prepare import prepare_offline
-    from reference_train.train import Trainer, build_config
+    from reference_train.train import Trainer
 
     out = drained_stdout()
     with tempfile.TemporaryDirectory(prefix="heartbeat-bench.") as tmp:

@@ -27,7 +27,8 @@ import json, sys
 import mlx.core as mx
 from mlx.utils import tree_flatten
 from reference_train.launch_env import init_group  # noqa: E402
-from reference_train.train import Trainer, build_config
+from reference_train.config import build_config
+from reference_train.train import Trainer
 group = init_group()
 cfg = build_config(sys.argv[1:])
 trainer = Trainer(cfg, group, lambda m: None)

@@ -75,8 +75,9 @@ def main() -> int:
     import numpy as np
     from vs_mlx_lm import CONFIG, build
 
+    from reference_train.config import build_config
     from reference_train.launch_env import init_group
-    from reference_train.train import Trainer, build_config
+    from reference_train.train import Trainer
 
     with tempfile.TemporaryDirectory() as tmp:
         folder, tokens, _ = build(Path(tmp), args.block_size)

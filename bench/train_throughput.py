@@ -49,8 +49,8 @@ class BareLoop:
         import mlx.nn as nn
         import mlx.optimizers as optim
 
+        from reference_train.config import model_args
         from reference_train.model import Llama, loss_fn
-        from reference_train.train import model_args
 
         mx.random.seed(0)
         self.model = model = Llama(model_args(cfg, 257))
@@ -88,7 +88,8 @@ def throughput_worker(config: str, data: str, steps: int, warmup: int, rounds: i
 
     import mlx.core as mx
 
-    from reference_train.train import Trainer, build_config
+    from reference_train.config import build_config
+    from reference_train.train import Trainer
 
     out = tempfile.mkdtemp(prefix="train_bench_out.")
     common = ["--config", config, "--data", data, "--out", out]

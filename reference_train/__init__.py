@@ -2,4 +2,28 @@
 
 Depends on mlx, numpy and pyyaml only (checkpoints use mlx's own safetensors I/O), so it can be copied out of
 this project as it is.
+
+Modules, each importing only those listed before it (no circles):
+
+    errors.py             DataError, the trainer's one error type (a message and a hint)
+    files.py              file_sha256, and folders renamed into place whole (replace_dir)
+    corpus.py             the bundled offline corpus, generated from templates
+    tokenizer.py          byte, a folder's tokenizer.json, a Hugging Face name: make_tokenizer
+    data.py               token files (meta.json, train.bin, val.bin), memory-mapped batches, sharding
+    prepare.py            `python -m reference_train.prepare`: a corpus -> token files; the
+                          default data directory (the offline corpus, prepared on first use)
+    metrics.py            heartbeats, metrics records (file or mlxcluster's record), the loss
+                          curve; imports no mlx, so mlxcluster draws the curve without it
+    kernels.py            attention, silu and the loss: MLX's, or multiply-adds on Linux's CPU
+    model.py              ModelArgs, Llama, the loss, sampling
+    hf_io.py              Hugging Face / mlx-lm Llama folders: read (--init_from), written
+    precision.py          --dtype / --comm_dtype bfloat16: compute copy, gradient all-reduce
+    config.py             TrainConfig and build_config: defaults, configs/*.yaml, --field flags
+    checkpoint.py         atomic checkpoints and their hashes
+    resume.py             one checkpoint writer per host; the ranks agree on what to resume from
+    export.py             `python -m reference_train.export`: a checkpoint as an mlx-lm folder
+    launch_env.py         what the launcher asked for: world size, backend, sum_scatter
+    sharded_optimizer.py  --shard_optimizer: each rank's share of the AdamW state
+    mfu.py                FLOPs per token and the peak they are measured against
+    train.py              the Trainer and main: `python -m reference_train.train`
 """

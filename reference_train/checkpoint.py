@@ -32,7 +32,7 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 
-from .data import file_sha256
+from .files import file_sha256
 
 
 def checkpoint_name(step: int) -> str:

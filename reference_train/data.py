@@ -14,10 +14,12 @@ Format (written once by `python -m reference_train.prepare`, see docs/training.m
     DIR/val.bin       same, for validation
     DIR/tokenizer/    the tokenizer's files (tokenizer.json...), when it is not the byte one
 
-With `prepare --tokenizer DIR` (a local folder's tokenizer.json), meta.json's
-tokenizer entry names it: {"kind": "folder", "name": "my-llama", "path":
-"/abs/my-llama", "vocab_size": 32000, "eos_id": 2, "tokenizer_json_sha256":
-"<sha256>"}; training from a model folder (--init_from) checks that hash.
+meta.json's `tokenizer` entry is what the tokenizer's `describe()` said
+(tokenizer.py), and `make_tokenizer` makes the same one from it. With
+`prepare --tokenizer DIR` (a local folder's tokenizer.json) it names the
+folder: {"kind": "folder", "name": "my-llama", "path": "/abs/my-llama",
+"vocab_size": 32000, "eos_id": 2, "tokenizer_json_sha256": "<sha256>"};
+training from a model folder (--init_from) checks that hash.
 
 `bytes` and `sha256` let every host's copy be compared with the one it was
 sent from (`mlxcluster train --data DIR` checks and copies them; data
@@ -37,7 +39,6 @@ own rows from the memory-mapped file.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import mmap
 import os
@@ -50,6 +51,9 @@ from typing import Protocol
 
 import numpy as np
 
+from .errors import DataError
+from .files import file_sha256, replace_dir
+
 FORMAT = "reference_train.tokens/1"
 
 
@@ -59,106 +63,6 @@ class Group(Protocol):
     def rank(self) -> int: ...
 
     def size(self) -> int: ...
-
-
-# ---------------------------------------------------------------- tokenizers
-
-
-class ByteTokenizer:
-    """UTF-8 bytes as ids 0-255, plus an end-of-document id 256. Needs no download."""
-
-    vocab_size = 257
-    eos_id = 256
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
-
-    def decode(self, ids: Iterable[int]) -> str:
-        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
-
-    def describe(self) -> dict:
-        return {"kind": "byte"}
-
-
-class HFTokenizer:
-    """A Hugging Face tokenizer (e.g. "gpt2"), through `transformers` or `tokenizers`."""
-
-    def __init__(self, name: str):
-        self.name = name
-        try:
-            from transformers import AutoTokenizer  # type: ignore[import-not-found]
-
-            tok = AutoTokenizer.from_pretrained(name)
-            self._encode = lambda s: tok.encode(s)
-            self._decode = lambda ids: tok.decode(list(ids))
-            self._save = tok.save_pretrained
-            self.vocab_size = len(tok)
-            eos = tok.eos_token_id
-        except ImportError:
-            try:
-                from tokenizers import Tokenizer  # type: ignore[import-not-found]
-            except ImportError as e:
-                raise DataError(
-                    f"tokenizer {name!r} needs the 'transformers' or 'tokenizers' package, "
-                    "and neither is installed",
-                    "pip install tokenizers, or use the default byte tokenizer (--tokenizer byte)",
-                ) from e
-            tok = Tokenizer.from_pretrained(name)
-            self._encode = lambda s: tok.encode(s).ids
-            self._decode = lambda ids: tok.decode(list(ids))
-            self._save = lambda folder: tok.save(str(folder / "tokenizer.json"))
-            self.vocab_size = tok.get_vocab_size()
-            eos = tok.token_to_id("<|endoftext|>")
-        except OSError as e:  # transformers raises OSError when the hub is unreachable
-            raise DataError(f"could not load tokenizer {name!r}: {e}",
-                            "check the network, or use --tokenizer byte") from e
-        # Without an end-of-text token, documents are separated by an extra id.
-        self.eos_id = eos if eos is not None else self.vocab_size
-        self.vocab_size = max(self.vocab_size, self.eos_id + 1)
-
-    def encode(self, text: str) -> list[int]:
-        return self._encode(text)
-
-    def decode(self, ids: Iterable[int]) -> str:
-        return self._decode([i for i in ids if i != self.eos_id])
-
-    def describe(self) -> dict:
-        return {"kind": "hf", "name": self.name}
-
-    def save_files(self, folder: Path) -> None:
-        """Keep the tokenizer's files with the data (an exported model needs them)."""
-        folder.mkdir()
-        self._save(folder)
-
-
-class DataError(Exception):
-    """A corpus or token directory problem, with a hint on what to do."""
-
-    def __init__(self, message: str, hint: str = ""):
-        super().__init__(message)
-        self.hint = hint
-
-    def __str__(self) -> str:
-        base = super().__str__()
-        return f"{base} (hint: {self.hint})" if self.hint else base
-
-
-def make_tokenizer(spec: dict | str, data_dir: str | Path | None = None):
-    """A tokenizer from "byte", a local folder holding a tokenizer.json, a Hugging Face
-    name, or a meta.json `tokenizer` entry (its copy kept in `data_dir` when there is one)."""
-    if isinstance(spec, dict):
-        kept = Path(data_dir) / "tokenizer" if data_dir is not None else None
-        if spec.get("kind") == "folder":
-            spec = str(kept if kept and (kept / "tokenizer.json").is_file() else spec["path"])
-        else:
-            spec = "byte" if spec.get("kind") == "byte" else spec["name"]
-    if spec == "byte":
-        return ByteTokenizer()
-    if Path(spec).is_dir():
-        from .hf_io import FolderTokenizer
-
-        return FolderTokenizer(spec)
-    return HFTokenizer(spec)
 
 
 # ---------------------------------------------------------------- corpus readers
@@ -194,6 +98,7 @@ def read_hf_dataset(name: str, split: str, field: str = "text",
                     max_docs: int | None = None) -> Iterator[str]:
     """Documents from a Hugging Face dataset (e.g. roneneldan/TinyStories), streamed."""
     try:
+        # Lazy: an optional package, needed only for --hf-dataset.
         from datasets import load_dataset  # type: ignore[import-not-found]
     except ImportError as e:
         raise DataError(f"--hf-dataset {name} needs the 'datasets' package, which is not installed",
@@ -256,42 +161,11 @@ def write_token_files(documents: Iterable[str], tokenizer, out_dir: str | Path,
         if hasattr(tokenizer, "save_files"):
             tokenizer.save_files(tmp / "tokenizer")
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-        publish_dir(tmp, out_dir)
+        replace_dir(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return meta
-
-
-def file_sha256(path: str | Path) -> str:
-    """The sha256 of a file's bytes, as hex (read 1 MiB at a time)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def publish_dir(tmp: Path, final: Path) -> None:
-    """Rename a finished temporary directory to `final`, replacing an old one.
-
-    When another process published the same directory first (ranks preparing the
-    default corpus side by side), its copy wins and ours is discarded.
-    """
-    if final.exists():
-        old = final.with_name(f".{final.name}.old.{os.getpid()}")
-        try:
-            final.rename(old)
-        except FileNotFoundError:
-            pass
-        else:
-            shutil.rmtree(old, ignore_errors=True)
-    try:
-        tmp.rename(final)
-    except OSError:
-        if not (final / "meta.json").exists():
-            raise
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- reading

@@ -25,15 +25,12 @@ from pathlib import Path
 import mlx.core as mx
 
 from .checkpoint import checkpoint_problem, resolve_checkpoint
-from .data import DataError, load_meta
-from .hf_io import (
-    EXPORT_DTYPES,
-    byte_tokenizer_json,
-    export_folder,
-    read_config,
-    tokenizer_source,
-)
+from .data import load_meta
+from .errors import DataError
+from .hf_io import EXPORT_DTYPES, export_folder, read_config, tokenizer_source
 from .model import ModelArgs
+from .prepare import default_data_dir
+from .tokenizer import byte_tokenizer_json
 
 
 def export_model(weights: dict[str, mx.array], args: ModelArgs, out: str | Path, *,
@@ -100,12 +97,7 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str = "flo
         raise DataError(f"{path}/state.json: model_args unreadable ({e})") from None
     config = state.get("config") or {}
     data = config.get("data") or ""
-    if data:
-        data_dir = Path(data)
-    else:
-        from .train import default_data_dir
-
-        data_dir = default_data_dir()
+    data_dir = Path(data) if data else default_data_dir()
     weights = mx.load(str(path / "model.safetensors"))
     return export_model(weights, args, out, data_dir=data_dir,
                         init_from=config.get("init_from", ""), dtype=dtype,

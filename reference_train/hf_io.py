@@ -26,14 +26,14 @@ Names, theirs <-> ours (reference_train/model.py keeps its own):
     lm_head.weight                                 output.weight (absent when tied)
 
 Both use RoPE on halves (not interleaved), so q and k need no permutation.
-Only mlx, numpy and the standard library are imported here; `tokenizers` only
-when a folder's tokenizer is used to tokenize (FolderTokenizer).
+`--init_from DIR` is one call, `model_from_folder`: the folder read and checked,
+the data checked against its tokenizer and vocabulary, the weights loaded. The
+folder's tokenizer itself (read, copied into an exported model) is tokenizer.py's.
 """
 
 from __future__ import annotations
 
 import glob
-import hashlib
 import json
 import os
 import re
@@ -42,15 +42,15 @@ import tempfile
 from pathlib import Path
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 
-from .data import DataError
-from .model import ModelArgs
+from .errors import DataError
+from .files import file_sha256, replace_dir
+from .model import Llama, ModelArgs
+from .tokenizer import copy_tokenizer, same_tokenizer
 
 SUPPORTED_MODEL_TYPES = ("llama",)
 SUPPORTED_ROPE = ("default", "linear", "llama3")
-# Files of a tokenizer that travel with it (copied into token data and exported models).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "generation_config.json", "chat_template.jinja")
 EXPORT_DTYPES = ("float32", "bfloat16", "float16")
 
 # (their pattern, our pattern), per layer with {n}.
@@ -219,7 +219,7 @@ def config_from_args(args: ModelArgs, base: dict | None = None) -> dict:
     return dict(sorted(config.items()))
 
 
-# ---------------------------------------------------------------- weights in
+# ---------------------------------------------------------------- weights in (--init_from)
 
 
 def weight_files(folder: Path) -> list[Path]:
@@ -275,8 +275,6 @@ def load_folder(folder: str | Path) -> tuple[ModelArgs, dict[str, mx.array], dic
 def load_into(model, weights: dict[str, mx.array], source: str | Path) -> None:
     """Set `model`'s parameters from `weights` (our names); a DataError names what
     is missing, extra or of another shape."""
-    from mlx.utils import tree_flatten
-
     want = dict(tree_flatten(model.parameters()))
     missing = sorted(set(want) - set(weights))
     extra = sorted(set(weights) - set(want))
@@ -295,6 +293,49 @@ def load_into(model, weights: dict[str, mx.array], source: str | Path) -> None:
         raise DataError(f"{source}: the weights do not fit its config.json: "
                         + "; ".join(problems))
     model.load_weights(list(weights.items()), strict=True)
+
+
+def model_from_folder(folder: str | Path, meta: dict, data_dir: Path) -> Llama:
+    """--init_from: our Llama with a Llama folder's shape and float32 weights, once the
+    data (`meta` of `data_dir`) is known to fit it: tokenized with the folder's
+    tokenizer, within its vocabulary. The caller seeds mlx's random state first: the
+    model is built as a fresh one is (same draws on every rank), then overwritten."""
+    args, weights, _ = load_folder(folder)
+    check_data_fits(meta, data_dir, args, Path(folder))
+    model = Llama(args)
+    load_into(model, weights, folder)
+    return model
+
+
+def check_data_fits(meta: dict, data_dir: Path, args: ModelArgs, init_from: Path | None) -> None:
+    """A DataError naming both when the data was tokenized with another tokenizer than
+    the model's folder, or holds ids beyond the model's vocabulary."""
+    tok = meta.get("tokenizer") or {}
+    if tok.get("kind") == "folder":
+        data_desc = (f"the tokenizer of {tok.get('path')} (tokenizer.json sha256 "
+                     f"{tok.get('tokenizer_json_sha256', '?')[:12]})")
+    else:
+        data_desc = f"the {tok.get('kind', '?')} tokenizer {tok.get('name', '')}".rstrip()
+    if init_from is not None:
+        path = init_from / "tokenizer.json"
+        if not path.is_file():
+            raise DataError(f"--init_from {init_from}: no tokenizer.json, so the data's "
+                            "tokenizer cannot be checked",
+                            "put the model's tokenizer.json in the folder")
+        want = file_sha256(path)
+        if tok.get("kind") != "folder" or (tok.get("tokenizer_json_sha256") != want
+                                           and not same_tokenizer(data_dir / "tokenizer", path)):
+            raise DataError(
+                f"the data {data_dir} was tokenized with {data_desc}, but the model "
+                f"{init_from} uses {path} (sha256 {want[:12]})",
+                f"tokenize with the model's tokenizer: python -m reference_train.prepare "
+                f"--tokenizer {init_from} --out DIR ...")
+    if meta["vocab_size"] > args.vocab_size:
+        raise DataError(
+            f"the data {data_dir} has a vocabulary of {meta['vocab_size']} ({data_desc}), "
+            f"larger than the model's {args.vocab_size}"
+            + (f" ({init_from}/config.json vocab_size)" if init_from else ""),
+            "tokenize the data with the model's tokenizer")
 
 
 # ---------------------------------------------------------------- weights out
@@ -334,188 +375,6 @@ def export_folder(weights: dict[str, mx.array], args: ModelArgs, out: str | Path
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
-
-
-def copy_tokenizer(src: Path, dst: Path) -> list[str]:
-    """Copy the tokenizer files of `src` into `dst`; a tokenizer.json alone gets a
-    tokenizer_config.json so that transformers loads it as it is."""
-    if not (src / "tokenizer.json").is_file():
-        raise DataError(f"{src}: no tokenizer.json", "give a folder with a Hugging Face "
-                        "tokenizer.json (--tokenizer DIR)")
-    copied = [n for n in TOKENIZER_FILES if (src / n).is_file()]
-    for name in copied:
-        shutil.copyfile(src / name, dst / name)
-    if "tokenizer_config.json" not in copied:
-        tok = FolderTokenizer(src)
-        (dst / "tokenizer_config.json").write_text(json.dumps(
-            {"tokenizer_class": "PreTrainedTokenizerFast",
-             "eos_token": tok.token_text(tok.eos_id)}, indent=2))
-        copied.append("tokenizer_config.json")
-    return copied
-
-
-def replace_dir(tmp: Path, final: Path) -> None:
-    """Rename the finished folder `tmp` to `final`, replacing an older one (moved
-    aside first, so `final` is never half old, half new)."""
-    old = None
-    if final.exists():
-        old = final.with_name(f".{final.name}.old.{os.getpid()}")
-        final.rename(old)
-    tmp.rename(final)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def byte_tokenizer_json(eos_text: str = "<|endoftext|>") -> dict:
-    """A tokenizer.json that tokenizes exactly as data.ByteTokenizer: one id per UTF-8
-    byte (0-255), `eos_text` = 256. Byte-level BPE with no merges, so any Hugging Face
-    tokenizer reader (transformers, mlx-lm) opens a byte-trained model."""
-    # GPT-2's printable stand-ins for bytes (tokenizers' ByteLevel alphabet).
-    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-                 + list(range(ord("®"), ord("ÿ") + 1)))
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
-                  "use_regex": False}
-    return {
-        "version": "1.0", "truncation": None, "padding": None,
-        "added_tokens": [{"id": 256, "content": eos_text, "single_word": False,
-                          "lstrip": False, "rstrip": False, "normalized": False,
-                          "special": True}],
-        "normalizer": None, "pre_tokenizer": byte_level, "post_processor": None,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
-                    "use_regex": False},
-        "model": {"type": "BPE", "dropout": None, "unk_token": None,
-                  "continuing_subword_prefix": None, "end_of_word_suffix": None,
-                  "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
-                  "vocab": {chars[b]: b for b in range(256)}, "merges": []},
-    }
-
-
-# ---------------------------------------------------------------- tokenizer
-
-
-def file_sha256(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
-class FolderTokenizer:
-    """The tokenizer.json of a local folder, through the `tokenizers` package (offline)."""
-
-    def __init__(self, folder: str | Path):
-        self.folder = Path(folder)
-        path = self.folder / "tokenizer.json"
-        if not path.is_file():
-            raise DataError(f"{self.folder}: no tokenizer.json",
-                            "give a folder with a Hugging Face tokenizer.json")
-        try:
-            from tokenizers import Tokenizer  # type: ignore[import-not-found]
-        except ImportError as e:
-            raise DataError(f"the tokenizer in {self.folder} needs the 'tokenizers' package, "
-                            "which is not installed", "pip install tokenizers") from e
-        try:
-            self.tok = Tokenizer.from_file(str(path))
-        except Exception as e:  # tokenizers raises its own Exception type
-            raise DataError(f"{path} is not a tokenizer.json tokenizers can read: {e}") from None
-        self.sha256 = file_sha256(path)
-        self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
-        self.eos_id = self._find_eos()
-
-    def _find_eos(self) -> int:
-        """The end-of-text id: tokenizer_config.json's eos_token, config.json's
-        eos_token_id, else a token named like one."""
-        cfg = self._json("tokenizer_config.json")
-        eos = cfg.get("eos_token")
-        if isinstance(eos, dict):
-            eos = eos.get("content")
-        if isinstance(eos, str) and self.tok.token_to_id(eos) is not None:
-            return self.tok.token_to_id(eos)
-        ids = self._json("config.json").get("eos_token_id")
-        if isinstance(ids, list) and ids:
-            ids = ids[0]
-        if isinstance(ids, int):
-            return ids
-        for name in ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eot_id|>"):
-            if self.tok.token_to_id(name) is not None:
-                return self.tok.token_to_id(name)
-        raise DataError(f"{self.folder}: no end-of-text token found (tokenizer_config.json "
-                        "eos_token, config.json eos_token_id, or a token like <|endoftext|>)",
-                        "set eos_token in the folder's tokenizer_config.json")
-
-    def _json(self, name: str) -> dict:
-        try:
-            value = json.loads((self.folder / name).read_text())
-        except (OSError, ValueError):
-            return {}
-        return value if isinstance(value, dict) else {}
-
-    def token_text(self, i: int) -> str:
-        return self.tok.id_to_token(i)
-
-    def encode(self, text: str) -> list[int]:
-        return self.tok.encode(text, add_special_tokens=False).ids
-
-    def decode(self, ids) -> str:
-        return self.tok.decode([i for i in ids if i != self.eos_id])
-
-    def save_files(self, folder: Path) -> None:
-        """Keep the tokenizer's files with the data (an exported model needs them)."""
-        folder.mkdir()
-        copy_tokenizer(self.folder, folder)
-
-    def describe(self) -> dict:
-        return {"kind": "folder", "name": self.folder.name, "path": str(self.folder.resolve()),
-                "vocab_size": self.vocab_size, "eos_id": self.eos_id,
-                "tokenizer_json_sha256": self.sha256}
-
-
-def check_data_fits(meta: dict, data_dir: Path, args: ModelArgs, init_from: Path | None) -> None:
-    """A DataError naming both when the data was tokenized with another tokenizer than
-    the model's folder, or holds ids beyond the model's vocabulary."""
-    tok = meta.get("tokenizer") or {}
-    if tok.get("kind") == "folder":
-        data_desc = (f"the tokenizer of {tok.get('path')} (tokenizer.json sha256 "
-                     f"{tok.get('tokenizer_json_sha256', '?')[:12]})")
-    else:
-        data_desc = f"the {tok.get('kind', '?')} tokenizer {tok.get('name', '')}".rstrip()
-    if init_from is not None:
-        path = init_from / "tokenizer.json"
-        if not path.is_file():
-            raise DataError(f"--init_from {init_from}: no tokenizer.json, so the data's "
-                            "tokenizer cannot be checked",
-                            "put the model's tokenizer.json in the folder")
-        want = file_sha256(path)
-        if tok.get("kind") != "folder" or (tok.get("tokenizer_json_sha256") != want
-                                           and not same_tokenizer(data_dir / "tokenizer", path)):
-            raise DataError(
-                f"the data {data_dir} was tokenized with {data_desc}, but the model "
-                f"{init_from} uses {path} (sha256 {want[:12]})",
-                f"tokenize with the model's tokenizer: python -m reference_train.prepare "
-                f"--tokenizer {init_from} --out DIR ...")
-    if meta["vocab_size"] > args.vocab_size:
-        raise DataError(
-            f"the data {data_dir} has a vocabulary of {meta['vocab_size']} ({data_desc}), "
-            f"larger than the model's {args.vocab_size}"
-            + (f" ({init_from}/config.json vocab_size)" if init_from else ""),
-            "tokenize the data with the model's tokenizer")
-
-
-def same_tokenizer(kept: Path, path: Path) -> bool:
-    """Whether the data's kept tokenizer files and `path` (a tokenizer.json) tokenize
-    alike though their bytes differ (a copy written again by another program): their
-    canonical forms, as the `tokenizers` package serializes them, are equal."""
-    try:
-        from tokenizers import Tokenizer  # type: ignore[import-not-found]
-
-        return (Tokenizer.from_file(str(kept / "tokenizer.json")).to_str()
-                == Tokenizer.from_file(str(path)).to_str())
-    except Exception:  # no copy kept, not readable, or no tokenizers package: not shown alike
-        return False
 
 
 def tokenizer_source(data_dir: Path | None, init_from: str | None) -> Path | None:

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 
 from . import kernels
 
@@ -169,8 +170,6 @@ def loss_fn(model: Llama, inputs: mx.array, targets: mx.array) -> mx.array:
 
 def count_parameters(model: nn.Module) -> int:
     """Number of scalar parameters (tied embeddings counted once)."""
-    from mlx.utils import tree_flatten
-
     return sum(v.size for _, v in tree_flatten(model.parameters()))
 
 

@@ -15,24 +15,21 @@ by name. Both need `tokenizers` (or `transformers`) installed.
 
     python -m reference_train.prepare --out data/llama --text a.txt --tokenizer ~/models/my-llama
 The output format is described in reference_train/data.py and docs/training.md.
+A run without --data trains on the offline corpus, tokenized here on first use
+in each host's cache (`default_data_dir`).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from .corpus import offline_corpus
-from .data import (
-    DataError,
-    load_meta,
-    make_tokenizer,
-    read_hf_dataset,
-    read_jsonl,
-    read_text_files,
-    write_token_files,
-)
+from .data import load_meta, read_hf_dataset, read_jsonl, read_text_files, write_token_files
+from .errors import DataError
+from .tokenizer import make_tokenizer
 
 OFFLINE_STORIES = 2000
 
@@ -52,6 +49,18 @@ def ensure_offline(out: str | Path) -> Path:
     except DataError:
         prepare_offline(out)
     return out
+
+
+def default_data_dir() -> Path:
+    """Where the bundled offline corpus is tokenized on first use (one copy per host):
+    a run without --data trains on it, and exporting its checkpoints looks there."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "reference_train" / "offline-v1"
+
+
+def ensure_default_data() -> Path:
+    """The default data directory, prepared on this host if it is not there yet."""
+    return ensure_offline(default_data_dir())
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -39,16 +39,17 @@ from .checkpoint import (
     checkpoint_problem,
     checkpoint_steps,
     content_hash,
-    file_sha256,
     install_checkpoint,
     resolve_checkpoint,
 )
+from .errors import DataError
+from .files import file_sha256
 
 NAME_BYTES = 64  # a hostname, padded, as exchanged between ranks
 CHUNK_BYTES = 64 << 20  # bytes per all_sum when sending a checkpoint file
 
 
-class ResumeError(ValueError):
+class ResumeError(DataError):
     """The ranks cannot start from one state; the message names the hosts and steps."""
 
 

@@ -22,22 +22,23 @@ Every rank builds the same model from `seed`, reads its own slice of each global
 batch from memory-mapped token files (reference_train/data.py), and the compiled
 step averages gradients over ranks with `nn.average_gradients`, so the run with
 N ranks computes the same losses as one process with the same global batch.
-Settings: the TrainConfig fields below, from a YAML file in configs/ (`--config
-NAME` or a path) with any field overridden on the command line (`--field value`).
-On Linux, preload OpenBLAS (LD_PRELOAD) for a ~15x faster CPU step; `mlxcluster
-train` does this for you.
+Settings: the TrainConfig fields (config.py), from a YAML file in configs/
+(`--config NAME` or a path) with any field overridden on the command line
+(`--field value`). On Linux, preload OpenBLAS (LD_PRELOAD) for a ~15x faster CPU
+step; `mlxcluster train` does this for you.
+
+This file is the `Trainer` (one rank's model, optimizer, data and compiled step,
+and the training loop) and `main`; what each other module holds is listed in
+reference_train/__init__.py.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
-import os
 import resource
 import sys
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
@@ -46,259 +47,32 @@ import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
-import yaml
 from mlx.utils import tree_map
 
 from . import kernels
 from .checkpoint import checkpoint_name, content_hash, load_checkpoint, save_checkpoint
-from .data import (
-    DataError,
-    ShardedBatches,
-    load_meta,
-    make_tokenizer,
-    open_split,
-    split_batch,
-    validation_batches,
-)
+from .config import TrainConfig, build_config, model_args
+from .data import ShardedBatches, load_meta, open_split, split_batch, validation_batches
+from .errors import DataError
 from .export import export_model
-from .hf_io import EXPORT_DTYPES, check_data_fits, load_folder, load_into
+from .hf_io import model_from_folder
 from .launch_env import current_backend, has_sum_scatter, init_group
+from .metrics import (
+    heartbeat_wanted,
+    plot_metrics,
+    print_heartbeat,
+    print_progress,
+    recording,
+    save_record,
+    start_record,
+)
 from .mfu import flops_per_token, peak_flops
-from .model import Llama, ModelArgs, args_match, count_parameters, generate, loss_fn
-from .precision import DTYPES, average_gradients, compute_copy, dtype_of, refresh, to_float32
+from .model import Llama, args_match, count_parameters, generate, loss_fn
+from .precision import average_gradients, compute_copy, dtype_of, refresh, to_float32
+from .prepare import ensure_default_data
 from .resume import agree_on_checkpoint, check_loaded, checkpoint_root, host_layout
 from .sharded_optimizer import ShardedOptimizer
-
-CONFIG_DIR = Path(__file__).parent / "configs"
-# With MLXCLUSTER_HEARTBEAT=1 in the environment (mlxcluster train sets it), every
-# rank prints "@@mlxcluster-heartbeat RANK STEP" after each step, evaluation and
-# checkpoint, and "... RANK done" when training ends: the launcher watches these
-# lines to find a stalled job (and does not show them). One short flushed line per
-# step: measured cost in docs/performance.md.
-HEARTBEAT_ENV = "MLXCLUSTER_HEARTBEAT"
-HEARTBEAT_MARK = "@@mlxcluster-heartbeat"
-# With MLXCLUSTER_RECORD=1 (mlxcluster train sets it), the run's record is kept on
-# the machine running mlxcluster, not on rank 0's host (Macs have their own
-# disks): rank 0 prints each metrics record as "@@mlxcluster-record {json}"
-# instead of writing --out/metrics.jsonl, and a {"event": "start", "step": N}
-# record when training starts (N > 0 after a resume); mlxcluster writes them
-# to its own --out/metrics.jsonl.
-RECORD_ENV = "MLXCLUSTER_RECORD"
-RECORD_MARK = "@@mlxcluster-record"
-
-
-@dataclass
-class TrainConfig:
-    """Every setting of a run; YAML configs and `--field value` flags set these."""
-
-    # data
-    data: str = ""  # token directory from reference_train.prepare; "" = bundled offline corpus
-    block_size: int = 128  # tokens per training sequence
-    # model (vocab_size comes from the data's meta.json)
-    dim: int = 256
-    n_layers: int = 4
-    n_heads: int = 4
-    n_kv_heads: int = 0  # 0 = n_heads; fewer = grouped-query attention
-    hidden_dim: int = 512
-    tie_embeddings: bool = False
-    rope_theta: float = 10000.0
-    # a Hugging Face / mlx-lm Llama folder to start from: its config.json sets the model
-    # (the shape fields above are then not used) and its weights the initial ones
-    init_from: str = ""
-    # optimization
-    steps: int = 100  # total optimizer steps (the learning-rate schedule spans these)
-    stop_after: int = 0  # stop (with a checkpoint) after this step; 0 = run to `steps`
-    global_batch: int = 16  # sequences per optimizer step, summed over ranks
-    grad_accum: int = 1  # micro-batches per rank per step
-    lr: float = 3e-4
-    min_lr: float = 3e-5  # end of the cosine decay
-    warmup_steps: int = 10
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
-    dtype: str = "float32"  # compute: float32, or bfloat16 on float32 master weights (precision.py)
-    comm_dtype: str = "float32"  # the gradient all-reduce: float32 or bfloat16 (half the bytes)
-    shard_optimizer: bool = False  # ZeRO-1: AdamW state for 1/N of the parameters per rank
-    seed: int = 0
-    compile: bool = True
-    # auto: softmax, silu and the loss built from multiply-adds on Linux's CPU, where
-    # MLX's exp is slow (kernels.py), MLX's own elsewhere; mlx: MLX's own everywhere
-    kernels: str = "auto"
-    # output
-    out: str = "runs/reference"
-    log_every: int = 10
-    eval_every: int = 50  # 0 = no validation
-    eval_batches: int = 4  # global batches of validation per evaluation
-    checkpoint_every: int = 0  # 0 = only at the end
-    keep_checkpoints: int = 2  # newest checkpoints kept; 0 = all
-    resume: str = ""  # "auto" = latest in --out if any, or a checkpoint path
-    # With --resume: only checkpoints before this step (0: any). mlxcluster
-    # train passes the first step its record lacks, so that a restart redoes
-    # the steps whose records were lost with rank 0's host.
-    resume_before: int = 0
-    sample_tokens: int = 200  # text sampled at the end; 0 = none
-    sample_prompt: str = "Once upon a time"
-    export_dtype: str = "float32"  # OUT/model's weights: float32 (the master weights), bfloat16, float16
-    progress: bool = True  # progress bar, only when stdout is a terminal
-
-
-# ---------------------------------------------------------------- configuration
-
-
-def parse_bool(text: str) -> bool:
-    low = str(text).lower()
-    if low in ("1", "true", "yes", "on"):
-        return True
-    if low in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"expected true or false, got {text!r}")
-
-
-def field_types() -> dict[str, type]:
-    """TrainConfig field name -> its Python type (annotations are strings here)."""
-    types = {"int": int, "float": float, "str": str, "bool": bool}
-    return {f.name: types[str(f.type)] for f in fields(TrainConfig)}
-
-
-def coerce(name: str, value, kind: type):
-    """A config value converted to its field's type, with the field named on failure."""
-    try:
-        if kind is bool:
-            return value if isinstance(value, bool) else parse_bool(value)
-        if kind is int and isinstance(value, float) and not value.is_integer():
-            raise ValueError(f"{value} is not a whole number")
-        return kind(value)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{name}: {e}") from None
-
-
-def load_config_file(name_or_path: str) -> dict:
-    """A config by path or by name (configs/NAME.yaml), as a dict of TrainConfig fields.
-
-    A file at that path wins over a bundled config of that name. A directory is
-    never a config: it is refused, and when a bundled config has its name the
-    error says how to ask for either. Every problem is a ValueError naming the file.
-    """
-    path = Path(name_or_path)
-    bundled = CONFIG_DIR / f"{name_or_path}.yaml"
-    if path.is_dir():
-        if bundled.is_file():
-            raise ValueError(
-                f"--config {name_or_path} is ambiguous: {name_or_path} is a directory here and "
-                f"also the name of a bundled config; for the bundled one pass --config {bundled}, "
-                f"for one of your own pass the YAML file's path")
-        raise ValueError(f"config {name_or_path} is a directory, not a YAML file")
-    if not path.exists():
-        path = bundled
-    if not path.exists():
-        names = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
-        raise ValueError(f"no config {name_or_path!r}: not a file, and not one of {names}")
-    try:
-        values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except OSError as e:
-        raise ValueError(f"config {path} cannot be read: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"config {path} is not UTF-8 text") from None
-    except yaml.YAMLError as e:
-        raise ValueError(f"config {path} is not valid YAML: {yaml_problem(e)}") from None
-    if not isinstance(values, dict):
-        raise ValueError(f"{path}: expected a mapping of field: value")
-    not_names = [k for k in values if not isinstance(k, str)]
-    if not_names:
-        raise ValueError(f"{path}: field names must be text, got {not_names!r}")
-    unknown = sorted(set(values) - set(field_types()))
-    if unknown:
-        raise ValueError(f"{path}: unknown fields {unknown}")
-    return values
-
-
-def yaml_problem(err: yaml.YAMLError) -> str:
-    """PyYAML's error in one line: what and where ('found unhashable key at line 1, column 2')."""
-    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-    mark = getattr(err, "problem_mark", None)
-    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else problem
-
-
-# Allowed values of the numeric fields: (lowest, highest (excluded), lowest included);
-# None = no bound.
-# Floats must also be finite (NaN passes every comparison and trained a NaN loss).
-RANGES: dict[str, tuple[float | None, float | None, bool]] = {
-    "block_size": (1, None, True), "dim": (1, None, True), "n_layers": (1, None, True),
-    "n_heads": (1, None, True), "n_kv_heads": (0, None, True), "hidden_dim": (1, None, True),
-    "rope_theta": (0, None, False), "steps": (1, None, True), "stop_after": (0, None, True),
-    "global_batch": (1, None, True), "grad_accum": (1, None, True), "lr": (0, None, False),
-    "min_lr": (0, None, True), "warmup_steps": (0, None, True), "weight_decay": (0, None, True),
-    "beta1": (0, 1, True), "beta2": (0, 1, True), "grad_clip": (0, None, True),
-    "seed": (0, 2**63, True), "log_every": (1, None, True), "eval_every": (0, None, True),
-    "eval_batches": (1, None, True), "checkpoint_every": (0, None, True),
-    "keep_checkpoints": (0, None, True), "sample_tokens": (0, None, True),
-    "resume_before": (0, None, True),
-}
-
-
-def range_problem(name: str, value, low, high, low_included: bool) -> str | None:
-    """Why ``value`` is not allowed for field ``name``, or None."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return f"{name} {value}: must be a finite number"
-    if low is not None and (value < low if low_included else value <= low):
-        return f"{name} {value}: must be {'at least' if low_included else 'above'} {low}"
-    if high is not None and value >= high:
-        return f"{name} {value}: must be below {high}"
-    return None
-
-
-def check_config(cfg: TrainConfig) -> None:
-    """ValueError naming every value out of range, and a model shape that does not
-    divide (the checks the ranks would otherwise hit only after launch)."""
-    problems = [p for name, bounds in RANGES.items()
-                if (p := range_problem(name, getattr(cfg, name), *bounds))]
-    for name in ("dtype", "comm_dtype"):
-        if getattr(cfg, name) not in DTYPES:
-            problems.append(f"{name} {getattr(cfg, name)}: must be one of {', '.join(DTYPES)}")
-    if cfg.kernels not in kernels.MODES:
-        problems.append(f"kernels {cfg.kernels}: must be one of {', '.join(kernels.MODES)}")
-    if cfg.export_dtype not in EXPORT_DTYPES:
-        problems.append(f"export_dtype {cfg.export_dtype}: must be one of {', '.join(EXPORT_DTYPES)}")
-    if problems:
-        raise ValueError("; ".join(problems))
-    model_args(cfg, vocab_size=2)  # ModelArgs checks dim / n_heads / n_kv_heads
-
-
-def build_config(argv: list[str]) -> TrainConfig:
-    """Defaults, then the --config file, then `--field value` flags."""
-    parser = argparse.ArgumentParser(prog="python -m reference_train.train",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", default=None, help="configs/NAME.yaml or a path")
-    types = field_types()
-    for name, kind in types.items():
-        if name == "resume":  # `--resume` alone means auto, as the docs and messages teach it
-            parser.add_argument("--resume", nargs="?", const="auto", default=None,
-                                metavar="auto|PATH",
-                                help="continue from the latest checkpoint in --out (auto, "
-                                     "also when --resume is given alone) or from PATH")
-            continue
-        parser.add_argument(f"--{name}", default=None, metavar=kind.__name__.upper())
-    args = parser.parse_args(argv)
-    values = load_config_file(args.config) if args.config else {}
-    values.update({k: v for k, v in vars(args).items() if k in types and v is not None})
-    cfg = TrainConfig(**{k: coerce(k, v, types[k]) for k, v in values.items()})
-    check_config(cfg)
-    return cfg
-
-
-def model_args(cfg: TrainConfig, vocab_size: int) -> ModelArgs:
-    return ModelArgs(vocab_size=vocab_size, dim=cfg.dim, n_layers=cfg.n_layers,
-                     n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads or None,
-                     hidden_dim=cfg.hidden_dim, rope_theta=cfg.rope_theta,
-                     tie_embeddings=cfg.tie_embeddings)
-
-
-def default_data_dir() -> Path:
-    """Where the bundled offline corpus is tokenized on first use (one copy per host)."""
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "reference_train" / "offline-v1"
-
+from .tokenizer import make_tokenizer
 
 # ---------------------------------------------------------------- memory
 
@@ -331,15 +105,12 @@ class Trainer:
         self.train_data = ShardedBatches(open_split(data_dir, "train", cfg.block_size),
                                          cfg.global_batch, group, cfg.seed)
         self.val_split = open_split(data_dir, "val", cfg.block_size)
-        # --init_from: the model's shape and weights from a Llama folder (hf_io.py)
-        init_args, init_weights, _ = load_folder(cfg.init_from) if cfg.init_from else (None,) * 3
-        self.args = init_args or model_args(cfg, self.meta["vocab_size"])
-        check_data_fits(self.meta, data_dir, self.args, Path(cfg.init_from) if cfg.init_from else None)
         mx.random.seed(cfg.seed)  # every rank draws the same initial weights
-        self.model = Llama(self.args)
-        if init_weights:
-            load_into(self.model, init_weights, cfg.init_from)
-            del init_weights
+        if cfg.init_from:  # the model's shape and weights from a Llama folder (hf_io.py)
+            self.model = model_from_folder(cfg.init_from, self.meta, data_dir)
+        else:
+            self.model = Llama(model_args(cfg, self.meta["vocab_size"]))
+        self.args = self.model.args
         # --dtype bfloat16: the passes run on a bfloat16 copy; self.model stays the float32 master.
         self.compute_dtype, self.comm_dtype = dtype_of(cfg.dtype), dtype_of(cfg.comm_dtype)
         self.compute = compute_copy(self.model, lambda: Llama(self.args), self.compute_dtype)
@@ -365,13 +136,12 @@ class Trainer:
         self.step = 0
         self.out = Path(cfg.out)
         self._steps = None
-        self.heartbeat = os.environ.get(HEARTBEAT_ENV, "") not in ("", "0")
+        self.heartbeat = heartbeat_wanted()
 
     def beat(self, what: int | str | None = None) -> None:
-        """Tell a watching launcher this rank made progress (HEARTBEAT_ENV)."""
+        """Tell a watching launcher this rank made progress (metrics.py)."""
         if self.heartbeat:
-            print(f"{HEARTBEAT_MARK} {self.rank} {self.step if what is None else what}",
-                  flush=True)
+            print_heartbeat(self.rank, self.step if what is None else what)
 
     def schedule(self):
         cfg = self.cfg
@@ -577,10 +347,7 @@ class Trainer:
             self.resume()
         metrics_path = self.out / "metrics.jsonl"
         if self.rank == 0:
-            if recording():
-                emit_record({"event": "start", "step": self.step, "ranks": self.size})
-            else:
-                truncate_metrics(metrics_path, self.step)
+            start_record(metrics_path, self.step, self.size)
         last = min(cfg.steps, cfg.stop_after) if cfg.stop_after else cfg.steps
         tokens_per_step = cfg.global_batch * cfg.block_size
         show_bar = cfg.progress and self.rank == 0 and sys.stdout.isatty()
@@ -653,77 +420,6 @@ def make_out_dir(out: Path) -> None:
     except OSError as e:
         raise DataError(f"--out {out} cannot be created: {e.strerror}",
                         "give --out a path in a directory you can write to") from None
-
-
-def ensure_default_data() -> Path:
-    from .prepare import ensure_offline
-
-    return ensure_offline(default_data_dir())
-
-
-def print_progress(step: int, total: int, width: int = 30) -> None:
-    done = int(width * step / max(total, 1))
-    print(f"\r[{'#' * done}{'.' * (width - done)}] {step}/{total}", end="", flush=True)
-
-
-def recording() -> bool:
-    """Whether mlxcluster keeps the run's record (RECORD_ENV)."""
-    return os.environ.get(RECORD_ENV, "") not in ("", "0")
-
-
-def emit_record(record: dict) -> None:
-    print(f"{RECORD_MARK} {json.dumps(record)}", flush=True)
-
-
-def save_record(path: Path, record: dict) -> None:
-    """A metrics record: to mlxcluster's record when it keeps one, else to `path`."""
-    if recording():
-        emit_record(record)
-    else:
-        append_metrics(path, record)
-
-
-def append_metrics(path: Path, record: dict) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
-
-
-def truncate_metrics(path: Path, step: int) -> None:
-    """Keep only records up to `step`, so a resumed run does not log steps twice."""
-    if not path.exists():
-        return
-    if step == 0:
-        path.unlink()
-        return
-    keep = [line for line in path.read_text().splitlines()
-            if line.strip() and json.loads(line).get("step", 0) <= step]
-    path.write_text("".join(line + "\n" for line in keep))
-
-
-def plot_metrics(metrics_path: Path, png: Path) -> str:
-    """Draw the loss curve; returns what happened (matplotlib is optional)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "loss curve skipped: matplotlib is not installed (pip install matplotlib)"
-    records = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
-    train = [(r["step"], r["loss"]) for r in records if "loss" in r]
-    val = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    if train:
-        ax.plot([s for s, _ in train], [v for _, v in train], label="train")
-    if val:
-        ax.plot([s for s, _ in val], [v for _, v in val], "o-", label="validation")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(png, dpi=100)
-    plt.close(fig)
-    return f"loss curve: {png}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,10 +9,9 @@ import mlx.core as mx
 import pytest
 from mlx.utils import tree_flatten
 
-from reference_train.data import DataError
+from reference_train.errors import DataError
 from reference_train.hf_io import (
     args_from_config,
-    byte_tokenizer_json,
     config_from_args,
     hf_from_ours,
     load_folder,
@@ -20,6 +19,7 @@ from reference_train.hf_io import (
     ours_from_hf,
 )
 from reference_train.model import Llama, ModelArgs
+from reference_train.tokenizer import ByteTokenizer, byte_tokenizer_json
 
 from .hf_support import LLAMA3_CONFIG, TIED_CONFIG, make_llama_folder, mlx_lm_logits
 
@@ -112,8 +112,6 @@ def test_wrong_shapes_name_the_weight(tmp_path):
 
 def test_byte_tokenizer_json_tokenizes_as_the_byte_tokenizer():
     from tokenizers import Tokenizer
-
-    from reference_train.data import ByteTokenizer
 
     tok = Tokenizer.from_str(json.dumps(byte_tokenizer_json()))
     text = "Once upon a time, Zoë saw a 🐸 <|endoftext|>"

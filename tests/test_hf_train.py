@@ -13,8 +13,9 @@ from mlx.utils import tree_flatten
 
 from reference_train import prepare
 from reference_train.export import main as export_main
-from reference_train.hf_io import FolderTokenizer, hf_from_ours
+from reference_train.hf_io import hf_from_ours
 from reference_train.model import Llama, ModelArgs, generate
+from reference_train.tokenizer import FolderTokenizer
 
 from .conftest import require
 from .hf_support import LLAMA3_CONFIG, make_llama_folder, mlx_lm_logits, train_tokenizer
@@ -153,8 +154,8 @@ def test_a_byte_trained_model_opens_in_mlx_lm(tmp_path):
     """From scratch on the byte tokenizer: OUT/model carries an equivalent tokenizer.json."""
     from mlx_lm import load
 
-    from reference_train.data import ByteTokenizer
     from reference_train.prepare import prepare_offline
+    from reference_train.tokenizer import ByteTokenizer
 
     data = tmp_path / "data"
     prepare_offline(data, n_stories=100)
@@ -213,7 +214,7 @@ def test_a_run_from_a_folder_resumes_exactly(llama, llama_data, two_rank_run, tm
 def test_data_from_an_older_prepare_exports_without_tokenizer_only_when_told(tmp_path):
     """Data tokenized by name before prepare kept the tokenizer's files: the export at
     the end of a run still writes the model and says what is missing; the CLI refuses."""
-    from reference_train.data import DataError
+    from reference_train.errors import DataError
     from reference_train.export import export_model
     from reference_train.prepare import prepare_offline
 
@@ -236,8 +237,10 @@ def test_the_same_tokenizer_written_again_still_fits(llama, llama_data, tmp_path
     tokenizer) accepts the data; a tokenizer trained otherwise does not."""
     import shutil
 
-    from reference_train.data import DataError, load_meta
-    from reference_train.hf_io import check_data_fits, file_sha256, load_folder
+    from reference_train.data import load_meta
+    from reference_train.errors import DataError
+    from reference_train.files import file_sha256
+    from reference_train.hf_io import check_data_fits, load_folder
 
     again = tmp_path / "again"
     shutil.copytree(llama, again)

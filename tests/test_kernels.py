@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from reference_train import kernels
+from reference_train.config import build_config
 from reference_train.model import Llama, ModelArgs, loss_fn
-from reference_train.train import build_config
 
 linux_only = pytest.mark.skipif(sys.platform != "linux", reason="the multiply-add path is Linux's")
 

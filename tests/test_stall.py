@@ -32,7 +32,7 @@ class Clock:
 
 
 def test_heartbeat_marker_matches_the_trainers():
-    from reference_train.train import HEARTBEAT_MARK as trainers
+    from reference_train.metrics import HEARTBEAT_MARK as trainers
 
     assert HEARTBEAT_MARK == trainers
 

@@ -9,13 +9,9 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
+from reference_train.config import CONFIG_DIR, TrainConfig, build_config
+from reference_train.metrics import plot_metrics
 from reference_train.model import Llama, ModelArgs, count_parameters
-from reference_train.train import (
-    CONFIG_DIR,
-    TrainConfig,
-    build_config,
-    plot_metrics,
-)
 
 
 def test_bundled_configs_load_and_override():

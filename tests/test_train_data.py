@@ -13,8 +13,6 @@ import pytest
 from reference_train import checkpoint as ckpt
 from reference_train.corpus import offline_corpus
 from reference_train.data import (
-    ByteTokenizer,
-    DataError,
     EpochPlan,
     ShardedBatches,
     epoch_order,
@@ -23,7 +21,9 @@ from reference_train.data import (
     read_hf_dataset,
     split_batch,
 )
+from reference_train.errors import DataError
 from reference_train.prepare import main as prepare_main
+from reference_train.tokenizer import ByteTokenizer
 
 
 class FakeGroup:

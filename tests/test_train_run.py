@@ -161,7 +161,7 @@ def test_heartbeat_lines_only_when_a_launcher_asks(offline_data, tmp_path):
     import subprocess
     import sys
 
-    from reference_train.train import HEARTBEAT_MARK
+    from reference_train.metrics import HEARTBEAT_MARK
 
     from .train_support import REPO, trainer_env
 

@@ -1,0 +1,130 @@
+"""What a run tells the world as it goes: heartbeats, metrics records, the loss curve.
+
+Two line protocols with `mlxcluster train`, each switched on by an
+environment variable it sets (mlxcluster/jobs/stall.py and
+mlxcluster/train_record.py read them, and hold copies of the marks):
+
+- heartbeats: every rank prints "@@mlxcluster-heartbeat RANK STEP" after each
+  step, evaluation and checkpoint, and "... RANK done" when training ends; the
+  launcher watches these lines to find a stalled job (and does not show them).
+  One short flushed line per step: measured cost in docs/performance.md.
+- the record: kept on the machine running mlxcluster, not on rank 0's host
+  (Macs have their own disks): rank 0 prints each metrics record as
+  "@@mlxcluster-record {json}" instead of writing --out/metrics.jsonl, and a
+  {"event": "start", "step": N} record when training starts (N > 0 after a
+  resume); mlxcluster writes them to its own --out/metrics.jsonl.
+
+Without them, rank 0 appends the records to --out/metrics.jsonl and draws
+--out/loss.png at the end. Nothing here imports mlx (tests/test_train_config.py
+checks), so that `mlxcluster train` draws the loss curve from the record it
+kept without loading MLX.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+HEARTBEAT_ENV = "MLXCLUSTER_HEARTBEAT"
+HEARTBEAT_MARK = "@@mlxcluster-heartbeat"
+RECORD_ENV = "MLXCLUSTER_RECORD"
+RECORD_MARK = "@@mlxcluster-record"
+
+
+def _switched_on(name: str) -> bool:
+    return os.environ.get(name, "") not in ("", "0")
+
+
+# ---------------------------------------------------------------- heartbeats
+
+
+def heartbeat_wanted() -> bool:
+    """Whether a launcher watches this run's heartbeats (HEARTBEAT_ENV)."""
+    return _switched_on(HEARTBEAT_ENV)
+
+
+def print_heartbeat(rank: int, what: int | str) -> None:
+    """One heartbeat: rank `rank` reached step `what` (or "done")."""
+    print(f"{HEARTBEAT_MARK} {rank} {what}", flush=True)
+
+
+# ---------------------------------------------------------------- the record
+
+
+def recording() -> bool:
+    """Whether mlxcluster keeps the run's record (RECORD_ENV)."""
+    return _switched_on(RECORD_ENV)
+
+
+def emit_record(record: dict) -> None:
+    print(f"{RECORD_MARK} {json.dumps(record)}", flush=True)
+
+
+def start_record(path: Path, step: int, ranks: int) -> None:
+    """Training starts at `step` (0, or where a resume continues): mlxcluster is told
+    so, or the metrics file at `path` loses the records a resumed run will redo."""
+    if recording():
+        emit_record({"event": "start", "step": step, "ranks": ranks})
+    else:
+        truncate_metrics(path, step)
+
+
+def save_record(path: Path, record: dict) -> None:
+    """A metrics record: to mlxcluster's record when it keeps one, else to `path`."""
+    if recording():
+        emit_record(record)
+    else:
+        append_metrics(path, record)
+
+
+def append_metrics(path: Path, record: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Keep only records up to `step`, so a resumed run does not log steps twice."""
+    if not path.exists():
+        return
+    if step == 0:
+        path.unlink()
+        return
+    keep = [line for line in path.read_text().splitlines()
+            if line.strip() and json.loads(line).get("step", 0) <= step]
+    path.write_text("".join(line + "\n" for line in keep))
+
+
+# ---------------------------------------------------------------- on screen and on paper
+
+
+def print_progress(step: int, total: int, width: int = 30) -> None:
+    done = int(width * step / max(total, 1))
+    print(f"\r[{'#' * done}{'.' * (width - done)}] {step}/{total}", end="", flush=True)
+
+
+def plot_metrics(metrics_path: Path, png: Path) -> str:
+    """Draw the loss curve; returns what happened (matplotlib is optional)."""
+    try:
+        # Lazy: an optional package, and a slow import only the end of a run needs.
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "loss curve skipped: matplotlib is not installed (pip install matplotlib)"
+    records = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    train = [(r["step"], r["loss"]) for r in records if "loss" in r]
+    val = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    if train:
+        ax.plot([s for s, _ in train], [v for _, v in train], label="train")
+    if val:
+        ax.plot([s for s, _ in val], [v for _, v in val], "o-", label="validation")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+    return f"loss curve: {png}"
