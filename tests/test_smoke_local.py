@@ -28,6 +28,13 @@ def launchers():
     mlx_launch_path()
 
 
+@pytest.fixture(autouse=True)
+def in_tmp(tmp_path, monkeypatch):
+    """Every run from a folder of its own: a hang's report goes to ./runs/ by
+    default, never into the checkout."""
+    monkeypatch.chdir(tmp_path)
+
+
 def smoke(*args: str, env: dict[str, str] | None = None) -> tuple[int, dict, float]:
     """Run the CLI with --json; (exit code, parsed report, seconds)."""
     started = time.monotonic()
@@ -152,15 +159,22 @@ def test_hung_rank_hits_the_deadline(tmp_path):
 
 def test_a_hung_rank_in_text_output_says_stalled_and_exits_4(tmp_path):
     """As a person runs it (no --json): a stall used to end in a KeyError
-    traceback after the table (the verdict line knew 0, 1 and 3 only)."""
+    traceback after the table (the verdict line knew 0, 1 and 3 only). No
+    --stall-dir: the report goes to ./runs/stall-RUN_ID, runs/ created, as
+    run keeps its logs in ./runs/RUN_ID (it was ./stall-RUN_ID)."""
+    assert Path.cwd() == tmp_path and not (tmp_path / "runs").exists()
     result = CliRunner().invoke(main, ["smoke", "--backend", "ring", "--local", "2", *SMALL,
-                                       "--timeout", "12", "--stall-dir", str(tmp_path)],
+                                       "--timeout", "12"],
                                 env={"MLXCLUSTER_SMOKE_HANG_RANK": "0"})
     assert result.exit_code == 4, result.output
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
     assert "rank 0 on local-0: hung: no progress for 12 s" in result.output, result.output
     assert result.output.rstrip().endswith(
         "smoke STALLED: a rank made no progress within the deadline"), result.output
+    [saved] = (tmp_path / "runs").iterdir()
+    assert saved.name.startswith("stall-mlxsmoke-") and (saved / "summary.txt").is_file()
+    assert f"every rank's state and Python stacks: runs/{saved.name}\n" in result.output
+    assert [p.name for p in tmp_path.iterdir()] == ["runs"]  # nothing else left here
 
 
 def test_wrong_element_names_op_dtype_size_index():

@@ -178,8 +178,9 @@ def soak_progress_line(backend: str, soak: SoakSummary) -> str:
                    "result checked, --timeout per iteration.")
 @click.option("--seed", type=click.IntRange(0), default=None,
               help="The soak's random sizes (default: a new one, printed; give it to replay).")
-@click.option("--stall-dir", type=click.Path(file_okay=False), default=".", show_default=True,
-              help="Where a hang's report goes (stall-RUN_ID/: every rank's state and stacks).")
+@click.option("--stall-dir", type=click.Path(file_okay=False), default="runs", show_default=True,
+              help="Where a hang's report goes: DIR/stall-RUN_ID/, every rank's state and "
+                   "stacks (created when missing; run keeps its logs in runs/ too).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (docs/smoke.md).")
 @click.option("--plot", type=click.Path(dir_okay=False),
               help="Write a PNG of busbw and latency (or .pdf, .svg: the file's extension).")

@@ -10,7 +10,8 @@ process group here, ``pkill -f <run id>`` over ssh on the others).
 
 A hang is diagnosed as a stalled training is (``stall``): every rank's
 process state, CPU time and Python stacks, one line naming the rank that is
-not where the others are, and the whole of it saved in ``stall-RUN_ID``.
+not where the others are, and the whole of it saved in ``STALL_DIR/stall-RUN_ID``
+(the smoke command's --stall-dir, default ``runs``, where run keeps its logs).
 A soak (``WorkerOptions.soak_s``) keeps one phase for its whole duration;
 each iteration it reports restarts the deadline (``watch.Watch``).
 """

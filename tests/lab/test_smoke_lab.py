@@ -31,6 +31,13 @@ def lab3(lab3_own_tmp):
 SMALL = ["--sizes", "1K:2K", "--dtypes", "float32"]
 
 
+@pytest.fixture(autouse=True)
+def in_tmp(tmp_path, monkeypatch):
+    """Every smoke of this module runs from a folder of its own: a hang's
+    report (./runs/stall-RUN_ID by default) never lands in the checkout."""
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.fixture(scope="module")
 def inventory(lab3, tmp_path_factory):
     return lab3.write_inventory(tmp_path_factory.mktemp("smoke") / "lab.yaml")

@@ -166,9 +166,9 @@ def test_a_stopped_rank_is_diagnosed_named_and_every_rank_stopped(lab3, inventor
     # The others stand in a collective of the worker (which one depends on the moment).
     assert re.search(r"\branks? 0\b.* (in|wait in) \w+ at worker\.py:\d+", said.group(1)), run["stall"]
     assert [r["status"] for r in run["ranks"]][1] == "hung"
-    # Every rank's state and stacks, saved and named.
-    report = tmp_path / f"stall-{run_id}"
-    assert run["stall_dir"] == f"stall-{run_id}" and report.is_dir()
+    # Every rank's state and stacks, saved and named: in ./runs/ by default (created).
+    report = tmp_path / "runs" / f"stall-{run_id}"
+    assert run["stall_dir"] == f"runs/stall-{run_id}" and report.is_dir()
     assert "rank 1 on labhost2 is stopped" in (report / "summary.txt").read_text()
     for rank in (0, 2):
         stacks = (report / f"rank{rank}.txt").read_text()
