@@ -40,7 +40,8 @@ def make_data(folder: Path, mb: int) -> None:
     """A token folder of about ``mb`` MB (random ids; meta.json as prepare writes it)."""
     import numpy as np
 
-    from reference_train.data import FORMAT, file_sha256
+    from reference_train.data import FORMAT
+    from reference_train.files import file_sha256
 
     folder.mkdir(parents=True)
     rng = np.random.default_rng(0)

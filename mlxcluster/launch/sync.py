@@ -46,6 +46,9 @@ from mlxcluster.jobs.hosts import (
     ssh_argv,
 )
 from mlxcluster.jobs.job import Job
+from reference_train.data import load_meta
+from reference_train.errors import DataError
+from reference_train.files import file_sha256
 
 CHECK_TIMEOUT_S = 600.0  # hashing a host's copy reads all of it (a few GB: tens of seconds)
 STALL_S = 60.0  # a transfer that moves no byte for this long is given up
@@ -133,8 +136,6 @@ class Sent:
 def read_manifest(folder: str | Path) -> Manifest:
     """The data folder here, every file hashed and checked against meta.json
     (older folders without recorded hashes are hashed as they are)."""
-    from reference_train.data import DataError, file_sha256, load_meta
-
     path = Path(folder).resolve()
     try:
         meta = load_meta(path)
@@ -166,7 +167,6 @@ def read_manifest(folder: str | Path) -> Manifest:
 
 def folder_manifest(folder: str | Path) -> Manifest:
     """Every file under ``folder`` (a model folder for --init_from), hashed here."""
-    from reference_train.data import file_sha256
 
     path = Path(folder).resolve()
     if not path.is_dir():
@@ -179,7 +179,6 @@ def folder_manifest(folder: str | Path) -> Manifest:
 
 def file_manifest(path: str | Path) -> Manifest:
     """One file (a `run` script) as a manifest of its folder."""
-    from reference_train.data import file_sha256
 
     path = Path(path).resolve()
     return Manifest(str(path.parent), (DataFile(path.name, path.stat().st_size,
