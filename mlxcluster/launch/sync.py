@@ -167,7 +167,6 @@ def read_manifest(folder: str | Path) -> Manifest:
 
 def folder_manifest(folder: str | Path) -> Manifest:
     """Every file under ``folder`` (a model folder for --init_from), hashed here."""
-
     path = Path(folder).resolve()
     if not path.is_dir():
         raise InputError(f"no such folder here: {folder}",
@@ -179,7 +178,6 @@ def folder_manifest(folder: str | Path) -> Manifest:
 
 def file_manifest(path: str | Path) -> Manifest:
     """One file (a `run` script) as a manifest of its folder."""
-
     path = Path(path).resolve()
     return Manifest(str(path.parent), (DataFile(path.name, path.stat().st_size,
                                                 file_sha256(path)),))
