@@ -91,3 +91,38 @@ def make_lab():
     yield factory
     while stack:
         stack.pop().__exit__(None, None, None)
+
+
+# ---- no test writes into the working tree (tests/worktree_guard.py) --------------------
+
+def pytest_sessionstart(session):
+    from tests.worktree_guard import snapshot
+
+    if not hasattr(session.config, "workerinput"):  # once per run, in the controller
+        session.config._worktree_before = snapshot(REPO)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the run when it left output in the repository: a test writes into
+    a temporary folder (tmp_path), never the checkout."""
+    from tests.worktree_guard import left_behind, snapshot
+
+    before = getattr(session.config, "_worktree_before", None)
+    after = snapshot(REPO) if before is not None else None
+    left = left_behind(before, after) if after is not None else []
+    if not left:
+        return
+    shown = left[:20] + ([f"... and {len(left) - 20} more"] if len(left) > 20 else [])
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    lines = [f"this test run left {len(left)} path(s) in the working tree {REPO} (a test must "
+             "write into a temporary folder: tmp_path, cwd=tmp_path, monkeypatch.chdir(tmp_path)):",
+             *(f"  {p}" for p in shown)]
+    if reporter is not None:
+        reporter.ensure_newline()
+        reporter.section("files left in the working tree", sep="=", red=True, bold=True)
+        for line in lines:
+            reporter.write_line(line, red=True)
+    else:
+        print("\n".join(lines))
+    if session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -61,9 +61,10 @@ def test_library_errors_become_message_and_exit_code_without_traceback():
     assert "fix:" in result.output and "Traceback" not in result.output
 
 
-def test_demo_runs_every_stage_for_real(tmp_path):
+def test_demo_runs_every_stage_for_real(tmp_path, monkeypatch):
     """The README's `make demo`: doctor, hostfiles, smoke on ring and MPI and a
     short training run, each through the real command on local ranks."""
+    monkeypatch.chdir(tmp_path)  # its steps run here: a smoke's hang report goes to ./runs/
     result = CliRunner().invoke(main, ["demo", "--ranks", "2", "--steps", "6", "--config", "tiny",
                                        "--workdir", str(tmp_path), "--quiet"])
     assert result.exit_code == 0, result.output
@@ -84,8 +85,9 @@ def test_demo_runs_every_stage_for_real(tmp_path):
     assert [m["step"] for m in metrics if "loss" in m] == [1, 2, 3, 4, 5, 6]
 
 
-def test_demo_reports_a_failing_step(tmp_path):
+def test_demo_reports_a_failing_step(tmp_path, monkeypatch):
     """A step that fails is shown as failed and the demo exits 1 (never pretends)."""
+    monkeypatch.chdir(tmp_path)  # its steps run here: a smoke's hang report goes to ./runs/
     # A config that loads alone but does not fit the run: 7 sequences do not
     # divide between 2 ranks (the train step refuses it before launch, exit 2).
     config = tmp_path / "odd.yaml"

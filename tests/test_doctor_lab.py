@@ -338,7 +338,8 @@ def smoke_mpi(lab, inventory: Path) -> dict:
 
     proc = subprocess.run([sys.executable, "-m", "mlxcluster", "smoke", "-i", str(inventory), "--backend", "mpi",
                            "--sizes", "1K:2K", "--dtypes", "float32", "--timeout", "30", "--json"],
-                          env=lab.env(), capture_output=True, text=True, timeout=120)
+                          env=lab.env(), capture_output=True, text=True, timeout=120,
+                          cwd=inventory.parent)  # a hang's report: ./runs/, not the checkout
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads(proc.stdout)["backends"][0]
 

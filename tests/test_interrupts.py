@@ -94,10 +94,10 @@ def test_a_silent_step_times_out_and_is_asked_to_clean_up_first(tmp_path):
 # ---- real commands on local ranks -------------------------------------------------------
 
 @pytest.mark.parametrize("backend, sig", [("ring", signal.SIGINT), ("mpi", signal.SIGTERM)])
-def test_interrupted_smoke_stops_every_rank_and_removes_its_files(backend, sig):
+def test_interrupted_smoke_stops_every_rank_and_removes_its_files(backend, sig, tmp_path):
     workers = SmokeWorkersRunning(2)
     run = interrupt_when([*MLXCLUSTER, "smoke", "--local", "2", "--backend", backend, *LONG_SMOKE],
-                         workers, sig)
+                         workers, sig, cwd=str(tmp_path))
     name = signal.Signals(sig).name
     assert run.returncode == 128 + sig, run.stderr
     assert f"interrupted ({name}): smoke {backend} run" in run.stderr
@@ -128,7 +128,7 @@ def test_interrupted_train_stops_every_rank(tmp_path):
 def test_interrupted_demo_stops_the_step_under_way(tmp_path):
     workers = SmokeWorkersRunning(2)
     run = interrupt_when([*MLXCLUSTER, "demo", "--workdir", str(tmp_path), "--quiet"],
-                         workers, signal.SIGINT)
+                         workers, signal.SIGINT, cwd=str(tmp_path))
     assert run.returncode == 130, run.stdout + run.stderr
     assert "interrupted (SIGINT): the demo stopped in step 'smoke ring', after 3 of 6 steps" in run.stderr
     assert processes_with(workers.run_id) == []

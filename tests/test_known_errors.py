@@ -87,7 +87,8 @@ def test_smoke_prints_cause_and_fix_under_the_failed_rank(macos_fixtures):
         RankOutcome(0, "mini1", "failed", "exited with code 1", cause=True, stderr_tail="Traceback ...")]))
 
 
-def test_train_prints_cause_and_fix_when_a_rank_fails(monkeypatch, macos_fixtures):
+def test_train_prints_cause_and_fix_when_a_rank_fails(monkeypatch, macos_fixtures, tmp_path):
+    monkeypatch.chdir(tmp_path)  # the run's record (default --out runs/reference) goes here
     from click.testing import CliRunner
 
     import mlxcluster.launch.trainer as trainer
@@ -103,7 +104,8 @@ def test_train_prints_cause_and_fix_when_a_rank_fails(monkeypatch, macos_fixture
     assert "ml-explore/mlx #3467" in result.output
 
 
-def test_train_names_the_mlx_release_that_fixes_it(monkeypatch, macos_fixtures):
+def test_train_names_the_mlx_release_that_fixes_it(monkeypatch, macos_fixtures, tmp_path):
+    monkeypatch.chdir(tmp_path)  # the run's record (default --out runs/reference) goes here
     from click.testing import CliRunner
 
     import mlxcluster.launch.preflight as preflight

@@ -11,13 +11,14 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from mlxcluster.cli import main
 from tests.browser import CHROMIUM, render
-from tests.conftest import REPO, require
+from tests.conftest import require
 from tests.report_support import FAILING_CHECKS, external_references, failing_cluster
 
 FAILING = FAILING_CHECKS
@@ -29,8 +30,9 @@ TRAIN_TEXTS = ("loss and validation loss", "tokens/s", "peak memory per rank", "
                "5 steps")
 
 
-def mlxcluster(*args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mlxcluster", *args], cwd=REPO, capture_output=True,
+def mlxcluster(*args: str, cwd: Path, timeout: float = 300,
+               env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mlxcluster", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
@@ -43,17 +45,17 @@ def pages(tmp_path_factory, macos_fixtures):
                                        "--html", str(tmp / "doctor.html")])
     assert doctor.exit_code == 1, doctor.output  # FAILING_CHECKS fail
     smoke = mlxcluster("smoke", "--backend", "ring", "--local", "2", "--bench", "--json",
-                       "--sizes", "1K:1M", "--dtypes", "float32", "--html", str(tmp / "smoke.html"))
+                       "--sizes", "1K:1M", "--dtypes", "float32", "--html", str(tmp / "smoke.html"), cwd=tmp)
     assert smoke.returncode == 0, smoke.stderr[-2000:]
     (tmp / "smoke.json").write_text(smoke.stdout)
     assert json.loads(smoke.stdout)["ok"]
     # A real wrong result: the worker's test hook corrupts one element on rank 1.
     failed = mlxcluster("smoke", "--backend", "ring", "--local", "2", "--sizes", "1K:2K", "--dtypes",
                         "bfloat16", "--html", str(tmp / "smoke-failed.html"),
-                        env={"MLXCLUSTER_SMOKE_CORRUPT_RANK": "1"})
+                        cwd=tmp, env={"MLXCLUSTER_SMOKE_CORRUPT_RANK": "1"})
     assert failed.returncode == 1, failed.stderr[-2000:]
     train = mlxcluster("train", "--local", "2", "--config", "tiny", "--html", str(tmp / "train.html"),
-                       "--", "--steps", "5", "--out", str(tmp / "run"))
+                       "--", "--steps", "5", "--out", str(tmp / "run"), cwd=tmp)
     assert train.returncode == 0, train.stderr[-2000:]
     assert f"wrote {tmp / 'train.html'}" in train.stdout
     report = CliRunner().invoke(main, ["report", str(captures), "--backend", "jaccl",

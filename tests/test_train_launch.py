@@ -463,13 +463,14 @@ def test_batch_that_does_not_split_fails_before_anything_starts(tmp_path, nothin
     # The same hosts with a batch that splits reach the preflight (which the fixture stops):
     # its probe first (a python that is not there is exit 2 before the doctor's checks).
     result = CliRunner().invoke(cli, ["train", "-i", str(inventory), "--config", "tiny", "--",
-                                      "--global_batch", "9"])
+                                      "--global_batch", "9", "--out", str(tmp_path / "run")])
     assert nothing_may_start == ["probe_hosts"], result.output
 
 
 def test_resume_alone_means_auto(tmp_path, monkeypatch):
     """`--resume` with no value (for the trainer, before or after `--`) is
     `--resume auto`; `--resume PATH` and `--resume auto` are kept."""
+    monkeypatch.chdir(tmp_path)  # the run's record (default --out runs/reference) goes here
     assert build_config(["--resume"]).resume == "auto"
     assert build_config(["--resume", "--steps", "3"]).resume == "auto"
     assert build_config(["--steps", "3", "--resume"]).steps == 3

@@ -78,7 +78,8 @@ def check(doc: dict, check_id: str) -> dict:
 
 def smoke(lab, inventory: Path, backend: str) -> tuple[int, dict]:
     proc = subprocess.run([sys.executable, "-m", "mlxcluster", "smoke", "-i", str(inventory), "--backend", backend,
-                           *SMALL, "--json"], env=lab.env(), capture_output=True, text=True, timeout=120)
+                           *SMALL, "--json"], env=lab.env(), capture_output=True, text=True, timeout=120,
+                          cwd=inventory.parent)  # a hang's report: ./runs/, not the checkout
     assert proc.stdout, proc.stderr
     return proc.returncode, json.loads(proc.stdout)["backends"][0]
 

@@ -101,7 +101,8 @@ def test_run_launches_with_the_ring_setting_tune_wrote(lab3, tmp_path):
     # smoke given the same hostfile runs its ring with the setting too (and says so).
     smoke = subprocess.run(
         [sys.executable, "-m", "mlxcluster", "smoke", "--hostfile", str(out), "--sizes", "1K:1K",
-         "--dtypes", "float32", "--json"], env=lab3.env(), capture_output=True, text=True, timeout=300)
+         "--dtypes", "float32", "--json"], env=lab3.env(), capture_output=True, text=True, timeout=300,
+        cwd=tmp_path)
     assert smoke.returncode == 0, smoke.stdout[-2000:] + smoke.stderr[-2000:]
     assert f"tuned: --connections-per-ip 2 (from {out}.args" in smoke.stderr
     command = json.loads(smoke.stdout)["backends"][0]["command"]
@@ -274,7 +275,7 @@ def test_open_mpi_takes_the_ring_allreduce_pairs_in_a_smoke_run(lab3, tmp_path):
         [sys.executable, "-m", "mlxcluster", "smoke", "-i", str(inventory), "--backend", "mpi",
          "--mpi-arg", "--mca coll_tuned_use_dynamic_rules 1", "--mpi-arg",
          "--mca coll_tuned_allreduce_algorithm 4", "--sizes", "1K:1M", "--dtypes", "float32", "--json"],
-        env=lab3.env(), capture_output=True, text=True, timeout=300)
+        env=lab3.env(), capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert smoke.returncode == 0, smoke.stdout[-2000:] + smoke.stderr[-2000:]
     report = json.loads(smoke.stdout)["backends"][0]
     assert report["status"] == "passed"
