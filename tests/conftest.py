@@ -95,11 +95,14 @@ def make_lab():
 
 # ---- no test writes into the working tree (tests/worktree_guard.py) --------------------
 
+_WORKTREE_BEFORE = pytest.StashKey[object]()
+
+
 def pytest_sessionstart(session):
     from tests.worktree_guard import snapshot
 
     if not hasattr(session.config, "workerinput"):  # once per run, in the controller
-        session.config._worktree_before = snapshot(REPO)
+        session.config.stash[_WORKTREE_BEFORE] = snapshot(REPO)
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -107,7 +110,7 @@ def pytest_sessionfinish(session, exitstatus):
     a temporary folder (tmp_path), never the checkout."""
     from tests.worktree_guard import left_behind, snapshot
 
-    before = getattr(session.config, "_worktree_before", None)
+    before = session.config.stash.get(_WORKTREE_BEFORE, None)
     after = snapshot(REPO) if before is not None else None
     left = left_behind(before, after) if after is not None else []
     if not left:
@@ -118,7 +121,7 @@ def pytest_sessionfinish(session, exitstatus):
              "write into a temporary folder: tmp_path, cwd=tmp_path, monkeypatch.chdir(tmp_path)):",
              *(f"  {p}" for p in shown)]
     if reporter is not None:
-        reporter.ensure_newline()
+        reporter.write_line("")  # after the progress line
         reporter.section("files left in the working tree", sep="=", red=True, bold=True)
         for line in lines:
             reporter.write_line(line, red=True)
