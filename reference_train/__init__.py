@@ -10,6 +10,8 @@ Modules, each importing only those listed before it (no circles):
     corpus.py             the bundled offline corpus, generated from templates
     tokenizer.py          byte, a folder's tokenizer.json, a Hugging Face name: make_tokenizer
     data.py               token files (meta.json, train.bin, val.bin), memory-mapped batches, sharding
+    chat.py               JSONL rows in mlx-lm's formats -> token ids and the first trained
+                          one, through the model's chat template (jinja2, only when preparing)
     prepare.py            `python -m reference_train.prepare`: a corpus -> token files; the
                           default data directory (the offline corpus, prepared on first use)
     metrics.py            heartbeats, metrics records (file or mlxcluster's record), the loss
@@ -18,6 +20,8 @@ Modules, each importing only those listed before it (no circles):
     model.py              ModelArgs, Llama, the loss, sampling
     hf_io.py              Hugging Face / mlx-lm Llama folders: read (--init_from), written
     precision.py          --dtype / --comm_dtype bfloat16: compute copy, gradient all-reduce
+    lora.py               --fine_tune lora: LoRALinear, adapters on a frozen (or quantized) base,
+                          OUT/adapters in mlx-lm's format
     config.py             TrainConfig and build_config: defaults, configs/*.yaml, --field flags
     checkpoint.py         atomic checkpoints and their hashes
     resume.py             one checkpoint writer per host; the ranks agree on what to resume from

@@ -18,6 +18,11 @@ Every host keeps its own copy (Macs have their own disks): one rank per host
 writes (train.py), and the `hashes` let a resume tell a whole copy from a
 damaged one and the hosts agree on what they loaded (resume.py). Checkpoints
 written before the hashes (format 1) are hashed when read.
+
+A LoRA run (`--fine_tune lora`, lora.py) trains its adapters alone: its
+model.safetensors holds those ("layers.1.attention.wq.lora_a", ...), not the
+frozen base it reads from --init_from again, and optimizer.safetensors their
+AdamW state; state.json's config says which (fine_tune).
 """
 
 from __future__ import annotations
@@ -40,14 +45,16 @@ def checkpoint_name(step: int) -> str:
 
 
 def save_checkpoint(root: str | Path, step: int, model, optimizer, state: dict,
-                    keep: int = 2) -> Path:
-    """Write checkpoint `step` under `root` atomically, point `latest` at it, prune old ones."""
+                    keep: int = 2, trainable_only: bool = False) -> Path:
+    """Write checkpoint `step` under `root` atomically, point `latest` at it, prune old ones.
+    `trainable_only`: the model's trainable parameters alone (LoRA's adapters)."""
+    params = model.trainable_parameters() if trainable_only else model.parameters()
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     final = root / checkpoint_name(step)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
     try:
-        mx.save_safetensors(str(tmp / "model.safetensors"), dict(tree_flatten(model.parameters())))
+        mx.save_safetensors(str(tmp / "model.safetensors"), dict(tree_flatten(params)))
         mx.save_safetensors(str(tmp / "optimizer.safetensors"), dict(tree_flatten(optimizer.state)))
         hashes = {name: file_sha256(tmp / name) for name in ARRAY_FILES}
         (tmp / "state.json").write_text(
@@ -140,10 +147,18 @@ def resolve_checkpoint(path: str | Path) -> Path | None:
     return None
 
 
-def load_checkpoint(path: Path, model, optimizer) -> dict:
-    """Load parameters and optimizer state in place; return state.json."""
+def load_checkpoint(path: Path, model, optimizer, trainable_only: bool = False) -> dict:
+    """Load parameters and optimizer state in place; return state.json.
+    `trainable_only`: the file holds exactly the trainable parameters (LoRA's adapters)."""
     state = json.loads((path / "state.json").read_text())
-    model.load_weights(list(mx.load(str(path / "model.safetensors")).items()), strict=True)
+    weights = mx.load(str(path / "model.safetensors"))
+    if trainable_only:
+        want = {k for k, _ in tree_flatten(model.trainable_parameters())}
+        if set(weights) != want:
+            missing, extra = sorted(want - set(weights)), sorted(set(weights) - want)
+            raise ValueError(f"{path}/model.safetensors does not hold this run's trainable "
+                             f"parameters: missing {missing[:3]}, unexpected {extra[:3]}")
+    model.load_weights(list(weights.items()), strict=not trainable_only)
     optimizer.state = tree_unflatten(list(mx.load(str(path / "optimizer.safetensors")).items()))
     mx.eval(model.parameters(), optimizer.state)
     return state

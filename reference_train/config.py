@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from . import kernels
+from . import kernels, lora
 from .hf_io import EXPORT_DTYPES
 from .model import ModelArgs
 from .precision import DTYPES
@@ -47,6 +47,14 @@ class TrainConfig:
     # a Hugging Face / mlx-lm Llama folder to start from: its config.json sets the model
     # (the shape fields above are then not used) and its weights the initial ones
     init_from: str = ""
+    # fine-tuning (lora.py; the defaults are mlx-lm's): full = every weight trains;
+    # lora = adapters on the frozen --init_from model, written to OUT/adapters
+    fine_tune: str = "full"
+    lora_rank: int = 8
+    lora_scale: float = 20.0  # multiplies the low-rank update as is (mlx-lm's scale, not alpha)
+    lora_dropout: float = 0.0
+    lora_layers: int = 16  # the last N blocks get adapters; -1 = all
+    lora_keys: str = ""  # comma-separated mlx-lm names (self_attn.q_proj,...); "" = every linear
     # optimization
     steps: int = 100  # total optimizer steps (the learning-rate schedule spans these)
     stop_after: int = 0  # stop (with a checkpoint) after this step; 0 = run to `steps`
@@ -172,7 +180,8 @@ RANGES: dict[str, tuple[float | None, float | None, bool]] = {
     "seed": (0, 2**63, True), "log_every": (1, None, True), "eval_every": (0, None, True),
     "eval_batches": (1, None, True), "checkpoint_every": (0, None, True),
     "keep_checkpoints": (0, None, True), "sample_tokens": (0, None, True),
-    "resume_before": (0, None, True),
+    "resume_before": (0, None, True), "lora_rank": (1, None, True),
+    "lora_scale": (None, None, True), "lora_dropout": (0, 1, True), "lora_layers": (-1, None, True),
 }
 
 
@@ -199,6 +208,7 @@ def check_config(cfg: TrainConfig) -> None:
         problems.append(f"kernels {cfg.kernels}: must be one of {', '.join(kernels.MODES)}")
     if cfg.export_dtype not in EXPORT_DTYPES:
         problems.append(f"export_dtype {cfg.export_dtype}: must be one of {', '.join(EXPORT_DTYPES)}")
+    problems += lora.config_problems(cfg)
     if problems:
         raise ValueError("; ".join(problems))
     model_args(cfg, vocab_size=2)  # ModelArgs checks dim / n_heads / n_kv_heads

@@ -49,7 +49,7 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_map
 
-from . import kernels
+from . import kernels, lora
 from .checkpoint import checkpoint_name, content_hash, load_checkpoint, save_checkpoint
 from .config import TrainConfig, build_config, model_args
 from .data import ShardedBatches, load_meta, open_split, split_batch, validation_batches
@@ -111,9 +111,17 @@ class Trainer:
         else:
             self.model = Llama(model_args(cfg, self.meta["vocab_size"]))
         self.args = self.model.args
+        # --fine_tune lora: the base frozen (quantized or not), only the adapters train (lora.py)
+        self.lora = cfg.fine_tune == "lora"
+        if self.lora:
+            if cfg.dtype != "float32" and lora.is_quantized(self.model):
+                raise DataError(f"--dtype {cfg.dtype} with a quantized base ({cfg.init_from}) "
+                                "is not supported", "use --dtype float32 (the adapters train "
+                                "in float32 on the quantized base)")
+            lora.apply_config(self.model, cfg)
         # --dtype bfloat16: the passes run on a bfloat16 copy; self.model stays the float32 master.
         self.compute_dtype, self.comm_dtype = dtype_of(cfg.dtype), dtype_of(cfg.comm_dtype)
-        self.compute = compute_copy(self.model, lambda: Llama(self.args), self.compute_dtype)
+        self.compute = compute_copy(self.model, self.empty_model, self.compute_dtype)
         self.optimizer = optim.AdamW(learning_rate=self.schedule(), betas=[cfg.beta1, cfg.beta2],
                                      weight_decay=cfg.weight_decay)
         if cfg.shard_optimizer:  # each rank keeps its share of the state (sharded_optimizer.py)
@@ -138,6 +146,11 @@ class Trainer:
         self._steps = None
         self.heartbeat = heartbeat_wanted()
 
+    def empty_model(self) -> Llama:
+        """A model of this run's shape (with its LoRA layers, frozen alike), for the compute copy."""
+        model = Llama(self.args)
+        return lora.apply_config(model, self.cfg) if self.lora else model
+
     def beat(self, what: int | str | None = None) -> None:
         """Tell a watching launcher this rank made progress (metrics.py)."""
         if self.heartbeat:
@@ -161,12 +174,14 @@ class Trainer:
         compute, dtype, comm = self.compute, self.compute_dtype, self.comm_dtype
         loss_and_grad = nn.value_and_grad(compute, loss_fn)
         state = [model.state, optimizer.state] + ([compute.state] if compute is not model else [])
+        if self.lora and self.cfg.lora_dropout > 0:
+            state.append(mx.random.state)  # dropout draws from mlx's global random state
 
-        def grad_step(x, y):
+        def grad_step(x, y, *weights):  # weights: rows data's trained targets (data.py)
             if compute is model:
-                return loss_and_grad(model, x, y)
+                return loss_and_grad(model, x, y, *weights)
             refresh(compute, model, dtype)  # bfloat16 passes on the float32 master's values
-            loss, grads = loss_and_grad(compute, x, y)
+            loss, grads = loss_and_grad(compute, x, y, *weights)
             return loss.astype(mx.float32), to_float32(grads)
 
         # Sharded (sharded_optimizer.py): each rank receives, clips and updates its share only.
@@ -186,8 +201,8 @@ class Trainer:
             optimizer.update(model, grads)
             return norm
 
-        def whole_step(x, y):  # the three in one graph, as mlx-lm compiles its step
-            loss, grads = grad_step(x, y)
+        def whole_step(x, y, *weights):  # the three in one graph, as mlx-lm compiles its step
+            loss, grads = grad_step(x, y, *weights)
             return loss, update_step(reduce_step(grads))
 
         if self.cfg.compile:
@@ -217,14 +232,26 @@ class Trainer:
             raise DataError(f"no checkpoint at {cfg.resume}",
                             "give a checkpoints/step_NNNNNN directory or the run's --out")
         with open(path / "state.json") as f:
-            saved_args = json.load(f)["model_args"]
+            saved = json.load(f)
+        saved_args = saved["model_args"]
         if not args_match(saved_args, self.args):
             raise DataError(f"{path} holds a different model: {saved_args}",
                             "resume with the same model settings")
-        state = load_checkpoint(path, self.model, self.optimizer)
+        tuning = ("fine_tune", *(f"lora_{k}" for k in ("rank", "scale", "dropout", "layers",
+                                                        "keys"))) if self.lora else ("fine_tune",)
+        theirs = {k: saved.get("config", {}).get(k, "full" if k == "fine_tune" else None)
+                  for k in tuning}
+        ours = {k: getattr(self.cfg, k) for k in tuning}
+        if theirs != ours:
+            raise DataError(f"{path} was trained with {theirs}, this run asks for {ours}",
+                            "resume with the checkpoint's --fine_tune and --lora_* settings")
+        state = load_checkpoint(path, self.model, self.optimizer, trainable_only=self.lora)
         check_loaded(self.group, self.layout, state["step"], content_hash(path))
         self.step = state["step"]
         self.key = mx.array(state["rng_key"], dtype=mx.uint32)
+        if self.lora and "global_rng_key" in state:  # LoRA's dropout draws from it
+            hi, lo = state["global_rng_key"]
+            mx.random.seed((hi << 32) | lo)
         self.log(f"resumed from {path} at step {self.step} (data epoch "
                  f"{state['data']['epoch']}, step {state['data']['step_in_epoch']})")
 
@@ -237,8 +264,10 @@ class Trainer:
         state = {"data": self.train_data.position(self.step),
                  "rng_key": np.array(self.key).tolist(), "config": asdict(self.cfg),
                  "model_args": asdict(self.args), "world_size": self.size}
+        if self.lora:
+            state["global_rng_key"] = mx.random.state[0].tolist()
         save_checkpoint(self.out / "checkpoints", self.step, self.model, optimizer,
-                        state, self.cfg.keep_checkpoints)
+                        state, self.cfg.keep_checkpoints, trainable_only=self.lora)
 
     def export(self) -> None:
         """OUT/model, the trained model as mlx-lm opens it; like checkpoints, one writer
@@ -247,6 +276,14 @@ class Trainer:
             # From the checkpoint just written: its model.safetensors holds the float32
             # master weights (DESIGN: whatever dtype the step computes in).
             saved = self.out / "checkpoints" / checkpoint_name(self.step) / "model.safetensors"
+            if self.lora:  # OUT/adapters, for mlx-lm with the --init_from model (lora.py)
+                folder = lora.write_adapters(mx.load(str(saved)),
+                                             lora.adapter_config(self.cfg, self.args.n_layers),
+                                             self.out / "adapters")
+                if self.rank == 0:
+                    self.log(f"adapters for mlx-lm: {folder} (mlx_lm.generate --model "
+                             f"{self.cfg.init_from} --adapter-path {folder})")
+                return
             note = export_model(mx.load(str(saved)), self.args,
                                 self.out / "model", data_dir=self.data_dir,
                                 init_from=self.cfg.init_from, dtype=self.cfg.export_dtype,
@@ -257,10 +294,13 @@ class Trainer:
     def evaluate(self) -> float:
         """Validation loss averaged over every rank's share of `eval_batches` global batches."""
         total, n = mx.array(0.0), 0
-        for x, y in validation_batches(self.val_split, self.cfg.global_batch, self.group,
-                                       self.cfg.eval_batches):
-            total = total + loss_fn(self.model, mx.array(x), mx.array(y))
+        self.model.eval()  # no dropout (LoRA's)
+        for batch in validation_batches(self.val_split, self.cfg.global_batch, self.group,
+                                        self.cfg.eval_batches):
+            total = total + loss_fn(self.model, *(mx.array(a) for a in batch))
             n += 1
+        mx.eval(total)
+        self.model.train()
         if n == 0:
             return float("nan")
         return (mx.distributed.all_sum(total, group=self.group) / (n * self.size)).item()
@@ -285,16 +325,18 @@ class Trainer:
             self._steps = self.build_steps()
         grad_step, reduce_step, update_step, whole_step = self._steps
         start = time.perf_counter()
-        x_all, y_all = self.train_data.batch(self.step)
+        x_all, y_all, *w_all = self.train_data.batch(self.step)  # w_all: rows data's weights
         if cfg.grad_accum == 1 and not timed:
-            step_loss, norm = whole_step(mx.array(x_all), mx.array(y_all))
+            step_loss, norm = whole_step(mx.array(x_all), mx.array(y_all),
+                                         *(mx.array(w) for w in w_all))
             mx.eval(self.model.parameters(), self.optimizer.state, step_loss, norm)
             self.step += 1
             return step_loss, norm
         step_loss, grads = mx.array(0.0), None
         for m in range(cfg.grad_accum):
             rows = slice(m * self.micro_batch, (m + 1) * self.micro_batch)
-            loss, g = grad_step(mx.array(x_all[rows]), mx.array(y_all[rows]))
+            loss, g = grad_step(mx.array(x_all[rows]), mx.array(y_all[rows]),
+                                *(mx.array(w[rows]) for w in w_all))
             grads = g if grads is None else tree_map(mx.add, grads, g)
             step_loss = step_loss + loss
             if cfg.grad_accum > 1:
@@ -340,6 +382,19 @@ class Trainer:
                      f"{f' from {cfg.init_from}' if cfg.init_from else ''} | train "
                      f"{plan.n_sequences} sequences of {cfg.block_size}: {plan.steps_per_epoch} "
                      f"steps/epoch, {plan.dropped} dropped per epoch")
+            if getattr(self.train_data.split, "masked", False):  # rows data (data.py)
+                self.log(f"rows: one a sequence, padded to {cfg.block_size}; only trained "
+                         f"targets count (loss, tokens/s); {self.train_data.split.cut} train "
+                         f"and {self.val_split.cut} val rows longer than {cfg.block_size + 1} "
+                         "tokens cut")
+            if self.lora:
+                trained = lora.trainable_count(self.model)
+                blocks = "all" if cfg.lora_layers < 0 else f"the last {cfg.lora_layers}"
+                self.log(f"LoRA: rank {cfg.lora_rank}, scale {cfg.lora_scale}, dropout "
+                         f"{cfg.lora_dropout} on {blocks} blocks' "
+                         f"{', '.join(lora.parse_keys(cfg.lora_keys))}: {trained:,} trainable "
+                         f"parameters ({100 * trained / count_parameters(self.model):.2f}%), the "
+                         f"base frozen{' and quantized' if lora.is_quantized(self.model) else ''}")
             self.log(f"compute {cfg.dtype} on float32 master weights, {self.reduction()}"
                      f" | {self.flops_per_token / 1e6:.2f} MFLOPs per token; mfu against "
                      f"{self.peak_source}")
@@ -349,11 +404,12 @@ class Trainer:
         if self.rank == 0:
             start_record(metrics_path, self.step, self.size)
         last = min(cfg.steps, cfg.stop_after) if cfg.stop_after else cfg.steps
-        tokens_per_step = cfg.global_batch * cfg.block_size
         show_bar = cfg.progress and self.rank == 0 and sys.stdout.isatty()
         record: dict = {}
         loss_sum, interval_steps, t0 = mx.array(0.0), 0, time.perf_counter()
+        interval_tokens = 0  # trained targets: every position for text data
         while self.step < last:
+            interval_tokens += self.train_data.trained_tokens(self.step)
             logged = (self.step + 1) % cfg.log_every == 0 or self.step + 1 == last
             step_loss, norm = self.train_step(timed=logged)
             self.beat()
@@ -367,7 +423,7 @@ class Trainer:
                         / (self.size * interval_steps)).item()
                 mem, rss = self.gather_memory()
                 record = {"step": self.step, "loss": loss,
-                          "tokens_per_s": round(tokens_per_step * interval_steps / elapsed, 1),
+                          "tokens_per_s": round(interval_tokens / elapsed, 1),
                           "lr": float(self.optimizer.learning_rate.item()),
                           "grad_norm": float(norm.item()), "peak_mem_mb": mem,
                           "peak_rss_mb": rss, "ranks": self.size}
@@ -386,7 +442,7 @@ class Trainer:
                              f"compute, {record['comm_s'] * 1000:.0f} comm, "
                              f"{record['optimizer_s'] * 1000:.0f} optimizer")
                     save_record(metrics_path, record)
-                loss_sum, interval_steps = mx.array(0.0), 0
+                loss_sum, interval_steps, interval_tokens = mx.array(0.0), 0, 0
             if cfg.eval_every and (self.step % cfg.eval_every == 0 or self.step == last):
                 val = self.evaluate()
                 if self.rank == 0:
@@ -406,6 +462,7 @@ class Trainer:
     def sample(self) -> str:
         ids = self.tokenizer.encode(self.cfg.sample_prompt)
         self.key, sub = mx.random.split(self.key)
+        self.model.eval()
         out = generate(self.model, ids, self.cfg.sample_tokens, sub,
                        block_size=self.cfg.block_size)
         return self.cfg.sample_prompt + self.tokenizer.decode(out)

@@ -1,0 +1,211 @@
+"""LoRA (and QLoRA) fine-tuning, in mlx-lm's terms: `--fine_tune lora`.
+
+    --fine_tune lora --init_from DIR   adapters on a frozen base model
+    --lora_rank 8 --lora_scale 20.0 --lora_dropout 0.0 --lora_layers 16 --lora_keys ""
+
+The defaults are mlx-lm's (mlx_lm/lora.py CONFIG_DEFAULTS; `scale` multiplies the
+low-rank update as is, it is not alpha / rank). `--lora_layers N` adapts the last N
+blocks (-1: all); `--lora_keys` names the projections (comma-separated, mlx-lm's
+names relative to a block: self_attn.q_proj, mlp.down_proj...; "" = every linear
+layer of a block, as mlx-lm does when its config names no keys).
+
+`LoRALinear` is mlx-lm's (tuner/lora.py): y = base(x) + scale * (dropout(x) @ lora_a) @ lora_b,
+`lora_a` (in, r) uniform in +-1/sqrt(in), `lora_b` (r, out) zeros, around an
+nn.Linear or an nn.QuantizedLinear (QLoRA: the base stays quantized, the
+adapters train in float32). Only the adapters are trainable: gradients, the
+all-reduce, the optimizer state and the checkpoints hold them alone.
+
+A run writes OUT/adapters as mlx-lm's own LoRA training does:
+
+    OUT/adapters/adapters.safetensors   "model.layers.N.self_attn.q_proj.lora_a" (in, r), "...lora_b" (r, out)
+    OUT/adapters/adapter_config.json    {"fine_tune_type": "lora", "num_layers": N,
+                                         "lora_parameters": {"rank", "scale", "dropout", "keys"}, ...}
+
+so that `mlx_lm.generate --model DIR --adapter-path OUT/adapters` and
+`mlx_lm.fuse --model DIR --adapter-path OUT/adapters` open them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_unflatten
+
+from .errors import DataError
+from .files import replace_dir
+from .hf_io import hf_from_ours, ours_from_hf
+
+FINE_TUNES = ("full", "lora")
+# mlx-lm's names of a Llama block's linear layers (all of them: mlx-lm's default keys).
+KEYS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+        "mlp.gate_proj", "mlp.down_proj", "mlp.up_proj")
+LEAVES = ("lora_a", "lora_b")
+
+
+class LoRALinear(nn.Module):
+    """mlx-lm's LoRALinear: the same parameters (`linear`, `lora_a`, `lora_b`), the same output."""
+
+    @staticmethod
+    def from_base(linear: nn.Module, r: int = 8, dropout: float = 0.0,
+                  scale: float = 20.0) -> LoRALinear:
+        output_dims, input_dims = linear.weight.shape
+        if isinstance(linear, nn.QuantizedLinear):
+            input_dims = input_dims * 32 // linear.bits
+        lora = LoRALinear(input_dims, output_dims, r=r, dropout=dropout, scale=scale)
+        lora.linear = linear  # its own, drawn first as mlx-lm's is (never evaluated: lazy)
+        return lora
+
+    def __init__(self, input_dims: int, output_dims: int, r: int = 8, dropout: float = 0.0,
+                 scale: float = 20.0, bias: bool = False):
+        super().__init__()
+        self.linear = nn.Linear(input_dims, output_dims, bias=bias)
+        self.dropout = nn.Dropout(p=dropout)
+        self.scale = scale
+        bound = 1 / math.sqrt(input_dims)
+        self.lora_a = mx.random.uniform(low=-bound, high=bound, shape=(input_dims, r))
+        self.lora_b = mx.zeros(shape=(r, output_dims))
+
+    def __call__(self, x: mx.array) -> mx.array:
+        y = self.linear(x)
+        z = (self.dropout(x) @ self.lora_a) @ self.lora_b
+        return y + (self.scale * z).astype(x.dtype)
+
+
+# ---------------------------------------------------------------- settings
+
+
+def parse_keys(text: str) -> list[str]:
+    """--lora_keys as a list of mlx-lm key names ("" = all of KEYS); ValueError for others."""
+    keys = [k.strip() for k in str(text).split(",") if k.strip()]
+    unknown = [k for k in keys if k not in KEYS]
+    if unknown:
+        raise ValueError(f"lora_keys {', '.join(unknown)}: not a Llama block's linear layer; "
+                         f"choose among {', '.join(KEYS)} (comma-separated; empty = all)")
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"lora_keys {text}: a key is named twice")
+    return keys or list(KEYS)
+
+
+def our_key(key: str) -> str:
+    """Our module path in a block for an mlx-lm key: self_attn.q_proj -> attention.wq."""
+    ours = ours_from_hf(f"model.layers.0.{key}.weight")
+    return ours[len("layers.0."):-len(".weight")]
+
+
+def config_problems(cfg) -> list[str]:
+    """What is wrong with a config's fine-tuning fields (config.check_config)."""
+    problems = []
+    if cfg.fine_tune not in FINE_TUNES:
+        problems.append(f"fine_tune {cfg.fine_tune}: must be one of {', '.join(FINE_TUNES)}")
+    if cfg.lora_layers == 0:
+        problems.append("lora_layers 0: give the number of last blocks to adapt, or -1 for all")
+    try:
+        parse_keys(cfg.lora_keys)
+    except ValueError as e:
+        problems.append(str(e))
+    if cfg.fine_tune == "lora" and not cfg.init_from:
+        problems.append("fine_tune lora adapts a trained model: give --init_from DIR "
+                        "(a Hugging Face / mlx-lm Llama folder)")
+    return problems
+
+
+def adapter_config(cfg, n_layers: int) -> dict:
+    """adapter_config.json as mlx-lm's LoRA training writes it (the fields its
+    load_adapters and fuse read, and what the run started from)."""
+    return {"fine_tune_type": "lora", "model": cfg.init_from,
+            "num_layers": n_layers if cfg.lora_layers < 0 else cfg.lora_layers,
+            "lora_parameters": {"rank": cfg.lora_rank, "scale": cfg.lora_scale,
+                                "dropout": cfg.lora_dropout, "keys": parse_keys(cfg.lora_keys)}}
+
+
+# ---------------------------------------------------------------- the model
+
+
+def apply_lora(model: nn.Module, num_layers: int, rank: int, scale: float, dropout: float,
+               keys: list[str]) -> nn.Module:
+    """Freeze `model` and wrap the `keys` (mlx-lm names) of its last `num_layers`
+    blocks (-1: all) in LoRALinear, whose adapters alone are then trainable. The
+    adapters are drawn from mlx's global random state, in mlx-lm's order."""
+    blocks = len(model.layers)
+    if num_layers > blocks:
+        raise DataError(f"lora_layers {num_layers}: the model has {blocks} blocks",
+                        f"pass --lora_layers {blocks} or -1 (all blocks)")
+    model.freeze()
+    ours = [our_key(k) for k in keys]
+    for block in model.layers[-max(num_layers, 0):]:
+        wrapped = [(name, LoRALinear.from_base(m, r=rank, dropout=dropout, scale=scale))
+                   for name, m in block.named_modules() if name in ours]
+        block.update_modules(tree_unflatten(wrapped))
+    return model
+
+
+def apply_config(model: nn.Module, cfg) -> nn.Module:
+    return apply_lora(model, cfg.lora_layers, cfg.lora_rank, cfg.lora_scale, cfg.lora_dropout,
+                      parse_keys(cfg.lora_keys))
+
+
+def is_quantized(model: nn.Module) -> bool:
+    return any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+               for _, m in model.named_modules())
+
+
+def trainable_count(model: nn.Module) -> int:
+    return sum(v.size for _, v in tree_flatten(model.trainable_parameters()))
+
+
+# ---------------------------------------------------------------- names and files
+
+
+def hf_adapter_name(name: str) -> str:
+    """mlx-lm's name of one of our adapters: layers.1.attention.wq.lora_a ->
+    model.layers.1.self_attn.q_proj.lora_a."""
+    module, leaf = name.rsplit(".", 1)
+    if leaf not in LEAVES:
+        raise ValueError(f"{name!r} is not a LoRA adapter")
+    return hf_from_ours(f"{module}.weight")[:-len("weight")] + leaf
+
+
+def ours_adapter_name(name: str) -> str | None:
+    """Our name of an mlx-lm adapter, or None when it is not one."""
+    module, leaf = name.rsplit(".", 1)
+    ours = ours_from_hf(f"{module}.weight") if leaf in LEAVES else None
+    return None if ours is None else ours[:-len("weight")] + leaf
+
+
+def write_adapters(adapters: dict[str, mx.array], config: dict, out: str | Path) -> Path:
+    """OUT/adapters: adapters.safetensors (mlx-lm's names) and adapter_config.json,
+    written in a temporary folder and renamed."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    os.chmod(tmp, 0o755)
+    try:
+        weights = {hf_adapter_name(k): v for k, v in adapters.items()}
+        mx.save_safetensors(str(tmp / "adapters.safetensors"), weights)
+        (tmp / "adapter_config.json").write_text(
+            json.dumps(dict(sorted(config.items())), indent=4) + "\n")
+        replace_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def read_adapters(folder: str | Path) -> tuple[dict[str, mx.array], dict]:
+    """(adapters under our names, adapter_config.json) of an adapters folder."""
+    folder = Path(folder)
+    config = json.loads((folder / "adapter_config.json").read_text())
+    weights = {}
+    for name, w in mx.load(str(folder / "adapters.safetensors")).items():
+        ours = ours_adapter_name(name)
+        if ours is None:
+            raise DataError(f"{folder}/adapters.safetensors: {name!r} is not a Llama LoRA adapter")
+        weights[ours] = w
+    return weights, config
