@@ -1,4 +1,11 @@
-"""Hugging Face / mlx-lm Llama folders: read one to start from, write one mlx-lm opens.
+"""Hugging Face / mlx-lm model folders: read one to start from, write one mlx-lm opens.
+
+The dense families people fine-tune, all one model (reference_train/model.py):
+Llama and Mistral (`model_type` "llama", "mistral"), Qwen2 ("qwen2": biases on
+q/k/v) and Qwen3 ("qwen3": RMSNorm on each head of q and k). Unquantized, or
+quantized by mlx-lm (`mlx_lm.convert -q`: `quantization` in config.json, packed
+weights with `.scales` and `.biases`), which load as nn.QuantizedLinear /
+nn.QuantizedEmbedding layers: a frozen base for LoRA, never fully fine-tuned.
 
 A folder (what `huggingface-cli download` or `mlx_lm.convert` leaves, and what
 `export_folder` writes):
@@ -22,8 +29,11 @@ Names, theirs <-> ours (reference_train/model.py keeps its own):
     model.layers.N.mlp.{gate,down,up}_proj.weight  layers.N.feed_forward.{w1,w2,w3}.weight
     model.layers.N.input_layernorm.weight          layers.N.attention_norm.weight
     model.layers.N.post_attention_layernorm.weight layers.N.ffn_norm.weight
+    model.layers.N.self_attn.{q,k,v}_proj.bias     layers.N.attention.{wq,wk,wv}.bias (Qwen2)
+    model.layers.N.self_attn.{q,k}_norm.weight     layers.N.attention.{q,k}_norm.weight (Qwen3)
     model.norm.weight                              norm.weight
     lm_head.weight                                 output.weight (absent when tied)
+    X.scales, X.biases (quantized folders)         the same module's .scales, .biases
 
 Both use RoPE on halves (not interleaved), so q and k need no permutation.
 `--init_from DIR` is one call, `model_from_folder`: the folder read and checked,
@@ -42,6 +52,7 @@ import tempfile
 from pathlib import Path
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from .errors import DataError
@@ -49,7 +60,19 @@ from .files import file_sha256, replace_dir
 from .model import Llama, ModelArgs
 from .tokenizer import copy_tokenizer, same_tokenizer
 
-SUPPORTED_MODEL_TYPES = ("llama",)
+# model_type: the model's switches for that family (ModelArgs fields), and mlx-lm's
+# default rope_theta when config.json has none.
+FAMILIES = {
+    "llama": {"qkv_bias": False, "qk_norm": False, "rope_theta": 10000.0},
+    "mistral": {"qkv_bias": False, "qk_norm": False, "rope_theta": 10000.0},
+    "qwen2": {"qkv_bias": True, "qk_norm": False, "rope_theta": 1000000.0},
+    "qwen3": {"qkv_bias": False, "qk_norm": True, "rope_theta": 1000000.0},
+}
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                 "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
+# mx.quantize's modes, as mlx-lm writes them in config.json's "quantization".
+QUANT_MODES = ("affine", "mxfp4", "nvfp4", "mxfp8")
 SUPPORTED_ROPE = ("default", "linear", "llama3")
 EXPORT_DTYPES = ("float32", "bfloat16", "float16")
 
@@ -60,6 +83,7 @@ _LAYER_NAMES = [
     ("mlp.gate_proj", "feed_forward.w1"), ("mlp.down_proj", "feed_forward.w2"),
     ("mlp.up_proj", "feed_forward.w3"), ("input_layernorm", "attention_norm"),
     ("post_attention_layernorm", "ffn_norm"),
+    ("self_attn.q_norm", "attention.q_norm"), ("self_attn.k_norm", "attention.k_norm"),
 ]
 _TOP_NAMES = [("model.embed_tokens", "tok_embeddings"), ("model.norm", "norm"),
               ("lm_head", "output")]
@@ -71,8 +95,8 @@ _IGNORED = re.compile(r".*\.rotary_emb\.inv_freq$")
 
 
 def ours_from_hf(name: str) -> str | None:
-    """Our parameter name for a Hugging Face one, or None when it is not a Llama weight."""
-    m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)", name)
+    """Our parameter name for a Hugging Face one, or None when it is not one of our model's."""
+    m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.(weight|bias|scales|biases)", name)
     if m:
         for theirs, ours in _LAYER_NAMES:
             if m.group(2) == theirs:
@@ -85,8 +109,8 @@ def ours_from_hf(name: str) -> str | None:
 
 
 def hf_from_ours(name: str) -> str:
-    """The Hugging Face / mlx-lm name of one of our parameters."""
-    m = re.fullmatch(r"layers\.(\d+)\.(.+)\.(weight|bias)", name)
+    """The Hugging Face / mlx-lm name of one of our parameters (or modules)."""
+    m = re.fullmatch(r"layers\.(\d+)\.(.+)\.(weight|bias|scales|biases)", name)
     if m:
         for theirs, ours in _LAYER_NAMES:
             if m.group(2) == ours:
@@ -101,17 +125,18 @@ def hf_from_ours(name: str) -> str:
 
 
 def read_config(folder: str | Path) -> dict:
-    """config.json of a Llama folder, checked: a DataError names what was found and what
-    is supported (another model type, quantized weights, features our model lacks)."""
+    """config.json of a model folder, checked: a DataError names what was found and what
+    is supported (another model type, a quantization we do not read, features our
+    model lacks)."""
     folder = Path(folder)
     path = folder / "config.json"
     if not folder.is_dir():
         raise DataError(f"--init_from {folder}: not a directory",
-                        "give a local Hugging Face / mlx-lm Llama folder (config.json, "
+                        "give a local Hugging Face / mlx-lm model folder (config.json, "
                         "model.safetensors, tokenizer.json)")
     if not path.is_file():
         raise DataError(f"--init_from {folder}: no config.json there",
-                        "give a local Hugging Face / mlx-lm Llama folder (config.json, "
+                        "give a local Hugging Face / mlx-lm model folder (config.json, "
                         "model.safetensors, tokenizer.json)")
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
@@ -119,20 +144,29 @@ def read_config(folder: str | Path) -> dict:
         raise DataError(f"{path} cannot be read as JSON: {e}") from None
     if not isinstance(config, dict):
         raise DataError(f"{path}: expected a JSON object")
-    kind = config.get("model_type")
-    if kind not in SUPPORTED_MODEL_TYPES:
-        raise DataError(f"{path}: model_type {kind!r} is not supported; supported: "
-                        f"{', '.join(SUPPORTED_MODEL_TYPES)}",
-                        "start from a Llama-architecture checkpoint")
-    quant = config.get("quantization") or config.get("quantization_config")
-    if quant:
-        raise DataError(f"{path}: the weights are quantized ({describe_quantization(quant)}); "
-                        "supported: unquantized float32, bfloat16 or float16 weights",
-                        f"start from the original checkpoint, or dequantize this one: "
-                        f"mlx_lm.convert --hf-path {folder} --mlx-path {folder}-dequantized -d")
+    family = config.get("model_type")
+    if family not in SUPPORTED_MODEL_TYPES:
+        raise DataError(f"{path}: model_type {family!r} is not supported; supported: "
+                        f"{', '.join(SUPPORTED_MODEL_TYPES)} (dense models)",
+                        "start from a Llama, Mistral, Qwen2 or Qwen3 checkpoint")
+    quant_problem = quantization_problem(config)
+    if quant_problem:
+        raise DataError(f"{path}: {quant_problem}",
+                        f"start from the original checkpoint, or convert it with mlx-lm: "
+                        f"mlx_lm.convert --hf-path ORIGINAL --mlx-path {folder}-mlx -q")
     problems = []
-    if config.get("attention_bias") or config.get("mlp_bias"):
-        problems.append("attention_bias/mlp_bias true (our Llama has no biases)")
+    if family in ("llama", "mistral") and (config.get("attention_bias") or config.get("mlp_bias")):
+        problems.append(f"attention_bias/mlp_bias true (supported for {family}: no biases; "
+                        "q/k/v biases are Qwen2's)")
+    if family == "qwen3" and config.get("attention_bias"):
+        problems.append("attention_bias true (supported for qwen3: no biases, as mlx-lm's qwen3)")
+    heads = config.get("num_attention_heads")
+    if (family == "qwen2" and config.get("head_dim") and isinstance(heads, int) and heads
+            and config["head_dim"] != config.get("hidden_size", 0) // heads):
+        problems.append(f"head_dim {config['head_dim']} (supported for qwen2: hidden_size / "
+                        "num_attention_heads, which mlx-lm's qwen2 uses)")
+    if config.get("use_sliding_window"):
+        problems.append("use_sliding_window true (supported: full attention in every layer)")
     if config.get("rope_traditional"):
         problems.append("rope_traditional true (supported: false, Hugging Face's layout)")
     scaling = rope_scaling_of(config)
@@ -141,13 +175,14 @@ def read_config(folder: str | Path) -> dict:
         problems.append(f"rope_scaling of type {kind!r} (supported: {', '.join(SUPPORTED_ROPE)})")
     if any(t != "full_attention" for t in config.get("layer_types") or []):
         problems.append("sliding-window layers (supported: full attention in every layer)")
-    missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
-                           "intermediate_size", "vocab_size") if k not in config]
+    required = ["hidden_size", "num_hidden_layers", "num_attention_heads",
+                "intermediate_size", "vocab_size"] + (["head_dim"] if family == "qwen3" else [])
+    missing = [k for k in required if k not in config]
     if missing:
         problems.append(f"no {', '.join(missing)}")
     if problems:
         raise DataError(f"{path}: {'; '.join(problems)}",
-                        "start from a plain Llama checkpoint")
+                        f"start from a plain {family} checkpoint")
     return config
 
 
@@ -155,8 +190,39 @@ def describe_quantization(quant) -> str:
     if isinstance(quant, dict):
         parts = [f"{k} {quant[k]}" for k in ("quant_method", "mode", "bits", "group_size")
                  if k in quant]
+        layers = sum(1 for v in quant.values() if isinstance(v, (dict, bool)))
+        if layers:
+            parts.append(f"{layers} per-layer settings")
         return ", ".join(parts) or "quantization set"
     return str(quant)
+
+
+def quantization_of(config: dict) -> dict | None:
+    """config.json's mlx-lm quantization ({"group_size", "bits", "mode"?, and per-layer
+    settings under Hugging Face module names}), or None when the weights are not quantized."""
+    return config.get("quantization") or None
+
+
+def quantization_problem(config: dict) -> str | None:
+    """What we cannot read in a folder's quantization (None: unquantized, or mlx-lm's own)."""
+    supported = ("supported: unquantized float32, bfloat16 or float16 weights, or weights "
+                 "quantized by mlx-lm (mlx_lm.convert -q: modes " + ", ".join(QUANT_MODES) + ")")
+    quant = config.get("quantization")
+    legacy = config.get("quantization_config")
+    if not quant:
+        if legacy:
+            return (f"the weights are quantized by another tool "
+                    f"({describe_quantization(legacy)}); {supported}")
+        return None
+    if not isinstance(quant, dict) or not {"bits", "group_size"} <= set(quant):
+        return f"quantization {quant!r} has no bits and group_size; {supported}"
+    modes = {quant.get("mode", "affine")} | {v.get("mode", "affine") for v in quant.values()
+                                            if isinstance(v, dict)}
+    if modes - set(QUANT_MODES):
+        return f"the weights are quantized in mode {sorted(modes - set(QUANT_MODES))}; {supported}"
+    if config.get("quantize_activations"):
+        return f"quantize_activations true (activations quantized too); {supported}"
+    return None
 
 
 def rope_scaling_of(config: dict) -> dict | None:
@@ -171,20 +237,22 @@ def rope_scaling_of(config: dict) -> dict | None:
 
 
 def args_from_config(config: dict, tied: bool | None = None) -> ModelArgs:
-    """ModelArgs from a (checked) Hugging Face Llama config.
+    """ModelArgs from a (checked) Hugging Face config of one of FAMILIES.
 
     `tied`: whether the checkpoint has no lm_head (used when the config does not say;
     Hugging Face's default is untied, mlx-lm's tied, so the weights decide).
     """
+    family = config.get("model_type", "llama")
+    switches = FAMILIES[family]
     theta = config.get("rope_theta")
     if theta is None:
-        theta = (config.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+        theta = (config.get("rope_parameters") or {}).get("rope_theta", switches["rope_theta"])
     tie = config.get("tie_word_embeddings")
     if tie is None:
         tie = bool(tied)
     kv = config.get("num_key_value_heads")
     heads = config["num_attention_heads"]
-    head_dim = config.get("head_dim")
+    head_dim = config.get("head_dim") if family != "qwen2" else None  # qwen2: always the default
     if head_dim == config["hidden_size"] // heads:
         head_dim = None  # the default: keep model_args as a from-scratch model writes them
     try:
@@ -194,26 +262,44 @@ def args_from_config(config: dict, tied: bool | None = None) -> ModelArgs:
                          hidden_dim=config["intermediate_size"],
                          norm_eps=config.get("rms_norm_eps", 1e-6), rope_theta=float(theta),
                          tie_embeddings=bool(tie), head_dim=head_dim,
-                         rope_scaling=rope_scaling_of(config))
+                         rope_scaling=rope_scaling_of(config), qkv_bias=switches["qkv_bias"],
+                         qk_norm=switches["qk_norm"], model_type=family)
     except (TypeError, ValueError) as e:
         raise DataError(f"config.json does not describe a model we can build: {e}") from None
 
 
-def config_from_args(args: ModelArgs, base: dict | None = None) -> dict:
-    """A Hugging Face / mlx-lm config.json for `args`; `base` (the config a run started
-    from) keeps its other keys (token ids, max_position_embeddings...)."""
+def config_from_args(args: ModelArgs, base: dict | None = None,
+                     quantization: dict | None = None) -> dict:
+    """A Hugging Face / mlx-lm config.json for `args`, of its family (args.model_type);
+    `base` (the config a run started from) keeps its other keys (token ids,
+    max_position_embeddings...); `quantization` (mlx-lm's, when the weights written
+    are quantized) is written as mlx-lm writes it."""
+    family = args.model_type
+    if family not in FAMILIES or FAMILIES[family]["qkv_bias"] != args.qkv_bias \
+            or FAMILIES[family]["qk_norm"] != args.qk_norm:
+        raise DataError(f"model_type {family!r} with qkv_bias {args.qkv_bias}, qk_norm "
+                        f"{args.qk_norm} is none of the families mlx-lm opens "
+                        f"({', '.join(SUPPORTED_MODEL_TYPES)})")
     config = {k: v for k, v in (base or {}).items()
               if k not in ("quantization", "quantization_config", "rope_parameters",
-                           "_name_or_path", "dtype")}
+                           "_name_or_path", "dtype", "attention_bias", "mlp_bias",
+                           "rope_traditional")}
+    if family in ("llama", "mistral"):
+        config.update({"rope_traditional": False, "attention_bias": False, "mlp_bias": False})
+    if family == "qwen3":
+        config["attention_bias"] = False
+    # mlx-lm's qwen3 requires it; with the RoPE we support it changes nothing.
+    config.setdefault("max_position_embeddings", 32768)
+    if quantization:
+        config["quantization"] = config["quantization_config"] = quantization
     config.update({
-        "model_type": "llama", "architectures": ["LlamaForCausalLM"],
+        "model_type": family, "architectures": [ARCHITECTURES[family]],
         "hidden_size": args.dim, "num_hidden_layers": args.n_layers,
         "num_attention_heads": args.n_heads,
         "num_key_value_heads": args.n_kv_heads or args.n_heads,
         "head_dim": args.head_dim or args.dim // args.n_heads,
         "intermediate_size": args.hidden_dim, "rms_norm_eps": args.norm_eps,
         "rope_theta": args.rope_theta, "rope_scaling": args.rope_scaling,
-        "rope_traditional": False, "attention_bias": False, "mlp_bias": False,
         "tie_word_embeddings": args.tie_embeddings, "vocab_size": args.vocab_size,
     })
     return dict(sorted(config.items()))
@@ -245,9 +331,12 @@ def weight_files(folder: Path) -> list[Path]:
 
 
 def load_folder(folder: str | Path) -> tuple[ModelArgs, dict[str, mx.array], dict]:
-    """(model args, float32 weights under our names, config.json) of a Llama folder."""
+    """(model args, weights under our names, config.json) of a model folder. The weights
+    are float32; in a quantized folder, the quantized layers' packed weights stay as
+    they are (uint32) beside their float32 `.scales` and `.biases`."""
     folder = Path(folder)
     config = read_config(folder)
+    quantized = quantization_of(config) is not None
     weights: dict[str, mx.array] = {}
     for f in weight_files(folder):
         try:
@@ -257,15 +346,19 @@ def load_folder(folder: str | Path) -> tuple[ModelArgs, dict[str, mx.array], dic
         for name, w in loaded.items():
             if _IGNORED.match(name):
                 continue
-            if name.endswith((".scales", ".biases")) or not mx.issubdtype(w.dtype, mx.floating):
-                raise DataError(f"{f}: {name} is {w.dtype} (quantized weights); supported: "
-                                "unquantized float32, bfloat16 or float16 weights",
+            packed = not mx.issubdtype(w.dtype, mx.floating)
+            if (name.endswith((".scales", ".biases")) or packed) and not quantized:
+                raise DataError(f"{f}: {name} is {w.dtype} (quantized weights) but config.json "
+                                "has no quantization; supported: unquantized float32, "
+                                "bfloat16 or float16 weights, or mlx-lm's quantized folders",
                                 "use the original (unquantized) checkpoint")
             ours = ours_from_hf(name)
             if ours is None:
-                raise DataError(f"{f}: weight {name!r} is not part of a Llama model",
-                                "start from a plain Llama checkpoint")
-            weights[ours] = w.astype(mx.float32)  # the master weights train in float32
+                raise DataError(f"{f}: weight {name!r} is not part of a "
+                                f"{config['model_type']} model as we build it",
+                                f"start from a plain {config['model_type']} checkpoint")
+            # the master weights train in float32; packed quantized weights stay packed
+            weights[ours] = w if packed else w.astype(mx.float32)
     args = args_from_config(config, tied="output.weight" not in weights)
     if args.tie_embeddings:
         weights.pop("output.weight", None)  # as mlx-lm does with a tied lm_head
@@ -295,16 +388,88 @@ def load_into(model, weights: dict[str, mx.array], source: str | Path) -> None:
     model.load_weights(list(weights.items()), strict=True)
 
 
-def model_from_folder(folder: str | Path, meta: dict, data_dir: Path) -> Llama:
-    """--init_from: our Llama with a Llama folder's shape and float32 weights, once the
-    data (`meta` of `data_dir`) is known to fit it: tokenized with the folder's
-    tokenizer, within its vocabulary. The caller seeds mlx's random state first: the
-    model is built as a fresh one is (same draws on every rank), then overwritten."""
-    args, weights, _ = load_folder(folder)
-    check_data_fits(meta, data_dir, args, Path(folder))
+def quantize_like(model: nn.Module, config: dict, weights: dict[str, mx.array]) -> None:
+    """Turn `model`'s Linear / Embedding layers into quantized ones where the folder's
+    are, as mlx_lm.utils.load_model does: a per-layer setting of config.json's
+    `quantization` (False, or {"bits", "group_size", "mode"}) decides for its layer;
+    otherwise a layer whose `.scales` the folder holds is quantized, with the bits,
+    group size and mode its packed weight and scales imply."""
+    quant = quantization_of(config) or {}
+
+    def predicate(path: str, module: nn.Module):
+        if not hasattr(module, "to_quantized"):  # norms, RoPE
+            return False
+        theirs = hf_from_ours(path + ".weight")[:-len(".weight")]
+        if theirs in quant:
+            return quant[theirs]
+        if f"{path}.scales" not in weights:
+            return False
+        return _packed_as(path, module, weights)
+
+    nn.quantize(model, group_size=quant.get("group_size"), bits=quant.get("bits"),
+                mode=quant.get("mode", "affine"), class_predicate=predicate)
+
+
+def _packed_as(path: str, module: nn.Module, weights: dict[str, mx.array]) -> dict:
+    """The bits, group size and mode a saved layer was packed with (mlx-lm's
+    infer_quant_config): only affine keeps its scales in a float dtype."""
+    in_dims = module.weight.shape[-1]
+    scales = weights[f"{path}.scales"]
+    group_size = in_dims // scales.shape[-1]
+    bits = weights[f"{path}.weight"].shape[-1] * 32 // in_dims
+    if mx.issubdtype(scales.dtype, mx.floating):
+        return {"group_size": group_size, "bits": bits, "mode": "affine"}
+    modes = {(4, 16): "nvfp4", (4, 32): "mxfp4", (8, 32): "mxfp8"}
+    if (bits, group_size) not in modes:
+        raise DataError(f"{hf_from_ours(path + '.weight')}: {bits} bits in groups of "
+                        f"{group_size} with integer scales is no mode we know "
+                        f"({', '.join(QUANT_MODES)})")
+    return {"group_size": group_size, "bits": bits, "mode": modes[bits, group_size]}
+
+
+def model_from_weights(args: ModelArgs, weights: dict[str, mx.array], config: dict,
+                       source: str | Path) -> Llama:
+    """Our model with `args`, quantized as the folder (`config`) is, holding `weights`."""
     model = Llama(args)
-    load_into(model, weights, folder)
+    if quantization_of(config) is not None:
+        quantize_like(model, config, weights)
+    load_into(model, weights, source)
     return model
+
+
+def model_from_folder(folder: str | Path, meta: dict, data_dir: Path,
+                      fine_tune: str = "full") -> Llama:
+    """--init_from: our model with a folder's shape and weights, once the data (`meta`
+    of `data_dir`) is known to fit it: tokenized with the folder's tokenizer, within
+    its vocabulary. The caller seeds mlx's random state first: the model is built as
+    a fresh one is (same draws on every rank), then overwritten.
+
+    Unquantized: float32 weights, every one trainable. Quantized (mlx-lm's
+    `quantization` in config.json): nn.QuantizedLinear / nn.QuantizedEmbedding layers
+    where the folder has them: their packed weights, scales and biases frozen (as mlx
+    makes them; a Linear's own bias, Qwen2's q/k/v, and the norms stay float32 and
+    trainable: freeze the model before adding adapters). Only `fine_tune` "lora"
+    accepts that, "full" is a DataError."""
+    config = read_config(folder)
+    quant = quantization_of(config)
+    if quant is not None and fine_tune == "full":
+        raise DataError(f"--init_from {folder}: the weights are quantized "
+                        f"({describe_quantization(quant)}); full fine-tuning trains every "
+                        "weight in float32 and quantized weights cannot be trained; "
+                        "supported for a quantized folder: LoRA, its base kept quantized "
+                        "and frozen",
+                        f"--fine_tune lora, or fully fine-tune the original checkpoint (or "
+                        f"this one dequantized: mlx_lm.convert --hf-path {folder} "
+                        f"--mlx-path {folder}-dequantized -d)")
+    args, weights, config = load_folder(folder)
+    check_data_fits(meta, data_dir, args, Path(folder))
+    return model_from_weights(args, weights, config, folder)
+
+
+def is_quantized(model: nn.Module) -> bool:
+    """Whether any layer of `model` is a quantized one."""
+    return any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+               for _, m in model.named_modules())
 
 
 def check_data_fits(meta: dict, data_dir: Path, args: ModelArgs, init_from: Path | None) -> None:
@@ -343,11 +508,15 @@ def check_data_fits(meta: dict, data_dir: Path, args: ModelArgs, init_from: Path
 
 def export_folder(weights: dict[str, mx.array], args: ModelArgs, out: str | Path,
                   tokenizer_dir: str | Path | None, dtype: str = "float32",
-                  base_config: dict | None = None, tokenizer_json: dict | None = None) -> Path:
+                  base_config: dict | None = None, tokenizer_json: dict | None = None,
+                  quantization: dict | None = None) -> Path:
     """Write an mlx-lm model folder at `out` atomically (a temporary folder beside it,
-    renamed): config.json, model.safetensors and model.safetensors.index.json (as
-    mlx_lm.utils.save_model writes them), and the tokenizer files from `tokenizer_dir`
-    (or `tokenizer_json`, a tokenizer.json as a dict, with a tokenizer_config.json)."""
+    renamed): config.json (of args.model_type's family), model.safetensors and
+    model.safetensors.index.json (as mlx_lm.utils.save_model writes them), and the
+    tokenizer files from `tokenizer_dir` (or `tokenizer_json`, a tokenizer.json as a
+    dict, with a tokenizer_config.json). Quantized weights (packed, with .scales and
+    .biases: a quantized model's parameters) need the `quantization` they were
+    loaded with (quantization_of(config)); packed weights keep their dtype."""
     if dtype not in EXPORT_DTYPES:
         raise DataError(f"export dtype {dtype!r} is not one of {', '.join(EXPORT_DTYPES)}")
     out = Path(out)
@@ -355,13 +524,19 @@ def export_folder(weights: dict[str, mx.array], args: ModelArgs, out: str | Path
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     os.chmod(tmp, 0o755)
     try:
-        cast = {hf_from_ours(k): v.astype(getattr(mx, dtype)) for k, v in weights.items()}
+        packed = [k for k, v in weights.items() if not mx.issubdtype(v.dtype, mx.floating)]
+        if packed and not quantization:
+            raise DataError(f"{out}: {hf_from_ours(packed[0])} is quantized ({weights[packed[0]].dtype}) "
+                            "but no quantization was given for config.json")
+        cast = {hf_from_ours(k): v if k in packed else v.astype(getattr(mx, dtype))
+                for k, v in weights.items()}
         mx.save_safetensors(str(tmp / "model.safetensors"), cast, metadata={"format": "mlx"})
         index = {"metadata": {"total_size": sum(v.nbytes for v in cast.values()),
                               "total_parameters": sum(v.size for v in cast.values())},
                  "weight_map": {k: "model.safetensors" for k in sorted(cast)}}
         (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=4))
-        config = config_from_args(args, {**(base_config or {}), "torch_dtype": dtype})
+        config = config_from_args(args, {**(base_config or {}), "torch_dtype": dtype},
+                                  quantization)
         (tmp / "config.json").write_text(json.dumps(config, indent=4) + "\n")
         if tokenizer_dir is not None:
             copy_tokenizer(Path(tokenizer_dir), tmp)

@@ -1,5 +1,10 @@
 """A small Llama for data-parallel training: RMSNorm, RoPE, SwiGLU, causal attention.
 
+The same model serves the dense families people fine-tune (reference_train/hf_io.py
+maps their folders): Llama and Mistral as they are, Qwen2 with `qkv_bias` (biases
+on the q, k and v projections), Qwen3 with `qk_norm` (an RMSNorm over each head of
+q and k, before RoPE). `model_type` only names the family an export is written as.
+
 The model knows nothing about parallelism (train.py averages the gradients), so
 the same file serves 1 process and N hosts. Shapes use B (batch), L (sequence
 length), D (model width), H (query heads), K (key/value heads). Attention,
@@ -25,7 +30,8 @@ class ModelArgs:
 
     `head_dim` (None = dim / n_heads) and `rope_scaling` (None, or Hugging Face's
     {"rope_type": "linear" | "llama3", "factor": ...}) are what Llama checkpoints
-    may set; reference_train/hf_io.py maps a Hugging Face config to these fields.
+    may set; `qkv_bias`, `qk_norm` and `model_type` the other families (Qwen2,
+    Qwen3, Mistral); reference_train/hf_io.py maps a Hugging Face config to these fields.
     """
 
     vocab_size: int = 257
@@ -39,6 +45,9 @@ class ModelArgs:
     tie_embeddings: bool = False
     head_dim: int | None = None
     rope_scaling: dict | None = None
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    model_type: str = "llama"
 
     def __post_init__(self) -> None:
         kv = self.n_kv_heads or self.n_heads
@@ -61,17 +70,25 @@ class Attention(nn.Module):
         self.n_kv_heads = args.n_kv_heads or args.n_heads
         self.head_dim = args.head_dim or args.dim // args.n_heads
         self.scale = self.head_dim**-0.5
-        self.wq = nn.Linear(args.dim, self.n_heads * self.head_dim, bias=False)
-        self.wk = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=False)
-        self.wv = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=False)
+        bias = args.qkv_bias  # Qwen2
+        self.wq = nn.Linear(args.dim, self.n_heads * self.head_dim, bias=bias)
+        self.wk = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=bias)
+        self.wv = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=bias)
         self.wo = nn.Linear(self.n_heads * self.head_dim, args.dim, bias=False)
+        self.qk_norm = args.qk_norm  # Qwen3
+        if self.qk_norm:
+            self.q_norm = nn.RMSNorm(self.head_dim, eps=args.norm_eps)
+            self.k_norm = nn.RMSNorm(self.head_dim, eps=args.norm_eps)
         self.rope = make_rope(self.head_dim, args.rope_theta, args.rope_scaling)
 
     def __call__(self, x: mx.array, mask: mx.array | str | None = "causal") -> mx.array:
         B, L, _ = x.shape
-        q = self.wq(x).reshape(B, L, self.n_heads, -1).transpose(0, 2, 1, 3)
-        k = self.wk(x).reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        q = self.wq(x).reshape(B, L, self.n_heads, -1)
+        k = self.wk(x).reshape(B, L, self.n_kv_heads, -1)
         v = self.wv(x).reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3)
         q, k = self.rope(q), self.rope(k)
         # Both paths handle grouped-query attention (K < H) themselves.
         out = kernels.attention(q, k, v, scale=self.scale, mask=mask)
@@ -139,7 +156,10 @@ class TransformerBlock(nn.Module):
 
 
 class Llama(nn.Module):
-    """Decoder-only transformer; `__call__` maps token ids (B, L) to logits (B, L, vocab)."""
+    """Decoder-only transformer; `__call__` maps token ids (B, L) to logits (B, L, vocab).
+
+    Its Linear and Embedding layers may be quantized ones (nn.QuantizedLinear,
+    nn.QuantizedEmbedding: hf_io.py loads a quantized folder so, as a frozen base)."""
 
     def __init__(self, args: ModelArgs):
         super().__init__()

@@ -1,6 +1,6 @@
-"""Tiny Llama folders made the way mlx-lm makes them, for the Hugging Face I/O tests.
+"""Tiny model folders made the way mlx-lm makes them, for the Hugging Face I/O tests.
 
-The model is built with mlx-lm's own classes (mlx_lm.models.llama) and saved with
+The model is built with mlx-lm's own classes (mlx_lm.models.llama, qwen2...) and saved with
 mlx_lm.utils.save_model / save_config; the tokenizer is a real byte-level BPE
 trained here with the `tokenizers` library and saved by transformers'
 save_pretrained, as mlx_lm.utils.save does. No download.
@@ -33,6 +33,26 @@ TIED_CONFIG = {
     "head_dim": 16, "rms_norm_eps": 1e-6, "vocab_size": 300, "rope_theta": 10000.0,
     "tie_word_embeddings": True,
 }
+# The other families (reference_train/hf_io.py FAMILIES), as their real configs set them.
+MISTRAL_CONFIG = {
+    "model_type": "mistral", "hidden_size": 64, "num_hidden_layers": 2,
+    "intermediate_size": 112, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 32, "rms_norm_eps": 1e-5, "vocab_size": 300, "rope_theta": 1000000.0,
+    "sliding_window": None, "max_position_embeddings": 256, "tie_word_embeddings": False,
+}
+QWEN2_CONFIG = {  # biases on q/k/v, tied (Qwen2.5 0.5B-style)
+    "model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2,
+    "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-6, "vocab_size": 300, "rope_theta": 1000000.0,
+    "max_position_embeddings": 256, "use_sliding_window": False, "sliding_window": 256,
+    "max_window_layers": 2, "tie_word_embeddings": True,
+}
+QWEN3_CONFIG = {  # RMSNorm on q and k heads, head_dim above hidden / heads, untied
+    "model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2,
+    "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 32, "rms_norm_eps": 1e-6, "vocab_size": 300, "rope_theta": 1000000.0,
+    "max_position_embeddings": 256, "attention_bias": False, "tie_word_embeddings": False,
+}
 
 
 def train_tokenizer(vocab_size: int = 300):
@@ -50,18 +70,22 @@ def train_tokenizer(vocab_size: int = 300):
 
 
 def make_llama_folder(path: Path, config: dict, tokenizer=None, seed: int = 0,
-                      shard: bool = False, quantize: bool = False) -> Path:
-    """A random Llama saved by mlx-lm at `path` (one shard per tensor when `shard`)."""
+                      shard: bool = False, quantize: bool | dict = False) -> Path:
+    """A random model of config's model_type (llama, mistral, qwen2, qwen3...), built
+    with mlx-lm's own class and saved by mlx-lm at `path` (one shard per tensor when
+    `shard`). `quantize`: True = mlx-lm's 4 bits in groups of 32; a dict = the keyword
+    arguments of mlx_lm.utils.quantize_model (group_size, bits, quant_predicate...)."""
     import mlx_lm.utils as mu
-    from mlx_lm.models import llama
 
     path.mkdir(parents=True, exist_ok=True)
     mx.random.seed(seed)
-    model = llama.Model(llama.ModelArgs.from_dict(config))
+    model_class, args_class = mu._get_classes(config)
+    model = model_class(args_class.from_dict(config))
     mx.eval(model.parameters())
     config = json.loads(json.dumps(config))
     if quantize:
-        model, config = mu.quantize_model(model, config, group_size=32, bits=4)
+        options = {"group_size": 32, "bits": 4} if quantize is True else quantize
+        model, config = mu.quantize_model(model, config, **options)
     if shard:
         whole = mu.make_shards
         mu.make_shards = lambda weights, max_file_size_gb=0: whole(weights, 0)

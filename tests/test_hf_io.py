@@ -81,15 +81,21 @@ def test_every_parameter_name_maps_both_ways():
 
 
 def test_refused_folders_name_what_was_found_and_what_is_supported(tmp_path):
-    quantized = make_llama_folder(tmp_path / "q", LLAMA3_CONFIG, quantize=True)
-    with pytest.raises(DataError, match=r"the weights are quantized \(.*bits 4.*\); supported: "
-                                        r"unquantized float32, bfloat16 or float16"):
-        load_folder(quantized)
-    mistral = tmp_path / "mistral"
-    mistral.mkdir()
-    (mistral / "config.json").write_text(json.dumps({**LLAMA3_CONFIG, "model_type": "mistral"}))
-    with pytest.raises(DataError, match="model_type 'mistral' is not supported; supported: llama"):
-        load_folder(mistral)
+    gptq = tmp_path / "gptq"
+    gptq.mkdir()
+    (gptq / "config.json").write_text(json.dumps(
+        {**LLAMA3_CONFIG, "quantization_config": {"quant_method": "gptq", "bits": 4}}))
+    with pytest.raises(DataError, match=r"the weights are quantized by another tool \(quant_method "
+                                        r"gptq, bits 4\); supported: unquantized float32, "
+                                        r"bfloat16 or float16 weights, or weights quantized by "
+                                        r"mlx-lm \(mlx_lm.convert -q"):
+        load_folder(gptq)
+    gemma = tmp_path / "gemma"
+    gemma.mkdir()
+    (gemma / "config.json").write_text(json.dumps({**LLAMA3_CONFIG, "model_type": "gemma2"}))
+    with pytest.raises(DataError, match="model_type 'gemma2' is not supported; supported: llama, "
+                                        "mistral, qwen2, qwen3"):
+        load_folder(gemma)
     biased = tmp_path / "biased"
     biased.mkdir()
     (biased / "config.json").write_text(json.dumps(

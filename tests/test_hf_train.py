@@ -182,12 +182,12 @@ def run_refused(args, tmp_path):
 def test_refusals_exit_2_naming_both_sides(llama, llama_data, tmp_path):
     quantized = make_llama_folder(tmp_path / "q4", LLAMA3_CONFIG, quantize=True)
     err = run_refused(["--init_from", str(quantized), "--data", str(llama_data)], tmp_path)
-    assert "the weights are quantized" in err and "supported: unquantized" in err
-    other = tmp_path / "mistral"
+    assert "the weights are quantized" in err and "full fine-tuning trains every weight" in err
+    other = tmp_path / "gemma"
     other.mkdir()
-    (other / "config.json").write_text(json.dumps({**LLAMA3_CONFIG, "model_type": "mistral"}))
+    (other / "config.json").write_text(json.dumps({**LLAMA3_CONFIG, "model_type": "gemma2"}))
     err = run_refused(["--init_from", str(other), "--data", str(llama_data)], tmp_path)
-    assert "model_type 'mistral' is not supported; supported: llama" in err
+    assert "model_type 'gemma2' is not supported; supported: llama, mistral, qwen2, qwen3" in err
     # byte-tokenized data for a model with its own tokenizer
     from reference_train.prepare import prepare_offline
 
