@@ -5,6 +5,8 @@ accumulation that keeps the global batch, and what a failure points at."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from mlxcluster.errors import InputError, MlxclusterError
@@ -70,3 +72,41 @@ def test_without_hosts_renumbers_the_ranks_and_a_failure_names_its_host():
     assert failed == Failure("rank 2 exited with code 3", ("mac3",), "r1")
     lost = failure_of_outcome(job, RunOutcome(exit_code=255, lost_host="mac1", run_id="r2"))
     assert lost.hosts == ("mac1",) and "lost the ssh connection to mac1" in lost.cause
+
+
+def test_the_restart_loop_reports_each_step_and_asks_the_caller_for_the_next_job():
+    """The loop (jobs/restarts.py) on local ranks, with a stand-in launch: a
+    failed launch is reported, then the restart, then the caller's notes;
+    the second launch gets the caller's job; a refusal ends the loop at once
+    (the CLI says it), however many restarts are left."""
+    import sys
+
+    from mlxcluster.jobs.events import LaunchFailed, Note, Restarting
+    from mlxcluster.jobs.job import job_local
+    from mlxcluster.jobs.restarts import launch_until_done
+
+    job = job_local(2, "ring", sys.executable)
+    outcomes = [RunOutcome(exit_code=3, failed_rank=1, run_id="r1"), RunOutcome(exit_code=0)]
+    launched, events = [], []
+
+    def launch(job):
+        launched.append(job.env.get("K"))
+        return outcomes.pop(0)
+
+    def again(job, k):
+        return replace(job, env={**job.env, "K": str(k)}), [f"again {k}"]
+
+    last, outcome = launch_until_done(job, launch, Restarts(2), {}, again=again,
+                                      on_event=events.append)
+    assert outcome.exit_code == 0 and launched == [None, "1"] and last.env["K"] == "1"
+    assert [type(e) for e in events] == [LaunchFailed, Restarting, Note]
+    assert events[1] == Restarting(1, 2, "rank 1 exited with code 3") and events[2].text == "again 1"
+
+    refused = RunOutcome(exit_code=2, lines=("usage: mlx.launch [-h]",
+                                             "mlx.launch: error: unrecognized arguments: --bogus"))
+    assert refused.refusal == "unrecognized arguments: --bogus"
+    events.clear()
+    calls = []
+    _, outcome = launch_until_done(job, lambda j: calls.append(j) or refused, Restarts(2), {},
+                                   again=again, on_event=events.append)
+    assert outcome is refused and len(calls) == 1 and events == []
