@@ -107,3 +107,26 @@ def test_other_families_and_settings_are_refused_naming_both(tmp_path):
     assert "attention_bias/mlp_bias true (supported for mistral: no biases" in refused(
         {**MISTRAL_CONFIG, "mlp_bias": True})
     assert read_config(make_llama_folder(tmp_path / "llama", LLAMA3_CONFIG))["model_type"] == "llama"
+
+
+def test_a_run_from_a_qwen3_folder_ends_with_a_qwen3_mlx_lm_opens(tmp_path):
+    """The trainer through: --init_from a Qwen3 folder, one step at a negligible learning
+    rate, OUT/model is a qwen3 folder whose logits are the starting folder's."""
+    from reference_train import prepare
+    from reference_train.tokenizer import FolderTokenizer
+
+    from .hf_support import train_tokenizer
+    from .train_support import run_trainer
+
+    folder = make_llama_folder(tmp_path / "qwen3", QWEN3_CONFIG, tokenizer=train_tokenizer())
+    data = tmp_path / "data"
+    assert prepare.main(["--out", str(data), "--tokenizer", str(folder), "--stories", "60"]) == 0
+    out = tmp_path / "run"
+    proc = run_trainer(["--config", "tiny", "--block_size", "32", "--eval_every", "0",
+                        "--sample_tokens", "0", "--steps", "1", "--lr", "1e-12", "--min_lr", "0",
+                        "--warmup_steps", "0", "--init_from", str(folder), "--data", str(data),
+                        "--out", str(out)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((out / "model" / "config.json").read_text())["model_type"] == "qwen3"
+    tokens = mx.array([FolderTokenizer(folder).encode("Once upon a time")])
+    assert max_diff(mlx_lm_logits(out / "model", tokens), mlx_lm_logits(folder, tokens)) < 1e-4
