@@ -28,6 +28,20 @@ prepared before they were recorded has neither, and is hashed when sent).
 Documents are concatenated with `eos_id` after each. Sequence i of a split is
 the window tokens[i*L : i*L + L + 1] (inputs are the first L, targets the last L).
 
+Rows (`prepare --jsonl`, mlx-lm's JSONL formats; reference_train/chat.py): format
+"reference_train.rows/1", the same meta.json but each split also has "rows",
+"trained_tokens" and "index_offset", and may include "test". One file per split
+(so it is sent and checked like the token files): the ids of every row back to
+back (dtype), then, at byte `index_offset` (8-byte aligned), an int64 table
+(rows, 3) of [first id's position, length, offset]. Sequence i is row i alone,
+cut to block_size + 1 ids (cut rows are counted: `RowSplit.cut`) and padded to
+block_size; target j (ids[j], predicted from ids[:j]) is trained when
+offset <= j < length. The batch carries per-position weights: 0 where nothing
+is trained (prompt, padding), else (positions in the global batch) / (trained
+targets in the global batch), so the mean of weight x cross-entropy over a
+rank's positions, averaged over ranks and micro-batches, is the mean over the
+global batch's trained targets only (what one process would compute).
+
 Sharding: per epoch, the sequence indices are shuffled by (seed, epoch); optimizer
 step s of the epoch uses positions [s*G, (s+1)*G) of that order (G = global
 batch), and rank r of n takes the r-th contiguous slice of G/n of them. So the
@@ -55,6 +69,7 @@ from .errors import DataError
 from .files import file_sha256, replace_dir
 
 FORMAT = "reference_train.tokens/1"
+ROWS_FORMAT = "reference_train.rows/1"
 
 
 class Group(Protocol):
@@ -168,6 +183,52 @@ def write_token_files(documents: Iterable[str], tokenizer, out_dir: str | Path,
     return meta
 
 
+def write_row_files(splits: dict[str, list[tuple[list[int], int]]], tokenizer,
+                    out_dir: str | Path, source: str = "", extra: dict | None = None) -> dict:
+    """Rows (ids, offset) of each split into out_dir/{split}.bin + meta.json (ROWS_FORMAT);
+    the directory appears atomically, as with write_token_files."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    dtype = token_dtype(tokenizer.vocab_size)
+    if not splits.get("train"):
+        raise DataError("the data has no training rows", "check the input files")
+    splits = {"train": splits["train"], "val": splits.get("val", []), **splits}  # val, maybe empty
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    os.chmod(tmp, 0o755)
+    try:
+        info = {}
+        for name, rows in splits.items():
+            lengths = np.array([len(ids) for ids, _ in rows], dtype=np.int64)
+            starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+            offsets = np.array([off for _, off in rows], dtype=np.int64)
+            table = np.stack([starts, lengths, offsets], axis=1) if rows else np.zeros((0, 3), np.int64)
+            tokens = np.asarray([i for ids, _ in rows for i in ids], dtype=dtype)
+            path = tmp / f"{name}.bin"
+            with open(path, "wb") as f:
+                tokens.tofile(f)
+                index_offset = -(-tokens.nbytes // 8) * 8
+                f.write(b"\0" * (index_offset - tokens.nbytes))
+                table.astype("<i8").tofile(f)
+            trained = np.maximum(0, lengths - np.maximum(offsets, 1))
+            info[name] = {"file": path.name, "tokens": int(lengths.sum()), "rows": len(rows),
+                          "documents": len(rows), "trained_tokens": int(trained.sum()),
+                          "untrained_rows": int((trained == 0).sum()),
+                          "max_length": int(lengths.max()) if rows else 0,
+                          "index_offset": index_offset, "bytes": path.stat().st_size,
+                          "sha256": file_sha256(path)}
+        meta = {"format": ROWS_FORMAT, "dtype": dtype.name, "vocab_size": tokenizer.vocab_size,
+                "eos_id": tokenizer.eos_id, "tokenizer": tokenizer.describe(),
+                "splits": info, "source": source, **(extra or {})}
+        if hasattr(tokenizer, "save_files"):
+            tokenizer.save_files(tmp / "tokenizer")
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        replace_dir(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return meta
+
+
 # ---------------------------------------------------------------- reading
 
 
@@ -213,6 +274,64 @@ class TokenSplit:
         self._mmap.madvise(mmap.MADV_DONTNEED, start, end - start)
 
 
+class RowSplit:
+    """One split of rows data (ROWS_FORMAT), memory-mapped: sequence i is row i, cut to
+    block_size + 1 ids, padded; `read` also gives which targets are trained."""
+
+    masked = True
+
+    def __init__(self, path: str | Path, dtype: np.dtype, block_size: int, info: dict):
+        self.block_size = block_size
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+        n_rows = info["rows"]
+        if self._mmap is None:
+            self.tokens, self.index = np.zeros(0, dtype=dtype), np.zeros((0, 3), dtype=np.int64)
+        else:
+            self.tokens = np.frombuffer(self._mmap, dtype=dtype, count=info["tokens"])
+            self.index = np.frombuffer(self._mmap, dtype="<i8", count=3 * n_rows,
+                                       offset=info["index_offset"]).reshape(n_rows, 3)
+        lengths = self.index[:, 1]
+        self.lengths = np.minimum(lengths, block_size + 1)
+        self.cut = int((lengths > block_size + 1).sum())
+        # trained targets of each row (j in [max(offset, 1), length) after the cut)
+        self.trained = np.maximum(0, self.lengths - np.maximum(self.index[:, 2], 1))
+
+    @property
+    def n_sequences(self) -> int:
+        return len(self.index)
+
+    def trained_tokens(self, indices) -> int:
+        return int(self.trained[np.asarray(indices, dtype=np.int64)].sum())
+
+    def read(self, indices: Iterable[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Inputs, targets (int32) and the trained mask (float32), each (len(indices), block_size)."""
+        indices = [int(i) for i in indices]
+        L = self.block_size
+        x = np.zeros((len(indices), L), dtype=np.int32)
+        y = np.zeros((len(indices), L), dtype=np.int32)
+        mask = np.zeros((len(indices), L), dtype=np.float32)
+        for r, i in enumerate(indices):
+            start, _, offset = (int(v) for v in self.index[i])
+            n = int(self.lengths[i])
+            ids = self.tokens[start: start + n].astype(np.int32)
+            x[r, :n - 1], y[r, :n - 1] = ids[:-1], ids[1:]
+            mask[r, max(offset, 1) - 1: n - 1] = 1.0  # position p predicts ids[p + 1]
+        return x, y, mask
+
+
+def weighted(split, rows: tuple, global_indices) -> tuple:
+    """A rows batch's mask scaled so that the loss is the mean over the global batch's
+    trained targets (module docstring); text batches as they are."""
+    if not getattr(split, "masked", False):
+        return rows
+    x, y, mask = rows
+    n = split.trained_tokens(global_indices)
+    scale = len(global_indices) * split.block_size / n if n else 0.0
+    return x, y, mask * np.float32(scale)
+
+
 def load_meta(data_dir: str | Path) -> dict:
     """meta.json of a token directory, checked."""
     path = Path(data_dir) / "meta.json"
@@ -220,15 +339,18 @@ def load_meta(data_dir: str | Path) -> dict:
         raise DataError(f"{path} not found",
                         f"create it with: python -m reference_train.prepare --out {data_dir}")
     meta = json.loads(path.read_text())
-    if meta.get("format") != FORMAT:
-        raise DataError(f"{path}: format {meta.get('format')!r}, expected {FORMAT!r}")
+    if meta.get("format") not in (FORMAT, ROWS_FORMAT):
+        raise DataError(f"{path}: format {meta.get('format')!r}, expected {FORMAT!r} "
+                        f"or {ROWS_FORMAT!r}")
     return meta
 
 
-def open_split(data_dir: str | Path, split: str, block_size: int) -> TokenSplit:
-    """Memory-map one split of a token directory."""
+def open_split(data_dir: str | Path, split: str, block_size: int) -> TokenSplit | RowSplit:
+    """Memory-map one split of a token (or rows) directory."""
     meta = load_meta(data_dir)
     info = meta["splits"][split]
+    if meta["format"] == ROWS_FORMAT:
+        return RowSplit(Path(data_dir) / info["file"], np.dtype(meta["dtype"]), block_size, info)
     return TokenSplit(Path(data_dir) / info["file"], np.dtype(meta["dtype"]), block_size)
 
 
@@ -314,16 +436,33 @@ class ShardedBatches:
         return rank_indices(self._order, pos["step_in_epoch"], self.global_batch,
                             self.rank, self.size)
 
-    def batch(self, step: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.split.read(self.indices(step))
+    def batch(self, step: int) -> tuple[np.ndarray, ...]:
+        """(inputs, targets), and for rows data the weights of the trained targets."""
+        rows = self.split.read(self.indices(step))
+        if not getattr(self.split, "masked", False):
+            return rows
+        return weighted(self.split, rows, self.global_indices(step))
+
+    def global_indices(self, step: int) -> np.ndarray:
+        """Every rank's sequences of global step `step`."""
+        self.indices(step)  # the epoch's order
+        in_epoch = self.position(step)["step_in_epoch"]
+        return self._order[in_epoch * self.global_batch: (in_epoch + 1) * self.global_batch]
+
+    def trained_tokens(self, step: int) -> int:
+        """Targets trained in global step `step` (all of them for text data)."""
+        if not getattr(self.split, "masked", False):
+            return self.global_batch * self.split.block_size
+        return self.split.trained_tokens(self.global_indices(step))
 
 
-def validation_batches(split: TokenSplit, global_batch: int, group: Group,
-                       max_batches: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def validation_batches(split: TokenSplit | RowSplit, global_batch: int, group: Group,
+                       max_batches: int) -> Iterator[tuple[np.ndarray, ...]]:
     """The first `max_batches` global batches of validation, in order, this rank's slice."""
     rank, size = group.rank(), group.size()
     per_rank = global_batch // size
     n = min(max_batches, split.n_sequences // global_batch)
     for b in range(n):
         start = b * global_batch + rank * per_rank
-        yield split.read(range(start, start + per_rank))
+        rows = split.read(range(start, start + per_rank))
+        yield weighted(split, rows, range(b * global_batch, (b + 1) * global_batch))

@@ -131,12 +131,18 @@ def logsumexp(x: mx.array) -> mx.array:
     return _logsumexp(x) if applies(x) else mx.logsumexp(x, axis=-1)
 
 
-def cross_entropy(logits: mx.array, targets: mx.array) -> mx.array:
-    """Mean cross-entropy of integer ``targets`` under ``logits`` (..., vocab)."""
+def cross_entropy(logits: mx.array, targets: mx.array,
+                  weights: mx.array | None = None) -> mx.array:
+    """Mean cross-entropy of integer ``targets`` under ``logits`` (..., vocab); with
+    ``weights`` (the shape of ``targets``), the mean of weight x cross-entropy, so a
+    position of weight 0 counts nowhere (data.py's trained-target weights)."""
     if not applies(logits):
-        return nn.losses.cross_entropy(logits, targets, reduction="mean")
+        if weights is None:
+            return nn.losses.cross_entropy(logits, targets, reduction="mean")
+        return (nn.losses.cross_entropy(logits, targets, reduction="none") * weights).mean()
     picked = mx.take_along_axis(logits, targets[..., None], axis=-1).squeeze(-1)
-    return (_logsumexp(logits) - picked).mean()
+    per_position = _logsumexp(logits) - picked
+    return per_position.mean() if weights is None else (per_position * weights).mean()
 
 
 def attention(q: mx.array, k: mx.array, v: mx.array, scale: float,

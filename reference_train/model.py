@@ -180,12 +180,15 @@ class Llama(nn.Module):
         return self.output(h)
 
 
-def loss_fn(model: Llama, inputs: mx.array, targets: mx.array) -> mx.array:
-    """Mean next-token cross-entropy over every position of the batch."""
+def loss_fn(model: Llama, inputs: mx.array, targets: mx.array,
+            weights: mx.array | None = None) -> mx.array:
+    """Mean next-token cross-entropy over every position of the batch; with `weights`
+    (rows data: 0 where no target is trained, data.py), the mean of weight x
+    cross-entropy, i.e. the mean over the global batch's trained targets only."""
     logits = model(inputs)
     if logits.dtype != mx.float32:  # bfloat16 passes: the loss itself in float32
         logits = logits.astype(mx.float32)
-    return kernels.cross_entropy(logits, targets)
+    return kernels.cross_entropy(logits, targets, weights)
 
 
 def count_parameters(model: nn.Module) -> int:

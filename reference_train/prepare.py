@@ -5,6 +5,8 @@ Sources (pick one; the default is the bundled offline corpus, no network):
     python -m reference_train.prepare --out data/offline
     python -m reference_train.prepare --out data/mine --text a.txt b.txt
     python -m reference_train.prepare --out data/mine --jsonl stories.jsonl --text-field text
+    python -m reference_train.prepare --out data/chat --jsonl data_folder --tokenizer MODEL_DIR \
+        --mask_prompt
     python -m reference_train.prepare --out data/tinystories \
         --hf-dataset roneneldan/TinyStories --tokenizer gpt2 --max-docs 100000
 
@@ -14,6 +16,13 @@ training with --init_from DIR); `--tokenizer NAME` loads a Hugging Face tokenize
 by name. Both need `tokenizers` (or `transformers`) installed.
 
     python -m reference_train.prepare --out data/llama --text a.txt --tokenizer ~/models/my-llama
+`--jsonl PATH` without --text-field reads mlx-lm's JSONL data: PATH is a folder
+holding train.jsonl (and valid.jsonl, test.jsonl) or one .jsonl file (every
+--val-every-th row to validation), rows {"text"}, {"prompt", "completion"} or
+{"messages"} made into the token ids mlx-lm's dataset classes make
+(reference_train/chat.py), one sequence per row ("reference_train.rows/1");
+--mask_prompt trains only the completion / last assistant turn. `--jsonl FILE...
+--text-field FIELD` reads that field as documents, packed like text files.
 The output format is described in reference_train/data.py and docs/training.md.
 A run without --data trains on the offline corpus, tokenized here on first use
 in each host's cache (`default_data_dir`).
@@ -26,8 +35,16 @@ import os
 import sys
 from pathlib import Path
 
+from .chat import ChatTemplate, read_rows, row_tokens
 from .corpus import offline_corpus
-from .data import load_meta, read_hf_dataset, read_jsonl, read_text_files, write_token_files
+from .data import (
+    load_meta,
+    read_hf_dataset,
+    read_jsonl,
+    read_text_files,
+    write_row_files,
+    write_token_files,
+)
 from .errors import DataError
 from .tokenizer import make_tokenizer
 
@@ -70,9 +87,16 @@ def build_parser() -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--text", nargs="+", metavar="FILE",
                      help="plain text files (split on <|endoftext|> when present)")
-    src.add_argument("--jsonl", nargs="+", metavar="FILE", help="JSON Lines files")
+    src.add_argument("--jsonl", nargs="+", metavar="PATH",
+                     help="mlx-lm's JSONL data: a folder with train.jsonl (valid.jsonl, "
+                          "test.jsonl) or one .jsonl file; with --text-field, JSON Lines "
+                          "files whose field is read as documents")
     src.add_argument("--hf-dataset", metavar="NAME", help="a Hugging Face dataset, e.g. roneneldan/TinyStories")
-    p.add_argument("--text-field", default="text", help="field holding the text (JSONL, HF)")
+    p.add_argument("--text-field", default=None,
+                   help="field holding the text (HF, default text; JSONL read as documents)")
+    p.add_argument("--mask_prompt", "--mask-prompt", action="store_true",
+                   help="JSONL chat / prompt-completion rows: train only the completion "
+                        "(the last assistant turn), as mlx-lm's --mask-prompt")
     p.add_argument("--split", default="train", help="HF dataset split to read")
     p.add_argument("--max-docs", type=int, default=None, help="stop after this many documents (HF)")
     p.add_argument("--tokenizer", default="byte",
@@ -91,11 +115,14 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer = make_tokenizer(args.tokenizer)
         if args.text:
             docs, source = read_text_files(args.text), f"text files: {', '.join(args.text)}"
+        elif args.jsonl and args.text_field is None:
+            return prepare_rows(args, tokenizer)
         elif args.jsonl:
             docs = read_jsonl(args.jsonl, args.text_field)
             source = f"JSONL files: {', '.join(args.jsonl)}"
         elif args.hf_dataset:
-            docs = read_hf_dataset(args.hf_dataset, args.split, args.text_field, args.max_docs)
+            docs = read_hf_dataset(args.hf_dataset, args.split, args.text_field or "text",
+                                   args.max_docs)
             source = f"Hugging Face dataset {args.hf_dataset} ({args.split})"
         else:
             docs = offline_corpus(args.stories)
@@ -113,6 +140,63 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tokenizer: {tok['path']}/tokenizer.json (sha256 "
               f"{tok['tokenizer_json_sha256'][:12]}, eos id {tok['eos_id']}), kept in "
               f"{args.out}/tokenizer")
+    return 0
+
+
+def jsonl_splits(path: Path, val_every: int) -> dict[str, list]:
+    """{split: [(file, line number, row, format)]} of mlx-lm's layout (a folder) or one file."""
+    if path.is_dir():
+        names = {"train": "train.jsonl", "val": "valid.jsonl", "test": "test.jsonl"}
+        if not (path / "train.jsonl").is_file():
+            raise DataError(f"{path}: no train.jsonl", "mlx-lm's layout: train.jsonl, and "
+                            "valid.jsonl and test.jsonl when there are any")
+        return {split: [(path / name, *r) for r in read_rows(path / name)]
+                for split, name in names.items() if (path / name).is_file()}
+    if not path.is_file():
+        raise DataError(f"--jsonl {path}: no such file or folder")
+    splits: dict[str, list] = {"train": [], "val": []}
+    for i, r in enumerate(read_rows(path)):
+        split = "val" if val_every > 0 and i % val_every == val_every - 1 else "train"
+        splits[split].append((path, *r))
+    return splits
+
+
+def prepare_rows(args, tokenizer) -> int:
+    """--jsonl in mlx-lm's formats: every row checked and tokenized before anything is
+    written (a bad row: exit 2 naming the file and line, nothing written)."""
+    if len(args.jsonl) != 1:
+        raise DataError("--jsonl takes one folder or one .jsonl file for mlx-lm's formats",
+                        "or name the field to read documents from with --text-field")
+    path = Path(args.jsonl[0])
+    splits = jsonl_splits(path, args.val_every)
+    formats = {r[3] for rows in splits.values() for r in rows}
+    template = None
+    if formats - {"text"}:
+        if not hasattr(tokenizer, "folder"):
+            raise DataError(f"{', '.join(sorted(formats - {'text'}))} rows need the model's "
+                            "chat template", "prepare with --tokenizer MODEL_DIR")
+        template = ChatTemplate(tokenizer)
+    out: dict[str, list] = {}
+    for split, rows in splits.items():
+        out[split] = []
+        for file, lineno, row, fmt in rows:
+            try:
+                out[split].append(row_tokens(row, fmt, tokenizer, template, args.mask_prompt))
+            except DataError as e:
+                raise DataError(f"{file}:{lineno}: {e.args[0]}", e.hint) from None
+            except Exception as e:  # the template's own error (raise_exception, a bad field)
+                raise DataError(f"{file}:{lineno}: the chat template failed: "
+                                f"{type(e).__name__}: {e}") from None
+    source = f"JSONL ({', '.join(sorted(formats))} rows): {path}"
+    meta = write_row_files(out, tokenizer, args.out, source, {"mask_prompt": args.mask_prompt})
+    counts = ", ".join(f"{s} {i['rows']} rows, {i['tokens']:,} tokens ({i['trained_tokens']:,} "
+                       f"trained, longest {i['max_length']})" for s, i in meta["splits"].items())
+    print(f"wrote {args.out}: {counts}, {meta['dtype']}, vocab {meta['vocab_size']}, from {source}"
+          f"{', prompts masked' if args.mask_prompt else ''}")
+    for split, info in meta["splits"].items():
+        if info["untrained_rows"]:
+            print(f"warning: {info['untrained_rows']} {split} rows train no token (the prompt "
+                  "covers the whole row, as mlx-lm's offset does)", file=sys.stderr)
     return 0
 
 

@@ -55,6 +55,8 @@ class ByteTokenizer:
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
 
+    encode_with_specials = encode  # no special tokens to add
+
     def decode(self, ids: Iterable[int]) -> str:
         return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
 
@@ -101,6 +103,8 @@ class HFTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return self._encode(text)
+
+    encode_with_specials = encode
 
     def decode(self, ids: Iterable[int]) -> str:
         return self._decode([i for i in ids if i != self.eos_id])
@@ -170,6 +174,11 @@ class FolderTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False).ids
+
+    def encode_with_specials(self, text: str) -> list[int]:
+        """With the tokenizer's own additions (a BOS...), as transformers' encode adds them
+        by default (mlx-lm's text rows)."""
+        return self.tok.encode(text, add_special_tokens=True).ids
 
     def decode(self, ids) -> str:
         return self.tok.decode([i for i in ids if i != self.eos_id])

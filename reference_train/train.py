@@ -177,11 +177,11 @@ class Trainer:
         if self.lora and self.cfg.lora_dropout > 0:
             state.append(mx.random.state)  # dropout draws from mlx's global random state
 
-        def grad_step(x, y):
+        def grad_step(x, y, *weights):  # weights: rows data's trained targets (data.py)
             if compute is model:
-                return loss_and_grad(model, x, y)
+                return loss_and_grad(model, x, y, *weights)
             refresh(compute, model, dtype)  # bfloat16 passes on the float32 master's values
-            loss, grads = loss_and_grad(compute, x, y)
+            loss, grads = loss_and_grad(compute, x, y, *weights)
             return loss.astype(mx.float32), to_float32(grads)
 
         # Sharded (sharded_optimizer.py): each rank receives, clips and updates its share only.
@@ -201,8 +201,8 @@ class Trainer:
             optimizer.update(model, grads)
             return norm
 
-        def whole_step(x, y):  # the three in one graph, as mlx-lm compiles its step
-            loss, grads = grad_step(x, y)
+        def whole_step(x, y, *weights):  # the three in one graph, as mlx-lm compiles its step
+            loss, grads = grad_step(x, y, *weights)
             return loss, update_step(reduce_step(grads))
 
         if self.cfg.compile:
@@ -295,9 +295,9 @@ class Trainer:
         """Validation loss averaged over every rank's share of `eval_batches` global batches."""
         total, n = mx.array(0.0), 0
         self.model.eval()  # no dropout (LoRA's)
-        for x, y in validation_batches(self.val_split, self.cfg.global_batch, self.group,
-                                       self.cfg.eval_batches):
-            total = total + loss_fn(self.model, mx.array(x), mx.array(y))
+        for batch in validation_batches(self.val_split, self.cfg.global_batch, self.group,
+                                        self.cfg.eval_batches):
+            total = total + loss_fn(self.model, *(mx.array(a) for a in batch))
             n += 1
         mx.eval(total)
         self.model.train()
@@ -325,16 +325,18 @@ class Trainer:
             self._steps = self.build_steps()
         grad_step, reduce_step, update_step, whole_step = self._steps
         start = time.perf_counter()
-        x_all, y_all = self.train_data.batch(self.step)
+        x_all, y_all, *w_all = self.train_data.batch(self.step)  # w_all: rows data's weights
         if cfg.grad_accum == 1 and not timed:
-            step_loss, norm = whole_step(mx.array(x_all), mx.array(y_all))
+            step_loss, norm = whole_step(mx.array(x_all), mx.array(y_all),
+                                         *(mx.array(w) for w in w_all))
             mx.eval(self.model.parameters(), self.optimizer.state, step_loss, norm)
             self.step += 1
             return step_loss, norm
         step_loss, grads = mx.array(0.0), None
         for m in range(cfg.grad_accum):
             rows = slice(m * self.micro_batch, (m + 1) * self.micro_batch)
-            loss, g = grad_step(mx.array(x_all[rows]), mx.array(y_all[rows]))
+            loss, g = grad_step(mx.array(x_all[rows]), mx.array(y_all[rows]),
+                                *(mx.array(w[rows]) for w in w_all))
             grads = g if grads is None else tree_map(mx.add, grads, g)
             step_loss = step_loss + loss
             if cfg.grad_accum > 1:
@@ -380,6 +382,11 @@ class Trainer:
                      f"{f' from {cfg.init_from}' if cfg.init_from else ''} | train "
                      f"{plan.n_sequences} sequences of {cfg.block_size}: {plan.steps_per_epoch} "
                      f"steps/epoch, {plan.dropped} dropped per epoch")
+            if getattr(self.train_data.split, "masked", False):  # rows data (data.py)
+                self.log(f"rows: one a sequence, padded to {cfg.block_size}; only trained "
+                         f"targets count (loss, tokens/s); {self.train_data.split.cut} train "
+                         f"and {self.val_split.cut} val rows longer than {cfg.block_size + 1} "
+                         "tokens cut")
             if self.lora:
                 trained = lora.trainable_count(self.model)
                 blocks = "all" if cfg.lora_layers < 0 else f"the last {cfg.lora_layers}"
@@ -397,11 +404,12 @@ class Trainer:
         if self.rank == 0:
             start_record(metrics_path, self.step, self.size)
         last = min(cfg.steps, cfg.stop_after) if cfg.stop_after else cfg.steps
-        tokens_per_step = cfg.global_batch * cfg.block_size
         show_bar = cfg.progress and self.rank == 0 and sys.stdout.isatty()
         record: dict = {}
         loss_sum, interval_steps, t0 = mx.array(0.0), 0, time.perf_counter()
+        interval_tokens = 0  # trained targets: every position for text data
         while self.step < last:
+            interval_tokens += self.train_data.trained_tokens(self.step)
             logged = (self.step + 1) % cfg.log_every == 0 or self.step + 1 == last
             step_loss, norm = self.train_step(timed=logged)
             self.beat()
@@ -415,7 +423,7 @@ class Trainer:
                         / (self.size * interval_steps)).item()
                 mem, rss = self.gather_memory()
                 record = {"step": self.step, "loss": loss,
-                          "tokens_per_s": round(tokens_per_step * interval_steps / elapsed, 1),
+                          "tokens_per_s": round(interval_tokens / elapsed, 1),
                           "lr": float(self.optimizer.learning_rate.item()),
                           "grad_norm": float(norm.item()), "peak_mem_mb": mem,
                           "peak_rss_mb": rss, "ranks": self.size}
@@ -434,7 +442,7 @@ class Trainer:
                              f"compute, {record['comm_s'] * 1000:.0f} comm, "
                              f"{record['optimizer_s'] * 1000:.0f} optimizer")
                     save_record(metrics_path, record)
-                loss_sum, interval_steps = mx.array(0.0), 0
+                loss_sum, interval_steps, interval_tokens = mx.array(0.0), 0, 0
             if cfg.eval_every and (self.step % cfg.eval_every == 0 or self.step == last):
                 val = self.evaluate()
                 if self.rank == 0:
