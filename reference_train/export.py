@@ -4,8 +4,9 @@
     python -m reference_train.export runs/demo/checkpoints/step_000100 DIR --export_dtype bfloat16
     mlx_lm.generate --model DIR --prompt "Once upon a time"
 
-DIR gets config.json, model.safetensors (+ model.safetensors.index.json), in
-mlx-lm's layout and names (reference_train/hf_io.py), and the tokenizer files:
+DIR gets config.json (of the model's family: llama, mistral, qwen2 or qwen3),
+model.safetensors (+ model.safetensors.index.json), in mlx-lm's layout and
+names (reference_train/hf_io.py), and the tokenizer files:
 those kept with the run's data (prepare --tokenizer DIR), else the --init_from
 folder's, else a tokenizer.json equal to the byte tokenizer. The weights are the
 float32 master weights unless --export_dtype asks for another: a bfloat16 copy
