@@ -40,7 +40,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from .errors import DataError
 from .files import replace_dir
-from .hf_io import hf_from_ours, ours_from_hf
+from .hf_io import hf_from_ours, is_quantized, ours_from_hf  # noqa: F401 (train.py's)
 
 FINE_TUNES = ("full", "lora")
 # mlx-lm's names of a Llama block's linear layers (all of them: mlx-lm's default keys).
@@ -149,11 +149,6 @@ def apply_lora(model: nn.Module, num_layers: int, rank: int, scale: float, dropo
 def apply_config(model: nn.Module, cfg) -> nn.Module:
     return apply_lora(model, cfg.lora_layers, cfg.lora_rank, cfg.lora_scale, cfg.lora_dropout,
                       parse_keys(cfg.lora_keys))
-
-
-def is_quantized(model: nn.Module) -> bool:
-    return any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
-               for _, m in model.named_modules())
 
 
 def trainable_count(model: nn.Module) -> int:

@@ -107,7 +107,7 @@ class Trainer:
         self.val_split = open_split(data_dir, "val", cfg.block_size)
         mx.random.seed(cfg.seed)  # every rank draws the same initial weights
         if cfg.init_from:  # the model's shape and weights from a Llama folder (hf_io.py)
-            self.model = model_from_folder(cfg.init_from, self.meta, data_dir)
+            self.model = model_from_folder(cfg.init_from, self.meta, data_dir, cfg.fine_tune)
         else:
             self.model = Llama(model_args(cfg, self.meta["vocab_size"]))
         self.args = self.model.args

@@ -256,3 +256,34 @@ def test_refusals(llama, llama_data, tmp_path):
     assert "lora_layers 3: the model has 2 blocks" in proc.stderr
     assert "--lora_layers 2 or -1" in proc.stderr
 
+
+
+def test_qlora_trains_adapters_on_the_quantized_base(llama, llama_data, tmp_path):
+    """QLoRA: a folder quantized by mlx-lm (4 bits) stays quantized and frozen; the
+    adapters train in float32 and open in mlx-lm on that folder with our logits."""
+    from mlx_lm.utils import load
+
+    from reference_train.hf_io import model_from_weights
+
+    folder = make_llama_folder(tmp_path / "q4", LLAMA3_CONFIG, quantize=True)
+    for f in llama.iterdir():  # the same tokenizer as the data's
+        if f.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(f, folder / f.name)
+    out = tmp_path / "run"
+    proc = train(folder, llama_data, out, "--steps", "2")
+    assert "the base frozen and quantized" in proc.stdout
+    saved = mx.load(str(out / "checkpoints" / "step_000002" / "model.safetensors"))
+    assert len(saved) == 28 and {v.dtype for v in saved.values()} == {mx.float32}
+    args, weights, config = load_folder(folder)
+    model = model_from_weights(args, weights, config, folder)
+    lora.apply_lora(model, -1, 4, 20.0, 0.0, list(lora.KEYS))
+    model.load_weights(list(saved.items()), strict=False)
+    model.eval()
+    assert isinstance(model.layers[0].attention.wq.linear, nn.QuantizedLinear)
+    ids = mx.array([FolderTokenizer(llama).encode(PROMPT)])
+    theirs, _ = load(str(folder), adapter_path=str(out / "adapters"))
+    assert mx.abs(theirs(ids) - model(ids)).max().item() < 1e-4
+    # bfloat16 passes would need a bfloat16 copy of the quantized base: refused
+    proc = run_trainer([*COMMON, "--init_from", str(folder), "--data", str(llama_data),
+                        "--out", str(tmp_path / "bf16"), "--dtype", "bfloat16"])
+    assert proc.returncode == 2 and "with a quantized base" in proc.stderr, proc.stderr[-2000:]
