@@ -19,7 +19,8 @@ from reference_train.data import ShardedBatches, load_meta, open_split, validati
 from reference_train.prepare import main as prepare_main
 
 from .chat_support import make_chat_folder
-from .train_support import read_metrics, run_trainer
+from .conftest import require
+from .train_support import MLX_LAUNCH, read_metrics, run_trainer
 
 STYLES = ("qwen25", "qwen3", "qwen3-nothink", "llama3")
 
@@ -271,3 +272,31 @@ def test_a_masked_chat_learns_the_answer_and_an_unmasked_one_cannot(folders, tmp
     assert [r["val_loss"] for r in unmasked if "val_loss" in r][-1] > 0.9 * floor, unmasked
     # tokens/s counts trained targets only: the masked run trains few of each row's
     assert all(r["tokens_per_s"] > 0 for r in masked if "tokens_per_s" in r)
+
+
+def test_rows_train_the_same_on_1_and_2_ranks_and_with_accumulation(folders, tmp_path):
+    """The weights make every rank's loss add up to the global batch's mean over its trained
+    targets: rows of very different trained lengths give the same losses on 1 rank, 2
+    ranks and 1 rank with 2 micro-batches."""
+    require(MLX_LAUNCH is not None, "mlx.launch is not installed beside the test python")
+    rng = random.Random(1)
+    rows = [{"prompt": " ".join(rng.choices(WORDS, k=rng.randint(1, 6))),
+             "completion": " ".join(rng.choices(WORDS, k=rng.randint(1, 8)))} for _ in range(64)]
+    src = write_jsonl(tmp_path / "rows.jsonl", rows)
+    data = tmp_path / "data"
+    assert prepare_main(["--out", str(data), "--jsonl", str(src), "--tokenizer",
+                         str(folders["llama3"]), "--mask_prompt", "--val-every", "4"]) == 0
+    common = ["--config", "tiny", "--data", str(data), "--block_size", "48", "--steps", "4",
+              "--global_batch", "8", "--log_every", "1", "--eval_every", "4",
+              "--sample_tokens", "0"]
+    losses = {}
+    for name, ranks, extra in (("one", 1, []), ("two", 2, []), ("accum", 1, ["--grad_accum", "2"])):
+        out = tmp_path / name
+        proc = run_trainer([*common, "--out", str(out), *extra], ranks=ranks, port=32650)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        records = read_metrics(out)
+        losses[name] = [r.get("loss", r.get("val_loss")) for r in records
+                        if "loss" in r or "val_loss" in r]
+    assert len(losses["one"]) == 5
+    for name in ("two", "accum"):
+        assert np.allclose(losses[name], losses["one"], rtol=0, atol=1e-4), losses
