@@ -113,6 +113,11 @@ class ChatTemplate:
         self.tokenizer = tokenizer
         folder = Path(tokenizer.folder)
         cfg = tokenizer._json("tokenizer_config.json")
+        if cfg.get("chat_template_type"):
+            raise DataError(f"{folder}: tokenizer_config.json names chat_template_type "
+                            f"{cfg['chat_template_type']!r}, which mlx-lm renders with its own "
+                            "Python code (mlx_lm/chat_templates), not reproduced here",
+                            "prepare chat data for this model with mlx-lm's tools")
         jinja_file = folder / "chat_template.jinja"
         if jinja_file.is_file():
             template = jinja_file.read_text(encoding="utf-8")

@@ -215,6 +215,17 @@ def test_folder_layout_and_its_errors(folders, tmp_path, capsys):
     meta = load_meta(out)
     assert {s: i["rows"] for s, i in meta["splits"].items()} == {"train": 4, "val": 0, "test": 1}
     assert (out / "tokenizer" / "tokenizer_config.json").is_file()
+    # a template mlx-lm renders in Python (mlx_lm/chat_templates): refused, not guessed
+    other = tmp_path / "python-template"
+    other.mkdir()
+    for f in folders["llama3"].iterdir():
+        other.joinpath(f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((other / "tokenizer_config.json").read_text())
+    (other / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template_type": "x"}))
+    assert prepare_main(["--out", str(tmp_path / "o2"), "--jsonl", str(src), "--tokenizer",
+                         str(other)]) == 2
+    assert "chat_template_type 'x'" in capsys.readouterr().err
+    assert not (tmp_path / "o2").exists()
 
 
 class FakeGroup:
