@@ -151,9 +151,19 @@ def test_masks_weights_cut_and_ranks(folders, tmp_path):
     assert len(val) == 2 and all(np.allclose(w.sum(), 4 * L) for _, _, w in val)
 
 
-def test_loss_counts_only_trained_targets():
+@pytest.mark.parametrize("mode", ["auto", "mlx"])
+def test_loss_counts_only_trained_targets(mode):
+    from reference_train import kernels
     from reference_train.model import Llama, ModelArgs, loss_fn
 
+    kernels.use(mode)  # the multiply-add loss (Linux's CPU) and MLX's
+    try:
+        check_weighted_loss(loss_fn, Llama, ModelArgs)
+    finally:
+        kernels.use("auto")
+
+
+def check_weighted_loss(loss_fn, Llama, ModelArgs):
     mx.random.seed(0)
     model = Llama(ModelArgs(vocab_size=50, dim=32, n_layers=1, n_heads=2, hidden_dim=48))
     x = mx.random.randint(0, 50, (2, 6))
