@@ -225,6 +225,12 @@ def test_folder_layout_and_its_errors(folders, tmp_path, capsys):
     meta = load_meta(out)
     assert {s: i["rows"] for s, i in meta["splits"].items()} == {"train": 4, "val": 0, "test": 1}
     assert (out / "tokenizer" / "tokenizer_config.json").is_file()
+    # `mlxcluster train --data` sends and checks it like token data: one file per split
+    from mlxcluster.launch.sync import read_manifest
+
+    sent = {f.name for f in read_manifest(out).files}
+    assert {"train.bin", "val.bin", "test.bin", "meta.json",
+            "tokenizer/tokenizer_config.json"} <= sent
     # a template mlx-lm renders in Python (mlx_lm/chat_templates): refused, not guessed
     other = tmp_path / "python-template"
     other.mkdir()
