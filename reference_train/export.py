@@ -97,6 +97,11 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str = "flo
     except (KeyError, TypeError, ValueError) as e:
         raise DataError(f"{path}/state.json: model_args unreadable ({e})") from None
     config = state.get("config") or {}
+    if config.get("fine_tune", "full") == "lora":  # model.safetensors: the adapters (lora.py)
+        raise DataError(f"checkpoint {path} holds LoRA adapters, not a whole model",
+                        "its run wrote them for mlx-lm to OUT/adapters; a whole model: "
+                        f"mlx_lm.fuse --model {config.get('init_from') or 'MODEL_DIR'} "
+                        "--adapter-path OUT/adapters")
     data = config.get("data") or ""
     data_dir = Path(data) if data else default_data_dir()
     weights = mx.load(str(path / "model.safetensors"))

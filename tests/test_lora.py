@@ -22,7 +22,7 @@ from reference_train.model import Llama, loss_fn
 from reference_train.tokenizer import FolderTokenizer
 
 from .conftest import require
-from .hf_support import LLAMA3_CONFIG, make_llama_folder, mlx_lm_logits, train_tokenizer
+from .hf_support import LLAMA3_CONFIG, QWEN2_CONFIG, make_llama_folder, mlx_lm_logits, train_tokenizer
 from .train_support import MLX_LAUNCH, PYTHON, REPO, run_trainer, train_losses, trainer_env
 
 COMMON = ["--config", "tiny", "--block_size", "32", "--eval_every", "0", "--sample_tokens", "0",
@@ -55,19 +55,24 @@ def test_the_layer_is_mlx_lms_around_linear_and_quantized_linear():
         assert mx.allclose(ours(x), linear(x) + 2.5 * (x @ ours.lora_a) @ b, atol=1e-4).item()
 
 
-@pytest.mark.parametrize(("layers", "keys"), [(-1, ""), (1, "self_attn.q_proj,mlp.down_proj")])
-def test_adapter_names_and_shapes_are_mlx_lms(layers, keys):
-    from mlx_lm.models import llama
+@pytest.mark.parametrize(("layers", "keys", "family"),
+                         [(-1, "", "llama"), (1, "self_attn.q_proj,mlp.down_proj", "llama"),
+                          (-1, "", "qwen2")])
+def test_adapter_names_and_shapes_are_mlx_lms(layers, keys, family):
+    import importlib
+
     from mlx_lm.tuner.utils import linear_to_lora_layers
 
     from reference_train.hf_io import args_from_config
 
-    theirs = llama.Model(llama.ModelArgs.from_dict(LLAMA3_CONFIG))
+    config = {"llama": LLAMA3_CONFIG, "qwen2": QWEN2_CONFIG}[family]
+    module = importlib.import_module(f"mlx_lm.models.{family}")
+    theirs = module.Model(module.ModelArgs.from_dict(config))
     theirs.freeze()
     params = {"rank": 4, "scale": 20.0, "dropout": 0.0}
     linear_to_lora_layers(theirs, 2 if layers < 0 else layers,
                           {**params, **({"keys": keys.split(",")} if keys else {})})
-    ours = lora.apply_lora(Llama(args_from_config(LLAMA3_CONFIG)), layers, 4, 20.0, 0.0,
+    ours = lora.apply_lora(Llama(args_from_config(config)), layers, 4, 20.0, 0.0,
                            lora.parse_keys(keys))
     want = {k: v.shape for k, v in tree_flatten(theirs.trainable_parameters())}
     got = {lora.hf_adapter_name(k): v.shape for k, v in tree_flatten(ours.trainable_parameters())}
@@ -247,6 +252,25 @@ def test_resume_on_two_ranks_with_a_sharded_optimizer(llama, llama_data, tmp_pat
                        "--steps", "5"])
     assert out.returncode == 2 and "resume with the checkpoint's --fine_tune and --lora_*" \
         in out.stderr, out.stderr[-2000:]
+    # reference_train.export makes whole models: a LoRA checkpoint is refused, naming fuse
+    from reference_train.export import main as export_main
+
+    assert export_main([str(tmp_path / "mixed"), str(tmp_path / "exported")]) == 2
+    assert not (tmp_path / "exported").exists()
+
+
+def test_bfloat16_passes_train_float32_adapters(llama, llama_data, tmp_path):
+    proc = train(llama, llama_data, tmp_path / "bf16", "--dtype", "bfloat16", "--steps", "2",
+                 "--lora_keys", "self_attn.q_proj,self_attn.v_proj", "--lora_layers", "1",
+                 "--compile", "false")  # compiled, bfloat16 kernels take 40 s to build here
+    assert "compute bfloat16 on float32 master weights" in proc.stdout
+    saved = mx.load(str(tmp_path / "bf16" / "adapters" / "adapters.safetensors"))
+    assert sorted(saved) == [f"model.layers.1.self_attn.{p}_proj.lora_{x}"
+                             for p in "qv" for x in "ab"]
+    assert {v.dtype for v in saved.values()} == {mx.float32}
+    config = json.loads((tmp_path / "bf16" / "adapters" / "adapter_config.json").read_text())
+    assert config["num_layers"] == 1
+    assert config["lora_parameters"]["keys"] == ["self_attn.q_proj", "self_attn.v_proj"]
 
 
 def test_refusals(llama, llama_data, tmp_path):
