@@ -18,7 +18,7 @@ from mlx.utils import tree_flatten
 from reference_train import lora, prepare
 from reference_train.config import build_config
 from reference_train.hf_io import load_folder
-from reference_train.model import Llama, loss_fn
+from reference_train.model import Llama, generate, loss_fn
 from reference_train.tokenizer import FolderTokenizer
 
 from .conftest import require
@@ -213,6 +213,20 @@ def test_out_adapters_open_in_mlx_lm_with_our_logits(llama, dropout_run, tmp_pat
     assert mx.abs(model(ids) - ours).max().item() < 1e-4
     base = mlx_lm_logits(llama, ids)
     assert mx.abs(base - ours).max().item() > 1e-3  # the adapters change the model
+
+    # mlx_lm generate --adapter-path, the real command: greedy, our model's continuation
+    gen = subprocess.run([PYTHON, "-m", "mlx_lm", "generate", "--model", str(llama),
+                          "--adapter-path", str(adapters), "--prompt", PROMPT,
+                          "--max-tokens", "6", "--temp", "0"],
+                         cwd=tmp_path, env=trainer_env(), capture_output=True, text=True,
+                         timeout=180)
+    assert gen.returncode == 0, gen.stderr[-3000:]
+    text = gen.stdout.split("==========\n")[1].rsplit("\n", 1)[0]
+    greedy = generate(our_lora_model(llama, adapters), tok.encode(PROMPT), 6, mx.random.key(0),
+                      temperature=0)
+    if tok.eos_id in greedy:
+        greedy = greedy[:greedy.index(tok.eos_id)]
+    assert text == tok.tok.decode(greedy), (text, greedy)
 
     # mlx_lm fuse, the real command: the fused model computes the same logits
     fused = tmp_path / "fused"
