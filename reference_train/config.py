@@ -230,6 +230,8 @@ def build_config(argv: list[str]) -> TrainConfig:
     args = parser.parse_args(argv)
     values = load_config_file(args.config) if args.config else {}
     values.update({k: v for k, v in vars(args).items() if k in types and v is not None})
+    if isinstance(values.get("lora_keys"), list):  # YAML may list them
+        values["lora_keys"] = ",".join(str(k) for k in values["lora_keys"])
     cfg = TrainConfig(**{k: coerce(k, v, types[k]) for k, v in values.items()})
     check_config(cfg)
     return cfg

@@ -107,7 +107,7 @@ def test_only_the_adapters_get_gradients_and_optimizer_state():
     assert changed == ["layers.1.attention.wv.lora_a", "layers.1.attention.wv.lora_b"]
 
 
-def test_config_fields_defaults_and_refusals():
+def test_config_fields_defaults_and_refusals(tmp_path):
     cfg = build_config(["--init_from", "somewhere", "--fine_tune", "lora"])
     assert (cfg.lora_rank, cfg.lora_scale, cfg.lora_dropout, cfg.lora_layers, cfg.lora_keys) == \
         (8, 20.0, 0.0, 16, "")  # mlx-lm's defaults (mlx_lm/lora.py CONFIG_DEFAULTS)
@@ -116,6 +116,9 @@ def test_config_fields_defaults_and_refusals():
     assert CONFIG_DEFAULTS["lora_parameters"] == {"rank": 8, "dropout": 0.0, "scale": 20.0}
     assert CONFIG_DEFAULTS["num_layers"] == 16
     assert build_config([]).fine_tune == "full"
+    listed = tmp_path / "lora.yaml"
+    listed.write_text("fine_tune: lora\ninit_from: x\nlora_keys: [self_attn.q_proj, mlp.up_proj]\n")
+    assert build_config(["--config", str(listed)]).lora_keys == "self_attn.q_proj,mlp.up_proj"
     for argv, says in [
         (["--fine_tune", "lora"], "fine_tune lora adapts a trained model: give --init_from"),
         (["--fine_tune", "dora"], "fine_tune dora: must be one of full, lora"),
