@@ -22,8 +22,14 @@ from reference_train.model import Llama, generate, loss_fn
 from reference_train.tokenizer import FolderTokenizer
 
 from .conftest import require
-from .hf_support import LLAMA3_CONFIG, QWEN2_CONFIG, make_llama_folder, mlx_lm_logits, train_tokenizer
-from .train_support import MLX_LAUNCH, PYTHON, REPO, run_trainer, train_losses, trainer_env
+from .hf_support import (
+    LLAMA3_CONFIG,
+    QWEN2_CONFIG,
+    make_llama_folder,
+    mlx_lm_logits,
+    train_tokenizer,
+)
+from .train_support import MLX_LAUNCH, PYTHON, run_trainer, train_losses, trainer_env
 
 COMMON = ["--config", "tiny", "--block_size", "32", "--eval_every", "0", "--sample_tokens", "0",
           "--steps", "4", "--fine_tune", "lora", "--lora_rank", "4", "--lora_layers", "-1"]
