@@ -52,7 +52,7 @@ def run_job(job: Job, on_line: Callable[[str, str], None],
     ``stall_timeout``: seconds without a heartbeat that make a stall, AUTO
     (stall.StallWatch's default), or None (not watched). On a stall, the
     report (summary and every rank's stacks) goes to
-    ``report_dir``/stall-RUN_ID (default: the current directory), every rank
+    ``report_dir``/stall-RUN_ID (default: ./runs, where `run` keeps its logs), every rank
     is stopped, and stall.Stalled is raised. ``any_line_progress``: every
     output line counts as progress, not only heartbeats (`mlxcluster run`:
     a program of its own prints none). ``run_id``: default a new one."""
@@ -64,7 +64,7 @@ def run_job(job: Job, on_line: Callable[[str, str], None],
         watch = stall.LineWatch(limit) if any_line_progress else stall.StallWatch(limit)
 
     def on_stall() -> MlxclusterError:
-        return stop_stalled(job, run_id, watch, Path(report_dir or "."), base_env)
+        return stop_stalled(job, run_id, watch, Path(report_dir or "runs"), base_env)
 
     try:
         with tempfile.TemporaryDirectory(prefix="mlxcluster-job.") as tmp:
