@@ -28,8 +28,8 @@ from mlxcluster.jobs.plan import launcher_argv, write_hostfile
 from mlxcluster.jobs.preflight import HostProbe, check_probes, common_openblas, openblas_env
 from mlxcluster.jobs.watch import failed_rank, launcher_error, run_streaming
 from mlxcluster.launch.trainer import check_batch_split
+from reference_train.config import build_config
 from reference_train.data import split_batch
-from reference_train.train import build_config
 
 from .conftest import require
 from .train_support import MLX_LAUNCH

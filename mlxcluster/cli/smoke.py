@@ -36,6 +36,7 @@ from mlxcluster.errors import (
     Interrupted,
     MlxclusterError,
 )
+from mlxcluster.hostfile.tuned import MAX_CONNECTIONS, apply_tuned, read_tuned, split_words
 from mlxcluster.inventory.inventory import Inventory
 from mlxcluster.jobs.connections import shared_hosts
 from mlxcluster.jobs.hosts import (
@@ -52,7 +53,6 @@ from mlxcluster.smoke.report import check_plot_path, reports_to_dict, write_plot
 from mlxcluster.smoke.run import SmokeReport, exit_code_for, run_backend
 from mlxcluster.smoke.soak import SoakSummary, new_seed
 from mlxcluster.smoke.stats import format_bytes, parse_size_range
-from mlxcluster.hostfile.tuned import MAX_CONNECTIONS, apply_tuned, read_tuned, split_words
 
 # The last line of a text run, one per exit code exit_code_for gives (docs/smoke.md).
 VERDICTS = {EXIT_OK: "smoke passed", EXIT_FAILED: "smoke FAILED",
