@@ -163,3 +163,39 @@ def test_max_restarts_launches_again_and_tells_the_program_which_launch_it_is(tm
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "restart 1/1 after: rank 1 exited with code 3" in proc.stdout
     assert "rank 1 launch 1: all_sum 2" in proc.stdout
+
+
+CHATTY = """
+import time
+import mlx.core as mx
+g = mx.distributed.init(strict=True, backend="any")
+for i in range(100000):
+    print(f"line {i}", flush=True)
+    time.sleep(0.01)
+"""
+
+
+def test_a_closed_stdout_leaves_no_rank_running(tmp_path):
+    """`mlxcluster run ... | head -3`: the reader goes, mlxcluster cannot
+    write; every rank is stopped all the same (seen: left running)."""
+    require(MLX_LAUNCH is not None, "mlx.launch is not installed beside the test python")
+    script = tmp_path / "chatty_closed_stdout.py"
+    script.write_text(CHATTY)
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.Popen([sys.executable, "-m", "mlxcluster", "run", "--local", "2",
+                             "--no-preflight", "--", "python", str(script)], env=env, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    for _ in range(3):
+        assert proc.stdout.readline()
+    proc.stdout.close()
+    proc.wait(timeout=60)
+
+    def ranks_left() -> str:
+        return subprocess.run(["pgrep", "-af", str(script)], capture_output=True,
+                              text=True).stdout.strip()
+
+    deadline = time.monotonic() + 30
+    while ranks_left() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert ranks_left() == ""

@@ -78,6 +78,10 @@ def run_job(job: Job, on_line: Callable[[str, str], None],
         if hint:
             err.hint = f"{err.hint}; {hint}" if err.hint else hint
         raise
+    except BaseException:  # anything else (a closed stdout): no rank may be left running
+        with interrupts.deferred():
+            sweep(job.hosts, run_id, base_env)
+        raise
     with interrupts.deferred():
         unstopped = unstopped_hint(sweep(job.hosts, run_id, base_env), run_id)
     lost = lost_host(outcome.exit_code, outcome.failed_rank, [h.name for h in job.hosts], outcome.lines)

@@ -253,6 +253,10 @@ def watch_launcher(running: process.Running, on_line: Callable[[str, str], None]
         signum = interrupts.signum_of(stop)
         raise Interrupted(signum, f"interrupted ({interrupts.signal_name(signum)}): the job was "
                                   "stopped on every rank") from None
+    except BaseException:  # the caller's on_line failed (its stdout closed: `| head`): stop all
+        with interrupts.deferred():
+            stop_launcher(running)
+        raise
     for name, f in filters.items():
         show(name, f.flush())
     code, rank = failed_rank(exits + tail, proc.returncode)
