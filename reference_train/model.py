@@ -169,15 +169,33 @@ class Llama(nn.Module):
         self.norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
         if not args.tie_embeddings:
             self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        # --grad_checkpoint (train.py sets it): in training, each block's activations are
+        # recomputed in the backward pass instead of kept (mx.checkpoint, as mlx-lm's).
+        self.grad_checkpoint = False
 
     def __call__(self, tokens: mx.array) -> mx.array:
         h = self.tok_embeddings(tokens)
+        recompute = self.grad_checkpoint and self.training
         for layer in self.layers:
-            h = layer(h)
+            h = checkpointed(layer, h) if recompute else layer(h)
         h = self.norm(h)
         if self.args.tie_embeddings:
             return self.tok_embeddings.as_linear(h)
         return self.output(h)
+
+
+def checkpointed(layer: nn.Module, x: mx.array) -> mx.array:
+    """`layer(x)` whose intermediate activations are not kept for the backward pass
+    but recomputed there: only the block's input is saved (mlx-lm's
+    tuner/trainer.py grad_checkpoint, per call rather than patching the class).
+    The trainable parameters are the checkpoint's inputs, so their gradients flow
+    (LoRA's adapters alone when the base is frozen)."""
+
+    def inner(params, x):
+        layer.update(params)
+        return layer(x)
+
+    return mx.checkpoint(inner)(layer.trainable_parameters(), x)
 
 
 def loss_fn(model: Llama, inputs: mx.array, targets: mx.array,

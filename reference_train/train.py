@@ -122,6 +122,8 @@ class Trainer:
         # --dtype bfloat16: the passes run on a bfloat16 copy; self.model stays the float32 master.
         self.compute_dtype, self.comm_dtype = dtype_of(cfg.dtype), dtype_of(cfg.comm_dtype)
         self.compute = compute_copy(self.model, self.empty_model, self.compute_dtype)
+        for m in (self.model, self.compute):  # --grad_checkpoint: blocks recomputed (model.py)
+            m.grad_checkpoint = cfg.grad_checkpoint
         self.optimizer = optim.AdamW(learning_rate=self.schedule(), betas=[cfg.beta1, cfg.beta2],
                                      weight_decay=cfg.weight_decay)
         if cfg.shard_optimizer:  # each rank keeps its share of the state (sharded_optimizer.py)
