@@ -22,6 +22,8 @@ kept without loading MLX.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -30,6 +32,10 @@ HEARTBEAT_ENV = "MLXCLUSTER_HEARTBEAT"
 HEARTBEAT_MARK = "@@mlxcluster-heartbeat"
 RECORD_ENV = "MLXCLUSTER_RECORD"
 RECORD_MARK = "@@mlxcluster-record"
+# A file of the run's output (LoRA's adapters: small) sent to mlxcluster's
+# record in base64 pieces, so that it also lands where mlxcluster runs.
+FILE_EVENT = "file"
+FILE_PIECE_BYTES = 512 << 10
 
 
 def _switched_on(name: str) -> bool:
@@ -76,6 +82,20 @@ def save_record(path: Path, record: dict) -> None:
         emit_record(record)
     else:
         append_metrics(path, record)
+
+
+def emit_folder(folder: Path, name: str) -> None:
+    """Every file of ``folder`` to mlxcluster's record, as ``name/FILE``, in
+    pieces of FILE_PIECE_BYTES (each a record line), with its sha256."""
+    for path in sorted(p for p in folder.iterdir() if p.is_file()):
+        data = path.read_bytes()
+        digest = hashlib.sha256(data).hexdigest()
+        pieces = max(1, -(-len(data) // FILE_PIECE_BYTES))
+        for i in range(pieces):
+            piece = data[i * FILE_PIECE_BYTES:(i + 1) * FILE_PIECE_BYTES]
+            emit_record({"event": FILE_EVENT, "path": f"{name}/{path.name}", "piece": i,
+                         "pieces": pieces, "sha256": digest,
+                         "data": base64.b64encode(piece).decode("ascii")})
 
 
 def append_metrics(path: Path, record: dict) -> None:

@@ -58,6 +58,7 @@ from .export import export_model
 from .hf_io import model_from_folder
 from .launch_env import current_backend, has_sum_scatter, init_group
 from .metrics import (
+    emit_folder,
     heartbeat_wanted,
     plot_metrics,
     print_heartbeat,
@@ -282,6 +283,8 @@ class Trainer:
                 folder = lora.write_adapters(mx.load(str(saved)),
                                              lora.adapter_config(self.cfg, self.args.n_layers),
                                              self.out / "adapters")
+                if self.rank == 0 and recording():  # mlxcluster keeps a copy where it runs
+                    emit_folder(folder, "adapters")
                 if self.rank == 0:
                     self.log(f"adapters for mlx-lm: {folder} (mlx_lm.generate --model "
                              f"{self.cfg.init_from} --adapter-path {folder})")

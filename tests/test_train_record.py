@@ -75,3 +75,38 @@ def test_the_launcher_and_the_trainer_speak_one_protocol():
     # A line the trainer emits is one the record takes.
     assert record.RECORD_RE.search(f"{metrics.RECORD_MARK} {{\"step\": 1}}").group(1) == '{"step": 1}'
     assert stall.HEARTBEAT_RE.search(f"{metrics.HEARTBEAT_MARK} 0 5")
+
+
+def test_files_the_trainer_sends_land_here_whole_or_not_at_all(tmp_path, capsys, monkeypatch):
+    """LoRA's adapters, sent as record lines (reference_train.metrics.emit_folder)
+    by rank 0 on its own Mac, are written under --out here: byte for byte,
+    however many pieces; a wrong sum, a piece missing or a path leaving --out
+    writes nothing."""
+    import os
+
+    import reference_train.metrics as metrics
+
+    monkeypatch.setattr(metrics, "FILE_PIECE_BYTES", 1000)
+    sent = tmp_path / "rank0-host" / "adapters"
+    sent.mkdir(parents=True)
+    (sent / "adapters.safetensors").write_bytes(os.urandom(4500))  # 5 pieces
+    (sent / "adapter_config.json").write_text('{"fine_tune_type": "lora"}\n')
+    metrics.emit_folder(sent, "adapters")
+    lines = [f"[0] {line}" for line in capsys.readouterr().out.splitlines()]
+    assert len(lines) == 6
+
+    rec = RunRecord(tmp_path / "here")
+    assert all(rec.feed(line) is None for line in lines)
+    for name in ("adapters.safetensors", "adapter_config.json"):
+        assert (tmp_path / "here" / "adapters" / name).read_bytes() == (sent / name).read_bytes()
+    assert rec.bad_lines == 0 and not (tmp_path / "here" / "metrics.jsonl").exists()
+
+    other = RunRecord(tmp_path / "other")  # lines[0]: the config; 1-5: the weights' pieces
+    other.feed(lines[0].replace('"sha256": "', '"sha256": "0'))  # a wrong sum
+    other.feed(lines[0].replace('"path": "adapters/', '"path": "../../'))  # leaves --out
+    other.feed(lines[2])  # a piece without the ones before it
+    for line in lines[1:5]:  # the last piece never comes
+        other.feed(line)
+    assert other.bad_lines == 3 and other.files == []
+    assert not (tmp_path / "other" / "adapters").exists()
+    assert not (tmp_path / "adapter_config.json").exists()

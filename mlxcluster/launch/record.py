@@ -13,6 +13,8 @@ the same --out path:
                         events, each with the time it was written
     OUT/train.log       every line the job printed, as shown, each launch headed
     OUT/loss.png        drawn here when the job ends
+    OUT/adapters/       LoRA's adapters (the trainer sends its files in pieces,
+                        each checked by its sha256 before it is renamed into place)
 
 A start at step N (a resume) drops the records of later steps, so a resumed
 run does not log steps twice, as the trainer does for its own metrics.jsonl.
@@ -20,12 +22,16 @@ run does not log steps twice, as the trainer does for its own metrics.jsonl.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
+import os
 import re
+import tempfile
 import time
 from pathlib import Path
 
-from reference_train.metrics import RECORD_ENV, RECORD_MARK, truncate_metrics
+from reference_train.metrics import FILE_EVENT, RECORD_ENV, RECORD_MARK, truncate_metrics
 
 __all__ = ["RECORD_ENV", "RunRecord"]
 
@@ -42,6 +48,8 @@ class RunRecord:
         self.log_path = self.out / "train.log"
         self._log = open(self.log_path, "a", encoding="utf-8")
         self.bad_lines = 0
+        self.files: list[Path] = []  # the files the trainer sent, written here
+        self._pieces: dict[str, list[bytes]] = {}  # path -> the pieces so far
 
     def start_launch(self, what: str) -> None:
         self._log.write(f"== {time.strftime('%Y-%m-%d %H:%M:%S')} {what}\n")
@@ -59,6 +67,9 @@ class RunRecord:
         except ValueError:
             self.bad_lines += 1  # cut by a dying rank: the log keeps it
             self._log.write(line + "\n")
+            return None
+        if record.get("event") == FILE_EVENT:
+            self._take_piece(record)
             return None
         if record.get("event") == "start":
             truncate_metrics(self.metrics, int(record.get("step", 0)))
@@ -89,6 +100,36 @@ class RunRecord:
         if eval_every:
             bound = min(bound, max(vals) + eval_every)
         return bound
+
+    def _take_piece(self, record: dict) -> None:
+        """One piece of a file the trainer sends; the file, once whole and its
+        sha256 right, written under --out (temp + rename). A piece out of
+        order, a path leaving --out or a wrong sum: counted, nothing written."""
+        name = str(record.get("path", ""))
+        target = (self.out / name).resolve()
+        if not name or Path(name).is_absolute() or self.out.resolve() not in target.parents:
+            self.bad_lines += 1
+            return
+        pieces = self._pieces.setdefault(name, [])
+        if record.get("piece") != len(pieces):  # a new send of the same file starts again
+            pieces.clear()
+            if record.get("piece") != 0:
+                self.bad_lines += 1
+                return
+        pieces.append(base64.b64decode(record.get("data", "")))
+        if len(pieces) < int(record.get("pieces", 1)):
+            return
+        data = b"".join(self._pieces.pop(name))
+        if hashlib.sha256(data).hexdigest() != record.get("sha256"):
+            self.bad_lines += 1
+            return
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+        self.files.append(target)
 
     def close(self) -> None:
         self._log.close()
