@@ -29,6 +29,8 @@ from __future__ import annotations
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 
+from .precision import collective_stream
+
 MOMENTS = ("m", "v")  # AdamW's per-parameter state, each shaped like the parameter
 
 def deal(sizes: dict[str, int], ranks: int) -> dict[str, int]:
@@ -83,16 +85,18 @@ class ShardedOptimizer:
         flat = mx.concatenate([self._padded([grads[n] for n in share]) for share in self.shares])
         flat = flat.astype(comm_dtype)
         if self.reduce_scatter:
-            piece = mx.distributed.sum_scatter(flat, group=self.group)
+            piece = mx.distributed.sum_scatter(flat, group=self.group,
+                                               stream=collective_stream())
         else:  # the same piece, the long way: the whole sum, then keep ours
             at = self.rank * self.piece
-            piece = mx.distributed.all_sum(flat, group=self.group)[at:at + self.piece]
+            piece = mx.distributed.all_sum(flat, group=self.group,
+                                           stream=collective_stream())[at:at + self.piece]
         return self._split((piece / self.size).astype(mx.float32), self.mine)
 
     def clip_grad_norm(self, grads: dict[str, mx.array], max_norm: float):
         """``optim.clip_grad_norm`` for shares: the global norm from every rank's sum of squares."""
         squares = sum((g.square().sum() for g in grads.values()), mx.array(0.0))
-        total = mx.sqrt(mx.distributed.all_sum(squares, group=self.group)
+        total = mx.sqrt(mx.distributed.all_sum(squares, group=self.group, stream=collective_stream())
                         if self.size > 1 else squares)
         normalizer = mx.minimum(max_norm / (total + 1e-6), 1.0)
         return {n: (g * normalizer).astype(g.dtype) for n, g in grads.items()}, total
@@ -141,4 +145,5 @@ class ShardedOptimizer:
         mine = self._padded(arrays)
         if self.size == 1:
             return [mine]
-        return mx.split(mx.distributed.all_gather(mine, group=self.group), self.size)
+        return mx.split(mx.distributed.all_gather(mine, group=self.group,
+                                                  stream=collective_stream()), self.size)
