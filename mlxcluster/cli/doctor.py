@@ -7,9 +7,19 @@
     mlxcluster doctor --from DIR [-i cluster.yaml]    # replay a saved folder
     mlxcluster doctor ... --html report.html          # also write the HTML page (docs/report.md)
 
+    mlxcluster doctor -i cluster.yaml --fix           # the plan of fixes, a yes, applied, checked again
+    mlxcluster doctor -i cluster.yaml --fix --dry-run # the plan only
+    mlxcluster doctor --undo ~/.config/mlxcluster/fixes/TIME.json
+
 Exit codes: 0 nothing failed, 1 a check failed (or warned, with --strict, or
 the --collect folder could not be written), 2 usage, inventory, hostfile or
---collect folder error (checked before any host is probed).
+--collect folder error (checked before any host is probed). With --fix: 0
+only when every planned fix worked, the checks it was for pass and nothing
+fails after; 1 otherwise (also a --dry-run or a "no" with a plan that is not
+empty); 2 a bad flag combination, --fix with no terminal to ask on and no
+--yes, or an inventory or journal folder that cannot be written (before any
+host is changed). --undo: 0 every recorded change undone, 1 one was not, 2
+not a journal.
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ import json
 import click
 from tabulate import tabulate
 
+from mlxcluster.cli.doctor_fix import check_fix_flags, run_fix, run_undo
 from mlxcluster.cli.params import Seconds, inventory_option, load_chosen_inventory
 from mlxcluster.cli.report import check_html_path, emit_page, html_option
 from mlxcluster.doctor.checks.base import CheckResult, Status
@@ -150,10 +161,25 @@ def render(report: DoctorReport, verbose: bool) -> None:
 @click.option("--hostfile", "hostfile", type=click.Path(dir_okay=False),
               help="The hostfile you launch with: compared with the live cabling.")
 @click.option("-v", "--verbose", is_flag=True, help="Show evidence for passing checks too.")
+@click.option("--fix", is_flag=True,
+              help="After the checks, plan the fixes of what failed or warned, ask, apply, check again.")
+@click.option("--dry-run", is_flag=True, help="With --fix: print the plan only.")
+@click.option("--yes", is_flag=True, help="With --fix: apply the plan without asking.")
+@click.option("--fix-timeout", type=Seconds(1, 3600), default=60.0, show_default=True,
+              help="Seconds each fix's command may take on a host.")
+@click.option("--undo", "undo_path", type=click.Path(dir_okay=False),
+              help="Undo what a --fix run changed (its journal, ~/.config/mlxcluster/fixes/TIME.json).")
 @html_option("the report")
 def command(inventory_path, as_json, strict, collect_dir, from_dir, local, accept_new_host_keys, backend,
-            connect_timeout, no_data_path, hostfile, verbose, html_path):
+            connect_timeout, no_data_path, hostfile, verbose, fix, dry_run, yes, fix_timeout, undo_path,
+            html_path):
     """Check every host of the cluster and say how to fix what is wrong."""
+    check_fix_flags(fix=fix, dry_run=dry_run, yes=yes, undo=undo_path,
+                    others={"--json": as_json, "--collect": bool(collect_dir), "--from": bool(from_dir),
+                            "--local": local, "--html": bool(html_path),
+                            **({"-i": bool(inventory_path), "--hostfile": bool(hostfile)} if undo_path else {})})
+    if undo_path:
+        click.get_current_context().exit(run_undo(undo_path, connect_timeout))
     if from_dir and collect_dir:
         raise InputError("--from and --collect exclude each other",
                          "--collect saves a live run; --from replays a saved one")
@@ -172,6 +198,11 @@ def command(inventory_path, as_json, strict, collect_dir, from_dir, local, accep
     if collect_dir:
         prepare_capture_dir(collect_dir)
     check_html_path(html_path)
+    if fix:
+        click.get_current_context().exit(run_fix(
+            inventory, backend=backend, connect_timeout=connect_timeout,
+            accept_new_host_keys=accept_new_host_keys, data_path=not no_data_path, hostfile=hostfile,
+            verbose=verbose, dry_run=dry_run, yes=yes, strict=strict, fix_timeout=fix_timeout, render=render))
     if local:
         report = run_local_doctor(backend=backend)
     elif from_dir:

@@ -96,8 +96,10 @@ def _report(ctx: CheckContext, started: float, cluster: str | None) -> DoctorRep
 
 def run_doctor(inventory, *, backend: str | None = None, connect_timeout: float = 5.0,
                command_timeout: float = 60.0, accept_new_host_keys: bool = False,
-               data_path: bool = True, hostfile: str | None = None) -> DoctorReport:
-    """Probe every inventory host live and run every check."""
+               data_path: bool = True, hostfile: str | None = None, runner=None) -> DoctorReport:
+    """Probe every inventory host live and run every check. With ``runner``
+    (a ``ParamikoRunner`` the caller closes) its connections are used and
+    stay open: ``doctor --fix`` applies and re-checks over them."""
     started = time.monotonic()
     if inventory.ssh_config and not Path(inventory.ssh_config).is_file():
         raise InputError(f"ssh_config {inventory.ssh_config} (from {inventory.path}) does not exist",
@@ -105,6 +107,7 @@ def run_doctor(inventory, *, backend: str | None = None, connect_timeout: float 
     live: LiveCollection = collect_live(inventory, connect_timeout=connect_timeout,
                                         command_timeout=command_timeout,
                                         accept_new_host_keys=accept_new_host_keys, data_path=data_path,
+                                        runner=runner,
                                         # Only mpi may need SSH between hosts (checks/ssh.py host_to_host).
                                         host_to_host=backend == "mpi")
     ctx = CheckContext(live.captures, inventory=inventory, live=True, backend=backend,

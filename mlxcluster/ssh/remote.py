@@ -53,10 +53,15 @@ def ssh_command(host_id: str) -> str:
 class HostKeyUnknown(SshError):
     """The server's host key is not in known_hosts."""
 
-    def __init__(self, host_id: str, key_type: str, fingerprint: str, known_hosts: str):
+    def __init__(self, host_id: str, key_type: str, fingerprint: str, known_hosts: str,
+                 key_base64: str | None = None):
         self.host_id = host_id
         self.key_type = key_type
         self.fingerprint = fingerprint
+        # The key itself and where it would be saved: doctor --fix shows the
+        # fingerprint and saves exactly this key after the user's yes.
+        self.key_base64 = key_base64
+        self.known_hosts = known_hosts
         host = host_id[1:].split("]:", 1)[0] if host_id.startswith("[") and "]:" in host_id else host_id
         super().__init__(
             "unknown-host-key",
@@ -203,7 +208,7 @@ class _KeyPolicy(paramiko.MissingHostKeyPolicy):
 
     def missing_host_key(self, client, hostname, key):
         if not self.accept_new:
-            raise HostKeyUnknown(hostname, key.get_name(), fingerprint(key), self.save_to)
+            raise HostKeyUnknown(hostname, key.get_name(), fingerprint(key), self.save_to, key.get_base64())
         client.get_host_keys().add(hostname, key.get_name(), key)
         line = f"{hostname} {key.get_name()} {key.get_base64()}\n".encode()
         with self.lock:

@@ -33,6 +33,10 @@ class CheckResult:
     # Evidence per host name (or per pair "a -> b"); free text, one line ideally.
     hosts: dict[str, str] = field(default_factory=dict)
     hint: str | None = None
+    # What the check's fix needs per host it blames (``doctor --fix``): a
+    # name -> plain values; empty when nothing here can be fixed. Not in the
+    # JSON document (the fix plan says it).
+    fix_data: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -67,18 +71,22 @@ class CheckSpec:
     title: str
     fn: CheckFn
     live: bool = False
+    # The check's fix (``mlxcluster.doctor.fixes.plan.Fix``), declared beside
+    # it as its hint is; None: nothing here can fix it.
+    fix: Any = None
 
 
 REGISTRY: dict[str, CheckSpec] = {}
 
 
-def check(check_id: str, title: str, *, live: bool = False) -> Callable[[CheckFn], CheckFn]:
-    """Register a check under a unique id (kebab-case, documented in docs/doctor.md)."""
+def check(check_id: str, title: str, *, live: bool = False, fix: Any = None) -> Callable[[CheckFn], CheckFn]:
+    """Register a check under a unique id (kebab-case, documented in docs/doctor.md),
+    with its fix if it has one (``doctor --fix``)."""
 
     def register(fn: CheckFn) -> CheckFn:
         if check_id in REGISTRY:
             raise ValueError(f"duplicate check id {check_id}")
-        REGISTRY[check_id] = CheckSpec(check_id, title, fn, live)
+        REGISTRY[check_id] = CheckSpec(check_id, title, fn, live, fix)
         return fn
 
     return register

@@ -13,6 +13,7 @@ import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from mlxcluster.doctor.checks.base import CheckContext, CheckResult, Status, check
 from mlxcluster.facts.capture import PROBE
@@ -27,10 +28,13 @@ class Verdict:
     status: Status
     evidence: dict[str, str] = field(default_factory=dict)
     hint: str | None = None
+    fix_data: dict[str, Any] = field(default_factory=dict)  # host -> what the check's fix needs
 
 
-def doctor_check(check_id: str, title: str, *, live: bool = False):
-    """Register ``fn(ctx) -> Verdict`` as check ``check_id``."""
+def doctor_check(check_id: str, title: str, *, live: bool = False, fix: Any = None):
+    """Register ``fn(ctx) -> Verdict`` as check ``check_id``; ``fix`` (a
+    ``mlxcluster.doctor.fixes.plan.Fix``) is what ``doctor --fix`` does for
+    the hosts in the verdict's ``fix_data``."""
 
     def register(fn: Callable[[CheckContext], Verdict]):
         def run(ctx: CheckContext) -> CheckResult:
@@ -38,12 +42,12 @@ def doctor_check(check_id: str, title: str, *, live: bool = False):
             # Evidence in inventory/capture order, whatever order the check filled it in.
             order = list(ctx.captures) + [k for k in v.evidence if k not in ctx.captures]
             evidence = {k: v.evidence[k] for k in order if k in v.evidence}
-            return CheckResult(check_id, title, v.status, evidence, v.hint)
+            return CheckResult(check_id, title, v.status, evidence, v.hint, dict(v.fix_data))
 
         run.__name__ = fn.__name__
         run.__module__ = fn.__module__
         run.__doc__ = fn.__doc__
-        check(check_id, title, live=live)(run)
+        check(check_id, title, live=live, fix=fix)(run)
         return fn
 
     return register

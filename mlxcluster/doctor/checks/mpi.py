@@ -28,6 +28,7 @@ from mlxcluster.doctor.checks.common import (
     unprobed_evidence,
     worst,
 )
+from mlxcluster.doctor.fixes.env import LIBMPI_ENV
 from mlxcluster.facts.facts import HostFacts, version_tuple
 
 PATH_HINT = ("put Open MPI's bin directory on the PATH a NON-interactive shell sees: on macOS add "
@@ -218,7 +219,8 @@ def libmpi_loadable(ctx: CheckContext) -> Verdict:
     return Verdict(worst(bool(bad), False), evidence, hint)
 
 
-@doctor_check("libmpi-by-hand", "MLX finds libmpi without mlxcluster (mpirun, mlx.launch by hand)")
+@doctor_check("libmpi-by-hand", "MLX finds libmpi without mlxcluster (mpirun, mlx.launch by hand)",
+              fix=LIBMPI_ENV)
 def libmpi_by_hand(ctx: CheckContext) -> Verdict:
     facts = probed_hosts(ctx)
     if not facts:
@@ -247,7 +249,8 @@ def libmpi_by_hand(ctx: CheckContext) -> Verdict:
                 f"themselves; running mpirun by hand (or mlx.launch, which guesses it from the ompi_info on PATH), "
                 f"pass it (mpirun -x MLX_MPI_LIBNAME=... "
                 f"-x {path_var}=...) or put it in the inventory env, or every rank silently runs alone")
-    return Verdict(worst(False, bool(by_hand)), evidence, hint)
+    return Verdict(worst(False, bool(by_hand)), evidence, hint,
+                   {n: {"MLX_MPI_LIBNAME": name} for n, name in by_hand.items()})
 
 
 def mpi_available(f: HostFacts) -> bool | None:

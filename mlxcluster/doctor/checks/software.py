@@ -21,6 +21,7 @@ from mlxcluster.doctor.checks.common import (
     worst,
 )
 from mlxcluster.doctor.checks.mpi import mpi_available
+from mlxcluster.doctor.fixes.env import OPENBLAS_PRELOAD
 
 GIB = 2**30
 MEMORY_RATIO_WARN = 0.8  # smallest / largest host below this => imbalance warning
@@ -198,7 +199,7 @@ def memory_imbalance(ctx: CheckContext) -> Verdict:
 _REFERENCE_BLAS = re.compile(r"libblas[-.]", re.I)
 
 
-@doctor_check("reference-blas", "mlx uses an optimised BLAS (Linux)")
+@doctor_check("reference-blas", "mlx uses an optimised BLAS (Linux)", fix=OPENBLAS_PRELOAD)
 def reference_blas(ctx: CheckContext) -> Verdict:
     facts = probed_hosts(ctx)
     linux = {n: f for n, f in facts.items() if f.platform and f.platform.startswith("linux")}
@@ -221,4 +222,5 @@ def reference_blas(ctx: CheckContext) -> Verdict:
         hint = ("the mlx[cpu] wheel bundles the slow reference BLAS (about 15-30x slower matmuls): "
                 "apt install libopenblas0-pthread and set LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 "
                 "in the inventory env")
-    return Verdict(worst(False, bool(slow)), evidence, hint)
+    return Verdict(worst(False, bool(slow)), evidence, hint,
+                   {n: {"blas": facts[n].blas_provider} for n in slow})

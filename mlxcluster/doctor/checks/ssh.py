@@ -19,6 +19,7 @@ from mlxcluster.doctor.checks.common import (
     skip,
     worst,
 )
+from mlxcluster.doctor.fixes.host_keys import SAVE_HOST_KEYS
 from mlxcluster.facts.mpi import NO_TREE_SPAWN, ROUTED_RADIX
 from mlxcluster.ssh.hops import HOP_SCRIPT_FAILED
 from mlxcluster.ssh.openssh import explain_failure
@@ -80,7 +81,7 @@ def ssh_openssh(ctx: CheckContext) -> Verdict:
     return v
 
 
-@doctor_check("host-keys", "Host keys known (no trust-on-first-use prompt)", live=True)
+@doctor_check("host-keys", "Host keys known (no trust-on-first-use prompt)", live=True, fix=SAVE_HOST_KEYS)
 def host_keys(ctx: CheckContext) -> Verdict:
     live = _live(ctx)
     evidence, errors = {}, []
@@ -94,7 +95,11 @@ def host_keys(ctx: CheckContext) -> Verdict:
             evidence[name] = "known"
         else:
             evidence[name] = f"not checked ({_kind(outcome.error)}, see ssh-paramiko)"
-    return Verdict(worst(bool(errors), False), evidence, _hints(errors))
+    # What the fix saves: the key the connection was offered (a changed key is never fixed).
+    keys = {name: {"host_id": err.host_id, "key_type": err.key_type, "fingerprint": err.fingerprint,
+                   "key_base64": err.key_base64, "known_hosts": err.known_hosts}
+            for name, err in errors if getattr(err, "key_base64", None)}
+    return Verdict(worst(bool(errors), False), evidence, _hints(errors), keys)
 
 
 # ssh -G values that verify nothing: no checking, or an empty known_hosts.

@@ -1,0 +1,8 @@
+"""``doctor --fix``: what a failing check's fix changes, applied and undone.
+
+``plan`` (the types a check's fix declares and the plan built from a
+report), ``inventory_edit`` (one env variable set in the inventory's text),
+``journal`` (every change written down, where it is kept), ``apply`` (the
+plan applied host by host; a journal undone), and one module per fix:
+``env`` (the inventory's env), ``host_keys`` (unknown host keys).
+"""
