@@ -49,7 +49,7 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_map
 
-from . import kernels, lora
+from . import compile_cache, kernels, lora
 from .checkpoint import checkpoint_name, content_hash, load_checkpoint, save_checkpoint
 from .config import TrainConfig, build_config, model_args
 from .data import ShardedBatches, load_meta, open_split, split_batch, validation_batches
@@ -378,6 +378,11 @@ class Trainer:
     def run(self) -> dict:
         """Train from self.step to the end (or stop_after); return the last metrics."""
         cfg = self.cfg
+        cold = int(compile_cache.compiles_cold(cfg.compile or (cfg.kernels == "auto"
+                                                               and sys.platform == "linux")))
+        if self.size > 1:  # every host has its own cache; rank 0 says how many are cold
+            cold = int(mx.distributed.all_sum(mx.array(cold), group=self.group,
+                                              stream=mx.cpu).item())
         if self.rank == 0:
             make_out_dir(self.out)
             plan = self.train_data.plan
@@ -403,6 +408,8 @@ class Trainer:
             self.log(f"compute {cfg.dtype} on float32 master weights, {self.reduction()}"
                      f" | {self.flops_per_token / 1e6:.2f} MFLOPs per token; mfu against "
                      f"{self.peak_source}")
+            if note := compile_cache.cold_note(cold, self.size):
+                self.log(note)
         if cfg.resume:
             self.resume()
         metrics_path = self.out / "metrics.jsonl"
