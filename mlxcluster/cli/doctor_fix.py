@@ -71,8 +71,8 @@ def render_plan(plan: Plan) -> None:
         for a in plan.actions:
             where = "on this machine" if a.where == "here" else "on " + ", ".join(a.hosts)
             click.echo(f"  [{a.check}] {', '.join(a.hosts)}: {a.what}")
-            for command in a.commands:
-                click.echo(f"      {where}: {command}")
+            for command in a.commands:  # on several hosts, each command says where
+                click.echo(f"      {command}" if a.where == "hosts" else f"      {where}: {command}")
     for check_id, why in plan.problems:
         click.secho(f"  [{check_id}] its fix could not be planned: {why}", fg="red")
     if plan.left:

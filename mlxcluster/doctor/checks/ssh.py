@@ -20,6 +20,7 @@ from mlxcluster.doctor.checks.common import (
     worst,
 )
 from mlxcluster.doctor.fixes.host_keys import SAVE_HOST_KEYS
+from mlxcluster.doctor.fixes.host_to_host import HOST_TO_HOST_KEYS
 from mlxcluster.facts.mpi import NO_TREE_SPAWN, ROUTED_RADIX
 from mlxcluster.ssh.hops import HOP_SCRIPT_FAILED
 from mlxcluster.ssh.openssh import explain_failure
@@ -148,7 +149,7 @@ _FLAG = " ".join(NO_TREE_SPAWN)
 
 
 @doctor_check("host-to-host-ssh", "SSH from the first host to the others (mpi: mpirun started on a host)",
-              live=True)
+              live=True, fix=HOST_TO_HOST_KEYS)
 def host_to_host(ctx: CheckContext) -> Verdict:
     """Only mpi is judged, and only as a warning: the mpirun mlxcluster runs or
     prints starts every daemon from its own machine (no tree spawn), which the
@@ -188,4 +189,4 @@ def host_to_host(ctx: CheckContext) -> Verdict:
                 f"{source}, or by one without that flag on more than {ROUTED_RADIX} hosts, whose daemons ssh "
                 f"onward (it then exits 255 without a message; mlx.launch --backend mpi: add "
                 f"--mpi-arg='{_FLAG}'). To allow it anyway, on {source}: {fixes}")
-    return Verdict(worst(False, bool(errors)), evidence, hint)
+    return Verdict(worst(False, bool(errors)), evidence, hint, {n: {"source": source} for n in failing})

@@ -206,14 +206,16 @@ def undo_remove_lines(undo: dict[str, Any], runner_for) -> tuple[str, str]:
 
 
 def undo_remote(undo: dict[str, Any], runner_for) -> tuple[str, str]:
+    """Commands on a host (``ssh``, ``commands``), or on several in turn (``steps``)."""
     runner = runner_for()
     outputs = []
-    for command in undo["commands"]:
-        result = runner.run(undo["ssh"], command, user=undo.get("user"), port=undo.get("port"),
-                            timeout=DEFAULT_TIMEOUT)
-        outputs.append(f"$ {command}\n{(result.stdout + result.stderr).strip()}".rstrip())
-        if result.exit_status != 0:
-            return "failed", "\n".join(outputs + [f"(exit {result.exit_status})"])
+    for step in undo.get("steps") or [undo]:
+        for command in step["commands"]:
+            result = runner.run(step["ssh"], command, user=step.get("user"), port=step.get("port"),
+                                timeout=DEFAULT_TIMEOUT)
+            outputs.append(f"{step['ssh']}$ {command}\n{(result.stdout + result.stderr).strip()}".rstrip())
+            if result.exit_status != 0:
+                return "failed", "\n".join(outputs + [f"(exit {result.exit_status})"])
     return "restored", "\n".join(outputs)
 
 
@@ -227,8 +229,8 @@ def undo_journal(journal: Journal, runner_for: Callable[[], Any]) -> list[tuple[
     the SSH runner, made only when a change on a host is undone."""
     done = []
     for entry in reversed(journal.entries):
-        undo = entry.get("undo")
-        if entry.get("status") != "applied" or not undo:
+        undo = entry.get("undo")  # a failed fix may have changed something before it failed
+        if not undo:
             if entry.get("status") == "applied":
                 done.append((entry, "none", "no way back was recorded"))
             continue

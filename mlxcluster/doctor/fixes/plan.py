@@ -25,7 +25,7 @@ from mlxcluster.ssh.results import CommandResult
 # Kinds of action, in the order they are applied: host keys first (the other
 # fixes need the connections they allow), then the inventory, then commands
 # on the hosts, host by host.
-KIND_ORDER = ("known-host", "inventory-env", "remote")
+KIND_ORDER = ("known-host", "inventory-env", "remote", "ssh-trust")
 
 
 @dataclass
@@ -35,7 +35,7 @@ class Action:
     kind: str  # one of KIND_ORDER
     what: str  # one line: what changes
     commands: list[str]  # the exact commands (or, made here, the edit)
-    where: str = "host"  # "host": over SSH on each host; "here": on this machine
+    where: str = "host"  # "host": over SSH on its hosts; "here": on this machine; "hosts": on several
     params: dict[str, Any] = field(default_factory=dict)
     sudo: bool = False
 
@@ -55,6 +55,9 @@ class FixInput:
     result: CheckResult
     inventory: Any  # mlxcluster.inventory.inventory.Inventory
     lookup: Lookup | None = None
+    # host name -> (key type, base64) of the host key this machine's
+    # connection verified (host-to-host: what the first host should trust).
+    host_key: Callable[[str], tuple[str, str]] | None = None
 
 
 @dataclass(frozen=True)
@@ -87,7 +90,7 @@ def _needs_fixing(result: CheckResult) -> bool:
 
 
 def build_plan(results: Iterable[CheckResult], specs: Iterable[CheckSpec], inventory,
-               lookup: Lookup | None = None) -> Plan:
+               lookup: Lookup | None = None, host_key: Callable[[str], tuple[str, str]] | None = None) -> Plan:
     """Every action the failing and warning checks' fixes propose, in the
     order they are applied, and the checks left for the user."""
     fixes = {s.id: s.fix for s in specs}
@@ -102,7 +105,7 @@ def build_plan(results: Iterable[CheckResult], specs: Iterable[CheckSpec], inven
             left.append(result)
             continue
         try:
-            proposed = fix.plan(FixInput(result, inventory, lookup))
+            proposed = fix.plan(FixInput(result, inventory, lookup, host_key))
         except Exception as exc:  # a broken fix must not hide the others; said, not applied
             problems.append((result.id, f"{type(exc).__name__}: {exc}"))
             left.append(result)

@@ -41,10 +41,24 @@ def lookup_on(runner, inventory, timeout: float = LOOKUP_TIMEOUT) -> Lookup:
     return lookup
 
 
+def verified_host_key(runner, inventory):
+    """Host name -> (type, base64) of the key the runner's connection to it
+    verified against this machine's known_hosts."""
+
+    def host_key(name: str) -> tuple[str, str]:
+        host = inventory.host(name)
+        key = runner.connect(host.ssh, host.user, host.port).get_transport().get_remote_server_key()
+        return key.get_name(), key.get_base64()
+
+    return host_key
+
+
 def plan_fixes(report: DoctorReport, inventory, runner=None) -> Plan:
     """The plan for a report's failing and warning checks."""
-    return build_plan(report.results, load_checks(), inventory,
-                      lookup_on(runner, inventory) if runner is not None else None)
+    if runner is None:
+        return build_plan(report.results, load_checks(), inventory)
+    return build_plan(report.results, load_checks(), inventory, lookup_on(runner, inventory),
+                      verified_host_key(runner, inventory))
 
 
 @dataclass

@@ -1,0 +1,168 @@
+"""The host-to-host SSH fix's shell steps, run for real by ``sh`` on this
+machine with one HOME per "host" (a runner that stands for the SSH
+connections): a key made where there is none, lines added once, twice is
+once, the undo puts every ~/.ssh back byte for byte, nothing from a host
+reaches a shell unquoted."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlxcluster.doctor.checks.base import CheckResult, CheckSpec, Status
+from mlxcluster.doctor.fixes.apply import ApplyContext, apply_plan, undo_journal
+from mlxcluster.doctor.fixes.host_to_host import HOST_TO_HOST_KEYS, known_name
+from mlxcluster.doctor.fixes.journal import Journal, fixes_dir, read_journal
+from mlxcluster.doctor.fixes.plan import build_plan
+from mlxcluster.inventory.inventory import load_inventory
+from mlxcluster.ssh.results import CommandResult
+
+pytestmark = pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="needs ssh-keygen")
+
+SPECS = [CheckSpec("host-to-host-ssh", "h2h", lambda ctx: None, False, HOST_TO_HOST_KEYS)]
+HOST_KEYS = {"b": ("ssh-ed25519", "AAAAC3NzaC1lZDI1NTE5AAAAIBkeyOfB"),
+             "c": ("ssh-ed25519", "AAAAC3NzaC1lZDI1NTE5AAAAIBkeyOfC")}
+
+
+class LocalHosts:
+    """Runs each host's command with ``sh`` here, HOME = that host's folder."""
+
+    def __init__(self, root: Path, names):
+        self.homes = {n: root / n for n in names}
+        for home in self.homes.values():
+            home.mkdir(parents=True)
+        self.calls = []
+
+    def run(self, alias, command, *, user=None, port=None, timeout=None):
+        self.calls.append((alias, command))
+        env = {"HOME": str(self.homes[alias]), "PATH": os.environ["PATH"]}
+        p = subprocess.run(command, shell=True, env=env, capture_output=True, text=True, timeout=timeout or 30)
+        return CommandResult(p.stdout, p.stderr, p.returncode, 0.0)
+
+    def lookup(self, name, command):
+        return self.run(name, command)
+
+    def snapshot(self) -> dict[str, bytes | None]:
+        """Every path under every home: file bytes, or None for a folder."""
+        out = {}
+        for home in self.homes.values():
+            for path in sorted(home.rglob("*")):
+                out[str(path)] = None if path.is_dir() else path.read_bytes()
+        return out
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    inventory = tmp_path / "cluster.yaml"
+    inventory.write_text(f"cluster: c\npython: {sys.executable}\nhosts:\n"
+                         "  - name: a\n    ssh: a\n  - name: b\n    ssh: b\n  - name: c\n    ssh: c\n    port: 2222\n")
+    hosts = LocalHosts(tmp_path / "homes", "abc")
+    return load_inventory(inventory), hosts
+
+
+def failing(*targets):
+    return CheckResult("host-to-host-ssh", "h2h", Status.WARN, {t: f"! a -> {t}: denied" for t in targets},
+                       "copy keys", {t: {"source": "a"} for t in targets})
+
+
+def plan_for(inventory, hosts, *targets):
+    return build_plan([failing(*targets)], SPECS, inventory, hosts.lookup, lambda n: HOST_KEYS[n])
+
+
+def test_a_new_key_trusted_once_each_way_and_undone_byte_for_byte(cluster):
+    inventory, hosts = cluster
+    b_ssh = hosts.homes["b"] / ".ssh"
+    b_ssh.mkdir()
+    (b_ssh / "authorized_keys").write_bytes(b"ssh-ed25519 AAAAmine laptop")  # no last newline
+    before = hosts.snapshot()
+    plan = plan_for(inventory, hosts, "b", "c")
+    assert [a.hosts for a in plan.actions] == [("b",), ("c",)]
+    assert "a new key made on a (ssh-keygen -t ed25519 -N '')" in plan.actions[0].what
+    assert hosts.snapshot() == before  # planning changed nothing
+    journal = Journal.create(fixes_dir(), inventory.path)
+    entries = apply_plan(plan, journal, ApplyContext(hosts, timeout=30))
+    assert [e["status"] for e in entries] == ["applied", "applied"], entries
+    a_ssh = hosts.homes["a"] / ".ssh"
+    pub = (a_ssh / "id_ed25519.pub").read_text().strip()
+    assert (a_ssh / "id_ed25519").exists() and pub.startswith("ssh-ed25519 ")
+    assert (b_ssh / "authorized_keys").read_text() == f"ssh-ed25519 AAAAmine laptop\n{pub}\n"
+    assert (hosts.homes["c"] / ".ssh" / "authorized_keys").read_text() == pub + "\n"
+    assert (a_ssh / "known_hosts").read_text() == (
+        "b ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBkeyOfB\n[c]:2222 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBkeyOfC\n")
+    # No private key left its host.
+    assert not (hosts.homes["b"] / ".ssh" / "id_ed25519").exists()
+    assert not (hosts.homes["c"] / ".ssh" / "id_ed25519").exists()
+    # Twice is once: the plan now names a's key, and nothing changes.
+    after = hosts.snapshot()
+    again = plan_for(inventory, hosts, "b", "c")
+    assert again.actions[0].what.startswith("a -> b: a's key")
+    assert [e["status"] for e in apply_plan(again, Journal.create(fixes_dir(), inventory.path),
+                                            ApplyContext(hosts))] == ["unchanged", "unchanged"]
+    assert hosts.snapshot() == after
+    done = undo_journal(read_journal(journal.path), lambda: hosts)
+    assert [s for _, s, _ in done] == ["restored", "restored"], done
+    assert hosts.snapshot() == before
+
+
+def test_nothing_from_a_host_or_the_inventory_is_run_by_a_shell(cluster, tmp_path):
+    inventory, hosts = cluster
+    a_ssh = hosts.homes["a"] / ".ssh"
+    a_ssh.mkdir()
+    trap = tmp_path / "PWNED"
+    nasty = f"ssh-ed25519 AAAAkeyA me@a;$(touch {trap});`touch {trap}`'\"\n"
+    (a_ssh / "id_ed25519.pub").write_text(nasty)
+    (a_ssh / "id_ed25519").write_text("private")
+    plan = plan_for(inventory, hosts, "b")
+    entries = apply_plan(plan, Journal.create(fixes_dir(), inventory.path), ApplyContext(hosts))
+    assert [e["status"] for e in entries] == ["applied"]
+    assert (hosts.homes["b"] / ".ssh" / "authorized_keys").read_text() == nasty
+    assert not trap.exists()
+
+
+def test_a_failing_step_keeps_the_undo_of_what_it_did(cluster):
+    inventory, hosts = cluster
+    before = hosts.snapshot()
+    plan = plan_for(inventory, hosts, "b")
+    real_run = hosts.run
+
+    def known_hosts_fails(alias, command, **kw):
+        if alias == "a" and "known_hosts" in command:
+            return CommandResult("", "disk full", 1, 0.0)
+        return real_run(alias, command, **kw)
+
+    hosts.run = known_hosts_fails
+    journal = Journal.create(fixes_dir(), inventory.path)
+    [entry] = apply_plan(plan, journal, ApplyContext(hosts))
+    assert entry["status"] == "failed" and "disk full" in entry["output"]
+    hosts.run = real_run
+    assert [s for _, s, _ in undo_journal(read_journal(journal.path), lambda: hosts)] == ["restored"]
+    assert hosts.snapshot() == before
+
+
+def test_known_hosts_names():
+    assert known_name("10.0.0.2", None) == "10.0.0.2"
+    assert known_name("mini-1", 22) == "mini-1"
+    assert known_name("mini-1", 2222) == "[mini-1]:2222"
+
+
+def test_the_check_hands_its_fix_the_hosts_the_first_host_cannot_reach():
+    from types import SimpleNamespace
+
+    from mlxcluster.doctor.checks.base import CheckContext
+    from mlxcluster.doctor.checks.ssh import host_to_host
+    from mlxcluster.ssh.results import Outcome
+
+    denied = CommandResult("", "root@b: Permission denied (publickey).\r\n", 255, 0.1)
+    live = SimpleNamespace(host_to_host_source="a",
+                           host_to_host={"b": Outcome("b", value=denied),
+                                         "c": Outcome("c", value=CommandResult("", "", 0, 0.1))},
+                           paramiko={n: Outcome(n, value=True) for n in "abc"})
+    verdict = host_to_host(CheckContext(captures={}, live=True, backend="mpi", services={"live": live}))
+    assert verdict.status is Status.WARN and verdict.fix_data == {"b": {"source": "a"}}
+    ring = host_to_host(CheckContext(captures={}, live=True, backend="ring", services={"live": live}))
+    assert ring.status is Status.SKIP and ring.fix_data == {}
