@@ -13,6 +13,7 @@ import shlex
 
 from mlxcluster.doctor.checks.base import CheckContext, Status
 from mlxcluster.doctor.checks.common import Verdict, doctor_check
+from mlxcluster.doctor.fixes.macos import BRIDGE_OFF
 from mlxcluster.errors import MlxclusterError
 from mlxcluster.facts.capture import IBV_DEVICES
 from mlxcluster.hostfile.hostfile import MlxHostfile, load_hostfile
@@ -159,7 +160,7 @@ def _bridge_fix(name: str, members: tuple[str, ...]) -> str:
     return f"on {name}: " + "; ".join(cmds)
 
 
-@doctor_check("thunderbolt-bridge", "Thunderbolt Bridge does not hold the Thunderbolt ports")
+@doctor_check("thunderbolt-bridge", "Thunderbolt Bridge does not hold the Thunderbolt ports", fix=BRIDGE_OFF)
 def check_thunderbolt_bridge(ctx: CheckContext) -> Verdict:
     t = _topology(ctx)
     evidence, fixes = {}, []
@@ -181,6 +182,7 @@ def check_thunderbolt_bridge(ctx: CheckContext) -> Verdict:
            "the bridge makes broadcast storms in 3+ host loops and can take the default route")
     return Verdict(Status.FAIL if ctx.backend in JACCL else Status.WARN, evidence,
         f"{why}. Fix: " + " | ".join(fixes) + ". macOS re-adds the ports after a reboot: re-run doctor",
+        {n: {"members": list(h.bridge_members)} for n, h in t.hosts.items() if h.bridge_holds_thunderbolt},
     )
 
 

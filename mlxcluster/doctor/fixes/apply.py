@@ -113,8 +113,21 @@ def apply_known_host(action: Action, ctx: ApplyContext) -> dict[str, Any]:
 
 def apply_remote(action: Action, ctx: ApplyContext) -> dict[str, Any]:
     """Each command on the host in turn, with the timeout; the first that
-    exits non-zero stops it (failed)."""
+    exits non-zero stops it (failed). An action that needs root first checks
+    that ``sudo -n`` works there: if not, nothing is run and the output
+    gives the commands to run by hand."""
     p = action.params
+    if action.sudo:
+        # Root without a password, or nothing: then the user runs the commands.
+        probe = ctx.runner.run(p["ssh"], "sudo -n true", user=p.get("user"), port=p.get("port"),
+                               timeout=ctx.timeout)
+        if probe.exit_status != 0:
+            by_hand = "\n".join(f"  {c.replace('sudo -n ', 'sudo ', 1)}" for c in action.commands)
+            why = (probe.stderr or probe.stdout).strip().splitlines()
+            return {"status": "failed", "undo": None,
+                    "output": f"sudo needs a password on {', '.join(action.hosts)} (sudo -n true: "
+                              f"{why[-1] if why else 'exit ' + str(probe.exit_status)}): nothing was changed "
+                              f"there; run these on it yourself:\n{by_hand}"}
     outputs, status = [], "applied"
     for command in action.commands:
         result = ctx.runner.run(p["ssh"], command, user=p.get("user"), port=p.get("port"), timeout=ctx.timeout)
