@@ -129,3 +129,23 @@ def pytest_sessionfinish(session, exitstatus):
         print("\n".join(lines))
     if session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    """A tiny random Llama 3 folder (mlx-lm's classes and writer) with a BPE tokenizer trained
+    here: the fine-tuning tests' model (one per test module)."""
+    from tests.hf_support import LLAMA3_CONFIG, make_llama_folder, train_tokenizer
+
+    return make_llama_folder(tmp_path_factory.mktemp("hf") / "tiny-llama", LLAMA3_CONFIG,
+                             tokenizer=train_tokenizer())
+
+
+@pytest.fixture(scope="module")
+def llama_data(llama, tmp_path_factory):
+    """200 stories of the bundled corpus tokenized with `llama`'s tokenizer."""
+    from reference_train import prepare
+
+    out = tmp_path_factory.mktemp("data") / "llama"
+    assert prepare.main(["--out", str(out), "--tokenizer", str(llama), "--stories", "200"]) == 0
+    return out

@@ -107,3 +107,4 @@ def mlx_lm_logits(path: Path, tokens: mx.array) -> mx.array:
 
     model, _ = load_model(path)
     return model(tokens)
+

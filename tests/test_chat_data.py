@@ -20,7 +20,7 @@ from reference_train.prepare import main as prepare_main
 
 from .chat_support import make_chat_folder
 from .conftest import require
-from .train_support import MLX_LAUNCH, read_metrics, run_trainer
+from .train_support import MLX_LAUNCH, FakeGroup, read_metrics, run_trainer
 
 STYLES = ("qwen25", "qwen3", "qwen3-nothink", "llama3")
 
@@ -242,17 +242,6 @@ def test_folder_layout_and_its_errors(folders, tmp_path, capsys):
                          str(other)]) == 2
     assert "chat_template_type 'x'" in capsys.readouterr().err
     assert not (tmp_path / "o2").exists()
-
-
-class FakeGroup:
-    def __init__(self, rank: int, size: int):
-        self._rank, self._size = rank, size
-
-    def rank(self) -> int:
-        return self._rank
-
-    def size(self) -> int:
-        return self._size
 
 
 WORDS = ("apple river stone cloud tiger lamp ocean seven purple window garden silver "

@@ -26,20 +26,6 @@ PROMPT = "Once upon a time"
 
 
 @pytest.fixture(scope="module")
-def llama(tmp_path_factory):
-    """A tiny random Llama (mlx-lm's classes and writer) with a trained BPE tokenizer."""
-    return make_llama_folder(tmp_path_factory.mktemp("hf") / "tiny-llama", LLAMA3_CONFIG,
-                             tokenizer=train_tokenizer())
-
-
-@pytest.fixture(scope="module")
-def llama_data(llama, tmp_path_factory):
-    out = tmp_path_factory.mktemp("data") / "llama"
-    assert prepare.main(["--out", str(out), "--tokenizer", str(llama), "--stories", "200"]) == 0
-    return out
-
-
-@pytest.fixture(scope="module")
 def two_rank_run(llama, llama_data, tmp_path_factory):
     """3 steps from the folder on 1 and on 2 ranks (mlx.launch, ring)."""
     require(MLX_LAUNCH is not None, "mlx.launch is not installed beside the test python")

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from reference_train import lora, prepare
+from reference_train import lora
 from reference_train.config import build_config
 from reference_train.hf_io import load_folder
 from reference_train.model import Llama, generate, loss_fn
@@ -27,7 +27,6 @@ from .hf_support import (
     QWEN2_CONFIG,
     make_llama_folder,
     mlx_lm_logits,
-    train_tokenizer,
 )
 from .train_support import MLX_LAUNCH, PYTHON, run_trainer, train_losses, trainer_env
 
@@ -141,19 +140,6 @@ def test_config_fields_defaults_and_refusals(tmp_path):
 
 
 # ---------------------------------------------------------------- runs
-
-
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory):
-    return make_llama_folder(tmp_path_factory.mktemp("hf") / "tiny-llama", LLAMA3_CONFIG,
-                             tokenizer=train_tokenizer())
-
-
-@pytest.fixture(scope="module")
-def llama_data(llama, tmp_path_factory):
-    out = tmp_path_factory.mktemp("data") / "llama"
-    assert prepare.main(["--out", str(out), "--tokenizer", str(llama), "--stories", "100"]) == 0
-    return out
 
 
 def train(llama, data, out, *extra, ranks=1, port=32700):

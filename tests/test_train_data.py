@@ -25,18 +25,7 @@ from reference_train.errors import DataError
 from reference_train.prepare import main as prepare_main
 from reference_train.tokenizer import ByteTokenizer
 
-
-class FakeGroup:
-    """Only what sharding asks of a group: a rank and a size."""
-
-    def __init__(self, rank: int, size: int):
-        self._rank, self._size = rank, size
-
-    def rank(self) -> int:
-        return self._rank
-
-    def size(self) -> int:
-        return self._size
+from .train_support import FakeGroup
 
 
 @pytest.mark.parametrize("n_sequences", [1, 7, 64, 97, 1000])

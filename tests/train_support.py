@@ -64,3 +64,16 @@ def read_metrics(out: Path) -> list[dict]:
 
 def train_losses(out: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in read_metrics(out) if "loss" in r}
+
+
+class FakeGroup:
+    """Only what sharding asks of a group: a rank and a size."""
+
+    def __init__(self, rank: int, size: int):
+        self._rank, self._size = rank, size
+
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._size
