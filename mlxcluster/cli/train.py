@@ -71,7 +71,10 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
     Exits with the failing rank's exit code when a rank fails, 4 when the job
     stalled (no progress for --stall-timeout; see docs/training.md).
     """
-    parsed = parse_trainer_args(("--config", config, *trainer_args))
+    # A --config after `--` is the trainer's own and wins (as it did when it came last);
+    # ours is then left out so the launch line shows the one config the ranks build.
+    given = any(a == "--config" or a.startswith("--config=") for a in trainer_args)
+    parsed = parse_trainer_args(trainer_args if given else ("--config", config, *trainer_args))
     if isinstance(parsed, TrainerHelp):  # `-- --help`: the trainer's help, nothing launched
         click.echo(parsed.text, nl=False)
         return
