@@ -192,6 +192,8 @@ def launches(monkeypatch):
 
     monkeypatch.setattr(process, "start_plan", fake_start_plan)
     monkeypatch.setattr(job_run, "sweep", lambda hosts, run_id, env: [])
+    # The hosts are not there: no code is sent to them (tests/test_code_sync.py sends it).
+    monkeypatch.setattr("mlxcluster.launch.code.sync_code", lambda job, env, on_event: job)
     return seen
 
 

@@ -460,11 +460,11 @@ def test_batch_that_does_not_split_fails_before_anything_starts(tmp_path, nothin
         assert "launching" not in result.output and "[✓]" not in result.output
         assert time.monotonic() - start < 5
     assert nothing_may_start == []
-    # The same hosts with a batch that splits reach the preflight (which the fixture stops):
-    # its probe first (a python that is not there is exit 2 before the doctor's checks).
+    # The same hosts with a batch that splits reach the hosts (which the fixture stops): the
+    # python looked for first (missing is exit 2), before the code is sent and the preflight.
     result = CliRunner().invoke(cli, ["train", "-i", str(inventory), "--config", "tiny", "--",
                                       "--global_batch", "9", "--out", str(tmp_path / "run")])
-    assert nothing_may_start == ["probe_hosts"], result.output
+    assert nothing_may_start == ["require_job_python"], result.output
 
 
 def test_resume_alone_means_auto(tmp_path, monkeypatch):

@@ -35,6 +35,7 @@ from mlxcluster.jobs.events import (
     StallFailed,
     Warned,
 )
+from mlxcluster.jobs.hosts import remote_hosts
 from mlxcluster.jobs.job import (
     job_from_hostfile,
     job_from_inventory,
@@ -102,11 +103,16 @@ def share_connections(job, env: dict[str, str]):
 
 def prepare_job(job, inventory, env: dict[str, str], view: EventView, *, no_preflight: bool,
                 no_openblas: bool):
-    """Before the launch: the preflight, or with ``no_preflight`` only the
-    python looked for on every host (a missing one is exit 2, both ways).
-    Returns (the job, the cluster's mlx version or None)."""
+    """Before the launch: the python looked for on every host (a missing one
+    is exit 2), what ranks import of this project sent to every remote host
+    that lacks this version (launch/code.py), then the preflight unless
+    ``no_preflight``. Returns (the job, the cluster's mlx version or None)."""
+    require_job_python(job, env)
+    if remote_hosts(job.hosts):
+        from mlxcluster.launch.code import sync_code  # remote jobs only: see the module docstring
+
+        job = sync_code(job, env, view)
     if no_preflight:
-        require_job_python(job, env)
         return job, None
     from mlxcluster.launch.preflight import preflight  # heavy: see the module docstring
 

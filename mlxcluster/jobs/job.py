@@ -54,11 +54,25 @@ class Job:
     tag_output: bool = False  # every rank's lines start with "[R] " (rank_wrapper)
     # jaccl / jaccl-ring: the hostfile with the rdma rows, hosts in rank order (jaccl_plan)
     mlx_hostfile: MlxHostfile | None = None
+    # Where every rank imports what it runs of this project (the rank wrapper,
+    # reference_train): each remote host's cache folder of this version
+    # (launch/code.py sends it there), then this checkout for ranks here.
+    # Empty: this checkout alone (ranks on this machine only).
+    code_paths: tuple[str, ...] = ()
+
+
+# What every rank imports of mlxcluster, as paths below package_root(): the
+# rank wrapper (standard library only) and its package's two __init__ files,
+# which import nothing. Smoke stages them in its run folder; train and run
+# send them with reference_train (launch/code.py).
+RANK_WRAPPER_FILES = ("mlxcluster/__init__.py", "mlxcluster/jobs/__init__.py",
+                      "mlxcluster/jobs/rank_wrapper.py")
 
 
 def package_root() -> Path:
-    """The directory holding mlxcluster and reference_train (put on PYTHONPATH
-    for every rank: the rank wrapper and the trainer are imported from it)."""
+    """The directory holding mlxcluster and reference_train here (on
+    PYTHONPATH for ranks on this machine; remote hosts get a copy of what
+    ranks import from it: launch/code.py)."""
     return Path(__file__).resolve().parent.parent.parent
 
 
@@ -137,11 +151,12 @@ def plan_jaccl_job(job: Job, inventory: Inventory | None, environ: dict[str, str
 
 def rank_env(job: Job) -> dict[str, str]:
     """Variables every rank gets: PYTHONPATH to reference_train (and
-    mlxcluster.jobs.rank_wrapper) ahead of the job's own PYTHONPATH, heartbeat
-    lines on, rank-tagged output for ``tag_output``, plus the job's env."""
+    mlxcluster.jobs.rank_wrapper: ``code_paths``, else this checkout) ahead of
+    the job's own PYTHONPATH, heartbeat lines on, rank-tagged output for
+    ``tag_output``, plus the job's env."""
     env = {HEARTBEAT_ENV: "1", **job.env}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(package_root()), job.env.get("PYTHONPATH"))
-                                        if p)
+    code = job.code_paths or (str(package_root()),)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (*code, job.env.get("PYTHONPATH")) if p)
     if job.tag_output:
         env["MLXCLUSTER_TAG_OUTPUT"] = "1"
     return env

@@ -14,7 +14,8 @@ verifies every file's sha256 before renaming it into place
 This machine's copy is the source. Its files are hashed here first: a
 damaged source is refused, not spread.
 
-``sync_data``, ``sync_model`` and ``sync_script`` do all of it for a job's
+``sync_data``, ``sync_model`` and ``sync_script`` (and launch/code.py's
+``sync_code``, for what ranks import of this project) do all of it for a job's
 remote hosts (check every copy, check the room, send each host what it
 lacks), reporting every step as an event (jobs/events.py).
 """
@@ -31,7 +32,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from mlxcluster.errors import InputError, MlxclusterError
@@ -83,8 +84,14 @@ class DataFile:
 class Manifest:
     """What a whole copy of the data folder holds (meta.json last)."""
 
-    folder: str  # absolute: the ranks open the same path on every host
+    folder: str  # absolute: the ranks open the same path on every host (or ~/...: each host's own)
     files: tuple[DataFile, ...]
+    source: str | None = None  # the folder here, when it is not ``folder`` (launch/code.py)
+
+    @property
+    def here(self) -> str:
+        """The folder on this machine the files are read from."""
+        return self.source or self.folder
 
     @property
     def total_bytes(self) -> int:
@@ -104,6 +111,7 @@ class HostCopy:
     status: dict[str, str]  # file name -> ok | missing | size | different
     free: int
     rsync: bool
+    folder: str = ""  # the folder as the host resolved it (~ expanded there)
 
     def lacking(self, manifest: Manifest) -> tuple[DataFile, ...]:
         return tuple(f for f in manifest.files if self.status.get(f.name) != "ok")
@@ -202,7 +210,7 @@ def check_copy(manifest: Manifest, host: RankHost, env: dict[str, str] | None = 
     except subprocess.TimeoutExpired:
         raise DataSyncError(f"{host.name} did not answer within {timeout:.0f} s whether it has "
                             f"{what} {manifest.folder}",
-                            "check the host (asleep? its disk?), or pass " + opt_out(what)) from None
+                            "check the host (asleep? its disk?)" + opt_out(what)) from None
     said = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
     if proc.returncode == SSH_LOST:
         raise HostUnreachable(f"the ssh connection to {host.name} failed: {said}",
@@ -210,9 +218,10 @@ def check_copy(manifest: Manifest, host: RankHost, env: dict[str, str] | None = 
                               "leave it out of the inventory")
     if proc.returncode != 0:
         raise DataSyncError(f"could not check {what} {manifest.folder} on {host.name}: {said}",
-                            "the host must run the job's python; or pass " + opt_out(what))
+                            "the host must run the job's python" + opt_out(what))
     answer = json.loads(proc.stdout.strip().splitlines()[-1])
-    return HostCopy(host, answer["files"], int(answer["free"]), bool(answer["rsync"]))
+    return HostCopy(host, answer["files"], int(answer["free"]), bool(answer["rsync"]),
+                    answer.get("dir") or manifest.folder)
 
 
 def check_space(manifest: Manifest, copies: Sequence[HostCopy], what: str = "data") -> None:
@@ -254,9 +263,10 @@ def sync_script(job: Job, script: str, env: dict[str, str], on_event: OnEvent) -
 
 
 def send_where_needed(job: Job, manifest: Manifest, what: str, env: dict[str, str],
-                      on_event: OnEvent) -> None:
+                      on_event: OnEvent) -> list[HostCopy]:
     """Every remote host's copy checked (in parallel), the room checked on
-    all of them, then each host sent what it lacks, in turn."""
+    all of them, then each host sent what it lacks, in turn. Returns the
+    copies as checked (each with its folder as its host resolved it)."""
     flag = {"data": "--data", "model": "--init_from"}.get(what, "the " + what)
     copies = for_each_host(remote_hosts(job.hosts),
                            lambda h: check_copy(manifest, h, env, what=flag))
@@ -281,6 +291,7 @@ def send_where_needed(job: Job, manifest: Manifest, what: str, env: dict[str, st
             on_event(SendEnded(name))
         on_event(Note(f"{what}: {name}: sent {human_bytes(sent.bytes)} in {sent.seconds:.1f} s "
                       f"({human_bytes(sent.rate)}/s) by {sent.via}, sha256 verified there"))
+    return copies
 
 
 # ---------------------------------------------------------------- sending
@@ -292,6 +303,7 @@ def send(manifest: Manifest, copy: HostCopy, progress: Progress, *,
     renaming it into place. rsync when both ends have it (``use_rsync``
     None), else a stream of bytes over ssh."""
     files = copy.lacking(manifest)
+    manifest = replace(manifest, folder=copy.folder or manifest.folder)  # as the host names it
     if use_rsync is None:
         use_rsync = copy.rsync and shutil.which("rsync") is not None
     start = time.monotonic()
@@ -312,7 +324,7 @@ def _send_stream(manifest: Manifest, host: RankHost, files: Sequence[DataFile], 
         with Watchdog(proc) as watchdog:
             try:
                 for f in files:
-                    with open(Path(manifest.folder) / f.name, "rb") as source:
+                    with open(Path(manifest.here) / f.name, "rb") as source:
                         for chunk in iter(lambda: source.read(1 << 20), b""):
                             proc.stdin.write(chunk)
                             sent += len(chunk)
@@ -372,7 +384,7 @@ def _send_rsync(manifest: Manifest, host: RankHost, files: Sequence[DataFile], p
     ssh = shlex.join(ssh_argv(host, "")[:-3])  # ssh and its options, without '--', target, command
     # --relative with 'DIR/./NAME': each file lands at incoming/NAME (tokenizer/... included).
     argv = ["rsync", "--partial", "--times", "--progress", "--relative", f"--timeout={STALL_S:.0f}",
-            "-e", ssh, *(f"{manifest.folder}/./{f.name}" for f in files),
+            "-e", ssh, *(f"{manifest.here}/./{f.name}" for f in files),
             f"{host.ssh_target}:{incoming}/"]
     with tempfile.TemporaryFile() as said:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=said, env=env)
@@ -419,7 +431,10 @@ def _failed(host: RankHost, manifest: Manifest, said: str) -> DataSyncError:
 
 
 def opt_out(what: str) -> str:
-    return "--no-sync-script" if what == "the script" else "--no-sync-data"
+    """How to go without sending ``what`` (the code ranks import has no way round)."""
+    if what == "the code":
+        return ""
+    return ", or pass " + ("--no-sync-script" if what == "the script" else "--no-sync-data")
 
 
 def human_bytes(n: float) -> str:

@@ -4,13 +4,15 @@ needs nothing on the host but the job's python.
 
     check   {"dir": D, "files": [{"name", "bytes", "sha256"}, ...]}
             -> {"files": {name: "ok" | "missing" | "size" | "different"},
-                "free": bytes free where D is (or would be made), "rsync": bool}
+                "free": bytes free where D is (or would be made), "rsync": bool,
+                "dir": D as this host names it}
     receive {"dir": D, "files": [...]}, the files' bytes one after another on stdin
             -> {"installed": [names]}  (each verified, then renamed into D)
     install {"dir": D, "files": [...], "from": D/.incoming.rsync}
             -> the same, for files rsync left in "from"
 
-A received file goes to a folder inside D first and is renamed into place only
+A D starting with ``~`` is the host's own home (the cache of the code ranks
+import: mlxcluster.launch.code). A received file goes to a folder inside D first and is renamed into place only
 once its sha256 is the one asked for, meta.json last: a copy cut off half way
 is never taken for whole (the next check finds it and sends what is missing).
 Failures: one line on stderr, exit 1.
@@ -54,7 +56,7 @@ def existing_parent(path):
 def check(spec):
     return {"files": {f["name"]: status_of(spec["dir"], f) for f in spec["files"]},
             "free": shutil.disk_usage(existing_parent(spec["dir"])).free,
-            "rsync": shutil.which("rsync") is not None}
+            "rsync": shutil.which("rsync") is not None, "dir": spec["dir"]}
 
 
 def install(spec, incoming, digests=None):
@@ -98,6 +100,7 @@ def receive(spec):
 
 def main(argv):
     what, spec = argv[1], json.loads(argv[2])
+    spec["dir"] = os.path.expanduser(spec["dir"])
     try:
         if what == "check":
             answer = check(spec)

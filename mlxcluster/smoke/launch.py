@@ -25,13 +25,10 @@ from mlxcluster.hostfile.hostfile import JACCL_BACKENDS
 from mlxcluster.jobs import cleanup
 from mlxcluster.jobs import plan as job_plan
 from mlxcluster.jobs.hosts import RankHost, inventory_ssh_config
-from mlxcluster.jobs.job import package_root
+from mlxcluster.jobs.job import RANK_WRAPPER_FILES, package_root
 from mlxcluster.jobs.plan import LaunchPlan
 
 WORKER_SOURCE = Path(__file__).with_name("worker.py")
-# What the rank wrapper needs on a host, as paths below the package root.
-WRAPPER_FILES = ("mlxcluster/__init__.py", "mlxcluster/jobs/__init__.py",
-                 "mlxcluster/jobs/rank_wrapper.py")
 BACKENDS = ("ring", "mpi", "jaccl", "nccl")
 FORWARDED_ENV_PREFIX = "MLXCLUSTER_SMOKE_"  # test hooks travel to every rank
 
@@ -115,7 +112,7 @@ def staged_files(plan: LaunchPlan, worker: str) -> dict[str, str]:
     """Path on every host -> content: the worker and the rank wrapper's package files."""
     files = {worker_path(plan): worker}
     files.update({f"{plan.run_dir}/{name}": (package_root() / name).read_text()
-                  for name in WRAPPER_FILES})
+                  for name in RANK_WRAPPER_FILES})
     return files
 
 

@@ -106,10 +106,12 @@ class LabHost:
 class Lab:
     """A running lab; build it with ``start_lab``."""
 
-    def __init__(self, n: int, *, python: str | None = None, own_tmp: bool = False):
+    def __init__(self, n: int, *, python: str | None = None, own_tmp: bool = False,
+                 no_project: bool = False):
         if n < 1 or n > 60:
             raise LabError("a lab has 1 to 60 hosts")
         self.own_tmp = own_tmp  # every host's /tmp its own too (see _own_tmp_mount)
+        self.no_project = no_project  # no copy of this project, a home of its own (_no_project_mount)
         self.id = secrets.token_hex(2)
         self.tag = f"{NAME_PREFIX}{self.id}"
         self.state = STATE_ROOT / f"{STATE_PREFIX}{self.id}"
@@ -173,6 +175,16 @@ class Lab:
     def host_disk(self, h: LabHost) -> Path:
         """Where host ``h``'s own disk lies on this machine (seen as ``lab.disk`` there)."""
         return self.state / f"disk{h.index + 1}"
+
+    # With ``no_project`` every host has its own HOME, at one path (``home``)
+    # as on Macs with the same user name, bound like ``disk``.
+    @property
+    def home(self) -> Path:
+        return self.state / "home"
+
+    def host_home(self, h: LabHost) -> Path:
+        """Where host ``h``'s own HOME lies on this machine (seen as ``home`` there)."""
+        return self.state / f"home{h.index + 1}"
 
     def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
         """os.environ with the lab's ssh wrapper first on PATH, then the venv's
@@ -402,6 +414,9 @@ class Lab:
             tmp.mkdir()
         for disk in [self.disk] + [self.host_disk(h) for h in self.hosts]:
             disk.mkdir()
+        if self.no_project:
+            for home in [self.home] + [self.host_home(h) for h in self.hosts]:
+                home.mkdir()
         self._make_keys()
         _run(["ip", "link", "add", self.bridge, "type", "bridge"])
         _run(["ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge])
@@ -457,7 +472,8 @@ class Lab:
             "StrictModes no\n"
             "UsePAM no\n"
             f"PidFile {self.state}/sshd_{h.name}.pid\n"
-            f"SetEnv PATH={h.path} TMPDIR={self.host_tmp(h)}\n"
+            f"SetEnv PATH={h.path} TMPDIR={self.host_tmp(h)}"
+            f"{f' HOME={self.home}' if self.no_project else ''}\n"
         )
         return conf
 
@@ -470,7 +486,7 @@ class Lab:
         h.sshd = subprocess.Popen(
             ["ip", "netns", "exec", h.netns, "unshare", "--uts", "--mount", "sh", "-c",
              f"hostname {h.name} && {self._own_tmp_mount(h)}{self._own_disk_mount(h)}"
-             f"{self._shell_rc_mount()}{self._login_shell_mount(h)}"
+             f"{self._no_project_mount(h)}{self._shell_rc_mount()}{self._login_shell_mount(h)}"
              f"exec {SSHD} -D -f {conf} -E {log}"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True,
@@ -509,6 +525,31 @@ class Lab:
         for path in keep:
             inside = shlex.quote(f"{real}/{path.relative_to('/tmp')}")
             words += [f"mkdir -p {shlex.quote(str(path))}", f"mount --bind {inside} {shlex.quote(str(path))}"]
+        return " && ".join(words) + " && "
+
+    def _no_project_mount(self, h: LabHost) -> str:
+        """With ``no_project``: shell words that hide this project from the
+        host, as on a Mac that has only a python with mlx: an empty folder
+        over the checkout, with the venv (the hosts' python, when it lies
+        inside the checkout) bound back at its path. The host's HOME is its
+        own too (``home``, set by sshd's SetEnv), as each Mac has its own
+        ~/.cache."""
+        if not self.no_project:
+            return ""
+        repo = Path(__file__).resolve().parents[2]
+        empty = self.state / "no_project"
+        words = []
+        kept = [p for p in (Path(sys.prefix).resolve(),) if p.is_relative_to(repo)]
+        for i, path in enumerate(kept):  # bound aside first: the checkout's path is hidden next
+            aside = self.state / f"kept{h.index + 1}_{i}"
+            words += [f"mkdir -p {shlex.quote(str(aside))} "
+                      f"{shlex.quote(str(empty / path.relative_to(repo)))}",
+                      f"mount --bind {shlex.quote(str(path))} {shlex.quote(str(aside))}"]
+        words.append(f"mkdir -p {shlex.quote(str(empty))} && "
+                     f"mount --bind {shlex.quote(str(empty))} {shlex.quote(str(repo))} && "
+                     f"mount --bind {shlex.quote(str(self.host_home(h)))} {shlex.quote(str(self.home))}")
+        words += [f"mount --bind {shlex.quote(str(self.state / f'kept{h.index + 1}_{i}'))} "
+                  f"{shlex.quote(str(path))}" for i, path in enumerate(kept)]
         return " && ".join(words) + " && "
 
     def _shell_rc_mount(self) -> str:
@@ -726,9 +767,10 @@ def our_namespaces() -> list[str]:
 
 
 @contextlib.contextmanager
-def start_lab(n: int, *, python: str | None = None, own_tmp: bool = False) -> Iterator[Lab]:
+def start_lab(n: int, *, python: str | None = None, own_tmp: bool = False,
+              no_project: bool = False) -> Iterator[Lab]:
     """Bring up an n-host lab; tear it down on exit, error or Ctrl-C."""
-    lab = Lab(n, python=python, own_tmp=own_tmp)
+    lab = Lab(n, python=python, own_tmp=own_tmp, no_project=no_project)
     try:
         lab.start()
         yield lab
