@@ -169,3 +169,15 @@ def test_a_job_with_ranks_here_and_on_hosts_imports_from_both(hosts, monkeypatch
     assert synced.code_paths[-1] == str(package_root())
     assert synced.code_paths[0].startswith(str(hosts["10.0.0.1"]))
     assert code.code_paths(job, ["/a", "/a", "/b"]) == ("/a", "/b", str(package_root()))
+
+
+def test_a_host_that_cannot_keep_the_code_is_named_with_no_way_round(hosts):
+    hosts["10.0.0.1"].rmdir()
+    hosts["10.0.0.1"].write_text("a file where the home should be")  # nothing can be made there
+    with pytest.raises(sync.DataSyncError) as failed:
+        sync_recorded(job_on(MAC1))
+    folder = code_manifest().folder.replace("~", str(hosts["10.0.0.1"]))  # as the host names it
+    assert failed.value.message.startswith(f"sending {folder} to mac1 failed: ")
+    assert failed.value.message.endswith("Not a directory: " f"'{hosts['10.0.0.1']}/.cache'")
+    assert "check the host's disk and ssh" in failed.value.hint
+    assert "--no-sync" not in failed.value.hint  # the ranks cannot go without it

@@ -235,8 +235,9 @@ def check_space(manifest: Manifest, copies: Sequence[HostCopy], what: str = "dat
     if short:
         raise InputError(f"not enough free space for the {what}: " + "; ".join(short) +
                          " (nothing was sent)",
-                         "free space on that host, or give --data a folder on a larger disk "
-                         "(the same path on every host)")
+                         "free space on that host" + ("" if manifest.source else
+                                                      ", or give --data a folder on a larger disk "
+                                                      "(the same path on every host)"))
 
 
 # ---------------------------------------------------------------- a job's hosts
@@ -423,11 +424,14 @@ def _pieces(stream) -> Iterator[bytes]:
 
 def _failed(host: RankHost, manifest: Manifest, said: str) -> DataSyncError:
     last = [ln for ln in said.strip().splitlines() if ln.strip()]
+    # A folder of this machine's (data, model, script) may be copied by hand
+    # instead; what ranks import (a ``source`` apart: launch/code.py) may not.
+    by_hand = "" if manifest.source else (", or copy it by hand and pass --no-sync-data (train) "
+                                          "or --no-sync-script (run)")
     return DataSyncError(f"sending {manifest.folder} to {host.name} failed: "
                          f"{last[-1] if last else 'no message'}",
                          "check the host's disk and ssh; nothing half-sent is used (the next "
-                         "launch checks again), or copy it by hand and pass --no-sync-data "
-                         "(train) or --no-sync-script (run)")
+                         "launch checks again)" + by_hand)
 
 
 def opt_out(what: str) -> str:
