@@ -9,6 +9,7 @@
 
     mlxcluster doctor -i cluster.yaml --fix           # the plan of fixes, a yes, applied, checked again
     mlxcluster doctor -i cluster.yaml --fix --dry-run # the plan only
+    mlxcluster doctor -i cluster.yaml --fix --html fixed.html  # and a page of what it fixed
     mlxcluster doctor --undo ~/.config/mlxcluster/fixes/TIME.json
 
 Exit codes: 0 nothing failed, 1 a check failed (or warned, with --strict, or
@@ -176,8 +177,9 @@ def command(inventory_path, as_json, strict, collect_dir, from_dir, local, accep
     """Check every host of the cluster and say how to fix what is wrong."""
     check_fix_flags(fix=fix, dry_run=dry_run, yes=yes, undo=undo_path,
                     others={"--json": as_json, "--collect": bool(collect_dir), "--from": bool(from_dir),
-                            "--local": local, "--html": bool(html_path),
-                            **({"-i": bool(inventory_path), "--hostfile": bool(hostfile)} if undo_path else {})})
+                            "--local": local,
+                            **({"-i": bool(inventory_path), "--hostfile": bool(hostfile),
+                                "--html": bool(html_path)} if undo_path else {})})
     if undo_path:
         click.get_current_context().exit(run_undo(undo_path, connect_timeout))
     if from_dir and collect_dir:
@@ -202,7 +204,8 @@ def command(inventory_path, as_json, strict, collect_dir, from_dir, local, accep
         click.get_current_context().exit(run_fix(
             inventory, backend=backend, connect_timeout=connect_timeout,
             accept_new_host_keys=accept_new_host_keys, data_path=not no_data_path, hostfile=hostfile,
-            verbose=verbose, dry_run=dry_run, yes=yes, strict=strict, fix_timeout=fix_timeout, render=render))
+            verbose=verbose, dry_run=dry_run, yes=yes, strict=strict, fix_timeout=fix_timeout, render=render,
+            html_path=html_path))
     if local:
         report = run_local_doctor(backend=backend)
     elif from_dir:

@@ -11,6 +11,7 @@ import sys
 
 import click
 
+from mlxcluster.cli.report import emit_page
 from mlxcluster.doctor.checks.base import Status
 from mlxcluster.doctor.doctor import run_doctor
 from mlxcluster.doctor.fixes.apply import (
@@ -20,10 +21,13 @@ from mlxcluster.doctor.fixes.apply import (
     undo_journal,
 )
 from mlxcluster.doctor.fixes.journal import Journal, check_writable, fixes_dir, read_journal
+from mlxcluster.doctor.fixes.outcome import FixOutcome
 from mlxcluster.doctor.fixes.plan import Plan
 from mlxcluster.doctor.fixes.session import all_fixed, before_after, open_runner, plan_fixes
 from mlxcluster.errors import EXIT_FAILED, EXIT_OK, InputError
 from mlxcluster.inventory.inventory import load_inventory
+from mlxcluster.report import Report
+from mlxcluster.topology.topology import build_topology
 
 STATUS_MARKS = {Status.PASS: "✓", Status.WARN: "!", Status.FAIL: "✗", Status.CRASH: "✗", Status.SKIP: "-"}
 ENTRY_COLOURS = {"applied": "green", "unchanged": None, "failed": "red", "skipped": "yellow"}
@@ -90,13 +94,25 @@ def render_entry(entry: dict) -> None:
             click.echo(f"      {line}")
 
 
+def _problems(results) -> list:
+    return [r for r in results if r.status in (Status.FAIL, Status.CRASH, Status.WARN)]
+
+
+def write_fix_page(path: str | None, report, outcome: FixOutcome) -> None:
+    """The --html page of a --fix run: what it did above ``report``'s checks."""
+    if path:
+        emit_page(Report(doctor=report, topology=build_topology(report.captures), fix=outcome), path)
+
+
 def run_fix(inventory, *, backend, connect_timeout, accept_new_host_keys, data_path, hostfile, verbose,
-            dry_run, yes, strict, fix_timeout, render) -> int:
+            dry_run, yes, strict, fix_timeout, render, html_path=None) -> int:
     """The whole --fix run; the exit code.
 
     A host whose key was unknown could not be probed before its key was
     saved: the re-check judges it, and what it finds fixable there is a
-    second plan (shown and asked for like the first, once)."""
+    second plan (shown and asked for like the first, once). With
+    ``html_path`` the page shows what was done (or planned only), before and
+    after, and what is left."""
     runner = open_runner(inventory, connect_timeout=connect_timeout, command_timeout=60.0,
                          accept_new_host_keys=accept_new_host_keys)
     options = dict(backend=backend, connect_timeout=connect_timeout, data_path=data_path, hostfile=hostfile)
@@ -106,16 +122,25 @@ def run_fix(inventory, *, backend, connect_timeout, accept_new_host_keys, data_p
         click.echo("")
         plan = plan_fixes(before, inventory, runner)
         render_plan(plan)
+
+        def unapplied(why: str) -> FixOutcome:
+            return FixOutcome(list(plan.actions), left=_problems(before.results), problems=list(plan.problems),
+                              not_applied=why)
+
         if plan.empty:
+            write_fix_page(html_path, before, unapplied("nothing here can be fixed by mlxcluster"))
             failing = before.failed() or (strict and before.warned())
             return EXIT_FAILED if failing else EXIT_OK
         if dry_run:
             click.echo("dry run: nothing was changed")
+            write_fix_page(html_path, before, unapplied("dry run"))
             return EXIT_FAILED
         check_inventory_writable(plan)
         if not yes and not click.confirm(f"Apply these {len(plan.actions)} change(s)?", default=False):
             click.echo("nothing was changed")
+            write_fix_page(html_path, before, unapplied("the answer was no"))
             return EXIT_FAILED
+        proposed, problems = list(plan.actions), list(plan.problems)
         journal = Journal.create(fixes_dir(), inventory.path, inventory.ssh_config)
         ctx = ApplyContext(runner, timeout=fix_timeout)
         entries, planned, tried = [], set(), set()
@@ -130,6 +155,7 @@ def run_fix(inventory, *, backend, connect_timeout, accept_new_host_keys, data_p
             if not more or round_ == 2:
                 break
             plan = Plan(more, [])
+            proposed += more
             click.echo("")
             click.echo("the re-check judged hosts it could not reach before; more to fix:")
             render_plan(plan)
@@ -147,13 +173,14 @@ def run_fix(inventory, *, backend, connect_timeout, accept_new_host_keys, data_p
         for r in after.results:
             if r.status in (Status.FAIL, Status.CRASH, Status.WARN) and r.id not in judged:
                 click.secho(f"  [{STATUS_MARKS[r.status]}] now: {r.title}  [{r.id}]", fg="yellow")
-        left = [r for r in after.results if r.status in (Status.FAIL, Status.CRASH, Status.WARN)]
+        left = _problems(after.results)
         if left:
             click.echo("left for you:")
             for r in left:
                 click.echo(f"  [{r.id}] {r.title}" + (f": {r.hint}" if r.hint else ""))
         click.echo(f"journal: {journal.path}")
         click.echo(f"undo: mlxcluster doctor --undo {journal.path}")
+        write_fix_page(html_path, after, FixOutcome(proposed, entries, changes, left, problems, str(journal.path)))
         return EXIT_OK if all_fixed(planned, entries, changes, after.results, strict) else EXIT_FAILED
     finally:
         runner.close()

@@ -9,9 +9,11 @@ attachment. It is rendered from ``templates/report.html.j2`` with Jinja2,
 autoescaping on: host names, evidence and command output are untrusted text.
 Only SVG drawn here (matplotlib, graphviz) goes in unescaped.
 
-Sections, in the order a person needs them: the verdict and what to fix
-first, every check, the host facts, the Thunderbolt topology, smoke
-(correctness and benchmark plots), training (loss, tokens/s, memory).
+Sections, in the order a person needs them: the verdict, what
+``doctor --fix`` changed when it ran (host, command, before -> after, what
+is left for you), what to fix first, every check, the host facts, the
+Thunderbolt topology, smoke (correctness and benchmark plots), training
+(loss, tokens/s, memory).
 """
 
 from __future__ import annotations
@@ -19,11 +21,15 @@ from __future__ import annotations
 import datetime as _dt
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mlxcluster import __version__
 from mlxcluster.doctor.doctor import DoctorReport
 from mlxcluster.outputs import write_files
 from mlxcluster.topology.topology import Topology
+
+if TYPE_CHECKING:  # its module loads paramiko: only where a --fix page is built
+    from mlxcluster.doctor.fixes.outcome import FixOutcome
 
 __all__ = ["Report", "build_page", "write_page", "report_from_folder"]
 
@@ -40,6 +46,7 @@ class Report:
     title: str = "mlxcluster report"
     command: str = ""  # the command that made the page, shown at its foot
     generated: _dt.datetime | None = None  # default: now (UTC)
+    fix: FixOutcome | None = None  # what doctor --fix did (then ``doctor`` is the report after it)
 
 
 def _environment():
@@ -50,7 +57,7 @@ def _environment():
                        undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
 
 
-def _overall(doctor, topology, smoke, runs) -> tuple[str, str]:
+def _overall(doctor, topology, smoke, runs, fix=None) -> tuple[str, str]:
     """(css class, one line): the page's verdict over every section."""
     parts, worst = [], "pass"
     rank = {"pass": 0, "warn": 1, "fail": 2}
@@ -60,8 +67,11 @@ def _overall(doctor, topology, smoke, runs) -> tuple[str, str]:
         parts.append(text)
         worst = css if rank[css] > rank[worst] else worst
 
+    if fix is not None:
+        note(fix.css, f"doctor --fix: {fix.summary}")
     if doctor is not None:
-        note(doctor.verdict, f"doctor: {doctor.headline}")
+        note(doctor.verdict, f"doctor{' after the fix' if fix is not None and fix.journal else ''}: "
+                             f"{doctor.headline}")
     elif topology is not None:  # alone (topology --html); with doctor, its checks judge the cabling
         if not topology.ports:
             note("warn", "topology: no Thunderbolt port captured")
@@ -83,6 +93,7 @@ def _overall(doctor, topology, smoke, runs) -> tuple[str, str]:
 def build_page(report: Report) -> str:
     """The whole page as one HTML string."""
     from mlxcluster.report.doctor_view import FACT_HEADERS, doctor_view, topology_view
+    from mlxcluster.report.fix_view import fix_view
     from mlxcluster.report.smoke_view import smoke_view
     from mlxcluster.report.train_view import run_view
 
@@ -90,10 +101,11 @@ def build_page(report: Report) -> str:
     topology = topology_view(report.topology) if report.topology is not None else None
     smoke = smoke_view(report.smoke) if report.smoke is not None else None
     runs = [run_view(r, failed=report.failed_runs.get(str(r))) for r in report.runs]
-    css, verdict = _overall(doctor, topology, smoke, runs)
+    fix = fix_view(report.fix) if report.fix is not None else None
+    css, verdict = _overall(doctor, topology, smoke, runs, fix)
     generated = report.generated or _dt.datetime.now(_dt.timezone.utc)
     return _environment().get_template("report.html.j2").render(
-        title=report.title, verdict=verdict, verdict_css=css, doctor=doctor, topology=topology,
+        title=report.title, verdict=verdict, verdict_css=css, doctor=doctor, topology=topology, fix=fix,
         smoke=smoke, runs=runs, fact_headers=FACT_HEADERS, command=report.command,
         version=__version__, generated=generated.strftime("%Y-%m-%d %H:%M UTC"),
     )

@@ -3,7 +3,8 @@
 ``plan`` (the types a check's fix declares and the plan built from a
 report), ``inventory_edit`` (one env variable set in the inventory's text),
 ``journal`` (every change written down, where it is kept), ``apply`` (the
-plan applied host by host; a journal undone), and one module per fix:
+plan applied host by host; a journal undone), ``outcome`` (what one run
+did, for the HTML report), and one module per fix:
 ``env`` (the inventory's env), ``host_keys`` (unknown host keys),
 ``host_to_host`` (the first host's key trusted by the others, their host
 keys by it), ``macos`` (``sudo -n`` commands: the Thunderbolt Bridge, the
