@@ -48,11 +48,16 @@ class IpPlan:
         for c in self.cables:
             for end, iface, mine, peer in ((c.link.a, c.link.a_interface, c.a_ip, c.b_ip),
                                            (c.link.b, c.link.b_interface, c.b_ip, c.a_ip)):
-                if end != host:
-                    continue
-                cmds.append(f"{sudo} ifconfig {shlex.quote(iface)} inet {mine} netmask {NETMASK}")
-                cmds.append(f"{sudo} route change {peer} -interface {shlex.quote(iface)}")
+                if end == host:
+                    cmds += address_commands(iface, mine, peer, sudo)
         return cmds
+
+
+def address_commands(iface: str, mine: str, peer: str, sudo: str = "sudo") -> list[str]:
+    """One cable end's two commands of the plan: its address, and the route
+    to the other end through it (as mlx.distributed_config's auto-setup)."""
+    return [f"{sudo} ifconfig {shlex.quote(iface)} inet {mine} netmask {NETMASK}",
+            f"{sudo} route change {peer} -interface {shlex.quote(iface)}"]
 
 
 def plan_ips(topology: Topology) -> IpPlan:

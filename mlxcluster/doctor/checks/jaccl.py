@@ -34,6 +34,7 @@ from mlxcluster.doctor.checks.common import (
 )
 from mlxcluster.doctor.checks.common import WARN as WARN_MARK
 from mlxcluster.doctor.checks.topology import JACCL, _topology
+from mlxcluster.doctor.fixes.macos import IP_PLAN
 from mlxcluster.errors import MlxclusterError
 from mlxcluster.facts.capture import IBV_DEVICES, IBV_DEVINFO, RDMA_CTL
 from mlxcluster.facts.parsers.ibv import parse_ibv_devices, parse_ibv_devinfo
@@ -192,13 +193,13 @@ def _ipv4_of(t: Topology, host: str, iface: str | None) -> tuple[str, ...] | Non
     return ipv4_addresses(found) if found else ()
 
 
-@doctor_check("thunderbolt-ipv4", "Every Thunderbolt port JACCL uses has an IPv4 address")
+@doctor_check("thunderbolt-ipv4", "Every Thunderbolt port JACCL uses has an IPv4 address", fix=IP_PLAN)
 @jaccl_only
 def thunderbolt_ipv4(ctx: CheckContext) -> Verdict:
     t, plan = jaccl_cables(ctx)
     if not any(plan.values()):
         return skip("no Thunderbolt cable between hosts known (see thunderbolt-links)")
-    evidence, bare, unknown = {}, [], []
+    evidence, bare, unknown, bare_ends = {}, [], [], set()
     for name in t.hosts:
         ends = plan.get(name, [])
         if not ends:
@@ -214,6 +215,7 @@ def thunderbolt_ipv4(ctx: CheckContext) -> Verdict:
             else:
                 parts.append(f"{iface or '?'} (cable to {peer}) has no IPv4 address")
                 missing = True
+                bare_ends.add((name, iface))
         evidence[name] = (BAD if missing else "") + "; ".join(parts)
         if missing:
             bare.append(name)
@@ -222,7 +224,34 @@ def thunderbolt_ipv4(ctx: CheckContext) -> Verdict:
             return skip("needs ifconfig captures of the cabled hosts", evidence)
         return Verdict(Status.PASS if not unknown else Status.WARN, evidence,
                        f"no ifconfig from {join_hosts(set(unknown))}" if unknown else None)
-    return Verdict(Status.FAIL, evidence, _ipv4_hint(t, bare))
+    return Verdict(Status.FAIL, evidence, _ipv4_hint(t, bare), _ip_plan_fix_data(t, bare_ends))
+
+
+def _ip_plan_fix_data(t: Topology, bare_ends: set[tuple[str, str | None]]) -> dict[str, dict]:
+    """Host -> its part of the IP plan (``fixes/macos.py`` ``ip_plan_commands``):
+    both ends of every cable with an end without IPv4 (one /30 needs both), where
+    both hosts' ifconfig was captured (what each end had before is its undo)."""
+    try:
+        ip_plan = plan_ips(t)
+    except MlxclusterError:
+        return {}
+    data: dict[str, dict] = {}
+    for cable in ip_plan.cables:
+        lk = cable.link
+        ends = ((lk.a, lk.a_interface, cable.a_ip, cable.b_ip), (lk.b, lk.b_interface, cable.b_ip, cable.a_ip))
+        if not any((host, iface) in bare_ends for host, iface, _, _ in ends):
+            continue
+        if not all(t.hosts[host].interfaces for host, *_ in ends):
+            continue
+        for host, iface, mine, peer in ends:
+            interfaces = t.hosts[host].interfaces
+            bridge = interfaces.get("bridge0")
+            d = data.setdefault(host, {"bridge": bridge.name if bridge else None,
+                                       "bridge_up": bool(bridge and bridge.up), "ends": []})
+            had = interfaces.get(iface or "")
+            d["ends"].append({"interface": iface, "address": mine, "peer": peer,
+                              "before": list(had.inet) if had else []})
+    return data
 
 
 def _ipv4_hint(t: Topology, bare: list[str]) -> str:

@@ -4,6 +4,16 @@ the commands are printed for the user, ``apply.apply_remote``).
 
 - ``thunderbolt-bridge``: the "Thunderbolt Bridge" network service turned off
   (``networksetup -setnetworkserviceenabled``); undone by turning it on.
+- ``thunderbolt-ipv4``: the IP plan of ``hostfile generate --plan-ips`` (one
+  /30 per cable, mlx.distributed_config's auto-setup) on both ends of each
+  cable with an end without IPv4: ``ifconfig bridge0 down`` where the host
+  has a bridge0, then per end ``ifconfig IF inet A netmask 255.255.255.252``
+  and ``route change PEER -interface IF``. Undone by removing exactly the
+  address it set (``ifconfig IF inet A -alias``), putting back the addresses
+  the end had before (``... alias``) and bridge0 up where it was up. Nothing
+  of the network services' stored settings is touched (ifconfig, not
+  networksetup): a reboot also undoes it, and ``networksetup -setdhcp`` as
+  the undo would change what the fix never changed.
 - the application firewall letting the inventory's python accept
   connections (``socketfilterfw --add PY --unblockapp PY``); undone with
   ``--remove PY``. No check judges the firewall yet: the builder waits for it.
@@ -14,9 +24,11 @@ Never run on a Mac here: built from the captured outputs in
 
 from __future__ import annotations
 
+import ipaddress
 import shlex
 
 from mlxcluster.doctor.fixes.plan import Action, Fix, FixInput
+from mlxcluster.hostfile.ipplan import address_commands
 
 BRIDGE_SERVICE = "Thunderbolt Bridge"  # the service name networksetup knows bridge0 by
 SOCKETFILTERFW = "/usr/libexec/ApplicationFirewall/socketfilterfw"
@@ -53,3 +65,40 @@ def plan_bridge_off(fix: FixInput) -> list[Action]:
 
 
 BRIDGE_OFF = Fix("the Thunderbolt Bridge service turned off (sudo -n networksetup)", plan_bridge_off)
+
+
+def ip_plan_commands(data: dict) -> tuple[list[str], list[str]]:
+    """(commands, undo) of one host's part of the IP plan, from the
+    ``thunderbolt-ipv4`` verdict's ``fix_data`` for it: ``bridge`` (its name
+    when the host has one), ``bridge_up``, and ``ends``: each cable end's
+    ``interface``, planned ``address``, the ``peer``'s address and the IPv4
+    addresses (a.b.c.d/prefix) it had ``before``."""
+    commands, undo = [], []
+    bridge = data.get("bridge")
+    if bridge:
+        commands.append(f"sudo -n ifconfig {shlex.quote(bridge)} down")
+    for end in data["ends"]:
+        commands += address_commands(end["interface"], end["address"], end["peer"], sudo="sudo -n")
+        iface = shlex.quote(end["interface"])
+        undo.append(f"sudo -n ifconfig {iface} inet {end['address']} -alias")
+        for old in end.get("before", []):
+            net = ipaddress.IPv4Interface(old)
+            undo.append(f"sudo -n ifconfig {iface} inet {net.ip} netmask {net.netmask} alias")
+    if bridge and data.get("bridge_up"):
+        undo.append(f"sudo -n ifconfig {shlex.quote(bridge)} up")
+    return commands, undo
+
+
+def plan_ip_plan(fix: FixInput) -> list[Action]:
+    actions = []
+    for name, data in fix.result.fix_data.items():
+        commands, undo = ip_plan_commands(data)
+        ends = ", ".join(f"{e['interface']} {e['address']}/30 (to {e['peer']})" for e in data["ends"])
+        actions.append(remote_action(
+            fix.result.id, fix.inventory.host(name),
+            f"the IP plan of hostfile --plan-ips on {name}: {ends}"
+            + (f"; {data['bridge']} down" if data.get("bridge") else ""), commands, undo))
+    return actions
+
+
+IP_PLAN = Fix("the Thunderbolt IP plan (hostfile generate --plan-ips) set with sudo -n ifconfig", plan_ip_plan)
