@@ -42,6 +42,7 @@ from mlxcluster.doctor.doctor import (
     run_doctor,
     run_local_doctor,
 )
+from mlxcluster.doctor.fixes import mlx_version as mlx_version_fix
 from mlxcluster.errors import EXIT_FAILED, EXIT_OK, InputError
 from mlxcluster.facts.capture import prepare_capture_dir, read_capture_dir, save_capture_dir
 from mlxcluster.facts.facts import HostFacts
@@ -168,14 +169,16 @@ def render(report: DoctorReport, verbose: bool) -> None:
 @click.option("--yes", is_flag=True, help="With --fix: apply the plan without asking.")
 @click.option("--fix-timeout", type=Seconds(1, 3600), default=60.0, show_default=True,
               help="Seconds each fix's command may take on a host.")
+@click.option("--mlx-version", "mlx_version", metavar="X",
+              help="With --fix: the mlx every host gets where versions differ (default: most hosts' one).")
 @click.option("--undo", "undo_path", type=click.Path(dir_okay=False),
               help="Undo what a --fix run changed (its journal, ~/.config/mlxcluster/fixes/TIME.json).")
 @html_option("the report")
 def command(inventory_path, as_json, strict, collect_dir, from_dir, local, accept_new_host_keys, backend,
-            connect_timeout, no_data_path, hostfile, verbose, fix, dry_run, yes, fix_timeout, undo_path,
-            html_path):
+            connect_timeout, no_data_path, hostfile, verbose, fix, dry_run, yes, fix_timeout, mlx_version,
+            undo_path, html_path):
     """Check every host of the cluster and say how to fix what is wrong."""
-    check_fix_flags(fix=fix, dry_run=dry_run, yes=yes, undo=undo_path,
+    check_fix_flags(fix=fix, dry_run=dry_run, yes=yes, undo=undo_path, mlx_version=mlx_version,
                     others={"--json": as_json, "--collect": bool(collect_dir), "--from": bool(from_dir),
                             "--local": local,
                             **({"-i": bool(inventory_path), "--hostfile": bool(hostfile),
@@ -200,12 +203,14 @@ def command(inventory_path, as_json, strict, collect_dir, from_dir, local, accep
     if collect_dir:
         prepare_capture_dir(collect_dir)
     check_html_path(html_path)
+    if mlx_version:
+        mlx_version_fix.check_mlx_version(mlx_version)  # an unknown version: exit 2 before any host is probed
     if fix:
         click.get_current_context().exit(run_fix(
             inventory, backend=backend, connect_timeout=connect_timeout,
             accept_new_host_keys=accept_new_host_keys, data_path=not no_data_path, hostfile=hostfile,
             verbose=verbose, dry_run=dry_run, yes=yes, strict=strict, fix_timeout=fix_timeout, render=render,
-            html_path=html_path))
+            html_path=html_path, mlx_version=mlx_version))
     if local:
         report = run_local_doctor(backend=backend)
     elif from_dir:

@@ -38,16 +38,20 @@ def can_ask() -> bool:
     return sys.stdin is not None and sys.stdin.isatty()
 
 
-def check_fix_flags(*, fix: bool, dry_run: bool, yes: bool, undo: str | None, others: dict[str, bool]) -> None:
-    """Flag combinations --fix, --dry-run, --yes and --undo refuse (exit 2,
-    before any host is probed); ``others``: flag name -> given."""
+def check_fix_flags(*, fix: bool, dry_run: bool, yes: bool, undo: str | None, others: dict[str, bool],
+                    mlx_version: str | None = None) -> None:
+    """Flag combinations --fix, --dry-run, --yes, --mlx-version and --undo
+    refuse (exit 2, before any host is probed); ``others``: flag name -> given."""
     given = [name for name, on in others.items() if on]
     if undo:
-        clash = [n for n, on in (("--fix", fix), ("--dry-run", dry_run), ("--yes", yes)) if on] + given
+        clash = [n for n, on in (("--fix", fix), ("--dry-run", dry_run), ("--yes", yes),
+                                 ("--mlx-version", bool(mlx_version))) if on] + given
         if clash:
             raise InputError(f"--undo JOURNAL excludes {', '.join(clash)}",
                              "run 'mlxcluster doctor --undo JOURNAL' alone")
         return
+    if mlx_version and not fix:
+        raise InputError("--mlx-version goes with --fix", "mlxcluster doctor --fix --mlx-version X")
     if (dry_run or yes) and not fix:
         raise InputError(f"{'--dry-run' if dry_run else '--yes'} goes with --fix",
                          "mlxcluster doctor --fix --dry-run (the plan only) or --fix --yes (apply it)")
@@ -105,7 +109,7 @@ def write_fix_page(path: str | None, report, outcome: FixOutcome) -> None:
 
 
 def run_fix(inventory, *, backend, connect_timeout, accept_new_host_keys, data_path, hostfile, verbose,
-            dry_run, yes, strict, fix_timeout, render, html_path=None) -> int:
+            dry_run, yes, strict, fix_timeout, render, html_path=None, mlx_version=None) -> int:
     """The whole --fix run; the exit code.
 
     A host whose key was unknown could not be probed before its key was
@@ -116,11 +120,12 @@ def run_fix(inventory, *, backend, connect_timeout, accept_new_host_keys, data_p
     runner = open_runner(inventory, connect_timeout=connect_timeout, command_timeout=60.0,
                          accept_new_host_keys=accept_new_host_keys)
     options = dict(backend=backend, connect_timeout=connect_timeout, data_path=data_path, hostfile=hostfile)
+    wanted = {"mlx_version": mlx_version} if mlx_version else {}  # what the fixes are asked
     try:
         before = run_doctor(inventory, runner=runner, **options)
         render(before, verbose)
         click.echo("")
-        plan = plan_fixes(before, inventory, runner)
+        plan = plan_fixes(before, inventory, runner, wanted)
         render_plan(plan)
 
         def unapplied(why: str) -> FixOutcome:
@@ -151,7 +156,7 @@ def run_fix(inventory, *, backend, connect_timeout, accept_new_host_keys, data_p
             tried.update(action_key(a) for a in plan.actions)
             inventory = load_inventory(inventory.path)
             after = run_doctor(inventory, runner=runner, **options)
-            more = [a for a in plan_fixes(after, inventory, runner).actions if action_key(a) not in tried]
+            more = [a for a in plan_fixes(after, inventory, runner, wanted).actions if action_key(a) not in tried]
             if not more or round_ == 2:
                 break
             plan = Plan(more, [])

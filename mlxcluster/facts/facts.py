@@ -53,6 +53,8 @@ class HostFacts:
     os_name: str | None = None
     os_version: str | None = None
     os_build: str | None = None
+    machine: str | None = None  # platform.machine(): arm64, x86_64, aarch64
+    libc: str | None = None  # Linux: "glibc 2.36" (which manylinux wheels run)
     model: str | None = None
     chip: str | None = None
     memory_bytes: int | None = None
@@ -230,6 +232,7 @@ def host_facts(capture: HostCapture) -> HostFacts:
         hostname=r.get(p, "hostname", str), platform=r.get(p, "platform", str),
         os_name=r.get(os_, "name", str, "os."), os_version=r.get(os_, "version", str, "os."),
         os_build=r.get(os_, "build", str, "os."),
+        machine=r.get(os_, "machine", str, "os."), libc=r.get(os_, "libc", str, "os."),
         model=r.get(p, "model", str), chip=r.get(p, "chip", str), memory_bytes=r.positive(p, "memory_bytes"),
         cpu_count=r.positive(p, "cpu_count"),
         python=r.get(python, "executable", str, "python."),

@@ -225,6 +225,9 @@ def probe_os(commands, raw):
         info["version"] = values.get("VERSION_ID")
         # The kernel build string is the closest Linux analogue of a macOS build.
         info["build"] = platform.release()
+        # The C library's version names the wheels that run here (manylinux_2_N).
+        lib, version = platform.libc_ver()
+        info["libc"] = f"{lib} {version}" if lib and version else None
     return info
 
 

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import paramiko
 from paramiko.hostkeys import InvalidHostKey
@@ -376,10 +376,11 @@ class ParamikoRunner:
         *,
         user: str | None = None,
         port: int | None = None,
-        stdin: str | None = None,
+        stdin: str | bytes | BinaryIO | None = None,
         timeout: float | None = None,
     ) -> CommandResult:
-        """Run one shell command line (caller quotes every argument)."""
+        """Run one shell command line (caller quotes every argument); ``stdin``
+        text, bytes, or a binary file streamed in pieces (a wheel sent to a host)."""
         client = self.connect(alias, user, port)
         limit = timeout or self.command_timeout
         started = time.monotonic()
@@ -388,7 +389,7 @@ class ParamikoRunner:
             channel.settimeout(limit)
             exec_bounded(channel, command, started + limit - time.monotonic(), alias, limit)
             if stdin is not None:
-                send_input(channel, stdin.encode("utf-8"))
+                send_input(channel, stdin.encode("utf-8") if isinstance(stdin, str) else stdin)
             channel.shutdown_write()
             out, err = read_channel(channel, started + limit)
             if not channel.exit_status_ready():
@@ -495,13 +496,18 @@ def read_line(channel: paramiko.Channel, timeout: float) -> str | None:
     return buf.split(b"\n", 1)[0].decode("utf-8", "replace")
 
 
-def send_input(channel: paramiko.Channel, data: bytes) -> None:
-    """Send a command its stdin. A command that ends without reading it (a
+def send_input(channel: paramiko.Channel, data: bytes | BinaryIO) -> None:
+    """Send a command its stdin (bytes, or a binary file read 1 MiB at a
+    time). A command that ends without reading it (a
     python that is not there: 'not found', exit 127) may have closed the
     channel first: paramiko then raises "Socket is closed", which would hide
     the command's own answer (its output and exit status, still to be read)."""
     try:
-        channel.sendall(data)
+        if isinstance(data, (bytes, bytearray)):
+            channel.sendall(data)
+        else:
+            for piece in iter(lambda: data.read(1 << 20), b""):
+                channel.sendall(piece)
     except OSError:
         transport = channel.get_transport()
         if not channel.closed or transport is None or not transport.is_active():

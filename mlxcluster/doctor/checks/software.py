@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+from collections import Counter
 
 from mlxcluster.doctor.checks.base import CheckContext
 from mlxcluster.doctor.checks.common import (
@@ -22,6 +23,7 @@ from mlxcluster.doctor.checks.common import (
 )
 from mlxcluster.doctor.checks.mpi import mpi_available
 from mlxcluster.doctor.fixes.env import OPENBLAS_PRELOAD
+from mlxcluster.doctor.fixes.mlx_version import SAME_MLX, python_minor
 
 GIB = 2**30
 MEMORY_RATIO_WARN = 0.8  # smallest / largest host below this => imbalance warning
@@ -86,7 +88,7 @@ def python_path(ctx: CheckContext) -> Verdict:
     return Verdict(worst(bool(failed), bool(warned)), evidence, hint)
 
 
-@doctor_check("mlx-version", "mlx importable, the same version everywhere")
+@doctor_check("mlx-version", "mlx importable, the same version everywhere", fix=SAME_MLX)
 def mlx_version(ctx: CheckContext) -> Verdict:
     facts = probed_hosts(ctx)
     if not facts:
@@ -104,16 +106,39 @@ def mlx_version(ctx: CheckContext) -> Verdict:
             evidence[n] = BAD + f"mlx {f.mlx_version} (others: {common}) with {f.python}"
         else:
             evidence[n] = f"mlx {f.mlx_version}"
-    hint = None
-    if broken or odd:
-        targets = [facts[n] for n in broken + odd]
-        pin = f"mlx=={common}" if common else "mlx"
-        # One command per python path, naming all its hosts (not one sentence per host).
-        by_python: dict[str, list[str]] = {}
-        for t in targets:
-            by_python.setdefault(shlex.quote(t.python or "python3"), []).append(t.name)
-        hint = "; ".join(f"on {join_hosts(names)}: {python} -m pip install {pin}" for python, names in by_python.items())
-    return Verdict(worst(bool(broken or odd), False), evidence, hint)
+    if not (broken or odd):
+        return Verdict(worst(False, False), evidence, None)
+    targets = [facts[n] for n in broken + odd]
+    pin = f"mlx=={common}" if common else "mlx"
+    # One command per python path, naming all its hosts (not one sentence per host).
+    by_python: dict[str, list[str]] = {}
+    for t in targets:
+        by_python.setdefault(shlex.quote(t.python or "python3"), []).append(t.name)
+    hint = "; ".join(f"on {join_hosts(names)}: {python} -m pip install {pin}" for python, names in by_python.items())
+    counts = Counter(versions.values())
+    if len(counts) > 1 and sorted(counts.values())[-1] == sorted(counts.values())[-2]:
+        hint += "; versions as common as each other: doctor --fix --mlx-version V picks one"
+    # mlx's wheels are per Python version: --fix installs only where the Python is the others'.
+    minors = {n: python_minor(f.python_version) for n, f in facts.items() if f.python_version}
+    usual = majority(minors) if minors else None
+    refused = [n for n in broken + odd if minors.get(n) and minors[n] != usual]
+    for n in refused:
+        f = facts[n]
+        hint += (f"; {n} runs Python {minors[n]}, the others {usual}: --fix does not change a host's Python: "
+                 f"install Python {usual} there and the same venv at {f.python}, or point the inventory's "
+                 f"python for {n} at a Python {usual} that has mlx")
+    fix_data = {n: mlx_fix_data(ctx, n, f, n in refused) for n, f in facts.items() if f.python}
+    return Verdict(worst(True, False), evidence, hint, fix_data)
+
+
+def mlx_fix_data(ctx: CheckContext, name: str, f, refused: bool) -> dict:
+    """What the mlx fix needs of a host: its wheels' platform and Python, its mlx."""
+    mlx = (ctx.captures[name].probe() or {}).get("mlx") or {}
+    installed = mlx.get("version") if isinstance(mlx.get("version"), str) else None
+    system = (f.platform or "").capitalize() if f.platform in ("darwin", "linux") else None
+    return {"python": f.python, "python_version": f.python_version, "mlx": f.mlx_version,
+            "installed": installed, "system": system, "machine": f.machine, "os_version": f.os_version,
+            "libc": f.libc, "python_refused": refused}
 
 
 @doctor_check("macos-version", "OS version and build equal on every host")

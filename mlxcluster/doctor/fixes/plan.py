@@ -24,8 +24,8 @@ from mlxcluster.ssh.results import CommandResult
 
 # Kinds of action, in the order they are applied: host keys first (the other
 # fixes need the connections they allow), then the inventory, then commands
-# on the hosts, host by host.
-KIND_ORDER = ("known-host", "inventory-env", "remote", "ssh-trust")
+# on the hosts, host by host; mlx installed last (the longest).
+KIND_ORDER = ("known-host", "inventory-env", "remote", "ssh-trust", "mlx-install")
 
 
 @dataclass
@@ -58,6 +58,8 @@ class FixInput:
     # host name -> (key type, base64) of the host key this machine's
     # connection verified (host-to-host: what the first host should trust).
     host_key: Callable[[str], tuple[str, str]] | None = None
+    # What the user asked of the fixes (doctor's flags: "mlx_version").
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,8 @@ def _needs_fixing(result: CheckResult) -> bool:
 
 
 def build_plan(results: Iterable[CheckResult], specs: Iterable[CheckSpec], inventory,
-               lookup: Lookup | None = None, host_key: Callable[[str], tuple[str, str]] | None = None) -> Plan:
+               lookup: Lookup | None = None, host_key: Callable[[str], tuple[str, str]] | None = None,
+               options: dict[str, Any] | None = None) -> Plan:
     """Every action the failing and warning checks' fixes propose, in the
     order they are applied, and the checks left for the user."""
     fixes = {s.id: s.fix for s in specs}
@@ -105,7 +108,7 @@ def build_plan(results: Iterable[CheckResult], specs: Iterable[CheckSpec], inven
             left.append(result)
             continue
         try:
-            proposed = fix.plan(FixInput(result, inventory, lookup, host_key))
+            proposed = fix.plan(FixInput(result, inventory, lookup, host_key, dict(options or {})))
         except Exception as exc:  # a broken fix must not hide the others; said, not applied
             problems.append((result.id, f"{type(exc).__name__}: {exc}"))
             left.append(result)

@@ -53,12 +53,13 @@ def verified_host_key(runner, inventory):
     return host_key
 
 
-def plan_fixes(report: DoctorReport, inventory, runner=None) -> Plan:
-    """The plan for a report's failing and warning checks."""
+def plan_fixes(report: DoctorReport, inventory, runner=None, options: dict | None = None) -> Plan:
+    """The plan for a report's failing and warning checks (``options``:
+    what the user asked of the fixes, e.g. ``mlx_version``)."""
     if runner is None:
-        return build_plan(report.results, load_checks(), inventory)
+        return build_plan(report.results, load_checks(), inventory, options=options)
     return build_plan(report.results, load_checks(), inventory, lookup_on(runner, inventory),
-                      verified_host_key(runner, inventory))
+                      verified_host_key(runner, inventory), options)
 
 
 @dataclass
