@@ -6,7 +6,8 @@
 Under `mlxcluster train` every rank prints `@@mlxcluster-heartbeat RANK STEP`
 (flushed) after each step, into a pipe the launcher reads. This measures, in
 one process with the OpenBLAS preload when the system has it (as `mlxcluster
-train` sets it) and stdout a pipe drained by a thread (as under a launcher):
+train` sets it) and stdout and stderr (where the heartbeat goes) pipes drained by a
+thread (as under a launcher):
 
 1. the heartbeat call alone (`Trainer.beat()`, 20,000 calls): microseconds
    per call;
@@ -38,10 +39,11 @@ REEXEC = "MLXCLUSTER_BENCH_REEXEC"
 
 
 def drained_stdout():
-    """Point fd 1 at a pipe that a thread empties; returns a file for our own output."""
+    """Point fds 1 and 2 at a pipe that a thread empties; returns a file for our own output."""
     ours = os.fdopen(os.dup(1), "w", buffering=1)
     read, write = os.pipe()
     os.dup2(write, 1)
+    os.dup2(write, 2)
     os.close(write)
 
     def drain():

@@ -17,6 +17,7 @@ Modules, each importing only those listed before it (no circles):
     metrics.py            heartbeats, metrics records (file or mlxcluster's record), the loss
                           curve; imports no mlx, so mlxcluster draws the curve without it
     kernels.py            attention, silu and the loss: MLX's, or multiply-adds on Linux's CPU
+    compile_cache.py      whether MLX compiles its CPU kernels from nothing (the log says so)
     model.py              ModelArgs, Llama, the loss, sampling
     hf_io.py              Hugging Face / mlx-lm Llama folders: read (--init_from), written
     precision.py          --dtype / --comm_dtype bfloat16: compute copy, gradient all-reduce

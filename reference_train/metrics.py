@@ -26,6 +26,7 @@ import base64
 import hashlib
 import json
 import os
+import sys
 from pathlib import Path
 
 HEARTBEAT_ENV = "MLXCLUSTER_HEARTBEAT"
@@ -51,8 +52,12 @@ def heartbeat_wanted() -> bool:
 
 
 def print_heartbeat(rank: int, what: int | str) -> None:
-    """One heartbeat: rank `rank` reached step `what` (or "done")."""
-    print(f"{HEARTBEAT_MARK} {rank} {what}", flush=True)
+    """One heartbeat: rank `rank` reached step `what` (or "done"). On stderr: every rank
+    beats, and mlx.launch forwards each rank's stream in 8 KiB reads, one rank's after
+    another's, so beats on stdout landed inside rank 0's record lines (a LoRA adapters
+    piece is ~700 KB of base64) and cut them; stdout is rank 0's alone. The launcher
+    watches both streams."""
+    print(f"{HEARTBEAT_MARK} {rank} {what}", file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------- the record

@@ -157,7 +157,8 @@ def test_rank_memory_is_flat_in_ranks_and_dataset_size(tmp_path):
 
 
 def test_heartbeat_lines_only_when_a_launcher_asks(offline_data, tmp_path):
-    """MLXCLUSTER_HEARTBEAT=1: one marker line per step, then 'done'; without it, none."""
+    """MLXCLUSTER_HEARTBEAT=1: one marker line per step, then 'done', on stderr (stdout
+    carries rank 0's record lines: tests/test_record_interleave.py); without it, none."""
     import subprocess
     import sys
 
@@ -170,11 +171,12 @@ def test_heartbeat_lines_only_when_a_launcher_asks(offline_data, tmp_path):
     watched = subprocess.run([*args, "--out", str(tmp_path / "hb")], cwd=REPO, text=True,
                              env={**trainer_env(), "MLXCLUSTER_HEARTBEAT": "1"},
                              capture_output=True, timeout=120)
-    beats = [ln for ln in watched.stdout.splitlines() if ln.startswith(HEARTBEAT_MARK)]
+    beats = [ln for ln in watched.stderr.splitlines() if ln.startswith(HEARTBEAT_MARK)]
+    assert HEARTBEAT_MARK not in watched.stdout
     assert beats == [f"{HEARTBEAT_MARK} 0 1", f"{HEARTBEAT_MARK} 0 2", f"{HEARTBEAT_MARK} 0 3",
                      f"{HEARTBEAT_MARK} 0 done"], watched.stdout + watched.stderr
     plain = subprocess.run([*args, "--out", str(tmp_path / "plain")], cwd=REPO, text=True,
                            env={k: v for k, v in trainer_env().items()
                                 if k != "MLXCLUSTER_HEARTBEAT"},
                            capture_output=True, timeout=120)
-    assert plain.returncode == 0 and HEARTBEAT_MARK not in plain.stdout
+    assert plain.returncode == 0 and HEARTBEAT_MARK not in plain.stdout + plain.stderr
