@@ -110,3 +110,8 @@ def test_files_the_trainer_sends_land_here_whole_or_not_at_all(tmp_path, capsys,
     assert other.bad_lines == 3 and other.files == []
     assert not (tmp_path / "other" / "adapters").exists()
     assert not (tmp_path / "adapter_config.json").exists()
+    # ... and the user is told, once the job has ended (not silently lost)
+    assert rec.damage() is None
+    said = other.damage()
+    assert "3 record line(s) arrived damaged" in said and \
+        "adapters/adapters.safetensors did not arrive here whole" in said, said

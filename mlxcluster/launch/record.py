@@ -131,6 +131,18 @@ class RunRecord:
         os.replace(tmp, target)
         self.files.append(target)
 
+    def damage(self) -> str | None:
+        """What of the record did not arrive whole, said once the job has ended: lines
+        that did not parse or add up, and the files whose pieces stopped short."""
+        if not self.bad_lines and not self._pieces:
+            return None
+        said = f"{self.bad_lines} record line(s) arrived damaged" if self.bad_lines else ""
+        if self._pieces:
+            names = ", ".join(sorted(self._pieces))
+            said += f"{'; ' if said else ''}{names} did not arrive here whole (every host " \
+                    "that ran to the end wrote its own copy under --out)"
+        return f"the run's record at {self.out}: {said}"
+
     def close(self) -> None:
         self._log.close()
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlxcluster.errors import InputError
-from mlxcluster.jobs.events import Note, OnEvent, Restarting
+from mlxcluster.jobs.events import Note, OnEvent, Restarting, Warned
 from mlxcluster.jobs.job import Job, program_command
 from mlxcluster.jobs.restarts import (
     Dropped,
@@ -222,13 +222,19 @@ class TrainerRun:
             on_event(event)
         return emit
 
-    def close(self) -> str | None:
+    def close(self) -> list[Note | Warned]:
         """Close the record and draw loss.png beside it, here (the trainer
-        leaves it to us when we keep the record); returns what plotting said."""
+        leaves it to us when we keep the record); returns what plotting said
+        and what of the record did not arrive whole."""
         self.record.close()
+        said: list[Note | Warned] = []
         if self.record.metrics.is_file():
-            return plot_metrics(self.record.metrics, self.record.out / "loss.png")
-        return None
+            plotted = plot_metrics(self.record.metrics, self.record.out / "loss.png")
+            if plotted:
+                said.append(Note(plotted))
+        if damage := self.record.damage():
+            said.append(Warned(damage))
+        return said
 
 
 @dataclass(frozen=True)
@@ -266,8 +272,7 @@ def run_trainer(job: Job, args: TrainerArgs, restarts: Restarts, env: dict[str, 
                                          drop=run.drop,
                                          on_event=noted)
     finally:
-        plotted = run.close()
-        if plotted:
-            on_event(Note(plotted))
+        for said in run.close():
+            on_event(said)
     took = outcome.seconds if not restarts.done else time.monotonic() - started
     return TrainerResult(job, outcome, restarts.done, took)
