@@ -117,3 +117,27 @@ def test_the_tokenizer_kept_with_the_data_goes_with_it(data, tmp_path):
     assert remote("receive", spec, stream).returncode == 0
     assert (there / "tokenizer" / "tokenizer.json").read_text() == '{"model": {}}'
     assert json.loads(remote("check", spec).stdout)["files"]["tokenizer/tokenizer.json"] == "ok"
+
+
+def test_the_send_bar_shows_only_to_a_person_at_a_terminal(monkeypatch):
+    """In a log (stderr not a terminal) a progress bar is only its label alone on a line:
+    nothing is drawn; at a terminal the bar is drawn and ended."""
+    from mlxcluster.cli.job_launch import EventView
+    from mlxcluster.jobs.events import SendEnded, Sending, SendProgress
+
+    class Terminal(io.StringIO):
+        def __init__(self, tty: bool):
+            super().__init__()
+            self.tty = tty
+
+        def isatty(self) -> bool:
+            return self.tty
+
+    for tty in (False, True):
+        err = Terminal(tty)
+        monkeypatch.setattr(sys, "stderr", err)
+        view = EventView("train")
+        for event in (Sending("labhost1", 100), SendProgress("labhost1", 50),
+                      SendProgress("labhost1", 100), SendEnded("labhost1")):
+            view(event)
+        assert ("to labhost1" in err.getvalue()) is tty, (tty, err.getvalue())

@@ -149,9 +149,11 @@ class EventView:
         elif isinstance(event, Restarting):
             click.echo(f"restart {event.done}/{event.max_restarts} after: {event.cause}; every "
                        "rank was stopped; probing the hosts again")
-        elif isinstance(event, Sending):
+        elif isinstance(event, Sending) and sys.stderr.isatty():
+            # A bar is for a person watching; in a log it is only its label, alone on a
+            # line ("  to labhost1"), after the "sent ..." line has said it all.
             self._bar = click.progressbar(length=max(event.total, 1), label=f"  to {event.host}",
-                                          file=click.get_text_stream("stderr"))
+                                          file=sys.stderr)
             self._bar.__enter__()
         elif isinstance(event, SendProgress) and self._bar is not None:
             self._bar.update(event.done - self._bar.pos)
