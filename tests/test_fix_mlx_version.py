@@ -228,7 +228,7 @@ def test_wheels_fetched_once_sent_installed_from_the_file_and_undone(tmp_path, m
         assert (got / "mlx-0.32.4-cp312-cp312-macosx_26_0_arm64.whl").read_bytes() == \
             (wheels / "mlx-0.32.4-cp312-cp312-macosx_26_0_arm64.whl").read_bytes()
         assert (hosts.homes[name] / "pip.log").read_text().splitlines() == [
-            f"install|--disable-pip-version-check|--no-index|--find-links|{got}|mlx==0.32.4|mlx-metal==0.32.4|"]
+            f"install|--isolated|--disable-pip-version-check|--no-index|--find-links|{got}|mlx==0.32.4|mlx-metal==0.32.4|"]
     assert "a" not in {h for h, _ in hosts.calls}
 
     # Twice is once: the host's wheels are known by sha256, nothing is sent again.
@@ -245,10 +245,10 @@ def test_wheels_fetched_once_sent_installed_from_the_file_and_undone(tmp_path, m
 
 def test_the_install_and_undo_commands_quote_the_python_and_read_no_index():
     assert fix.install_command("/Users/me/my venv/bin/python", "Darwin", "0.32.4") == (
-        "'/Users/me/my venv/bin/python' -m pip install --disable-pip-version-check --no-index "
+        "'/Users/me/my venv/bin/python' -m pip install --isolated --disable-pip-version-check --no-index "
         '--find-links "$HOME/.cache/mlxcluster/wheels" mlx==0.32.4 mlx-metal==0.32.4')
     assert fix.install_command("/opt/venv/bin/python", "Linux", "0.32.3") == (
-        "/opt/venv/bin/python -m pip install --disable-pip-version-check --no-index "
+        "/opt/venv/bin/python -m pip install --isolated --disable-pip-version-check --no-index "
         '--find-links "$HOME/.cache/mlxcluster/wheels" mlx==0.32.3 mlx-cpu==0.32.3')
 
 

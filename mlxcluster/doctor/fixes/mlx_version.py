@@ -11,7 +11,7 @@ connection and installed from the file::
                  --platform macosx_14_0_arm64 --python-version 3.12 --implementation cp --abi cp312 \\
                  -d ~/.cache/mlxcluster/wheels/mlx-0.32.4/macosx_14_0_arm64-cp312
     send:    each wheel the host lacks, by sha256, into ~/.cache/mlxcluster/wheels on the host
-    on host: PY -m pip install --disable-pip-version-check --no-index \\
+    on host: PY -m pip install --isolated --disable-pip-version-check --no-index \\
                  --find-links "$HOME/.cache/mlxcluster/wheels" mlx==0.32.4 mlx-metal==0.32.4
 
 On macOS mlx's wheel needs ``mlx-metal`` (its ``Requires-Dist``, for
@@ -110,9 +110,12 @@ def download_argv(python: str, t: Target, version: str, dest: str) -> list[str]:
 
 
 def install_command(python: str, system: str, version: str) -> str:
-    """The install on the host, from the wheels sent there (no index)."""
-    words = [shlex.quote(python), "-m", "pip", "install", "--disable-pip-version-check", "--no-index",
-             "--find-links", f'"$HOME/{HOST_WHEELS}"', *(shlex.quote(r) for r in requirements(system, version))]
+    """The install on the host, from the wheels sent there (no index;
+    ``--isolated``: no pip config or PIP_* variable of the host's adds other
+    links or constraints)."""
+    words = [shlex.quote(python), "-m", "pip", "install", "--isolated", "--disable-pip-version-check",
+             "--no-index", "--find-links", f'"$HOME/{HOST_WHEELS}"',
+             *(shlex.quote(r) for r in requirements(system, version))]
     return " ".join(words)
 
 

@@ -1,0 +1,88 @@
+"""``doctor --fix --yes`` on real sshd hosts, one of them on another mlx at
+the same python path: labhost2's site-packages is an overlay in its mount
+namespace (the real one below, its changes in a folder of its own) holding
+mlx 0.32.3, the others the venv's 0.32.4. The fix fetches the wheels here,
+sends them over its SSH connection into labhost2's own ``~/.cache/mlxcluster``
+(a tmpfs there), installs 0.32.4 from the file; the re-check passes; ``--undo``
+puts 0.32.3 back. This machine's venv and the other hosts are never changed.
+
+Needs the package index (pip download) here, as the fix does.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+import sysconfig
+
+import pytest
+
+from mlxcluster.doctor.fixes import mlx_version as fix
+
+pytestmark = pytest.mark.lab
+
+OLD = "0.32.3"
+VERSION_OF = "import importlib.metadata as m; print(m.version('mlx'), m.version('mlx-cpu'))"
+
+
+def mlxcluster(env, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mlxcluster", *args], env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.fixture
+def other_mlx_on_labhost2(lab3, tmp_path, monkeypatch):
+    """labhost2: the same python path, mlx 0.32.3 (an overlay over site-packages) and a home cache of its own;
+    the wheels fetched here go to a cache of this test's (XDG_CACHE_HOME, also the fix's)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    site = sysconfig.get_paths()["purelib"]
+    upper, work = tmp_path / "upper", tmp_path / "work"
+    upper.mkdir()
+    work.mkdir()
+    target = fix.Target("Linux", platform.machine(), platform.python_version(), libc=" ".join(platform.libc_ver()))
+    wheels = fix.fetched(target, OLD, fix.wheel_key(target), 600)  # the fix finds them fetched
+    host = lab3.hosts[1]
+    made = lab3.ssh(host, f"mount -t overlay overlay -o lowerdir={site},upperdir={upper},workdir={work} {site} && "
+                          "mount -t tmpfs mlxc-wheels /root/.cache/mlxcluster && "
+                          f"{lab3.python} -m pip install -q --disable-pip-version-check --no-index "
+                          f"--find-links {wheels[0].parent} mlx=={OLD} mlx-cpu=={OLD} 2>/dev/null; "
+                          f"{lab3.python} -c \"{VERSION_OF}\"", timeout=120)
+    try:
+        assert made.stdout.split() == [OLD, OLD], made.stdout + made.stderr
+        yield host
+    finally:
+        lab3.ssh(host, f"umount /root/.cache/mlxcluster; umount {site}", timeout=30)
+
+
+def test_fix_installs_the_others_mlx_from_wheels_sent_here_and_undo_puts_it_back(lab3, tmp_path,
+                                                                                   other_mlx_on_labhost2):
+    host = other_mlx_on_labhost2
+    inventory = lab3.write_inventory(tmp_path / "lab.yaml")
+    env = lab3.env({**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "config")})
+    here = subprocess.run([sys.executable, "-c", VERSION_OF], capture_output=True, text=True).stdout.split()
+    new = here[0]
+    fixed = mlxcluster(env, "doctor", "-i", str(inventory), "--no-data-path", "--fix", "--yes")
+    out = fixed.stdout
+    assert f"  [mlx-version] {host.name}: mlx {OLD} -> mlx {new} in {lab3.python} (Linux x86_64, Python 3.11)" \
+        in out, out[-3000:] + fixed.stderr
+    assert f"      on {host.name}: {lab3.python} -m pip install --isolated --disable-pip-version-check --no-index " \
+           f'--find-links "$HOME/.cache/mlxcluster/wheels" mlx=={new} mlx-cpu=={new}' in out
+    assert f"  applied   [mlx-version] {host.name}:" in out
+    assert "[✗] -> [✓] mlx importable, the same version everywhere  [mlx-version]" in out, out[-3000:]
+    assert lab3.ssh(host, f"{lab3.python} -c \"{VERSION_OF}\"").stdout.split() == [new, new]
+    # The wheels went to labhost2's own home, not this machine's.
+    sent = lab3.ssh(host, "ls /root/.cache/mlxcluster/wheels").stdout.split()
+    fetched_here = sorted(p.name for p in fix.wheel_cache().rglob("*.whl"))
+    assert sorted(sent) == fetched_here and len(sent) == 4  # mlx and mlx-cpu, new and old
+    assert not os.path.exists("/root/.cache/mlxcluster/wheels")
+    for other in (lab3.hosts[0], lab3.hosts[2]):
+        assert lab3.ssh(other, f"{lab3.python} -c \"{VERSION_OF}\"").stdout.split() == here
+
+    [journal] = sorted((tmp_path / "config" / "mlxcluster" / "fixes").glob("*.json"))
+    undo = mlxcluster(env, "doctor", "--undo", str(journal))
+    assert undo.returncode == 0, undo.stdout + undo.stderr
+    assert f"restored  [mlx-version] {host.name}:" in undo.stdout
+    assert lab3.ssh(host, f"{lab3.python} -c \"{VERSION_OF}\"").stdout.split() == [OLD, OLD]
+    assert subprocess.run([sys.executable, "-c", VERSION_OF], capture_output=True, text=True).stdout.split() == here
