@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from mlxcluster.cli import doctor_fix, main
 from mlxcluster.doctor.checks.base import CheckContext, Status
-from mlxcluster.doctor.doctor import load_checks
+from mlxcluster.doctor.doctor import DoctorReport, load_checks
 from mlxcluster.doctor.fixes import mlx_version as fix
 from mlxcluster.doctor.fixes.apply import ApplyContext, apply_plan, undo_journal
 from mlxcluster.doctor.fixes.journal import Journal, fixes_dir, read_journal
@@ -300,3 +300,24 @@ def test_the_index_versions_are_read_from_pip_index_versions(monkeypatch):
     monkeypatch.setattr(fix.subprocess, "run", lambda argv, **k: subprocess.CompletedProcess(argv, 0, out, ""))
     assert fix.available_versions() == ["0.32.4", "0.32.3", "0.2.0"]
     fix.check_mlx_version("0.32.3")
+
+
+def test_mlx_version_reaches_the_plan_of_a_dry_run(tmp_path, monkeypatch):
+    inventory = tmp_path / "cluster.yaml"
+    inventory.write_text("cluster: lab\npython: /opt/venv/bin/python\nhosts:\n"
+                         "  - name: a\n    ssh: 10.0.0.1\n  - name: b\n    ssh: 10.0.0.2\n")
+    result = check({"a": mac("a", "0.32.4"), "b": mac("b", "0.32.3")})
+
+    class Runner:
+        def close(self):
+            pass
+
+    monkeypatch.setattr(doctor_fix, "open_runner", lambda *a, **k: Runner())
+    monkeypatch.setattr(doctor_fix, "run_doctor", lambda *a, **k: DoctorReport("x", [result], {}, {}, True, 0.1, "lab"))
+    monkeypatch.setattr(fix, "available_versions", lambda: ["0.32.4", "0.32.3", "0.31.2"])
+    out = CliRunner().invoke(main, ["doctor", "-i", str(inventory), "--fix", "--dry-run", "--mlx-version", "0.31.2"])
+    assert out.exit_code == 1, out.output
+    assert "fix plan: 2 change(s) for 2 host(s)" in out.output
+    assert "  [mlx-version] a: mlx 0.32.4 -> mlx 0.31.2 in /opt/venv/bin/python (Darwin arm64, Python 3.12)" in out.output
+    assert "  [mlx-version] b: mlx 0.32.3 -> mlx 0.31.2" in out.output
+    assert "dry run: nothing was changed" in out.output
