@@ -181,3 +181,24 @@ def test_a_host_that_cannot_keep_the_code_is_named_with_no_way_round(hosts):
     assert failed.value.message.endswith("Not a directory: " f"'{hosts['10.0.0.1']}/.cache'")
     assert "check the host's disk and ssh" in failed.value.hint
     assert "--no-sync" not in failed.value.hint  # the ranks cannot go without it
+
+
+def test_the_code_is_sent_before_the_preflight_unless_no_sync_code(monkeypatch):
+    from mlxcluster.cli import job_launch
+
+    called: list[str] = []
+    monkeypatch.setattr(job_launch, "require_job_python", lambda job, env: called.append("python"))
+    monkeypatch.setattr(code, "sync_code",
+                        lambda job, env, on_event: called.append("code") or
+                        Job(**{**job.__dict__, "code_paths": ("/c",)}))
+    view = job_launch.EventView("run")
+    job, _ = job_launch.prepare_job(job_on(MAC1), None, {}, view, no_preflight=True,
+                                    no_openblas=False)
+    assert called == ["python", "code"] and rank_env(job)["PYTHONPATH"] == "/c"
+    called.clear()
+    job, _ = job_launch.prepare_job(job_on(MAC1), None, {}, view, no_preflight=True,
+                                    no_openblas=False, no_sync_code=True)
+    assert called == ["python"] and rank_env(job)["PYTHONPATH"] == str(package_root())
+    called.clear()
+    job_launch.prepare_job(job_on(HERE), None, {}, view, no_preflight=True, no_openblas=False)
+    assert called == ["python"]  # ranks here only: nothing to send

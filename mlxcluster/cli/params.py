@@ -141,6 +141,10 @@ def launch_options(backends: tuple[str, ...]):
                      help="Skip the doctor checks (-i), the host probe and the all_sum smoke "
                           "(the python is still looked for on every host)."),
         click.option("--no-openblas", is_flag=True, help="Do not preload OpenBLAS on Linux hosts."),
+        click.option("--no-sync-code", is_flag=True,
+                     help="Do not send what ranks import of mlxcluster (reference_train, the rank "
+                          "wrapper) to ~/.cache/mlxcluster/code on every host; every host then "
+                          "needs this checkout at the same path (a shared folder)."),
         click.option("--timeout", type=Duration(1), default=None,
                      help="Stop every rank after this long (90, 90s, 30m, 2h)."),
     ]

@@ -53,7 +53,7 @@ RESTART_ENV = "MLXCLUSTER_RESTART"  # which launch of the job this is: 0, then 1
               help="Show only rank 0's lines (and the launcher's); every rank is still logged.")
 @click.argument("program", nargs=-1, type=click.UNPROCESSED)
 def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, connections_per_ip, no_preflight,
-            no_openblas, timeout, stall_timeout, max_restarts, no_sync_script, logs_dir, rank0_only,
+            no_openblas, no_sync_code, timeout, stall_timeout, max_restarts, no_sync_script, logs_dir, rank0_only,
             program):
     """Check the cluster, then run `python SCRIPT ARGS` (or `-m MODULE`) on every host.
 
@@ -90,7 +90,7 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
             click.echo(f"script: {script} is not on this machine: not sent (every host must "
                        "have it at that path)")
     job, mlx_version = prepare_job(job, inventory, env, view, no_preflight=no_preflight,
-                                   no_openblas=no_openblas)
+                                   no_openblas=no_openblas, no_sync_code=no_sync_code)
     try:
         logs = RankLogs(logs_path)
     except OSError as err:

@@ -61,7 +61,7 @@ from mlxcluster.report import Report
 @html_option("the run's loss, tokens/s and memory at its end (from --out's metrics.jsonl)")
 @click.argument("trainer_args", nargs=-1, type=click.UNPROCESSED)
 def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, connections_per_ip,
-            no_preflight, no_openblas, timeout, config, stall_timeout, max_restarts, no_sync_data,
+            no_preflight, no_openblas, no_sync_code, timeout, config, stall_timeout, max_restarts, no_sync_data,
             elastic, min_hosts, html_path,
             trainer_args):
     """Check the cluster, then run `python -m reference_train.train` on every host.
@@ -95,7 +95,7 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
     job = share_connections(plan_backend(job, inventory, env), env)
     # mlx_version: the cluster's, when the preflight asked (known errors name the fixing release)
     job, mlx_version = prepare_job(job, inventory, env, view, no_preflight=no_preflight,
-                                   no_openblas=no_openblas)
+                                   no_openblas=no_openblas, no_sync_code=no_sync_code)
     if (cfg.data or cfg.init_from) and not no_sync_data:  # every Mac has its own disk
         from mlxcluster.launch.sync import sync_data, sync_model
 

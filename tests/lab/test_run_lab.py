@@ -130,12 +130,14 @@ def test_a_rank_that_never_starts_ends_the_run(lab3, tmp_path, backend):
     """labhost3 refuses ssh: its rank never starts; the run ends with an error
     within a bound (the others do not wait in init forever) and nothing is
     left on the two other hosts. (The script is on every host already,
-    --no-sync-script: with the sync on, labhost3 is found before the launch,
-    see the next test.)"""
+    --no-sync-script, and the lab's hosts share this checkout, --no-sync-code:
+    with either sync on, labhost3 is found before the launch, see the next
+    test.)"""
     try:
         lab3.stop_sshd(lab3.hosts[2])
         proc, run_id, took = run_on_lab(lab3, tmp_path, backend, ALLSUM, "--no-preflight",
-                                        "--no-sync-script", timeout=240, on_every_host=True)
+                                        "--no-sync-script", "--no-sync-code", timeout=240,
+                                        on_every_host=True)
     finally:
         lab3.heal(lab3.hosts[2])
     out = proc.stdout + proc.stderr
