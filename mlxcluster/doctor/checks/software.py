@@ -133,8 +133,10 @@ def mlx_version(ctx: CheckContext) -> Verdict:
 
 def mlx_fix_data(ctx: CheckContext, name: str, f, refused: bool) -> dict:
     """What the mlx fix needs of a host: its wheels' platform and Python, its mlx."""
-    mlx = (ctx.captures[name].probe() or {}).get("mlx") or {}
-    installed = mlx.get("version") if isinstance(mlx.get("version"), str) else None
+    probe = ctx.captures[name].probe()
+    mlx = probe.get("mlx") if isinstance(probe, dict) else None  # a host's probe: any shape
+    installed = mlx.get("version") if isinstance(mlx, dict) and isinstance(mlx.get("version"),
+                                                                           str) else None
     system = (f.platform or "").capitalize() if f.platform in ("darwin", "linux") else None
     return {"python": f.python, "python_version": f.python_version, "mlx": f.mlx_version,
             "installed": installed, "system": system, "machine": f.machine, "os_version": f.os_version,
