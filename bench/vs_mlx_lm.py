@@ -32,17 +32,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from mlxcluster.facts.blas import find_openblas, with_openblas  # noqa: E402
+from bench_support import (  # noqa: E402
+    mlx_lm_peak_mib,
+    ours_speed_and_peak,
+    run_mlx_lm,
+    run_ours,
+    trainer_env,
+)
 
 CONFIG = {"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 4,
           "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 4,
@@ -76,52 +79,22 @@ def build(tmp: Path, block: int) -> tuple[Path, Path, Path]:
 
 
 def ours(model, tokens, out, steps, batch, block, env, *extra: str) -> tuple[float, float]:
-    subprocess.run([sys.executable, "-m", "reference_train.train", "--init_from", str(model),
-                    "--data", str(tokens), "--out", str(out), "--steps", str(steps),
-                    "--global_batch", str(batch), "--block_size", str(block), "--eval_every", "0",
-                    "--sample_tokens", "0", "--log_every", "10", "--warmup_steps", "0",
-                    "--grad_clip", "0", "--lr", "1e-5", *extra],
-                   env=env, check=True, capture_output=True, text=True, timeout=1800)
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    speeds = [r["tokens_per_s"] for r in records if "tokens_per_s" in r][1:]
-    peak = max(max(r["peak_mem_mb"]) for r in records if "peak_mem_mb" in r)
-    return statistics.median(speeds), peak
-
-
-# mlx_lm.lora's own main (parser, defaults, run), with a callback that prints
-# each training report (mlx-lm 0.32.2 shows them as a table meant for people).
-LORA_DRIVER = """
-import json, sys, types
-from mlx_lm import lora
-from mlx_lm.tuner.callbacks import TrainingCallback
-
-class Report(TrainingCallback):
-    def on_train_loss_report(self, info):
-        print("BENCH " + json.dumps(info), flush=True)
-
-args = vars(lora.build_parser().parse_args(sys.argv[1:]))
-for k, v in lora.CONFIG_DEFAULTS.items():
-    if args.get(k) is None:
-        args[k] = v
-# run() replaces the callback it is given with get_reporting_callbacks(--report-to): ours instead
-lora.get_reporting_callbacks = lambda *a, **k: Report()
-lora.run(types.SimpleNamespace(**args))
-"""
+    records, _ = run_ours(out, env, "--init_from", str(model), "--data", str(tokens), "--steps",
+                          str(steps), "--global_batch", str(batch), "--block_size", str(block),
+                          "--eval_every", "0", "--sample_tokens", "0", "--log_every", "10",
+                          "--warmup_steps", "0", "--grad_clip", "0", "--lr", "1e-5", *extra)
+    return ours_speed_and_peak(records)
 
 
 def mlx_lm(model, jsonl, out, steps, batch, block, env, *extra: str) -> tuple[float, float]:
-    proc = subprocess.run([sys.executable, "-c", LORA_DRIVER, *extra, "--model", str(model), "--train",
-                           "--data", str(jsonl), "--fine-tune-type", "full", "--optimizer", "adamw",
-                           "--batch-size", str(batch), "--iters", str(steps), "--max-seq-length",
-                           str(block + 1), "--steps-per-report", "10", "--steps-per-eval",
-                           str(steps * 10), "--val-batches", "1", "--num-layers", "-1",
-                           "--learning-rate", "1e-5", "--adapter-path", str(out)],
-                          env=env, check=True, capture_output=True, text=True, timeout=1800)
-    reports = [json.loads(line[6:]) for line in proc.stdout.splitlines() if line.startswith("BENCH ")]
-    if len(reports) < 2:
-        raise SystemExit(f"mlx-lm reported {len(reports)} times:\n{proc.stdout[-3000:]}")
+    reports = run_mlx_lm(env, *extra, "--model", str(model), "--train", "--data", str(jsonl),
+                         "--fine-tune-type", "full", "--optimizer", "adamw", "--batch-size",
+                         str(batch), "--iters", str(steps), "--max-seq-length", str(block + 1),
+                         "--steps-per-report", "10", "--steps-per-eval", str(steps * 10),
+                         "--val-batches", "1", "--num-layers", "-1", "--learning-rate", "1e-5",
+                         "--adapter-path", str(out))
     speeds = [r["tokens_per_second"] for r in reports][1:]
-    return statistics.median(speeds), max(r["peak_memory"] for r in reports) * 1e9 / 2**20
+    return statistics.median(speeds), mlx_lm_peak_mib(reports)
 
 
 def main() -> int:
@@ -131,8 +104,7 @@ def main() -> int:
     p.add_argument("--block-size", type=int, default=128)
     p.add_argument("--rounds", type=int, default=2)
     args = p.parse_args()
-    env = with_openblas({**os.environ, "PYTHONPATH": str(REPO), "OPENBLAS_NUM_THREADS": "2"},
-                        find_openblas())
+    env = trainer_env(2)
     results: dict[str, list[tuple[float, float]]] = {"ours": [], "ours/mlx": [], "mlx-lm": [],
                                                      "mlx-lm*": []}
     with tempfile.TemporaryDirectory() as tmp:
