@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from mlxcluster.launch.record import RunRecord
 
 
@@ -115,3 +117,31 @@ def test_files_the_trainer_sends_land_here_whole_or_not_at_all(tmp_path, capsys,
     said = other.damage()
     assert "3 record line(s) arrived damaged" in said and \
         "adapters/adapters.safetensors did not arrive here whole" in said, said
+
+
+def test_a_folder_is_read_from_a_host_whole_and_only_its_files(tmp_path):
+    """launch/fetch.py, run through the same argv as a host (bash here for a local one):
+    the folder's regular files come byte for byte; a subfolder, a hidden file (macOS's
+    AppleDouble "._NAME") and a symlink do not; a missing folder is an OSError naming the
+    host, nothing written."""
+    import sys
+
+    from mlxcluster.jobs.hosts import RankHost
+    from mlxcluster.launch.fetch import fetch_folder
+
+    host = RankHost(name="mac1", ssh="127.0.0.1", ips=("127.0.0.1",), python=sys.executable)
+    folder = tmp_path / "out" / "adapters"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "adapters.safetensors").write_bytes(bytes(range(256)) * 300)
+    (folder / "adapter_config.json").write_text('{"fine_tune_type": "lora"}\n')
+    (folder / "._adapters.safetensors").write_bytes(b"attrs")
+    (folder / "sub" / "x").write_text("no")
+    (folder / "link").symlink_to(folder / "adapter_config.json")
+    before = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+    got = fetch_folder(host, folder)
+    assert sorted(p.name for p in got) == ["adapter_config.json", "adapters.safetensors"]
+    assert all(p.read_bytes() == before[p.name] for p in got)
+    assert not [p for p in folder.iterdir() if p.name.startswith(".adapter")]  # no temp left
+    with pytest.raises(OSError, match="mac1: "):
+        fetch_folder(host, tmp_path / "none")
+    assert not (tmp_path / "none").exists()

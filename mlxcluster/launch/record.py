@@ -50,6 +50,7 @@ class RunRecord:
         self.bad_lines = 0
         self.files: list[Path] = []  # the files the trainer sent, written here
         self._pieces: dict[str, list[bytes]] = {}  # path -> the pieces so far
+        self.fetched_from: str | None = None  # the host a folder was read from instead
 
     def start_launch(self, what: str) -> None:
         self._log.write(f"== {time.strftime('%Y-%m-%d %H:%M:%S')} {what}\n")
@@ -131,12 +132,25 @@ class RunRecord:
         os.replace(tmp, target)
         self.files.append(target)
 
+    def arrived(self, name: str) -> bool:
+        """Whether the file ``name`` (under --out) came whole with the record."""
+        return (self.out / name).resolve() in [f.resolve() for f in self.files]
+
+    def fetched(self, folder: str, files: list[Path], host: str) -> None:
+        """``folder``'s files came over ssh from ``host`` instead (launch/fetch.py)."""
+        self.files.extend(files)
+        for name in [n for n in self._pieces if n.startswith(f"{folder}/")]:
+            del self._pieces[name]
+        self.fetched_from = host
+
     def damage(self) -> str | None:
         """What of the record did not arrive whole, said once the job has ended: lines
         that did not parse or add up, and the files whose pieces stopped short."""
         if not self.bad_lines and not self._pieces:
             return None
         said = f"{self.bad_lines} record line(s) arrived damaged" if self.bad_lines else ""
+        if said and self.fetched_from:
+            said += f" (the adapters were read from {self.fetched_from} instead)"
         if self._pieces:
             names = ", ".join(sorted(self._pieces))
             said += f"{'; ' if said else ''}{names} did not arrive here whole (every host " \

@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import io
 import os
+import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from mlxcluster.jobs.restarts import (
 )
 from mlxcluster.jobs.run import run_job
 from mlxcluster.jobs.watch import RunOutcome
+from mlxcluster.launch.fetch import fetch_folder
 from mlxcluster.launch.record import RECORD_ENV, RunRecord
 from reference_train.config import TrainConfig, build_config
 from reference_train.metrics import plot_metrics
@@ -222,6 +224,30 @@ class TrainerRun:
             on_event(event)
         return emit
 
+    def bring_adapters(self, job: Job, env: dict[str, str]) -> list[Note | Warned]:
+        """LoRA's OUT/adapters here: from the record, or, when its lines did not arrive
+        whole (launch/fetch.py says why), read from the first host of ``job`` that has
+        them (rank 0's first)."""
+        cfg = self.args.config
+        name = "adapters/adapters.safetensors"
+        if cfg.fine_tune != "lora" or self.record.arrived(name):
+            return []
+        tried = []
+        for host in dict.fromkeys(h for h in job.hosts if not h.is_local):
+            try:
+                files = fetch_folder(host, Path(cfg.out) / "adapters", env)
+            except (OSError, subprocess.SubprocessError) as err:
+                tried.append(f"{host.name}: {err}")
+                continue
+            self.record.fetched("adapters", files, host.name)
+            return [Note(f"adapters: the record's copy did not arrive whole; read "
+                         f"{len(files)} file(s) from {host.name} into {Path(cfg.out) / 'adapters'}")]
+        if not tried:  # every rank ran here: the trainer wrote them in place
+            return []
+        return [Warned(f"the adapters did not arrive here, and no host gave them "
+                       f"({'; '.join(tried)}): every host that ran to the end has its copy at "
+                       f"{Path(cfg.out) / 'adapters'}")]
+
     def close(self) -> list[Note | Warned]:
         """Close the record and draw loss.png beside it, here (the trainer
         leaves it to us when we keep the record); returns what plotting said
@@ -271,6 +297,9 @@ def run_trainer(job: Job, args: TrainerArgs, restarts: Restarts, env: dict[str, 
         job, outcome = launch_until_done(run.job(job), launch, restarts, env, again=run.resume,
                                          drop=run.drop,
                                          on_event=noted)
+        if outcome.exit_code == 0:
+            for said in run.bring_adapters(job, env):
+                on_event(said)
     finally:
         for said in run.close():
             on_event(said)

@@ -15,7 +15,6 @@ its equality with uncompiled are tested in one process (tests/test_lora.py)."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ import pytest
 from tests.chat_support import make_chat_folder
 from tests.hf_support import make_llama_folder
 from tests.lab.jobs import training_setup
+from tests.lab.test_elastic_lab import records
 from tests.lab.test_resume_lab import on_host
 from tests.test_chat_data import learning_data
 from tests.test_lora_learning import CONFIG
@@ -46,13 +46,8 @@ def trainer_flags(model, data) -> list[str]:
             "--init_from", str(model), "--data", str(data)]
 
 
-def read_records(path) -> list[dict]:
-    lines = path.read_text().splitlines() if path.exists() else []
-    return [json.loads(line) for line in lines if line.strip()]
-
-
-def losses(records) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in records if "loss" in r}
+def losses(rows) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}
 
 
 def test_qlora_stops_resumes_loses_a_host_and_mlx_lm_opens_the_adapters(lab3, tmp_path):
@@ -69,7 +64,7 @@ def test_qlora_stops_resumes_loses_a_host_and_mlx_lm_opens_the_adapters(lab3, tm
     def train(ours: list[str], trainers: list[str]) -> subprocess.Popen:
         return subprocess.Popen(
             [sys.executable, "-m", "mlxcluster", "train", "-i", str(inventory), "--no-preflight",
-             "--stall-timeout", "20s", "--timeout", "240", *ours, "--",
+             "--stall-timeout", "10s", "--timeout", "240", *ours, "--",
              *trainer_flags(model, data), "--out", str(out), *trainers],
             env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             start_new_session=True)
@@ -85,7 +80,7 @@ def test_qlora_stops_resumes_loses_a_host_and_mlx_lm_opens_the_adapters(lab3, tm
     job = train(["--max-restarts", "1", "--elastic"], ["--resume", "auto"])
     try:
         deadline = time.monotonic() + 200
-        while max(losses(read_records(out / "metrics.jsonl")), default=0) < LOSE_AT:
+        while max(losses(records(out / "metrics.jsonl")), default=0) < LOSE_AT:
             assert job.poll() is None and time.monotonic() < deadline, job.communicate()[0]
             time.sleep(0.1)
         lab3.link_down(victim)
@@ -106,15 +101,20 @@ def test_qlora_stops_resumes_loses_a_host_and_mlx_lm_opens_the_adapters(lab3, tm
     proc = run_trainer([*trainer_flags(model, data), "--out", str(reference)], timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     expected = losses(read_metrics(reference))
-    got = losses(read_records(out / "metrics.jsonl"))  # the record, here
+    got = losses(records(out / "metrics.jsonl"))  # the record, here
     assert sorted(got) == list(range(1, STEPS + 1)), got
     for step, loss in expected.items():
         assert abs(got[step] - loss) <= 1e-5 * abs(loss), (step, got[step], loss)
 
+    log = (out / "train.log").read_text()
+    assert (out / "adapters" / "adapters.safetensors").is_file(), (
+        second[-3000:], [ln[:200] for ln in log.splitlines() if len(ln) > 300 or "@@" in ln],
+        log[-3000:])
     adapters = (out / "adapters" / "adapters.safetensors").read_bytes()  # landed here
     for i in range(2):  # the hosts that ran to the end
         assert (on_host(lab3, i, out / "adapters" / "adapters.safetensors").read_bytes()
-                == adapters), i
+                == adapters), (i, second[-6000:], [r for r in records(
+                    out / "metrics.jsonl") if "event" in r])
     assert not (out / "checkpoints").exists()  # checkpoints stay on the hosts
     mx.load(str(out / "adapters" / "adapters.safetensors"))
     lm, _ = load(str(model), adapter_path=str(out / "adapters"))
