@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from mlxcluster.cli import doctor_fix, main
 from mlxcluster.doctor.checks.base import CheckResult, Status
 from mlxcluster.doctor.doctor import DoctorReport
+from mlxcluster.doctor.fixes import session as session_module
 
 INVENTORY = "cluster: lab  # kept\npython: /opt/venv/bin/python\nhosts:\n" \
             "  - name: a\n    ssh: 10.0.0.1\n  - name: b\n    ssh: 10.0.0.2\n"
@@ -38,8 +39,8 @@ class Session:
         self.reports = list(reports)
         self.calls = 0
         self.inventories = []
-        monkeypatch.setattr(doctor_fix, "run_doctor", self.run_doctor)
-        monkeypatch.setattr(doctor_fix, "open_runner", lambda *a, **k: FakeRunner())
+        monkeypatch.setattr(session_module, "run_doctor", self.run_doctor)
+        monkeypatch.setattr(session_module, "open_runner", lambda *a, **k: FakeRunner())
 
     def run_doctor(self, inventory, **kwargs):
         self.calls += 1

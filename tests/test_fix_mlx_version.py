@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from mlxcluster.cli import doctor_fix, main
+from mlxcluster.cli import main
 from mlxcluster.doctor.checks.base import CheckContext, Status
 from mlxcluster.doctor.doctor import DoctorReport, load_checks
 from mlxcluster.doctor.fixes import mlx_version as fix
+from mlxcluster.doctor.fixes import session as session_module
 from mlxcluster.doctor.fixes.apply import ApplyContext, apply_plan, undo_journal
 from mlxcluster.doctor.fixes.journal import Journal, fixes_dir, read_journal
 from mlxcluster.doctor.fixes.plan import build_plan
@@ -283,8 +284,8 @@ def test_an_unknown_mlx_version_exits_2_before_any_host_is_probed(tmp_path, monk
     def touched(*a, **k):
         raise AssertionError("a host was reached")
 
-    monkeypatch.setattr(doctor_fix, "open_runner", touched)
-    monkeypatch.setattr(doctor_fix, "run_doctor", touched)
+    monkeypatch.setattr(session_module, "open_runner", touched)
+    monkeypatch.setattr(session_module, "run_doctor", touched)
     monkeypatch.setattr(fix, "available_versions", lambda: ["0.32.4", "0.32.3"])
     result = CliRunner().invoke(main, ["doctor", "-i", str(inventory), "--fix", "--yes", "--mlx-version", "0.99.0"])
     assert result.exit_code == 2, result.output
@@ -312,8 +313,8 @@ def test_mlx_version_reaches_the_plan_of_a_dry_run(tmp_path, monkeypatch):
         def close(self):
             pass
 
-    monkeypatch.setattr(doctor_fix, "open_runner", lambda *a, **k: Runner())
-    monkeypatch.setattr(doctor_fix, "run_doctor", lambda *a, **k: DoctorReport("x", [result], {}, {}, True, 0.1, "lab"))
+    monkeypatch.setattr(session_module, "open_runner", lambda *a, **k: Runner())
+    monkeypatch.setattr(session_module, "run_doctor", lambda *a, **k: DoctorReport("x", [result], {}, {}, True, 0.1, "lab"))
     monkeypatch.setattr(fix, "available_versions", lambda: ["0.32.4", "0.32.3", "0.31.2"])
     out = CliRunner().invoke(main, ["doctor", "-i", str(inventory), "--fix", "--dry-run", "--mlx-version", "0.31.2"])
     assert out.exit_code == 1, out.output

@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from mlxcluster.cli import doctor_fix, main
+from mlxcluster.cli import main
 from mlxcluster.doctor.checks.base import CheckResult, Status
 from mlxcluster.doctor.doctor import DoctorReport
+from mlxcluster.doctor.fixes import session as session_module
 from mlxcluster.ssh.results import CommandResult
 from tests.browser import CHROMIUM, render
 from tests.conftest import require
@@ -77,8 +78,8 @@ def session(monkeypatch, tmp_path):
     inventory.write_text(INVENTORY)
     reports: list[DoctorReport] = []
     runner = NoSudo()
-    monkeypatch.setattr(doctor_fix, "run_doctor", lambda inv, **k: reports.pop(0))
-    monkeypatch.setattr(doctor_fix, "open_runner", lambda *a, **k: runner)
+    monkeypatch.setattr(session_module, "run_doctor", lambda inv, **k: reports.pop(0))
+    monkeypatch.setattr(session_module, "open_runner", lambda *a, **k: runner)
     return inventory, reports, runner
 
 

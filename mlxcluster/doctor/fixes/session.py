@@ -1,24 +1,35 @@
-"""One ``doctor --fix`` run's pieces the CLI calls in turn: the runner whose
-connections the checks, the fixes and the re-check share, the plan from a
-report (with read-only look-ups on the hosts), and the verdict before and
-after.
+"""One ``doctor --fix`` run, and one ``doctor --undo``: the checks, the
+plan, the user's yes, the changes host by host over the connections the
+checks used, the re-check, and the verdict before and after. What the run
+tells and asks goes through a ``FixView`` (the CLI renders it); what it did
+comes back as one ``FixRun``.
 
-    with open_runner(inventory, ...) as runner:
-        before = run_doctor(inventory, runner=runner)
-        plan = plan_fixes(before, inventory, runner)
-        ... the CLI shows the plan and asks ...
-        entries = apply_plan(plan, journal, ApplyContext(runner))
-        after = run_doctor(load_inventory(inventory.path), runner=runner)
-        changes = before_after(before, after, plan)
+    run = fix_cluster(inventory, view, options=..., dry_run=False, yes=True)
+    run.outcome.changes   # before -> after for each check that failed or warned
+    run.ok                # everything fixable fixed, nothing failing left
+
+A host whose key was unknown could not be probed before its key was saved:
+the re-check judges it, and what it finds fixable there is a second plan,
+shown and asked for like the first, once.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from typing import Protocol
 
-from mlxcluster.doctor.checks.base import CheckResult, Status
-from mlxcluster.doctor.doctor import DoctorReport, load_checks
-from mlxcluster.doctor.fixes.plan import Lookup, Plan, build_plan
+from mlxcluster.doctor.doctor import DoctorReport, load_checks, run_doctor
+from mlxcluster.doctor.fixes.apply import (
+    ApplyContext,
+    apply_plan,
+    check_inventory_writable,
+    undo_journal,
+)
+from mlxcluster.doctor.fixes.journal import Journal, fixes_dir, read_journal
+from mlxcluster.doctor.fixes.outcome import FixOutcome, all_fixed, before_after, problems
+from mlxcluster.doctor.fixes.plan import Action, Lookup, Plan, build_plan
+from mlxcluster.inventory.inventory import load_inventory
 from mlxcluster.ssh.remote import ParamikoRunner
 
 LOOKUP_TIMEOUT = 20.0
@@ -62,36 +73,125 @@ def plan_fixes(report: DoctorReport, inventory, runner=None, options: dict | Non
                       verified_host_key(runner, inventory), options)
 
 
+# Why nothing was applied (FixOutcome.not_applied).
+NOTHING_TO_FIX = "nothing here can be fixed by mlxcluster"
+DRY_RUN = "dry run"
+DECLINED = "the answer was no"
+
+
+class FixView(Protocol):
+    """What a fix run tells as it goes, and the one thing it asks."""
+
+    def report(self, report: DoctorReport) -> None:
+        """The verdict before anything changes."""
+
+    def plan(self, plan: Plan, again: bool) -> None:
+        """A plan (``again``: the second, for hosts the re-check judged first)."""
+
+    def confirm(self, plan: Plan) -> bool:
+        """The user's yes to apply ``plan`` (never asked with ``yes``)."""
+
+    def applying(self) -> None:
+        """Changes are about to be made."""
+
+    def entry(self, entry: dict) -> None:
+        """One change as journalled: applied, unchanged, failed or skipped."""
+
+
 @dataclass
-class Change:
-    check: str
-    title: str
-    before: Status
-    after: Status | None  # None: the check did not run again
+class FixRun:
+    """What one fix run did: the reports, the outcome, and whether it is
+    all fixed (the exit code's 0)."""
+
+    before: DoctorReport
+    after: DoctorReport | None  # None: nothing was applied
+    outcome: FixOutcome
+    ok: bool
 
     @property
-    def fixed(self) -> bool:
-        return self.after in (Status.PASS, Status.SKIP)
+    def last(self) -> DoctorReport:
+        """The newest verdict on the cluster."""
+        return self.after or self.before
 
 
-def before_after(before: list[CheckResult], after: list[CheckResult]) -> list[Change]:
-    """Every check that failed or warned before, with its verdict after."""
-    now = {r.id: r for r in after}
-    out = []
-    for r in before:
-        if r.status in (Status.FAIL, Status.WARN, Status.CRASH):
-            again = now.get(r.id)
-            out.append(Change(r.id, r.title, r.status, again.status if again else None))
-    return out
+def action_key(action: Action) -> str:
+    """What makes two planned actions the same change."""
+    return json.dumps([action.check, list(action.hosts), action.kind, action.params], sort_keys=True)
 
 
-def all_fixed(planned: set[str], entries: list[dict], changes: list[Change], after: list[CheckResult],
-              strict: bool = False) -> bool:
-    """True when every action applied worked, every check a plan was for
-    (``planned``) passes now, and nothing fails (nor warns, with ``strict``)."""
-    if any(e["status"] not in ("applied", "unchanged") for e in entries):
-        return False
-    if any(c.check in planned and not c.fixed for c in changes):
-        return False
-    bad = (Status.FAIL, Status.CRASH) + ((Status.WARN,) if strict else ())
-    return not any(r.status in bad for r in after)
+def fix_cluster(inventory, view: FixView, *, options: dict, wanted: dict | None = None, dry_run: bool = False,
+                yes: bool = False, strict: bool = False, fix_timeout: float, connect_timeout: float,
+                accept_new_host_keys: bool = False) -> FixRun:
+    """Check, plan, ask, apply, check again (``options``: run_doctor's;
+    ``wanted``: what the user asked of the fixes, e.g. ``mlx_version``)."""
+    runner = open_runner(inventory, connect_timeout=connect_timeout, command_timeout=60.0,
+                         accept_new_host_keys=accept_new_host_keys)
+    try:
+        before = run_doctor(inventory, runner=runner, **options)
+        view.report(before)
+        plan = plan_fixes(before, inventory, runner, wanted)
+        view.plan(plan, again=False)
+
+        def unapplied(why: str, ok: bool = False) -> FixRun:
+            outcome = FixOutcome(list(plan.actions), left=problems(before.results), problems=list(plan.problems),
+                                 not_applied=why)
+            return FixRun(before, None, outcome, ok)
+
+        if plan.empty:
+            return unapplied(NOTHING_TO_FIX, ok=not (before.failed() or (strict and before.warned())))
+        if dry_run:
+            return unapplied(DRY_RUN)
+        check_inventory_writable(plan)
+        if not yes and not view.confirm(plan):
+            return unapplied(DECLINED)
+        proposed, plan_problems = list(plan.actions), list(plan.problems)
+        journal = Journal.create(fixes_dir(), inventory.path, inventory.ssh_config)
+        ctx = ApplyContext(runner, timeout=fix_timeout)
+        entries, planned, tried = [], set(), set()
+        for round_ in (1, 2):
+            view.applying()
+            entries += apply_plan(plan, journal, ctx, on_entry=view.entry)
+            planned.update(plan.checks())
+            tried.update(action_key(a) for a in plan.actions)
+            inventory = load_inventory(inventory.path)
+            after = run_doctor(inventory, runner=runner, **options)
+            more = [a for a in plan_fixes(after, inventory, runner, wanted).actions if action_key(a) not in tried]
+            if not more or round_ == 2:
+                break
+            plan = Plan(more, [])
+            proposed += more
+            view.plan(plan, again=True)
+            check_inventory_writable(plan)
+            if not yes and not view.confirm(plan):
+                break
+        changes = before_after(before.results, after.results)
+        outcome = FixOutcome(proposed, entries, changes, problems(after.results), plan_problems, str(journal.path))
+        return FixRun(before, after, outcome, all_fixed(planned, entries, changes, after.results, strict))
+    finally:
+        runner.close()
+
+
+class _Where:
+    """What ``open_runner`` reads of an inventory, from a journal."""
+
+    def __init__(self, ssh_config: str | None):
+        self.ssh_config = ssh_config
+
+
+def undo_fixes(path: str, connect_timeout: float) -> list[tuple[dict, str, str]]:
+    """Undo a journal: (entry, status, message) for each change, newest
+    first; a connection is opened only when a change is on a host."""
+    journal = read_journal(path)
+    runners = []
+
+    def runner_for():
+        if not runners:
+            runners.append(open_runner(_Where(journal.ssh_config), connect_timeout=connect_timeout,
+                                       command_timeout=60.0))
+        return runners[0]
+
+    try:
+        return undo_journal(journal, runner_for)
+    finally:
+        for r in runners:
+            r.close()
