@@ -23,14 +23,13 @@ from mlxcluster.cli.job_launch import (
 from mlxcluster.cli.params import Duration, launch_options
 from mlxcluster.errors import InputError
 from mlxcluster.jobs.cleanup import new_run_id
-from mlxcluster.jobs.job import BACKENDS, program_command, script_path
+from mlxcluster.jobs.job import BACKENDS, script_path
 from mlxcluster.jobs.job_python import require_job_python
-from mlxcluster.jobs.restarts import Restarts, launch_until_done
-from mlxcluster.jobs.run import run_job
+from mlxcluster.jobs.restarts import Restarts
 from mlxcluster.jobs.run_output import RankLogs, program_argv
+from mlxcluster.launch.program import run_program
 
 RUN_PREFIX = "mlxrun"
-RESTART_ENV = "MLXCLUSTER_RESTART"  # which launch of the job this is: 0, then 1, 2... (--max-restarts)
 
 
 @click.command("run", context_settings={"ignore_unknown_options": True,
@@ -103,21 +102,13 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
             return
         click.echo(line, err=stream == "stderr")
 
-    stall = None if stall_timeout == "off" else stall_timeout
-
-    def launch(job):
-        click.echo(f"launching {len(job.hosts)} rank(s) on {job.backend}, run {run_id}"
-                   f"{restart_note(job)}: {program_command(job)}")
-        if not restart_note(job):
-            click.echo(f"logs: {logs_path}/rank<R>.log")
-        return run_job(job, show, env=env, timeout=timeout, stall_timeout=stall,
-                       report_dir=logs_path, run_id=run_id, any_line_progress=True)
-
     try:
-        job, outcome = launch_until_done(numbered(job, 0)[0], launch, Restarts(max_restarts), env,
-                                         again=numbered, on_event=view)
+        done = run_program(job, Restarts(max_restarts), env, run_id=run_id, logs_dir=logs_path, timeout=timeout,
+                           stall_timeout=None if stall_timeout == "off" else stall_timeout,
+                           on_line=show, on_event=view)
     finally:
         logs.close()
+    job, outcome = done.job, done.outcome
     if outcome.refusal:
         say_refusal("run", job, outcome)
     if outcome.exit_code != 0:
@@ -131,17 +122,7 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
                     click.echo(f"[{outcome.failed_rank}] {line}", err=True)
         click.echo(f"logs: {logs_path}", err=True)
         click.get_current_context().exit(exit_code_of(outcome))
-    again_note = f" after {int(job.env[RESTART_ENV])} restart(s)" if job.env[RESTART_ENV] != "0" else ""
+    again_note = f" after {done.restarts} restart(s)" if done.restarts else ""
     click.echo(f"run finished on {n} rank(s) in {outcome.seconds:.1f} s{again_note}; "
                f"logs: {logs_path}")
 
-
-def numbered(job, k: int):
-    """The job for launch ``k`` (0 first): the program reads it from
-    MLXCLUSTER_RESTART and resumes on its own."""
-    return replace(job, env={**job.env, RESTART_ENV: str(k)}), []
-
-
-def restart_note(job) -> str:
-    k = job.env.get(RESTART_ENV, "0")
-    return f" (restart {k})" if k != "0" else ""
