@@ -315,7 +315,19 @@ def test_qlora_trains_adapters_on_the_quantized_base(llama, llama_data, tmp_path
     assert isinstance(model.layers[0].attention.wq.linear, nn.QuantizedLinear)
     ids = mx.array([FolderTokenizer(llama).encode(PROMPT)])
     theirs, _ = load(str(folder), adapter_path=str(out / "adapters"))
-    assert mx.abs(theirs(ids) - model(ids)).max().item() < 1e-4
+    ours = model(ids)
+    assert mx.abs(theirs(ids) - ours).max().item() < 1e-4
+    # mlx_lm fuse --dequantize, the real command: the adapters merged into the
+    # dequantized base compute our logits (without --dequantize fuse quantizes
+    # the merged weights again, which changes every logit a little).
+    fused = tmp_path / "fused"
+    done = subprocess.run([PYTHON, "-m", "mlx_lm", "fuse", "--model", str(folder), "--dequantize",
+                           "--adapter-path", str(out / "adapters"), "--save-path", str(fused)],
+                          cwd=tmp_path, env=trainer_env(), capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "quantization" not in json.loads((fused / "config.json").read_text())
+    assert mx.abs(mlx_lm_logits(fused, ids) - ours).max().item() < 1e-4
+    assert mx.abs(mlx_lm_logits(folder, ids) - ours).max().item() > 1e-6  # the adapters are in it
     # bfloat16 passes would need a bfloat16 copy of the quantized base: refused
     proc = run_trainer([*COMMON, "--init_from", str(folder), "--data", str(llama_data),
                         "--out", str(tmp_path / "bf16"), "--dtype", "bfloat16"])
