@@ -39,6 +39,7 @@ CHECK_MODULES = (
     "mlxcluster.doctor.checks.routes",
     "mlxcluster.doctor.checks.env",
     "mlxcluster.doctor.checks.power",
+    "mlxcluster.doctor.checks.firewall",
 )
 OPTIONAL_CHECK_MODULES = ("mlxcluster.doctor.checks.topology", "mlxcluster.doctor.checks.jaccl")
 BACKENDS = ("any", "ring", "mpi", "jaccl", "jaccl-ring", "nccl")

@@ -92,6 +92,9 @@ class HostFacts:
     default_route: dict[str, Any] | None = None
     pmset: str | None = None
     firewall: str | None = None
+    # macOS: socketfilterfw's raw answers about the inventory python ("path",
+    # the file the kernel runs; "blockall", "listapps", "appblocked" texts).
+    firewall_app: dict[str, Any] = field(default_factory=dict)
     # probe.json fields of the wrong type, read as unknown ("memory_bytes is a string ('x'), ...").
     problems: tuple[str, ...] = ()
 
@@ -112,6 +115,9 @@ def _kind(value: object) -> str:
 def _shown(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+_FIREWALL_APP = {"path": str, "executable": str, "blockall": str, "listapps": str, "appblocked": str}
 
 
 class _Reader:
@@ -258,6 +264,7 @@ def host_facts(capture: HostCapture) -> HostFacts:
         interfaces=_interfaces(r, p),
         default_route=r.section(p, "default_route") or None,
         pmset=r.get(p, "pmset", str), firewall=r.get(p, "firewall", str),
+        firewall_app=r.fields(r.section(p, "firewall_app"), _FIREWALL_APP, "firewall_app."),
     )
     # Raw captures fill what the probe left empty (e.g. a probe without sysctl).
     for k, v in extra.items():

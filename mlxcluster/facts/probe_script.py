@@ -88,7 +88,8 @@ LIBMPI_PATTERNS = ("libmpi.so.40", "libmpi.40.dylib", "libmpi.so.[0-9]*", "libmp
 MLX_MPI_AVAILABLE = "import mlx.core as mx; print(mx.distributed.is_available('mpi'))"
 IBV_DEVICES = ["ibv_devices"]
 PMSET = ["pmset", "-g"]
-FIREWALL = ["/usr/libexec/ApplicationFirewall/socketfilterfw", "--getglobalstate"]
+SOCKETFILTERFW = "/usr/libexec/ApplicationFirewall/socketfilterfw"
+FIREWALL = [SOCKETFILTERFW, "--getglobalstate"]
 DEFAULT_ROUTE = ["route", "-n", "get", "default"]
 
 # " ".join(argv) -> Future of execute(argv); filled and emptied by the main thread.
@@ -153,7 +154,7 @@ def planned_commands():
         argvs += [argv for _, argv in MACOS_CAPTURES]
         argvs += [sw_vers_argv(flag) for _, flag in SW_VERS_FIELDS]
         argvs += [sysctl_argv(name) for _, name in SYSCTL_FIELDS]
-        argvs += [PMSET, FIREWALL, DEFAULT_ROUTE]
+        argvs += [PMSET, FIREWALL, DEFAULT_ROUTE] + firewall_argvs(SOCKETFILTERFW, executable_path())
     for tool, flag in MPI_TOOLS:
         path = find_tool(tool)[0]
         if path:
@@ -165,6 +166,35 @@ def planned_commands():
     if sys.platform.startswith("linux"):
         argvs.append(LINUX_ROUTES)
     return argvs
+
+
+def executable_path():
+    """The file this process runs, which the macOS firewall judges: a
+    framework python's bin/python3.X starts Python.app/Contents/MacOS/Python,
+    so ask the kernel (proc_pidpath); else sys.executable resolved."""
+    if sys.platform == "darwin":
+        try:
+            buf = ctypes.create_string_buffer(4096)  # PROC_PIDPATHINFO_MAXSIZE
+            if ctypes.CDLL(None).proc_pidpath(os.getpid(), buf, 4096) > 0:
+                return buf.value.decode("utf-8", "replace")
+        except (AttributeError, OSError):
+            pass
+    return os.path.realpath(sys.executable)
+
+
+def firewall_argvs(tool, path):
+    """socketfilterfw's read-only questions about the firewall and ``path``
+    (no root needed): block all, the app list, and the program's rule."""
+    return [[tool, "--getblockall"], [tool, "--listapps"], [tool, "--getappblocked", path]]
+
+
+def probe_firewall(commands, tool=SOCKETFILTERFW, path=None):
+    """Raw answers of socketfilterfw about this python (parsed by
+    mlxcluster/facts/macos_firewall.py)."""
+    path = path or executable_path()
+    blockall, listapps, appblocked = (run_command(argv, commands) for argv in firewall_argvs(tool, path))
+    return {"path": path, "executable": sys.executable, "blockall": blockall,
+            "listapps": listapps, "appblocked": appblocked}
 
 
 def find_tool(tool):
@@ -565,6 +595,7 @@ def collect_facts(argv):
                 raw[file_name] = out
         facts["pmset"] = run_command(PMSET, commands)
         facts["firewall"] = first_line(run_command(FIREWALL, commands))
+        facts["firewall_app"] = probe_firewall(commands)
     if "--import" in argv or "--file" in argv:
         facts["job"] = probe_job(argv)
     facts["commands"] = commands

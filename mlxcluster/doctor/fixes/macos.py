@@ -14,9 +14,11 @@ the commands are printed for the user, ``apply.apply_remote``).
   of the network services' stored settings is touched (ifconfig, not
   networksetup): a reboot also undoes it, and ``networksetup -setdhcp`` as
   the undo would change what the fix never changed.
-- the application firewall letting the inventory's python accept
-  connections (``socketfilterfw --add PY --unblockapp PY``); undone with
-  ``--remove PY``. No check judges the firewall yet: the builder waits for it.
+- ``macos-firewall``: the application firewall letting the inventory's
+  python accept connections: ``socketfilterfw --add PY --unblockapp PY``
+  where the python is not in the firewall's list (undone with ``--remove
+  PY``), ``--unblockapp PY`` where it is listed as blocked (undone with
+  ``--blockapp PY``): the undo takes away only what the fix did.
 
 Never run on a Mac here: built from the captured outputs in
 ``tests/fixtures/macos`` and checked on them (``tests/test_fix_macos.py``).
@@ -45,6 +47,11 @@ def firewall_unblock_commands(python: str) -> list[str]:
 
 def firewall_undo_commands(python: str) -> list[str]:
     return [f"sudo -n {SOCKETFILTERFW} --remove {shlex.quote(python)}"]
+
+
+def firewall_rule_commands(python: str, allow: bool) -> list[str]:
+    """Change the rule of a python already in the firewall's list."""
+    return [f"sudo -n {SOCKETFILTERFW} --{'unblockapp' if allow else 'blockapp'} {shlex.quote(python)}"]
 
 
 def remote_action(check: str, host, what: str, commands: list[str], undo: list[str]) -> Action:
@@ -99,6 +106,28 @@ def plan_ip_plan(fix: FixInput) -> list[Action]:
             f"the IP plan of hostfile --plan-ips on {name}: {ends}"
             + (f"; {data['bridge']} down" if data.get("bridge") else ""), commands, undo))
     return actions
+
+
+def plan_firewall(fix: FixInput) -> list[Action]:
+    """For each host the ``macos-firewall`` check blamed for its python
+    (``fix_data``: ``path``, the file the firewall judges, and ``listed``):
+    allow incoming connections to it; block-all is never changed here."""
+    actions = []
+    for name, d in fix.result.fix_data.items():
+        path = d["path"]
+        if d.get("listed"):
+            what, commands, undo = "blocked -> allowed", firewall_rule_commands(path, True), \
+                firewall_rule_commands(path, False)
+        else:
+            what, commands, undo = "added, allowed", firewall_unblock_commands(path), firewall_undo_commands(path)
+        actions.append(remote_action(
+            fix.result.id, fix.inventory.host(name),
+            f"macOS firewall on {name}: incoming connections to {path} {what}", commands, undo))
+    return actions
+
+
+FIREWALL_ALLOW = Fix("the inventory python allowed through the macOS firewall (sudo -n socketfilterfw)",
+                     plan_firewall)
 
 
 IP_PLAN = Fix("the Thunderbolt IP plan (hostfile generate --plan-ips) set with sudo -n ifconfig", plan_ip_plan)
