@@ -97,10 +97,13 @@ def _report(ctx: CheckContext, started: float, cluster: str | None) -> DoctorRep
 
 def run_doctor(inventory, *, backend: str | None = None, connect_timeout: float = 5.0,
                command_timeout: float = 60.0, accept_new_host_keys: bool = False,
-               data_path: bool = True, hostfile: str | None = None, runner=None) -> DoctorReport:
+               data_path: bool = True, hostfile: str | None = None, runner=None,
+               trainer_modules: tuple[str, ...] = ()) -> DoctorReport:
     """Probe every inventory host live and run every check. With ``runner``
     (a ``ParamikoRunner`` the caller closes) its connections are used and
-    stay open: ``doctor --fix`` applies and re-checks over them."""
+    stay open: ``doctor --fix`` applies and re-checks over them.
+    ``trainer_modules``: what a `train` launch imports besides the trainer's
+    own (tokenizers for its data; the trainer-deps check)."""
     started = time.monotonic()
     if inventory.ssh_config and not Path(inventory.ssh_config).is_file():
         raise InputError(f"ssh_config {inventory.ssh_config} (from {inventory.path}) does not exist",
@@ -112,7 +115,8 @@ def run_doctor(inventory, *, backend: str | None = None, connect_timeout: float 
                                         # Only mpi may need SSH between hosts (checks/ssh.py host_to_host).
                                         host_to_host=backend == "mpi")
     ctx = CheckContext(live.captures, inventory=inventory, live=True, backend=backend,
-                       services={"live": live}, options={"hostfile": hostfile})
+                       services={"live": live},
+                       options={"hostfile": hostfile, "trainer_modules": tuple(trainer_modules)})
     return _report(ctx, started, inventory.cluster)
 
 

@@ -417,6 +417,26 @@ def distribution_version(name):
         return None
 
 
+# What the trainer's ranks import besides mlx (module, its distribution); the
+# trainer-deps check (doctor/checks/software.py) judges them, a test keeps the two equal.
+TRAINER_MODULES = (("numpy", "numpy"), ("yaml", "PyYAML"), ("tokenizers", "tokenizers"))
+
+
+def probe_trainer_modules():
+    """{module: {"distribution", "found", "version"}} for TRAINER_MODULES,
+    without importing them (find_spec, importlib.metadata): an import can
+    take seconds."""
+    import importlib.util
+    out = {}
+    for module, dist in TRAINER_MODULES:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        out[module] = {"distribution": dist, "found": found, "version": distribution_version(dist)}
+    return out
+
+
 def probe_mlx(errors):
     info = {"version": None, "import_ok": False, "import_error": None, "backends": {},
             "path": None, "blas": None}
@@ -575,6 +595,7 @@ def collect_facts(argv):
     facts["python"] = {"executable": sys.executable, "version": platform.python_version(),
                        "prefix": sys.prefix}
     facts["mlx"] = probe_mlx(errors)
+    facts["trainer_modules"] = probe_trainer_modules()
     facts["mpi"] = probe_mpi(commands, inventory_env)
     facts["interfaces"] = probe_interfaces(errors)
     facts["default_route"] = probe_default_route(commands)

@@ -48,7 +48,7 @@ def preflight(job: Job, env: dict[str, str], on_event: OnEvent, *, no_openblas: 
         if not (missing and len(missing) == len(problems)) and inventory is not None:
             # Anything but a missing python: doctor's checks name the failing
             # check, the host and the fix (it raises when one fails).
-            run_doctor_preflight(inventory, job.backend, on_event)
+            run_doctor_preflight(inventory, job.backend, on_event, job.imports)
         for problem in problems:
             on_event(Checked("fail", problem))
         if missing and len(missing) == len(problems):  # a python path that is not there is bad input
@@ -61,7 +61,7 @@ def preflight(job: Job, env: dict[str, str], on_event: OnEvent, *, no_openblas: 
     on_event(Checked("ok", f"{len(probes)} host(s) run {job.python} with mlx {versions[0]}"
                      + (f" and {', '.join(what)}" if what else "")))
     if inventory is not None:
-        run_doctor_preflight(inventory, job.backend, on_event)
+        run_doctor_preflight(inventory, job.backend, on_event, job.imports)
     blas = {} if no_openblas else openblas_env(job, probes)
     if blas:
         job = replace(job, env={**job.env, **blas})
@@ -79,9 +79,11 @@ def preflight(job: Job, env: dict[str, str], on_event: OnEvent, *, no_openblas: 
     return job, versions[0]
 
 
-def run_doctor_preflight(inventory, backend: str, on_event: OnEvent) -> None:
-    """The doctor checks without the data-path listeners and connects (the slow part)."""
-    report = run_doctor(inventory, backend=backend, data_path=False, command_timeout=30.0)
+def run_doctor_preflight(inventory, backend: str, on_event: OnEvent, imports: tuple[str, ...] = ()) -> None:
+    """The doctor checks without the data-path listeners and connects (the
+    slow part); ``imports``: the job's (trainer-deps judges what it names)."""
+    report = run_doctor(inventory, backend=backend, data_path=False, command_timeout=30.0,
+                        trainer_modules=imports)
     failed = report.failed()
     if failed:
         on_event(ChecksFailed(tuple(failed)))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import json
 import os
 import subprocess
 import tempfile
@@ -98,14 +99,32 @@ def parse_trainer_args(args: tuple[str, ...]) -> TrainerArgs | TrainerHelp:
                          "every field, its type and its allowed values") from None
 
 
+def data_modules(cfg: TrainConfig) -> tuple[str, ...]:
+    """What the ranks import for this run's data besides the trainer's own
+    imports: ``tokenizers`` when ``--data`` (read here: it is sent to the
+    hosts as it is) was tokenized with a tokenizer.json or a Hugging Face
+    name (every rank makes its tokenizer); nothing for byte-level data, the
+    default corpus, or data this machine cannot read."""
+    if not cfg.data:
+        return ()
+    try:
+        spec = json.loads((Path(cfg.data) / "meta.json").read_text()).get("tokenizer")
+    except (OSError, ValueError, AttributeError):
+        return ()
+    kind = spec.get("kind") if isinstance(spec, dict) else spec
+    return () if kind in (None, "byte") else ("tokenizers",)
+
+
 def trainer_job(job: Job, args: TrainerArgs) -> Job:
     """``job`` running the trainer with ``args``: its progress bar off (output
     arrives line by line, and mpirun gives ranks a terminal; the user's
     --progress still wins), shown as the user would type it; the preflight
-    checks every host imports it; its metrics records come to this machine."""
+    checks every host imports it (and what its data needs: ``data_modules``);
+    its metrics records come to this machine."""
     return dataclasses.replace(
         job, program=("-m", TRAINER_MODULE, "--progress", "false", *args.argv()),
-        shown_program=("-m", TRAINER_MODULE, *args.argv()), imports=(TRAINER_MODULE,),
+        shown_program=("-m", TRAINER_MODULE, *args.argv()),
+        imports=(TRAINER_MODULE, *data_modules(args.config)),
         title="training", then=RESUME_THEN, env={**job.env, RECORD_ENV: "1"})
 
 

@@ -23,7 +23,9 @@ from mlxcluster.doctor.checks.common import (
 )
 from mlxcluster.doctor.checks.mpi import mpi_available
 from mlxcluster.doctor.fixes.env import OPENBLAS_PRELOAD
-from mlxcluster.doctor.fixes.mlx_version import SAME_MLX, python_minor
+from mlxcluster.doctor.fixes.mlx_version import SAME_MLX
+from mlxcluster.doctor.fixes.trainer_deps import TRAINER_DEPS, choose_version, requirement
+from mlxcluster.doctor.fixes.wheels import python_minor, target_data
 
 GIB = 2**30
 MEMORY_RATIO_WARN = 0.8  # smallest / largest host below this => imbalance warning
@@ -137,10 +139,80 @@ def mlx_fix_data(ctx: CheckContext, name: str, f, refused: bool) -> dict:
     mlx = probe.get("mlx") if isinstance(probe, dict) else None  # a host's probe: any shape
     installed = mlx.get("version") if isinstance(mlx, dict) and isinstance(mlx.get("version"),
                                                                            str) else None
-    system = (f.platform or "").capitalize() if f.platform in ("darwin", "linux") else None
-    return {"python": f.python, "python_version": f.python_version, "mlx": f.mlx_version,
-            "installed": installed, "system": system, "machine": f.machine, "os_version": f.os_version,
-            "libc": f.libc, "python_refused": refused}
+    return {**target_data(f), "mlx": f.mlx_version, "installed": installed, "python_refused": refused}
+
+
+# What the trainer's ranks (reference_train) import besides mlx, by module and
+# distribution (the probe's TRAINER_MODULES). numpy and yaml: always, when
+# reference_train.train is imported. tokenizers: only for data prepared with a
+# tokenizer.json or a Hugging Face name (make_tokenizer on every rank; a
+# transformers there is used first but tokenizers alone does); `train` asks for
+# it then (options["trainer_modules"], launch/trainer.py trainer_modules). What
+# only `prepare` imports (jinja2, datasets) runs here, and the loss plot
+# (matplotlib) is drawn here under mlxcluster: no host needs them.
+TRAINER_MODULES = {"numpy": "numpy", "yaml": "PyYAML", "tokenizers": "tokenizers"}
+TRAINER_ALWAYS = ("numpy", "yaml")
+
+
+def trainer_modules_of(ctx: CheckContext, name: str) -> dict | None:
+    """The probe's ``trainer_modules`` of a host (None: a probe without it)."""
+    probe = ctx.captures[name].probe()
+    found = probe.get("trainer_modules") if isinstance(probe, dict) else None
+    return found if isinstance(found, dict) else None
+
+
+def _module_text(module: str, entry) -> str:
+    dist = TRAINER_MODULES[module]
+    if not (isinstance(entry, dict) and entry.get("found")):
+        return f"no {dist}"
+    return f"{dist} {entry.get('version') or '(version unknown)'}"
+
+
+@doctor_check("trainer-deps", "What the trainer imports is installed on every host (numpy, PyYAML...)",
+              fix=TRAINER_DEPS)
+def trainer_deps(ctx: CheckContext) -> Verdict:
+    facts = probed_hosts(ctx)
+    modules = {n: trainer_modules_of(ctx, n) for n in facts}
+    if not any(m is not None for m in modules.values()):
+        return skip("no host reported the trainer's modules (a capture older than this check)",
+                    unprobed_evidence(ctx))
+    asked = [m for m in ctx.options.get("trainer_modules") or () if m in TRAINER_MODULES]
+    needed = list(dict.fromkeys([*TRAINER_ALWAYS, *asked]))
+    # The python the ranks run (and the fix installs into): the inventory's, else the probe's.
+    inventory = {h.name: h.python for h in ctx.inventory.hosts} if ctx.inventory else {}
+    pythons = {n: inventory.get(n) or f.python for n, f in facts.items()}
+    evidence = unprobed_evidence(ctx)
+    lacking: dict[str, list[str]] = {}
+    for n, mods in modules.items():
+        if mods is None:
+            evidence[n] = "not probed for the trainer's modules (an older capture)"
+            continue
+        gaps = [m for m in needed if not (isinstance(mods.get(m), dict) and mods[m].get("found"))]
+        text = ", ".join(_module_text(m, mods.get(m)) for m in needed if m not in gaps)
+        extra = [_module_text(m, mods.get(m)) for m in TRAINER_MODULES if m not in needed]
+        text += f" ({', '.join(extra)}: for data with a tokenizer.json or a Hugging Face tokenizer)" if extra else ""
+        if gaps:
+            lacking[n] = [TRAINER_MODULES[m] for m in gaps]
+            evidence[n] = BAD + f"no {', '.join(lacking[n])} in {pythons[n]}; {text}".rstrip("; ")
+        else:
+            evidence[n] = text
+    if not lacking:
+        return Verdict(worst(False, False), evidence, None)
+    # Every host's version of each missing distribution: the fix installs this
+    # machine's version, else the most hosts'.
+    versions = {TRAINER_MODULES[m]: {n: mods[m].get("version") for n, mods in modules.items()
+                                     if isinstance(mods, dict) and isinstance(mods.get(m), dict)
+                                     and mods[m].get("found")} for m in needed}
+    by_command: dict[str, list[str]] = {}
+    for n, dists in lacking.items():
+        reqs = " ".join(shlex.quote(requirement(d, choose_version(d, versions[d]))) for d in dists)
+        by_command.setdefault(f"{shlex.quote(pythons[n] or 'python3')} -m pip install {reqs}", []).append(n)
+    hint = "; ".join(f"on {join_hosts(names)}: {command}" for command, names in by_command.items())
+    if not asked:  # what doctor alone judges, doctor --fix installs (what train asked: the commands)
+        hint += " (or doctor --fix: the wheels fetched here, sent over SSH)"
+    fix_data = {n: {**target_data(facts[n]), "missing": {d: versions[d] for d in dists}}
+                for n, dists in lacking.items() if facts[n].python}
+    return Verdict(worst(True, False), evidence, hint, fix_data)
 
 
 @doctor_check("macos-version", "OS version and build equal on every host")

@@ -1,0 +1,140 @@
+"""The fix for ``trainer-deps``: what the trainer's ranks import, installed
+where it is missing.
+
+Each distribution a host lacks goes into the inventory's python there, at
+the version this machine has (mlxcluster's python: the one the trainer was
+tried with here), else the version most hosts have, else the newest. As for
+mlx (``mlx_version``, ``wheels``), the wheels are fetched once, here, for
+each host's platform and Python, with their dependencies (tokenizers needs
+huggingface_hub...), sent over the same SSH connection and installed with
+no index::
+
+    here:    python -m pip download PyYAML==6.0.2 --only-binary=:all: --platform manylinux_2_36_x86_64 ... \\
+                 --python-version 3.11 --implementation cp --abi cp311 \\
+                 -d ~/.cache/mlxcluster/wheels/pyyaml-6.0.2/manylinux_2_36_x86_64-cp311
+    send:    each wheel the host lacks, by sha256, into ~/.cache/mlxcluster/wheels on the host
+    on host: PY -m pip install --isolated --disable-pip-version-check --no-index \\
+                 --find-links "$HOME/.cache/mlxcluster/wheels" PyYAML==6.0.2
+
+The undo uninstalls exactly what that install said it installed (pip's
+``Successfully installed`` line), dependencies included; a distribution
+that was there before is never touched.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from collections import Counter
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from mlxcluster.doctor.fixes.apply import APPLIERS, ApplyContext
+from mlxcluster.doctor.fixes.plan import Action, Fix, FixInput
+from mlxcluster.doctor.fixes.wheels import (
+    FETCH_TIMEOUT,
+    Target,
+    download_argv,
+    fetch,
+    install_action,
+    install_command,
+    install_host,
+    normalized,
+    pip_command,
+    send_and_install,
+    wheel_cache,
+    wheel_of,
+)
+
+
+def version_here(dist: str) -> str | None:
+    """The version of ``dist`` installed in this machine's python, or None."""
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def choose_version(dist: str, hosts: dict[str, str | None]) -> str | None:
+    """This machine's version of ``dist``, else the most hosts' (the first
+    seen on a tie), else None (the newest the index has)."""
+    mine = version_here(dist)
+    if mine:
+        return mine
+    counts = Counter(v for v in hosts.values() if v)
+    return counts.most_common(1)[0][0] if counts else None
+
+
+def requirement(dist: str, version: str | None) -> str:
+    return f"{dist}=={version}" if version else dist
+
+
+def wheel_dir(dist: str, version: str | None, key: str) -> Path:
+    """Where one distribution's wheels (its dependencies too) for one platform
+    and Python are fetched here."""
+    return wheel_cache() / f"{normalized(dist)}-{version or 'newest'}" / key
+
+
+def plan_trainer_deps(fix: FixInput) -> list[Action]:
+    """One action per host that lacks a distribution the launch needs."""
+    here = sys.executable
+    actions = []
+    for name, d in fix.result.fix_data.items():
+        h = install_host(fix, name, d) if d.get("missing") else None
+        if h is None:
+            continue
+        versions = {dist: choose_version(dist, others) for dist, others in d["missing"].items()}
+        reqs = [requirement(dist, v) for dist, v in versions.items()]
+        downloads = [download_argv(here, h.target, [r], str(wheel_dir(dist, v, h.key)), deps=True)
+                     for r, (dist, v) in zip(reqs, versions.items(), strict=True)]
+        actions.append(install_action(fix, h, "trainer-install", f"install {', '.join(reqs)}", downloads,
+                                      install_command(h.python, reqs), {"versions": versions},
+                                      f": the trainer's ranks import {'them' if len(reqs) > 1 else 'it'}"))
+    return actions
+
+
+# ---- applying ----
+
+def fetched(t: Target, dist: str, version: str | None, key: str, timeout: float) -> list[Path]:
+    """The wheels of ``dist`` and its dependencies for ``t``, fetched once into the cache here."""
+    dest = wheel_dir(dist, version, key)
+    if wheel_of(dest, dist, version) is None:
+        dest.mkdir(parents=True, exist_ok=True)
+        fetch(download_argv(sys.executable, t, [requirement(dist, version)], str(dest), deps=True), dest, timeout)
+    if wheel_of(dest, dist, version) is None:
+        raise RuntimeError(f"pip download left no wheel of {requirement(dist, version)} in {dest}")
+    return sorted(dest.glob("*.whl"))
+
+
+def installed_by(output: str) -> list[str]:
+    """The distributions pip's ``Successfully installed A-1.0 b-c-2.0`` line names."""
+    found = re.search(r"^Successfully installed (.+)$", output, re.M)
+    return [word.rsplit("-", 1)[0] for word in found.group(1).split()] if found else []
+
+
+def apply_trainer_install(action: Action, ctx: ApplyContext) -> dict[str, Any]:
+    """Fetch (here, once) each missing distribution's wheels, send what the
+    host lacks, install them; the undo uninstalls what pip installed."""
+    p = action.params
+    t = Target(**p["target"])
+    timeout = max(ctx.timeout, FETCH_TIMEOUT)
+    files = list(dict.fromkeys(w for dist, v in p["versions"].items()
+                               for w in fetched(t, dist, v, p["key"], timeout)))
+    log: list[str] = []
+    reqs = [requirement(dist, v) for dist, v in p["versions"].items()]
+    ok, output = send_and_install(ctx, p, files, install_command(p["python"], reqs), log)
+    if not ok:
+        return {"status": "failed", "output": "\n".join(log), "undo": None}
+    new = installed_by(output)
+    undo = None
+    if new:
+        undo = {"kind": "remote", "ssh": p["ssh"], "user": p.get("user"), "port": p.get("port"),
+                "commands": [pip_command(p["python"], "uninstall", "-y", *(shlex.quote(n) for n in new))]}
+    return {"status": "applied" if new else "unchanged", "output": "\n".join(log), "undo": undo}
+
+
+APPLIERS["trainer-install"] = apply_trainer_install
+
+TRAINER_DEPS = Fix("what the trainer imports, installed from wheels fetched here", plan_trainer_deps)

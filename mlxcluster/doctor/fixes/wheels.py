@@ -1,0 +1,281 @@
+"""Wheels fetched here, sent over SSH, installed from the file on a host.
+
+What the fixes that install python packages share (``mlx_version``: one
+mlx everywhere; ``trainer_deps``: what the trainer imports). Macs linked
+only by Thunderbolt often reach no package index, so the wheels are fetched
+once, here, for each host's platform and Python (what the probe reported),
+then sent over the same SSH connection and installed with no index::
+
+    here:    python -m pip download REQ... --only-binary=:all: --platform macosx_14_0_arm64 \\
+                 --python-version 3.12 --implementation cp --abi cp312 -d ~/.cache/mlxcluster/wheels/...
+    send:    each wheel the host lacks, by sha256, into ~/.cache/mlxcluster/wheels on the host
+    on host: PY -m pip install --isolated --disable-pip-version-check --no-index \\
+                 --find-links "$HOME/.cache/mlxcluster/wheels" REQ...
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from mlxcluster.doctor.fixes.apply import ApplyContext
+from mlxcluster.doctor.fixes.plan import Action, FixInput
+
+HOST_WHEELS = ".cache/mlxcluster/wheels"  # under the host's $HOME
+FETCH_TIMEOUT = 900.0  # pip download of a ~45 MB mlx-metal wheel per platform
+SEND_TIMEOUT = 900.0
+OLDEST_MANYLINUX = 17  # manylinux_2_17 (manylinux2014): the oldest glibc pip's tags go down to
+
+
+@dataclass(frozen=True)
+class Target:
+    """What picks a host's wheels: its kernel, CPU, OS or C library, Python."""
+
+    system: str  # Darwin, Linux (uname -s)
+    machine: str  # arm64, x86_64, aarch64
+    python_version: str  # 3.12.4
+    os_version: str | None = None  # macOS ProductVersion (sw_vers)
+    libc: str | None = None  # Linux: "glibc 2.36"
+
+
+def target_of(d: dict[str, Any]) -> Target:
+    """The Target in a check's fix_data for one host."""
+    return Target(d["system"], d["machine"], d["python_version"], d.get("os_version"), d.get("libc"))
+
+
+def target_data(f) -> dict[str, Any]:
+    """What ``target_of`` reads, from a host's facts (``HostFacts``)."""
+    system = (f.platform or "").capitalize() if f.platform in ("darwin", "linux") else None
+    return {"python": f.python, "python_version": f.python_version, "system": system,
+            "machine": f.machine, "os_version": f.os_version, "libc": f.libc}
+
+
+def python_minor(version: str | None) -> str | None:
+    """'3.12.4' -> '3.12'."""
+    m = re.match(r"(\d+)\.(\d+)", version or "")
+    return f"{m.group(1)}.{m.group(2)}" if m else None
+
+
+def platform_tags(t: Target) -> list[str]:
+    """The ``--platform`` values pip download needs for this host, best first.
+
+    macOS: ``macosx_MAJOR_0_ARCH`` from sw_vers's version (pip itself widens it
+    to the older macOS releases, as pip on the host would). Linux: every
+    ``manylinux_2_N_ARCH`` the host's glibc runs, newest first (pip does not
+    widen those)."""
+    if t.system == "Darwin":
+        if not t.os_version:
+            raise ValueError("the host's macOS version is unknown (no sw_vers)")
+        parts = [int(p) for p in re.findall(r"\d+", t.os_version)[:2]] + [0]
+        major, minor = parts[0], (0 if parts[0] >= 11 else parts[1])
+        return [f"macosx_{major}_{minor}_{t.machine}"]
+    if t.system == "Linux":
+        m = re.match(r"glibc (\d+)\.(\d+)", t.libc or "")
+        if not m:
+            raise ValueError(f"the host's C library is unknown or not glibc ({t.libc or 'not probed'})")
+        top = int(m.group(2))
+        return [f"manylinux_{m.group(1)}_{n}_{t.machine}" for n in range(top, OLDEST_MANYLINUX - 1, -1)]
+    raise ValueError(f"no wheels for {t.system} (macOS and Linux only)")
+
+
+def wheel_key(t: Target) -> str:
+    """The cache folder of one platform and Python: macosx_14_0_arm64-cp312."""
+    return f"{platform_tags(t)[0]}-cp{python_minor(t.python_version).replace('.', '')}"
+
+
+def wheel_cache(environ: dict[str, str] | None = None) -> Path:
+    """Where the wheels are fetched here: ``$XDG_CACHE_HOME/mlxcluster/wheels`` (else ``~/.cache``)."""
+    env = os.environ if environ is None else environ
+    base = env.get("XDG_CACHE_HOME") or os.path.join(env.get("HOME") or str(Path.home()), ".cache")
+    return Path(base) / "mlxcluster" / "wheels"
+
+
+def download_argv(python: str, t: Target, requirements: list[str], dest: str, *, deps: bool = False) -> list[str]:
+    """``pip download`` of ``requirements`` (their dependencies too with
+    ``deps``) for ``t``, run here."""
+    cp = "cp" + python_minor(t.python_version).replace(".", "")
+    argv = [python, "-m", "pip", "download", *requirements, *([] if deps else ["--no-deps"]),
+            "--only-binary=:all:"]
+    for tag in platform_tags(t):
+        argv += ["--platform", tag]
+    return argv + ["--python-version", python_minor(t.python_version), "--implementation", "cp",
+                   "--abi", cp, "--disable-pip-version-check", "-d", dest]
+
+
+def pip_command(python: str, verb: str, *words: str) -> str:
+    """``PY -m pip VERB ...`` on a host: ``--isolated`` (no pip config or PIP_*
+    variable of the host's adds other links or constraints)."""
+    return " ".join([shlex.quote(python), "-m", "pip", verb, "--isolated", "--disable-pip-version-check", *words])
+
+
+def install_command(python: str, requirements: list[str]) -> str:
+    """The install on the host, from the wheels sent there (no index)."""
+    return pip_command(python, "install", "--no-index", "--find-links", f'"$HOME/{HOST_WHEELS}"',
+                       *(shlex.quote(r) for r in requirements))
+
+
+@dataclass(frozen=True)
+class InstallHost:
+    """A host a fix installs on: its inventory entry, python and wheels."""
+
+    name: str
+    host: Any  # mlxcluster.inventory.inventory.Host
+    python: str  # the inventory's python (the probe ran it)
+    target: Target
+    key: str  # wheel_key(target)
+
+
+def install_host(fix: FixInput, name: str, d: dict[str, Any]) -> InstallHost | None:
+    """The host ``name`` of a check's ``fix_data`` (``d``); None when the
+    probe does not say which wheels run there (left, with the check's hint)."""
+    try:
+        t = target_of(d)
+        key = wheel_key(t)
+    except (KeyError, TypeError, ValueError):
+        return None
+    host = fix.inventory.host(name)
+    return InstallHost(name, host, host.python or d["python"], t, key)
+
+
+def install_action(fix: FixInput, h: InstallHost, kind: str, what: str, downloads: list[list[str]],
+                   install: str, params: dict[str, Any], note: str = "") -> Action:
+    """One host's install: ``what`` changes in its python, the ``downloads``
+    here, the send, the ``install`` there; ``params`` for the applier (with
+    where the host is, its python, target and key)."""
+    t = h.target
+    return Action(
+        fix.result.id, (h.name,), kind,
+        f"{what} in {h.python} ({t.system} {t.machine}, Python {python_minor(t.python_version)}){note}",
+        [f"here: {shlex.join(a)}" for a in downloads]
+        + [f"send to {h.name}: the wheels it lacks, into ~/{HOST_WHEELS}", f"on {h.name}: {install}"],
+        where="hosts",
+        params={"ssh": h.host.ssh, "user": h.host.user, "port": h.host.port, "python": h.python,
+                "target": asdict(t), "key": h.key, **params})
+
+
+def fetch(argv: list[str], dest: Path, timeout: float) -> None:
+    """Run pip download here into ``dest``."""
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    if p.returncode != 0:
+        raise RuntimeError(f"pip download failed here (exit {p.returncode}): "
+                           + " ".join((p.stderr or p.stdout).strip().splitlines()[-2:]))
+
+
+def normalized(name: str) -> str:
+    """A distribution's name as wheel files spell it (PEP 427/503: PyYAML -> pyyaml)."""
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def wheel_of(dest: Path, name: str, version: str | None) -> Path | None:
+    """The wheel of ``name`` ``version`` (None: any) in ``dest`` (any
+    spelling of the name), or None."""
+    for path in sorted(dest.glob("*.whl")) if dest.is_dir() else []:
+        parts = path.name.split("-")
+        if len(parts) >= 3 and normalized(parts[0]) == normalized(name) and version in (None, parts[1]):
+            return path
+    return None
+
+
+# On the host: which wheels it has (by sha256), or receive the named ones on
+# stdin, one after another, each verified before it is renamed into place.
+RECEIVE = r"""
+import hashlib, json, os, sys
+spec = json.loads(sys.argv[1])
+d = os.path.join(os.path.expanduser("~"), spec["dir"])
+os.makedirs(d, exist_ok=True)
+def sha(p):
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        for b in iter(lambda: f.read(1 << 20), b""):
+            h.update(b)
+    return h.hexdigest()
+if spec["op"] == "have":
+    print(json.dumps([w["name"] for w in spec["wheels"]
+                      if os.path.isfile(os.path.join(d, w["name"])) and sha(os.path.join(d, w["name"])) == w["sha256"]]))
+    sys.exit(0)
+for w in spec["wheels"]:
+    part, h, left = os.path.join(d, "." + w["name"] + ".part"), hashlib.sha256(), w["bytes"]
+    with open(part, "wb") as out:
+        while left:
+            b = sys.stdin.buffer.read(min(1 << 20, left))
+            if not b:
+                break
+            out.write(b); h.update(b); left -= len(b)
+    if left or h.hexdigest() != w["sha256"]:
+        os.unlink(part)
+        sys.exit(w["name"] + (": the stream ended %d bytes early" % left if left else ": sha256 differs"))
+    os.replace(part, os.path.join(d, w["name"]))
+print(json.dumps([w["name"] for w in spec["wheels"]]))
+"""
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for piece in iter(lambda: f.read(1 << 20), b""):
+            h.update(piece)
+    return h.hexdigest()
+
+
+def _spec(op: str, wheels: list[Path]) -> dict[str, Any]:
+    return {"op": op, "dir": HOST_WHEELS,
+            "wheels": [{"name": w.name, "bytes": w.stat().st_size, "sha256": _sha256(w)} for w in wheels]}
+
+
+def _python_c(python: str, spec: dict[str, Any]) -> str:
+    return " ".join(shlex.quote(w) for w in (python, "-c", RECEIVE, json.dumps(spec, sort_keys=True)))
+
+
+class _Chain:
+    """Files read one after another as one binary stream (stdin for RECEIVE)."""
+
+    def __init__(self, paths: list[Path]):
+        self.paths, self.f = list(paths), None
+
+    def read(self, n: int = -1) -> bytes:
+        while self.paths or self.f:
+            if self.f is None:
+                self.f = open(self.paths.pop(0), "rb")
+            b = self.f.read(n)
+            if b:
+                return b
+            self.f.close()
+            self.f = None
+        return b""
+
+
+def send_wheels(ctx: ApplyContext, p: dict[str, Any], wheels: list[Path], log: list[str]) -> int:
+    """Send the wheels the host lacks (by sha256); the number sent."""
+    where = dict(user=p.get("user"), port=p.get("port"))
+    have = ctx.runner.run(p["ssh"], _python_c(p["python"], _spec("have", wheels)), timeout=ctx.timeout, **where)
+    if have.exit_status != 0:
+        raise RuntimeError(f"{p['ssh']}: could not list its wheels: {(have.stderr or have.stdout).strip()}")
+    present = set(json.loads(have.stdout.strip().splitlines()[-1]))
+    lacking = [w for w in wheels if w.name not in present]
+    if lacking:
+        sent = ctx.runner.run(p["ssh"], _python_c(p["python"], _spec("receive", lacking)), stdin=_Chain(lacking),
+                              timeout=max(ctx.timeout, SEND_TIMEOUT), **where)
+        if sent.exit_status != 0:
+            raise RuntimeError(f"{p['ssh']}: the wheels did not arrive whole: {(sent.stderr or sent.stdout).strip()}")
+    log.append(f"sent {len(lacking)} wheel(s) ({', '.join(w.name for w in lacking) or 'the host had them'})")
+    return len(lacking)
+
+
+def send_and_install(ctx: ApplyContext, p: dict[str, Any], wheels: list[Path], command: str,
+                     log: list[str]) -> tuple[bool, str]:
+    """Send what the host lacks of ``wheels``, then run ``command`` (the
+    install) there; (it exited 0, its output). Every step is added to ``log``."""
+    send_wheels(ctx, p, wheels, log)
+    result = ctx.runner.run(p["ssh"], command, user=p.get("user"), port=p.get("port"), timeout=ctx.timeout)
+    output = (result.stdout + result.stderr).strip()
+    log.append(f"$ {command}\n{output}".rstrip())
+    if result.exit_status != 0:
+        log.append(f"(exit {result.exit_status})")
+    return result.exit_status == 0, output
