@@ -249,3 +249,23 @@ def test_an_install_that_installed_nothing_is_unchanged_with_nothing_to_undo(tmp
     _, plan = plan_for(captures, python=str(py))
     [entry] = apply_plan(plan, Journal.create(fixes_dir(), None), ApplyContext(LocalHosts(tmp_path / "h", captures)))
     assert entry["status"] == "unchanged" and entry["undo"] is None
+
+
+def test_train_asks_its_preflight_and_doctor_for_what_its_data_needs(tmp_path, monkeypatch):
+    from mlxcluster.doctor.doctor import DoctorReport
+    from mlxcluster.jobs.job import Job
+    from mlxcluster.launch import preflight
+    from mlxcluster.launch.trainer import parse_trainer_args, trainer_job
+
+    (tmp_path / "meta.json").write_text(json.dumps({"tokenizer": {"kind": "folder", "path": "/m"}}))
+    job = trainer_job(Job((), "ring", "python3"), parse_trainer_args(("--config", "tiny", "--data", str(tmp_path))))
+    assert job.imports == ("reference_train.train", "tokenizers")  # the preflight's probe imports both
+    asked = {}
+
+    def run_doctor(inventory, **kwargs):
+        asked.update(kwargs)
+        return DoctorReport("pass", [], {}, {}, True, 0.1, "lab")
+
+    monkeypatch.setattr(preflight, "run_doctor", run_doctor)
+    preflight.run_doctor_preflight(object(), "ring", lambda event: None, job.imports)
+    assert asked["trainer_modules"] == ("reference_train.train", "tokenizers")
