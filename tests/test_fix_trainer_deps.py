@@ -269,3 +269,13 @@ def test_train_asks_its_preflight_and_doctor_for_what_its_data_needs(tmp_path, m
     monkeypatch.setattr(preflight, "run_doctor", run_doctor)
     preflight.run_doctor_preflight(object(), "ring", lambda event: None, job.imports)
     assert asked["trainer_modules"] == ("reference_train.train", "tokenizers")
+
+
+@pytest.mark.parametrize("version", [["6.0"], {"v": 1}, 6.0, True])
+def test_a_wrong_typed_version_is_unknown_not_a_crash(real_probe, version):
+    captures = hosts(real_probe, b=["yaml"])
+    bad = json.loads(captures["a"].text(PROBE))
+    bad["trainer_modules"]["yaml"]["version"] = version
+    captures["a"] = HostCapture("a", {PROBE: json.dumps(bad)})
+    r = check(captures)
+    assert r.status is Status.FAIL and r.hosts["a"].startswith("numpy ") and "PyYAML (version unknown)" in r.hosts["a"]

@@ -161,11 +161,17 @@ def trainer_modules_of(ctx: CheckContext, name: str) -> dict | None:
     return found if isinstance(found, dict) else None
 
 
+def _version(entry) -> str | None:
+    """A found module's version (a string), else None (whatever the probe's shape)."""
+    ok = isinstance(entry, dict) and entry.get("found") and isinstance(entry.get("version"), str)
+    return entry["version"] if ok else None
+
+
 def _module_text(module: str, entry) -> str:
     dist = TRAINER_MODULES[module]
     if not (isinstance(entry, dict) and entry.get("found")):
         return f"no {dist}"
-    return f"{dist} {entry.get('version') or '(version unknown)'}"
+    return f"{dist} {_version(entry) or '(version unknown)'}"
 
 
 @doctor_check("trainer-deps", "What the trainer imports is installed on every host (numpy, PyYAML...)",
@@ -200,9 +206,8 @@ def trainer_deps(ctx: CheckContext) -> Verdict:
         return Verdict(worst(False, False), evidence, None)
     # Every host's version of each missing distribution: the fix installs this
     # machine's version, else the most hosts'.
-    versions = {TRAINER_MODULES[m]: {n: mods[m].get("version") for n, mods in modules.items()
-                                     if isinstance(mods, dict) and isinstance(mods.get(m), dict)
-                                     and mods[m].get("found")} for m in needed}
+    versions = {TRAINER_MODULES[m]: {n: _version(mods.get(m)) for n, mods in modules.items()
+                                     if isinstance(mods, dict) and _version(mods.get(m))} for m in needed}
     by_command: dict[str, list[str]] = {}
     for n, dists in lacking.items():
         reqs = " ".join(shlex.quote(requirement(d, choose_version(d, versions[d]))) for d in dists)
