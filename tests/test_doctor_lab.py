@@ -29,6 +29,11 @@ pytestmark = pytest.mark.lab
 CONNECT_TIMEOUT = 4.0
 # Anything near this bound is a hang (a dead host costs one connect timeout).
 DOCTOR_BUDGET_S = 20.0
+# --backend mpi on 12 hosts judges every pair: 132 ssh logins, which on a Mac
+# cluster run on 12 machines but here share this machine's 2 cores: doctor
+# took 18.1-18.8 s against 5.7-6.5 s with the first host's 11 hops only
+# (3 runs each, alternating, load average 47; bench/doctor_hops_cost.py).
+TWELVE_MPI_BUDGET_S = 45.0
 OPENBLAS = "/usr/lib/x86_64-linux-gnu/libopenblas.so.0"
 OTHER_MLX = "0.31.0"
 
@@ -247,10 +252,12 @@ def test_collect_captures_for_other_commands(lab3, inventory_path):
 
 
 def test_twelve_hosts_pass_within_sshd_default_session_limits(make_lab, tmp_path):
-    """The first host reaches 11 others (hops are made for the mpi backend).
+    """Every host reaches the 11 others (hops are made for the mpi backend).
     The lab keeps sshd's default MaxSessions (10 per connection), so one
-    session per hop over doctor's connection to the first host would be
-    refused; doctor runs them all from one session and the whole cluster passes."""
+    session per hop over doctor's connection to a host would be refused;
+    doctor runs each host's hops from one session, and sshd's MaxStartups
+    (10 connections being set up at once): each host but the first hops 4 at
+    a time, starting after itself; the whole cluster passes."""
     lab = make_lab(12)
     path = lab.write_inventory(tmp_path / "lab12.yaml")
     libmpi = Path(sys.executable).parent.parent / "lib" / "libmpi.so.40"
@@ -259,10 +266,10 @@ def test_twelve_hosts_pass_within_sshd_default_session_limits(make_lab, tmp_path
     report, seconds = doctor(path, backend="mpi")
     assert report.verdict == "pass", {r.id: r.hosts for r in report.results if r.status is not Status.PASS}
     hops = next(r for r in report.results if r.id == "host-to-host-ssh").hosts
-    assert hops == {f"labhost{i}": f"labhost1 -> labhost{i}: ok" for i in range(2, 13)}
+    assert hops == {f"labhost{i}": f"every other host (11) -> labhost{i}: ok" for i in range(1, 13)}
     data = next(r for r in report.results if r.id == "data-path").hosts
     assert all(data[f"labhost{i}"].endswith("reachable from every other host (11)") for i in range(1, 13)), data
-    assert seconds < DOCTOR_BUDGET_S
+    assert seconds < TWELVE_MPI_BUDGET_S
     assert doctor_helpers_left_after(5.0) == []
 
 

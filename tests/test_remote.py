@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -211,6 +212,52 @@ def test_hop_script_runs_every_hop_at_once_and_reports_each():
     assert not timed_out.ok and timed_out.error.kind == "command-timeout"
     denied = hop_outcome("c", rows[1], 1.5)
     assert denied.ok and denied.value.exit_status == 255  # the check explains 255 itself
+
+
+def test_hop_script_runs_at_most_parallel_hops_at_once():
+    """Every host hops when doctor judges every pair: each runs at most
+    ``parallel`` at a time, so no host receives more than sshd's MaxStartups."""
+    hops = [["sh", "-c", "sleep 0.5"]] * 4
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", HOPS, json.dumps({"hops": hops, "timeout": 5, "parallel": 2})],
+                         capture_output=True, text=True, timeout=20)
+    elapsed = time.monotonic() - started
+    assert [r[0] for r in json.loads(out.stdout)] == [0, 0, 0, 0]
+    assert 1.0 <= elapsed < 2.5  # two rounds of two, not one of four
+
+
+def test_every_host_hops_to_every_other_starting_after_itself():
+    """collect_host_to_host: the first host to all at once, the others
+    PARALLEL at a time starting with the host after them; a host not
+    connected makes no hop."""
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    from mlxcluster.doctor.live import collect_host_to_host
+    from mlxcluster.ssh.hops import PARALLEL
+    from mlxcluster.ssh.results import Outcome
+
+    hosts = [SimpleNamespace(name=n, ssh=f"{n}.lan", user=None, port=None, python="/py") for n in "abcd"]
+    links = {}
+    for h in hosts:
+        links[h.name] = Future()
+        links[h.name].set_result(Outcome(h.name, value=True) if h.name != "d" else
+                                 Outcome(h.name, error=SshError("refused", "d: refused")))
+    calls = {}
+
+    class Runner:
+        def run(self, alias, command, **kw):
+            calls[alias] = command
+            spec = json.loads(shlex.split(command)[-1])
+            rows = [[0, "", "", 0.1] for _ in spec["hops"]]
+            return SimpleNamespace(stdout=json.dumps(rows) + "\n", stderr="", exit_status=0)
+
+    first, from_first, others = collect_host_to_host(Runner(), hosts, links, 5.0)
+    assert first == "a" and list(from_first) == ["b", "c", "d"]
+    assert {s: list(h) for s, h in others.items()} == {"b": ["c", "d", "a"], "c": ["d", "a", "b"]}
+    assert "parallel" not in json.loads(shlex.split(calls["a.lan"])[-1])
+    assert json.loads(shlex.split(calls["b.lan"])[-1])["parallel"] == PARALLEL
+    assert "d.lan" not in calls
 
 
 def test_data_path_agent_waits_briefly_for_a_busy_port():

@@ -2,7 +2,7 @@
 
 ``collect_live`` probes every host (``mlxcluster/facts/collect.py``) and,
 beside it, the live-only measurements doctor's checks judge: SSH via paramiko
-and via OpenSSH BatchMode, host-to-host SSH from the first host (``hops``),
+and via OpenSSH BatchMode, host-to-host SSH from every host (``hops``),
 and data-path TCP connects (``datapath``).
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from mlxcluster.doctor.datapath import DataPathReport, check_data_paths
 from mlxcluster.facts.capture import HostCapture
 from mlxcluster.facts.collect import PROBE_TIMEOUT, capture_or_error, probe_host
-from mlxcluster.ssh.hops import run_hops
+from mlxcluster.ssh.hops import PARALLEL, run_hops
 from mlxcluster.ssh.openssh import OpenSshRunner
 from mlxcluster.ssh.remote import ParamikoRunner, run_parallel
 from mlxcluster.ssh.results import Outcome
@@ -29,8 +29,10 @@ class LiveCollection:
     captures: dict[str, HostCapture]
     paramiko: dict[str, Outcome]  # host -> Outcome(value=HostCapture | error=SshError)
     openssh: dict[str, Outcome]  # host -> Outcome(value=CommandResult | error)
-    host_to_host: dict[str, Outcome] = field(default_factory=dict)  # "a -> b" -> Outcome
+    host_to_host: dict[str, Outcome] = field(default_factory=dict)  # the first host -> b: b -> Outcome
     host_to_host_source: str | None = None
+    # Every other host's hops: a -> b as {a: {b: Outcome}} (a host not connected is absent).
+    host_to_host_from: dict[str, dict[str, Outcome]] = field(default_factory=dict)
     data_path: DataPathReport | None = None
     ssh_options: dict[str, Outcome] = field(default_factory=dict)  # host -> Outcome(value=ssh -G dict)
 
@@ -114,7 +116,7 @@ def collect_live(inventory, *, connect_timeout: float = 5.0, command_timeout: fl
         live = LiveCollection({n: capture_or_error(n, o) for n, o in probed.items()}, probed,
                               batch_f.result())
         if h2h_f is not None:
-            live.host_to_host_source, live.host_to_host = h2h_f.result()
+            live.host_to_host_source, live.host_to_host, live.host_to_host_from = h2h_f.result()
         live.data_path = dp_f.result() if dp_f else None
         live.ssh_options = options_f.result()
         pool.shutdown()
@@ -129,13 +131,27 @@ def collect_live(inventory, *, connect_timeout: float = 5.0, command_timeout: fl
             runner.close()
 
 
-def collect_host_to_host(runner: ParamikoRunner, hosts: list, links: dict[str, Future],
-                         connect_timeout: float) -> tuple[str | None, dict[str, Outcome]]:
-    """From the first host, ssh BatchMode to every other host (mpirun's path),
-    as soon as the first host is connected."""
+def collect_host_to_host(runner: ParamikoRunner, hosts: list, links: dict[str, Future], connect_timeout: float
+                         ) -> tuple[str | None, dict[str, Outcome], dict[str, dict[str, Outcome]]]:
+    """From every host, ssh BatchMode to every other host (mpirun's path from
+    wherever it is started, and tree spawn's onward calls), each host as soon
+    as it is connected: (first host, its hops, the other hosts' hops). The
+    first host hops to all at once; the others ``PARALLEL`` at a time, each
+    starting with the host after it, so no host gets more connections at once
+    than sshd's ``MaxStartups`` takes."""
     if len(hosts) < 2:
-        return None, {}
-    first, others = hosts[0], hosts[1:]
-    if not links[first.name].result().ok:
-        return first.name, {}
-    return first.name, run_hops(runner, first, others, connect_timeout)
+        return None, {}, {}
+    first = hosts[0]
+
+    def hops_from(i: int) -> dict[str, Outcome] | None:
+        source = hosts[i]
+        if not links[source.name].result().ok:
+            return None
+        if i == 0:
+            return run_hops(runner, source, hosts[1:], connect_timeout)
+        return run_hops(runner, source, hosts[i + 1:] + hosts[:i], connect_timeout, parallel=PARALLEL)
+
+    with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
+        results = list(pool.map(hops_from, range(len(hosts))))
+    others = {h.name: r for h, r in zip(hosts[1:], results[1:], strict=True) if r is not None}
+    return first.name, results[0] or {}, others

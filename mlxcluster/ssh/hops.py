@@ -1,12 +1,16 @@
-"""Host-to-host SSH from the first host, every hop in one session.
+"""Host-to-host SSH from a host, every hop in one session.
 
 ``mpirun`` starts its daemons on the other hosts with plain ``ssh`` from the
-host it runs on, so doctor makes the same calls from the first host: one
-``ssh -o BatchMode=yes HOST true`` per other host. They all run from ONE
-SSH session on the first host (``HOPS``, a standard-library script run with
-``<python> -c``) rather than one session per hop: sshd allows 10 sessions per
-connection by default (``MaxSessions``), so 12 hops over one connection
-would be refused, and every session costs a login shell.
+host it runs on (and, with tree spawn, each daemon ssh's onward), so doctor
+makes the same calls from every host: one ``ssh -o BatchMode=yes HOST true``
+per other host. A host's hops all run from ONE SSH session on it (``HOPS``,
+a standard-library script run with ``<python> -c``) rather than one session
+per hop: sshd allows 10 sessions per connection by default (``MaxSessions``),
+so 12 hops over one connection would be refused, and every session costs a
+login shell. With every host hopping at once, each host runs at most
+``PARALLEL`` hops at a time, starting with the host after it: a host then
+receives about that many connections at once, under sshd's default
+``MaxStartups 10`` (beyond which it drops new connections at random).
 
 The script prints one JSON row per hop: ``[exit status or null on timeout,
 stdout, stderr, seconds]``.
@@ -24,6 +28,9 @@ from mlxcluster.ssh.results import CommandResult, Outcome, SshError
 # python is broken): no hop was tried, so no other host is to blame.
 HOP_SCRIPT_FAILED = "hop-script"
 
+# Hops at a time from one host when every host hops (see the module's docstring).
+PARALLEL = 4
+
 HOPS = r"""
 import json, subprocess, sys, threading, time
 spec = json.loads(sys.argv[1])
@@ -38,7 +45,11 @@ def hop(i, argv):
     except OSError as e:
         rows[i] = [127, "", "%s: %s" % (argv[0], e.strerror)]
     rows[i].append(round(time.time() - t, 3))
-threads = [threading.Thread(target=hop, args=(i, argv)) for i, argv in enumerate(spec["hops"])]
+slots = threading.BoundedSemaphore(spec.get("parallel") or len(rows) or 1)
+def limited(i, argv):
+    with slots:
+        hop(i, argv)
+threads = [threading.Thread(target=limited, args=(i, argv)) for i, argv in enumerate(spec["hops"])]
 for t in threads:
     t.start()
 for t in threads:
@@ -63,17 +74,24 @@ def hop_outcome(target: str, row: list, timeout: float) -> Outcome:
     return Outcome(target, value=CommandResult(stdout, stderr, status, seconds), seconds=seconds)
 
 
-def run_hops(runner: ParamikoRunner, first, others: list, connect_timeout: float) -> dict[str, Outcome]:
-    """From ``first``, ssh BatchMode to every host in ``others`` at once.
+def run_hops(runner: ParamikoRunner, first, others: list, connect_timeout: float,
+             parallel: int | None = None) -> dict[str, Outcome]:
+    """From ``first``, ssh BatchMode to every host in ``others``, at most
+    ``parallel`` at a time (all at once without it), in the order given.
 
     Returns one Outcome per other host name; when the session on the first
     host itself fails, every hop carries that error.
     """
     timeout = connect_timeout + 15
     spec = {"hops": [hop_argv(h.ssh, h.user, h.port, connect_timeout) for h in others], "timeout": timeout}
+    rounds = 1
+    if parallel:
+        spec["parallel"] = parallel
+        rounds = -(-len(others) // parallel)
+    timeout_all = timeout * rounds
     try:
         result = runner.run(first.ssh, python_command(first.python, HOPS, spec), user=first.user,
-                            port=first.port, timeout=timeout + 10)
+                            port=first.port, timeout=timeout_all + 10)
         lines = [ln for ln in result.stdout.splitlines() if ln.startswith("[")]
         if not lines:
             last = (result.stderr.strip().splitlines() or [f"exit {result.exit_status}"])[-1]

@@ -107,11 +107,13 @@ class Lab:
     """A running lab; build it with ``start_lab``."""
 
     def __init__(self, n: int, *, python: str | None = None, own_tmp: bool = False,
-                 no_project: bool = False):
+                 no_project: bool = False, own_ssh: bool = False):
         if n < 1 or n > 60:
             raise LabError("a lab has 1 to 60 hosts")
         self.own_tmp = own_tmp  # every host's /tmp its own too (see _own_tmp_mount)
-        self.no_project = no_project  # no copy of this project, a home of its own (_no_project_mount)
+        # own_ssh: every host's ~/.ssh its own (in its own home, so no_project too); see _login_shell_mount.
+        self.own_ssh = own_ssh
+        self.no_project = no_project or own_ssh  # no copy of this project, a home of its own (_no_project_mount)
         self.id = secrets.token_hex(2)
         self.tag = f"{NAME_PREFIX}{self.id}"
         self.state = STATE_ROOT / f"{STATE_PREFIX}{self.id}"
@@ -465,7 +467,7 @@ class Lab:
         conf.write_text(
             f"ListenAddress {h.ip}\n"
             f"HostKey {self.host_key}\n"
-            f"AuthorizedKeysFile {self.state}/authorized_keys\n"
+            f"AuthorizedKeysFile {self.state}/authorized_keys{' .ssh/authorized_keys' if self.own_ssh else ''}\n"
             "PasswordAuthentication no\n"
             "KbdInteractiveAuthentication no\n"
             "PermitRootLogin yes\n"
@@ -572,8 +574,13 @@ class Lab:
         """Shell words that make root's login shell ``h.login_shell`` (zsh,
         as on a Mac, unless a test set another) for this host's sshd: a copy
         of /etc/passwd with root's shell changed, bind-mounted in the host's
-        mount namespace (this machine's own root keeps bash)."""
-        passwd = self.state / f"host_passwd_{h.login_shell}"
+        mount namespace (this machine's own root keeps bash). With
+        ``own_ssh`` root's home there is ``home`` (each host's own): ssh and
+        sshd take ~ from the passwd entry, not from $HOME, so each host's ssh
+        uses its own ~/.ssh and its sshd also reads its own
+        ~/.ssh/authorized_keys (beside the lab's file, which authorizes this
+        machine's key only)."""
+        passwd = self.state / f"host_passwd_{h.login_shell}{'_own_home' if self.own_ssh else ''}"
         if not passwd.exists():
             shell = shutil.which(h.login_shell, path=SYSTEM_PATH)
             lines = []
@@ -581,6 +588,8 @@ class Lab:
                 fields = line.split(":")
                 if len(fields) == 7 and fields[0] == "root":
                     fields[6] = shell
+                    if self.own_ssh:
+                        fields[5] = str(self.home)
                 lines.append(":".join(fields))
             passwd.write_text("\n".join(lines) + "\n")
         return f"mount --bind {shlex.quote(str(passwd))} /etc/passwd && "
@@ -631,7 +640,23 @@ class Lab:
     def _write_ssh_wrapper(self) -> None:
         denied = "|".join(h.name for h in self.hosts if "no_host_to_host" in h.faults)
         deny = ""
-        if denied:
+        if self.own_ssh:
+            # On a host: plain ssh with that host's own ~/.ssh (no -F, so
+            # neither the lab's key nor its known_hosts), as ssh on a Mac.
+            deny = (
+                'case "$(cat /proc/sys/kernel/hostname)" in\n'
+                f"  {'|'.join(h.name for h in self.hosts)})\n"
+                '    skip=\n'
+                '    for a in "$@"; do\n'
+                '      shift\n'
+                '      if [ -n "$skip" ]; then skip=; continue; fi\n'
+                '      case "$a" in -F) skip=1; continue ;; -F*) continue ;; esac\n'
+                '      set -- "$@" "$a"\n'
+                '    done\n'
+                '    exec /usr/bin/ssh "$@" ;;\n'
+                "esac\n"
+            )
+        elif denied:
             # Keep every argument but -F FILE / -FFILE: a launcher's wrapper
             # passing the lab config must not bring the lab key back.
             deny = (
@@ -768,9 +793,9 @@ def our_namespaces() -> list[str]:
 
 @contextlib.contextmanager
 def start_lab(n: int, *, python: str | None = None, own_tmp: bool = False,
-              no_project: bool = False) -> Iterator[Lab]:
+              no_project: bool = False, own_ssh: bool = False) -> Iterator[Lab]:
     """Bring up an n-host lab; tear it down on exit, error or Ctrl-C."""
-    lab = Lab(n, python=python, own_tmp=own_tmp, no_project=no_project)
+    lab = Lab(n, python=python, own_tmp=own_tmp, no_project=no_project, own_ssh=own_ssh)
     try:
         lab.start()
         yield lab

@@ -5,9 +5,9 @@ runs the reference BLAS; OpenBLAS is installed). After the fix, ``doctor
 ``--fix`` finds nothing to change, and ``--undo`` puts the inventory and the
 known_hosts file back byte for byte.
 
-What this does not cover: host-to-host SSH. The lab's hosts share this
-machine's filesystem, ``/root/.ssh`` included, so keys between them cannot be
-set up (or undone) host by host here; that fix is not built yet.
+Host-to-host SSH is not covered here (this lab's hosts share this machine's
+``/root/.ssh``): tests/lab/test_doctor_fix_combined_lab.py fixes it on hosts
+with a ``~/.ssh`` each.
 """
 
 from __future__ import annotations

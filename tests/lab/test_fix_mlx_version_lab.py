@@ -12,19 +12,15 @@ Needs the package index (pip download) here, as the fix does.
 from __future__ import annotations
 
 import os
-import platform
 import subprocess
 import sys
-import sysconfig
 
 import pytest
 
 from mlxcluster.doctor.fixes import mlx_version as fix
+from tests.lab.mlx_overlay import OLD, VERSION_OF, other_mlx
 
 pytestmark = pytest.mark.lab
-
-OLD = "0.32.3"
-VERSION_OF = "import importlib.metadata as m; print(m.version('mlx'), m.version('mlx-cpu'))"
 
 
 def mlxcluster(env, *args: str) -> subprocess.CompletedProcess:
@@ -34,26 +30,11 @@ def mlxcluster(env, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture
 def other_mlx_on_labhost2(lab3, tmp_path, monkeypatch):
-    """labhost2: the same python path, mlx 0.32.3 (an overlay over site-packages) and a home cache of its own;
+    """labhost2: the same python path, mlx 0.32.3 and a home cache of its own (tests/lab/mlx_overlay.py);
     the wheels fetched here go to a cache of this test's (XDG_CACHE_HOME, also the fix's)."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    site = sysconfig.get_paths()["purelib"]
-    upper, work = tmp_path / "upper", tmp_path / "work"
-    upper.mkdir()
-    work.mkdir()
-    target = fix.Target("Linux", platform.machine(), platform.python_version(), libc=" ".join(platform.libc_ver()))
-    wheels = fix.fetched(target, OLD, fix.wheel_key(target), 600)  # the fix finds them fetched
-    host = lab3.hosts[1]
-    made = lab3.ssh(host, f"mount -t overlay overlay -o lowerdir={site},upperdir={upper},workdir={work} {site} && "
-                          "mount -t tmpfs mlxc-wheels /root/.cache/mlxcluster && "
-                          f"{lab3.python} -m pip install -q --disable-pip-version-check --no-index "
-                          f"--find-links {wheels[0].parent} mlx=={OLD} mlx-cpu=={OLD} 2>/dev/null; "
-                          f"{lab3.python} -c \"{VERSION_OF}\"", timeout=120)
-    try:
-        assert made.stdout.split() == [OLD, OLD], made.stdout + made.stderr
-        yield host
-    finally:
-        lab3.ssh(host, f"umount /root/.cache/mlxcluster; umount {site}", timeout=30)
+    with other_mlx(lab3, lab3.hosts[1], tmp_path / "overlay"):
+        yield lab3.hosts[1]
 
 
 def test_fix_installs_the_others_mlx_from_wheels_sent_here_and_undo_puts_it_back(lab3, tmp_path,

@@ -14,6 +14,7 @@ from mlxcluster.doctor.checks.common import (
     WARN,
     Verdict,
     doctor_check,
+    from_hosts,
     grouped_fixes,
     join_hosts,
     skip,
@@ -148,45 +149,69 @@ _LAUNCHED_FROM_HERE = ("ring", "jaccl", "jaccl-ring", "nccl")
 _FLAG = " ".join(NO_TREE_SPAWN)
 
 
-@doctor_check("host-to-host-ssh", "SSH from the first host to the others (mpi: mpirun started on a host)",
+@doctor_check("host-to-host-ssh", "SSH between the hosts, every pair (mpi: mpirun started on a host)",
               live=True, fix=HOST_TO_HOST_KEYS)
 def host_to_host(ctx: CheckContext) -> Verdict:
     """Only mpi is judged, and only as a warning: the mpirun mlxcluster runs or
     prints starts every daemon from its own machine (no tree spawn), which the
-    lab showed to work with no SSH trust between hosts (docs/doctor.md)."""
+    lab showed to work with no SSH trust between hosts (docs/doctor.md).
+    Every pair is judged: an mpirun may be started on any host, and with tree
+    spawn a daemon on any host ssh's onward (the lab saw labhost2 -> labhost4).
+    Evidence is keyed by the host that could not be reached."""
     backend = ctx.backend or "ring"
     if backend in _LAUNCHED_FROM_HERE:
         return skip(f"not needed for {backend}: mlx.launch starts every rank over ssh from this machine "
                     "(checked by ssh-openssh) and the ranks never ssh each other")
     live = _live(ctx)
-    source = live.host_to_host_source
-    if source is None:
+    first = live.host_to_host_source
+    if first is None:
         return skip("only one host")
-    if not live.host_to_host:
-        return skip(f"first host {source} is not reachable (see ssh-paramiko)")
+    others = getattr(live, "host_to_host_from", None) or {}
+    if not live.host_to_host and not others:
+        return skip(f"first host {first} is not reachable (see ssh-paramiko)")
     untried = [o.error for o in live.host_to_host.values() if not o.ok and _kind(o.error) == HOP_SCRIPT_FAILED]
     if untried:
         return skip(f"not tested: {untried[0]}")
-    evidence, errors, failing = {}, [], []
-    for name, outcome in live.host_to_host.items():
+    sources = [(first, live.host_to_host)] + list(others.items())
+    everyone = [first] + list(others)
+    targets = list(dict.fromkeys(t for _, hops in sources for t in hops))
+    evidence, errors, failing, fix_data = {}, [], [], {}
+    for name in targets:
         target_down = not live.paramiko[name].ok
-        if outcome.ok and outcome.value.exit_status == 0:
-            evidence[name] = f"{source} -> {name}: ok"
-            continue
-        err = outcome.error if not outcome.ok else explain_failure(
-            name, outcome.value.exit_status, outcome.value.stderr)
-        if target_down:
-            evidence[name] = f"{source} -> {name}: not judged, {name} is unreachable (see ssh-paramiko)"
-            continue
-        evidence[name] = WARN + f"{source} -> {name}: {err}"
-        errors.append((name, err))
-        failing.append(name)
+        reached, down_from, broken = [], [], {}  # broken: error text -> (sources, error)
+        for source, hops in sources:
+            outcome = hops.get(name)
+            if outcome is None:
+                continue
+            if outcome.ok and outcome.value.exit_status == 0:
+                reached.append(source)
+                continue
+            if not outcome.ok and _kind(outcome.error) == HOP_SCRIPT_FAILED:
+                continue  # that host's script did not run (python-path): no hop was tried
+            err = outcome.error if not outcome.ok else explain_failure(
+                name, outcome.value.exit_status, outcome.value.stderr)
+            if target_down:
+                down_from.append(source)
+                continue
+            broken.setdefault(str(err), ([], err))[0].append(source)
+        if broken:
+            evidence[name] = WARN + "; ".join(f"{from_hosts(srcs, set(everyone) - {name})} -> {name}: {text}"
+                                              for text, (srcs, _) in broken.items())
+            errors += [(name, err) for _, err in broken.values()]
+            failing.append(name)
+            fix_data[name] = {"sources": [s for s in everyone if any(s in srcs for srcs, _ in broken.values())]}
+        elif down_from:
+            evidence[name] = f"{join_hosts(down_from)} -> {name}: not judged, {name} is unreachable (see ssh-paramiko)"
+        elif reached:
+            evidence[name] = f"{from_hosts(reached, set(everyone) - {name})} -> {name}: ok"
     hint = None
     if errors:
+        from_where = join_hosts({s for d in fix_data.values() for s in d["sources"]})
         fixes = _hints(errors) or f"ssh-copy-id to {join_hosts(failing)}, then 'ssh HOST true' once for each"
         hint = (f"mlxcluster's mpirun (smoke, train, hostfile generate) does not need this: it passes "
                 f"'{_FLAG}', so every daemon starts from this machine. Needed only by an mpirun started on "
-                f"{source}, or by one without that flag on more than {ROUTED_RADIX} hosts, whose daemons ssh "
-                f"onward (it then exits 255 without a message; mlx.launch --backend mpi: add "
-                f"--mpi-arg='{_FLAG}'). To allow it anyway, on {source}: {fixes}")
-    return Verdict(worst(False, bool(errors)), evidence, hint, {n: {"source": source} for n in failing})
+                f"a host (the first, {first}, or any other), or by one without that flag on more than "
+                f"{ROUTED_RADIX} hosts, whose daemons ssh onward (it then exits 255 without a message; "
+                f"mlx.launch --backend mpi: add --mpi-arg='{_FLAG}'). To allow it anyway, on "
+                f"{from_where}: {fixes}; or 'mlxcluster doctor --backend mpi --fix'")
+    return Verdict(worst(False, bool(errors)), evidence, hint, fix_data)

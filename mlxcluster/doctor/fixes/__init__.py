@@ -6,7 +6,7 @@ report), ``inventory_edit`` (one env variable set in the inventory's text),
 plan applied host by host; a journal undone), ``outcome`` (what one run
 did, for the HTML report), and one module per fix:
 ``env`` (the inventory's env), ``host_keys`` (unknown host keys),
-``host_to_host`` (the first host's key trusted by the others, their host
+``host_to_host`` (every host's key trusted by the others, their host
 keys by it), ``macos`` (``sudo -n`` commands: the Thunderbolt Bridge, the
 Thunderbolt IP plan, the firewall), ``mlx_version`` (one mlx on every host)
 and ``trainer_deps`` (what the trainer imports), both from wheels fetched

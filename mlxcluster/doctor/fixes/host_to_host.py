@@ -1,22 +1,26 @@
-"""The fix for ``host-to-host-ssh``: the first host may ssh to the others.
+"""The fix for ``host-to-host-ssh``: every host may ssh to every other.
 
-For each host the first host (S) cannot reach, in this order:
+For each pair the check found broken, a source host S that cannot reach a
+target host T (an mpirun may be started on any host, and with tree spawn a
+daemon on any host ssh's onward), in this order:
 
 1. on S: its public key (``~/.ssh/id_ed25519``, ``id_ecdsa`` or ``id_rsa``);
-   on a host with none, ``ssh-keygen -t ed25519 -N '' -f ~/.ssh/id_ed25519``;
-2. on the other host (T): that public key appended once to
-   ``~/.ssh/authorized_keys``;
+   on a host with none, ``ssh-keygen -t ed25519 -N '' -f ~/.ssh/id_ed25519``
+   (once: S's later pairs find that key);
+2. on T: that public key appended once to ``~/.ssh/authorized_keys``;
 3. on S: T's host key appended once to ``~/.ssh/known_hosts``, under the
    name S's ssh is given for T (the inventory's ``ssh``, ``[ssh]:port`` off
    port 22). The key is the one this machine's connection to T verified
    against its own known_hosts, not one fetched anew from S.
 
-Only public keys travel; a private key never leaves its host. Each step is
-idempotent (a line already there is not added again) and says what it did,
-so the undo removes exactly the lines added (and the key, the file or the
-``~/.ssh`` folder it created). Every value from the inventory that reaches
-a shell is ``shlex``-quoted; the scripts run under ``sh -c`` whatever the
-login shell is.
+So with no keys between the hosts, every host's public key ends up once in
+every other host's authorized_keys and every host's key in every other
+host's known_hosts. Only public keys travel; a private key never leaves its
+host. Each step is idempotent (a line already there is not added again) and
+says what it did, so the undo removes exactly the lines added (and the key,
+the file or the ``~/.ssh`` folder it created). Every value from the
+inventory or a host that reaches a shell is ``shlex``-quoted; the scripts
+run under ``sh -c`` whatever the login shell is.
 """
 
 from __future__ import annotations
@@ -111,23 +115,37 @@ def _where(host) -> dict[str, Any]:
 
 
 def plan_host_to_host(fix: FixInput) -> list[Action]:
+    """One action per broken pair (source -> target), sources in inventory
+    order, each pair's action for its target (the host the check blamed)."""
     inv = fix.inventory
+    if fix.host_key is None:
+        return []
+    order = {h.name: i for i, h in enumerate(inv.hosts)}
+    pairs = sorted(((src, target_name) for target_name, d in fix.result.fix_data.items()
+                    for src in (d.get("sources") or [d["source"]])),
+                   key=lambda p: (order[p[0]], order[p[1]]))
+    keys: dict[str, str] = {}  # source -> its public key now ("" when it has none)
     actions = []
-    for target_name, d in fix.result.fix_data.items():
-        source, target = inv.host(d["source"]), inv.host(target_name)
-        if fix.host_key is None:
-            continue
+    for source_name, target_name in pairs:
+        source, target = inv.host(source_name), inv.host(target_name)
         key_type, key_b64 = fix.host_key(target_name)
         known_line = f"{known_name(target.ssh, target.port)} {key_type} {key_b64}"
-        pub = ""
-        if fix.lookup is not None:
-            found = fix.lookup(source.name, sh(READ_KEY))
-            pub = found.stdout.strip().splitlines()[0] if found.exit_status == 0 and found.stdout.strip() else ""
-        shown_pub = pub or "<the key the first command made>"
+        if source.name not in keys:
+            keys[source.name] = ""
+            if fix.lookup is not None:
+                found = fix.lookup(source.name, sh(READ_KEY))
+                if found.exit_status == 0 and found.stdout.strip():
+                    keys[source.name] = found.stdout.strip().splitlines()[0]
+            first_use = True
+        else:
+            first_use = False
+        pub = keys[source.name]
+        shown_pub = pub or f"<the key made on {source.name}>"
+        made = (f"a new key made on {source.name} (ssh-keygen -t ed25519 -N '')" if first_use
+                else f"the key made on {source.name}")
         actions.append(Action(
             fix.result.id, (target_name,), "ssh-trust",
-            f"{source.name} -> {target_name}: " + (f"{source.name}'s key" if pub else
-                                                   f"a new key made on {source.name} (ssh-keygen -t ed25519 -N '')")
+            f"{source.name} -> {target_name}: " + (f"{source.name}'s key" if pub else made)
             + f" in {target_name}'s ~/.ssh/authorized_keys, {target_name}'s host key in {source.name}'s "
               "~/.ssh/known_hosts",
             [f"on {source.name}: {sh(ENSURE_KEY)}",
@@ -194,5 +212,5 @@ def apply_ssh_trust(action: Action, ctx: ApplyContext) -> dict[str, Any]:
 
 APPLIERS["ssh-trust"] = apply_ssh_trust
 
-HOST_TO_HOST_KEYS = Fix("the first host's key in the others' authorized_keys, their host keys in its known_hosts",
+HOST_TO_HOST_KEYS = Fix("each host's key in the others' authorized_keys, their host keys in its known_hosts",
                         plan_host_to_host)
