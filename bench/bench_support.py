@@ -88,3 +88,44 @@ def run_mlx_lm(env: dict[str, str], *args: str) -> list[dict]:
 def mlx_lm_peak_mib(reports: list[dict]) -> float:
     """mlx-lm's peak MLX memory (it reports mx.get_peak_memory() / 1e9) in MiB."""
     return max(r["peak_memory"] for r in reports) * 1e9 / 2**20
+
+
+def mlx_lm_step(folder: Path, lora: dict | None = None, num_layers: int = -1):
+    """mlx-lm's model from ``folder`` and its trainer's step (mlx_lm.tuner.trainer.train:
+    value_and_grad of its default loss, average_gradients, optimizer.update, one
+    mx.compile with the state, evaluated as it does), as ``run(batch, lengths) -> (loss,
+    tokens)``. With ``lora`` (mlx-lm's lora_parameters: rank, scale, dropout, keys) the
+    model is frozen and its last ``num_layers`` blocks adapted first, as mlx_lm.lora's
+    train_model does (linear_to_lora_layers; a quantized folder stays quantized: QLoRA)."""
+    from functools import partial
+
+    import mlx.core as mx
+    import mlx.nn as nn
+    import mlx.optimizers as optim
+    from mlx.nn.utils import average_gradients
+    from mlx_lm.tuner.trainer import default_loss
+    from mlx_lm.tuner.utils import linear_to_lora_layers
+    from mlx_lm.utils import load
+
+    model, _ = load(str(folder))
+    if lora is not None:
+        model.freeze()
+        linear_to_lora_layers(model, num_layers, lora)
+    model.train()
+    optimizer = optim.AdamW(learning_rate=1e-5)
+    state = [model.state, optimizer.state, mx.random.state]
+    loss_and_grad = nn.value_and_grad(model, default_loss)
+
+    @partial(mx.compile, inputs=state, outputs=state)
+    def step(batch, lengths):
+        (loss, tokens), grad = loss_and_grad(model, batch, lengths)
+        optimizer.update(model, average_gradients(grad))
+        return loss, tokens
+
+    def run(batch, lengths):
+        loss, tokens = step(batch, lengths)
+        mx.eval(state, loss, tokens)
+        return loss, tokens
+
+    run.model = model
+    return run

@@ -25,41 +25,13 @@ import statistics
 import sys
 import tempfile
 import time
-from functools import partial
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from bench_support import rerun_with_openblas  # noqa: E402
-
-
-def mlx_lm_step(folder: Path):
-    """mlx-lm's model from ``folder`` and its trainer's step (mlx_lm.tuner.trainer.train)."""
-    import mlx.core as mx
-    import mlx.nn as nn
-    import mlx.optimizers as optim
-    from mlx.nn.utils import average_gradients
-    from mlx_lm.tuner.trainer import default_loss
-    from mlx_lm.utils import load
-
-    model, _ = load(str(folder))
-    optimizer = optim.AdamW(learning_rate=1e-5)
-    state = [model.state, optimizer.state, mx.random.state]
-    loss_and_grad = nn.value_and_grad(model, default_loss)
-
-    @partial(mx.compile, inputs=state, outputs=state)
-    def step(batch, lengths):
-        (loss, tokens), grad = loss_and_grad(model, batch, lengths)
-        optimizer.update(model, average_gradients(grad))
-        return loss, tokens
-
-    def run(batch, lengths):
-        loss, tokens = step(batch, lengths)
-        mx.eval(state, loss, tokens)
-
-    return run
+from bench_support import mlx_lm_step, rerun_with_openblas  # noqa: E402
 
 
 def main() -> int:
