@@ -106,8 +106,8 @@ def _silu(x: mx.array) -> mx.array:
 
 @_silu.vjp
 def _silu_vjp(x, cotangent, out):
-    s = _sigmoid(x)  # d/dx x s(x) = s + x s (1 - s) = s + out (1 - s)
-    return cotangent * (s + out * (1.0 - s))
+    s = mx.where(x == 0, 0.5, out / x)  # sigmoid(x), from the output: no exp
+    return cotangent * (s + out * (1.0 - s))  # d/dx x s(x) = s + x s (1 - s) = s + out (1 - s)
 
 
 def silu(x: mx.array) -> mx.array:
