@@ -63,6 +63,15 @@ def test_no_cluster_env_goes_before_the_hosts_and_flow_styles_stay_flow():
     assert inv.host("a").env == {"Y": "2"} and inv.host("b").env == {"X": "1", "Y": "2"}
 
 
+def test_the_cluster_env_goes_above_the_comments_that_describe_the_hosts():
+    text = "cluster: c\npython: /p\n\n# the Macs on the desk\n  # two of them\nhosts:\n  - {name: a, ssh: h}\n"
+    after = set_env(text, None, "Z", "3")
+    assert after == ("cluster: c\npython: /p\n\nenv:\n  Z: \"3\"\n# the Macs on the desk\n  # two of them\n"
+                     "hosts:\n  - {name: a, ssh: h}\n")
+    # comments that open the file are its header: they stay first
+    assert set_env("# mine\nhosts: []\n", None, "Z", "3") == "# mine\nenv:\n  Z: \"3\"\nhosts: []\n"
+
+
 def test_crlf_and_a_last_line_without_newline():
     text = "cluster: c\r\npython: /p\r\nhosts:\r\n  - name: a\r\n    ssh: h"
     after = set_env(text, "a", "K", "v")

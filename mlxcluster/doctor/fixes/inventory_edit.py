@@ -116,10 +116,23 @@ def set_env(text: str, host: str | None, key: str, value: str, source: str = "<i
     if host is None:
         hosts = _key(mapping, "hosts")
         if hosts is not None:  # the cluster's env reads best before the hosts
-            return text[:hosts[0].start_mark.index - hosts[0].start_mark.column] + block + \
-                text[hosts[0].start_mark.index - hosts[0].start_mark.column:]
+            at = _above_comments(text, hosts[0].start_mark.index - hosts[0].start_mark.column)
+            return text[:at] + block + text[at:]
     at = _line_end(text, _last_leaf(mapping).end_mark.index)
     return _insert(text, at, block, nl)
+
+
+def _above_comments(text: str, line_start: int) -> int:
+    """The start of the comment lines right above the line at ``line_start``
+    (they describe it: what is inserted before it goes above them); comments
+    that open the file are its header and stay first."""
+    at = line_start
+    while at > 0:
+        previous = text.rfind("\n", 0, at - 1) + 1
+        if not text[previous:at].lstrip().startswith("#"):
+            return at
+        at = previous
+    return line_start
 
 
 def _insert(text: str, at: int, piece: str, nl: str) -> str:
