@@ -135,7 +135,8 @@ def test_tokenizers_fails_only_when_train_says_its_data_needs_it(real_probe):
     captures = hosts(real_probe, c=["tokenizers"])
     asked = check(captures, trainer_modules=("reference_train.train", "tokenizers"))
     assert asked.status is Status.FAIL and asked.hosts["c"].startswith("✗ no tokenizers in ")
-    assert "doctor --fix" not in asked.hint  # doctor alone does not judge it: the command only
+    # doctor alone does not judge it: its fix needs the data named
+    assert "(or doctor --fix --train-data DIR (DIR: your --data)" in asked.hint
     assert check(captures).status is Status.PASS
 
 
@@ -154,7 +155,7 @@ def test_trains_data_decides_whether_tokenizers_is_needed(tmp_path):
         return str(folder)
 
     def needs(*flags):
-        return data_modules(build_config(["--config", "tiny", *flags]))
+        return data_modules(build_config(["--config", "tiny", *flags]).data)
 
     assert needs() == ()  # the default corpus: byte-level
     assert needs("--data", data({"kind": "byte"})) == ()
@@ -279,3 +280,47 @@ def test_a_wrong_typed_version_is_unknown_not_a_crash(real_probe, version):
     captures["a"] = HostCapture("a", {PROBE: json.dumps(bad)})
     r = check(captures)
     assert r.status is Status.FAIL and r.hosts["a"].startswith("numpy ") and "PyYAML (version unknown)" in r.hosts["a"]
+
+
+def test_doctor_train_data_asks_for_what_that_data_needs_and_fix_passes_it_on(tmp_path, monkeypatch):
+    """`doctor --train-data DIR` (and `doctor --fix --train-data DIR`, which
+    then installs it) judges tokenizers for data tokenized with a tokenizer.json."""
+    from click.testing import CliRunner
+
+    from mlxcluster.cli import doctor as doctor_cli
+    from mlxcluster.cli import main
+    from mlxcluster.doctor.doctor import DoctorReport
+    from mlxcluster.doctor.fixes import session
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "meta.json").write_text(json.dumps({"tokenizer": {"kind": "folder", "path": "/m"}}))
+    inventory = tmp_path / "cluster.yaml"
+    inventory.write_text("cluster: c\npython: /usr/bin/python3\nhosts:\n  - {name: a, ssh: a.local}\n")
+    asked = []
+
+    def run_doctor(inv, **kwargs):
+        asked.append(kwargs.get("trainer_modules"))
+        return DoctorReport("pass", [], {}, {}, True, 0.1, "c")
+
+    class Runner:
+        def close(self):
+            pass
+
+    monkeypatch.setattr(doctor_cli, "run_doctor", run_doctor)
+    monkeypatch.setattr(session, "run_doctor", run_doctor)
+    monkeypatch.setattr(session, "open_runner", lambda *a, **k: Runner())
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    cli = CliRunner()
+    done = cli.invoke(main, ["doctor", "-i", str(inventory), "--train-data", str(data)])
+    assert done.exit_code == 0, done.output
+    done = cli.invoke(main, ["doctor", "-i", str(inventory), "--fix", "--yes", "--train-data", str(data)])
+    assert done.exit_code == 0, done.output
+    assert asked == [("tokenizers",), ("tokenizers",)]
+    byte = tmp_path / "byte"
+    byte.mkdir()
+    (byte / "meta.json").write_text(json.dumps({"tokenizer": {"kind": "byte"}}))
+    assert cli.invoke(main, ["doctor", "-i", str(inventory), "--train-data", str(byte)]).exit_code == 0
+    assert asked[-1] == ()
+    done = cli.invoke(main, ["doctor", "--local", "--train-data", str(data)])
+    assert done.exit_code == 2 and "--train-data goes with a live check" in done.output

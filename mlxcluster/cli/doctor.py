@@ -171,16 +171,19 @@ def render(report: DoctorReport, verbose: bool) -> None:
               help="Seconds each fix's command may take on a host.")
 @click.option("--mlx-version", "mlx_version", metavar="X",
               help="With --fix: the mlx every host gets where versions differ (default: most hosts' one).")
+@click.option("--train-data", "train_data", type=click.Path(exists=True, file_okay=False), metavar="DIR",
+              help="The --data folder you will train on: also check what its ranks import for it "
+                   "(tokenizers, for data tokenized with a tokenizer.json); --fix installs it.")
 @click.option("--undo", "undo_path", type=click.Path(dir_okay=False),
               help="Undo what a --fix run changed (its journal, ~/.config/mlxcluster/fixes/TIME.json).")
 @html_option("the report")
 def command(inventory_path, as_json, strict, collect_dir, from_dir, local, accept_new_host_keys, backend,
             connect_timeout, no_data_path, hostfile, verbose, fix, dry_run, yes, fix_timeout, mlx_version,
-            undo_path, html_path):
+            train_data, undo_path, html_path):
     """Check every host of the cluster and say how to fix what is wrong."""
     check_fix_flags(fix=fix, dry_run=dry_run, yes=yes, undo=undo_path, mlx_version=mlx_version,
                     others={"--json": as_json, "--collect": bool(collect_dir), "--from": bool(from_dir),
-                            "--local": local,
+                            "--local": local, **({"--train-data": bool(train_data)} if undo_path else {}),
                             **({"-i": bool(inventory_path), "--hostfile": bool(hostfile),
                                 "--html": bool(html_path)} if undo_path else {})})
     if undo_path:
@@ -190,6 +193,15 @@ def command(inventory_path, as_json, strict, collect_dir, from_dir, local, accep
                          "--collect saves a live run; --from replays a saved one")
     if local and (from_dir or inventory_path):
         raise InputError("--local checks this machine; it excludes -i and --from")
+    if train_data and (local or from_dir):
+        raise InputError("--train-data goes with a live check of the inventory's hosts",
+                         "drop --local / --from, or --train-data")
+    trainer_modules = ()
+    if train_data:
+        # The trainer's config module imports mlx: only when asked.
+        from mlxcluster.launch.trainer import data_modules
+
+        trainer_modules = data_modules(train_data)
     # A replay names its hosts by folder, so it uses an inventory only when given one.
     if from_dir:
         inventory = load_inventory(inventory_path) if inventory_path else None
@@ -210,7 +222,7 @@ def command(inventory_path, as_json, strict, collect_dir, from_dir, local, accep
             inventory, backend=backend, connect_timeout=connect_timeout,
             accept_new_host_keys=accept_new_host_keys, data_path=not no_data_path, hostfile=hostfile,
             verbose=verbose, dry_run=dry_run, yes=yes, strict=strict, fix_timeout=fix_timeout, render=render,
-            html_path=html_path, mlx_version=mlx_version))
+            html_path=html_path, mlx_version=mlx_version, trainer_modules=trainer_modules))
     if local:
         report = run_local_doctor(backend=backend)
     elif from_dir:
@@ -220,7 +232,7 @@ def command(inventory_path, as_json, strict, collect_dir, from_dir, local, accep
     else:
         report = run_doctor(inventory, backend=backend, connect_timeout=connect_timeout,
                             accept_new_host_keys=accept_new_host_keys, data_path=not no_data_path,
-                            hostfile=hostfile)
+                            hostfile=hostfile, trainer_modules=trainer_modules)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2, sort_keys=False))
     else:

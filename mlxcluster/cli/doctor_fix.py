@@ -143,11 +143,12 @@ def render_outcome(run: FixRun) -> None:
 
 
 def run_fix(inventory, *, backend, connect_timeout, accept_new_host_keys, data_path, hostfile, verbose,
-            dry_run, yes, strict, fix_timeout, render, html_path=None, mlx_version=None) -> int:
+            dry_run, yes, strict, fix_timeout, render, html_path=None, mlx_version=None,
+            trainer_modules: tuple[str, ...] = ()) -> int:
     """The whole --fix run, told on the terminal (and the --html page); the exit code."""
     run = fix_cluster(inventory, ClickView(render, verbose),
                       options=dict(backend=backend, connect_timeout=connect_timeout, data_path=data_path,
-                                   hostfile=hostfile),
+                                   hostfile=hostfile, trainer_modules=trainer_modules),
                       wanted={"mlx_version": mlx_version} if mlx_version else {}, dry_run=dry_run, yes=yes,
                       strict=strict, fix_timeout=fix_timeout, connect_timeout=connect_timeout,
                       accept_new_host_keys=accept_new_host_keys)

@@ -99,16 +99,16 @@ def parse_trainer_args(args: tuple[str, ...]) -> TrainerArgs | TrainerHelp:
                          "every field, its type and its allowed values") from None
 
 
-def data_modules(cfg: TrainConfig) -> tuple[str, ...]:
-    """What the ranks import for this run's data besides the trainer's own
-    imports: ``tokenizers`` when ``--data`` (read here: it is sent to the
-    hosts as it is) was tokenized with a tokenizer.json or a Hugging Face
-    name (every rank makes its tokenizer); nothing for byte-level data, the
-    default corpus, or data this machine cannot read."""
-    if not cfg.data:
+def data_modules(data: str | None) -> tuple[str, ...]:
+    """What the ranks import for a ``--data`` folder besides the trainer's own
+    imports: ``tokenizers`` when it (read here: it is sent to the hosts as
+    it is) was tokenized with a tokenizer.json or a Hugging Face name (every
+    rank makes its tokenizer); nothing for byte-level data, the default
+    corpus (None), or data this machine cannot read."""
+    if not data:
         return ()
     try:
-        spec = json.loads((Path(cfg.data) / "meta.json").read_text()).get("tokenizer")
+        spec = json.loads((Path(data) / "meta.json").read_text()).get("tokenizer")
     except (OSError, ValueError, AttributeError):
         return ()
     kind = spec.get("kind") if isinstance(spec, dict) else spec
@@ -124,7 +124,7 @@ def trainer_job(job: Job, args: TrainerArgs) -> Job:
     return dataclasses.replace(
         job, program=("-m", TRAINER_MODULE, "--progress", "false", *args.argv()),
         shown_program=("-m", TRAINER_MODULE, *args.argv()),
-        imports=(TRAINER_MODULE, *data_modules(args.config)),
+        imports=(TRAINER_MODULE, *data_modules(args.config.data)),
         title="training", then=RESUME_THEN, env={**job.env, RECORD_ENV: "1"})
 
 

@@ -213,8 +213,10 @@ def trainer_deps(ctx: CheckContext) -> Verdict:
         reqs = " ".join(shlex.quote(requirement(d, choose_version(d, versions[d]))) for d in dists)
         by_command.setdefault(f"{shlex.quote(pythons[n] or 'python3')} -m pip install {reqs}", []).append(n)
     hint = "; ".join(f"on {join_hosts(names)}: {command}" for command, names in by_command.items())
-    if not asked:  # what doctor alone judges, doctor --fix installs (what train asked: the commands)
-        hint += " (or doctor --fix: the wheels fetched here, sent over SSH)"
+    # What doctor alone judges, doctor --fix installs; what a train's data
+    # asked for, doctor --fix --train-data DIR.
+    fix = "doctor --fix --train-data DIR (DIR: your --data)" if asked else "doctor --fix"
+    hint += f" (or {fix}: the wheels fetched here, sent over SSH)"
     fix_data = {n: {**target_data(facts[n]), "missing": {d: versions[d] for d in dists}}
                 for n, dists in lacking.items() if facts[n].python}
     return Verdict(worst(True, False), evidence, hint, fix_data)
