@@ -103,6 +103,19 @@ class LabHost:
         return self.name
 
 
+# Shell lines that keep every argument of "$@" but -F FILE / -FFILE: an ssh
+# on a host must not be given the lab's config (and with it the lab's key).
+DROP_CONFIG_ARGS = (
+    '    skip=\n'
+    '    for a in "$@"; do\n'
+    '      shift\n'
+    '      if [ -n "$skip" ]; then skip=; continue; fi\n'
+    '      case "$a" in -F) skip=1; continue ;; -F*) continue ;; esac\n'
+    '      set -- "$@" "$a"\n'
+    '    done\n'
+)
+
+
 class Lab:
     """A running lab; build it with ``start_lab``."""
 
@@ -646,13 +659,7 @@ class Lab:
             deny = (
                 'case "$(cat /proc/sys/kernel/hostname)" in\n'
                 f"  {'|'.join(h.name for h in self.hosts)})\n"
-                '    skip=\n'
-                '    for a in "$@"; do\n'
-                '      shift\n'
-                '      if [ -n "$skip" ]; then skip=; continue; fi\n'
-                '      case "$a" in -F) skip=1; continue ;; -F*) continue ;; esac\n'
-                '      set -- "$@" "$a"\n'
-                '    done\n'
+                + DROP_CONFIG_ARGS +
                 '    exec /usr/bin/ssh "$@" ;;\n'
                 "esac\n"
             )
@@ -663,13 +670,7 @@ class Lab:
                 'case "$(cat /proc/sys/kernel/hostname)" in\n'
                 f"  {denied})\n"
                 f'    echo "$(cat /proc/sys/kernel/hostname) $*" >> {self.host_to_host_log}\n'
-                '    skip=\n'
-                '    for a in "$@"; do\n'
-                '      shift\n'
-                '      if [ -n "$skip" ]; then skip=; continue; fi\n'
-                '      case "$a" in -F) skip=1; continue ;; -F*) continue ;; esac\n'
-                '      set -- "$@" "$a"\n'
-                '    done\n'
+                + DROP_CONFIG_ARGS +
                 f'    exec /usr/bin/ssh -F {self.untrusted_config} "$@" ;;\n'
                 "esac\n"
             )
