@@ -2,6 +2,7 @@
 
     python bench/lora_vs_mlx_lm.py                    # ~10 minutes on 2 cores
     python bench/lora_vs_mlx_lm.py --steps 60 --rounds 3   # steadier, longer
+    python bench/lora_vs_mlx_lm.py --kinds LoRA --rounds 4   # LoRA alone, ~3 minutes
 
 The model: a random Llama (CONFIG: hidden 256, 4 blocks, grouped-query
 attention) built with mlx-lm's own classes, saved twice by mlx-lm: in float32
@@ -230,11 +231,13 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--block-size", type=int, default=128)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--kinds", default="LoRA,QLoRA", help="LoRA, QLoRA or both (comma-separated)")
     args = p.parse_args()
+    kinds = [k.strip() for k in args.kinds.split(",")]
     import mlx.core as mx
 
     env = trainer_env(2)
-    cases = ("LoRA ours", "LoRA mlx-lm", "QLoRA ours", "QLoRA mlx-lm")
+    cases = [f"{kind} {who}" for kind in kinds for who in ("ours", "mlx-lm")]
     results: dict[str, list[tuple]] = {c: [] for c in cases}
     counts: dict[str, set[int]] = {"ours": set(), "mlx-lm": set()}
     with tempfile.TemporaryDirectory() as tmp:
@@ -248,7 +251,7 @@ def main() -> int:
                                                           "keys": list(KEYS)}}))
         full_weights = sum(a.size for a in mx.load(str(floating / "model.safetensors")).values())
         for r in range(args.rounds):
-            for kind, folder in (("LoRA", floating), ("QLoRA", q4)):
+            for kind, folder in [(k, {"LoRA": floating, "QLoRA": q4}[k]) for k in kinds]:
                 order = ("ours", "mlx-lm") if r % 2 == 0 else ("mlx-lm", "ours")
                 for who in order:
                     out = tmp / f"{kind}-{who}-{r}"
@@ -271,7 +274,7 @@ def main() -> int:
           f"x {args.block_size}, {args.steps} steps, AdamW, --mask_prompt, one process, "
           f"{args.rounds} rounds")
     print(f"  trained targets per row: ours {meta['trained_tokens'] / meta['rows']:.2f} (prepare's "
-          f"meta.json, all train rows); mlx-lm {statistics.median(x[3] for x in results['LoRA mlx-lm']):.2f} "
+          f"meta.json, all train rows); mlx-lm {statistics.median(x[3] for x in results[f'{kinds[0]} mlx-lm']):.2f} "
           "(its trained_tokens per row trained, one pad target each included)")
     for name, got in results.items():
         line = (f"  {name:13s} {statistics.median(x[0] for x in got):8,.0f} tok/s  peak MLX "
@@ -279,7 +282,7 @@ def main() -> int:
         if "mlx-lm" in name:
             line += f"  (its own figure, pad targets counted: {statistics.median(x[2] for x in got):,.0f} tok/s)"
         print(line)
-    for kind in ("LoRA", "QLoRA"):
+    for kind in kinds:
         a, b = results[f"{kind} ours"], results[f"{kind} mlx-lm"]
         speed = [x[0] / y[0] for x, y in zip(a, b, strict=True)]
         memory = [x[1] / y[1] for x, y in zip(a, b, strict=True)]

@@ -75,8 +75,8 @@ class TrainConfig:
     # recompute each block in the backward pass instead of keeping its activations
     # (mx.checkpoint): less memory at long block sizes, about one more forward's time
     grad_checkpoint: bool = False
-    # auto: softmax, silu and the loss built from multiply-adds on Linux's CPU, where
-    # MLX's exp is slow (kernels.py), MLX's own elsewhere; mlx: MLX's own everywhere
+    # auto: silu built from multiply-adds on Linux's CPU, where MLX's exp is slow
+    # (kernels.py), MLX's own elsewhere; mlx: MLX's own everywhere
     kernels: str = "auto"
     # output
     out: str = "runs/reference"

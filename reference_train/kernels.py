@@ -1,16 +1,22 @@
-"""softmax, silu, logsumexp, attention and the loss: MLX's kernels, or on Linux's
-CPU the same functions built from multiply-adds.
+"""silu, attention and the loss: MLX's kernels, or on Linux's CPU the same
+functions built from multiply-adds where that pays.
 
 Why: MLX's CPU exp (the Linux wheel, mlx 0.32.4) runs one element at a time and
 calls libm's fmaf for every step of its polynomial. Measured here (2-core EPYC,
-one array of 524,288 float32): exp 8.5-14 ms, a multiply 0.15 ms; MLX's softmax,
-sigmoid and logsumexp cost the same as its exp. In a training step of the
-bench's Llama (bench/step_vs_mlx_lm.py) perf counted 12% of all samples in
-exp, fmaf and sigmoid. The exp below (Cephes' expf: k = round(x / ln 2),
-r = x - k ln 2, a polynomial in r, 2^k written into the exponent bits of two
-halves) is arithmetic that `mx.compile` fuses into one loop: 3-4x faster than
-MLX's exp and closer to the true value (largest relative error over
-[-87, 88]: 7.8e-8 against float64; MLX's exp: 3.3e-6).
+one array of 524,288 float32): exp 8.5-14 ms, a multiply 0.15 ms; MLX's
+sigmoid costs more than its exp. In a training step of the bench's Llama
+(bench/step_vs_mlx_lm.py) perf counted 12% of all samples in exp, fmaf and
+sigmoid. The exp below (Cephes' expf: k = round(x / ln 2), r = x - k ln 2, a
+polynomial in r, 2^k written into the exponent bits of two halves) is
+arithmetic that `mx.compile` fuses: 2-3x faster than MLX's exp and closer to
+the true value (largest relative error over [-87, 88]: 7.8e-8 against
+float64; MLX's exp: 3.3e-6).
+
+But not into one loop: MLX fuses at most 11 operations deep and not past a
+bit cast, so a compiled ``exp`` is ~12 kernels, each writing an array of the
+input's size. Where its input is large and memory is held around it, that
+costs more than it saves: the loss's logsumexp and the attention's softmax
+are MLX's (see ``cross_entropy`` and ``attention``); silu keeps ours.
 
 Each function here has its textbook gradient (`mx.custom_function`), so that
 backpropagation multiplies by the saved output instead of differentiating
@@ -79,22 +85,6 @@ def exp(x: mx.array) -> mx.array:
     return mx.where(x > _EXP_HIGH, mx.inf, y)  # NaN stays NaN: both comparisons are false
 
 
-@mx.custom_function
-def _softmax(x: mx.array) -> mx.array:
-    e = exp(x - mx.max(x, axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
-
-
-@_softmax.vjp
-def _softmax_vjp(x, cotangent, p):
-    return p * (cotangent - (cotangent * p).sum(axis=-1, keepdims=True))
-
-
-def softmax(x: mx.array) -> mx.array:
-    """Softmax over the last axis."""
-    return _softmax(x) if applies(x) else mx.softmax(x, axis=-1)
-
-
 def _sigmoid(x: mx.array) -> mx.array:
     return 1.0 / (1.0 + exp(-x))
 
@@ -116,22 +106,6 @@ def silu(x: mx.array) -> mx.array:
 
 
 @mx.custom_function
-def _logsumexp(x: mx.array) -> mx.array:
-    m = mx.max(x, axis=-1, keepdims=True)
-    return (m + mx.log(exp(x - m).sum(axis=-1, keepdims=True))).squeeze(-1)
-
-
-@_logsumexp.vjp
-def _logsumexp_vjp(x, cotangent, lse):
-    return exp(x - lse[..., None]) * cotangent[..., None]  # softmax(x) * cotangent
-
-
-def logsumexp(x: mx.array) -> mx.array:
-    """log(sum(exp(x))) over the last axis, the axis removed."""
-    return _logsumexp(x) if applies(x) else mx.logsumexp(x, axis=-1)
-
-
-@mx.custom_function
 def _loss_logsumexp(x: mx.array) -> mx.array:
     return mx.logsumexp(x, axis=-1)
 
@@ -148,7 +122,7 @@ def cross_entropy(logits: mx.array, targets: mx.array,
     position of weight 0 counts nowhere (data.py's trained-target weights).
 
     On the multiply-add path its logsumexp is MLX's, with the textbook gradient
-    (softmax x cotangent, MLX's exp), not ``logsumexp`` above: under mx.compile
+    (softmax x cotangent, MLX's exp), not one on our exp: under mx.compile
     our exp is ~12 kernels (MLX fuses at most 11 operations deep, and not past
     its bit casts), each writing an array of the logits' size, and the loss runs
     when every activation is still held: measured, a step of
@@ -169,8 +143,18 @@ def cross_entropy(logits: mx.array, targets: mx.array,
 def attention(q: mx.array, k: mx.array, v: mx.array, scale: float,
               mask: mx.array | str | None = "causal") -> mx.array:
     """``mx.fast.scaled_dot_product_attention`` (q: B, H, L, D; k, v: B, K, L, D with
-    K dividing H). On its CPU path MLX computes it unfused with its own softmax;
-    here the same steps with ours: scores, the causal mask, softmax, values."""
+    K dividing H). On its CPU path MLX computes it unfused, and its gradient
+    computes the probabilities again (MLX's slow exp a second time); here the
+    same steps, scores, the causal mask, MLX's softmax, values, differentiated
+    as they are: the backward pass multiplies by the saved probabilities.
+
+    The softmax is MLX's, not one on our exp: on 8 x 2 x 2 x 128 x 128
+    scores (bench/lora_step_vs_mlx_lm.py's) ours ran 5.7-6.0 ms against
+    8.7-9.0, but its ~12 kernels held 20 MiB at once against 2 MiB, and with
+    the gradient the two took the same time (10.9 against 10.4 ms). With
+    MLX's, the LoRA bench's peak went from 153.3 to 152.0 MiB (mlx-lm 153.0)
+    and the full fine-tuning step stayed faster than mlx-lm's
+    (docs/performance.md)."""
     plain_mask = mask is None or (isinstance(mask, str) and mask == "causal")
     if not (applies(q) and plain_mask and q.shape[2] == k.shape[2]):
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
@@ -182,4 +166,4 @@ def attention(q: mx.array, k: mx.array, v: mx.array, scale: float,
     if mask == "causal":
         seen = mx.arange(L)[:, None] >= mx.arange(L)[None]
         scores = mx.where(seen, scores, -mx.inf)
-    return (softmax(scores) @ v[:, :, None]).reshape(B, H, L, D)
+    return (mx.softmax(scores, axis=-1) @ v[:, :, None]).reshape(B, H, L, D)

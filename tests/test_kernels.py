@@ -1,5 +1,5 @@
-"""reference_train/kernels.py: on Linux's CPU, softmax, silu, logsumexp, the loss
-and attention built from multiply-adds equal MLX's own kernels, values and
+"""reference_train/kernels.py: on Linux's CPU, silu, the loss and attention
+built from multiply-adds equal MLX's own kernels, values and
 gradients, and the model and training step give the same numbers either way."""
 
 from __future__ import annotations
@@ -62,11 +62,8 @@ def gradients_of(f, x, weights):
 
 
 @linux_only
-@pytest.mark.parametrize("name", ["softmax", "silu", "logsumexp"])
-def test_values_and_gradients_equal_mlxs(name):
-    theirs = {"softmax": lambda x: mx.softmax(x, axis=-1), "silu": nn.silu,
-              "logsumexp": lambda x: mx.logsumexp(x, axis=-1)}[name]
-    ours = getattr(kernels, name)
+def test_silu_value_and_gradient_equal_mlxs():
+    theirs, ours = nn.silu, kernels.silu
     x = mx.random.normal((4, 8, 64)) * 4
     weights = mx.random.normal(theirs(x).shape)
     for f in (ours, mx.compile(ours)):
@@ -108,7 +105,6 @@ def test_attention_equals_mlxs_fused_attention(kv_heads, mask):
 def test_bfloat16_and_array_masks_take_mlxs_kernels():
     q = mx.random.normal((1, 2, 8, 16)).astype(mx.bfloat16)
     assert mx.array_equal(kernels.silu(q), nn.silu(q))
-    assert mx.array_equal(kernels.softmax(q), mx.softmax(q, axis=-1))
     mask = mx.random.normal((8, 8))
     qf = q.astype(mx.float32)
     assert mx.array_equal(kernels.attention(qf, qf, qf, 0.25, mask),
