@@ -92,7 +92,8 @@ def hop_live(stderr_of=lambda name: DENIED.format(name), status=255):
     """What doctor collects for 8 hosts whose first host's key no other host accepts."""
     return SimpleNamespace(
         host_to_host_source=HOSTS[0],
-        host_to_host={n: Outcome(n, value=CommandResult("", stderr_of(n), status, 0.1)) for n in HOSTS[1:]},
+        host_to_host={HOSTS[0]: {n: Outcome(n, value=CommandResult("", stderr_of(n), status, 0.1))
+                                 for n in HOSTS[1:]}},
         paramiko={n: Outcome(n, value=True) for n in HOSTS})
 
 

@@ -210,10 +210,10 @@ def test_the_check_judges_every_pair_and_hands_its_fix_the_broken_ones():
 
     # a reaches both; b reaches a only; c reaches neither.
     live = SimpleNamespace(host_to_host_source="a",
-                           host_to_host={"b": Outcome("b", value=ok), "c": Outcome("c", value=ok)},
-                           host_to_host_from={"b": {"c": Outcome("c", value=denied("c")), "a": Outcome("a", value=ok)},
-                                              "c": {"a": Outcome("a", value=denied("a")),
-                                                    "b": Outcome("b", value=denied("b"))}},
+                           host_to_host={"a": {"b": Outcome("b", value=ok), "c": Outcome("c", value=ok)},
+                                         "b": {"c": Outcome("c", value=denied("c")), "a": Outcome("a", value=ok)},
+                                         "c": {"a": Outcome("a", value=denied("a")),
+                                               "b": Outcome("b", value=denied("b"))}},
                            paramiko={n: Outcome(n, value=True) for n in "abc"})
     verdict = host_to_host(CheckContext(captures={}, live=True, backend="mpi", services={"live": live}))
     assert verdict.status is Status.WARN
@@ -222,8 +222,8 @@ def test_the_check_judges_every_pair_and_hands_its_fix_the_broken_ones():
                                 "c": "! b -> c: ssh c: key authentication failed"}
     assert verdict.fix_data == {"a": {"sources": ["c"]}, "b": {"sources": ["c"]}, "c": {"sources": ["b"]}}
     assert "on b, c: " in verdict.hint
-    healed = SimpleNamespace(**{**vars(live), "host_to_host_from": {
-        "b": {"c": Outcome("c", value=ok), "a": Outcome("a", value=ok)},
+    healed = SimpleNamespace(**{**vars(live), "host_to_host": {
+        "a": live.host_to_host["a"], "b": {"c": Outcome("c", value=ok), "a": Outcome("a", value=ok)},
         "c": {"a": Outcome("a", value=ok), "b": Outcome("b", value=ok)}}})
     passed = host_to_host(CheckContext(captures={}, live=True, backend="mpi", services={"live": healed}))
     assert passed.status is Status.PASS and passed.fix_data == {}
@@ -239,8 +239,8 @@ def test_the_check_hands_its_fix_the_hosts_the_first_host_cannot_reach():
 
     denied = CommandResult("", "root@b: Permission denied (publickey).\r\n", 255, 0.1)
     live = SimpleNamespace(host_to_host_source="a",
-                           host_to_host={"b": Outcome("b", value=denied),
-                                         "c": Outcome("c", value=CommandResult("", "", 0, 0.1))},
+                           host_to_host={"a": {"b": Outcome("b", value=denied),
+                                               "c": Outcome("c", value=CommandResult("", "", 0, 0.1))}},
                            paramiko={n: Outcome(n, value=True) for n in "abc"})
     verdict = host_to_host(CheckContext(captures={}, live=True, backend="mpi", services={"live": live}))
     assert verdict.status is Status.WARN and verdict.fix_data == {"b": {"sources": ["a"]}}

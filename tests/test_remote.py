@@ -252,9 +252,9 @@ def test_every_host_hops_to_every_other_starting_after_itself():
             rows = [[0, "", "", 0.1] for _ in spec["hops"]]
             return SimpleNamespace(stdout=json.dumps(rows) + "\n", stderr="", exit_status=0)
 
-    first, from_first, others = collect_host_to_host(Runner(), hosts, links, 5.0)
-    assert first == "a" and list(from_first) == ["b", "c", "d"]
-    assert {s: list(h) for s, h in others.items()} == {"b": ["c", "d", "a"], "c": ["d", "a", "b"]}
+    first, hops = collect_host_to_host(Runner(), hosts, links, 5.0)
+    assert first == "a"
+    assert {s: list(h) for s, h in hops.items()} == {"a": ["b", "c", "d"], "b": ["c", "d", "a"], "c": ["d", "a", "b"]}
     assert "parallel" not in json.loads(shlex.split(calls["a.lan"])[-1])
     assert json.loads(shlex.split(calls["b.lan"])[-1])["parallel"] == PARALLEL
     assert "d.lan" not in calls

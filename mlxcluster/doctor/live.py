@@ -29,10 +29,11 @@ class LiveCollection:
     captures: dict[str, HostCapture]
     paramiko: dict[str, Outcome]  # host -> Outcome(value=HostCapture | error=SshError)
     openssh: dict[str, Outcome]  # host -> Outcome(value=CommandResult | error)
-    host_to_host: dict[str, Outcome] = field(default_factory=dict)  # the first host -> b: b -> Outcome
+    # Every host's hops to the others, a -> b as {a: {b: Outcome}}, in the
+    # inventory's order (a host not connected is absent); the first host, whose
+    # hops mpirun started there makes, is named apart (None: one host).
+    host_to_host: dict[str, dict[str, Outcome]] = field(default_factory=dict)
     host_to_host_source: str | None = None
-    # Every other host's hops: a -> b as {a: {b: Outcome}} (a host not connected is absent).
-    host_to_host_from: dict[str, dict[str, Outcome]] = field(default_factory=dict)
     data_path: DataPathReport | None = None
     ssh_options: dict[str, Outcome] = field(default_factory=dict)  # host -> Outcome(value=ssh -G dict)
 
@@ -116,7 +117,7 @@ def collect_live(inventory, *, connect_timeout: float = 5.0, command_timeout: fl
         live = LiveCollection({n: capture_or_error(n, o) for n, o in probed.items()}, probed,
                               batch_f.result())
         if h2h_f is not None:
-            live.host_to_host_source, live.host_to_host, live.host_to_host_from = h2h_f.result()
+            live.host_to_host_source, live.host_to_host = h2h_f.result()
         live.data_path = dp_f.result() if dp_f else None
         live.ssh_options = options_f.result()
         pool.shutdown()
@@ -132,16 +133,15 @@ def collect_live(inventory, *, connect_timeout: float = 5.0, command_timeout: fl
 
 
 def collect_host_to_host(runner: ParamikoRunner, hosts: list, links: dict[str, Future], connect_timeout: float
-                         ) -> tuple[str | None, dict[str, Outcome], dict[str, dict[str, Outcome]]]:
+                         ) -> tuple[str | None, dict[str, dict[str, Outcome]]]:
     """From every host, ssh BatchMode to every other host (mpirun's path from
     wherever it is started, and tree spawn's onward calls), each host as soon
-    as it is connected: (first host, its hops, the other hosts' hops). The
+    as it is connected: (the first host, {a: {b: Outcome}}). The
     first host hops to all at once; the others ``PARALLEL`` at a time, each
     starting with the host after it, so no host gets more connections at once
     than sshd's ``MaxStartups`` takes."""
     if len(hosts) < 2:
-        return None, {}, {}
-    first = hosts[0]
+        return None, {}
 
     def hops_from(i: int) -> dict[str, Outcome] | None:
         source = hosts[i]
@@ -153,5 +153,4 @@ def collect_host_to_host(runner: ParamikoRunner, hosts: list, links: dict[str, F
 
     with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
         results = list(pool.map(hops_from, range(len(hosts))))
-    others = {h.name: r for h, r in zip(hosts[1:], results[1:], strict=True) if r is not None}
-    return first.name, results[0] or {}, others
+    return hosts[0].name, {h.name: r for h, r in zip(hosts, results, strict=True) if r is not None}

@@ -166,14 +166,14 @@ def host_to_host(ctx: CheckContext) -> Verdict:
     first = live.host_to_host_source
     if first is None:
         return skip("only one host")
-    others = getattr(live, "host_to_host_from", None) or {}
-    if not live.host_to_host and not others:
+    if not live.host_to_host:
         return skip(f"first host {first} is not reachable (see ssh-paramiko)")
-    untried = [o.error for o in live.host_to_host.values() if not o.ok and _kind(o.error) == HOP_SCRIPT_FAILED]
+    untried = [o.error for o in live.host_to_host.get(first, {}).values()
+               if not o.ok and _kind(o.error) == HOP_SCRIPT_FAILED]
     if untried:
         return skip(f"not tested: {untried[0]}")
-    sources = [(first, live.host_to_host)] + list(others.items())
-    everyone = [first] + list(others)
+    sources = list(live.host_to_host.items())
+    everyone = list(live.host_to_host)
     targets = list(dict.fromkeys(t for _, hops in sources for t in hops))
     evidence, errors, failing, fix_data = {}, [], [], {}
     for name in targets:
