@@ -21,6 +21,7 @@ from mlxcluster.doctor.checks.base import CheckContext, Status
 from mlxcluster.doctor.doctor import DoctorReport, load_checks
 from mlxcluster.doctor.fixes import mlx_version as fix
 from mlxcluster.doctor.fixes import session as session_module
+from mlxcluster.doctor.fixes import wheels as wheels_module
 from mlxcluster.doctor.fixes.apply import ApplyContext, apply_plan, undo_journal
 from mlxcluster.doctor.fixes.journal import Journal, fixes_dir, read_journal
 from mlxcluster.doctor.fixes.plan import build_plan
@@ -189,12 +190,15 @@ class LocalHosts:
 
 @pytest.fixture
 def stand_in_python(tmp_path):
-    """A python whose pip records its arguments, anything else is the real python."""
+    """A python whose pip records its arguments and says it installed what it
+    was asked (as pip does); anything else is the real python."""
     folder = tmp_path / "venv" / "bin"
     folder.mkdir(parents=True)
     py = folder / "python"
     py.write_text(f'#!/bin/sh\nif [ "$1" = -m ] && [ "$2" = pip ]; then shift 2; '
-                  f'printf "%s|" "$@" >> "$HOME/pip.log"; echo >> "$HOME/pip.log"; exit 0; fi\nexec {HERE} "$@"\n')
+                  f'printf "%s|" "$@" >> "$HOME/pip.log"; echo >> "$HOME/pip.log"; '
+                  f'echo "Successfully installed $(printf "%s\\n" "$@" | grep == | sed s/==/-/ | tr "\\n" " ")"; '
+                  f'exit 0; fi\nexec {HERE} "$@"\n')
     py.chmod(0o755)
     return str(py)
 
@@ -211,7 +215,7 @@ def fake_fetch(calls):
 def test_wheels_fetched_once_sent_installed_from_the_file_and_undone(tmp_path, monkeypatch, stand_in_python):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     fetches = []
-    monkeypatch.setattr(fix, "fetch", fake_fetch(fetches))
+    monkeypatch.setattr(wheels_module, "fetch", fake_fetch(fetches))
     caps = {n: mac(n, v, python=stand_in_python) for n, v in (("a", "0.32.4"), ("b", "0.32.3"), ("c", "0.32.3"))}
     _, plan = plan_for(caps, {"mlx_version": "0.32.4"}, python=stand_in_python)  # not the most hosts' one
     assert [a.hosts for a in plan.actions] == [("b",), ("c",)]
@@ -255,7 +259,7 @@ def test_the_install_and_undo_commands_quote_the_python_and_read_no_index():
 
 def test_a_wheel_cut_short_is_not_put_in_place(tmp_path, monkeypatch, stand_in_python):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setattr(fix, "fetch", fake_fetch([]))
+    monkeypatch.setattr(wheels_module, "fetch", fake_fetch([]))
     _, plan = plan_for({"a": mac("a", "0.32.4", python=stand_in_python), "b": mac("b", "0.32.3", python=stand_in_python)},
                        {"mlx_version": "0.32.4"}, python=stand_in_python)
     hosts = LocalHosts(tmp_path / "hosts", ["a", "b"])

@@ -22,6 +22,7 @@ from mlxcluster.doctor.checks import software
 from mlxcluster.doctor.checks.base import CheckContext, Status
 from mlxcluster.doctor.doctor import load_checks
 from mlxcluster.doctor.fixes import trainer_deps as fix
+from mlxcluster.doctor.fixes import wheels as wheels_module
 from mlxcluster.doctor.fixes.apply import ApplyContext, apply_plan, undo_journal
 from mlxcluster.doctor.fixes.journal import Journal, fixes_dir, read_journal
 from mlxcluster.doctor.fixes.plan import build_plan
@@ -74,7 +75,7 @@ def test_the_probe_reports_each_module_and_its_version_without_importing_it(real
     assert real_probe["trainer_modules"]["yaml"] == {"distribution": "PyYAML", "found": True,
                                                      "version": metadata.version("PyYAML")}
     assert real_probe["trainer_modules"]["numpy"]["version"] == metadata.version("numpy")
-    assert set(real_probe["trainer_modules"]) == set(software.TRAINER_MODULES)
+    assert set(real_probe["trainer_modules"]) == set(software.JOB_MODULES)
 
 
 def test_a_python_without_them_reports_them_absent(tmp_path):
@@ -84,8 +85,9 @@ def test_a_python_without_them_reports_them_absent(tmp_path):
     assert not got["numpy"]["found"] and not got["tokenizers"]["found"]
 
 
-def test_the_probe_and_the_check_name_the_same_modules():
-    assert dict(load_probe_module().TRAINER_MODULES) == software.TRAINER_MODULES
+def test_the_probe_and_the_checks_name_the_same_modules():
+    assert dict(load_probe_module().JOB_MODULES) == software.JOB_MODULES
+    assert set(software.TRAINER_MODULES) < set(software.JOB_MODULES)
 
 
 def test_every_module_the_trainer_imports_at_start_is_checked():
@@ -216,7 +218,7 @@ def test_wheels_fetched_once_sent_installed_and_undo_uninstalls_what_pip_install
         fetches.append(argv)
         (dest / "pyyaml-6.0.2-cp311-cp311-manylinux_2_17_x86_64.whl").write_bytes(b"yaml" * 999)
 
-    monkeypatch.setattr(fix, "fetch", fetch)
+    monkeypatch.setattr(wheels_module, "fetch", fetch)
     captures = hosts(real_probe, python=pip_that_installs, b=["yaml"], c=["yaml"])
     _, plan = plan_for(captures, python=pip_that_installs)
     assert [a.hosts for a in plan.actions] == [("b",), ("c",)]
@@ -242,7 +244,7 @@ def test_wheels_fetched_once_sent_installed_and_undo_uninstalls_what_pip_install
 def test_an_install_that_installed_nothing_is_unchanged_with_nothing_to_undo(tmp_path, monkeypatch, real_probe):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(fix, "version_here", lambda dist: "6.0.2")
-    monkeypatch.setattr(fix, "fetch", lambda argv, dest, timeout: (dest / "PyYAML-6.0.2-py3-none-any.whl").write_bytes(b"y"))
+    monkeypatch.setattr(wheels_module, "fetch", lambda argv, dest, timeout: (dest / "PyYAML-6.0.2-py3-none-any.whl").write_bytes(b"y"))
     py = tmp_path / "py"
     py.write_text(f'#!/bin/sh\n[ "$1" = -m ] && echo "Requirement already satisfied: PyYAML" && exit 0\nexec {HERE} "$@"\n')
     py.chmod(0o755)
@@ -282,19 +284,14 @@ def test_a_wrong_typed_version_is_unknown_not_a_crash(real_probe, version):
     assert r.status is Status.FAIL and r.hosts["a"].startswith("numpy ") and "PyYAML (version unknown)" in r.hosts["a"]
 
 
-def test_doctor_train_data_asks_for_what_that_data_needs_and_fix_passes_it_on(tmp_path, monkeypatch):
-    """`doctor --train-data DIR` (and `doctor --fix --train-data DIR`, which
-    then installs it) judges tokenizers for data tokenized with a tokenizer.json."""
-    from click.testing import CliRunner
-
+@pytest.fixture
+def doctor_asked(tmp_path, monkeypatch):
+    """An inventory, and what run_doctor is asked for (its trainer_modules) by
+    doctor and doctor --fix, run_doctor standing in for the hosts."""
     from mlxcluster.cli import doctor as doctor_cli
-    from mlxcluster.cli import main
     from mlxcluster.doctor.doctor import DoctorReport
     from mlxcluster.doctor.fixes import session
 
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "meta.json").write_text(json.dumps({"tokenizer": {"kind": "folder", "path": "/m"}}))
     inventory = tmp_path / "cluster.yaml"
     inventory.write_text("cluster: c\npython: /usr/bin/python3\nhosts:\n  - {name: a, ssh: a.local}\n")
     asked = []
@@ -311,16 +308,30 @@ def test_doctor_train_data_asks_for_what_that_data_needs_and_fix_passes_it_on(tm
     monkeypatch.setattr(session, "run_doctor", run_doctor)
     monkeypatch.setattr(session, "open_runner", lambda *a, **k: Runner())
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    return str(inventory), asked
+
+
+def test_doctor_train_data_asks_for_what_that_data_needs_and_fix_passes_it_on(tmp_path, doctor_asked):
+    """`doctor --train-data DIR` (and `doctor --fix --train-data DIR`, which
+    then installs it) judges tokenizers for data tokenized with a tokenizer.json."""
+    from click.testing import CliRunner
+
+    from mlxcluster.cli import main
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "meta.json").write_text(json.dumps({"tokenizer": {"kind": "folder", "path": "/m"}}))
+    inventory, asked = doctor_asked
     cli = CliRunner()
-    done = cli.invoke(main, ["doctor", "-i", str(inventory), "--train-data", str(data)])
+    done = cli.invoke(main, ["doctor", "-i", inventory, "--train-data", str(data)])
     assert done.exit_code == 0, done.output
-    done = cli.invoke(main, ["doctor", "-i", str(inventory), "--fix", "--yes", "--train-data", str(data)])
+    done = cli.invoke(main, ["doctor", "-i", inventory, "--fix", "--yes", "--train-data", str(data)])
     assert done.exit_code == 0, done.output
     assert asked == [("tokenizers",), ("tokenizers",)]
     byte = tmp_path / "byte"
     byte.mkdir()
     (byte / "meta.json").write_text(json.dumps({"tokenizer": {"kind": "byte"}}))
-    assert cli.invoke(main, ["doctor", "-i", str(inventory), "--train-data", str(byte)]).exit_code == 0
+    assert cli.invoke(main, ["doctor", "-i", inventory, "--train-data", str(byte)]).exit_code == 0
     assert asked[-1] == ()
     done = cli.invoke(main, ["doctor", "--local", "--train-data", str(data)])
     assert done.exit_code == 2 and "--train-data goes with a live check" in done.output

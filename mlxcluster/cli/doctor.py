@@ -10,6 +10,7 @@
     mlxcluster doctor -i cluster.yaml --fix           # the plan of fixes, a yes, applied, checked again
     mlxcluster doctor -i cluster.yaml --fix --dry-run # the plan only
     mlxcluster doctor -i cluster.yaml --fix --html fixed.html  # and a page of what it fixed
+    mlxcluster doctor -i cluster.yaml --imports mlx_lm  # also what a run -m mlx_lm job needs (--fix installs it)
     mlxcluster doctor --undo ~/.config/mlxcluster/fixes/TIME.json
 
 Exit codes: 0 nothing failed, 1 a check failed (or warned, with --strict, or
@@ -35,6 +36,7 @@ from mlxcluster.cli.params import Seconds, inventory_option, load_chosen_invento
 from mlxcluster.cli.report import check_html_path, emit_page, html_option
 from mlxcluster.doctor.checks.base import CheckResult, Status
 from mlxcluster.doctor.checks.mpi import mpi_available
+from mlxcluster.doctor.checks.software import check_imports
 from mlxcluster.doctor.doctor import (
     BACKENDS,
     DoctorReport,
@@ -174,16 +176,19 @@ def render(report: DoctorReport, verbose: bool) -> None:
 @click.option("--train-data", "train_data", type=click.Path(exists=True, file_okay=False), metavar="DIR",
               help="The --data folder you will train on: also check what its ranks import for it "
                    "(tokenizers, for data tokenized with a tokenizer.json); --fix installs it.")
+@click.option("--imports", "imports", multiple=True, metavar="MODULE",
+              help="What your job's ranks import (repeatable): mlx_lm, for run -m mlx_lm ..., also checks "
+                   "mlx-lm is installed, one version everywhere; --fix installs it.")
 @click.option("--undo", "undo_path", type=click.Path(dir_okay=False),
               help="Undo what a --fix run changed (its journal, ~/.config/mlxcluster/fixes/TIME.json).")
 @html_option("the report")
 def command(inventory_path, as_json, strict, collect_dir, from_dir, local, accept_new_host_keys, backend,
             connect_timeout, no_data_path, hostfile, verbose, fix, dry_run, yes, fix_timeout, mlx_version,
-            train_data, undo_path, html_path):
+            train_data, imports, undo_path, html_path):
     """Check every host of the cluster and say how to fix what is wrong."""
     check_fix_flags(fix=fix, dry_run=dry_run, yes=yes, undo=undo_path, mlx_version=mlx_version,
                     others={"--json": as_json, "--collect": bool(collect_dir), "--from": bool(from_dir),
-                            "--local": local, **({"--train-data": bool(train_data)} if undo_path else {}),
+                            "--local": local, **({"--train-data": bool(train_data), "--imports": bool(imports)} if undo_path else {}),
                             **({"-i": bool(inventory_path), "--hostfile": bool(hostfile),
                                 "--html": bool(html_path)} if undo_path else {})})
     if undo_path:
@@ -193,15 +198,16 @@ def command(inventory_path, as_json, strict, collect_dir, from_dir, local, accep
                          "--collect saves a live run; --from replays a saved one")
     if local and (from_dir or inventory_path):
         raise InputError("--local checks this machine; it excludes -i and --from")
-    if train_data and (local or from_dir):
-        raise InputError("--train-data goes with a live check of the inventory's hosts",
-                         "drop --local / --from, or --train-data")
-    trainer_modules = ()
+    for flag, given in (("--train-data", train_data), ("--imports", imports)):
+        if given and (local or from_dir):
+            raise InputError(f"{flag} goes with a live check of the inventory's hosts",
+                             f"drop --local / --from, or {flag}")
+    trainer_modules = check_imports(imports)
     if train_data:
         # The trainer's config module imports mlx: only when asked.
         from mlxcluster.launch.trainer import data_modules
 
-        trainer_modules = data_modules(train_data)
+        trainer_modules = (*data_modules(train_data), *trainer_modules)
     # A replay names its hosts by folder, so it uses an inventory only when given one.
     if from_dir:
         inventory = load_inventory(inventory_path) if inventory_path else None

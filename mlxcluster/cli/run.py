@@ -23,7 +23,7 @@ from mlxcluster.cli.job_launch import (
 from mlxcluster.cli.params import Duration, launch_options
 from mlxcluster.errors import InputError
 from mlxcluster.jobs.cleanup import new_run_id
-from mlxcluster.jobs.job import BACKENDS, script_path
+from mlxcluster.jobs.job import BACKENDS, program_imports, script_path
 from mlxcluster.jobs.job_python import require_job_python
 from mlxcluster.jobs.restarts import Restarts
 from mlxcluster.jobs.run_output import RankLogs, program_argv
@@ -65,7 +65,7 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
     argv = program_argv(program)
     job, inventory = choose_job(hostfile, inventory_path, local_ranks, backend, python, mpi_args,
                                 connections_per_ip)
-    job = replace(job, program=argv, tag_output=True)
+    job = replace(job, program=argv, imports=program_imports(argv), tag_output=True)
     script = script_path(job)
     if script and all(h.is_local for h in job.hosts) and not os.path.isfile(script):
         raise InputError(f"no such script: {script}",

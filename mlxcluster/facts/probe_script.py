@@ -417,18 +417,20 @@ def distribution_version(name):
         return None
 
 
-# What the trainer's ranks import besides mlx (module, its distribution); the
-# trainer-deps check (doctor/checks/software.py) judges them, a test keeps the two equal.
-TRAINER_MODULES = (("numpy", "numpy"), ("yaml", "PyYAML"), ("tokenizers", "tokenizers"))
+# What a job's ranks import besides mlx (module, its distribution): the
+# trainer's (the trainer-deps check) and mlx_lm (mlx-lm-version, for `run -m
+# mlx_lm`); doctor/checks/software.py's JOB_MODULES, a test keeps the two equal.
+# Reported as "trainer_modules" (the name captures have had since the first).
+JOB_MODULES = (("numpy", "numpy"), ("yaml", "PyYAML"), ("tokenizers", "tokenizers"), ("mlx_lm", "mlx-lm"))
 
 
 def probe_trainer_modules():
-    """{module: {"distribution", "found", "version"}} for TRAINER_MODULES,
+    """{module: {"distribution", "found", "version"}} for JOB_MODULES,
     without importing them (find_spec, importlib.metadata): an import can
     take seconds."""
     import importlib.util
     out = {}
-    for module, dist in TRAINER_MODULES:
+    for module, dist in JOB_MODULES:
         try:
             found = importlib.util.find_spec(module) is not None
         except (ImportError, ValueError):

@@ -44,8 +44,9 @@ class Job:
     # what runs (the trainer's hand-off adds --progress false).
     shown_program: tuple[str, ...] | None = None
     # Modules the preflight checks every host's python imports (the trainer's
-    # hand-off: reference_train.train); a `run` module is not imported there:
-    # its import could do anything.
+    # hand-off: reference_train.train; `run -m mlx_lm...`: mlx_lm, see
+    # program_imports), and doctor's checks judge; any other `run` module is not
+    # imported there: its import could do anything.
     imports: tuple[str, ...] = ()
     # How messages name the job and how to go on after it failed or stalled
     # (the trainer: "training", then resume from the last checkpoint).
@@ -172,6 +173,21 @@ def script_path(job: Job) -> str | None:
     if job.program and job.program[0] != "-m":
         return job.program[0]
     return None
+
+
+# Packages a `run -m` module may be from that the preflight imports on every
+# host (their import only imports) and a doctor check judges: mlx_lm
+# (mlx-lm-version: installed, one version everywhere).
+CHECKED_PACKAGES = ("mlx_lm",)
+
+
+def program_imports(program: tuple[str, ...]) -> tuple[str, ...]:
+    """What the preflight asks of every host for ``program`` (``Job.program``):
+    the top package of ``-m MODULE`` when it is one of CHECKED_PACKAGES
+    (``-m mlx_lm.generate`` -> ``("mlx_lm",)``), else nothing."""
+    if len(program) > 1 and program[0] == "-m" and program[1].split(".")[0] in CHECKED_PACKAGES:
+        return (program[1].split(".")[0],)
+    return ()
 
 
 def program_command(job: Job) -> str:

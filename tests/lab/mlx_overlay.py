@@ -1,48 +1,76 @@
-"""One lab host on another mlx at the same python path, for the mlx fix's lab
-tests: the host's site-packages becomes an overlay in its mount namespace
-(the venv's below, the host's changes in a folder of the test's), holding
-mlx ``OLD`` installed from wheels fetched here. This machine's venv and the
-other hosts are never changed."""
+"""One lab host on another version of a distribution at the same python
+path, for the install fixes' lab tests (mlx, mlx-lm): the host's
+site-packages becomes an overlay in its mount namespace (the venv's below,
+the host's changes in a folder of the test's), holding that version
+installed (without dependencies: the venv's serve) from wheels fetched
+here. This machine's venv and the other hosts are never changed."""
 
 from __future__ import annotations
 
 import platform
+import subprocess
+import sys
 import sysconfig
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from mlxcluster.doctor.fixes import mlx_version as fix
+from mlxcluster.doctor.fixes import wheels
+from mlxcluster.doctor.fixes.mlx_version import MLX
+from mlxcluster.doctor.fixes.same_version import Package, version_dir
 
 OLD = "0.32.3"
-VERSION_OF = "import importlib.metadata as m; print(m.version('mlx'), m.version('mlx-cpu'))"
+MLX_DISTS = ("mlx", "mlx-cpu")
 
 
-def versions(lab, host) -> list[str]:
-    """mlx's and mlx-cpu's versions on ``host`` with the lab's python."""
-    return lab.ssh(host, f"{lab.python} -c \"{VERSION_OF}\"").stdout.split()
+def version_of(dists: tuple[str, ...] = MLX_DISTS) -> str:
+    """Python code printing the installed versions of ``dists``, in order."""
+    return f"import importlib.metadata as m; print(*(m.version(d) for d in {dists!r}))"
+
+
+VERSION_OF = version_of()
+
+
+def versions(lab, host, dists: tuple[str, ...] = MLX_DISTS) -> list[str]:
+    """The versions of ``dists`` (mlx's and mlx-cpu's) on ``host`` with the lab's python."""
+    return lab.ssh(host, f"{lab.python} -c \"{version_of(dists)}\"").stdout.split()
 
 
 @contextmanager
-def other_mlx(lab, host, folder: Path, version: str = OLD) -> Iterator[None]:
-    """``host`` on mlx ``version`` until the block ends. Set XDG_CACHE_HOME
-    first: the wheels are fetched into the fix's cache here, where the fix
-    then finds them. Without a home per host (``Lab.no_project``) the host's
+def other_version(lab, host, folder: Path, package: Package, version: str) -> Iterator[None]:
+    """``host`` on ``package`` ``version`` (and its companion) until the
+    block ends. Set XDG_CACHE_HOME first: the wheels are fetched into the
+    fix's cache here (``same_version.version_dir``), where the fix then finds
+    them. Without a home per host (``Lab.no_project``) the host's
     ``~/.cache/mlxcluster`` is a tmpfs of its own, so what the fix sends
     there is that host's only."""
     site = sysconfig.get_paths()["purelib"]
     upper, work = folder / "upper", folder / "work"
     upper.mkdir(parents=True)
     work.mkdir()
-    target = fix.Target("Linux", platform.machine(), platform.python_version(), libc=" ".join(platform.libc_ver()))
-    wheels = fix.fetched(target, version, fix.wheel_key(target), 600)
+    target = wheels.Target("Linux", platform.machine(), platform.python_version(),
+                           libc=" ".join(platform.libc_ver()))
+    requirements = package.requirements(target.system, version)
+    got = wheels.fetched(target, requirements, version_dir(package, version, wheels.wheel_key(target)), 600)
+    dists = tuple(r.split("==")[0] for r in requirements)
     own_cache = "" if lab.no_project else "mount -t tmpfs mlxc-wheels /root/.cache/mlxcluster && "
     made = lab.ssh(host, f"mount -t overlay overlay -o lowerdir={site},upperdir={upper},workdir={work} {site} && "
-                         f"{own_cache}{lab.python} -m pip install -q --disable-pip-version-check --no-index "
-                         f"--find-links {wheels[0].parent} mlx=={version} mlx-cpu=={version} 2>/dev/null; "
-                         f"{lab.python} -c \"{VERSION_OF}\"", timeout=120)
+                         f"{own_cache}{lab.python} -m pip install -q --disable-pip-version-check --no-index --no-deps "
+                         f"--find-links {got[0].parent} {' '.join(requirements)} 2>/dev/null; "
+                         f"{lab.python} -c \"{version_of(dists)}\"", timeout=120)
     try:
-        assert made.stdout.split() == [version, version], made.stdout + made.stderr
+        assert made.stdout.split() == [version] * len(dists), made.stdout + made.stderr
         yield
     finally:
         lab.ssh(host, ("" if lab.no_project else "umount /root/.cache/mlxcluster; ") + f"umount {site}", timeout=30)
+
+
+def mlxcluster(env, *args: str) -> subprocess.CompletedProcess:
+    """``python -m mlxcluster ARGS`` here with ``env`` (the lab's: its ssh first on PATH)."""
+    return subprocess.run([sys.executable, "-m", "mlxcluster", *args], env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def other_mlx(lab, host, folder: Path, version: str = OLD):
+    """``host`` on mlx ``version`` (and mlx-cpu) until the block ends (``other_version``)."""
+    return other_version(lab, host, folder, MLX, version)

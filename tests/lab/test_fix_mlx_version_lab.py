@@ -18,14 +18,9 @@ import sys
 import pytest
 
 from mlxcluster.doctor.fixes import mlx_version as fix
-from tests.lab.mlx_overlay import OLD, VERSION_OF, other_mlx
+from tests.lab.mlx_overlay import OLD, VERSION_OF, mlxcluster, other_mlx
 
 pytestmark = pytest.mark.lab
-
-
-def mlxcluster(env, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mlxcluster", *args], env=env, capture_output=True,
-                          text=True, timeout=300)
 
 
 @pytest.fixture

@@ -23,9 +23,12 @@ from mlxcluster.doctor.checks.common import (
 )
 from mlxcluster.doctor.checks.mpi import mpi_available
 from mlxcluster.doctor.fixes.env import OPENBLAS_PRELOAD
+from mlxcluster.doctor.fixes.mlx_lm_version import SAME_MLX_LM
+from mlxcluster.doctor.fixes.mlx_lm_version import choose as choose_mlx_lm
 from mlxcluster.doctor.fixes.mlx_version import SAME_MLX
 from mlxcluster.doctor.fixes.trainer_deps import TRAINER_DEPS, choose_version, requirement
 from mlxcluster.doctor.fixes.wheels import python_minor, target_data
+from mlxcluster.errors import InputError
 
 GIB = 2**30
 MEMORY_RATIO_WARN = 0.8  # smallest / largest host below this => imbalance warning
@@ -152,6 +155,39 @@ def mlx_fix_data(ctx: CheckContext, name: str, f, refused: bool) -> dict:
 # (matplotlib) is drawn here under mlxcluster: no host needs them.
 TRAINER_MODULES = {"numpy": "numpy", "yaml": "PyYAML", "tokenizers": "tokenizers"}
 TRAINER_ALWAYS = ("numpy", "yaml")
+# Everything the probe looks up (its JOB_MODULES; a test keeps the two equal):
+# the trainer's, and mlx_lm for a job that runs it (mlx-lm-version).
+JOB_MODULES = {**TRAINER_MODULES, "mlx_lm": "mlx-lm"}
+
+
+def check_imports(modules) -> tuple[str, ...]:
+    """``doctor --imports``'s modules, each one a check here judges (by its
+    top package); InputError naming those none does (before any host is probed)."""
+    unknown = [m for m in modules if m.split(".")[0] not in JOB_MODULES]
+    if unknown:
+        raise InputError(f"--imports {', '.join(unknown)}: no check judges {'it' if len(unknown) == 1 else 'them'}",
+                         f"doctor checks what these import: {', '.join(JOB_MODULES)}")
+    return tuple(modules)
+
+
+def job_imports(ctx: CheckContext, package: str) -> bool:
+    """Whether the job's ranks import ``package`` (the top package of one of
+    the modules the job named: ``options["trainer_modules"]``)."""
+    return any(m.split(".")[0] == package for m in ctx.options.get("trainer_modules") or ())
+
+
+def ranks_pythons(ctx: CheckContext, facts) -> dict[str, str | None]:
+    """The python the ranks run (and a fix installs into) per host: the inventory's, else the probe's."""
+    inventory = {h.name: h.python for h in ctx.inventory.hosts} if ctx.inventory else {}
+    return {n: inventory.get(n) or f.python for n, f in facts.items()}
+
+
+def grouped_commands(commands: dict[str, str]) -> str:
+    """Host -> command as one sentence per command: "on a, b: CMD; on c: CMD2"."""
+    by_command: dict[str, list[str]] = {}
+    for host, command in commands.items():
+        by_command.setdefault(command, []).append(host)
+    return "; ".join(f"on {join_hosts(names)}: {command}" for command, names in by_command.items())
 
 
 def trainer_modules_of(ctx: CheckContext, name: str) -> dict | None:
@@ -184,9 +220,7 @@ def trainer_deps(ctx: CheckContext) -> Verdict:
                     unprobed_evidence(ctx))
     asked = [m for m in ctx.options.get("trainer_modules") or () if m in TRAINER_MODULES]
     needed = list(dict.fromkeys([*TRAINER_ALWAYS, *asked]))
-    # The python the ranks run (and the fix installs into): the inventory's, else the probe's.
-    inventory = {h.name: h.python for h in ctx.inventory.hosts} if ctx.inventory else {}
-    pythons = {n: inventory.get(n) or f.python for n, f in facts.items()}
+    pythons = ranks_pythons(ctx, facts)
     evidence = unprobed_evidence(ctx)
     lacking: dict[str, list[str]] = {}
     for n, mods in modules.items():
@@ -208,17 +242,61 @@ def trainer_deps(ctx: CheckContext) -> Verdict:
     # machine's version, else the most hosts'.
     versions = {TRAINER_MODULES[m]: {n: _version(mods.get(m)) for n, mods in modules.items()
                                      if isinstance(mods, dict) and _version(mods.get(m))} for m in needed}
-    by_command: dict[str, list[str]] = {}
-    for n, dists in lacking.items():
-        reqs = " ".join(shlex.quote(requirement(d, choose_version(d, versions[d]))) for d in dists)
-        by_command.setdefault(f"{shlex.quote(pythons[n] or 'python3')} -m pip install {reqs}", []).append(n)
-    hint = "; ".join(f"on {join_hosts(names)}: {command}" for command, names in by_command.items())
+    hint = grouped_commands({n: f"{shlex.quote(pythons[n] or 'python3')} -m pip install "
+                                + " ".join(shlex.quote(requirement(d, choose_version(d, versions[d]))) for d in dists)
+                             for n, dists in lacking.items()})
     # What doctor alone judges, doctor --fix installs; what a train's data
     # asked for, doctor --fix --train-data DIR.
     fix = "doctor --fix --train-data DIR (DIR: your --data)" if asked else "doctor --fix"
     hint += f" (or {fix}: the wheels fetched here, sent over SSH)"
     fix_data = {n: {**target_data(facts[n]), "missing": {d: versions[d] for d in dists}}
                 for n, dists in lacking.items() if facts[n].python}
+    return Verdict(worst(True, False), evidence, hint, fix_data)
+
+
+@doctor_check("mlx-lm-version", "mlx-lm installed, the same version everywhere (when the job runs it)",
+              fix=SAME_MLX_LM)
+def mlx_lm_version(ctx: CheckContext) -> Verdict:
+    # Judged only for a job that runs it: most clusters never import mlx_lm,
+    # and one without it must not fail.
+    if not job_imports(ctx, "mlx_lm"):
+        return skip("not asked for: the job does not run mlx_lm (mlxcluster run -m mlx_lm ... asks for it, "
+                    "as does doctor --imports mlx_lm)", unprobed_evidence(ctx))
+    facts = probed_hosts(ctx)
+    entries = {n: m["mlx_lm"] for n, m in ((n, trainer_modules_of(ctx, n)) for n in facts)
+               if isinstance(m, dict) and "mlx_lm" in m}
+    if not entries:
+        return skip("no host reported mlx-lm (a capture older than this check)", unprobed_evidence(ctx))
+    pythons = ranks_pythons(ctx, facts)
+    evidence = unprobed_evidence(ctx)
+    evidence.update({n: "not probed for mlx-lm (an older capture)" for n in facts if n not in entries})
+    versions = {n: _version(e) for n, e in entries.items()}  # None: no mlx-lm (or no version to compare)
+    if None not in versions.values() and len(set(versions.values())) == 1:
+        evidence.update({n: f"mlx-lm {v}" for n, v in versions.items()})
+        return Verdict(worst(False, False), evidence, None)
+    chosen, why = choose_mlx_lm(versions)
+    found = {n: v for n, v in versions.items() if v}
+    usual = chosen or (majority(found) if found else None)
+    blamed = [n for n, v in versions.items() if not v or v != usual]
+    for n, v in versions.items():
+        if n not in blamed:
+            evidence[n] = f"mlx-lm {v}"
+        elif v:
+            evidence[n] = BAD + f"mlx-lm {v} (others: {usual}) in {pythons[n]}"
+        else:
+            found_there = isinstance(entries[n], dict) and entries[n].get("found")
+            evidence[n] = BAD + (f"mlx-lm of no known version in {pythons[n]}" if found_there
+                                 else f"no mlx-lm in {pythons[n]}")
+    if chosen is None:
+        hint = (f"{why}: install one version on every host ({shlex.quote(pythons[blamed[0]] or 'python3')} -m pip "
+                f"install mlx-lm==V); doctor --fix does not choose")
+        return Verdict(worst(True, False), evidence, hint)
+    hint = grouped_commands({n: f"{shlex.quote(pythons[n] or 'python3')} -m pip install mlx-lm=={chosen}"
+                             for n in blamed})
+    hint += (f" (mlx-lm {chosen}: {why}; or doctor --fix --imports mlx_lm: the wheels, with their dependencies, "
+             "fetched here and sent over SSH, each host's mlx kept)")
+    fix_data = {n: {**target_data(facts[n]), "version": versions[n], "to": chosen}
+                for n in blamed if facts[n].python}
     return Verdict(worst(True, False), evidence, hint, fix_data)
 
 

@@ -8,7 +8,9 @@ did, for the HTML report), and one module per fix:
 ``env`` (the inventory's env), ``host_keys`` (unknown host keys),
 ``host_to_host`` (every host's key trusted by the others, their host
 keys by it), ``macos`` (``sudo -n`` commands: the Thunderbolt Bridge, the
-Thunderbolt IP plan, the firewall), ``mlx_version`` (one mlx on every host)
-and ``trainer_deps`` (what the trainer imports), both from wheels fetched
-here (``wheels``: fetched, sent over SSH, installed with no index).
+Thunderbolt IP plan, the firewall), ``mlx_version`` (one mlx on every host),
+``mlx_lm_version`` (one mlx-lm, for a job that runs it; both on
+``same_version``: one version of a distribution everywhere) and
+``trainer_deps`` (what the trainer imports), all from wheels fetched here
+(``wheels``: fetched, sent over SSH, installed with no index).
 """

@@ -24,8 +24,10 @@ from mlxcluster.ssh.results import CommandResult
 
 # Kinds of action, in the order they are applied: host keys first (the other
 # fixes need the connections they allow), then the inventory, then commands
-# on the hosts, host by host; mlx installed last (the longest).
-KIND_ORDER = ("known-host", "inventory-env", "remote", "ssh-trust", "trainer-install", "mlx-install")
+# on the hosts, host by host; mlx installed last (the longest), then mlx-lm
+# (its install keeps the mlx the host has then).
+KIND_ORDER = ("known-host", "inventory-env", "remote", "ssh-trust", "trainer-install", "mlx-install",
+              "mlx-lm-install")
 
 
 @dataclass

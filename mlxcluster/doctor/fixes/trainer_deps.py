@@ -23,8 +23,6 @@ that was there before is never touched.
 
 from __future__ import annotations
 
-import re
-import shlex
 import sys
 from collections import Counter
 from importlib import metadata
@@ -33,19 +31,18 @@ from typing import Any
 
 from mlxcluster.doctor.fixes.apply import APPLIERS, ApplyContext
 from mlxcluster.doctor.fixes.plan import Action, Fix, FixInput
-from mlxcluster.doctor.fixes.wheels import (
+from mlxcluster.doctor.fixes.wheels import (  # noqa: F401 (installed_by: this fix's API too)
     FETCH_TIMEOUT,
     Target,
     download_argv,
-    fetch,
+    fetch_dir,
+    fetched,
     install_action,
     install_command,
     install_host,
-    normalized,
-    pip_command,
+    installed_by,
     send_and_install,
-    wheel_cache,
-    wheel_of,
+    uninstall_undo,
 )
 
 
@@ -74,7 +71,7 @@ def requirement(dist: str, version: str | None) -> str:
 def wheel_dir(dist: str, version: str | None, key: str) -> Path:
     """Where one distribution's wheels (its dependencies too) for one platform
     and Python are fetched here."""
-    return wheel_cache() / f"{normalized(dist)}-{version or 'newest'}" / key
+    return fetch_dir(dist, version, key)
 
 
 def plan_trainer_deps(fix: FixInput) -> list[Action]:
@@ -97,23 +94,6 @@ def plan_trainer_deps(fix: FixInput) -> list[Action]:
 
 # ---- applying ----
 
-def fetched(t: Target, dist: str, version: str | None, key: str, timeout: float) -> list[Path]:
-    """The wheels of ``dist`` and its dependencies for ``t``, fetched once into the cache here."""
-    dest = wheel_dir(dist, version, key)
-    if wheel_of(dest, dist, version) is None:
-        dest.mkdir(parents=True, exist_ok=True)
-        fetch(download_argv(sys.executable, t, [requirement(dist, version)], str(dest), deps=True), dest, timeout)
-    if wheel_of(dest, dist, version) is None:
-        raise RuntimeError(f"pip download left no wheel of {requirement(dist, version)} in {dest}")
-    return sorted(dest.glob("*.whl"))
-
-
-def installed_by(output: str) -> list[str]:
-    """The distributions pip's ``Successfully installed A-1.0 b-c-2.0`` line names."""
-    found = re.search(r"^Successfully installed (.+)$", output, re.M)
-    return [word.rsplit("-", 1)[0] for word in found.group(1).split()] if found else []
-
-
 def apply_trainer_install(action: Action, ctx: ApplyContext) -> dict[str, Any]:
     """Fetch (here, once) each missing distribution's wheels, send what the
     host lacks, install them; the undo uninstalls what pip installed."""
@@ -121,18 +101,15 @@ def apply_trainer_install(action: Action, ctx: ApplyContext) -> dict[str, Any]:
     t = Target(**p["target"])
     timeout = max(ctx.timeout, FETCH_TIMEOUT)
     files = list(dict.fromkeys(w for dist, v in p["versions"].items()
-                               for w in fetched(t, dist, v, p["key"], timeout)))
+                               for w in fetched(t, [requirement(dist, v)], wheel_dir(dist, v, p["key"]), timeout,
+                                                deps=True)))
     log: list[str] = []
     reqs = [requirement(dist, v) for dist, v in p["versions"].items()]
     ok, output = send_and_install(ctx, p, files, install_command(p["python"], reqs), log)
     if not ok:
         return {"status": "failed", "output": "\n".join(log), "undo": None}
-    new = installed_by(output)
-    undo = None
-    if new:
-        undo = {"kind": "remote", "ssh": p["ssh"], "user": p.get("user"), "port": p.get("port"),
-                "commands": [pip_command(p["python"], "uninstall", "-y", *(shlex.quote(n) for n in new))]}
-    return {"status": "applied" if new else "unchanged", "output": "\n".join(log), "undo": undo}
+    undo = uninstall_undo(p, output)
+    return {"status": "applied" if undo else "unchanged", "output": "\n".join(log), "undo": undo}
 
 
 APPLIERS["trainer-install"] = apply_trainer_install

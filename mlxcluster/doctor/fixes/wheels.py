@@ -1,7 +1,8 @@
 """Wheels fetched here, sent over SSH, installed from the file on a host.
 
-What the fixes that install python packages share (``mlx_version``: one
-mlx everywhere; ``trainer_deps``: what the trainer imports). Macs linked
+What the fixes that install python packages share (``mlx_version`` and
+``mlx_lm_version``: one version everywhere, ``same_version``;
+``trainer_deps``: what the trainer imports). Macs linked
 only by Thunderbolt often reach no package index, so the wheels are fetched
 once, here, for each host's platform and Python (what the probe reported),
 then sent over the same SSH connection and installed with no index::
@@ -21,6 +22,7 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,7 @@ from mlxcluster.doctor.fixes.apply import ApplyContext
 from mlxcluster.doctor.fixes.plan import Action, FixInput
 
 HOST_WHEELS = ".cache/mlxcluster/wheels"  # under the host's $HOME
+DEPS_DONE = ".with-dependencies"  # in a fetch folder: its requirements were fetched with their dependencies
 FETCH_TIMEOUT = 900.0  # pip download of a ~45 MB mlx-metal wheel per platform
 SEND_TIMEOUT = 900.0
 OLDEST_MANYLINUX = 17  # manylinux_2_17 (manylinux2014): the oldest glibc pip's tags go down to
@@ -115,10 +118,22 @@ def pip_command(python: str, verb: str, *words: str) -> str:
     return " ".join([shlex.quote(python), "-m", "pip", verb, "--isolated", "--disable-pip-version-check", *words])
 
 
-def install_command(python: str, requirements: list[str]) -> str:
-    """The install on the host, from the wheels sent there (no index)."""
+def install_command(python: str, requirements: list[str], keep: str | None = None) -> str:
+    """The install on the host, from the wheels sent there (no index);
+    ``keep``: a distribution left at the version the host has (``kept_as_installed``)."""
     return pip_command(python, "install", "--no-index", "--find-links", f'"$HOME/{HOST_WHEELS}"',
-                       *(shlex.quote(r) for r in requirements))
+                       *(shlex.quote(r) for r in requirements), *([kept_as_installed(python, keep)] if keep else []))
+
+
+def kept_as_installed(python: str, dist: str) -> str:
+    """Shell words for a pip install on the host: ``dist==V``, V the version
+    installed there when the command runs, or nothing where it is not
+    installed. pip then fails rather than replace it to satisfy a
+    requirement. Read when the install runs, not when the plan is made: a fix
+    applied just before (mlx's) may have changed it. One word: zsh does not
+    split a command's output into words."""
+    code = f'import importlib.metadata as m; print("{dist}==" + m.version("{dist}"))'
+    return f"$({shlex.quote(python)} -c {shlex.quote(code)} 2>/dev/null)"
 
 
 @dataclass(frozen=True)
@@ -181,6 +196,53 @@ def wheel_of(dest: Path, name: str, version: str | None) -> Path | None:
         if len(parts) >= 3 and normalized(parts[0]) == normalized(name) and version in (None, parts[1]):
             return path
     return None
+
+
+def fetch_dir(dist: str, version: str | None, key: str) -> Path:
+    """Where one distribution's wheels (its dependencies too, when fetched
+    with them) for one platform and Python are fetched here:
+    ``.../wheels/mlx_lm-0.32.2/macosx_14_0_arm64-cp312``."""
+    return wheel_cache() / f"{normalized(dist)}-{version or 'newest'}" / key
+
+
+def fetched(t: Target, requirements: list[str], dest: Path, timeout: float, *, deps: bool = False) -> list[Path]:
+    """The wheels of ``requirements`` (``NAME==V`` or ``NAME``) for ``t``,
+    fetched once into ``dest`` here; with ``deps`` every wheel there (their
+    dependencies too: a folder fetched without them is fetched again)."""
+    def lacking() -> list[str]:
+        return [r for r in requirements if wheel_of(dest, *_name_version(r)) is None]
+
+    if lacking() or (deps and not (dest / DEPS_DONE).exists()):
+        dest.mkdir(parents=True, exist_ok=True)
+        fetch(download_argv(sys.executable, t, requirements, str(dest), deps=deps), dest, timeout)
+        if deps:
+            (dest / DEPS_DONE).touch()
+    if lacking():
+        raise RuntimeError(f"pip download left no wheel of {', '.join(lacking())} in {dest}")
+    return sorted(dest.glob("*.whl")) if deps else [wheel_of(dest, *_name_version(r)) for r in requirements]
+
+
+def _name_version(requirement: str) -> tuple[str, str | None]:
+    name, _, version = requirement.partition("==")
+    return name, version or None
+
+
+def installed_by(output: str) -> list[str]:
+    """The distributions pip's ``Successfully installed A-1.0 b-c-2.0`` line names."""
+    found = re.search(r"^Successfully installed (.+)$", output, re.M)
+    return [word.rsplit("-", 1)[0] for word in found.group(1).split()] if found else []
+
+
+def remote_undo(p: dict[str, Any], commands: list[str]) -> dict[str, Any]:
+    """The journal's undo: ``commands`` on the action's host."""
+    return {"kind": "remote", "ssh": p["ssh"], "user": p.get("user"), "port": p.get("port"), "commands": commands}
+
+
+def uninstall_undo(p: dict[str, Any], output: str) -> dict[str, Any] | None:
+    """The undo of an install that found nothing there before: uninstall
+    exactly what pip said (``output``) it installed; None when it installed nothing."""
+    new = installed_by(output)
+    return remote_undo(p, [pip_command(p["python"], "uninstall", "-y", *(shlex.quote(n) for n in new))]) if new else None
 
 
 # On the host: which wheels it has (by sha256), or receive the named ones on
