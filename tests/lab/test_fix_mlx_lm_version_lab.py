@@ -25,7 +25,7 @@ from tests.lab.mlx_overlay import mlxcluster, other_version, versions
 pytestmark = pytest.mark.lab
 
 OLD_LM = "0.31.3"  # on PyPI; needs mlx>=0.31.2 (macOS only) and transformers>=5: the venv's do
-LM = ("mlx-lm",)
+DISTS = ("mlx", "mlx-cpu", "mlx-lm")  # read in one ssh round trip per host
 
 
 @pytest.fixture
@@ -44,9 +44,9 @@ def other_mlx_lm_on_labhost2(lab3, tmp_path, monkeypatch):
 
 def test_fix_installs_the_others_mlx_lm_keeps_mlx_and_undo_puts_it_back(lab3, tmp_path, other_mlx_lm_on_labhost2):
     host = other_mlx_lm_on_labhost2
-    new = metadata.version("mlx-lm")
-    mlx = versions(lab3, lab3.hosts[0])  # mlx and mlx-cpu, as every host has them
-    assert versions(lab3, host) == mlx and versions(lab3, host, LM) == [OLD_LM]
+    here = [metadata.version(d) for d in DISTS]  # every host's but labhost2's: the lab shares this venv
+    new, mlx = here[-1], here[:-1]
+    assert versions(lab3, host, DISTS) == [*mlx, OLD_LM]
     inventory = lab3.write_inventory(tmp_path / "lab.yaml")
     env = lab3.env({**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "config")})
     fixed = mlxcluster(env, "doctor", "-i", str(inventory), "--no-data-path", "--imports", "mlx_lm", "--fix", "--yes")
@@ -66,18 +66,17 @@ def test_fix_installs_the_others_mlx_lm_keeps_mlx_and_undo_puts_it_back(lab3, tm
     # ... and the re-check passes, the host's mlx as it was.
     assert "[✗] -> [✓] mlx-lm installed, the same version everywhere (when the job runs it)  [mlx-lm-version]" \
         in out, out[-4000:]
-    assert versions(lab3, host, LM) == [new] and versions(lab3, host) == mlx
+    assert versions(lab3, host, DISTS) == here
     sent = lab3.ssh(host, "ls /root/.cache/mlxcluster/wheels").stdout.split()
     fetched_here = sorted(p.name for p in wheels.wheel_cache().rglob("*.whl"))
     assert sorted(sent) == fetched_here and f"mlx_lm-{OLD_LM}-py3-none-any.whl" in sent
     assert any(w.startswith("transformers-") for w in sent)  # its dependencies went too
     assert not os.path.exists("/root/.cache/mlxcluster/wheels")  # labhost2's own home, not this machine's
-    for other in (lab3.hosts[0], lab3.hosts[2]):
-        assert versions(lab3, other, LM) == [new]
+    assert versions(lab3, lab3.hosts[2], DISTS) == here
 
     [journal] = sorted((tmp_path / "config" / "mlxcluster" / "fixes").glob("*.json"))
     undo = mlxcluster(env, "doctor", "--undo", str(journal))
     assert undo.returncode == 0, undo.stdout + undo.stderr
     assert f"restored  [mlx-lm-version] {host.name}:" in undo.stdout
-    assert versions(lab3, host, LM) == [OLD_LM] and versions(lab3, host) == mlx
-    assert metadata.version("mlx-lm") == new
+    assert versions(lab3, host, DISTS) == [*mlx, OLD_LM]
+    assert [metadata.version(d) for d in DISTS] == here
