@@ -167,6 +167,17 @@ def test_the_plan_fetches_x_with_its_dependencies_the_old_one_alone_and_keeps_ml
         f'print("mlx==" + m.version("mlx"))\' 2>/dev/null)')
 
 
+@pytest.mark.parametrize("shell", ["sh", "bash", "zsh"])
+def test_the_pin_is_the_installed_mlx_as_one_word_or_nothing_in_each_login_shell(shell):
+    """Read when the command runs, in the shells a host's login shell may be."""
+    def words(dist):
+        command = 'printf "[%s]" pip ' + wheels.kept_as_installed(HERE, dist)
+        return subprocess.run([shell, "-c", command], capture_output=True, text=True, timeout=60).stdout
+
+    assert words("mlx") == f"[pip][mlx=={metadata.version('mlx')}]"
+    assert words("no-such-dist") == "[pip]"
+
+
 def test_mlx_lm_is_installed_after_mlx():
     from mlxcluster.doctor.fixes.plan import KIND_ORDER
 
