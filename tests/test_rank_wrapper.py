@@ -166,3 +166,18 @@ def test_a_failing_program_ends_at_once_with_its_code(tmp_path, ending, code, sa
     assert "@@mlxcluster-exit" not in "\n".join(said_lines)
     if said:
         assert said_lines[-1] == f"[1] {said}"
+
+
+@pytest.mark.parametrize("text, kept", [("\n", False), ("", False), ('[["127.0.0.1:5000"]]', True)])
+def test_a_blank_mlx_hostfile_is_dropped_a_real_one_kept(tmp_path, text, kept):
+    """mlx.launch writes a blank hostfile for one host (init() cannot parse it)."""
+    from mlxcluster.jobs.rank_wrapper import drop_blank_hostfile
+
+    path = tmp_path / "hostfile"
+    path.write_text(text)
+    environ = {"MLX_HOSTFILE": str(path), "MLX_RANK": "0"}
+    drop_blank_hostfile(environ)
+    assert ("MLX_HOSTFILE" in environ) is kept and environ["MLX_RANK"] == "0"
+    missing = {"MLX_HOSTFILE": str(tmp_path / "gone")}
+    drop_blank_hostfile(missing)
+    assert "MLX_HOSTFILE" in missing  # not ours to judge: init() says what is wrong

@@ -63,6 +63,25 @@ def test_a_passing_script_on_two_local_ranks(tmp_path):
     assert "run finished on 2 rank(s)" in proc.stdout and "logs: logs" in proc.stdout
 
 
+ONE = """
+import mlx.core as mx
+g = mx.distributed.init()
+print(f"rank {g.rank()} of {g.size()}: all_sum {mx.distributed.all_sum(mx.array([1.0])).item():.0f}")
+"""
+
+
+def test_one_local_rank_runs_the_program_alone(tmp_path):
+    """mlx.launch's one-host ring launch hands the rank a blank MLX_HOSTFILE,
+    which mx.distributed.init() failed to parse (in the preflight's smoke and
+    in the program): one rank now runs, in a group of one."""
+    (tmp_path / "one.py").write_text(ONE)
+    proc = mlxcluster_run(tmp_path, "--local", "1", "--", "python", "one.py")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[✓] smoke: one rank, no collective to try" in proc.stdout
+    assert "[0] rank 0 of 1: all_sum 1" in proc.stdout
+    assert "run finished on 1 rank(s)" in proc.stdout
+
+
 def test_rank0_only_shows_rank_0_and_still_logs_every_rank(tmp_path):
     (tmp_path / "allsum.py").write_text(ALLSUM)
     proc = mlxcluster_run(tmp_path, "--local", "2", "--no-preflight", "--rank0-only", "--",

@@ -220,10 +220,28 @@ def run_program(args: list[str]) -> None:
     runpy.run_path(script, run_name="__main__")
 
 
+def drop_blank_hostfile(environ=os.environ) -> None:
+    """Unset ``MLX_HOSTFILE`` when the file it names is blank: mlx.launch's
+    ring launch of ONE host writes a file holding only a newline (mlx 0.32.4,
+    _distributed_utils/launch.py: ``json.dumps(ring_hosts) if len(ring_hosts)
+    > 1 else ""``), which ``mx.distributed.init()`` then fails to parse
+    ("[json.exception.parse_error.101] ... unexpected end of input"). Without
+    it, init() gives the program its group of one. reference_train's
+    init_group does the same for the trainer."""
+    path = environ.get("MLX_HOSTFILE")
+    try:
+        blank = bool(path) and not open(path).read().strip()
+    except OSError:
+        return
+    if blank:
+        del environ["MLX_HOSTFILE"]
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if not args:
         raise SystemExit(USAGE)
+    drop_blank_hostfile()
     run_id = getattr(sys, "_xoptions", {}).get(RUN_MARK)
     run_id = run_id if isinstance(run_id, str) else None
     rank = rank_of(os.environ)

@@ -70,6 +70,11 @@ def preflight(job: Job, env: dict[str, str], on_event: OnEvent, *, no_openblas: 
     elif any(str(p.facts.get("platform", "")).startswith("linux") for p in probes):
         on_event(Checked("warn", "no OpenBLAS at one path on every Linux host: mlx uses its "
                                  "reference BLAS, ~15x slower (apt install libopenblas0-pthread)"))
+    if n == 1:
+        # Nothing to sum across; mlx.launch's one-host ring launch cannot
+        # start a strict ring either (rank_wrapper.drop_blank_hostfile).
+        on_event(Checked("ok", "smoke: one rank, no collective to try"))
+        return job, versions[0]
     ok, detail = smoke_all_sum(job, env=env)
     if not ok:
         on_event(Checked("fail", f"smoke: {detail}"))
