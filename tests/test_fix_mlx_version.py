@@ -150,9 +150,14 @@ def test_wheels_are_found_by_the_names_pip_download_saves(tmp_path):
     for name in ("mlx-0.32.4-cp312-cp312-macosx_14_0_arm64.whl", "mlx_metal-0.32.4-py3-none-macosx_14_0_arm64.whl",
                  "mlx-0.32.3-cp312-cp312-macosx_14_0_arm64.whl"):
         (dest / name).write_bytes(b"x")
-    assert [w.name for w in fix.wheels_in(dest, "Darwin", "0.32.4")] == [
+
+    def wheels_in(version):  # what wheels.fetched looks for: each requirement's wheel, where there is one
+        found = (wheels_module.wheel_of(dest, *r.split("==")) for r in fix.requirements("Darwin", version))
+        return [w.name for w in found if w]
+
+    assert wheels_in("0.32.4") == [
         "mlx-0.32.4-cp312-cp312-macosx_14_0_arm64.whl", "mlx_metal-0.32.4-py3-none-macosx_14_0_arm64.whl"]
-    assert [w.name for w in fix.wheels_in(dest, "Darwin", "0.32.3")] == ["mlx-0.32.3-cp312-cp312-macosx_14_0_arm64.whl"]
+    assert wheels_in("0.32.3") == ["mlx-0.32.3-cp312-cp312-macosx_14_0_arm64.whl"]
 
 
 # ---- another Python: refused, with what to do ----

@@ -29,7 +29,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 from mlxcluster.doctor.fixes import wheels
 from mlxcluster.doctor.fixes.plan import Action, Fix, FixInput
@@ -103,12 +102,6 @@ def plan_mlx(fix: FixInput) -> list[Action]:
         return []
     return plan_hosts(fix, MLX, version, {name: d.get("mlx") or d.get("installed") for name, d in data.items()
                                           if d.get("mlx") != version and not d.get("python_refused")})
-
-
-def wheels_in(dest: Path, system: str, version: str) -> list[Path]:
-    """The wheels of ``requirements(system, version)`` in ``dest`` (each name once)."""
-    found = (wheels.wheel_of(dest, req.split("==")[0], version) for req in requirements(system, version))
-    return [w for w in found if w]
 
 
 SAME_MLX = Fix("mlx X (the most hosts' or --mlx-version) installed from wheels fetched here", plan_mlx)
