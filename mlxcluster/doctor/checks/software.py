@@ -116,10 +116,7 @@ def mlx_version(ctx: CheckContext) -> Verdict:
     targets = [facts[n] for n in broken + odd]
     pin = f"mlx=={common}" if common else "mlx"
     # One command per python path, naming all its hosts (not one sentence per host).
-    by_python: dict[str, list[str]] = {}
-    for t in targets:
-        by_python.setdefault(shlex.quote(t.python or "python3"), []).append(t.name)
-    hint = "; ".join(f"on {join_hosts(names)}: {python} -m pip install {pin}" for python, names in by_python.items())
+    hint = grouped_commands({t.name: f"{shlex.quote(t.python or 'python3')} -m pip install {pin}" for t in targets})
     counts = Counter(versions.values())
     if len(counts) > 1 and sorted(counts.values())[-1] == sorted(counts.values())[-2]:
         hint += "; versions as common as each other: doctor --fix --mlx-version V picks one"
