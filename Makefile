@@ -10,7 +10,7 @@ PY := $(VENV)/bin/python
 # login shell no launcher's command line parses, for doctor's login-shell check).
 SYSTEM_PACKAGES := openssh-server iproute2 nftables libopenblas0-pthread graphviz chromium rsync zsh fish
 
-.PHONY: venv system-deps demo test lint clean
+.PHONY: venv system-deps demo test test-shuffled lint clean
 
 venv: $(VENV)/.installed
 
@@ -35,8 +35,18 @@ system-deps:
 demo: venv system-deps
 	@$(PY) -m mlxcluster demo
 
+# Parallel workers (pytest-xdist): most of the lab tests' time is waiting
+# (ssh, timeouts, process start-up), so more workers than cores pays; each
+# worker starts its own lab. docs/testing.md has the measurements.
+TEST_WORKERS ?= 4
+PYTEST_ARGS ?=
 test: venv system-deps
-	@$(PY) -m pytest
+	@$(PY) -m pytest -n $(TEST_WORKERS) --durations=30 $(PYTEST_ARGS)
+
+# The same suite in an order shuffled by SEED (a new one each run unless given).
+SEED ?= $(shell date +%s)
+test-shuffled: venv system-deps
+	@MLXCLUSTER_TEST_SHUFFLE=$(SEED) $(PY) -m pytest -n $(TEST_WORKERS) --durations=30 $(PYTEST_ARGS)
 
 lint: venv
 	@$(VENV)/bin/ruff check mlxcluster reference_train tests bench

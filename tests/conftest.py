@@ -7,6 +7,7 @@ it never skips. Outside CI it skips with one clear reason.
 from __future__ import annotations
 
 import os
+import random
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,21 @@ def _no_user_inventory(monkeypatch, tmp_path_factory):
     chdir to a folder of their own."""
     monkeypatch.delenv("MLXCLUSTER_INVENTORY", raising=False)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("xdg-config")))
+
+
+# MLXCLUSTER_TEST_SHUFFLE=SEED runs the tests in an order shuffled by SEED
+# (`make test-shuffled`): every test must pass alone and in any order. Every
+# xdist worker collects the same order from the same seed, as xdist requires.
+SHUFFLE_SEED = os.environ.get("MLXCLUSTER_TEST_SHUFFLE", "")
+
+
+def pytest_report_header(config):
+    return f"test order shuffled with seed {SHUFFLE_SEED}" if SHUFFLE_SEED else None
+
+
+def pytest_collection_modifyitems(config, items):
+    if SHUFFLE_SEED:
+        random.Random(SHUFFLE_SEED).shuffle(items)
 
 
 def require(condition: bool, reason: str) -> None:
@@ -42,55 +58,6 @@ MACOS_FIXTURES = REPO / "tests" / "fixtures" / "macos"
 @pytest.fixture(scope="session")
 def macos_fixtures() -> Path:
     return MACOS_FIXTURES
-
-
-# ---- the multi-host lab (tests/lab) ---------------------------------------------------
-
-def _require_lab() -> None:
-    from tests.lab import lab_unavailable_reason
-
-    reason = lab_unavailable_reason()
-    require(reason is None, f"lab unavailable: {reason}")
-
-
-@pytest.fixture(scope="module")
-def lab3():
-    """Three real sshd hosts in network namespaces, shared by a test module.
-    Tests that inject faults must heal them (``lab.heal()``) before returning."""
-    _require_lab()
-    from tests.lab import start_lab
-
-    with start_lab(3) as lab:
-        yield lab
-
-
-@pytest.fixture(scope="module")
-def lab3_own_tmp():
-    """Like ``lab3``, and every host's /tmp is its own too (``Lab.own_tmp``)."""
-    _require_lab()
-    from tests.lab import start_lab
-
-    with start_lab(3, own_tmp=True) as lab:
-        yield lab
-
-
-@pytest.fixture
-def make_lab():
-    """Factory: ``make_lab(n)`` starts an n-host lab torn down after the test."""
-    _require_lab()
-    from tests.lab import start_lab
-
-    stack = []
-
-    def factory(n: int, **kwargs):
-        cm = start_lab(n, **kwargs)
-        lab = cm.__enter__()
-        stack.append(cm)
-        return lab
-
-    yield factory
-    while stack:
-        stack.pop().__exit__(None, None, None)
 
 
 # ---- no test writes into the working tree (tests/worktree_guard.py) --------------------

@@ -28,6 +28,7 @@ Usage::
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import ipaddress
 import os
 import pwd
@@ -50,7 +51,7 @@ NAME_PREFIX = "mlxc"  # namespaces, bridge and veths all start with this
 SSHD = "/usr/sbin/sshd"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 CMD_TIMEOUT = 20.0
-REQUIRED_TOOLS = ("ip", "unshare", "nft", "tc", "ssh", "ssh-keygen", "ssh-keyscan", "zsh")
+REQUIRED_TOOLS = ("ip", "unshare", "nsenter", "findmnt", "nft", "tc", "ssh", "ssh-keygen", "ssh-keyscan", "zsh")
 # sshd runs every command through the user's login shell: zsh on a Mac since
 # Catalina. zsh differs where scripts break (a glob that matches nothing
 # fails and drops the rest of the line; unquoted $vars are not split), so
@@ -140,7 +141,7 @@ class Lab:
         self.untrusted_config = self.state / "ssh_config_untrusted"
         self.host_to_host_log = self.state / "host_to_host.log"
         self.bridge = f"{self.tag}br"
-        self.subnet = _free_subnet()
+        self.subnet = _free_subnet(self.id)
         net = ipaddress.ip_network(self.subnet)
         self.gateway = str(net.network_address + 1)
         self.default_python = python or sys.executable
@@ -223,9 +224,11 @@ class Lab:
 
     def write_inventory(self, path: str | Path, *, python: str | None = None,
                         hosts: list[LabHost] | None = None, use_names: bool = False,
-                        data_ips: dict[str, list[str]] | None = None) -> Path:
+                        data_ips: dict[str, list[str]] | None = None,
+                        env: dict[str, str] | None = None) -> Path:
         """Write an mlxcluster inventory for the lab (ssh by IP, or by Host alias);
-        ``data_ips``: host name -> its ``ips`` (default: the host's one IP)."""
+        ``data_ips``: host name -> its ``ips`` (default: the host's one IP);
+        ``env``: the cluster's ``env:`` block (what every rank gets)."""
         lines = [
             f"cluster: lab{self.id}",
             "user: root",
@@ -237,6 +240,8 @@ class Lab:
             target = h.name if use_names else h.ip
             ips = ", ".join(data_ips[h.name] if data_ips else [h.ip])
             lines += [f"  - name: {h.name}", f"    ssh: {target}", f"    ips: [{ips}]"]
+        if env:
+            lines += ["env:", *(f"  {name}: {value}" for name, value in env.items())]
         p = Path(path)
         p.write_text("\n".join(lines) + "\n")
         return p
@@ -391,6 +396,72 @@ class Lab:
         for h in [self.host(host)] if host is not None else self.hosts:
             self._wait_ssh(h)
 
+    # ---- a shared lab stays as it was --------------------------------------------------
+    # What a test could change on a host and forget to put back, read from
+    # inside the host's own namespaces (nsenter into its sshd: no ssh login,
+    # ~10 ms a host): links and addresses, firewall, qdiscs, mounts (an
+    # overlay over site-packages, a tmpfs over ~/.cache) and the processes
+    # running there besides sshd itself.
+    # Each aspect: a command run inside the host, its output compared line by
+    # line. IPv4 only (an IPv6 link-local address is "tentative" for a moment);
+    # /run/netns holds every lab's namespaces, other test workers' too.
+    _HOST_STATE = {
+        "links": "ip -o link show | sed 's/^[0-9]*: //'",
+        "addresses": "ip -o -4 addr show",
+        "firewall": "nft list ruleset",
+        "qdiscs": "tc qdisc show",
+        "mounts": "findmnt -rn -o TARGET,FSTYPE | grep -v '^/run/netns' | sort",
+    }
+
+    def fingerprint(self) -> dict[str, object]:
+        """The lab's state that a test must leave as it found it, one entry
+        an aspect: the lab-side files clients read, and for each host its
+        faults and settings, what each ``_HOST_STATE`` command shows inside
+        it, and the processes running there."""
+        state: dict[str, object] = {
+            name: (self.state / name).read_bytes() if (self.state / name).exists() else None
+            for name in ("known_hosts", "ssh_config", "authorized_keys", "bin/ssh", "bin/python")}
+        script = "".join(f"echo '@@ {aspect}'; {command}; " for aspect, command in self._HOST_STATE.items())
+        for h in self.hosts:
+            alive = h.sshd is not None and h.sshd.poll() is None
+            state.update({f"{h.name} faults": sorted(h.faults), f"{h.name} sshd": alive,
+                          f"{h.name} path": h.path, f"{h.name} python": h.python,
+                          f"{h.name} login shell": h.login_shell,
+                          f"{h.name} processes": self.host_processes(h)})
+            if not alive:
+                continue
+            shown = _run(["nsenter", "-t", str(h.sshd.pid), "-m", "-n", "-u", "sh", "-c", script],
+                         check=False).stdout
+            for part in shown.split("@@ ")[1:]:
+                aspect, _, lines = part.partition("\n")
+                state[f"{h.name} {aspect}"] = lines.splitlines()
+        return state
+
+    def host_processes(self, host) -> list[str]:
+        """Command lines of what runs in the host's namespace, sshd's listener
+        aside (a session that is still closing counts: callers poll)."""
+        h = self.host(host)
+        pids = _run(["ip", "netns", "pids", h.netns], check=False).stdout.split()
+        found = []
+        for pid in pids:
+            if h.sshd is not None and int(pid) == h.sshd.pid:
+                continue
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+            except OSError:  # gone meanwhile
+                continue
+            if cmdline:
+                found.append(cmdline)
+        return sorted(found)
+
+    def kill_host_processes(self) -> None:
+        """Kill everything running on the hosts but their sshd listeners."""
+        for h in self.hosts:
+            for pid in _run(["ip", "netns", "pids", h.netns], check=False).stdout.split():
+                if h.sshd is None or int(pid) != h.sshd.pid:
+                    with contextlib.suppress(ProcessLookupError, ValueError):
+                        os.kill(int(pid), signal.SIGKILL)
+
     # ---- a second network -------------------------------------------------------------
     def add_second_link(self) -> dict[str, str]:
         """Give every host a second interface, ``eth1``, on a second bridge
@@ -400,7 +471,7 @@ class Lab:
         tag (``_destroy``), and eth1 goes with its namespace."""
         if any(h.second_ip for h in self.hosts):
             raise LabError("the hosts already have a second link")
-        subnet = ipaddress.ip_network(_free_subnet())
+        subnet = ipaddress.ip_network(_free_subnet(self.id))
         bridge = f"{self.tag}b2"
         _run(["ip", "link", "add", bridge, "type", "bridge"])
         # This machine gets an address there too, as on the first bridge: the
@@ -422,8 +493,13 @@ class Lab:
         if reason:
             raise LabError(reason)
         cleanup_stale()
-        self.state.mkdir(mode=0o700)
-        (self.state / "owner.pid").write_text(str(os.getpid()))
+        # The state folder appears with its owner already written (made aside,
+        # then renamed): a cleanup_stale of another test worker at that moment
+        # must not take a folder without owner.pid for a crashed run's.
+        aside = STATE_ROOT / f".{STATE_PREFIX}{self.id}.new"
+        aside.mkdir(mode=0o700)
+        (aside / "owner.pid").write_text(str(os.getpid()))
+        aside.rename(self.state)
         self.bin_dir.mkdir()
         for tmp in [self.client_tmp] + [self.host_tmp(h) for h in self.hosts]:
             tmp.mkdir()
@@ -694,15 +770,49 @@ class Lab:
         tmp.replace(script)
 
 
-def _free_subnet() -> str:
-    """A 10.77.K.0/24 that no interface here uses (concurrent labs get distinct K)."""
-    used = _run(["ip", "-o", "-4", "addr", "show"]).stdout
-    # A random start keeps labs started at the same moment apart.
-    start = secrets.randbelow(230)
-    for k in [20 + (start + i) % 230 for i in range(230)]:
-        if f"10.77.{k}." not in used:
+# Labs started at the same moment (parallel test workers, a bench beside a
+# test run) each claim their subnet under one lock, in a file naming the
+# lab and its owner: between the choice and the bridge's address another lab
+# could not see it in `ip addr` yet. A claim whose owner is gone is free.
+SUBNET_CLAIMS = Path("/run/mlxcluster-lab-subnets")
+
+
+def _free_subnet(lab_id: str) -> str:
+    """A 10.77.K.0/24 that no interface here uses and no other live lab claimed."""
+    SUBNET_CLAIMS.mkdir(exist_ok=True)
+    with open(SUBNET_CLAIMS / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        used = _run(["ip", "-o", "-4", "addr", "show"]).stdout
+        start = secrets.randbelow(230)
+        for k in [20 + (start + i) % 230 for i in range(230)]:
+            claim = SUBNET_CLAIMS / f"10.77.{k}"
+            if f"10.77.{k}." in used or _claimed(claim):
+                continue
+            claim.write_text(f"{os.getpid()} {lab_id}\n")
             return f"10.77.{k}.0/24"
     raise LabError("no free 10.77.K.0/24 subnet for the lab")
+
+
+def _claimed(claim: Path) -> bool:
+    """Whether a subnet's claim file names a lab whose owner still runs."""
+    try:
+        pid = int(claim.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _release_subnets(lab_id: str) -> None:
+    for claim in SUBNET_CLAIMS.glob("10.77.*"):
+        with contextlib.suppress(OSError, IndexError):
+            if claim.read_text().split()[1] == lab_id:
+                claim.unlink()
 
 
 def _stop_process(proc: subprocess.Popen | None) -> None:
@@ -743,6 +853,8 @@ def _destroy(lab_id: str) -> None:
         if name.startswith(f"{NAME_PREFIX}{lab_id}"):
             _run(["ip", "link", "del", name], check=False)
     shutil.rmtree(STATE_ROOT / f"{STATE_PREFIX}{lab_id}", ignore_errors=True)
+    shutil.rmtree(STATE_ROOT / f".{STATE_PREFIX}{lab_id}.new", ignore_errors=True)
+    _release_subnets(lab_id)
     # own_tmp's mount points: empty here (the mounts lived in the hosts' namespaces);
     # rmdir, never a recursive delete, removes nothing else if one were not.
     real = Path("/run") / f"{STATE_PREFIX}{lab_id}"

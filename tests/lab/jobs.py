@@ -10,16 +10,25 @@ import time
 import uuid
 from pathlib import Path
 
+import psutil
+
+from mlxcluster.jobs.rank_wrapper import STACKS_ROOT
+
 REPO = Path(__file__).resolve().parents[2]
+# The env a healthy lab's inventory gives every rank, as doctor advises:
+# the libmpi MLX must load (else each MPI rank runs alone) and, on Linux,
+# OpenBLAS preloaded (doctor's reference-blas check).
+LIBMPI = Path(sys.executable).parent.parent / "lib" / "libmpi.so.40"
+OPENBLAS = "/usr/lib/x86_64-linux-gnu/libopenblas.so.0"
+MPI_ENV = {"MLX_MPI_LIBNAME": str(LIBMPI)}
+OPENBLAS_ENV = {"LD_PRELOAD": OPENBLAS}
 
 
 def training_setup(lab, tmp_path: Path) -> tuple[Path, dict[str, str]]:
     """A lab inventory and environment for `mlxcluster train`: the inventory
     names the libmpi MLX must load, as doctor advises (the launcher passes the
     inventory's env to every rank); PYTHONPATH finds reference_train."""
-    inventory = lab.write_inventory(tmp_path / "inventory.yaml")
-    libmpi = Path(sys.executable).parent.parent / "lib" / "libmpi.so.40"
-    inventory.write_text(inventory.read_text() + f"env:\n  MLX_MPI_LIBNAME: {libmpi}\n")
+    inventory = lab.write_inventory(tmp_path / "inventory.yaml", env=MPI_ENV)
     env = lab.env()
     env["PYTHONPATH"] = str(REPO)
     env.pop("LD_PRELOAD", None)
@@ -108,3 +117,19 @@ def our_prted(lab) -> list[int]:
         if len(conn) >= 3 and conn[2] in ips:
             ours.append(pid)
     return ours
+
+
+def assert_nothing_left(lab, run: dict) -> None:
+    """Nothing of a smoke run (its JSON ``run``) is left here or on any host."""
+    run_id = run["run_id"]
+    assert run_id and run["cleanup_problems"] == []
+    # The lab's hosts share this machine's process table: look here, and ask
+    # every host over ssh too (the way a real cluster would be checked).
+    left = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"])
+            if any(run_id in part for part in (p.info["cmdline"] or []))]
+    assert left == []
+    pattern = f"[{run_id[0]}]{run_id[1:]}"
+    for host in lab.hosts:
+        out = lab.ssh(host, f"pgrep -af '{pattern}'; ls -d /tmp/{pattern} "
+                            f"{STACKS_ROOT}/{pattern} 2>/dev/null; true")
+        assert out.stdout.strip() == "", (host.name, out.stdout)

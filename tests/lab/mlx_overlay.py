@@ -41,9 +41,10 @@ def other_version(lab, host, folder: Path, package: Package, version: str) -> It
     """``host`` on ``package`` ``version`` (and its companion) until the
     block ends. Set XDG_CACHE_HOME first: the wheels are fetched into the
     fix's cache here (``same_version.version_dir``), where the fix then finds
-    them. Without a home per host (``Lab.no_project``) the host's
-    ``~/.cache/mlxcluster`` is a tmpfs of its own, so what the fix sends
-    there is that host's only."""
+    them. Without a home per host (``Lab.no_project``, as ``lab3_own_home``
+    has) the host's ``~/.cache/mlxcluster`` is a tmpfs of its own, so what
+    the fix sends there is that host's only; with one, the wheels sent to
+    the host's home are removed when the block ends."""
     site = sysconfig.get_paths()["purelib"]
     upper, work = folder / "upper", folder / "work"
     upper.mkdir(parents=True)
@@ -62,7 +63,20 @@ def other_version(lab, host, folder: Path, package: Package, version: str) -> It
         assert made.stdout.split() == [version] * len(dists), made.stdout + made.stderr
         yield
     finally:
-        lab.ssh(host, ("" if lab.no_project else "umount /root/.cache/mlxcluster; ") + f"umount {site}", timeout=30)
+        # What the fix sent is put back too: the host's own cache (a tmpfs,
+        # or with a home per host the wheels folder there) goes.
+        forget_cache = 'rm -rf "$HOME/.cache/mlxcluster/wheels"; ' if lab.no_project else "umount /root/.cache/mlxcluster; "
+        lab.ssh(host, forget_cache + f"umount {site}", timeout=30)
+
+
+def wheels_on(lab, host) -> list[str]:
+    """The wheels in ``host``'s own ``~/.cache/mlxcluster/wheels`` (a lab with a home per host)."""
+    return sorted(p.name for p in (lab.host_home(lab.host(host)) / ".cache" / "mlxcluster" / "wheels").glob("*.whl"))
+
+
+def wheels_here() -> list[str]:
+    """The wheels in this machine's own ``~/.cache/mlxcluster/wheels`` (compared before and after)."""
+    return sorted(p.name for p in (Path.home() / ".cache" / "mlxcluster" / "wheels").rglob("*.whl"))
 
 
 def mlxcluster(env, *args: str) -> subprocess.CompletedProcess:

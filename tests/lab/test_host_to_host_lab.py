@@ -25,23 +25,18 @@ import pytest
 from click.testing import CliRunner
 
 from mlxcluster.cli import main
+from tests.lab.jobs import LIBMPI, MPI_ENV, OPENBLAS_ENV
 
 pytestmark = pytest.mark.lab
 
 HERE = Path(__file__).resolve().parent
 VENV = Path(sys.executable).parent.parent
-LIBMPI = VENV / "lib" / "libmpi.so.40"
-OPENBLAS = "/usr/lib/x86_64-linux-gnu/libopenblas.so.0"
+# The shared `inventory` fixture's env: block: the documented fixes for
+# reference-blas and libmpi, with which a healthy lab passes.
+INVENTORY_ENV = {**OPENBLAS_ENV, **MPI_ENV}
 SMALL = ["--sizes", "1K:2K", "--dtypes", "float32", "--timeout", "60"]
 
 
-@pytest.fixture(scope="module")
-def inventory(lab3, tmp_path_factory) -> Path:
-    path = lab3.write_inventory(tmp_path_factory.mktemp("h2h") / "lab.yaml")
-    # The documented fixes for reference-blas and libmpi: a healthy lab passes with them.
-    with path.open("a") as f:
-        f.write(f"env:\n  LD_PRELOAD: {OPENBLAS}\n  MLX_MPI_LIBNAME: {LIBMPI}\n")
-    return path
 
 
 @pytest.fixture

@@ -312,3 +312,27 @@ def test_second_link_carries_traffic_throttles_apart_and_goes_with_the_lab(make_
     lab.stop()
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     assert lab.tag not in links  # the second bridge and its veths are gone too
+
+
+def test_the_shared_lab_check_sees_what_a_test_leaves_changed(lab3, tmp_path):
+    """What tests/lab/conftest.py compares before and after every test on a
+    shared lab: a dropped port, a mount, a process left on a host and a
+    changed host setting each show, and the lab compares equal again once
+    they are put back."""
+    host = lab3.hosts[1]
+    before = lab3.fingerprint()
+    assert lab3.fingerprint() == before  # nothing that moves by itself
+    try:
+        lab3.drop_port(host, 32330)
+        folder = tmp_path / "mounted"
+        folder.mkdir()
+        lab3.ssh(host, f"mount -t tmpfs left-behind {folder}", check=True)
+        lab3.ssh(host, "nohup sleep 123 >/dev/null 2>&1 &", check=True)
+        lab3.set_host_python(2, "/nonexistent/python")
+        changed = {key for key, value in lab3.fingerprint().items() if before.get(key) != value}
+        assert {f"{host.name} firewall", f"{host.name} faults", f"{host.name} mounts",
+                f"{host.name} processes", "labhost3 python", "labhost3 faults", "bin/python"} <= changed
+    finally:
+        lab3.ssh(host, f"umount {tmp_path / 'mounted'}; pkill -f 'sleep 123'")
+        lab3.heal()
+    assert lab3.fingerprint() == before

@@ -12,21 +12,15 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from mlxcluster.jobs.plan import MPI_BTL_PORT, RING_PORT
-from mlxcluster.jobs.rank_wrapper import STACKS_ROOT
 from tests.interrupt_helpers import SmokeWorkersRunning
+from tests.lab.jobs import assert_nothing_left
 
 pytestmark = pytest.mark.lab
 
 
-@pytest.fixture(scope="module")
-def lab3(lab3_own_tmp):
-    """Every host with its own /tmp as well as its own disk: smoke stages its
-    worker and keeps its ranks' files under /tmp on each host, as on Macs."""
-    return lab3_own_tmp
 
 SMALL = ["--sizes", "1K:2K", "--dtypes", "float32"]
 
@@ -36,11 +30,6 @@ def in_tmp(tmp_path, monkeypatch):
     """Every smoke of this module runs from a folder of its own: a hang's
     report (./runs/stall-RUN_ID by default) never lands in the checkout."""
     monkeypatch.chdir(tmp_path)
-
-
-@pytest.fixture(scope="module")
-def inventory(lab3, tmp_path_factory):
-    return lab3.write_inventory(tmp_path_factory.mktemp("smoke") / "lab.yaml")
 
 
 def smoke(lab, inventory, *args: str, env: dict[str, str] | None = None, timeout: float = 90):
@@ -53,101 +42,86 @@ def smoke(lab, inventory, *args: str, env: dict[str, str] | None = None, timeout
     return proc.returncode, json.loads(proc.stdout)["backends"][0], time.monotonic() - started
 
 
-def assert_nothing_left(lab, run: dict) -> None:
-    run_id = run["run_id"]
-    assert run_id and run["cleanup_problems"] == []
-    # The lab's hosts share this machine's process table: look here, and ask
-    # every host over ssh too (the way a real cluster would be checked).
-    left = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"])
-            if any(run_id in part for part in (p.info["cmdline"] or []))]
-    assert left == []
-    pattern = f"[{run_id[0]}]{run_id[1:]}"
-    for host in lab.hosts:
-        out = lab.ssh(host, f"pgrep -af '{pattern}'; ls -d /tmp/{pattern} "
-                            f"{STACKS_ROOT}/{pattern} 2>/dev/null; true")
-        assert out.stdout.strip() == "", (host.name, out.stdout)
-
-
 @pytest.mark.parametrize("backend", ["ring", "mpi"])
-def test_three_hosts_pass_with_bench(lab3, inventory, backend):
-    code, run, _ = smoke(lab3, inventory, "--backend", backend, *SMALL, "--bench")
+def test_three_hosts_pass_with_bench(lab3_own_tmp, inventory, backend):
+    code, run, _ = smoke(lab3_own_tmp, inventory, "--backend", backend, *SMALL, "--bench")
     assert code == 0, run["reason"]
     assert [(r["rank"], r["host"], r["status"]) for r in run["ranks"]] == [
         (0, "labhost1", "passed"), (1, "labhost2", "passed"), (2, "labhost3", "passed")]
     assert run["checks"] == 3 * 3 * 4  # 3 ranks x 3 sizes x (all_sum, all_gather, 2 send/recv)
     assert {b["op"] for b in run["bench"]} == {"all_sum", "all_gather", "send_recv"}
     assert all(b["ranks"] == 3 and b["p50_s"] > 0 for b in run["bench"])
-    assert_nothing_left(lab3, run)
+    assert_nothing_left(lab3_own_tmp, run)
 
 
 @pytest.mark.parametrize("backend", ["ring", "mpi"])
-def test_failing_rank_names_its_host(lab3, inventory, backend):
-    code, run, elapsed = smoke(lab3, inventory, "--backend", backend, *SMALL, "--timeout", "20",
+def test_failing_rank_names_its_host(lab3_own_tmp, inventory, backend):
+    code, run, elapsed = smoke(lab3_own_tmp, inventory, "--backend", backend, *SMALL, "--timeout", "20",
                                env={"MLXCLUSTER_SMOKE_FAIL_RANK": "2"})
     # The deadline bounds each phase; staging and cleanup over ssh come on top.
     assert code == 1 and elapsed < 20 + 10
     assert run["reason"] == "rank 2 on labhost3: exited with code 3 in phase ready"
     assert "test hook: rank 2 fails on purpose" in run["ranks"][2]["stderr_tail"]
-    assert_nothing_left(lab3, run)
+    assert_nothing_left(lab3_own_tmp, run)
 
 
 @pytest.mark.parametrize("backend", ["ring", "mpi"])
-def test_dropped_data_port_names_its_host(lab3, inventory, backend, tmp_path):
+def test_dropped_data_port_names_its_host(lab3_own_tmp, inventory, backend, tmp_path):
     # labhost3 runs rank 2: drop what its peers connect to (ring: its listen
     # port; MPI: the pinned btl_tcp port range).
     port = RING_PORT + 2 if backend == "ring" else f"{MPI_BTL_PORT}-{MPI_BTL_PORT + 15}"
-    lab3.drop_port(lab3.hosts[2], port)
+    lab3_own_tmp.drop_port(lab3_own_tmp.hosts[2], port)
     try:
-        code, run, elapsed = smoke(lab3, inventory, "--backend", backend, *SMALL,
+        code, run, elapsed = smoke(lab3_own_tmp, inventory, "--backend", backend, *SMALL,
                                    "--timeout", "8", "--stall-dir", str(tmp_path))
     finally:
-        lab3.heal(lab3.hosts[2])
+        lab3_own_tmp.heal(lab3_own_tmp.hosts[2])
     assert code == 4  # no progress within the deadline: a stall (docs/smoke.md, exit codes)
     assert elapsed < 8 + 25
     assert run["reason"].startswith("rank 2 on labhost3: no progress for 8 s"), run["reason"]
     assert "unreachable from here (timed out)" in run["reason"]
     assert [r["status"] for r in run["ranks"]] == ["stopped", "stopped", "hung"]
     assert (tmp_path / f"stall-{run['run_id']}" / "summary.txt").exists()  # the evidence, kept
-    assert_nothing_left(lab3, run)
+    assert_nothing_left(lab3_own_tmp, run)
 
 
 @pytest.mark.parametrize("backend", ["ring", "mpi"])
-def test_the_inventorys_ssh_config_reaches_the_launcher(lab3, tmp_path, backend):
+def test_the_inventorys_ssh_config_reaches_the_launcher(lab3_own_tmp, tmp_path, backend):
     """Hosts named by Host aliases that only the inventory's ssh_config
     defines, and the plain ssh on PATH (not the lab's wrapper, which adds -F):
     mlx.launch and mpirun still reach every host, through the launcher ssh
     mlxcluster gives them. Before, only our own ssh calls read ssh_config."""
-    inventory = lab3.write_inventory(tmp_path / "aliases.yaml", use_names=True)
-    path = ":".join(p for p in lab3.env()["PATH"].split(":") if p != str(lab3.bin_dir))
-    code, run, _ = smoke(lab3, inventory, "--backend", backend, *SMALL, env={"PATH": path})
+    inventory = lab3_own_tmp.write_inventory(tmp_path / "aliases.yaml", use_names=True)
+    path = ":".join(p for p in lab3_own_tmp.env()["PATH"].split(":") if p != str(lab3_own_tmp.bin_dir))
+    code, run, _ = smoke(lab3_own_tmp, inventory, "--backend", backend, *SMALL, env={"PATH": path})
     assert code == 0, run["reason"]
     assert [(r["host"], r["status"]) for r in run["ranks"]] == [
         ("labhost1", "passed"), ("labhost2", "passed"), ("labhost3", "passed")]
-    assert_nothing_left(lab3, run)
+    assert_nothing_left(lab3_own_tmp, run)
 
 
-def test_a_host_lost_mid_run_is_named_and_the_rest_stopped(lab3, inventory):
+def test_a_host_lost_mid_run_is_named_and_the_rest_stopped(lab3_own_tmp, inventory):
     """labhost3's link goes down while the benchmark runs: the run ends within
     its deadline, blames rank 2 on labhost3 for a lost ssh connection, stops
     the others, and names labhost3 as a host it could not clean up."""
     ready = SmokeWorkersRunning(3)
     proc = subprocess.Popen([sys.executable, "-m", "mlxcluster", "smoke", "-i", str(inventory),
                              "--backend", "ring", "--bench", "--sizes", "1K:64M", "--timeout", "30",
-                             "--json"], env=lab3.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             "--json"], env=lab3_own_tmp.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 60
         while not ready(proc):
             assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
             time.sleep(0.2)
-        lab3.link_down(lab3.hosts[2])
+        lab3_own_tmp.link_down(lab3_own_tmp.hosts[2])
         lost_at = time.monotonic()
         out, err = proc.communicate(timeout=120)
         ended_after = time.monotonic() - lost_at
     finally:
         if proc.poll() is None:
             proc.kill()
-        lab3.heal(lab3.hosts[2])
+        lab3_own_tmp.heal(lab3_own_tmp.hosts[2])
     run = json.loads(out)["backends"][0]
     assert proc.returncode == 1 and ended_after < 30 + 25, (ended_after, err)
     assert run["reason"].startswith("rank 2 on labhost3: its ssh connection failed or was lost"), run["reason"]
@@ -158,23 +132,23 @@ def test_a_host_lost_mid_run_is_named_and_the_rest_stopped(lab3, inventory):
     advice = run["cleanup_problems"][0].split("when it answers again: ")[1]
     for command in advice.split(", then "):
         assert command.startswith("ssh labhost3 "), advice
-        lab3.ssh(lab3.hosts[2], command.removeprefix("ssh labhost3 ") + "; true")
-    assert_nothing_left(lab3, {**run, "cleanup_problems": []})
+        lab3_own_tmp.ssh(lab3_own_tmp.hosts[2], command.removeprefix("ssh labhost3 ") + "; true")
+    assert_nothing_left(lab3_own_tmp, {**run, "cleanup_problems": []})
 
 
 @pytest.mark.parametrize("backend", ["ring", "mpi"])
-def test_a_fish_login_shell_is_named_before_anything_is_launched(lab3, inventory, backend):
+def test_a_fish_login_shell_is_named_before_anything_is_launched(lab3_own_tmp, inventory, backend):
     """labhost2's login shell is fish, which parses neither mlx.launch's nor
     mpirun's command line (measured: both hang, tests/lab/test_lab.py); smoke
     waited for its --timeout, then called the rank not started. Now its
     preflight asks every host's login shell: exit 3 at once, labhost2 and the
     fix named, nothing staged or started anywhere."""
-    lab3.set_login_shell(lab3.hosts[1], "fish")
+    lab3_own_tmp.set_login_shell(lab3_own_tmp.hosts[1], "fish")
     try:
-        code, run, elapsed = smoke(lab3, inventory, "--backend", backend, *SMALL,
+        code, run, elapsed = smoke(lab3_own_tmp, inventory, "--backend", backend, *SMALL,
                                    "--timeout", "30")
     finally:
-        lab3.heal(lab3.hosts[1])
+        lab3_own_tmp.heal(lab3_own_tmp.hosts[1])
     launcher = "mpirun" if backend == "mpi" else "mlx.launch"
     assert code == 3 and run["status"] == "unavailable", run
     assert run["reason"] == (
@@ -183,40 +157,40 @@ def test_a_fish_login_shell_is_named_before_anything_is_launched(lab3, inventory
         "or chsh -s /bin/bash (Linux) there"), run["reason"]
     assert elapsed < 15, elapsed  # not the 30 s deadline
     assert run["run_id"] == "" and run["ranks"] == []  # nothing planned, so nothing launched
-    for host in lab3.hosts:
-        out = lab3.ssh(host, "ls -d /tmp/mlxsmoke-* 2>/dev/null; true")
+    for host in lab3_own_tmp.hosts:
+        out = lab3_own_tmp.ssh(host, "ls -d /tmp/mlxsmoke-* 2>/dev/null; true")
         assert out.stdout.strip() == "", (host.name, out.stdout)
 
 
-def test_jaccl_from_the_inventory_is_unavailable_per_host(lab3, inventory):
+def test_jaccl_from_the_inventory_is_unavailable_per_host(lab3_own_tmp, inventory):
     """No --hostfile needed: the RDMA matrix would come from the hosts' live
     topology; these Linux hosts have no RDMA and no Thunderbolt, each says so,
     exit 3, and no worker was copied or started anywhere."""
     proc = subprocess.run([sys.executable, "-m", "mlxcluster", "smoke", "--backend", "jaccl",
-                           "-i", str(inventory)], env=lab3.env(), capture_output=True, text=True,
+                           "-i", str(inventory)], env=lab3_own_tmp.env(), capture_output=True, text=True,
                           timeout=90)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
     assert "3 of 3 host(s) cannot take part" in proc.stdout
-    for h in lab3.hosts:
+    for h in lab3_own_tmp.hosts:
         assert (f"  {h.name}: runs Linux, not macOS (JACCL needs macOS 26.2 or later); no rdma_* "
                 "devices (ibv_devices not found); no Thunderbolt link faster than 40 Gb/s (no "
                 "Thunderbolt cable to another host)") in proc.stdout, proc.stdout
     assert "backend unavailable" in proc.stdout
-    code, run, _ = smoke(lab3, inventory, "--backend", "jaccl")
+    code, run, _ = smoke(lab3_own_tmp, inventory, "--backend", "jaccl")
     assert code == 3 and run["status"] == "unavailable"
     # No run was planned: a run id and a launcher command exist from the plan on.
     assert run["run_id"] == "" and run["command"] == [] and run["ranks"] == []
-    assert sorted(run["host_reasons"]) == [h.name for h in lab3.hosts]
+    assert sorted(run["host_reasons"]) == [h.name for h in lab3_own_tmp.hosts]
 
 
-def test_every_host_has_its_own_tmp(lab3):
+def test_every_host_has_its_own_tmp(lab3_own_tmp):
     """The lab of this module: a file under /tmp on labhost2 is on no other host, nor here."""
     probe = "/tmp/own-tmp-probe.txt"
-    lab3.ssh(1, f"echo labhost2 > {probe}", check=True)
+    lab3_own_tmp.ssh(1, f"echo labhost2 > {probe}", check=True)
     try:
-        assert lab3.host_read(1, probe) == "labhost2\n"
-        assert not lab3.host_exists(0, probe) and not lab3.host_exists(2, probe)
+        assert lab3_own_tmp.host_read(1, probe) == "labhost2\n"
+        assert not lab3_own_tmp.host_exists(0, probe) and not lab3_own_tmp.host_exists(2, probe)
         assert not Path(probe).exists()
     finally:
-        lab3.ssh(1, f"rm -f {probe}")
+        lab3_own_tmp.ssh(1, f"rm -f {probe}")

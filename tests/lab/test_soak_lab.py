@@ -12,24 +12,18 @@ import re
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from mlxcluster.jobs.plan import RING_PORT
 from mlxcluster.jobs.rank_wrapper import STACKS_ROOT
 from tests.interrupt_helpers import SmokeWorkersRunning
-from tests.lab.jobs import bracketed, left_on_hosts, our_prted
-from tests.lab.test_smoke_lab import assert_nothing_left
+from tests.lab.jobs import MPI_ENV, assert_nothing_left, bracketed, left_on_hosts, our_prted
 
 pytestmark = pytest.mark.lab
+INVENTORY_ENV = MPI_ENV  # the shared `inventory` fixture's env: block
 
 
-@pytest.fixture(scope="module")
-def lab3(lab3_own_tmp):
-    """Every host with its own /tmp as well as its own disk: smoke stages its
-    worker and keeps its ranks' files under /tmp on each host, as on Macs."""
-    return lab3_own_tmp
 
 SIZES = ["--sizes", "1K:256K", "--dtypes", "float32,int32"]
 ITERATION_TIMEOUT_S = 20  # a loaded 2-core machine starts 3 ranks slowly: init has this deadline too
@@ -40,12 +34,6 @@ ITERATION_TIMEOUT_S = 20  # a loaded 2-core machine starts 3 ranks slowly: init 
 DETECTION_BOUND_S = 25
 
 
-@pytest.fixture(scope="module")
-def inventory(lab3, tmp_path_factory):
-    path = lab3.write_inventory(tmp_path_factory.mktemp("soak") / "lab.yaml")
-    libmpi = Path(sys.executable).parent.parent / "lib" / "libmpi.so.40"
-    path.write_text(path.read_text() + f"env:\n  MLX_MPI_LIBNAME: {libmpi}\n")
-    return path
 
 
 def start_soak(lab, inventory, cwd, backend, seconds) -> subprocess.Popen:
@@ -75,10 +63,10 @@ def finish(proc: subprocess.Popen, timeout: float) -> tuple[dict, str, float]:
 
 
 @pytest.mark.parametrize("backend", ["ring", "mpi"])
-def test_a_60s_soak_passes_with_iterations_of_every_op(lab3, inventory, tmp_path, backend):
+def test_a_60s_soak_passes_with_iterations_of_every_op(lab3_own_tmp, inventory, tmp_path, backend):
     """`smoke --soak 60s` on the lab, as the issue asks: every op iterates,
     none is wrong, nothing stalls, nothing is left."""
-    proc = start_soak(lab3, inventory, tmp_path, backend, 60)
+    proc = start_soak(lab3_own_tmp, inventory, tmp_path, backend, 60)
     try:
         doc, err, _ = finish(proc, 240)
     finally:
@@ -94,7 +82,7 @@ def test_a_60s_soak_passes_with_iterations_of_every_op(lab3, inventory, tmp_path
                for o in soak["ops"]), soak["ops"]
     assert soak["wrong"] == [] and run["stall"] == ""
     assert "seed 1234" in err and re.search(r"soak \w+: \d+/60 s, all_sum \d+", err), err
-    assert_nothing_left(lab3, run)
+    assert_nothing_left(lab3_own_tmp, run)
 
 
 def soak_with_fault(lab, inventory, cwd, backend, inject, undo) -> tuple[dict, str, float, int]:
@@ -113,12 +101,12 @@ def soak_with_fault(lab, inventory, cwd, backend, inject, undo) -> tuple[dict, s
         undo()
 
 
-def test_a_port_dropped_mid_soak_fails_within_the_deadline_naming_the_host(lab3, inventory,
+def test_a_port_dropped_mid_soak_fails_within_the_deadline_naming_the_host(lab3_own_tmp, inventory,
                                                                             tmp_path):
-    victim = lab3.hosts[2]
+    victim = lab3_own_tmp.hosts[2]
     run, err, ended_after, code = soak_with_fault(
-        lab3, inventory, tmp_path, "ring",  # rank 2's ring port: its peers' data stops
-        inject=lambda run_id: lab3.drop_port(victim, RING_PORT + 2), undo=lambda: lab3.heal(victim))
+        lab3_own_tmp, inventory, tmp_path, "ring",  # rank 2's ring port: its peers' data stops
+        inject=lambda run_id: lab3_own_tmp.drop_port(victim, RING_PORT + 2), undo=lambda: lab3_own_tmp.heal(victim))
     print(f"port dropped: ended {ended_after:.1f} s later (per-iteration timeout {ITERATION_TIMEOUT_S} s)")
     # Silently dropped packets: the collective blocks and no iteration completes,
     # a stall (exit 4); the port named is why (docs/smoke.md, exit codes).
@@ -128,31 +116,31 @@ def test_a_port_dropped_mid_soak_fails_within_the_deadline_naming_the_host(lab3,
                                     "in phase soak"), run["reason"]
     assert f"data port {victim.ip}:{RING_PORT + 2} unreachable from here (timed out)" in run["reason"]
     assert all(o["iterations"] > 0 for o in run["soak"]["ops"])  # it soaked before the fault
-    assert_nothing_left(lab3, run)
+    assert_nothing_left(lab3_own_tmp, run)
 
 
 @pytest.mark.parametrize("backend", ["ring", "mpi"])
-def test_a_stopped_rank_is_diagnosed_named_and_every_rank_stopped(lab3, inventory, tmp_path,
+def test_a_stopped_rank_is_diagnosed_named_and_every_rank_stopped(lab3_own_tmp, inventory, tmp_path,
                                                                   backend):
-    victim, stopped = lab3.hosts[1], []
+    victim, stopped = lab3_own_tmp.hosts[1], []
 
     def stop_rank_1(run_id: str) -> None:
         # Rank 1's pid, read as a user would: the pid file the rank wrapper
         # wrote for this run on its host.
-        pid, host = lab3.ssh(victim, f"cat {STACKS_ROOT}/{run_id}/rank1.pid").stdout.split()
+        pid, host = lab3_own_tmp.ssh(victim, f"cat {STACKS_ROOT}/{run_id}/rank1.pid").stdout.split()
         assert host == victim.name
         # A real rank on a lab host runs under the jobs layer's rank wrapper.
-        cmdline = lab3.ssh(victim, f"tr '\\0' ' ' < /proc/{pid}/cmdline").stdout
+        cmdline = lab3_own_tmp.ssh(victim, f"tr '\\0' ' ' < /proc/{pid}/cmdline").stdout
         assert f"-X mlxcluster_run={run_id} -m mlxcluster.jobs.rank_wrapper /tmp/{run_id}/worker.py" \
             in cmdline, cmdline
         stopped.append((int(pid), run_id))
-        lab3.ssh(victim, f"kill -STOP {pid}")
+        lab3_own_tmp.ssh(victim, f"kill -STOP {pid}")
 
     def resume() -> None:  # never leave a stopped process behind, even on failure
         for pid, _ in stopped:
             subprocess.run(["kill", "-CONT", str(pid)], capture_output=True)
 
-    run, err, ended_after, code = soak_with_fault(lab3, inventory, tmp_path, backend,
+    run, err, ended_after, code = soak_with_fault(lab3_own_tmp, inventory, tmp_path, backend,
                                                   stop_rank_1, resume)
     run_id = stopped[0][1]
     print(f"{backend}: ended {ended_after:.1f} s after SIGSTOP (per-iteration timeout "
@@ -175,7 +163,7 @@ def test_a_stopped_rank_is_diagnosed_named_and_every_rank_stopped(lab3, inventor
         assert f"/tmp/{run_id}/worker.py" in stacks and "run_soak" in stacks, stacks
     assert "no stack" in (report / "rank1.txt").read_text()
     # Nothing left: not the stopped rank, not the others, no run folder, no MPI daemon of ours.
-    assert_nothing_left(lab3, run)
-    assert left_on_hosts(lab3, bracketed(run_id), f"/tmp/{bracketed(run_id)}") == {}
-    assert left_on_hosts(lab3, bracketed(run_id), f"{STACKS_ROOT}/{bracketed(run_id)}") == {}
-    assert our_prted(lab3) == []
+    assert_nothing_left(lab3_own_tmp, run)
+    assert left_on_hosts(lab3_own_tmp, bracketed(run_id), f"/tmp/{bracketed(run_id)}") == {}
+    assert left_on_hosts(lab3_own_tmp, bracketed(run_id), f"{STACKS_ROOT}/{bracketed(run_id)}") == {}
+    assert our_prted(lab3_own_tmp) == []

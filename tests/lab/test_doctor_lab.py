@@ -20,6 +20,7 @@ from mlxcluster.doctor.checks.base import Status
 from mlxcluster.doctor.checks.common import BAD
 from mlxcluster.doctor.doctor import DoctorReport, run_doctor
 from mlxcluster.inventory.inventory import load_inventory
+from tests.lab.jobs import MPI_ENV, OPENBLAS_ENV
 
 pytestmark = pytest.mark.lab
 
@@ -34,18 +35,12 @@ DOCTOR_BUDGET_S = 20.0
 # took 18.1-18.8 s against 5.7-6.5 s with the first host's 11 hops only
 # (3 runs each, alternating, load average 47; bench/doctor_hops_cost.py).
 TWELVE_MPI_BUDGET_S = 45.0
-OPENBLAS = "/usr/lib/x86_64-linux-gnu/libopenblas.so.0"
+# The shared `inventory` fixture's env: block: the documented fix for
+# reference-blas on Linux, with which a healthy lab passes.
+INVENTORY_ENV = OPENBLAS_ENV
 OTHER_MLX = "0.31.0"
 
 
-@pytest.fixture(scope="module")
-def inventory_path(lab3, tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("doctor") / "lab.yaml"
-    lab3.write_inventory(path)
-    # The documented fix for reference-blas on Linux; a healthy lab passes with it.
-    with path.open("a") as f:
-        f.write(f"env:\n  LD_PRELOAD: {OPENBLAS}\n")
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +49,6 @@ def other_mlx_python(tmp_path_factory) -> str:
     dist-info of that version in its own site-packages, shadowing the real
     (shared) mlx, which still imports through a .pth file."""
     import subprocess
-    import sys
     import sysconfig
 
     root = tmp_path_factory.mktemp("oldmlx") / "venv"
@@ -72,7 +66,6 @@ def python_without_mpi(tmp_path_factory) -> str:
     """A venv python with no Open MPI beside it (the real mlx imports through
     a .pth file): with PATH lacking MPI too, a host has no mpirun at all."""
     import subprocess
-    import sys
     import sysconfig
 
     root = tmp_path_factory.mktemp("nompi") / "venv"
@@ -104,10 +97,10 @@ def evidence(report: DoctorReport, check_id: str, host: str) -> str:
     return next(r for r in report.results if r.id == check_id).hosts[host]
 
 
-def test_healthy_lab_passes_collects_and_replays(lab3, inventory_path, tmp_path):
+def test_healthy_lab_passes_collects_and_replays(lab3, inventory, tmp_path):
     runner = CliRunner()
     collect = tmp_path / "captures"
-    result = runner.invoke(main, ["doctor", "-i", str(inventory_path), "--json", "--collect", str(collect)])
+    result = runner.invoke(main, ["doctor", "-i", str(inventory), "--json", "--collect", str(collect)])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
     assert doc["verdict"] == "pass", [c for c in doc["checks"] if c["status"] != "pass"]
@@ -119,7 +112,7 @@ def test_healthy_lab_passes_collects_and_replays(lab3, inventory_path, tmp_path)
     assert set(doc["checks"][0]) == {"id", "title", "status", "hosts", "hint"}
     assert (collect / "labhost3" / "probe.json").is_file()
 
-    replay = runner.invoke(main, ["doctor", "--from", str(collect), "-i", str(inventory_path)])
+    replay = runner.invoke(main, ["doctor", "--from", str(collect), "-i", str(inventory)])
     assert replay.exit_code == 0, replay.output
     assert "no issues found" in replay.output
     assert "needs hosts reached over SSH" in replay.output
@@ -145,7 +138,7 @@ def test_healthy_lab_passes_collects_and_replays(lab3, inventory_path, tmp_path)
         ("login_shell_fish", "labhost2", {"login-shell"}, "/usr/bin/fish"),
     ],
 )
-def test_fault_fails_the_right_check_on_the_right_host(lab3, inventory_path, other_mlx_python,
+def test_fault_fails_the_right_check_on_the_right_host(lab3, inventory, other_mlx_python,
                                                        python_without_mpi, fault, host, expected, cause):
     from tests.lab import SYSTEM_PATH
 
@@ -163,7 +156,7 @@ def test_fault_fails_the_right_check_on_the_right_host(lab3, inventory_path, oth
     }[fault]
     inject()
     try:
-        report, seconds = doctor(inventory_path)
+        report, seconds = doctor(inventory)
     finally:
         lab3.heal(host)
     assert seconds < DOCTOR_BUDGET_S
@@ -177,11 +170,11 @@ def test_fault_fails_the_right_check_on_the_right_host(lab3, inventory_path, oth
     assert cause in evidence(report, first, host)
 
 
-def test_accept_new_host_keys_trusts_and_saves(lab3, inventory_path):
+def test_accept_new_host_keys_trusts_and_saves(lab3, inventory):
     target = lab3.host("labhost3")
     lab3.forget_host_key(target)
     try:
-        report, _ = doctor(inventory_path, accept_new_host_keys=True)
+        report, _ = doctor(inventory, accept_new_host_keys=True)
         saved = Path(lab3.known_hosts).read_text()
     finally:
         lab3.heal(target)
@@ -224,25 +217,25 @@ def test_a_command_that_ends_before_reading_its_input_gives_its_own_answer(lab3)
         assert runner.run(host.name, "hostname", timeout=30).stdout.strip() == host.name
 
 
-def test_data_ip_not_on_its_host_blames_only_data_ips_present(lab3, inventory_path, tmp_path):
+def test_data_ip_not_on_its_host_blames_only_data_ips_present(lab3, inventory, tmp_path):
     """An inventory IP that labhost3 does not have (e.g. renumbered after a reboot)."""
     host = lab3.host("labhost3")
     wrong = host.ip.rsplit(".", 1)[0] + ".99"  # in the lab subnet, assigned to nobody
     path = tmp_path / "wrong_ip.yaml"
-    path.write_text(inventory_path.read_text().replace(f"ips: [{host.ip}]", f"ips: [{wrong}]"))
+    path.write_text(inventory.read_text().replace(f"ips: [{host.ip}]", f"ips: [{wrong}]"))
     report, _ = doctor(path)
     assert blamed(report) == {"data-ips-present": ["labhost3"]}
     assert f"{wrong} is not assigned" in evidence(report, "data-ips-present", "labhost3")
     assert "see data-ips-present" in evidence(report, "data-path", "labhost3")
 
 
-def test_collect_captures_for_other_commands(lab3, inventory_path):
+def test_collect_captures_for_other_commands(lab3, inventory):
     """The public collector (topology uses it): one capture per host, an error for a dead one."""
     from mlxcluster.facts.collect import collect_captures
 
     lab3.stop_sshd("labhost1")
     try:
-        captures = collect_captures(load_inventory(inventory_path), connect_timeout=CONNECT_TIMEOUT)
+        captures = collect_captures(load_inventory(inventory), connect_timeout=CONNECT_TIMEOUT)
     finally:
         lab3.heal("labhost1")
     assert list(captures) == ["labhost1", "labhost2", "labhost3"]
@@ -259,10 +252,7 @@ def test_twelve_hosts_pass_within_sshd_default_session_limits(make_lab, tmp_path
     (10 connections being set up at once): each host but the first hops 4 at
     a time, starting after itself; the whole cluster passes."""
     lab = make_lab(12)
-    path = lab.write_inventory(tmp_path / "lab12.yaml")
-    libmpi = Path(sys.executable).parent.parent / "lib" / "libmpi.so.40"
-    with path.open("a") as f:
-        f.write(f"env:\n  LD_PRELOAD: {OPENBLAS}\n  MLX_MPI_LIBNAME: {libmpi}\n")
+    path = lab.write_inventory(tmp_path / "lab12.yaml", env={**OPENBLAS_ENV, **MPI_ENV})
     report, seconds = doctor(path, backend="mpi")
     assert report.verdict == "pass", {r.id: r.hosts for r in report.results if r.status is not Status.PASS}
     hops = next(r for r in report.results if r.id == "host-to-host-ssh").hosts
@@ -290,11 +280,10 @@ def doctor_helpers_left_after(seconds: float) -> list:
         time.sleep(0.1)
 
 
-def test_busy_ring_port_is_blamed_on_its_host_with_the_holder(lab3, inventory_path):
+def test_busy_ring_port_is_blamed_on_its_host_with_the_holder(lab3, inventory):
     """Something else listens on labhost2's ring port (an old run left behind):
     data-path fails on labhost2 only and names the process holding the port."""
     import subprocess
-    import sys
 
     host = lab3.host("labhost2")
     port = 32323 + host.index  # mlx.launch numbers one port per host IP, in host order
@@ -307,7 +296,7 @@ def test_busy_ring_port_is_blamed_on_its_host_with_the_holder(lab3, inventory_pa
         stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "ready"
-        report, _ = doctor(inventory_path)
+        report, _ = doctor(inventory)
     finally:
         holder.kill()
         holder.wait(timeout=10)
@@ -316,7 +305,7 @@ def test_busy_ring_port_is_blamed_on_its_host_with_the_holder(lab3, inventory_pa
     assert f"(pid {holder.pid})" in evidence(report, "data-path", "labhost2")
 
 
-def test_an_ssh_config_that_accepts_any_key_is_warned_for_every_host(lab3, inventory_path, tmp_path):
+def test_an_ssh_config_that_accepts_any_key_is_warned_for_every_host(lab3, inventory, tmp_path):
     """The lab's own ssh config with 'StrictHostKeyChecking no' in front: the
     SSH checks still pass (our calls force checking and the keys are known),
     and ssh-host-key-policy warns for every host that plain ssh, as
@@ -324,7 +313,7 @@ def test_an_ssh_config_that_accepts_any_key_is_warned_for_every_host(lab3, inven
     weak = tmp_path / "weak_ssh_config"
     weak.write_text("Host *\n  StrictHostKeyChecking no\n\n" + Path(lab3.ssh_config).read_text())
     path = tmp_path / "weak.yaml"
-    path.write_text(inventory_path.read_text().replace(f"ssh_config: {lab3.ssh_config}",
+    path.write_text(inventory.read_text().replace(f"ssh_config: {lab3.ssh_config}",
                                                        f"ssh_config: {weak}"))
     assert str(weak) in path.read_text()
     report, _ = doctor(path, data_path=False)
@@ -333,7 +322,7 @@ def test_an_ssh_config_that_accepts_any_key_is_warned_for_every_host(lab3, inven
     assert sorted(h for h, e in policy.hosts.items() if e.startswith("! StrictHostKeyChecking no")) == [
         "labhost1", "labhost2", "labhost3"]
     assert blamed(report) == {}
-    healthy, _ = doctor(inventory_path, data_path=False)
+    healthy, _ = doctor(inventory, data_path=False)
     assert next(r for r in healthy.results if r.id == "ssh-host-key-policy").status is Status.PASS
 
 
@@ -341,7 +330,6 @@ def smoke_mpi(lab, inventory: Path) -> dict:
     """The real `smoke --backend mpi` across the lab (mpirun beside the python,
     MLX_MPI_LIBNAME set by smoke); its run report."""
     import subprocess
-    import sys
 
     proc = subprocess.run([sys.executable, "-m", "mlxcluster", "smoke", "-i", str(inventory), "--backend", "mpi",
                            "--sizes", "1K:2K", "--dtypes", "float32", "--timeout", "30", "--json"],
@@ -357,17 +345,17 @@ def mpi_statuses(report: DoctorReport) -> dict[str, Status]:
                         "libmpi-by-hand", "backends")}
 
 
-def test_mpi_doctor_agrees_with_smoke_on_the_lab(lab3, inventory_path):
+def test_mpi_doctor_agrees_with_smoke_on_the_lab(lab3, inventory):
     """smoke --backend mpi runs on all three hosts; MLX's default libmpi name
     loads on none of them (the venv's libmpi is not on the loader path), so
     doctor -i INV --backend mpi passes libmpi-loadable and backends with the
     MLX_MPI_LIBNAME smoke sets, and only warns for launches by hand."""
     from mlxcluster.facts.mpi import find_libmpi, find_mpirun
 
-    run = smoke_mpi(lab3, inventory_path)
+    run = smoke_mpi(lab3, inventory)
     assert [(r["host"], r["status"]) for r in run["ranks"]] == [
         ("labhost1", "passed"), ("labhost2", "passed"), ("labhost3", "passed")]
-    result = CliRunner().invoke(main, ["doctor", "-i", str(inventory_path), "--backend", "mpi", "--json"])
+    result = CliRunner().invoke(main, ["doctor", "-i", str(inventory), "--backend", "mpi", "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
     checks = {c["id"]: c for c in doc["checks"]}
@@ -383,7 +371,7 @@ def test_mpi_doctor_agrees_with_smoke_on_the_lab(lab3, inventory_path):
     assert f"MLX_MPI_LIBNAME={libmpi}" in checks["libmpi-by-hand"]["hint"]
 
 
-def test_mpirun_beside_the_python_only_warns(lab3, inventory_path):
+def test_mpirun_beside_the_python_only_warns(lab3, inventory):
     """labhost3's non-interactive PATH loses the venv's bin: mpirun is still
     beside the python, which is the one mlxcluster starts (by full path), so
     mpirun-path warns for that host and nothing MPI fails."""
@@ -392,7 +380,7 @@ def test_mpirun_beside_the_python_only_warns(lab3, inventory_path):
     host = lab3.host("labhost3")
     lab3.set_host_path(host, f"{lab3.bin_dir}:{SYSTEM_PATH}")
     try:
-        report, seconds = doctor(inventory_path, backend="mpi")
+        report, seconds = doctor(inventory, backend="mpi")
     finally:
         lab3.heal(host)
     assert seconds < DOCTOR_BUDGET_S
