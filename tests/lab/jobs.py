@@ -3,6 +3,8 @@ of them on every host afterwards."""
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import subprocess
 import sys
@@ -53,6 +55,19 @@ def start_training(lab, lab_data: Path, tmp_path: Path, backend: str,
         env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
     return proc, out / "metrics.jsonl"
+
+
+def run_train(lab, tmp_path, data, backend, *extra, steps=3, timeout=300):
+    """mlxcluster train -i <lab inventory>; returns (process, the run's unique out dir),
+    the out dir on every host's own disk and this machine's (lab.disk)."""
+    inventory, env = training_setup(lab, tmp_path)
+    out = lab.disk / f"run-{uuid.uuid4().hex[:8]}"
+    cmd = [sys.executable, "-m", "mlxcluster", "train", "-i", str(inventory), "--backend",
+           backend, "--config", "tiny", *extra, "--", "--steps", str(steps), "--global_batch", "6", "--data", str(data),
+           "--out", str(out), "--sample_tokens", "0"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
+                          cwd=tmp_path)
+    return proc, out
 
 
 def data_here(lab, data: Path) -> Path:
@@ -133,3 +148,64 @@ def assert_nothing_left(lab, run: dict) -> None:
         out = lab.ssh(host, f"pgrep -af '{pattern}'; ls -d /tmp/{pattern} "
                             f"{STACKS_ROOT}/{pattern} 2>/dev/null; true")
         assert out.stdout.strip() == "", (host.name, out.stdout)
+
+
+def on_host(lab, host: int, path: Path) -> Path:
+    """Where `path` (under lab.disk) of host `host` lies, seen from this machine."""
+    return lab.host_disk(lab.hosts[host]) / path.relative_to(lab.disk)
+
+
+def records(metrics) -> list[dict]:
+    """The records of a run's metrics.jsonl (none when it is not there yet)."""
+    if not metrics.exists():
+        return []
+    return [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+
+
+def rank_process(lab, host, out) -> tuple[int, str]:
+    """(pid, run id) of this run's rank on ``host``, found as a user would:
+    over ssh on that host, by the wrapper's pid file of the run id read from
+    the rank's command line."""
+    cmdline = lab.ssh(host, f"pgrep -af '[r]ank_wrapper.*--out {out}' || true").stdout
+    found = re.search(r"mlxcluster_run=(mlxtrain-[0-9a-f]+)", cmdline)
+    assert found, cmdline
+    run_id = found.group(1)
+    rank = lab.hosts.index(host)
+    pid_file = lab.ssh(host, f"cat /tmp/mlxcluster-stacks/{run_id}/rank{rank}.pid").stdout.split()
+    assert pid_file[1] == host.name, pid_file  # the rank runs on that host
+    return int(pid_file[0]), run_id
+
+
+def run_job(cmd: list[str], lab, timeout: float = 120) -> list[tuple[int, int, int, str]]:
+    """Run a launcher command line of allsum.py on the lab: its RESULT rows
+    (rank, size, all_sum, host), sorted."""
+    proc = subprocess.run(cmd, env=lab.env(), capture_output=True, text=True, timeout=timeout)
+    rows = [line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert rows, f"no result (rc={proc.returncode}):\n{proc.stdout}\n{proc.stderr[-3000:]}"
+    return sorted((int(r), int(s), int(v), host) for r, s, v, host in rows)
+
+
+# Programs `mlxcluster run` sends to the hosts: an all_sum that prints
+# where it ran, and one whose rank 1 exits 3 once every rank is ready.
+ALLSUM = """
+import socket, sys
+import mlx.core as mx
+g = mx.distributed.init(strict=True, backend="any")
+total = mx.distributed.all_sum(mx.array([1.0])).item()
+print(f"rank {g.rank()} of {g.size()} on {socket.gethostname()}: all_sum {total:.0f} {sys.argv[1:]}")
+"""
+
+FAILS = """
+import sys, time
+import mlx.core as mx
+g = mx.distributed.init(strict=True, backend="any")
+mx.eval(mx.distributed.all_sum(mx.array([1.0])))
+print(f"rank {g.rank()} ready", flush=True)
+# Every rank has printed before rank 1 leaves (mpirun drops output still in flight when
+# it aborts the job: rank 0's "ready" line was lost once).
+mx.eval(mx.distributed.all_sum(mx.array([1.0])))
+if g.rank() == 1:
+    time.sleep(1)
+    sys.exit(3)
+time.sleep(300)
+"""

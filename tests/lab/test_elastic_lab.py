@@ -9,7 +9,6 @@ once it answers again."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ import uuid
 
 import pytest
 
-from tests.lab.jobs import bracketed, data_here, left_on_hosts, training_setup
+from tests.lab.jobs import bracketed, data_here, left_on_hosts, records, training_setup
 from tests.train_support import run_trainer, train_losses
 
 pytestmark = pytest.mark.lab
@@ -39,12 +38,6 @@ def reference(lab_data, tmp_path_factory) -> dict[int, float]:
     proc = run_trainer(["--config", "tiny", *common(lab_data), "--out", str(out)], timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return train_losses(out)
-
-
-def records(metrics) -> list[dict]:
-    if not metrics.exists():
-        return []
-    return [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
 
 
 @pytest.mark.parametrize("lost", [2, 0], ids=["labhost3", "labhost1-rank0"])

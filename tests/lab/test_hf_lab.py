@@ -18,8 +18,7 @@ import pytest
 
 from reference_train import prepare
 from tests.hf_support import LLAMA3_CONFIG, make_llama_folder, mlx_lm_logits, train_tokenizer
-from tests.lab.jobs import training_setup
-from tests.lab.test_resume_lab import on_host
+from tests.lab.jobs import on_host, training_setup
 
 pytestmark = pytest.mark.lab
 

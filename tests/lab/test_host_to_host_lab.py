@@ -25,7 +25,7 @@ import pytest
 from click.testing import CliRunner
 
 from mlxcluster.cli import main
-from tests.lab.jobs import LIBMPI, MPI_ENV, OPENBLAS_ENV
+from tests.lab.jobs import LIBMPI, MPI_ENV, OPENBLAS_ENV, run_train
 
 pytestmark = pytest.mark.lab
 
@@ -144,7 +144,6 @@ def test_train_preflight_and_launch_need_no_host_to_host_ssh(untrusted, lab_data
     """`mlxcluster train -i` used to stop at its doctor preflight here
     ("doctor found 1 failing check(s)": host-to-host-ssh) although neither
     launcher needs hosts to ssh each other."""
-    from tests.lab.test_train_lab import run_train
 
     proc, out = run_train(untrusted, tmp_path, lab_data, backend, steps=2, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from mlxcluster.cli import main
-from tests.lab.test_lab import run_job
+from tests.lab.jobs import run_job
 
 pytestmark = pytest.mark.lab
 

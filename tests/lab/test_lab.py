@@ -12,18 +12,12 @@ from pathlib import Path
 import pytest
 
 from tests.lab import our_namespaces
+from tests.lab.jobs import run_job
 
 pytestmark = pytest.mark.lab
 
 HERE = Path(__file__).resolve().parent
 VENV_BIN = Path(sys.executable).parent
-
-
-def run_job(cmd: list[str], lab, timeout: float = 120) -> list[tuple[int, int, int, str]]:
-    proc = subprocess.run(cmd, env=lab.env(), capture_output=True, text=True, timeout=timeout)
-    rows = [line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert rows, f"no result (rc={proc.returncode}):\n{proc.stdout}\n{proc.stderr[-3000:]}"
-    return sorted((int(r), int(s), int(v), host) for r, s, v, host in rows)
 
 
 def test_three_hosts_each_with_own_hostname(lab3):

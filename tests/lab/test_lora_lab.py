@@ -25,9 +25,7 @@ import pytest
 
 from tests.chat_support import make_chat_folder
 from tests.hf_support import make_llama_folder
-from tests.lab.jobs import training_setup
-from tests.lab.test_elastic_lab import records
-from tests.lab.test_resume_lab import on_host
+from tests.lab.jobs import on_host, records, training_setup
 from tests.test_chat_data import learning_data
 from tests.test_lora_learning import CONFIG
 from tests.train_support import read_metrics, run_trainer

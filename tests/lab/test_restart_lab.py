@@ -13,8 +13,7 @@ import uuid
 
 import pytest
 
-from tests.lab.jobs import bracketed, left_on_hosts, training_setup
-from tests.lab.test_stall_lab import rank_process
+from tests.lab.jobs import bracketed, left_on_hosts, rank_process, training_setup
 from tests.train_support import run_trainer, train_losses
 
 pytestmark = pytest.mark.lab

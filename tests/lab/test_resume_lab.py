@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.jobs import REPO
+from tests.lab.jobs import REPO, on_host
 from tests.train_support import run_trainer, train_losses
 
 pytestmark = pytest.mark.lab
@@ -45,11 +45,6 @@ def launch(lab, tmp_path: Path, args: list[str]) -> subprocess.CompletedProcess:
 def losses_on(lab, host: int, out: Path) -> dict[int, float]:
     lines = lab.host_read(host, out / "metrics.jsonl").splitlines()
     return {r["step"]: r["loss"] for r in map(json.loads, filter(None, lines)) if "loss" in r}
-
-
-def on_host(lab, host: int, path: Path) -> Path:
-    """Where `path` (under lab.disk) of host `host` lies, seen from this machine."""
-    return lab.host_disk(lab.hosts[host]) / path.relative_to(lab.disk)
 
 
 @pytest.fixture(scope="module")

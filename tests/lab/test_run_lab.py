@@ -14,32 +14,9 @@ import uuid
 
 import pytest
 
-from tests.lab.jobs import REPO, bracketed, left_on_hosts, training_setup
+from tests.lab.jobs import ALLSUM, FAILS, REPO, bracketed, left_on_hosts, training_setup
 
 pytestmark = pytest.mark.lab
-
-ALLSUM = """
-import socket, sys
-import mlx.core as mx
-g = mx.distributed.init(strict=True, backend="any")
-total = mx.distributed.all_sum(mx.array([1.0])).item()
-print(f"rank {g.rank()} of {g.size()} on {socket.gethostname()}: all_sum {total:.0f} {sys.argv[1:]}")
-"""
-
-FAILS = """
-import sys, time
-import mlx.core as mx
-g = mx.distributed.init(strict=True, backend="any")
-mx.eval(mx.distributed.all_sum(mx.array([1.0])))
-print(f"rank {g.rank()} ready", flush=True)
-# Every rank has printed before rank 1 leaves (mpirun drops output still in flight when
-# it aborts the job: rank 0's "ready" line was lost once).
-mx.eval(mx.distributed.all_sum(mx.array([1.0])))
-if g.rank() == 1:
-    time.sleep(1)
-    sys.exit(3)
-time.sleep(300)
-"""
 
 # Rank 1 leaves while the others are inside all_sum: their collective fails after it
 # (ring: "connection to a peer was lost"; MPI: MPI_ERRORS_ARE_FATAL, mpirun names the

@@ -21,8 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.lab.jobs import bracketed, left_on_hosts, training_setup
-from tests.lab.test_run_lab import ALLSUM, FAILS
+from tests.lab.jobs import ALLSUM, FAILS, bracketed, left_on_hosts, training_setup
 
 pytestmark = pytest.mark.lab
 

@@ -22,7 +22,14 @@ import pytest
 
 from mlxcluster.errors import EXIT_STALLED
 from mlxcluster.jobs.stall import AUTO_FLOOR_S
-from tests.lab.jobs import bracketed, left_on_hosts, our_prted, start_training, wait_for_losses
+from tests.lab.jobs import (
+    bracketed,
+    left_on_hosts,
+    our_prted,
+    rank_process,
+    start_training,
+    wait_for_losses,
+)
 
 pytestmark = pytest.mark.lab
 
@@ -36,20 +43,6 @@ DETECTION_BOUND_S = 25  # measured: 5.5-10.6 s over 7 runs
 # the rank stopped after the first logged step: 5.7 s over the floor (65.7 s) with
 # a full test run beside it; earlier 12.0 and 25.9 s with the load average at 40-45.
 FLOOR_DETECTION_BOUND_S = 20
-
-
-def rank_process(lab, host, out) -> tuple[int, str]:
-    """(pid, run id) of this run's rank on ``host``, found as a user would:
-    over ssh on that host, by the wrapper's pid file of the run id read from
-    the rank's command line."""
-    cmdline = lab.ssh(host, f"pgrep -af '[r]ank_wrapper.*--out {out}' || true").stdout
-    found = re.search(r"mlxcluster_run=(mlxtrain-[0-9a-f]+)", cmdline)
-    assert found, cmdline
-    run_id = found.group(1)
-    rank = lab.hosts.index(host)
-    pid_file = lab.ssh(host, f"cat /tmp/mlxcluster-stacks/{run_id}/rank{rank}.pid").stdout.split()
-    assert pid_file[1] == host.name, pid_file  # the rank runs on that host
-    return int(pid_file[0]), run_id
 
 
 def stop_rank_1_mid_training(lab, proc, metrics, wait_s: float,

@@ -10,22 +10,9 @@ import uuid
 
 import pytest
 
-from tests.lab.jobs import REPO, training_setup
+from tests.lab.jobs import REPO, run_train, training_setup
 
 pytestmark = pytest.mark.lab
-
-
-def run_train(lab, tmp_path, data, backend, *extra, steps=3, timeout=300):
-    """mlxcluster train -i <lab inventory>; returns (process, the run's unique out dir),
-    the out dir on every host's own disk and this machine's (lab.disk)."""
-    inventory, env = training_setup(lab, tmp_path)
-    out = lab.disk / f"run-{uuid.uuid4().hex[:8]}"
-    cmd = [sys.executable, "-m", "mlxcluster", "train", "-i", str(inventory), "--backend",
-           backend, "--config", "tiny", *extra, "--", "--steps", str(steps), "--global_batch", "6", "--data", str(data),
-           "--out", str(out), "--sample_tokens", "0"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
-                          cwd=tmp_path)
-    return proc, out
 
 
 def assert_nothing_left(lab, out):
