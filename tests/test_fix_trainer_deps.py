@@ -30,7 +30,8 @@ from mlxcluster.facts.capture import PROBE, HostCapture
 from mlxcluster.facts.collect import probe_source
 from mlxcluster.launch.trainer import data_modules
 from reference_train.config import build_config
-from tests.test_fix_mlx_version import LocalHosts, inventory_of
+from tests.fakes import FakeSsh
+from tests.inventory_support import inventory_of
 from tests.test_probe import load_probe_module
 
 HERE = sys.executable
@@ -222,7 +223,7 @@ def test_wheels_fetched_once_sent_installed_and_undo_uninstalls_what_pip_install
     captures = hosts(real_probe, python=pip_that_installs, b=["yaml"], c=["yaml"])
     _, plan = plan_for(captures, python=pip_that_installs)
     assert [a.hosts for a in plan.actions] == [("b",), ("c",)]
-    machines = LocalHosts(tmp_path / "hosts", captures)
+    machines = FakeSsh.local(tmp_path / "hosts", inventory_of(captures))
     journal = Journal.create(fixes_dir(), "/tmp/x/cluster.yaml")
     entries = apply_plan(plan, journal, ApplyContext(machines))
     assert [e["status"] for e in entries] == ["applied", "applied"], entries
@@ -250,7 +251,8 @@ def test_an_install_that_installed_nothing_is_unchanged_with_nothing_to_undo(tmp
     py.chmod(0o755)
     captures = hosts(real_probe, python=str(py), b=["yaml"])
     _, plan = plan_for(captures, python=str(py))
-    [entry] = apply_plan(plan, Journal.create(fixes_dir(), None), ApplyContext(LocalHosts(tmp_path / "h", captures)))
+    machines = FakeSsh.local(tmp_path / "h", inventory_of(captures))
+    [entry] = apply_plan(plan, Journal.create(fixes_dir(), None), ApplyContext(machines))
     assert entry["status"] == "unchanged" and entry["undo"] is None
 
 
@@ -282,33 +284,6 @@ def test_a_wrong_typed_version_is_unknown_not_a_crash(real_probe, version):
     captures["a"] = HostCapture("a", {PROBE: json.dumps(bad)})
     r = check(captures)
     assert r.status is Status.FAIL and r.hosts["a"].startswith("numpy ") and "PyYAML (version unknown)" in r.hosts["a"]
-
-
-@pytest.fixture
-def doctor_asked(tmp_path, monkeypatch):
-    """An inventory, and what run_doctor is asked for (its trainer_modules) by
-    doctor and doctor --fix, run_doctor standing in for the hosts."""
-    from mlxcluster.cli import doctor as doctor_cli
-    from mlxcluster.doctor.doctor import DoctorReport
-    from mlxcluster.doctor.fixes import session
-
-    inventory = tmp_path / "cluster.yaml"
-    inventory.write_text("cluster: c\npython: /usr/bin/python3\nhosts:\n  - {name: a, ssh: a.local}\n")
-    asked = []
-
-    def run_doctor(inv, **kwargs):
-        asked.append(kwargs.get("trainer_modules"))
-        return DoctorReport("pass", [], {}, {}, True, 0.1, "c")
-
-    class Runner:
-        def close(self):
-            pass
-
-    monkeypatch.setattr(doctor_cli, "run_doctor", run_doctor)
-    monkeypatch.setattr(session, "run_doctor", run_doctor)
-    monkeypatch.setattr(session, "open_runner", lambda *a, **k: Runner())
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    return str(inventory), asked
 
 
 def test_doctor_train_data_asks_for_what_that_data_needs_and_fix_passes_it_on(tmp_path, doctor_asked):

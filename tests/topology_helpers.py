@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from mlxcluster.facts import capture as C
+from tests.inventory_support import inventory_text
 
 OMLX = {
     "mbp": {
@@ -75,13 +76,6 @@ def drop_peer_uuids(host: str, file_name: str, text: str) -> str:
         for item in bus.get("_items", []):
             item.pop("domain_uuid_key", None)
     return json.dumps(data)
-
-
-def inventory_text(names: list[str], env: str = "") -> str:
-    """An inventory of ``names`` at 10.9.0.1, 10.9.0.2... (``env``: a top-level env block)."""
-    return "cluster: c\npython: /usr/bin/python3\n" + env + "hosts:\n" + "".join(
-        f"  - name: {n}\n    ssh: 10.9.0.{i + 1}\n    ips: [10.9.0.{i + 1}]\n"
-        for i, n in enumerate(names))
 
 
 def tb5_pair(fixtures: Path, tmp_path: Path) -> tuple[Path, Path]:
