@@ -19,6 +19,7 @@ from mlxcluster.facts.capture import PROBE, HostCapture
 from mlxcluster.inventory.inventory import parse_inventory
 from tests.fakes import SUDO_WANTS_PASSWORD, FakeSsh
 from tests.inventory_support import inventory_text
+from tests.probe_support import load_probe_module
 
 SFW = "/usr/libexec/ApplicationFirewall/socketfilterfw"
 PY = "/opt/homebrew/Cellar/python@3.12/3.12.8/Frameworks/Python.framework/Versions/3.12/Resources/Python.app/Contents/MacOS/Python"
@@ -164,8 +165,6 @@ def test_the_probe_asks_the_firewall_about_the_file_it_runs(real, tmp_path):
     """probe_firewall's questions to a fake socketfilterfw answering with the
     captured texts, read back through HostFacts by the check (Linux here: the
     path is sys.executable resolved; on a Mac, proc_pidpath's)."""
-    from tests.test_probe import load_probe_module
-
     probe = load_probe_module()
     fake = tmp_path / "socketfilterfw"
     answers = {"--getblockall": real["blockall"], "--listapps": real["listapps"]}

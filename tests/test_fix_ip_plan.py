@@ -20,25 +20,18 @@ from mlxcluster.hostfile.ipplan import plan_ips
 from mlxcluster.inventory.inventory import parse_inventory
 from mlxcluster.topology.topology import build_topology
 from tests.fakes import SUDO_WANTS_PASSWORD, FakeSsh
+from tests.fix_support import (
+    GLPI_IFCONFIG,
+    MBP,
+    MBP_COMMANDS,
+    MBP_UNDO,
+    STUDIO,
+    STUDIO_COMMANDS,
+    STUDIO_UNDO,
+    TN3205_IFCONFIG,
+)
 from tests.inventory_support import inventory_text
 from tests.topology_helpers import OMLX, make_capture_dir
-
-# mbp: the glpi MacBook Pro's ifconfig -a (en1, its cable's port, a bridge0 member
-# without inet; bridge0 UP). studio: Apple TN3205's `ifconfig en2`, self-assigned
-# 169.254.205.255/16, as en3 (where the studio's cable is).
-GLPI_IFCONFIG = "ifconfig_a_glpi_mbp16_apple_silicon_2021_macos14.4_bridge0_en1_en2_en3.txt"
-TN3205_IFCONFIG = "ifconfig_en2_apple_tn3205_thunderbolt_ip_linklocal.txt"
-MBP, STUDIO = "10.9.0.1", "10.9.0.2"  # their ssh addresses in the inventory
-
-MBP_COMMANDS = ["sudo -n ifconfig bridge0 down",
-                "sudo -n ifconfig en1 inet 192.168.0.1 netmask 255.255.255.252",
-                "sudo -n route change 192.168.0.2 -interface en1"]
-MBP_UNDO = ["sudo -n ifconfig en1 inet 192.168.0.1 -alias", "sudo -n ifconfig bridge0 up"]
-STUDIO_COMMANDS = ["sudo -n ifconfig en3 inet 192.168.0.2 netmask 255.255.255.252",
-                   "sudo -n route change 192.168.0.1 -interface en3"]
-STUDIO_UNDO = ["sudo -n ifconfig en3 inet 192.168.0.2 -alias",
-               "sudo -n ifconfig en3 inet 169.254.205.255 netmask 255.255.0.0 alias"]
-
 
 
 def captures(macos_fixtures, tmp_path, studio_ifconfig=TN3205_IFCONFIG):

@@ -33,7 +33,7 @@ from mlxcluster.jobs.job import Job, program_imports
 from mlxcluster.jobs.preflight import probe_arguments
 from tests.fakes import FakeSsh
 from tests.inventory_support import inventory_of
-from tests.test_fix_trainer_deps import run_probe
+from tests.probe_support import run_probe
 
 HERE = sys.executable
 HERE_VERSION = metadata.version("mlx-lm")  # this machine's: wins a tie it is part of
@@ -72,7 +72,7 @@ def test_the_probe_reports_mlx_lm_and_its_version_and_a_python_without_it_none(t
     assert run_probe()["trainer_modules"]["mlx_lm"] == {"distribution": "mlx-lm", "found": True,
                                                         "version": HERE_VERSION}
     subprocess.run([HERE, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True, timeout=60)
-    assert run_probe(str(tmp_path / "venv" / "bin" / "python"))["trainer_modules"]["mlx_lm"] == {
+    assert run_probe(python=str(tmp_path / "venv" / "bin" / "python"))["trainer_modules"]["mlx_lm"] == {
         "distribution": "mlx-lm", "found": False, "version": None}
 
 

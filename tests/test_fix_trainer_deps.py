@@ -11,7 +11,6 @@ from __future__ import annotations
 import ast
 import copy
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,22 +26,15 @@ from mlxcluster.doctor.fixes.apply import ApplyContext, apply_plan, undo_journal
 from mlxcluster.doctor.fixes.journal import Journal, fixes_dir, read_journal
 from mlxcluster.doctor.fixes.plan import build_plan
 from mlxcluster.facts.capture import PROBE, HostCapture
-from mlxcluster.facts.collect import probe_source
 from mlxcluster.launch.trainer import data_modules
 from reference_train.config import build_config
 from tests.fakes import FakeSsh
 from tests.inventory_support import inventory_of
-from tests.test_probe import load_probe_module
+from tests.probe_support import load_probe_module, run_probe
 
 HERE = sys.executable
 SPEC = next(s for s in load_checks() if s.id == "trainer-deps")
 TRAIN = Path(__file__).parent.parent / "reference_train"
-
-
-def run_probe(python: str = HERE) -> dict:
-    proc = subprocess.run([python, "-"], input=probe_source(), capture_output=True, text=True, timeout=60,
-                          env={"HOME": os.environ.get("HOME", "/root"), "PATH": "/usr/bin:/bin"})
-    return json.loads(proc.stdout)
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +73,7 @@ def test_the_probe_reports_each_module_and_its_version_without_importing_it(real
 
 def test_a_python_without_them_reports_them_absent(tmp_path):
     subprocess.run([HERE, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True, timeout=60)
-    got = run_probe(str(tmp_path / "venv" / "bin" / "python"))["trainer_modules"]
+    got = run_probe(python=str(tmp_path / "venv" / "bin" / "python"))["trainer_modules"]
     assert got["yaml"] == {"distribution": "PyYAML", "found": False, "version": None}
     assert not got["numpy"]["found"] and not got["tokenizers"]["found"]
 

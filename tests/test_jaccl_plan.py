@@ -29,11 +29,11 @@ from mlxcluster.jobs.plan import LaunchPlan, launcher_argv, mlx_launch_path, wri
 from mlxcluster.launch.preflight import SMOKE_OPTIONS, smoke_ranks
 from mlxcluster.smoke.launch import plan_launch
 from tests.inventory_support import inventory_text
-from tests.test_checks_topology import slow_osaurus
 from tests.topology_helpers import (
     OSAURUS,
     RecordingCollect,
     make_capture_dir,
+    slow_osaurus,
     tb5_pair,
 )
 

@@ -1,5 +1,6 @@
 """Assemble capture directories (DIR/<host>/<capture file>) from the shared
-real macOS captures, as ``doctor --collect`` would have written them."""
+real macOS captures, as ``doctor --collect`` would have written them, and the
+edits that make other cabling of them (a slower cable, peers not recognised)."""
 
 from __future__ import annotations
 
@@ -65,6 +66,14 @@ def make_capture_dir(fixtures: Path, root: Path, layout: dict, edit=None) -> Pat
                 text = edit(host, file_name, text)
             (root / host / file_name).write_text(text, encoding="utf-8")
     return root
+
+
+def slow_osaurus(host: str, file_name: str, text: str) -> str:
+    """The osaurus cable at TB4 speed (both ends report 40 Gb/s)."""
+    if host in ("local", "peer") and file_name == C.THUNDERBOLT:
+        return text.replace('"current_speed_key": "80 Gb/s",\n    "link_status_key": "0x2"',
+                            '"current_speed_key": "40 Gb/s",\n    "link_status_key": "0x2"')
+    return text
 
 
 def drop_peer_uuids(host: str, file_name: str, text: str) -> str:

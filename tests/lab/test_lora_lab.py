@@ -28,8 +28,8 @@ from tests.hf_support import make_llama_folder
 from tests.lab.jobs import training_setup
 from tests.lab.test_elastic_lab import records
 from tests.lab.test_resume_lab import on_host
-from tests.test_chat_data import learning_data
-from tests.test_lora_learning import CONFIG
+from tests.learning_support import MODEL_CONFIG as CONFIG
+from tests.learning_support import learning_data
 from tests.train_support import read_metrics, run_trainer
 
 pytestmark = pytest.mark.lab
