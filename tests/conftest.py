@@ -131,19 +131,23 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-@pytest.fixture(scope="module")
+# ---- the fine-tuning tests' model and data ---------------------------------------------
+
+@pytest.fixture(scope="session")
 def llama(tmp_path_factory):
     """A tiny random Llama 3 folder (mlx-lm's classes and writer) with a BPE tokenizer trained
-    here: the fine-tuning tests' model (one per test module)."""
+    here: the fine-tuning tests' model, made once per run. Tests only read it (a test that
+    changes a model works on a copy)."""
     from tests.hf_support import LLAMA3_CONFIG, make_llama_folder, train_tokenizer
 
     return make_llama_folder(tmp_path_factory.mktemp("hf") / "tiny-llama", LLAMA3_CONFIG,
                              tokenizer=train_tokenizer())
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def llama_data(llama, tmp_path_factory):
-    """200 stories of the bundled corpus tokenized with `llama`'s tokenizer."""
+    """200 stories of the bundled corpus tokenized with `llama`'s tokenizer, made once per
+    run; tests only read it."""
     from reference_train import prepare
 
     out = tmp_path_factory.mktemp("data") / "llama"
