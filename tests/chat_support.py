@@ -1,6 +1,7 @@
 """Tiny tokenizer folders with real chat templates (Qwen 2.5, Qwen 3, Llama 3 style), for the
 JSONL data tests: a byte-level BPE trained here (no download), saved by transformers as
-mlx-lm's conversion saves it, the template in tokenizer_config.json or chat_template.jinja."""
+mlx-lm's conversion saves it, the template in tokenizer_config.json or chat_template.jinja;
+and the JSONL files of rows those tests tokenize."""
 
 from __future__ import annotations
 
@@ -138,4 +139,10 @@ def make_chat_folder(path: Path, style: str) -> Path:
         cfg = json.loads((path / "tokenizer_config.json").read_text())
         cfg["chat_template"] = template
         (path / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
+    return path
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    """``rows`` as a JSONL file at ``path``, one JSON object a line."""
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path

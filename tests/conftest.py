@@ -98,21 +98,68 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-@pytest.fixture(scope="module")
+# ---- the fine-tuning tests' model and data ---------------------------------------------
+
+@pytest.fixture(scope="session")
 def llama(tmp_path_factory):
     """A tiny random Llama 3 folder (mlx-lm's classes and writer) with a BPE tokenizer trained
-    here: the fine-tuning tests' model (one per test module)."""
+    here: the fine-tuning tests' model, made once per run. Tests only read it (a test that
+    changes a model works on a copy)."""
     from tests.hf_support import LLAMA3_CONFIG, make_llama_folder, train_tokenizer
 
     return make_llama_folder(tmp_path_factory.mktemp("hf") / "tiny-llama", LLAMA3_CONFIG,
                              tokenizer=train_tokenizer())
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def llama_data(llama, tmp_path_factory):
-    """200 stories of the bundled corpus tokenized with `llama`'s tokenizer."""
+    """200 stories of the bundled corpus tokenized with `llama`'s tokenizer, made once per
+    run; tests only read it."""
     from reference_train import prepare
 
     out = tmp_path_factory.mktemp("data") / "llama"
     assert prepare.main(["--out", str(out), "--tokenizer", str(llama), "--stories", "200"]) == 0
     return out
+
+
+# ---- inventories and doctor runs without hosts (tests/inventory_support.py, tests/fakes.py) --
+
+@pytest.fixture
+def inventory_file(request, tmp_path) -> Path:
+    """tmp_path/cluster.yaml holding the test module's INVENTORY text: the inventory its
+    tests give commands, edit (doctor --fix) and compare with that text byte for byte."""
+    path = tmp_path / "cluster.yaml"
+    path.write_text(request.module.INVENTORY)
+    return path
+
+
+@pytest.fixture
+def inventory(inventory_file):
+    """``inventory_file`` loaded."""
+    from mlxcluster.inventory.inventory import load_inventory
+
+    return load_inventory(inventory_file)
+
+
+@pytest.fixture
+def doctor_asked(tmp_path, monkeypatch):
+    """An inventory, and what run_doctor is asked for (its trainer_modules) by doctor and
+    doctor --fix, run_doctor standing in for the hosts (no command reaches one)."""
+    from mlxcluster.cli import doctor as doctor_cli
+    from mlxcluster.doctor.doctor import DoctorReport
+    from mlxcluster.doctor.fixes import session
+    from tests.fakes import FakeSsh
+
+    inventory = tmp_path / "cluster.yaml"
+    inventory.write_text("cluster: c\npython: /usr/bin/python3\nhosts:\n  - {name: a, ssh: a.local}\n")
+    asked = []
+
+    def run_doctor(inv, **kwargs):
+        asked.append(kwargs.get("trainer_modules"))
+        return DoctorReport("pass", [], {}, {}, True, 0.1, "c")
+
+    monkeypatch.setattr(doctor_cli, "run_doctor", run_doctor)
+    monkeypatch.setattr(session, "run_doctor", run_doctor)
+    monkeypatch.setattr(session, "open_runner", lambda *a, **k: FakeSsh(default=None))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    return str(inventory), asked

@@ -18,8 +18,9 @@ import pytest
 from reference_train.data import ShardedBatches, load_meta, open_split, validation_batches
 from reference_train.prepare import main as prepare_main
 
-from .chat_support import make_chat_folder
+from .chat_support import make_chat_folder, write_jsonl
 from .conftest import require
+from .learning_support import N_WORDS, WORDS, learning_data
 from .train_support import MLX_LAUNCH, FakeGroup, read_metrics, run_trainer
 
 STYLES = ("qwen25", "qwen3", "qwen3-nothink", "llama3")
@@ -62,11 +63,6 @@ ROWS = {
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("tokenizers")
     return {style: make_chat_folder(root / style, style) for style in STYLES}
-
-
-def write_jsonl(path: Path, rows: list) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 def mlx_lm_rows(folder: Path, rows: list, mask_prompt: bool) -> list[tuple[list[int], int]]:
@@ -242,22 +238,6 @@ def test_folder_layout_and_its_errors(folders, tmp_path, capsys):
                          str(other)]) == 2
     assert "chat_template_type 'x'" in capsys.readouterr().err
     assert not (tmp_path / "o2").exists()
-
-
-WORDS = ("apple river stone cloud tiger lamp ocean seven purple window garden silver "
-         "candle mountain pencil rocket forest bottle dragon violin").split()
-ANSWER = "I like that very much."
-N_WORDS = 4
-
-
-def learning_data(folder: Path, out: Path, mask: bool, n: int = 192) -> Path:
-    rng = random.Random(0)
-    rows = [{"messages": [{"role": "user", "content": " ".join(rng.choices(WORDS, k=N_WORDS))},
-                          {"role": "assistant", "content": ANSWER}]} for _ in range(n)]
-    src = write_jsonl(out.parent / f"{out.name}.jsonl", rows)
-    args = ["--out", str(out), "--jsonl", str(src), "--tokenizer", str(folder), "--val-every", "8"]
-    assert prepare_main(args + (["--mask_prompt"] if mask else [])) == 0
-    return out
 
 
 def test_a_masked_chat_learns_the_answer_and_an_unmasked_one_cannot(folders, tmp_path):

@@ -7,16 +7,11 @@ from mlxcluster.doctor.checks.base import REGISTRY, CheckContext, Status, run_ch
 from mlxcluster.doctor.checks.common import BAD
 from mlxcluster.facts import capture as C
 from mlxcluster.facts.capture import HostCapture
-from mlxcluster.inventory.inventory import parse_inventory
+from tests.inventory_support import inventory_with_ips
 
 CLASHX = "netstat_rn_macos_clashx_tun_tailscale_utun3_tb_en7_linklocal.txt"
 STUDIO = "netstat_rn_mac_studio_tailscale_utun4_vm_bridges_bridge0_en2_en7_INET_EXCERPT.txt"
 LINUX = "ip_route_linux_dev_box_debian_eth0_bridge.txt"
-
-
-def inventory(**ips):
-    hosts = "\n".join(f"  - {{name: {n}, ssh: {n}.lan, ips: [{', '.join(v)}]}}" for n, v in ips.items())
-    return parse_inventory(f"cluster: t\npython: /usr/bin/python3\nhosts:\n{hosts}\n", "inv.yaml")
 
 
 def run(captures, inv=None, backend=None):
@@ -32,7 +27,7 @@ def test_linklocal_claimed_by_wifi_and_thunderbolt_fails_with_both_routes(macos_
     # The ClashX Mac: 169.254/16 on en1 (Wi-Fi, unscoped) and on en7 (scoped).
     # Its own 169.254.92.128 and the peer's 169.254.89.170 are both ambiguous.
     caps = {"mac": HostCapture("mac", routes(macos_fixtures, CLASHX)), "peer": HostCapture("peer")}
-    r = run(caps, inventory(mac=["169.254.92.128"], peer=["169.254.89.170"]))
+    r = run(caps, inventory_with_ips(mac=["169.254.92.128"], peer=["169.254.89.170"]))
     assert r.status == Status.FAIL
     assert r.hosts["mac"] == BAD + (
         "169.254.92.128: claimed by 2 interfaces: 169.254.0.0/16 on en1 and 169.254.0.0/16 on en7 (scoped); "
@@ -45,17 +40,17 @@ def test_vpn_that_takes_all_of_ipv4_captures_a_peer(macos_fixtures):
     # ClashX's utun10 holds 1/8 ... 128/1 (all of IPv4 but 0/8): a peer at
     # 10.0.0.2 with no direct route goes into the tunnel.
     caps = {"mac": HostCapture("mac", routes(macos_fixtures, CLASHX))}
-    r = run(caps, inventory(mac=["192.168.31.166"], peer=["10.0.0.2"]), backend="ring")
+    r = run(caps, inventory_with_ips(mac=["192.168.31.166"], peer=["10.0.0.2"]), backend="ring")
     assert r.status == Status.FAIL
     assert r.hosts["mac"] == BAD + "10.0.0.2 (peer): goes into the VPN/overlay route 8.0.0.0/5 gw 198.18.0.1 on utun10"
 
 
 def test_tailscale_range_and_direct_lan(macos_fixtures):
     caps = {"studio": HostCapture("studio", routes(macos_fixtures, STUDIO))}
-    bad = run(caps, inventory(studio=["192.168.68.52"], tsnode=["100.101.5.9"]), backend="mpi")
+    bad = run(caps, inventory_with_ips(studio=["192.168.68.52"], tsnode=["100.101.5.9"]), backend="mpi")
     assert bad.status == Status.FAIL
     assert bad.hosts["studio"] == BAD + "100.101.5.9 (tsnode): goes into the VPN/overlay route 100.64.0.0/10 on utun4"
-    good = run(caps, inventory(studio=["192.168.68.52"], peer=["192.168.68.60"]))
+    good = run(caps, inventory_with_ips(studio=["192.168.68.52"], peer=["192.168.68.60"]))
     assert good.status == Status.PASS
     assert good.hosts["studio"] == "2 data IPs (the inventory's ips) routed directly"
 
@@ -63,7 +58,7 @@ def test_tailscale_range_and_direct_lan(macos_fixtures):
 def test_linux_routes_pass_and_a_stray_wide_route_fails(macos_fixtures):
     text = (macos_fixtures / LINUX).read_text()
     caps = {"box": HostCapture("box", {C.ROUTES: text})}
-    inv = inventory(box=["192.0.2.2"], other=["192.0.2.7"])
+    inv = inventory_with_ips(box=["192.0.2.2"], other=["192.0.2.7"])
     assert run(caps, inv).status == Status.PASS
     stray = {"box": HostCapture("box", {C.ROUTES: text + "192.0.0.0/8 dev dummy0 scope link \n"})}
     r = run(stray, inv)
@@ -72,7 +67,7 @@ def test_linux_routes_pass_and_a_stray_wide_route_fails(macos_fixtures):
 
 
 def test_no_routes_or_no_ips_skip(macos_fixtures):
-    assert run({"a": HostCapture("a")}, inventory(a=["10.0.0.1"])).status == Status.SKIP
+    assert run({"a": HostCapture("a")}, inventory_with_ips(a=["10.0.0.1"])).status == Status.SKIP
     assert run({"a": HostCapture("a", routes(macos_fixtures, STUDIO))}).status == Status.SKIP
 
 
@@ -81,7 +76,7 @@ def test_garbled_routes_never_crash(macos_fixtures):
 
     text = (macos_fixtures / CLASHX).read_text()
     rng = random.Random(7)
-    inv = inventory(mac=["169.254.92.128"], peer=["10.0.0.2"])
+    inv = inventory_with_ips(mac=["169.254.92.128"], peer=["10.0.0.2"])
     for _ in range(60):
         chars = list(text)
         for _ in range(len(chars) // 30):
@@ -111,7 +106,7 @@ def test_wifi_and_thunderbolt_data_ips_mixed_warn_with_the_cost(macos_fixtures):
     caps = {"mbp": HostCapture("mbp", files(macos_fixtures, **{C.IFCONFIG: GLPI_IFCONFIG, C.HARDWARE_PORTS: GLPI_PORTS})),
             "mini": HostCapture("mini", files(macos_fixtures, **{C.IFCONFIG: TN3205_IFCONFIG,
                                                                  C.HARDWARE_PORTS: OSAURUS_PORTS}))}
-    inv = inventory(mbp=["192.168.2.46"], mini=["169.254.205.255"])
+    inv = inventory_with_ips(mbp=["192.168.2.46"], mini=["169.254.205.255"])
     r = kinds(caps, inv)
     assert r.status == Status.WARN
     assert r.hosts == {"mbp": "! 192.168.2.46 on en0 (Wi-Fi, speed unknown); 192.168.2.46 is on Wi-Fi",
@@ -126,6 +121,6 @@ def test_wifi_and_thunderbolt_data_ips_mixed_warn_with_the_cost(macos_fixtures):
 def test_all_thunderbolt_passes(macos_fixtures):
     one = files(macos_fixtures, **{C.IFCONFIG: TN3205_IFCONFIG, C.HARDWARE_PORTS: OSAURUS_PORTS})
     caps = {"a": HostCapture("a", one), "b": HostCapture("b", one)}
-    r = kinds(caps, inventory(a=["169.254.205.255"], b=["169.254.205.255"]))
+    r = kinds(caps, inventory_with_ips(a=["169.254.205.255"], b=["169.254.205.255"]))
     assert r.status == Status.PASS
-    assert kinds({"a": HostCapture("a")}, inventory(a=["10.0.0.1"])).status == Status.SKIP
+    assert kinds({"a": HostCapture("a")}, inventory_with_ips(a=["10.0.0.1"])).status == Status.SKIP

@@ -8,7 +8,7 @@ from mlxcluster.facts import capture as C
 from mlxcluster.facts.capture import load_capture_dir
 from mlxcluster.hostfile.hostfile_generate import generate_mlx_hostfile
 from mlxcluster.inventory.inventory import parse_inventory
-from tests.topology_helpers import MACCLUSTER, OMLX, OSAURUS, make_capture_dir
+from tests.topology_helpers import MACCLUSTER, OMLX, OSAURUS, make_capture_dir, slow_osaurus
 
 IDS = ["thunderbolt-links", "ring-or-mesh", "tb4-for-jaccl", "rdma-devices",
        "thunderbolt-bridge", "link-speeds-differ", "hostfile-matches-topology"]
@@ -23,14 +23,6 @@ def run(captures, backend=None, **options):
 def caps(fixtures, tmp_path, *layouts, edit=None):
     layout = {k: v for lay in layouts for k, v in lay.items()}
     return load_capture_dir(make_capture_dir(fixtures, tmp_path / "cap", layout, edit))
-
-
-def slow_osaurus(host, file_name, text):
-    """The osaurus cable at TB4 speed (both ends report 40 Gb/s)."""
-    if host in ("local", "peer") and file_name == C.THUNDERBOLT:
-        return text.replace('"current_speed_key": "80 Gb/s",\n    "link_status_key": "0x2"',
-                            '"current_speed_key": "40 Gb/s",\n    "link_status_key": "0x2"')
-    return text
 
 
 def test_all_ids_registered():

@@ -15,7 +15,9 @@ from mlxcluster.cli import doctor_fix, main
 from mlxcluster.doctor.checks.base import CheckResult, Status
 from mlxcluster.doctor.doctor import DoctorReport
 from mlxcluster.doctor.fixes import session as session_module
+from tests.fakes import FakeSsh
 
+# The inventory_file fixture's text (tests/conftest.py); the comment must survive the edit.
 INVENTORY = "cluster: lab  # kept\npython: /opt/venv/bin/python\nhosts:\n" \
             "  - name: a\n    ssh: 10.0.0.1\n  - name: b\n    ssh: 10.0.0.2\n"
 LIB = "/opt/venv/lib/libmpi.so.40"
@@ -40,27 +42,12 @@ class Session:
         self.calls = 0
         self.inventories = []
         monkeypatch.setattr(session_module, "run_doctor", self.run_doctor)
-        monkeypatch.setattr(session_module, "open_runner", lambda *a, **k: FakeRunner())
+        monkeypatch.setattr(session_module, "open_runner", lambda *a, **k: FakeSsh(default=None))
 
     def run_doctor(self, inventory, **kwargs):
         self.calls += 1
         self.inventories.append(inventory)
         return self.reports.pop(0)
-
-
-class FakeRunner:
-    def run(self, *a, **k):
-        raise AssertionError("no command on a host in these tests")
-
-    def close(self):
-        pass
-
-
-@pytest.fixture
-def inventory(tmp_path) -> Path:
-    path = tmp_path / "cluster.yaml"
-    path.write_text(INVENTORY)
-    return path
 
 
 def journals() -> list[Path]:
@@ -72,59 +59,59 @@ def invoke(*args, input=None):
     return CliRunner().invoke(main, ["doctor", *args], input=input)
 
 
-def test_fix_yes_applies_checks_again_and_exits_0(monkeypatch, inventory):
+def test_fix_yes_applies_checks_again_and_exits_0(monkeypatch, inventory_file):
     session = Session(monkeypatch, report(libmpi(Status.WARN)), report(libmpi(Status.PASS)))
-    result = invoke("-i", str(inventory), "--fix", "--yes")
+    result = invoke("-i", str(inventory_file), "--fix", "--yes")
     assert result.exit_code == 0, result.output
     assert "fix plan: 1 change(s) for 2 host(s)" in result.output
-    assert f"on this machine: edit {inventory}: env.MLX_MPI_LIBNAME: '{LIB}'" in result.output
+    assert f"on this machine: edit {inventory_file}: env.MLX_MPI_LIBNAME: '{LIB}'" in result.output
     assert "  applied   [libmpi-by-hand] a, b:" in result.output
     assert "[!] -> [✓] MLX finds libmpi  [libmpi-by-hand]" in result.output
     assert session.calls == 2 and session.inventories[1].env == {"MLX_MPI_LIBNAME": LIB}  # re-read
-    assert inventory.read_text().startswith("cluster: lab  # kept\n")
+    assert inventory_file.read_text().startswith("cluster: lab  # kept\n")
     [journal] = journals()
     assert f"undo: mlxcluster doctor --undo {journal}" in result.output
     # --undo puts the inventory back byte for byte.
     undone = invoke("--undo", str(journal))
     assert undone.exit_code == 0, undone.output
-    assert "restored" in undone.output and inventory.read_text() == INVENTORY
+    assert "restored" in undone.output and inventory_file.read_text() == INVENTORY
 
 
-def test_a_fix_that_did_not_fix_exits_1_and_names_what_is_left(monkeypatch, inventory):
+def test_a_fix_that_did_not_fix_exits_1_and_names_what_is_left(monkeypatch, inventory_file):
     Session(monkeypatch, report(libmpi(Status.WARN)), report(libmpi(Status.WARN)))
-    result = invoke("-i", str(inventory), "--fix", "--yes")
+    result = invoke("-i", str(inventory_file), "--fix", "--yes")
     assert result.exit_code == 1
     assert "[!] -> [!] MLX finds libmpi" in result.output
     assert "left for you:\n  [libmpi-by-hand] MLX finds libmpi: set MLX_MPI_LIBNAME" in result.output
 
 
-def test_dry_run_prints_the_plan_and_changes_nothing(monkeypatch, inventory):
+def test_dry_run_prints_the_plan_and_changes_nothing(monkeypatch, inventory_file):
     session = Session(monkeypatch, report(libmpi(Status.WARN)))
-    result = invoke("-i", str(inventory), "--fix", "--dry-run")
+    result = invoke("-i", str(inventory_file), "--fix", "--dry-run")
     assert result.exit_code == 1
     assert "fix plan: 1 change(s)" in result.output and "dry run: nothing was changed" in result.output
-    assert inventory.read_text() == INVENTORY and journals() == [] and session.calls == 1
+    assert inventory_file.read_text() == INVENTORY and journals() == [] and session.calls == 1
 
 
-def test_nothing_to_fix_exits_as_doctor_does(monkeypatch, inventory):
+def test_nothing_to_fix_exits_as_doctor_does(monkeypatch, inventory_file):
     Session(monkeypatch, report(libmpi(Status.PASS)))
-    result = invoke("-i", str(inventory), "--fix", "--yes")
+    result = invoke("-i", str(inventory_file), "--fix", "--yes")
     assert result.exit_code == 0 and "nothing here can be fixed" in result.output and journals() == []
 
 
-def test_the_question_no_changes_nothing_and_yes_applies(monkeypatch, inventory):
+def test_the_question_no_changes_nothing_and_yes_applies(monkeypatch, inventory_file):
     monkeypatch.setattr(doctor_fix, "can_ask", lambda: True)
     Session(monkeypatch, report(libmpi(Status.WARN)))
-    result = invoke("-i", str(inventory), "--fix", input="n\n")
+    result = invoke("-i", str(inventory_file), "--fix", input="n\n")
     assert result.exit_code == 1
     assert "Apply these 1 change(s)? [y/N]: n\nnothing was changed" in result.output
-    assert inventory.read_text() == INVENTORY and journals() == []
+    assert inventory_file.read_text() == INVENTORY and journals() == []
     Session(monkeypatch, report(libmpi(Status.WARN)), report(libmpi(Status.PASS)))
-    result = invoke("-i", str(inventory), "--fix", input="y\n")
-    assert result.exit_code == 0 and LIB in inventory.read_text()
+    result = invoke("-i", str(inventory_file), "--fix", input="y\n")
+    assert result.exit_code == 0 and LIB in inventory_file.read_text()
 
 
-def test_a_host_judged_only_after_its_key_was_saved_gets_a_second_plan(monkeypatch, inventory, tmp_path):
+def test_a_host_judged_only_after_its_key_was_saved_gets_a_second_plan(monkeypatch, inventory_file, tmp_path):
     known = tmp_path / "known_hosts"
     key = CheckResult("host-keys", "Host keys known", Status.FAIL,
                       {"a": "known", "b": "✗ host key of 10.0.0.2 is unknown"}, "verify it",
@@ -134,7 +121,7 @@ def test_a_host_judged_only_after_its_key_was_saved_gets_a_second_plan(monkeypat
     session = Session(monkeypatch, report(key, libmpi(Status.WARN, ("a",))),
                       report(passed, libmpi(Status.WARN, ("b",))),  # b is probed now
                       report(passed, libmpi(Status.PASS)))
-    result = invoke("-i", str(inventory), "--fix", "--yes")
+    result = invoke("-i", str(inventory_file), "--fix", "--yes")
     assert result.exit_code == 0, result.output
     assert "the re-check judged hosts it could not reach before; more to fix:" in result.output
     assert known.read_text() == "10.0.0.2 ssh-ed25519 AAAAkey\n"
@@ -143,7 +130,7 @@ def test_a_host_judged_only_after_its_key_was_saved_gets_a_second_plan(monkeypat
     [journal] = journals()
     assert [e["status"] for e in json.loads(journal.read_text())["entries"]] == ["applied"] * 3
     assert invoke("--undo", str(journal)).exit_code == 0
-    assert inventory.read_text() == INVENTORY and known.read_text() == ""
+    assert inventory_file.read_text() == INVENTORY and known.read_text() == ""
 
 
 @pytest.mark.parametrize("args, message", [
@@ -155,31 +142,31 @@ def test_a_host_judged_only_after_its_key_was_saved_gets_a_second_plan(monkeypat
     (["--fix"], "there is no terminal to ask on"),
     (["--undo", "j.json", "--fix"], "--undo JOURNAL excludes --fix"),
 ])
-def test_bad_flag_combinations_exit_2_before_any_host(monkeypatch, inventory, args, message):
+def test_bad_flag_combinations_exit_2_before_any_host(monkeypatch, inventory_file, args, message):
     session = Session(monkeypatch)
-    result = invoke("-i", str(inventory), *args)
+    result = invoke("-i", str(inventory_file), *args)
     assert result.exit_code == 2, result.output
     assert message in result.output and session.calls == 0
 
 
-def test_an_unwritable_journal_folder_exits_2_before_any_host(monkeypatch, inventory, tmp_path):
+def test_an_unwritable_journal_folder_exits_2_before_any_host(monkeypatch, inventory_file, tmp_path):
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("")
     monkeypatch.setenv("XDG_CONFIG_HOME", str(blocker))
     session = Session(monkeypatch)
-    result = invoke("-i", str(inventory), "--fix", "--yes")
+    result = invoke("-i", str(inventory_file), "--fix", "--yes")
     assert result.exit_code == 2 and "cannot create the fix journal folder" in result.output
     assert session.calls == 0
 
 
-def test_an_unwritable_inventory_exits_2_with_nothing_changed(monkeypatch, inventory):
+def test_an_unwritable_inventory_exits_2_with_nothing_changed(monkeypatch, inventory_file):
     from mlxcluster.doctor.fixes import apply
 
-    monkeypatch.setattr(apply, "_writable", lambda p: p != inventory)
+    monkeypatch.setattr(apply, "_writable", lambda p: p != inventory_file)
     Session(monkeypatch, report(libmpi(Status.WARN)))
-    result = invoke("-i", str(inventory), "--fix", "--yes")
+    result = invoke("-i", str(inventory_file), "--fix", "--yes")
     assert result.exit_code == 2 and "is not writable" in result.output
-    assert inventory.read_text() == INVENTORY and journals() == []
+    assert inventory_file.read_text() == INVENTORY and journals() == []
 
 
 def test_undo_of_what_is_not_a_journal_exits_2(tmp_path):

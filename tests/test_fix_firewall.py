@@ -17,8 +17,9 @@ from mlxcluster.doctor.fixes.plan import build_plan
 from mlxcluster.facts import macos_firewall as fw
 from mlxcluster.facts.capture import PROBE, HostCapture
 from mlxcluster.inventory.inventory import parse_inventory
-from tests.test_fix_macos import Recorder
-from tests.topology_helpers import inventory_text
+from tests.fakes import SUDO_WANTS_PASSWORD, FakeSsh
+from tests.inventory_support import inventory_text
+from tests.probe_support import load_probe_module
 
 SFW = "/usr/libexec/ApplicationFirewall/socketfilterfw"
 PY = "/opt/homebrew/Cellar/python@3.12/3.12.8/Frameworks/Python.framework/Versions/3.12/Resources/Python.app/Contents/MacOS/Python"
@@ -139,21 +140,21 @@ def test_a_blocked_answer_counts_even_when_the_list_does_not_name_the_path(real)
 
 def test_the_fix_runs_with_sudo_n_in_order_and_undoes_only_what_it_did(real):
     _, plan = judged(four_macs(real))
-    runner = Recorder()
+    runner = FakeSsh()
     journal = Journal.create(fixes_dir(), None)
     entries = apply_plan(plan, journal, ApplyContext(runner))
     assert [e["status"] for e in entries] == ["applied", "applied"]
     assert [c for _, c in runner.calls] == [
         "sudo -n true", f"sudo -n {SFW} --unblockapp {PY}",
         "sudo -n true", f"sudo -n {SFW} --add {PY} --unblockapp {PY}"]
-    undo = Recorder()
+    undo = FakeSsh()
     assert [s for _, s, _ in undo_journal(read_journal(journal.path), lambda: undo)] == ["restored", "restored"]
     assert [c for _, c in undo.calls] == [f"sudo -n {SFW} --remove {PY}", f"sudo -n {SFW} --blockapp {PY}"]
 
 
 def test_without_passwordless_sudo_nothing_runs_and_the_commands_are_given(real):
     _, plan = judged(four_macs(real))
-    runner = Recorder(sudo_ok=False)
+    runner = FakeSsh({"sudo -n true": SUDO_WANTS_PASSWORD})
     entries = apply_plan(plan, Journal.create(fixes_dir(), None), ApplyContext(runner))
     assert [c for _, c in runner.calls] == ["sudo -n true", "sudo -n true"]
     assert all(e["status"] == "failed" and e["undo"] is None for e in entries)
@@ -164,8 +165,6 @@ def test_the_probe_asks_the_firewall_about_the_file_it_runs(real, tmp_path):
     """probe_firewall's questions to a fake socketfilterfw answering with the
     captured texts, read back through HostFacts by the check (Linux here: the
     path is sys.executable resolved; on a Mac, proc_pidpath's)."""
-    from tests.test_probe import load_probe_module
-
     probe = load_probe_module()
     fake = tmp_path / "socketfilterfw"
     answers = {"--getblockall": real["blockall"], "--listapps": real["listapps"]}

@@ -6,11 +6,8 @@ reaches a shell unquoted."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -21,6 +18,7 @@ from mlxcluster.doctor.fixes.journal import Journal, fixes_dir, read_journal
 from mlxcluster.doctor.fixes.plan import build_plan
 from mlxcluster.inventory.inventory import load_inventory
 from mlxcluster.ssh.results import CommandResult
+from tests.fakes import FakeSsh
 
 pytestmark = pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="needs ssh-keygen")
 
@@ -30,40 +28,13 @@ HOST_KEYS = {"a": ("ssh-ed25519", "AAAAC3NzaC1lZDI1NTE5AAAAIBkeyOfA"),
              "c": ("ssh-ed25519", "AAAAC3NzaC1lZDI1NTE5AAAAIBkeyOfC")}
 
 
-class LocalHosts:
-    """Runs each host's command with ``sh`` here, HOME = that host's folder."""
-
-    def __init__(self, root: Path, names):
-        self.homes = {n: root / n for n in names}
-        for home in self.homes.values():
-            home.mkdir(parents=True)
-        self.calls = []
-
-    def run(self, alias, command, *, user=None, port=None, timeout=None):
-        self.calls.append((alias, command))
-        env = {"HOME": str(self.homes[alias]), "PATH": os.environ["PATH"]}
-        p = subprocess.run(command, shell=True, env=env, capture_output=True, text=True, timeout=timeout or 30)
-        return CommandResult(p.stdout, p.stderr, p.returncode, 0.0)
-
-    def lookup(self, name, command):
-        return self.run(name, command)
-
-    def snapshot(self) -> dict[str, bytes | None]:
-        """Every path under every home: file bytes, or None for a folder."""
-        out = {}
-        for home in self.homes.values():
-            for path in sorted(home.rglob("*")):
-                out[str(path)] = None if path.is_dir() else path.read_bytes()
-        return out
-
-
 @pytest.fixture
 def cluster(tmp_path):
-    inventory = tmp_path / "cluster.yaml"
-    inventory.write_text(f"cluster: c\npython: {sys.executable}\nhosts:\n"
-                         "  - name: a\n    ssh: a\n  - name: b\n    ssh: b\n  - name: c\n    ssh: c\n    port: 2222\n")
-    hosts = LocalHosts(tmp_path / "homes", "abc")
-    return load_inventory(inventory), hosts
+    path = tmp_path / "cluster.yaml"
+    path.write_text(f"cluster: c\npython: {sys.executable}\nhosts:\n"
+                    "  - name: a\n    ssh: a\n  - name: b\n    ssh: b\n  - name: c\n    ssh: c\n    port: 2222\n")
+    inventory = load_inventory(path)
+    return inventory, FakeSsh.local(tmp_path / "homes", inventory)
 
 
 def failing(*targets):

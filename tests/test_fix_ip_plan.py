@@ -18,39 +18,20 @@ from mlxcluster.facts import capture as C
 from mlxcluster.facts.capture import load_capture_dir
 from mlxcluster.hostfile.ipplan import plan_ips
 from mlxcluster.inventory.inventory import parse_inventory
-from mlxcluster.ssh.results import CommandResult
 from mlxcluster.topology.topology import build_topology
-from tests.topology_helpers import OMLX, inventory_text, make_capture_dir
-
-# mbp: the glpi MacBook Pro's ifconfig -a (en1, its cable's port, a bridge0 member
-# without inet; bridge0 UP). studio: Apple TN3205's `ifconfig en2`, self-assigned
-# 169.254.205.255/16, as en3 (where the studio's cable is).
-GLPI_IFCONFIG = "ifconfig_a_glpi_mbp16_apple_silicon_2021_macos14.4_bridge0_en1_en2_en3.txt"
-TN3205_IFCONFIG = "ifconfig_en2_apple_tn3205_thunderbolt_ip_linklocal.txt"
-MBP, STUDIO = "10.9.0.1", "10.9.0.2"  # their ssh addresses in the inventory
-
-MBP_COMMANDS = ["sudo -n ifconfig bridge0 down",
-                "sudo -n ifconfig en1 inet 192.168.0.1 netmask 255.255.255.252",
-                "sudo -n route change 192.168.0.2 -interface en1"]
-MBP_UNDO = ["sudo -n ifconfig en1 inet 192.168.0.1 -alias", "sudo -n ifconfig bridge0 up"]
-STUDIO_COMMANDS = ["sudo -n ifconfig en3 inet 192.168.0.2 netmask 255.255.255.252",
-                   "sudo -n route change 192.168.0.1 -interface en3"]
-STUDIO_UNDO = ["sudo -n ifconfig en3 inet 192.168.0.2 -alias",
-               "sudo -n ifconfig en3 inet 169.254.205.255 netmask 255.255.0.0 alias"]
-
-
-class Recorder:
-    """Records every command; ``no_sudo``: the hosts whose sudo wants a password."""
-
-    def __init__(self, no_sudo: tuple[str, ...] = ()):
-        self.no_sudo = no_sudo
-        self.calls: list[tuple[str, str]] = []
-
-    def run(self, alias, command, *, user=None, port=None, timeout=None):
-        self.calls.append((alias, command))
-        if command == "sudo -n true" and alias in self.no_sudo:
-            return CommandResult("", "sudo: a password is required\n", 1, 0.01)
-        return CommandResult("", "", 0, 0.01)
+from tests.fakes import SUDO_WANTS_PASSWORD, FakeSsh
+from tests.fix_support import (
+    GLPI_IFCONFIG,
+    MBP,
+    MBP_COMMANDS,
+    MBP_UNDO,
+    STUDIO,
+    STUDIO_COMMANDS,
+    STUDIO_UNDO,
+    TN3205_IFCONFIG,
+)
+from tests.inventory_support import inventory_text
+from tests.topology_helpers import OMLX, make_capture_dir
 
 
 def captures(macos_fixtures, tmp_path, studio_ifconfig=TN3205_IFCONFIG):
@@ -88,13 +69,13 @@ def test_both_ends_of_the_bare_cable_get_the_plan_with_sudo_n(macos_fixtures, tm
 
 def test_applied_host_by_host_in_order_then_undone_last_first(macos_fixtures, tmp_path):
     _, plan = planned(captures(macos_fixtures, tmp_path))
-    runner = Recorder()
+    runner = FakeSsh()
     journal = Journal.create(fixes_dir(), None)
     entries = apply_plan(plan, journal, ApplyContext(runner))
     assert [e["status"] for e in entries] == ["applied", "applied"]
     assert runner.calls == ([(MBP, "sudo -n true")] + [(MBP, c) for c in MBP_COMMANDS]
                             + [(STUDIO, "sudo -n true")] + [(STUDIO, c) for c in STUDIO_COMMANDS])
-    undo = Recorder()
+    undo = FakeSsh()
     done = undo_journal(read_journal(journal.path), lambda: undo)
     assert [s for _, s, _ in done] == ["restored", "restored"]
     assert undo.calls == [(STUDIO, c) for c in STUDIO_UNDO] + [(MBP, c) for c in MBP_UNDO]
@@ -102,7 +83,7 @@ def test_applied_host_by_host_in_order_then_undone_last_first(macos_fixtures, tm
 
 def test_where_sudo_wants_a_password_nothing_changes_there_and_the_commands_are_given(macos_fixtures, tmp_path):
     _, plan = planned(captures(macos_fixtures, tmp_path))
-    runner = Recorder(no_sudo=(STUDIO,))
+    runner = FakeSsh({(STUDIO, "sudo -n true"): SUDO_WANTS_PASSWORD})
     mbp, studio = apply_plan(plan, Journal.create(fixes_dir(), None), ApplyContext(runner))
     assert mbp["status"] == "applied" and studio["status"] == "failed" and studio["undo"] is None
     assert [c for a, c in runner.calls if a == STUDIO] == ["sudo -n true"]  # nothing else ran there

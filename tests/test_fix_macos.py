@@ -13,23 +13,12 @@ from mlxcluster.doctor.fixes.macos import firewall_unblock_commands, firewall_un
 from mlxcluster.doctor.fixes.plan import build_plan
 from mlxcluster.facts.capture import load_capture_dir
 from mlxcluster.inventory.inventory import parse_inventory
-from mlxcluster.ssh.results import CommandResult
-from tests.topology_helpers import MACCLUSTER, inventory_text, make_capture_dir
+from tests.fakes import SUDO_WANTS_PASSWORD, FakeSsh
+from tests.inventory_support import inventory_text
+from tests.topology_helpers import MACCLUSTER, make_capture_dir
 
 BRIDGE_OFF = "sudo -n networksetup -setnetworkserviceenabled 'Thunderbolt Bridge' off"
 BRIDGE_ON = "sudo -n networksetup -setnetworkserviceenabled 'Thunderbolt Bridge' on"
-
-
-class Recorder:
-    def __init__(self, sudo_ok: bool = True):
-        self.sudo_ok = sudo_ok
-        self.calls = []
-
-    def run(self, alias, command, *, user=None, port=None, timeout=None):
-        self.calls.append((alias, command))
-        if command == "sudo -n true" and not self.sudo_ok:
-            return CommandResult("", "sudo: a password is required\n", 1, 0.01)
-        return CommandResult("", "", 0, 0.01)
 
 
 def bridge_plan(macos_fixtures, tmp_path):
@@ -54,7 +43,7 @@ def test_the_bridge_fix_is_planned_for_the_mac_whose_bridge_holds_the_ports(maco
 
 def test_sudo_that_wants_a_password_changes_nothing_and_says_what_to_run(macos_fixtures, tmp_path):
     _, plan, inventory = bridge_plan(macos_fixtures, tmp_path)
-    runner = Recorder(sudo_ok=False)
+    runner = FakeSsh({"sudo -n true": SUDO_WANTS_PASSWORD})
     [entry] = apply_plan(plan, Journal.create(fixes_dir(), None), ApplyContext(runner))
     assert runner.calls == [("10.9.0.1", "sudo -n true")]  # nothing else ran
     assert entry["status"] == "failed" and entry["undo"] is None
@@ -64,12 +53,12 @@ def test_sudo_that_wants_a_password_changes_nothing_and_says_what_to_run(macos_f
 
 def test_with_passwordless_sudo_it_runs_in_order_and_undoes(macos_fixtures, tmp_path):
     _, plan, _ = bridge_plan(macos_fixtures, tmp_path)
-    runner = Recorder()
+    runner = FakeSsh()
     journal = Journal.create(fixes_dir(), None)
     [entry] = apply_plan(plan, journal, ApplyContext(runner))
     assert entry["status"] == "applied"
     assert runner.calls == [("10.9.0.1", "sudo -n true"), ("10.9.0.1", BRIDGE_OFF)]
-    undo = Recorder()
+    undo = FakeSsh()
     assert [s for _, s, _ in undo_journal(read_journal(journal.path), lambda: undo)] == ["restored"]
     assert undo.calls == [("10.9.0.1", BRIDGE_ON)]
 

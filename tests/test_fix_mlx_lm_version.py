@@ -31,15 +31,14 @@ from mlxcluster.doctor.fixes.plan import build_plan
 from mlxcluster.facts.capture import PROBE, HostCapture
 from mlxcluster.jobs.job import Job, program_imports
 from mlxcluster.jobs.preflight import probe_arguments
-from tests import test_fix_trainer_deps as trainer_tests
-from tests.test_fix_mlx_version import LocalHosts, inventory_of
-from tests.test_fix_trainer_deps import run_probe
+from tests.fakes import FakeSsh
+from tests.inventory_support import inventory_of
+from tests.probe_support import run_probe
 
 HERE = sys.executable
 HERE_VERSION = metadata.version("mlx-lm")  # this machine's: wins a tie it is part of
 SPEC = next(s for s in load_checks() if s.id == "mlx-lm-version")
 PY = "/opt/venv/bin/python"
-doctor_asked = trainer_tests.doctor_asked  # the fixture: what run_doctor is asked, no host reached
 
 
 def host(name: str, mlx_lm: str | None, *, python: str = PY, found: bool | None = None) -> HostCapture:
@@ -73,7 +72,7 @@ def test_the_probe_reports_mlx_lm_and_its_version_and_a_python_without_it_none(t
     assert run_probe()["trainer_modules"]["mlx_lm"] == {"distribution": "mlx-lm", "found": True,
                                                         "version": HERE_VERSION}
     subprocess.run([HERE, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True, timeout=60)
-    assert run_probe(str(tmp_path / "venv" / "bin" / "python"))["trainer_modules"]["mlx_lm"] == {
+    assert run_probe(python=str(tmp_path / "venv" / "bin" / "python"))["trainer_modules"]["mlx_lm"] == {
         "distribution": "mlx-lm", "found": False, "version": None}
 
 
@@ -249,7 +248,7 @@ def test_x_installed_with_its_dependencies_the_hosts_mlx_kept_twice_is_once_undo
     python = venv_with(tmp_path, index, "mlx==0.32.4", "mlx-lm==0.31.3")
     captures = hosts(python, a="0.32.2", b="0.31.3", c="0.32.2")
     _, plan = plan_for(captures, python)
-    machines = LocalHosts(tmp_path / "hosts", captures)
+    machines = FakeSsh.local(tmp_path / "hosts", inventory_of(captures))
     journal = Journal.create(fixes_dir(), None)
     [entry] = apply_plan(plan, journal, ApplyContext(machines))
     assert entry["status"] == "applied", entry["output"]
@@ -272,7 +271,7 @@ def test_a_host_without_it_gets_it_and_its_dependencies_and_undo_uninstalls_exac
     python = venv_with(tmp_path, index, "mlx==0.32.4")
     captures = hosts(python, a="0.32.2", b=None, c="0.32.2")
     _, plan = plan_for(captures, python)
-    machines = LocalHosts(tmp_path / "hosts", captures)
+    machines = FakeSsh.local(tmp_path / "hosts", inventory_of(captures))
     journal = Journal.create(fixes_dir(), None)
     [entry] = apply_plan(plan, journal, ApplyContext(machines))
     assert entry["status"] == "applied", entry["output"]
@@ -288,7 +287,7 @@ def test_an_x_that_needs_another_mlx_fails_and_changes_nothing(tmp_path, index):
     python = venv_with(tmp_path, index, "mlx==0.32.4", "mlx-lm==0.31.3")
     captures = hosts(python, a="0.33.0", b="0.31.3", c="0.33.0")
     _, plan = plan_for(captures, python)
-    machines = LocalHosts(tmp_path / "hosts", captures)
+    machines = FakeSsh.local(tmp_path / "hosts", inventory_of(captures))
     # Without the pin pip would replace the host's mlx from the wheels sent:
     [entry] = apply_plan(plan, Journal.create(fixes_dir(), None), ApplyContext(machines))
     wheel_dir = machines.homes["b"] / ".cache/mlxcluster/wheels"

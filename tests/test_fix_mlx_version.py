@@ -8,7 +8,6 @@ and an unknown --mlx-version refused before any host is probed."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,8 +25,8 @@ from mlxcluster.doctor.fixes.apply import ApplyContext, apply_plan, undo_journal
 from mlxcluster.doctor.fixes.journal import Journal, fixes_dir, read_journal
 from mlxcluster.doctor.fixes.plan import build_plan
 from mlxcluster.facts.capture import PROBE, SW_VERS, HostCapture
-from mlxcluster.inventory.inventory import parse_inventory
-from mlxcluster.ssh.results import CommandResult
+from tests.fakes import FakeSsh
+from tests.inventory_support import fix_inventory_text, inventory_of
 
 FIXTURES = Path(__file__).parent / "fixtures" / "macos"
 HERE = sys.executable
@@ -57,11 +56,6 @@ def linux(name: str, mlx: str, libc: str = "glibc 2.36", py: str = "3.11.7") -> 
              "python": {"executable": "/opt/venv/bin/python", "version": py},
              "mlx": {"version": mlx, "import_ok": True}}
     return HostCapture(name, {PROBE: json.dumps(probe)})
-
-
-def inventory_of(names, python="/opt/venv/bin/python"):
-    hosts = "".join(f"  - name: {n}\n    ssh: 10.0.0.{i + 1}\n" for i, n in enumerate(names))
-    return parse_inventory(f"cluster: lab\npython: {python!r}\nhosts:\n{hosts}", source="/tmp/x/cluster.yaml")
 
 
 def check(captures: dict[str, HostCapture], inventory=None):
@@ -174,25 +168,6 @@ def test_a_host_on_another_python_is_not_changed_and_the_plan_says_what_to_do():
 
 # ---- install, send, undo: run by sh here, one HOME per host ----
 
-class LocalHosts:
-    """Each host's command run by ``sh`` here with HOME = that host's folder."""
-
-    def __init__(self, root: Path, names):
-        self.homes = {n: root / n for n in names}
-        for home in self.homes.values():
-            home.mkdir(parents=True)
-        self.by_ssh = {f"10.0.0.{i + 1}": n for i, n in enumerate(names)}  # as inventory_of names them
-        self.calls = []
-
-    def run(self, alias, command, *, user=None, port=None, timeout=None, stdin=None):
-        name = self.by_ssh[alias]
-        self.calls.append((name, command))
-        data = b"".join(iter(lambda: stdin.read(1 << 20), b"")) if stdin is not None else b""
-        env = {"HOME": str(self.homes[name]), "PATH": os.environ["PATH"]}
-        p = subprocess.run(command, shell=True, env=env, input=data, capture_output=True, timeout=60)
-        return CommandResult(p.stdout.decode(), p.stderr.decode(), p.returncode, 0.0)
-
-
 @pytest.fixture
 def stand_in_python(tmp_path):
     """A python whose pip records its arguments and says it installed what it
@@ -224,7 +199,7 @@ def test_wheels_fetched_once_sent_installed_from_the_file_and_undone(tmp_path, m
     caps = {n: mac(n, v, python=stand_in_python) for n, v in (("a", "0.32.4"), ("b", "0.32.3"), ("c", "0.32.3"))}
     _, plan = plan_for(caps, {"mlx_version": "0.32.4"}, python=stand_in_python)  # not the most hosts' one
     assert [a.hosts for a in plan.actions] == [("b",), ("c",)]
-    hosts = LocalHosts(tmp_path / "hosts", caps)
+    hosts = FakeSsh.local(tmp_path / "hosts", inventory_of(caps))
     journal = Journal.create(fixes_dir(), "/tmp/x/cluster.yaml")
     entries = apply_plan(plan, journal, ApplyContext(hosts))
     assert [e["status"] for e in entries] == ["applied", "applied"], entries
@@ -267,18 +242,8 @@ def test_a_wheel_cut_short_is_not_put_in_place(tmp_path, monkeypatch, stand_in_p
     monkeypatch.setattr(wheels_module, "fetch", fake_fetch([]))
     _, plan = plan_for({"a": mac("a", "0.32.4", python=stand_in_python), "b": mac("b", "0.32.3", python=stand_in_python)},
                        {"mlx_version": "0.32.4"}, python=stand_in_python)
-    hosts = LocalHosts(tmp_path / "hosts", ["a", "b"])
-
-    class Short:
-        def __init__(self, inner):
-            self.inner = inner
-
-        def run(self, alias, command, *, stdin=None, **kw):
-            if stdin is not None:
-                stdin = type("Cut", (), {"read": lambda self, n=-1: b""})()
-            return self.inner.run(alias, command, stdin=stdin, **kw)
-
-    [entry] = apply_plan(plan, Journal.create(fixes_dir(), None), ApplyContext(Short(hosts)))
+    hosts = FakeSsh.local(tmp_path / "hosts", inventory_of(["a", "b"]), stdin_cut_short=True)
+    [entry] = apply_plan(plan, Journal.create(fixes_dir(), None), ApplyContext(hosts))
     assert entry["status"] == "failed" and "did not arrive whole" in entry["output"]
     assert not list((hosts.homes["b"] / ".cache/mlxcluster/wheels").glob("*.whl"))
     assert not (hosts.homes["b"] / "pip.log").exists()
@@ -288,7 +253,7 @@ def test_a_wheel_cut_short_is_not_put_in_place(tmp_path, monkeypatch, stand_in_p
 
 def test_an_unknown_mlx_version_exits_2_before_any_host_is_probed(tmp_path, monkeypatch):
     inventory = tmp_path / "cluster.yaml"
-    inventory.write_text("cluster: lab\npython: /opt/venv/bin/python\nhosts:\n  - name: a\n    ssh: 10.0.0.1\n")
+    inventory.write_text(fix_inventory_text(["a"]))
 
     def touched(*a, **k):
         raise AssertionError("a host was reached")
@@ -314,15 +279,10 @@ def test_the_index_versions_are_read_from_pip_index_versions(monkeypatch):
 
 def test_mlx_version_reaches_the_plan_of_a_dry_run(tmp_path, monkeypatch):
     inventory = tmp_path / "cluster.yaml"
-    inventory.write_text("cluster: lab\npython: /opt/venv/bin/python\nhosts:\n"
-                         "  - name: a\n    ssh: 10.0.0.1\n  - name: b\n    ssh: 10.0.0.2\n")
+    inventory.write_text(fix_inventory_text(["a", "b"]))
     result = check({"a": mac("a", "0.32.4"), "b": mac("b", "0.32.3")})
 
-    class Runner:
-        def close(self):
-            pass
-
-    monkeypatch.setattr(session_module, "open_runner", lambda *a, **k: Runner())
+    monkeypatch.setattr(session_module, "open_runner", lambda *a, **k: FakeSsh(default=None))
     monkeypatch.setattr(session_module, "run_doctor", lambda *a, **k: DoctorReport("x", [result], {}, {}, True, 0.1, "lab"))
     monkeypatch.setattr(fix, "available_versions", lambda: ["0.32.4", "0.32.3", "0.31.2"])
     out = CliRunner().invoke(main, ["doctor", "-i", str(inventory), "--fix", "--dry-run", "--mlx-version", "0.31.2"])

@@ -24,7 +24,9 @@ from mlxcluster.doctor.fixes.plan import Action, Fix, Plan, build_plan
 from mlxcluster.errors import InputError
 from mlxcluster.inventory.inventory import load_inventory
 from mlxcluster.ssh.results import CommandResult
+from tests.fakes import FakeSsh
 
+# The inventory fixture's text (tests/conftest.py): its comments must survive an edit.
 INVENTORY = """\
 # three hosts
 cluster: lab   # the name
@@ -41,13 +43,6 @@ hosts:
 """
 LIB = "/opt/venv/lib/libmpi.so.40"
 OPENBLAS = "/usr/lib/x86_64-linux-gnu/libopenblas.so.0"
-
-
-@pytest.fixture
-def inventory(tmp_path):
-    path = tmp_path / "cluster.yaml"
-    path.write_text(INVENTORY)
-    return load_inventory(path)
 
 
 def result(check_id, status, hosts, fix_data=None):
@@ -197,35 +192,25 @@ def test_remove_lines_removes_one_occurrence_each():
     assert remove_lines(b"x\r\ny\n", ["x", "z"]) == b"y\n"
 
 
-class FakeRunner:
-    """Records each command; ``fail``: a command text that exits 1."""
-
-    def __init__(self, fail: str | None = None):
-        self.calls = []
-        self.fail = fail
-
-    def run(self, alias, command, *, user=None, port=None, timeout=None):
-        self.calls.append((alias, command, timeout))
-        return CommandResult("out", "", 1 if command == self.fail else 0, 0.01)
-
-
 def remote(host, commands, undo=None):
     return Action("x", (host,), "remote", f"on {host}", commands,
                   params={"ssh": f"{host}.local", "user": None, "port": None, "undo": undo})
 
 
 def test_remote_fixes_run_host_by_host_with_the_timeout_and_stop_at_a_failure(inventory):
-    runner = FakeRunner(fail="false")
+    ran = CommandResult("out", "", 0, 0.01)
+    runner = FakeSsh({"false": CommandResult("out", "", 1, 0.01)}, default=ran)
     plan = Plan([remote("a", ["true", "false", "never"]), remote("a", ["later"]),
                  remote("b", ["echo b"], undo=["rm b"])], [])
     journal = new_journal(inventory)
     entries = apply_plan(plan, journal, ApplyContext(runner, timeout=7))
     assert [e["status"] for e in entries] == ["failed", "skipped", "applied"]
-    assert runner.calls == [("a.local", "true", 7), ("a.local", "false", 7), ("b.local", "echo b", 7)]
+    assert runner.calls == [("a.local", "true"), ("a.local", "false"), ("b.local", "echo b")]
+    assert runner.timeouts == [7, 7, 7]
     assert "(exit 1)" in entries[0]["output"]
-    undo_runner = FakeRunner()
+    undo_runner = FakeSsh(default=ran)
     done = undo_journal(read_journal(journal.path), lambda: undo_runner)
-    assert [s for _, s, _ in done] == ["restored"] and undo_runner.calls[0][:2] == ("b.local", "rm b")
+    assert [s for _, s, _ in done] == ["restored"] and undo_runner.calls[0] == ("b.local", "rm b")
 
 
 def test_an_unwritable_inventory_stops_before_anything_changes(inventory, monkeypatch):

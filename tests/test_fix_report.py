@@ -19,13 +19,13 @@ from mlxcluster.cli import main
 from mlxcluster.doctor.checks.base import CheckResult, Status
 from mlxcluster.doctor.doctor import DoctorReport
 from mlxcluster.doctor.fixes import session as session_module
-from mlxcluster.ssh.results import CommandResult
 from tests.browser import CHROMIUM, render
 from tests.conftest import require
+from tests.fakes import SUDO_WANTS_PASSWORD, FakeSsh
+from tests.inventory_support import fix_inventory_text
 from tests.report_support import external_references
 
-INVENTORY = ("cluster: lab\npython: /opt/venv/bin/python\nhosts:\n"
-             "  - name: a\n    ssh: 10.0.0.1\n  - name: b\n    ssh: 10.0.0.2\n")
+INVENTORY = fix_inventory_text(["a", "b"])  # the inventory_file fixture's (tests/conftest.py)
 LIB = "/opt/venv/lib/libmpi.so.40"
 RECOVERY = "shut b down, hold the power button, Options > Terminal, run 'rdma_ctl enable', reboot"
 BRIDGE_OFF = "sudo -n networksetup -setnetworkserviceenabled 'Thunderbolt Bridge' off"
@@ -56,31 +56,15 @@ def rdma() -> CheckResult:  # no fix: left for the user, with the steps
                        {"a": "enabled", "b": "✗ rdma_ctl status: disabled"}, RECOVERY)
 
 
-class NoSudo:
-    """b's sudo wants a password: only 'sudo -n true' may run there."""
-
-    def __init__(self):
-        self.calls = []
-
-    def run(self, alias, command, **kwargs):
-        self.calls.append((alias, command))
-        assert command == "sudo -n true", command
-        return CommandResult("", "sudo: a password is required\n", 1, 0.01)
-
-    def close(self):
-        pass
-
-
 @pytest.fixture
-def session(monkeypatch, tmp_path):
-    """The inventory and a doctor whose reports are given in turn."""
-    inventory = tmp_path / "cluster.yaml"
-    inventory.write_text(INVENTORY)
+def session(monkeypatch, inventory_file):
+    """The inventory and a doctor whose reports are given in turn. b's sudo wants a
+    password: only 'sudo -n true' may run there (any other command fails the test)."""
     reports: list[DoctorReport] = []
-    runner = NoSudo()
+    runner = FakeSsh({"sudo -n true": SUDO_WANTS_PASSWORD}, default=None)
     monkeypatch.setattr(session_module, "run_doctor", lambda inv, **k: reports.pop(0))
     monkeypatch.setattr(session_module, "open_runner", lambda *a, **k: runner)
-    return inventory, reports, runner
+    return inventory_file, reports, runner
 
 
 def text_of(html: str) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import ast
 import copy
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,21 +26,15 @@ from mlxcluster.doctor.fixes.apply import ApplyContext, apply_plan, undo_journal
 from mlxcluster.doctor.fixes.journal import Journal, fixes_dir, read_journal
 from mlxcluster.doctor.fixes.plan import build_plan
 from mlxcluster.facts.capture import PROBE, HostCapture
-from mlxcluster.facts.collect import probe_source
 from mlxcluster.launch.trainer import data_modules
 from reference_train.config import build_config
-from tests.test_fix_mlx_version import LocalHosts, inventory_of
-from tests.test_probe import load_probe_module
+from tests.fakes import FakeSsh
+from tests.inventory_support import inventory_of
+from tests.probe_support import load_probe_module, run_probe
 
 HERE = sys.executable
 SPEC = next(s for s in load_checks() if s.id == "trainer-deps")
 TRAIN = Path(__file__).parent.parent / "reference_train"
-
-
-def run_probe(python: str = HERE) -> dict:
-    proc = subprocess.run([python, "-"], input=probe_source(), capture_output=True, text=True, timeout=60,
-                          env={"HOME": os.environ.get("HOME", "/root"), "PATH": "/usr/bin:/bin"})
-    return json.loads(proc.stdout)
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +73,7 @@ def test_the_probe_reports_each_module_and_its_version_without_importing_it(real
 
 def test_a_python_without_them_reports_them_absent(tmp_path):
     subprocess.run([HERE, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True, timeout=60)
-    got = run_probe(str(tmp_path / "venv" / "bin" / "python"))["trainer_modules"]
+    got = run_probe(python=str(tmp_path / "venv" / "bin" / "python"))["trainer_modules"]
     assert got["yaml"] == {"distribution": "PyYAML", "found": False, "version": None}
     assert not got["numpy"]["found"] and not got["tokenizers"]["found"]
 
@@ -222,7 +215,7 @@ def test_wheels_fetched_once_sent_installed_and_undo_uninstalls_what_pip_install
     captures = hosts(real_probe, python=pip_that_installs, b=["yaml"], c=["yaml"])
     _, plan = plan_for(captures, python=pip_that_installs)
     assert [a.hosts for a in plan.actions] == [("b",), ("c",)]
-    machines = LocalHosts(tmp_path / "hosts", captures)
+    machines = FakeSsh.local(tmp_path / "hosts", inventory_of(captures))
     journal = Journal.create(fixes_dir(), "/tmp/x/cluster.yaml")
     entries = apply_plan(plan, journal, ApplyContext(machines))
     assert [e["status"] for e in entries] == ["applied", "applied"], entries
@@ -250,7 +243,8 @@ def test_an_install_that_installed_nothing_is_unchanged_with_nothing_to_undo(tmp
     py.chmod(0o755)
     captures = hosts(real_probe, python=str(py), b=["yaml"])
     _, plan = plan_for(captures, python=str(py))
-    [entry] = apply_plan(plan, Journal.create(fixes_dir(), None), ApplyContext(LocalHosts(tmp_path / "h", captures)))
+    machines = FakeSsh.local(tmp_path / "h", inventory_of(captures))
+    [entry] = apply_plan(plan, Journal.create(fixes_dir(), None), ApplyContext(machines))
     assert entry["status"] == "unchanged" and entry["undo"] is None
 
 
@@ -282,33 +276,6 @@ def test_a_wrong_typed_version_is_unknown_not_a_crash(real_probe, version):
     captures["a"] = HostCapture("a", {PROBE: json.dumps(bad)})
     r = check(captures)
     assert r.status is Status.FAIL and r.hosts["a"].startswith("numpy ") and "PyYAML (version unknown)" in r.hosts["a"]
-
-
-@pytest.fixture
-def doctor_asked(tmp_path, monkeypatch):
-    """An inventory, and what run_doctor is asked for (its trainer_modules) by
-    doctor and doctor --fix, run_doctor standing in for the hosts."""
-    from mlxcluster.cli import doctor as doctor_cli
-    from mlxcluster.doctor.doctor import DoctorReport
-    from mlxcluster.doctor.fixes import session
-
-    inventory = tmp_path / "cluster.yaml"
-    inventory.write_text("cluster: c\npython: /usr/bin/python3\nhosts:\n  - {name: a, ssh: a.local}\n")
-    asked = []
-
-    def run_doctor(inv, **kwargs):
-        asked.append(kwargs.get("trainer_modules"))
-        return DoctorReport("pass", [], {}, {}, True, 0.1, "c")
-
-    class Runner:
-        def close(self):
-            pass
-
-    monkeypatch.setattr(doctor_cli, "run_doctor", run_doctor)
-    monkeypatch.setattr(session, "run_doctor", run_doctor)
-    monkeypatch.setattr(session, "open_runner", lambda *a, **k: Runner())
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    return str(inventory), asked
 
 
 def test_doctor_train_data_asks_for_what_that_data_needs_and_fix_passes_it_on(tmp_path, doctor_asked):

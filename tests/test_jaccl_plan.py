@@ -28,12 +28,12 @@ from mlxcluster.jobs.job import job_from_hostfile, job_from_inventory, job_local
 from mlxcluster.jobs.plan import LaunchPlan, launcher_argv, mlx_launch_path, write_hostfile
 from mlxcluster.launch.preflight import SMOKE_OPTIONS, smoke_ranks
 from mlxcluster.smoke.launch import plan_launch
-from tests.test_checks_topology import slow_osaurus
+from tests.inventory_support import inventory_text
 from tests.topology_helpers import (
     OSAURUS,
     RecordingCollect,
-    inventory_text,
     make_capture_dir,
+    slow_osaurus,
     tb5_pair,
 )
 

@@ -16,22 +16,15 @@ from reference_train.data import load_meta
 
 from .chat_support import make_chat_folder
 from .hf_support import make_llama_folder
-from .test_chat_data import ANSWER, N_WORDS, WORDS, learning_data
+from .learning_support import ANSWER, MODEL_CONFIG, N_WORDS, WORDS, learning_data
 from .train_support import read_metrics, run_trainer
 
-# Tiny and untied; the vocabulary covers the chat tokenizer's 400 ids.
-CONFIG = {
-    "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
-    "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "rms_norm_eps": 1e-5, "vocab_size": 400, "rope_theta": 10000.0,
-    "max_position_embeddings": 256, "tie_word_embeddings": False,
-}
 HEAD_GAIN = 8.0  # a random frozen head is too flat for the adapters to become confident
 
 
 def make_model(path):
     make_chat_folder(path, "llama3")
-    make_llama_folder(path, CONFIG, seed=3)
+    make_llama_folder(path, MODEL_CONFIG, seed=3)
     weights = mx.load(str(path / "model.safetensors"))
     weights["lm_head.weight"] = weights["lm_head.weight"] * HEAD_GAIN
     mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -15,23 +14,14 @@ from pathlib import Path
 import pytest
 
 from mlxcluster.facts.capture import save_capture_dir
-from mlxcluster.facts.collect import capture_from_probe, probe_command, probe_source
+from mlxcluster.facts.collect import capture_from_probe, probe_command
 from mlxcluster.ssh.results import CommandResult
 from tests.conftest import require
+from tests.probe_support import load_probe_module, run_probe
 
 VENV_BIN = Path(sys.executable).parent
 LIBMPI = VENV_BIN.parent / "lib" / "libmpi.so.40"
 OPENBLAS = "/usr/lib/x86_64-linux-gnu/libopenblas.so.0"
-PROBE_SCRIPT = Path(__file__).parent.parent / "mlxcluster" / "facts" / "probe_script.py"
-
-
-def run_probe(env: dict[str, str], *args: str, python: str = sys.executable) -> dict:
-    proc = subprocess.run([python, "-", *args], input=probe_source(), capture_output=True,
-                          text=True, env=env, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.strip().splitlines()
-    assert len(lines) == 1  # exactly one JSON object
-    return json.loads(lines[0])
 
 
 @pytest.fixture(scope="module")
@@ -174,14 +164,6 @@ def test_external_commands_run_concurrently(tmp_path, python_without_mpi):
     assert facts["raw"]["routes.txt"].startswith("default via ")
     # Margin for a noisy 2-core box: concurrent is ~0.6 s, sequential >= 1.5 s.
     assert facts["duration_s"] < 1.2
-
-
-def load_probe_module():
-    """The probe script as a module, for its functions (its main is not run)."""
-    spec = importlib.util.spec_from_file_location("probe_under_test", PROBE_SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_slow_command_times_out_whether_started_early_or_not():

@@ -32,6 +32,7 @@ from mlxcluster.ssh.remote import (
     run_parallel,
     split_jump,
 )
+from tests.fakes import FakeSsh, result
 
 SSH_CONFIG = """\
 Host studio-*
@@ -243,16 +244,14 @@ def test_every_host_hops_to_every_other_starting_after_itself():
         links[h.name] = Future()
         links[h.name].set_result(Outcome(h.name, value=True) if h.name != "d" else
                                  Outcome(h.name, error=SshError("refused", "d: refused")))
-    calls = {}
 
-    class Runner:
-        def run(self, alias, command, **kw):
-            calls[alias] = command
-            spec = json.loads(shlex.split(command)[-1])
-            rows = [[0, "", "", 0.1] for _ in spec["hops"]]
-            return SimpleNamespace(stdout=json.dumps(rows) + "\n", stderr="", exit_status=0)
+    def every_hop_ok(host, command):
+        spec = json.loads(shlex.split(command)[-1])
+        return result(json.dumps([[0, "", "", 0.1] for _ in spec["hops"]]) + "\n")
 
-    first, hops = collect_host_to_host(Runner(), hosts, links, 5.0)
+    runner = FakeSsh(default=every_hop_ok)
+    first, hops = collect_host_to_host(runner, hosts, links, 5.0)
+    calls = dict(runner.calls)  # each host's command, by its ssh address
     assert first == "a"
     assert {s: list(h) for s, h in hops.items()} == {"a": ["b", "c", "d"], "b": ["c", "d", "a"], "c": ["d", "a", "b"]}
     assert "parallel" not in json.loads(shlex.split(calls["a.lan"])[-1])

@@ -155,8 +155,10 @@ class Lab:
 
 
 @pytest.fixture
-def make_lab(tmp_path) -> Iterator[Callable[..., Lab]]:
-    """make_lab(**behaviour): at most one server per test, stopped at teardown."""
+def make_server_lab(tmp_path) -> Iterator[Callable[..., Lab]]:
+    """make_server_lab(**behaviour): at most one server per test, stopped at teardown.
+    (Not conftest's make_lab, which starts sshd hosts in network namespaces: this
+    server runs in this process and needs no lab.)"""
     made: list[Lab] = []
 
     def make(**behaviour) -> Lab:
@@ -170,8 +172,8 @@ def make_lab(tmp_path) -> Iterator[Callable[..., Lab]]:
             each.server.stop()
 
 
-def test_server_runs_a_command(make_lab):
-    lab = make_lab()
+def test_server_runs_a_command(make_server_lab):
+    lab = make_server_lab()
     """The fixture works: a plain key login and a command, exec timer cancelled."""
     with lab.runner(command_timeout=5.0) as runner:
         result = runner.run("testserver", "echo hi")
@@ -197,10 +199,10 @@ class NoStdin:
         return False
 
 
-def test_second_factor_request_fails_without_prompting(make_lab, monkeypatch, capsys):
+def test_second_factor_request_fails_without_prompting(make_server_lab, monkeypatch, capsys):
     """A key accepted only as a first factor, keyboard-interactive offered:
     paramiko's SSHClient would print the server's text and read stdin."""
-    lab = make_lab(partial=True)
+    lab = make_server_lab(partial=True)
     stdin = NoStdin()
     monkeypatch.setattr(sys, "stdin", stdin)
     started = time.monotonic()
@@ -217,8 +219,8 @@ def test_second_factor_request_fails_without_prompting(make_lab, monkeypatch, ca
     assert lab.server.behaviour.commands == []
 
 
-def test_run_times_out_when_the_exec_reply_is_late(make_lab):
-    lab = make_lab(exec_delay=6.0)
+def test_run_times_out_when_the_exec_reply_is_late(make_server_lab):
+    lab = make_server_lab(exec_delay=6.0)
     with lab.runner() as runner:
         runner.connect("testserver")
         started = time.monotonic()
@@ -231,8 +233,8 @@ def test_run_times_out_when_the_exec_reply_is_late(make_lab):
     assert "testserver" in str(err) and "2 s" in str(err)
 
 
-def test_start_times_out_when_the_exec_reply_is_late(make_lab):
-    lab = make_lab(exec_delay=6.0)
+def test_start_times_out_when_the_exec_reply_is_late(make_server_lab):
+    lab = make_server_lab(exec_delay=6.0)
     with lab.runner(command_timeout=2.0) as runner:
         runner.connect("testserver")
         started = time.monotonic()
@@ -277,10 +279,10 @@ def test_exec_timer_swallows_a_failing_close(monkeypatch):
     assert escaped == []
 
 
-def test_new_host_key_is_appended_on_its_own_line(make_lab):
+def test_new_host_key_is_appended_on_its_own_line(make_server_lab):
     """Trust on first use after an entry without a trailing newline (a
     hand-edited file): both keys must still load."""
-    lab = make_lab()
+    lab = make_server_lab()
     other, _ = new_key()
     lab.known_hosts.write_text(f"other.example {other.get_name()} {other.get_base64()}")  # no newline
     with lab.runner(accept_new_host_keys=True) as runner:
@@ -293,10 +295,10 @@ def test_new_host_key_is_appended_on_its_own_line(make_lab):
 
 
 @pytest.mark.parametrize("marker", ["@cert-authority *.example.com", "@revoked *"])
-def test_known_hosts_marker_line_is_a_clear_error(make_lab, marker):
+def test_known_hosts_marker_line_is_a_clear_error(make_server_lab, marker):
     """paramiko's HostKeys.load raises InvalidHostKey (not an SSHException)
     for OpenSSH's marker lines: reported per file and line, before any connect."""
-    lab = make_lab()
+    lab = make_server_lab()
     key, _ = new_key()
     with lab.known_hosts.open("a") as f:
         f.write(f"{marker} {key.get_name()} {key.get_base64()}\n")
@@ -309,8 +311,8 @@ def test_known_hosts_marker_line_is_a_clear_error(make_lab, marker):
     assert lab.server.transports == []  # failed before connecting
 
 
-def test_known_hosts_not_utf8_is_a_clear_error(make_lab):
-    lab = make_lab()
+def test_known_hosts_not_utf8_is_a_clear_error(make_server_lab):
+    lab = make_server_lab()
     with lab.known_hosts.open("ab") as f:
         f.write(b"caf\xe9.example ssh-ed25519 AAAA\n")
     with lab.runner() as runner, pytest.raises(SshError) as caught:

@@ -15,13 +15,13 @@ from mlxcluster.inventory.inventory import parse_inventory
 from mlxcluster.jobs.hosts import hosts_from_inventory
 from mlxcluster.smoke.jaccl import JacclUnavailable, plan_from_captures, run_jaccl
 from mlxcluster.smoke.launch import WorkerOptions
-from tests.test_checks_topology import slow_osaurus
+from tests.inventory_support import inventory_text
 from tests.topology_helpers import (
     OMLX,
     OSAURUS,
     RecordingCollect,
-    inventory_text,
     make_capture_dir,
+    slow_osaurus,
     tb5_pair,
 )
 

@@ -30,21 +30,11 @@ from mlxcluster.tune.candidates import Candidate, make_candidates, parse_allredu
 from mlxcluster.tune.measure import Plan, mpi_args, worker_options
 from mlxcluster.tune.result import candidate_dict
 from mlxcluster.tune.select import Sample, choose
-from tests.test_tuned_settings import write_tune_output
+from tests.tune_support import forced_ring, mca, write_tune_output
 
 M32 = 32 << 20
 RING_PAIRS = ["--mca", "coll_tuned_use_dynamic_rules", "1", "--mca", "coll_tuned_allreduce_algorithm", "4"]
 HOSTS = tuple(RankHost(f"h{i}", f"10.9.0.{i}", (f"10.9.0.{i}",), "/opt/venv/bin/python") for i in (1, 2, 3))
-
-
-def mca(argv: list[str] | tuple[str, ...], name: str) -> list[str]:
-    """Every value ``argv`` gives the MCA parameter ``name`` (mpirun refuses two different ones)."""
-    return [argv[i + 2] for i, a in enumerate(argv[:-2]) if a in ("--mca", "-mca") and argv[i + 1] == name]
-
-
-def forced_ring(argv) -> bool:
-    """Whether ``argv`` forces Open MPI's ring allreduce: each of the two pairs once."""
-    return (mca(argv, "coll_tuned_use_dynamic_rules"), mca(argv, "coll_tuned_allreduce_algorithm")) == (["1"], ["4"])
 
 
 def test_mpi_tries_every_links_value_with_the_default_rules_and_the_ring_at_1_and_4():

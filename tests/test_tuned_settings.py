@@ -16,28 +16,11 @@ from mlxcluster.cli import main as cli
 from mlxcluster.errors import InputError
 from mlxcluster.hostfile.hostfile_generate import generate_mpi
 from mlxcluster.hostfile.tuned import Applied, apply_tuned, parse_tuned_args, read_tuned, tuned_job
-from mlxcluster.inventory.inventory import parse_inventory
 from mlxcluster.jobs.hosts import hosts_from_hostfile
 from mlxcluster.jobs.job import job_from_hostfile, split_mpi_args
 from mlxcluster.jobs.plan import launcher_argv, write_hostfile
 from mlxcluster.tune.candidates import Candidate
-from mlxcluster.tune.files import winner_files
-
-INVENTORY = parse_inventory("""
-cluster: lab
-python: /opt/venv/bin/python
-hosts:
-  - {name: mac1, ssh: 10.0.0.1, ips: [10.0.0.1]}
-  - {name: mac2, ssh: 10.0.0.2, ips: [10.0.0.2]}
-""")
-
-
-def write_tune_output(tmp_path: Path, candidate: Candidate, name: str) -> Path:
-    """The files tune writes for ``candidate`` (its own writer, not a copy)."""
-    out = tmp_path / name
-    for path, text in winner_files(INVENTORY, candidate, str(out)).items():
-        Path(path).write_text(text)
-    return out
+from tests.tune_support import TUNED_INVENTORY, write_tune_output
 
 
 def test_parse_both_kinds_of_args_file():
@@ -110,7 +93,7 @@ def test_train_and_run_take_tunes_mpi_hostfile_and_its_links(tmp_path):
 
 def test_smoke_reads_an_mpi_hostfile(tmp_path):
     path = tmp_path / "h.txt"
-    path.write_text(generate_mpi(INVENTORY).hostfile)
+    path.write_text(generate_mpi(TUNED_INVENTORY).hostfile)
     hosts, backend = hosts_from_hostfile(str(path), "/py")
     assert backend == "mpi" and [(h.ssh, h.ips) for h in hosts] == [("10.0.0.1", ("10.0.0.1",)),
                                                                    ("10.0.0.2", ("10.0.0.2",))]

@@ -1,5 +1,6 @@
 """Assemble capture directories (DIR/<host>/<capture file>) from the shared
-real macOS captures, as ``doctor --collect`` would have written them."""
+real macOS captures, as ``doctor --collect`` would have written them, and the
+edits that make other cabling of them (a slower cable, peers not recognised)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 from pathlib import Path
 
 from mlxcluster.facts import capture as C
+from tests.inventory_support import inventory_text
 
 OMLX = {
     "mbp": {
@@ -66,6 +68,14 @@ def make_capture_dir(fixtures: Path, root: Path, layout: dict, edit=None) -> Pat
     return root
 
 
+def slow_osaurus(host: str, file_name: str, text: str) -> str:
+    """The osaurus cable at TB4 speed (both ends report 40 Gb/s)."""
+    if host in ("local", "peer") and file_name == C.THUNDERBOLT:
+        return text.replace('"current_speed_key": "80 Gb/s",\n    "link_status_key": "0x2"',
+                            '"current_speed_key": "40 Gb/s",\n    "link_status_key": "0x2"')
+    return text
+
+
 def drop_peer_uuids(host: str, file_name: str, text: str) -> str:
     """Remove the peer Macs' domain UUIDs (as if the far bus re-enumerated)."""
     if file_name != C.THUNDERBOLT:
@@ -75,13 +85,6 @@ def drop_peer_uuids(host: str, file_name: str, text: str) -> str:
         for item in bus.get("_items", []):
             item.pop("domain_uuid_key", None)
     return json.dumps(data)
-
-
-def inventory_text(names: list[str], env: str = "") -> str:
-    """An inventory of ``names`` at 10.9.0.1, 10.9.0.2... (``env``: a top-level env block)."""
-    return "cluster: c\npython: /usr/bin/python3\n" + env + "hosts:\n" + "".join(
-        f"  - name: {n}\n    ssh: 10.9.0.{i + 1}\n    ips: [10.9.0.{i + 1}]\n"
-        for i, n in enumerate(names))
 
 
 def tb5_pair(fixtures: Path, tmp_path: Path) -> tuple[Path, Path]:

@@ -46,7 +46,7 @@ from mlxcluster.facts import capture as C
 from mlxcluster.facts.capture import PROBE, HostCapture, load_capture_dir
 from mlxcluster.inventory.inventory import parse_inventory
 from mlxcluster.ssh.remote import ParamikoRunner
-from tests.test_fix_ip_plan import GLPI_IFCONFIG, MBP_COMMANDS, STUDIO_COMMANDS, TN3205_IFCONFIG
+from tests.fix_support import GLPI_IFCONFIG, MBP_COMMANDS, STUDIO_COMMANDS, TN3205_IFCONFIG
 from tests.topology_helpers import MACCLUSTER, OMLX, make_capture_dir
 
 pytestmark = pytest.mark.lab

@@ -26,8 +26,8 @@ import pytest
 from tests.chat_support import make_chat_folder
 from tests.hf_support import make_llama_folder
 from tests.lab.jobs import on_host, records, training_setup
-from tests.test_chat_data import learning_data
-from tests.test_lora_learning import CONFIG
+from tests.learning_support import MODEL_CONFIG as CONFIG
+from tests.learning_support import learning_data
 from tests.train_support import read_metrics, run_trainer
 
 pytestmark = pytest.mark.lab

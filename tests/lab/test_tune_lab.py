@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.test_tune_mpi_allreduce import forced_ring, mca
+from tests.tune_support import forced_ring, mca
 
 pytestmark = pytest.mark.lab
 
