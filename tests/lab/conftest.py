@@ -132,7 +132,7 @@ def lab_data(tmp_path_factory):
 
 
 @pytest.fixture
-def inventory(request, tmp_path):
+def lab_inventory(request, tmp_path):
     """The test's shared lab (``lab3_own_tmp`` when the test uses it, else
     ``lab3``) as an inventory, with the module's ``INVENTORY_ENV`` (if any)
     as its ``env:`` block."""

@@ -97,10 +97,10 @@ def evidence(report: DoctorReport, check_id: str, host: str) -> str:
     return next(r for r in report.results if r.id == check_id).hosts[host]
 
 
-def test_healthy_lab_passes_collects_and_replays(lab3, inventory, tmp_path):
+def test_healthy_lab_passes_collects_and_replays(lab3, lab_inventory, tmp_path):
     runner = CliRunner()
     collect = tmp_path / "captures"
-    result = runner.invoke(main, ["doctor", "-i", str(inventory), "--json", "--collect", str(collect)])
+    result = runner.invoke(main, ["doctor", "-i", str(lab_inventory), "--json", "--collect", str(collect)])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
     assert doc["verdict"] == "pass", [c for c in doc["checks"] if c["status"] != "pass"]
@@ -112,7 +112,7 @@ def test_healthy_lab_passes_collects_and_replays(lab3, inventory, tmp_path):
     assert set(doc["checks"][0]) == {"id", "title", "status", "hosts", "hint"}
     assert (collect / "labhost3" / "probe.json").is_file()
 
-    replay = runner.invoke(main, ["doctor", "--from", str(collect), "-i", str(inventory)])
+    replay = runner.invoke(main, ["doctor", "--from", str(collect), "-i", str(lab_inventory)])
     assert replay.exit_code == 0, replay.output
     assert "no issues found" in replay.output
     assert "needs hosts reached over SSH" in replay.output
@@ -138,7 +138,7 @@ def test_healthy_lab_passes_collects_and_replays(lab3, inventory, tmp_path):
         ("login_shell_fish", "labhost2", {"login-shell"}, "/usr/bin/fish"),
     ],
 )
-def test_fault_fails_the_right_check_on_the_right_host(lab3, inventory, other_mlx_python,
+def test_fault_fails_the_right_check_on_the_right_host(lab3, lab_inventory, other_mlx_python,
                                                        python_without_mpi, fault, host, expected, cause):
     from tests.lab import SYSTEM_PATH
 
@@ -156,7 +156,7 @@ def test_fault_fails_the_right_check_on_the_right_host(lab3, inventory, other_ml
     }[fault]
     inject()
     try:
-        report, seconds = doctor(inventory)
+        report, seconds = doctor(lab_inventory)
     finally:
         lab3.heal(host)
     assert seconds < DOCTOR_BUDGET_S
@@ -170,11 +170,11 @@ def test_fault_fails_the_right_check_on_the_right_host(lab3, inventory, other_ml
     assert cause in evidence(report, first, host)
 
 
-def test_accept_new_host_keys_trusts_and_saves(lab3, inventory):
+def test_accept_new_host_keys_trusts_and_saves(lab3, lab_inventory):
     target = lab3.host("labhost3")
     lab3.forget_host_key(target)
     try:
-        report, _ = doctor(inventory, accept_new_host_keys=True)
+        report, _ = doctor(lab_inventory, accept_new_host_keys=True)
         saved = Path(lab3.known_hosts).read_text()
     finally:
         lab3.heal(target)
@@ -217,25 +217,25 @@ def test_a_command_that_ends_before_reading_its_input_gives_its_own_answer(lab3)
         assert runner.run(host.name, "hostname", timeout=30).stdout.strip() == host.name
 
 
-def test_data_ip_not_on_its_host_blames_only_data_ips_present(lab3, inventory, tmp_path):
+def test_data_ip_not_on_its_host_blames_only_data_ips_present(lab3, lab_inventory, tmp_path):
     """An inventory IP that labhost3 does not have (e.g. renumbered after a reboot)."""
     host = lab3.host("labhost3")
     wrong = host.ip.rsplit(".", 1)[0] + ".99"  # in the lab subnet, assigned to nobody
     path = tmp_path / "wrong_ip.yaml"
-    path.write_text(inventory.read_text().replace(f"ips: [{host.ip}]", f"ips: [{wrong}]"))
+    path.write_text(lab_inventory.read_text().replace(f"ips: [{host.ip}]", f"ips: [{wrong}]"))
     report, _ = doctor(path)
     assert blamed(report) == {"data-ips-present": ["labhost3"]}
     assert f"{wrong} is not assigned" in evidence(report, "data-ips-present", "labhost3")
     assert "see data-ips-present" in evidence(report, "data-path", "labhost3")
 
 
-def test_collect_captures_for_other_commands(lab3, inventory):
+def test_collect_captures_for_other_commands(lab3, lab_inventory):
     """The public collector (topology uses it): one capture per host, an error for a dead one."""
     from mlxcluster.facts.collect import collect_captures
 
     lab3.stop_sshd("labhost1")
     try:
-        captures = collect_captures(load_inventory(inventory), connect_timeout=CONNECT_TIMEOUT)
+        captures = collect_captures(load_inventory(lab_inventory), connect_timeout=CONNECT_TIMEOUT)
     finally:
         lab3.heal("labhost1")
     assert list(captures) == ["labhost1", "labhost2", "labhost3"]
@@ -280,7 +280,7 @@ def doctor_helpers_left_after(seconds: float) -> list:
         time.sleep(0.1)
 
 
-def test_busy_ring_port_is_blamed_on_its_host_with_the_holder(lab3, inventory):
+def test_busy_ring_port_is_blamed_on_its_host_with_the_holder(lab3, lab_inventory):
     """Something else listens on labhost2's ring port (an old run left behind):
     data-path fails on labhost2 only and names the process holding the port."""
     import subprocess
@@ -296,7 +296,7 @@ def test_busy_ring_port_is_blamed_on_its_host_with_the_holder(lab3, inventory):
         stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "ready"
-        report, _ = doctor(inventory)
+        report, _ = doctor(lab_inventory)
     finally:
         holder.kill()
         holder.wait(timeout=10)
@@ -305,7 +305,7 @@ def test_busy_ring_port_is_blamed_on_its_host_with_the_holder(lab3, inventory):
     assert f"(pid {holder.pid})" in evidence(report, "data-path", "labhost2")
 
 
-def test_an_ssh_config_that_accepts_any_key_is_warned_for_every_host(lab3, inventory, tmp_path):
+def test_an_ssh_config_that_accepts_any_key_is_warned_for_every_host(lab3, lab_inventory, tmp_path):
     """The lab's own ssh config with 'StrictHostKeyChecking no' in front: the
     SSH checks still pass (our calls force checking and the keys are known),
     and ssh-host-key-policy warns for every host that plain ssh, as
@@ -313,7 +313,7 @@ def test_an_ssh_config_that_accepts_any_key_is_warned_for_every_host(lab3, inven
     weak = tmp_path / "weak_ssh_config"
     weak.write_text("Host *\n  StrictHostKeyChecking no\n\n" + Path(lab3.ssh_config).read_text())
     path = tmp_path / "weak.yaml"
-    path.write_text(inventory.read_text().replace(f"ssh_config: {lab3.ssh_config}",
+    path.write_text(lab_inventory.read_text().replace(f"ssh_config: {lab3.ssh_config}",
                                                        f"ssh_config: {weak}"))
     assert str(weak) in path.read_text()
     report, _ = doctor(path, data_path=False)
@@ -322,19 +322,19 @@ def test_an_ssh_config_that_accepts_any_key_is_warned_for_every_host(lab3, inven
     assert sorted(h for h, e in policy.hosts.items() if e.startswith("! StrictHostKeyChecking no")) == [
         "labhost1", "labhost2", "labhost3"]
     assert blamed(report) == {}
-    healthy, _ = doctor(inventory, data_path=False)
+    healthy, _ = doctor(lab_inventory, data_path=False)
     assert next(r for r in healthy.results if r.id == "ssh-host-key-policy").status is Status.PASS
 
 
-def smoke_mpi(lab, inventory: Path) -> dict:
+def smoke_mpi(lab, lab_inventory: Path) -> dict:
     """The real `smoke --backend mpi` across the lab (mpirun beside the python,
     MLX_MPI_LIBNAME set by smoke); its run report."""
     import subprocess
 
-    proc = subprocess.run([sys.executable, "-m", "mlxcluster", "smoke", "-i", str(inventory), "--backend", "mpi",
+    proc = subprocess.run([sys.executable, "-m", "mlxcluster", "smoke", "-i", str(lab_inventory), "--backend", "mpi",
                            "--sizes", "1K:2K", "--dtypes", "float32", "--timeout", "30", "--json"],
                           env=lab.env(), capture_output=True, text=True, timeout=120,
-                          cwd=inventory.parent)  # a hang's report: ./runs/, not the checkout
+                          cwd=lab_inventory.parent)  # a hang's report: ./runs/, not the checkout
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads(proc.stdout)["backends"][0]
 
@@ -345,17 +345,17 @@ def mpi_statuses(report: DoctorReport) -> dict[str, Status]:
                         "libmpi-by-hand", "backends")}
 
 
-def test_mpi_doctor_agrees_with_smoke_on_the_lab(lab3, inventory):
+def test_mpi_doctor_agrees_with_smoke_on_the_lab(lab3, lab_inventory):
     """smoke --backend mpi runs on all three hosts; MLX's default libmpi name
     loads on none of them (the venv's libmpi is not on the loader path), so
     doctor -i INV --backend mpi passes libmpi-loadable and backends with the
     MLX_MPI_LIBNAME smoke sets, and only warns for launches by hand."""
     from mlxcluster.facts.mpi import find_libmpi, find_mpirun
 
-    run = smoke_mpi(lab3, inventory)
+    run = smoke_mpi(lab3, lab_inventory)
     assert [(r["host"], r["status"]) for r in run["ranks"]] == [
         ("labhost1", "passed"), ("labhost2", "passed"), ("labhost3", "passed")]
-    result = CliRunner().invoke(main, ["doctor", "-i", str(inventory), "--backend", "mpi", "--json"])
+    result = CliRunner().invoke(main, ["doctor", "-i", str(lab_inventory), "--backend", "mpi", "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
     checks = {c["id"]: c for c in doc["checks"]}
@@ -371,7 +371,7 @@ def test_mpi_doctor_agrees_with_smoke_on_the_lab(lab3, inventory):
     assert f"MLX_MPI_LIBNAME={libmpi}" in checks["libmpi-by-hand"]["hint"]
 
 
-def test_mpirun_beside_the_python_only_warns(lab3, inventory):
+def test_mpirun_beside_the_python_only_warns(lab3, lab_inventory):
     """labhost3's non-interactive PATH loses the venv's bin: mpirun is still
     beside the python, which is the one mlxcluster starts (by full path), so
     mpirun-path warns for that host and nothing MPI fails."""
@@ -380,7 +380,7 @@ def test_mpirun_beside_the_python_only_warns(lab3, inventory):
     host = lab3.host("labhost3")
     lab3.set_host_path(host, f"{lab3.bin_dir}:{SYSTEM_PATH}")
     try:
-        report, seconds = doctor(inventory, backend="mpi")
+        report, seconds = doctor(lab_inventory, backend="mpi")
     finally:
         lab3.heal(host)
     assert seconds < DOCTOR_BUDGET_S

@@ -53,8 +53,8 @@ def untrusted(lab3):
         lab3.heal()
 
 
-def doctor(lab, inventory: Path, *args: str) -> tuple[int, dict]:
-    proc = subprocess.run([sys.executable, "-m", "mlxcluster", "doctor", "-i", str(inventory), "--json",
+def doctor(lab, lab_inventory: Path, *args: str) -> tuple[int, dict]:
+    proc = subprocess.run([sys.executable, "-m", "mlxcluster", "doctor", "-i", str(lab_inventory), "--json",
                            "--connect-timeout", "2", *args],
                           env=lab.env(), capture_output=True, text=True, timeout=60)
     assert proc.stdout, proc.stderr
@@ -71,21 +71,21 @@ def check(doc: dict, check_id: str) -> dict:
     return next(c for c in doc["checks"] if c["id"] == check_id)
 
 
-def smoke(lab, inventory: Path, backend: str) -> tuple[int, dict]:
-    proc = subprocess.run([sys.executable, "-m", "mlxcluster", "smoke", "-i", str(inventory), "--backend", backend,
+def smoke(lab, lab_inventory: Path, backend: str) -> tuple[int, dict]:
+    proc = subprocess.run([sys.executable, "-m", "mlxcluster", "smoke", "-i", str(lab_inventory), "--backend", backend,
                            *SMALL, "--json"], env=lab.env(), capture_output=True, text=True, timeout=120,
-                          cwd=inventory.parent)  # a hang's report: ./runs/, not the checkout
+                          cwd=lab_inventory.parent)  # a hang's report: ./runs/, not the checkout
     assert proc.stdout, proc.stderr
     return proc.returncode, json.loads(proc.stdout)["backends"][0]
 
 
-def test_ring_needs_no_host_to_host_ssh(untrusted, inventory):
+def test_ring_needs_no_host_to_host_ssh(untrusted, lab_inventory):
     lab = untrusted
-    code, doc = doctor(lab, inventory)
+    code, doc = doctor(lab, lab_inventory)
     h2h = check(doc, "host-to-host-ssh")
     assert h2h["status"] == "skip" and "not needed for ring" in h2h["hint"]
     assert code == 0 and doc["verdict"] == "pass", [c for c in doc["checks"] if c["status"] != "pass"]
-    code, run = smoke(lab, inventory, "ring")
+    code, run = smoke(lab, lab_inventory, "ring")
     assert code == 0, run["reason"]
     assert [(r["host"], r["status"]) for r in run["ranks"]] == [
         ("labhost1", "passed"), ("labhost2", "passed"), ("labhost3", "passed")]
@@ -93,9 +93,9 @@ def test_ring_needs_no_host_to_host_ssh(untrusted, inventory):
     assert lab.host_to_host_attempts() == []
 
 
-def test_mpi_verdict_matches_what_mpirun_does(untrusted, inventory, tmp_path):
+def test_mpi_verdict_matches_what_mpirun_does(untrusted, lab_inventory, tmp_path):
     lab = untrusted
-    code, doc = doctor(lab, inventory, "--backend", "mpi")
+    code, doc = doctor(lab, lab_inventory, "--backend", "mpi")
     h2h = check(doc, "host-to-host-ssh")
     assert h2h["status"] == "warn"
     # Every pair is judged (an mpirun may be started on any host).
@@ -108,7 +108,7 @@ def test_mpi_verdict_matches_what_mpirun_does(untrusted, inventory, tmp_path):
     doctor_hops = len(lab.host_to_host_attempts())
 
     # What the warning says: mlxcluster's mpirun does not need it ...
-    code, run = smoke(lab, inventory, "mpi")
+    code, run = smoke(lab, lab_inventory, "mpi")
     assert code == 0, run["reason"]
     assert [(r["host"], r["status"]) for r in run["ranks"]] == [
         ("labhost1", "passed"), ("labhost2", "passed"), ("labhost3", "passed")]
@@ -119,7 +119,7 @@ def test_mpi_verdict_matches_what_mpirun_does(untrusted, inventory, tmp_path):
     hostfile = tmp_path / "hosts"
     for tree_spawn, expect_ok in (("1", True), ("0", False)):
         generated = CliRunner().invoke(main, [
-            "hostfile", "generate", "-i", str(inventory), "--backend", "mpi", "-o", str(hostfile), "--force",
+            "hostfile", "generate", "-i", str(lab_inventory), "--backend", "mpi", "-o", str(hostfile), "--force",
             "--mpi-libname", str(LIBMPI), "--script", str(HERE / "allsum.py"), "--mpi-arg=--allow-run-as-root",
             "--mpi-arg=--prtemca", "--mpi-arg=routed_radix", "--mpi-arg=2",
             "--mpi-arg=--mca", "--mpi-arg=plm_ssh_no_tree_spawn", f"--mpi-arg={tree_spawn}"],

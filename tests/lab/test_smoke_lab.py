@@ -32,10 +32,10 @@ def in_tmp(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
 
-def smoke(lab, inventory, *args: str, env: dict[str, str] | None = None, timeout: float = 90):
+def smoke(lab, lab_inventory, *args: str, env: dict[str, str] | None = None, timeout: float = 90):
     """Run the real CLI as a subprocess with the lab's ssh on PATH."""
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "mlxcluster", "smoke", "-i", str(inventory),
+    proc = subprocess.run([sys.executable, "-m", "mlxcluster", "smoke", "-i", str(lab_inventory),
                            *args, "--json"], env={**lab.env(), **(env or {})},
                           capture_output=True, text=True, timeout=timeout)
     assert proc.stdout, proc.stderr
@@ -43,8 +43,8 @@ def smoke(lab, inventory, *args: str, env: dict[str, str] | None = None, timeout
 
 
 @pytest.mark.parametrize("backend", ["ring", "mpi"])
-def test_three_hosts_pass_with_bench(lab3_own_tmp, inventory, backend):
-    code, run, _ = smoke(lab3_own_tmp, inventory, "--backend", backend, *SMALL, "--bench")
+def test_three_hosts_pass_with_bench(lab3_own_tmp, lab_inventory, backend):
+    code, run, _ = smoke(lab3_own_tmp, lab_inventory, "--backend", backend, *SMALL, "--bench")
     assert code == 0, run["reason"]
     assert [(r["rank"], r["host"], r["status"]) for r in run["ranks"]] == [
         (0, "labhost1", "passed"), (1, "labhost2", "passed"), (2, "labhost3", "passed")]
@@ -55,8 +55,8 @@ def test_three_hosts_pass_with_bench(lab3_own_tmp, inventory, backend):
 
 
 @pytest.mark.parametrize("backend", ["ring", "mpi"])
-def test_failing_rank_names_its_host(lab3_own_tmp, inventory, backend):
-    code, run, elapsed = smoke(lab3_own_tmp, inventory, "--backend", backend, *SMALL, "--timeout", "20",
+def test_failing_rank_names_its_host(lab3_own_tmp, lab_inventory, backend):
+    code, run, elapsed = smoke(lab3_own_tmp, lab_inventory, "--backend", backend, *SMALL, "--timeout", "20",
                                env={"MLXCLUSTER_SMOKE_FAIL_RANK": "2"})
     # The deadline bounds each phase; staging and cleanup over ssh come on top.
     assert code == 1 and elapsed < 20 + 10
@@ -66,13 +66,13 @@ def test_failing_rank_names_its_host(lab3_own_tmp, inventory, backend):
 
 
 @pytest.mark.parametrize("backend", ["ring", "mpi"])
-def test_dropped_data_port_names_its_host(lab3_own_tmp, inventory, backend, tmp_path):
+def test_dropped_data_port_names_its_host(lab3_own_tmp, lab_inventory, backend, tmp_path):
     # labhost3 runs rank 2: drop what its peers connect to (ring: its listen
     # port; MPI: the pinned btl_tcp port range).
     port = RING_PORT + 2 if backend == "ring" else f"{MPI_BTL_PORT}-{MPI_BTL_PORT + 15}"
     lab3_own_tmp.drop_port(lab3_own_tmp.hosts[2], port)
     try:
-        code, run, elapsed = smoke(lab3_own_tmp, inventory, "--backend", backend, *SMALL,
+        code, run, elapsed = smoke(lab3_own_tmp, lab_inventory, "--backend", backend, *SMALL,
                                    "--timeout", "8", "--stall-dir", str(tmp_path))
     finally:
         lab3_own_tmp.heal(lab3_own_tmp.hosts[2])
@@ -91,21 +91,21 @@ def test_the_inventorys_ssh_config_reaches_the_launcher(lab3_own_tmp, tmp_path, 
     defines, and the plain ssh on PATH (not the lab's wrapper, which adds -F):
     mlx.launch and mpirun still reach every host, through the launcher ssh
     mlxcluster gives them. Before, only our own ssh calls read ssh_config."""
-    inventory = lab3_own_tmp.write_inventory(tmp_path / "aliases.yaml", use_names=True)
+    lab_inventory = lab3_own_tmp.write_inventory(tmp_path / "aliases.yaml", use_names=True)
     path = ":".join(p for p in lab3_own_tmp.env()["PATH"].split(":") if p != str(lab3_own_tmp.bin_dir))
-    code, run, _ = smoke(lab3_own_tmp, inventory, "--backend", backend, *SMALL, env={"PATH": path})
+    code, run, _ = smoke(lab3_own_tmp, lab_inventory, "--backend", backend, *SMALL, env={"PATH": path})
     assert code == 0, run["reason"]
     assert [(r["host"], r["status"]) for r in run["ranks"]] == [
         ("labhost1", "passed"), ("labhost2", "passed"), ("labhost3", "passed")]
     assert_nothing_left(lab3_own_tmp, run)
 
 
-def test_a_host_lost_mid_run_is_named_and_the_rest_stopped(lab3_own_tmp, inventory):
+def test_a_host_lost_mid_run_is_named_and_the_rest_stopped(lab3_own_tmp, lab_inventory):
     """labhost3's link goes down while the benchmark runs: the run ends within
     its deadline, blames rank 2 on labhost3 for a lost ssh connection, stops
     the others, and names labhost3 as a host it could not clean up."""
     ready = SmokeWorkersRunning(3)
-    proc = subprocess.Popen([sys.executable, "-m", "mlxcluster", "smoke", "-i", str(inventory),
+    proc = subprocess.Popen([sys.executable, "-m", "mlxcluster", "smoke", "-i", str(lab_inventory),
                              "--backend", "ring", "--bench", "--sizes", "1K:64M", "--timeout", "30",
                              "--json"], env=lab3_own_tmp.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
@@ -137,7 +137,7 @@ def test_a_host_lost_mid_run_is_named_and_the_rest_stopped(lab3_own_tmp, invento
 
 
 @pytest.mark.parametrize("backend", ["ring", "mpi"])
-def test_a_fish_login_shell_is_named_before_anything_is_launched(lab3_own_tmp, inventory, backend):
+def test_a_fish_login_shell_is_named_before_anything_is_launched(lab3_own_tmp, lab_inventory, backend):
     """labhost2's login shell is fish, which parses neither mlx.launch's nor
     mpirun's command line (measured: both hang, tests/lab/test_lab.py); smoke
     waited for its --timeout, then called the rank not started. Now its
@@ -145,7 +145,7 @@ def test_a_fish_login_shell_is_named_before_anything_is_launched(lab3_own_tmp, i
     fix named, nothing staged or started anywhere."""
     lab3_own_tmp.set_login_shell(lab3_own_tmp.hosts[1], "fish")
     try:
-        code, run, elapsed = smoke(lab3_own_tmp, inventory, "--backend", backend, *SMALL,
+        code, run, elapsed = smoke(lab3_own_tmp, lab_inventory, "--backend", backend, *SMALL,
                                    "--timeout", "30")
     finally:
         lab3_own_tmp.heal(lab3_own_tmp.hosts[1])
@@ -162,12 +162,12 @@ def test_a_fish_login_shell_is_named_before_anything_is_launched(lab3_own_tmp, i
         assert out.stdout.strip() == "", (host.name, out.stdout)
 
 
-def test_jaccl_from_the_inventory_is_unavailable_per_host(lab3_own_tmp, inventory):
+def test_jaccl_from_the_inventory_is_unavailable_per_host(lab3_own_tmp, lab_inventory):
     """No --hostfile needed: the RDMA matrix would come from the hosts' live
     topology; these Linux hosts have no RDMA and no Thunderbolt, each says so,
     exit 3, and no worker was copied or started anywhere."""
     proc = subprocess.run([sys.executable, "-m", "mlxcluster", "smoke", "--backend", "jaccl",
-                           "-i", str(inventory)], env=lab3_own_tmp.env(), capture_output=True, text=True,
+                           "-i", str(lab_inventory)], env=lab3_own_tmp.env(), capture_output=True, text=True,
                           timeout=90)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
@@ -177,7 +177,7 @@ def test_jaccl_from_the_inventory_is_unavailable_per_host(lab3_own_tmp, inventor
                 "devices (ibv_devices not found); no Thunderbolt link faster than 40 Gb/s (no "
                 "Thunderbolt cable to another host)") in proc.stdout, proc.stdout
     assert "backend unavailable" in proc.stdout
-    code, run, _ = smoke(lab3_own_tmp, inventory, "--backend", "jaccl")
+    code, run, _ = smoke(lab3_own_tmp, lab_inventory, "--backend", "jaccl")
     assert code == 3 and run["status"] == "unavailable"
     # No run was planned: a run id and a launcher command exist from the plan on.
     assert run["run_id"] == "" and run["command"] == [] and run["ranks"] == []

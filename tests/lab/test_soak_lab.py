@@ -36,9 +36,9 @@ DETECTION_BOUND_S = 25
 
 
 
-def start_soak(lab, inventory, cwd, backend, seconds) -> subprocess.Popen:
+def start_soak(lab, lab_inventory, cwd, backend, seconds) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "mlxcluster", "smoke", "-i", str(inventory), "--backend", backend,
+        [sys.executable, "-m", "mlxcluster", "smoke", "-i", str(lab_inventory), "--backend", backend,
          "--soak", f"{seconds}s", "--seed", "1234", *SIZES, "--timeout", str(ITERATION_TIMEOUT_S),
          "--json"], env=lab.env(), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, start_new_session=True)
@@ -63,10 +63,10 @@ def finish(proc: subprocess.Popen, timeout: float) -> tuple[dict, str, float]:
 
 
 @pytest.mark.parametrize("backend", ["ring", "mpi"])
-def test_a_60s_soak_passes_with_iterations_of_every_op(lab3_own_tmp, inventory, tmp_path, backend):
+def test_a_60s_soak_passes_with_iterations_of_every_op(lab3_own_tmp, lab_inventory, tmp_path, backend):
     """`smoke --soak 60s` on the lab, as the issue asks: every op iterates,
     none is wrong, nothing stalls, nothing is left."""
-    proc = start_soak(lab3_own_tmp, inventory, tmp_path, backend, 60)
+    proc = start_soak(lab3_own_tmp, lab_inventory, tmp_path, backend, 60)
     try:
         doc, err, _ = finish(proc, 240)
     finally:
@@ -85,11 +85,11 @@ def test_a_60s_soak_passes_with_iterations_of_every_op(lab3_own_tmp, inventory, 
     assert_nothing_left(lab3_own_tmp, run)
 
 
-def soak_with_fault(lab, inventory, cwd, backend, inject, undo) -> tuple[dict, str, float, int]:
+def soak_with_fault(lab, lab_inventory, cwd, backend, inject, undo) -> tuple[dict, str, float, int]:
     """Start a soak, ``inject(run_id)`` a fault once it iterates and wait for
     its end; ``undo()`` whatever happens. (The run's JSON, stderr, seconds
     from the fault to the end, exit code.)"""
-    proc = start_soak(lab, inventory, cwd, backend, 120)
+    proc = start_soak(lab, lab_inventory, cwd, backend, 120)
     try:
         inject(soaking(proc))
         faulted_at = time.monotonic()
@@ -101,11 +101,11 @@ def soak_with_fault(lab, inventory, cwd, backend, inject, undo) -> tuple[dict, s
         undo()
 
 
-def test_a_port_dropped_mid_soak_fails_within_the_deadline_naming_the_host(lab3_own_tmp, inventory,
+def test_a_port_dropped_mid_soak_fails_within_the_deadline_naming_the_host(lab3_own_tmp, lab_inventory,
                                                                             tmp_path):
     victim = lab3_own_tmp.hosts[2]
     run, err, ended_after, code = soak_with_fault(
-        lab3_own_tmp, inventory, tmp_path, "ring",  # rank 2's ring port: its peers' data stops
+        lab3_own_tmp, lab_inventory, tmp_path, "ring",  # rank 2's ring port: its peers' data stops
         inject=lambda run_id: lab3_own_tmp.drop_port(victim, RING_PORT + 2), undo=lambda: lab3_own_tmp.heal(victim))
     print(f"port dropped: ended {ended_after:.1f} s later (per-iteration timeout {ITERATION_TIMEOUT_S} s)")
     # Silently dropped packets: the collective blocks and no iteration completes,
@@ -120,7 +120,7 @@ def test_a_port_dropped_mid_soak_fails_within_the_deadline_naming_the_host(lab3_
 
 
 @pytest.mark.parametrize("backend", ["ring", "mpi"])
-def test_a_stopped_rank_is_diagnosed_named_and_every_rank_stopped(lab3_own_tmp, inventory, tmp_path,
+def test_a_stopped_rank_is_diagnosed_named_and_every_rank_stopped(lab3_own_tmp, lab_inventory, tmp_path,
                                                                   backend):
     victim, stopped = lab3_own_tmp.hosts[1], []
 
@@ -140,7 +140,7 @@ def test_a_stopped_rank_is_diagnosed_named_and_every_rank_stopped(lab3_own_tmp, 
         for pid, _ in stopped:
             subprocess.run(["kill", "-CONT", str(pid)], capture_output=True)
 
-    run, err, ended_after, code = soak_with_fault(lab3_own_tmp, inventory, tmp_path, backend,
+    run, err, ended_after, code = soak_with_fault(lab3_own_tmp, lab_inventory, tmp_path, backend,
                                                   stop_rank_1, resume)
     run_id = stopped[0][1]
     print(f"{backend}: ended {ended_after:.1f} s after SIGSTOP (per-iteration timeout "
