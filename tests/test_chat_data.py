@@ -288,7 +288,7 @@ def test_rows_train_the_same_on_1_and_2_ranks_and_with_accumulation(folders, tmp
     losses = {}
     for name, ranks, extra in (("one", 1, []), ("two", 2, []), ("accum", 1, ["--grad_accum", "2"])):
         out = tmp_path / name
-        proc = run_trainer([*common, "--out", str(out), *extra], ranks=ranks, port=32650,
+        proc = run_trainer([*common, "--out", str(out), *extra], ranks=ranks,
                            timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
         records = read_metrics(out)

@@ -49,7 +49,7 @@ def test_naming_the_cpu_stream_changes_no_loss(tmp_path, extra):
     for name, module in (("default", "reference_train.train"),
                          ("cpu", "tests.cpu_stream_standin")):
         out = tmp_path / name
-        proc = run_trainer([*COMMON, *extra, "--out", str(out)], ranks=2, port=32760,
+        proc = run_trainer([*COMMON, *extra, "--out", str(out)], ranks=2,
                            module=module, timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
         losses[name] = train_losses(out)

@@ -34,7 +34,7 @@ def two_rank_run(llama, llama_data, tmp_path_factory):
         out = tmp_path_factory.mktemp(f"run{ranks}")
         proc = run_trainer([*COMMON, "--steps", "3", "--init_from", str(llama),
                             "--data", str(llama_data), "--out", str(out)],
-                           ranks=ranks, port=32600 + 10 * ranks)
+                           ranks=ranks)
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs[ranks] = (out, proc)
     return runs

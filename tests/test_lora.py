@@ -142,9 +142,9 @@ def test_config_fields_defaults_and_refusals(tmp_path):
 # ---------------------------------------------------------------- runs
 
 
-def train(llama, data, out, *extra, ranks=1, port=32700):
+def train(llama, data, out, *extra, ranks=1):
     proc = run_trainer([*COMMON, "--init_from", str(llama), "--data", str(data), "--out",
-                        str(out), *extra], ranks=ranks, port=port)
+                        str(out), *extra], ranks=ranks)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
@@ -249,7 +249,7 @@ def test_resume_on_two_ranks_with_a_sharded_optimizer(llama, llama_data, tmp_pat
     train(llama, llama_data, tmp_path / "straight")
     train(llama, llama_data, tmp_path / "mixed", "--stop_after", "2")
     proc = train(llama, llama_data, tmp_path / "mixed", "--resume", "auto", "--shard_optimizer",
-                 "true", ranks=2, port=32720)
+                 "true", ranks=2)
     assert "at step 2" in proc.stdout and "optimizer state sharded" in proc.stdout
     straight, mixed = train_losses(tmp_path / "straight"), train_losses(tmp_path / "mixed")
     assert sorted(mixed) == [1, 2, 3, 4]

@@ -38,7 +38,7 @@ def test_losses_match_step_by_step_on_1_2_and_4_ranks(offline_data, tmp_path):
     for ranks in (1, 2, 4):
         out = tmp_path / f"r{ranks}"
         proc = check(run_trainer([*TINY, "--steps", "6", "--data", str(offline_data),
-                                  "--out", str(out)], ranks=ranks, port=32400 + 10 * ranks))
+                                  "--out", str(out)], ranks=ranks))
         assert f"ranks {ranks} | global batch 8 = {ranks} ranks" in proc.stdout
         losses[ranks] = train_losses(out)
         assert sorted(losses[ranks]) == [1, 2, 3, 4, 5, 6]
@@ -94,8 +94,7 @@ def test_resume_on_another_rank_count(offline_data, tmp_path):
     common = [*TINY, "--steps", "10", "--data", str(offline_data)]
     check(run_trainer([*common, "--out", str(tmp_path / "straight")]))
     check(run_trainer([*common, "--out", str(tmp_path / "mixed"), "--stop_after", "5"]))
-    check(run_trainer([*common, "--out", str(tmp_path / "mixed"), "--resume", "auto"], ranks=2,
-                      port=32460))
+    check(run_trainer([*common, "--out", str(tmp_path / "mixed"), "--resume", "auto"], ranks=2))
     straight, mixed = train_losses(tmp_path / "straight"), train_losses(tmp_path / "mixed")
     assert sorted(mixed) == list(range(1, 11))
     for step, loss in straight.items():
@@ -105,7 +104,7 @@ def test_resume_on_another_rank_count(offline_data, tmp_path):
 def test_batch_that_does_not_divide_is_refused_on_every_rank(offline_data, tmp_path):
     require(MLX_LAUNCH is not None, "mlx.launch is not installed beside the test python")
     proc = run_trainer([*TINY, "--global_batch", "7", "--data", str(offline_data),
-                        "--out", str(tmp_path / "o")], ranks=2, port=32480)
+                        "--out", str(tmp_path / "o")], ranks=2)
     assert "error: global_batch 7 does not split evenly: ranks 2 x grad_accum 1 = 2" in proc.stderr
     assert "7 % 2 = 1" in proc.stderr
     assert not (tmp_path / "o" / "metrics.jsonl").exists()
@@ -143,8 +142,7 @@ def test_rank_memory_is_flat_in_ranks_and_dataset_size(tmp_path):
     peaks = {}
     for name, data, ranks in (("1-small", small, 1), ("1-big", big, 1), ("4-big", big, 4)):
         out = tmp_path / name
-        check(run_trainer([*model, "--data", str(data), "--out", str(out)], ranks=ranks,
-                          port=32500))
+        check(run_trainer([*model, "--data", str(data), "--out", str(out)], ranks=ranks))
         last = [r for r in read_metrics(out) if "loss" in r][-1]
         peaks[name] = (last["peak_mem_mb"], last["peak_rss_mb"])
     (mlx1,), (rss1,) = peaks["1-big"]

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from mlxcluster.facts.blas import find_openblas, with_openblas
+from mlxcluster.jobs.plan import free_port_block
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -27,16 +28,17 @@ def trainer_env() -> dict[str, str]:
 
 
 def run_trainer(args: list[str], ranks: int = 1, timeout: float = 120,
-                port: int = 32323, module: str = "reference_train.train",
-                ) -> subprocess.CompletedProcess:
+                module: str = "reference_train.train") -> subprocess.CompletedProcess:
     """`python -m reference_train.train ARGS` (or another ``module``), alone or
-    under `mlx.launch -n RANKS` (ring)."""
+    under `mlx.launch -n RANKS` (ring) on ports free here: tests run in
+    parallel workers, so no two runs may count on the same fixed ports."""
     cmd = ["-m", module, *args]
     if ranks == 1:
         full = [PYTHON, *cmd]
     else:
         assert MLX_LAUNCH, "mlx.launch not found beside the test python"
         env = trainer_env()
+        port = free_port_block(ranks)
         full = [MLX_LAUNCH, "-n", str(ranks), "--backend", "ring", "--starting-port", str(port),
                 "--python", PYTHON, "--env", f"PYTHONPATH={env['PYTHONPATH']}"]
         for key in ("LD_PRELOAD", "OPENBLAS_NUM_THREADS"):
