@@ -10,7 +10,7 @@ PY := $(VENV)/bin/python
 # login shell no launcher's command line parses, for doctor's login-shell check).
 SYSTEM_PACKAGES := openssh-server iproute2 nftables libopenblas0-pthread graphviz chromium rsync zsh fish
 
-.PHONY: venv system-deps demo test test-shuffled lint clean
+.PHONY: venv system-deps demo test test-shuffled test-durations lint clean
 
 venv: $(VENV)/.installed
 
@@ -37,16 +37,23 @@ demo: venv system-deps
 
 # Parallel workers (pytest-xdist): most of the lab tests' time is waiting
 # (ssh, timeouts, process start-up), so more workers than cores pays; each
-# worker starts its own lab. docs/testing.md has the measurements.
+# worker starts its own labs. Whole files go to a worker (a file's fixtures
+# are made once), longest first as tests/durations.json measured them
+# (tests/conftest.py). docs/testing.md has the layout and the measurements.
 TEST_WORKERS ?= 4
 PYTEST_ARGS ?=
+PARALLEL := -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 test: venv system-deps
-	@$(PY) -m pytest -n $(TEST_WORKERS) --durations=30 $(PYTEST_ARGS)
+	@$(PY) -m pytest $(PARALLEL) --durations=30 $(PYTEST_ARGS)
 
 # The same suite in an order shuffled by SEED (a new one each run unless given).
 SEED ?= $(shell date +%s)
 test-shuffled: venv system-deps
-	@MLXCLUSTER_TEST_SHUFFLE=$(SEED) $(PY) -m pytest -n $(TEST_WORKERS) --durations=30 $(PYTEST_ARGS)
+	@MLXCLUSTER_TEST_SHUFFLE=$(SEED) $(PY) -m pytest $(PARALLEL) --durations=30 $(PYTEST_ARGS)
+
+# Measure again how long each test file takes (the order make test runs them in).
+test-durations: venv system-deps
+	@$(PY) -m pytest $(PARALLEL) --record-durations tests/durations.json $(PYTEST_ARGS)
 
 lint: venv
 	@$(VENV)/bin/ruff check mlxcluster reference_train tests bench

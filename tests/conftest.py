@@ -6,6 +6,7 @@ it never skips. Outside CI it skips with one clear reason.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 from pathlib import Path
@@ -32,13 +33,53 @@ def _no_user_inventory(monkeypatch, tmp_path_factory):
 SHUFFLE_SEED = os.environ.get("MLXCLUSTER_TEST_SHUFFLE", "")
 
 
+# Otherwise the test files run longest first, by the seconds each took in a
+# measured run (tests/durations.json, `make test-durations`): `make test`
+# hands whole files to its parallel workers in this order (xdist's
+# loadscope, not reordered), so the long ones start at once and the short
+# ones fill in beside them, instead of one long file starting last. A file
+# not measured yet counts 0 s and runs after the measured ones.
+DURATIONS = REPO / "tests" / "durations.json"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--record-durations", metavar="FILE", default=None,
+                     help="write each test file's seconds (setup, call and teardown) to FILE as JSON")
+
+
 def pytest_report_header(config):
     return f"test order shuffled with seed {SHUFFLE_SEED}" if SHUFFLE_SEED else None
+
+
+def _file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
 
 
 def pytest_collection_modifyitems(config, items):
     if SHUFFLE_SEED:
         random.Random(SHUFFLE_SEED).shuffle(items)
+        return
+    seconds = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
+    first_seen: dict[str, int] = {}
+    for index, item in enumerate(items):
+        first_seen.setdefault(_file_of(item.nodeid), index)
+    items.sort(key=lambda item: (-seconds.get(_file_of(item.nodeid), 0.0),
+                                 first_seen[_file_of(item.nodeid)]))
+
+
+# --record-durations FILE: the seconds of each file, summed from every
+# report (xdist's controller gets its workers' reports), written at the end.
+_RECORDING: dict = {"to": None, "seconds": {}}
+
+
+def pytest_configure(config):
+    _RECORDING["to"] = config.getoption("--record-durations")
+
+
+def pytest_runtest_logreport(report):
+    if _RECORDING["to"]:
+        seconds = _RECORDING["seconds"]
+        seconds[_file_of(report.nodeid)] = seconds.get(_file_of(report.nodeid), 0.0) + report.duration
 
 
 def require(condition: bool, reason: str) -> None:
@@ -77,6 +118,10 @@ def pytest_sessionfinish(session, exitstatus):
     a temporary folder (tmp_path), never the checkout."""
     from tests.worktree_guard import left_behind, snapshot
 
+    if _RECORDING["to"] and not hasattr(session.config, "workerinput"):
+        measured = dict(sorted(((f, round(t, 1)) for f, t in _RECORDING["seconds"].items()),
+                               key=lambda pair: -pair[1]))
+        Path(_RECORDING["to"]).write_text(json.dumps(measured, indent=1) + "\n")
     before = session.config.stash.get(_WORKTREE_BEFORE, None)
     after = snapshot(REPO) if before is not None else None
     left = left_behind(before, after) if after is not None else []

@@ -14,6 +14,7 @@ import pytest
 
 from .conftest import require
 from .train_support import MLX_LAUNCH
+from .waits import LOCAL_STALL_TIMEOUT_S
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -139,7 +140,7 @@ def test_a_silent_run_with_a_stall_timeout_is_stopped_with_exit_4(tmp_path):
     (tmp_path / "silent.py").write_text("import time\nprint('started', flush=True)\n"
                                         "time.sleep(120)\n")
     start = time.monotonic()
-    proc = mlxcluster_run(tmp_path, "--local", "2", "--no-preflight", "--stall-timeout", "8s",
+    proc = mlxcluster_run(tmp_path, "--local", "2", "--no-preflight", "--stall-timeout", f"{LOCAL_STALL_TIMEOUT_S}s",
                           "--logs", "logs", "--", "silent.py", timeout=150)
     assert proc.returncode == 4, proc.stdout + proc.stderr
     assert time.monotonic() - start < 90

@@ -20,6 +20,7 @@ import pytest
 from mlxcluster.launch.trainer import parse_trainer_args, restart_checkpoint_every
 from reference_train.prepare import prepare_offline
 from tests.train_support import REPO, run_trainer, train_losses, trainer_env
+from tests.waits import LOCAL_STALL_TIMEOUT_S
 
 STEPS = 400
 
@@ -62,7 +63,7 @@ def test_a_stalled_rank_is_restarted_and_the_run_ends_with_the_reference_losses(
     env = trainer_env()
     job = subprocess.Popen(
         [sys.executable, "-m", "mlxcluster", "train", "--local", "3", "--no-preflight",
-         "--config", "tiny", "--stall-timeout", "8s", "--max-restarts", "1", "--",
+         "--config", "tiny", "--stall-timeout", f"{LOCAL_STALL_TIMEOUT_S}s", "--max-restarts", "1", "--",
          *common(data), "--out", str(out)],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True)

@@ -19,11 +19,9 @@ import pytest
 
 from reference_train.prepare import prepare_offline
 from tests.conftest import require
+from tests.waits import LAB_SETTLE_S, POLL_S
 
 SHARED_LABS = ("lab3", "lab3_own_tmp", "lab3_own_home")
-# How long a shared lab may take to settle after a test (an ssh session
-# closing, a rank's process reaped) before what is left counts as left.
-SETTLE_S = 10.0
 
 
 def _require_lab() -> None:
@@ -111,9 +109,9 @@ def _shared_lab_as_it_was(request):
     yield
     changed = []
     for lab, was in zip(labs, before, strict=True):
-        deadline = time.monotonic() + SETTLE_S
+        deadline = time.monotonic() + LAB_SETTLE_S
         while (now := lab.fingerprint()) != was and time.monotonic() < deadline:
-            time.sleep(0.2)
+            time.sleep(POLL_S)
         if now != was:
             changed += [f"lab {lab.id}: {line}" for line in _differences(was, now)]
             lab.kill_host_processes()  # the next test gets the lab as it was

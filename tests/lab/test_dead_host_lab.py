@@ -13,12 +13,9 @@ import time
 import pytest
 
 from tests.lab.jobs import bracketed, left_on_hosts, start_training, wait_for_losses
+from tests.waits import DEAD_HOST_BUDGET_S
 
 pytestmark = pytest.mark.lab
-
-# ~15 s of keepalive, the launcher's stop, and the sweep's 5 s connect timeout
-# to the dead host; well under the 90 s the job used to wait before it was stopped by hand.
-DEAD_HOST_BUDGET_S = 60
 
 
 @pytest.mark.parametrize("backend", ["ring", "mpi"])

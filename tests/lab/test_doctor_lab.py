@@ -21,26 +21,14 @@ from mlxcluster.doctor.checks.common import BAD
 from mlxcluster.doctor.doctor import DoctorReport, run_doctor
 from mlxcluster.inventory.inventory import load_inventory
 from tests.lab.jobs import MPI_ENV, OPENBLAS_ENV
+from tests.waits import DOCTOR_BUDGET_S, DOCTOR_CONNECT_TIMEOUT_S, TWELVE_MPI_BUDGET_S
 
 pytestmark = pytest.mark.lab
 
-# paramiko's connect, banner, auth and channel waits each: 2 s once timed out
-# on a live host while the 2-core CI machine was busy (2026-11-24); a dead host
-# still costs one of these, not one per test that tries it.
-CONNECT_TIMEOUT = 4.0
-# Anything near this bound is a hang (a dead host costs one connect timeout).
-DOCTOR_BUDGET_S = 20.0
-# --backend mpi on 12 hosts judges every pair: 132 ssh logins, which on a Mac
-# cluster run on 12 machines but here share this machine's 2 cores: doctor
-# took 18.1-18.8 s against 5.7-6.5 s with the first host's 11 hops only
-# (3 runs each, alternating, load average 47; bench/doctor_hops_cost.py).
-TWELVE_MPI_BUDGET_S = 45.0
-# The shared `inventory` fixture's env: block: the documented fix for
+# The shared `lab_inventory` fixture's env: block: the documented fix for
 # reference-blas on Linux, with which a healthy lab passes.
 INVENTORY_ENV = OPENBLAS_ENV
 OTHER_MLX = "0.31.0"
-
-
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +65,7 @@ def python_without_mpi(tmp_path_factory) -> str:
 
 def doctor(path: Path, **kwargs) -> tuple[DoctorReport, float]:
     started = time.monotonic()
-    report = run_doctor(load_inventory(path), connect_timeout=CONNECT_TIMEOUT, command_timeout=30, **kwargs)
+    report = run_doctor(load_inventory(path), connect_timeout=DOCTOR_CONNECT_TIMEOUT_S, command_timeout=30, **kwargs)
     return report, time.monotonic() - started
 
 
@@ -163,7 +151,7 @@ def test_fault_fails_the_right_check_on_the_right_host(lab3, lab_inventory, othe
     if fault in ("link_down", "drop_ssh_port"):
         # A dead host costs one connect timeout, not one per test that tries it
         # (paramiko, OpenSSH and the hop from the first host wait side by side).
-        assert seconds < 2 * CONNECT_TIMEOUT, seconds
+        assert seconds < 2 * DOCTOR_CONNECT_TIMEOUT_S, seconds
     assert report.verdict == "fail"
     assert blamed(report) == {check_id: [host] for check_id in expected}, failing_evidence(report)
     first = sorted(expected)[0]
@@ -193,7 +181,7 @@ def test_paramiko_honours_proxyjump_from_the_ssh_config(lab3, tmp_path):
         f"Host via-jump\n  HostName {target.ip}\n  ProxyJump {jump.ip}\n"
         f"  User root\n  IdentityFile {lab3.key}\n  UserKnownHostsFile {lab3.known_hosts}\n"
         + Path(lab3.ssh_config).read_text())
-    with ParamikoRunner(str(cfg), connect_timeout=CONNECT_TIMEOUT) as runner:
+    with ParamikoRunner(str(cfg), connect_timeout=DOCTOR_CONNECT_TIMEOUT_S) as runner:
         result = runner.run("via-jump", 'hostname; echo "$SSH_CONNECTION"', timeout=20)
     name, connection = result.stdout.split("\n")[:2]
     assert name == target.name
@@ -209,7 +197,7 @@ def test_a_command_that_ends_before_reading_its_input_gives_its_own_answer(lab3)
     from mlxcluster.ssh.remote import ParamikoRunner
 
     host = lab3.hosts[1]
-    with ParamikoRunner(str(lab3.ssh_config), connect_timeout=CONNECT_TIMEOUT) as runner:
+    with ParamikoRunner(str(lab3.ssh_config), connect_timeout=DOCTOR_CONNECT_TIMEOUT_S) as runner:
         result = runner.run(host.name, "echo not reading >&2; exit 3", stdin="x" * (8 << 20),
                             timeout=30)
         assert (result.exit_status, result.stderr.strip()) == (3, "not reading")
@@ -235,7 +223,7 @@ def test_collect_captures_for_other_commands(lab3, lab_inventory):
 
     lab3.stop_sshd("labhost1")
     try:
-        captures = collect_captures(load_inventory(lab_inventory), connect_timeout=CONNECT_TIMEOUT)
+        captures = collect_captures(load_inventory(lab_inventory), connect_timeout=DOCTOR_CONNECT_TIMEOUT_S)
     finally:
         lab3.heal("labhost1")
     assert list(captures) == ["labhost1", "labhost2", "labhost3"]

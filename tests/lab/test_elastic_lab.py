@@ -18,11 +18,11 @@ import pytest
 
 from tests.lab.jobs import bracketed, data_here, left_on_hosts, records, training_setup
 from tests.train_support import run_trainer, train_losses
+from tests.waits import ELASTIC_STALL_TIMEOUT_S
 
 pytestmark = pytest.mark.lab
 
 STEPS = 150
-STALL_TIMEOUT_S = 30
 PARITY = 1.1e-6  # one process against 3 local ranks over 400 steps (docs/training.md)
 
 
@@ -49,7 +49,7 @@ def test_a_lost_host_is_dropped_and_the_run_ends_with_the_reference_losses(
     victim = lab3.hosts[lost]
     job = subprocess.Popen(
         [sys.executable, "-m", "mlxcluster", "train", "-i", str(inventory), "--no-preflight",
-         "--config", "tiny", "--stall-timeout", f"{STALL_TIMEOUT_S}s", "--max-restarts", "2",
+         "--config", "tiny", "--stall-timeout", f"{ELASTIC_STALL_TIMEOUT_S}s", "--max-restarts", "2",
          "--elastic", "--html", str(tmp_path / "run.html"), "--", *common(data_here(lab3, lab_data)), "--out", str(out)],
         env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
@@ -78,7 +78,7 @@ def test_a_lost_host_is_dropped_and_the_run_ends_with_the_reference_losses(
             job.wait()
         lab3.heal(victim)
     print(f"{victim.name} lost: training again after {back_in:.1f} s "
-          f"(stall timeout {STALL_TIMEOUT_S} s)")
+          f"(stall timeout {ELASTIC_STALL_TIMEOUT_S} s)")
     text = stdout + stderr
     assert job.returncode == 0, text[-4000:]
     assert "Traceback" not in text

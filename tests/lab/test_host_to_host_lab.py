@@ -31,12 +31,10 @@ pytestmark = pytest.mark.lab
 
 HERE = Path(__file__).resolve().parent
 VENV = Path(sys.executable).parent.parent
-# The shared `inventory` fixture's env: block: the documented fixes for
+# The shared `lab_inventory` fixture's env: block: the documented fixes for
 # reference-blas and libmpi, with which a healthy lab passes.
 INVENTORY_ENV = {**OPENBLAS_ENV, **MPI_ENV}
 SMALL = ["--sizes", "1K:2K", "--dtypes", "float32", "--timeout", "60"]
-
-
 
 
 @pytest.fixture

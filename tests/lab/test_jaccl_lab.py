@@ -11,10 +11,10 @@ import time
 import pytest
 
 from tests.lab.jobs import bracketed, left_on_hosts, training_setup
+from tests.waits import JACCL_UNAVAILABLE_BUDGET_S
 
 pytestmark = pytest.mark.lab
 
-UNAVAILABLE_BUDGET_S = 60  # the topology probe of three hosts (doctor's), then the verdict
 # Would leave a trace of every rank that started (the lab's hosts share this machine's files).
 MARKER_SCRIPT = """
 import os, pathlib, sys, time
@@ -36,7 +36,7 @@ def mlxcluster(args: list[str], env: dict[str, str], cwd) -> tuple[subprocess.Co
 def assert_unavailable_named(proc, took: float, backend: str) -> None:
     out = proc.stdout + proc.stderr
     assert proc.returncode == 3, out[-3000:]
-    assert took < UNAVAILABLE_BUDGET_S, took
+    assert took < JACCL_UNAVAILABLE_BUDGET_S, took
     assert f"{backend} cannot run: 3 of 3 host(s) cannot take part" in proc.stderr, out[-3000:]
     for name in ("labhost1", "labhost2", "labhost3"):
         assert f"  {name}: {LINUX_REASON}" in proc.stderr, out[-3000:]

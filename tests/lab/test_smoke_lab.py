@@ -21,7 +21,6 @@ from tests.lab.jobs import assert_nothing_left
 pytestmark = pytest.mark.lab
 
 
-
 SMALL = ["--sizes", "1K:2K", "--dtypes", "float32"]
 
 

@@ -19,27 +19,19 @@ from mlxcluster.jobs.plan import RING_PORT
 from mlxcluster.jobs.rank_wrapper import STACKS_ROOT
 from tests.interrupt_helpers import SmokeWorkersRunning
 from tests.lab.jobs import MPI_ENV, assert_nothing_left, bracketed, left_on_hosts, our_prted
+from tests.waits import SOAK_DETECTION_BOUND_S, SOAK_ITERATION_TIMEOUT_S
 
 pytestmark = pytest.mark.lab
-INVENTORY_ENV = MPI_ENV  # the shared `inventory` fixture's env: block
-
+INVENTORY_ENV = MPI_ENV  # the shared `lab_inventory` fixture's env: block
 
 
 SIZES = ["--sizes", "1K:256K", "--dtypes", "float32,int32"]
-ITERATION_TIMEOUT_S = 20  # a loaded 2-core machine starts 3 ranks slowly: init has this deadline too
-# After the per-iteration deadline: up to ~1 s until the last soak event
-# (they come once a second), the port probes or the state collection over
-# ssh (SIGUSR1, 1 s, stacks), the launcher's stop and the sweep of every
-# host. Measured on the lab under load (docs/smoke.md): 9.9-15.1 s.
-DETECTION_BOUND_S = 25
-
-
 
 
 def start_soak(lab, lab_inventory, cwd, backend, seconds) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "mlxcluster", "smoke", "-i", str(lab_inventory), "--backend", backend,
-         "--soak", f"{seconds}s", "--seed", "1234", *SIZES, "--timeout", str(ITERATION_TIMEOUT_S),
+         "--soak", f"{seconds}s", "--seed", "1234", *SIZES, "--timeout", str(SOAK_ITERATION_TIMEOUT_S),
          "--json"], env=lab.env(), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, start_new_session=True)
 
@@ -93,7 +85,7 @@ def soak_with_fault(lab, lab_inventory, cwd, backend, inject, undo) -> tuple[dic
     try:
         inject(soaking(proc))
         faulted_at = time.monotonic()
-        doc, err, _ = finish(proc, ITERATION_TIMEOUT_S + DETECTION_BOUND_S + 60)
+        doc, err, _ = finish(proc, SOAK_ITERATION_TIMEOUT_S + SOAK_DETECTION_BOUND_S + 60)
         return doc["backends"][0], err, time.monotonic() - faulted_at, proc.returncode
     finally:
         if proc.poll() is None:
@@ -107,12 +99,12 @@ def test_a_port_dropped_mid_soak_fails_within_the_deadline_naming_the_host(lab3_
     run, err, ended_after, code = soak_with_fault(
         lab3_own_tmp, lab_inventory, tmp_path, "ring",  # rank 2's ring port: its peers' data stops
         inject=lambda run_id: lab3_own_tmp.drop_port(victim, RING_PORT + 2), undo=lambda: lab3_own_tmp.heal(victim))
-    print(f"port dropped: ended {ended_after:.1f} s later (per-iteration timeout {ITERATION_TIMEOUT_S} s)")
+    print(f"port dropped: ended {ended_after:.1f} s later (per-iteration timeout {SOAK_ITERATION_TIMEOUT_S} s)")
     # Silently dropped packets: the collective blocks and no iteration completes,
     # a stall (exit 4); the port named is why (docs/smoke.md, exit codes).
     assert code == 4 and run["stall"], err[-2000:]
-    assert ended_after < ITERATION_TIMEOUT_S + DETECTION_BOUND_S, ended_after
-    assert run["reason"].startswith(f"rank 2 on labhost3: no progress for {ITERATION_TIMEOUT_S} s "
+    assert ended_after < SOAK_ITERATION_TIMEOUT_S + SOAK_DETECTION_BOUND_S, ended_after
+    assert run["reason"].startswith(f"rank 2 on labhost3: no progress for {SOAK_ITERATION_TIMEOUT_S} s "
                                     "in phase soak"), run["reason"]
     assert f"data port {victim.ip}:{RING_PORT + 2} unreachable from here (timed out)" in run["reason"]
     assert all(o["iterations"] > 0 for o in run["soak"]["ops"])  # it soaked before the fault
@@ -144,9 +136,9 @@ def test_a_stopped_rank_is_diagnosed_named_and_every_rank_stopped(lab3_own_tmp, 
                                                   stop_rank_1, resume)
     run_id = stopped[0][1]
     print(f"{backend}: ended {ended_after:.1f} s after SIGSTOP (per-iteration timeout "
-          f"{ITERATION_TIMEOUT_S} s)\n{run['stall']}")
+          f"{SOAK_ITERATION_TIMEOUT_S} s)\n{run['stall']}")
     assert code == 4, err[-2000:]  # stalled, as a stalled train or run exits
-    assert ended_after < ITERATION_TIMEOUT_S + DETECTION_BOUND_S, ended_after
+    assert ended_after < SOAK_ITERATION_TIMEOUT_S + SOAK_DETECTION_BOUND_S, ended_after
     assert run["reason"].startswith("rank 1 on labhost2: no progress"), run["reason"]
     said = re.match(r"rank 1 on labhost2 is stopped \(state T[^,]*, CPU time not advancing\); "
                     r"(.*)", run["stall"])

@@ -30,19 +30,9 @@ from tests.lab.jobs import (
     start_training,
     wait_for_losses,
 )
+from tests.waits import FLOOR_DETECTION_BOUND_S, LAB_STALL_TIMEOUT_S, STALL_DETECTION_BOUND_S
 
 pytestmark = pytest.mark.lab
-
-STALL_TIMEOUT_S = 20
-# After the stall timeout: up to 1 s until the watch looks, ~1 s of SIGUSR1 and
-# state collection over ssh, the sweep (0.5 s + ssh), the launcher's stop and a
-# final sweep. Measured on the lab: see docs/training.md.
-DETECTION_BOUND_S = 25  # measured: 5.5-10.6 s over 7 runs
-# The same after the automatic limit's 60 s floor (the last heartbeat came a step,
-# well under a second, before the SIGSTOP). Measured on own disks, ranks over ssh,
-# the rank stopped after the first logged step: 5.7 s over the floor (65.7 s) with
-# a full test run beside it; earlier 12.0 and 25.9 s with the load average at 40-45.
-FLOOR_DETECTION_BOUND_S = 20
 
 
 def stop_rank_1_mid_training(lab, proc, metrics, wait_s: float,
@@ -72,13 +62,13 @@ def stop_rank_1_mid_training(lab, proc, metrics, wait_s: float,
 @pytest.mark.parametrize("backend", ["ring", "mpi"])
 def test_a_stopped_rank_is_found_named_and_stopped(lab3, lab_data, tmp_path, backend):
     proc, metrics = start_training(lab3, lab_data, tmp_path, backend,
-                                   "--stall-timeout", f"{STALL_TIMEOUT_S}s")
+                                   "--stall-timeout", f"{LAB_STALL_TIMEOUT_S}s")
     out = metrics.parent
     stdout, stderr, ended_after, run_id = stop_rank_1_mid_training(
-        lab3, proc, metrics, STALL_TIMEOUT_S + DETECTION_BOUND_S + 60)
-    print(f"{backend}: ended {ended_after:.1f} s after SIGSTOP (stall timeout {STALL_TIMEOUT_S} s)")
+        lab3, proc, metrics, LAB_STALL_TIMEOUT_S + STALL_DETECTION_BOUND_S + 60)
+    print(f"{backend}: ended {ended_after:.1f} s after SIGSTOP (stall timeout {LAB_STALL_TIMEOUT_S} s)")
     assert proc.returncode == EXIT_STALLED, stdout[-2000:] + stderr[-3000:]
-    assert ended_after < STALL_TIMEOUT_S + DETECTION_BOUND_S, (ended_after, stderr[-2000:])
+    assert ended_after < LAB_STALL_TIMEOUT_S + STALL_DETECTION_BOUND_S, (ended_after, stderr[-2000:])
     assert "Traceback" not in stdout + stderr
     said = re.search(r"error: training stalled: no progress for (\d+) s \(stall timeout 20 s\): "
                      r"rank 1 on labhost2 is stopped \(state T[^,]*, CPU time not advancing\); "
