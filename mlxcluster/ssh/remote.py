@@ -298,6 +298,10 @@ class ParamikoRunner:
         self.command_timeout = command_timeout
         self.accept_new_host_keys = accept_new_host_keys
         self._clients: dict[tuple[str, str | None, int | None], paramiko.SSHClient] = {}
+        # The connections to ProxyJump hosts that carry the clients above:
+        # closed with them (left open, each kept a session on its jump host
+        # until this process ended).
+        self._jumps: list[paramiko.SSHClient] = []
         self._lock = threading.Lock()
         self._save_lock = threading.Lock()
 
@@ -327,6 +331,8 @@ class ParamikoRunner:
             if len(target.proxy_jump) > 1:
                 jump = SshTarget(**{**jump.__dict__, "proxy_jump": target.proxy_jump[:-1]})
             jump_client = self._open(jump, depth + 1)
+            with self._lock:
+                self._jumps.append(jump_client)
             try:
                 sock = jump_client.get_transport().open_channel(
                     "direct-tcpip", (target.hostname, target.port), ("127.0.0.1", 0),
@@ -423,9 +429,11 @@ class ParamikoRunner:
         return peer[0] if isinstance(peer, tuple) else None
 
     def close(self) -> None:
+        """Close every connection this runner opened, the jump hosts' last."""
         with self._lock:
             clients, self._clients = list(self._clients.values()), {}
-        for c in clients:
+            jumps, self._jumps = self._jumps[::-1], []
+        for c in clients + jumps:
             c.close()
 
     def __enter__(self) -> ParamikoRunner:

@@ -21,7 +21,7 @@ from mlxcluster.doctor.checks.common import BAD
 from mlxcluster.doctor.doctor import DoctorReport, run_doctor
 from mlxcluster.inventory.inventory import load_inventory
 from tests.lab.jobs import MPI_ENV, OPENBLAS_ENV
-from tests.waits import DOCTOR_BUDGET_S, DOCTOR_CONNECT_TIMEOUT_S, TWELVE_MPI_BUDGET_S
+from tests.waits import DOCTOR_BUDGET_S, DOCTOR_CONNECT_TIMEOUT_S, TWELVE_MPI_BUDGET_S, poll_until
 
 pytestmark = pytest.mark.lab
 
@@ -181,11 +181,15 @@ def test_paramiko_honours_proxyjump_from_the_ssh_config(lab3, tmp_path):
         f"Host via-jump\n  HostName {target.ip}\n  ProxyJump {jump.ip}\n"
         f"  User root\n  IdentityFile {lab3.key}\n  UserKnownHostsFile {lab3.known_hosts}\n"
         + Path(lab3.ssh_config).read_text())
+    on_jump = lab3.host_processes(jump)
     with ParamikoRunner(str(cfg), connect_timeout=DOCTOR_CONNECT_TIMEOUT_S) as runner:
         result = runner.run("via-jump", 'hostname; echo "$SSH_CONNECTION"', timeout=20)
     name, connection = result.stdout.split("\n")[:2]
     assert name == target.name
     assert connection.split()[0] == jump.ip
+    # Closing the runner closes its connection to the jump host too: it once
+    # kept a session on labhost1 until the process ended.
+    poll_until(lambda: lab3.host_processes(jump) == on_jump, 5, "the session on the jump host closed")
 
 
 def test_a_command_that_ends_before_reading_its_input_gives_its_own_answer(lab3):
