@@ -10,7 +10,7 @@ PY := $(VENV)/bin/python
 # login shell no launcher's command line parses, for doctor's login-shell check).
 SYSTEM_PACKAGES := openssh-server iproute2 nftables libopenblas0-pthread graphviz chromium rsync zsh fish
 
-.PHONY: venv system-deps demo test test-shuffled test-durations lint clean
+.PHONY: venv system-deps demo test test-shuffled test-each-alone test-durations lint clean
 
 venv: $(VENV)/.installed
 
@@ -50,6 +50,10 @@ test: venv system-deps
 SEED ?= $(shell date +%s)
 test-shuffled: venv system-deps
 	@MLXCLUSTER_TEST_SHUFFLE=$(SEED) $(PY) -m pytest $(PARALLEL) --durations=30 $(PYTEST_ARGS)
+
+# Every test file alone, in a pytest process of its own (TEST_WORKERS at a time).
+test-each-alone: venv system-deps
+	@$(PY) -m tests.each_alone --jobs $(TEST_WORKERS)
 
 # Measure again how long each test file takes (the order make test runs them in).
 test-durations: venv system-deps
