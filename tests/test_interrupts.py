@@ -121,7 +121,7 @@ def test_interrupted_train_stops_every_rank(tmp_path):
     assert "Traceback" not in run.stdout + run.stderr
     assert processes_with("reference_train", str(out)) == []
     steps = metrics.read_text()
-    time.sleep(2)
+    time.sleep(2)  # an absence to prove: a rank still training would log a step (well under 1 s each) meanwhile
     assert metrics.read_text() == steps  # nobody trains on
 
 

@@ -55,7 +55,7 @@ def test_interrupt_stops_training_on_every_host(lab3, lab_data, tmp_path, backen
     assert left_on_hosts(lab3, f"[r]eference_train.*--out {out}") == {}  # this run only
     assert our_prted(lab3) == []  # no Open MPI daemon of this lab either
     steps = metrics.read_text()
-    time.sleep(2)
+    time.sleep(2)  # an absence to prove: a rank still training would log a step (well under 1 s each) meanwhile
     assert metrics.read_text() == steps  # nobody trains on
 
 
