@@ -795,8 +795,13 @@ def _free_subnet(lab_id: str) -> str:
 
 def _claimed(claim: Path) -> bool:
     """Whether a subnet's claim file names a lab whose owner still runs."""
+    return _names_a_live_process(claim)
+
+
+def _names_a_live_process(path: Path) -> bool:
+    """Whether the file's first word is the pid of a process that runs."""
     try:
-        pid = int(claim.read_text().split()[0])
+        pid = int(path.read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return False
     try:
@@ -864,17 +869,7 @@ def _destroy(lab_id: str) -> None:
 
 
 def _owner_alive(state_dir: Path) -> bool:
-    try:
-        pid = int((state_dir / "owner.pid").read_text())
-    except (OSError, ValueError):
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return _names_a_live_process(state_dir / "owner.pid")
 
 
 def cleanup_stale() -> list[str]:
