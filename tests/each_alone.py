@@ -19,12 +19,17 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def run_alone(path: str) -> tuple[str, int, float, str]:
-    """(file, pytest's exit code, seconds, its last line)."""
+    """(file, pytest's exit code, seconds, its last line; for a failure also
+    each failed test and the first lines of what it said)."""
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", path],
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE", path],
                           cwd=REPO, capture_output=True, text=True)
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
-    return path, proc.returncode, time.monotonic() - started, lines[-1] if lines else proc.stderr[-300:]
+    summary = lines[-1] if lines else proc.stderr[-300:]
+    if proc.returncode != 0:
+        said = [line for line in lines if line.startswith(("FAILED", "ERROR", "E "))][:40]
+        summary += "".join(f"\n      {line[:300]}" for line in said)
+    return path, proc.returncode, time.monotonic() - started, summary
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,7 @@
 """One lab host on another version of a distribution at the same python
 path, for the install fixes' lab tests (mlx, mlx-lm): the host's
-site-packages becomes an overlay in its mount namespace (the venv's below,
-the host's changes in a folder of the test's), holding that version
+site-packages and scripts folder become overlays in its mount namespace
+(the venv's below, the host's changes in a folder of the test's), holding that version
 installed (without dependencies: the venv's serve) from wheels fetched
 here. This machine's venv and the other hosts are never changed."""
 
@@ -36,6 +36,28 @@ def versions(lab, host, dists: tuple[str, ...] = MLX_DISTS) -> list[str]:
     return lab.ssh(host, f"{lab.python} -c \"{version_of(dists)}\"").stdout.split()
 
 
+# The venv's folders pip writes: site-packages and the scripts folder
+# (bin/mlx.launch, mlx_lm.generate...). Both are overlaid on the host: an
+# install or undo on one host must not touch this machine's venv, where the
+# other hosts' python, and the other tests running beside this one, read them
+# (an undo's `pip uninstall mlx` once took bin/mlx.launch away from a test
+# running `mlxcluster run` in another worker).
+VENV_FOLDERS = (sysconfig.get_paths()["purelib"], sysconfig.get_paths()["scripts"])
+
+
+def overlay_venv(folder: Path) -> tuple[str, str]:
+    """Shell words that put an overlay over each of ``VENV_FOLDERS`` (the
+    venv's below, the host's changes in ``folder``), and those that take
+    them away again: (mount, umount)."""
+    mounts = []
+    for i, path in enumerate(VENV_FOLDERS):
+        upper, work = folder / f"upper{i}", folder / f"work{i}"
+        upper.mkdir(parents=True)
+        work.mkdir()
+        mounts.append(f"mount -t overlay overlay -o lowerdir={path},upperdir={upper},workdir={work} {path}")
+    return " && ".join(mounts) + " && ", "".join(f"umount {path}; " for path in VENV_FOLDERS)
+
+
 @contextmanager
 def other_version(lab, host, folder: Path, package: Package, version: str) -> Iterator[None]:
     """``host`` on ``package`` ``version`` (and its companion) until the
@@ -45,18 +67,14 @@ def other_version(lab, host, folder: Path, package: Package, version: str) -> It
     has) the host's ``~/.cache/mlxcluster`` is a tmpfs of its own, so what
     the fix sends there is that host's only; with one, the wheels sent to
     the host's home are removed when the block ends."""
-    site = sysconfig.get_paths()["purelib"]
-    upper, work = folder / "upper", folder / "work"
-    upper.mkdir(parents=True)
-    work.mkdir()
+    mount, umount = overlay_venv(folder)
     target = wheels.Target("Linux", platform.machine(), platform.python_version(),
                            libc=" ".join(platform.libc_ver()))
     requirements = package.requirements(target.system, version)
     got = wheels.fetched(target, requirements, version_dir(package, version, wheels.wheel_key(target)), 600)
     dists = tuple(r.split("==")[0] for r in requirements)
     own_cache = "" if lab.no_project else "mount -t tmpfs mlxc-wheels /root/.cache/mlxcluster && "
-    made = lab.ssh(host, f"mount -t overlay overlay -o lowerdir={site},upperdir={upper},workdir={work} {site} && "
-                         f"{own_cache}{lab.python} -m pip install -q --disable-pip-version-check --no-index --no-deps "
+    made = lab.ssh(host, f"{mount}{own_cache}{lab.python} -m pip install -q --disable-pip-version-check --no-index --no-deps "
                          f"--find-links {got[0].parent} {' '.join(requirements)} 2>/dev/null; "
                          f"{lab.python} -c \"{version_of(dists)}\"", timeout=120)
     try:
@@ -66,12 +84,18 @@ def other_version(lab, host, folder: Path, package: Package, version: str) -> It
         # What the fix sent is put back too: the host's own cache (a tmpfs,
         # or with a home per host the wheels folder there) goes.
         forget_cache = 'rm -rf "$HOME/.cache/mlxcluster/wheels"; ' if lab.no_project else "umount /root/.cache/mlxcluster; "
-        lab.ssh(host, forget_cache + f"umount {site}", timeout=30)
+        lab.ssh(host, forget_cache + umount, timeout=30)
 
 
 def wheels_on(lab, host) -> list[str]:
     """The wheels in ``host``'s own ``~/.cache/mlxcluster/wheels`` (a lab with a home per host)."""
     return sorted(p.name for p in (lab.host_home(lab.host(host)) / ".cache" / "mlxcluster" / "wheels").glob("*.whl"))
+
+
+def venv_scripts_here() -> dict[str, tuple[int, int]]:
+    """This machine's venv scripts folder: name -> (size, mtime in ns), compared before and after."""
+    scripts = Path(VENV_FOLDERS[1])
+    return {p.name: (p.lstat().st_size, p.lstat().st_mtime_ns) for p in scripts.iterdir()}
 
 
 def wheels_here() -> list[str]:

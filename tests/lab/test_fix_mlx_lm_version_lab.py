@@ -23,6 +23,7 @@ from mlxcluster.doctor.fixes.mlx_lm_version import MLX_LM
 from tests.lab.mlx_overlay import (
     mlxcluster,
     other_version,
+    venv_scripts_here,
     versions,
     wheels_here,
     wheels_on,
@@ -51,6 +52,7 @@ def other_mlx_lm_on_labhost2(lab3_own_home, tmp_path, monkeypatch):
 def test_fix_installs_the_others_mlx_lm_keeps_mlx_and_undo_puts_it_back(lab3_own_home, tmp_path, other_mlx_lm_on_labhost2):
     host = other_mlx_lm_on_labhost2
     ours_before = wheels_here()
+    scripts_before = venv_scripts_here()
     here = [metadata.version(d) for d in DISTS]  # every host's but labhost2's: the lab3_own_home shares this venv
     new, mlx = here[-1], here[:-1]
     assert versions(lab3_own_home, host, DISTS) == [*mlx, OLD_LM]
@@ -81,6 +83,7 @@ def test_fix_installs_the_others_mlx_lm_keeps_mlx_and_undo_puts_it_back(lab3_own
     # labhost2's own home, and only there
     assert wheels_on(lab3_own_home, lab3_own_home.hosts[0]) == wheels_on(lab3_own_home, lab3_own_home.hosts[2]) == []
     assert wheels_here() == ours_before
+    assert venv_scripts_here() == scripts_before  # labhost2's pip wrote its own bin/, not this machine's
     assert versions(lab3_own_home, lab3_own_home.hosts[2], DISTS) == here
 
     [journal] = sorted((tmp_path / "config" / "mlxcluster" / "fixes").glob("*.json"))
@@ -89,3 +92,4 @@ def test_fix_installs_the_others_mlx_lm_keeps_mlx_and_undo_puts_it_back(lab3_own
     assert f"restored  [mlx-lm-version] {host.name}:" in undo.stdout
     assert versions(lab3_own_home, host, DISTS) == [*mlx, OLD_LM]
     assert [metadata.version(d) for d in DISTS] == here
+    assert venv_scripts_here() == scripts_before  # and the undo too

@@ -23,6 +23,7 @@ from tests.lab.mlx_overlay import (
     VERSION_OF,
     mlxcluster,
     other_mlx,
+    venv_scripts_here,
     wheels_here,
     wheels_on,
 )
@@ -43,6 +44,7 @@ def test_fix_installs_the_others_mlx_from_wheels_sent_here_and_undo_puts_it_back
                                                                                    other_mlx_on_labhost2):
     host = other_mlx_on_labhost2
     ours_before = wheels_here()
+    scripts_before = venv_scripts_here()
     inventory = lab3_own_home.write_inventory(tmp_path / "lab.yaml")
     env = lab3_own_home.env({**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "config")})
     here = subprocess.run([sys.executable, "-c", VERSION_OF], capture_output=True, text=True).stdout.split()
@@ -62,6 +64,7 @@ def test_fix_installs_the_others_mlx_from_wheels_sent_here_and_undo_puts_it_back
     assert sorted(sent) == fetched_here == wheels_on(lab3_own_home, host) and len(sent) == 4  # mlx and mlx-cpu, new and old
     assert wheels_on(lab3_own_home, lab3_own_home.hosts[0]) == wheels_on(lab3_own_home, lab3_own_home.hosts[2]) == []
     assert wheels_here() == ours_before
+    assert venv_scripts_here() == scripts_before  # labhost2's pip wrote its own bin/, not this machine's
     for other in (lab3_own_home.hosts[0], lab3_own_home.hosts[2]):
         assert lab3_own_home.ssh(other, f"{lab3_own_home.python} -c \"{VERSION_OF}\"").stdout.split() == here
 
@@ -71,3 +74,4 @@ def test_fix_installs_the_others_mlx_from_wheels_sent_here_and_undo_puts_it_back
     assert f"restored  [mlx-version] {host.name}:" in undo.stdout
     assert lab3_own_home.ssh(host, f"{lab3_own_home.python} -c \"{VERSION_OF}\"").stdout.split() == [OLD, OLD]
     assert subprocess.run([sys.executable, "-c", VERSION_OF], capture_output=True, text=True).stdout.split() == here
+    assert venv_scripts_here() == scripts_before  # and the undo too

@@ -20,7 +20,13 @@ from importlib import metadata
 import pytest
 
 from mlxcluster.doctor.fixes import wheels
-from tests.lab.mlx_overlay import mlxcluster, wheels_here, wheels_on
+from tests.lab.mlx_overlay import (
+    mlxcluster,
+    overlay_venv,
+    venv_scripts_here,
+    wheels_here,
+    wheels_on,
+)
 
 pytestmark = pytest.mark.lab
 
@@ -34,23 +40,21 @@ def no_yaml_on_labhost2(lab3_own_home, tmp_path, monkeypatch):
     a cache of this test's (XDG_CACHE_HOME, also the fix's)."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     site = sysconfig.get_paths()["purelib"]
-    upper, work = tmp_path / "upper", tmp_path / "work"
-    upper.mkdir()
-    work.mkdir()
+    mount, umount = overlay_venv(tmp_path / "overlay")
     host = lab3_own_home.hosts[1]
-    made = lab3_own_home.ssh(host, f"mount -t overlay overlay -o lowerdir={site},upperdir={upper},workdir={work} {site} && "
-                                   f"rm -rf {site}/yaml {site}/_yaml {site}/[Pp][Yy][Yy]aml-*.dist-info && "
+    made = lab3_own_home.ssh(host, f"{mount}rm -rf {site}/yaml {site}/_yaml {site}/[Pp][Yy][Yy]aml-*.dist-info && "
                                    f"{lab3_own_home.python} -c \"{YAML_VERSION}\"", timeout=60)
     try:
         assert "No module named 'yaml'" in made.stderr, made.stdout + made.stderr
         yield host
     finally:  # the host as it was: its python, and no wheels in its home
-        lab3_own_home.ssh(host, f'rm -rf "$HOME/.cache/mlxcluster/wheels"; umount {site}', timeout=30)
+        lab3_own_home.ssh(host, f'rm -rf "$HOME/.cache/mlxcluster/wheels"; {umount}', timeout=30)
 
 
 def test_fix_installs_pyyaml_from_a_wheel_sent_here_and_undo_removes_it(lab3_own_home, tmp_path, no_yaml_on_labhost2):
     host = no_yaml_on_labhost2
     ours_before = wheels_here()
+    scripts_before = venv_scripts_here()
     version = metadata.version("PyYAML")
     inventory = lab3_own_home.write_inventory(tmp_path / "lab.yaml")
     env = lab3_own_home.env({**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "config")})
@@ -75,6 +79,7 @@ def test_fix_installs_pyyaml_from_a_wheel_sent_here_and_undo_removes_it(lab3_own
     # labhost2's own home, and only there
     assert wheels_on(lab3_own_home, lab3_own_home.hosts[0]) == wheels_on(lab3_own_home, lab3_own_home.hosts[2]) == []
     assert wheels_here() == ours_before
+    assert venv_scripts_here() == scripts_before  # labhost2's pip wrote its own bin/, not this machine's
 
     [journal] = sorted((tmp_path / "config" / "mlxcluster" / "fixes").glob("*.json"))
     undo = mlxcluster(env, "doctor", "--undo", str(journal))
@@ -85,3 +90,4 @@ def test_fix_installs_pyyaml_from_a_wheel_sent_here_and_undo_removes_it(lab3_own
     for other in (lab3_own_home.hosts[0], lab3_own_home.hosts[2]):
         assert lab3_own_home.ssh(other, f"{lab3_own_home.python} -c \"{YAML_VERSION}\"").stdout.split() == [version]
     assert metadata.version("PyYAML") == version
+    assert venv_scripts_here() == scripts_before  # and the undo too
