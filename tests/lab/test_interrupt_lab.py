@@ -23,6 +23,13 @@ pytestmark = pytest.mark.lab
 MLXCLUSTER = [sys.executable, "-m", "mlxcluster"]
 
 
+def on_the_hosts(lab, marker: str) -> list[str]:
+    """What runs on this lab's hosts with ``marker`` in its command line: not
+    this machine's whole process table, where another test worker's doctor
+    may run agents of its own lab at the same moment."""
+    return [line for h in lab.hosts for line in lab.host_processes(h) if marker in line]
+
+
 def test_ctrl_c_stops_a_smoke_run_on_every_host(lab3, tmp_path):
     inventory = lab3.write_inventory(tmp_path / "lab.yaml")
     run = interrupt_when([*MLXCLUSTER, "smoke", "-i", str(inventory), "--backend", "ring",
@@ -76,7 +83,7 @@ def test_ctrl_c_stops_doctor_at_once_and_on_every_host(lab3, tmp_path, moment):
         # agents run for seconds, not the fraction of one a healthy lab takes
         # (the poll below, every 0.2 s, once missed them all: CI, 2026-11-24).
         lab3.drop_port(lab3.hosts[2], "32323-32400")
-        ready = lambda _: bool(processes_with(AGENT))  # noqa: E731
+        ready = lambda _: bool(on_the_hosts(lab3, AGENT))  # noqa: E731
     else:
         lab3.drop_port(lab3.hosts[2], 22)
         started = time.monotonic()
@@ -89,4 +96,4 @@ def test_ctrl_c_stops_doctor_at_once_and_on_every_host(lab3, tmp_path, moment):
     assert "interrupted (SIGINT)" in run.stderr and "Traceback" not in run.stderr
     assert run.seconds_to_exit < 3.0
     time.sleep(1.0)  # sshd ends a session's command once its connection is gone
-    assert processes_with(AGENT) == [] and processes_with(HOPS) == []
+    assert on_the_hosts(lab3, AGENT) == [] and on_the_hosts(lab3, HOPS) == []
