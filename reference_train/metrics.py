@@ -33,6 +33,8 @@ HEARTBEAT_ENV = "MLXCLUSTER_HEARTBEAT"
 HEARTBEAT_MARK = "@@mlxcluster-heartbeat"
 RECORD_ENV = "MLXCLUSTER_RECORD"
 RECORD_MARK = "@@mlxcluster-record"
+# SIGUSR2 asks every rank to checkpoint and stop (stopping.py); on when mlxcluster sets it.
+STOP_ENV = "MLXCLUSTER_STOP_CHECK"
 # A file of the run's output (LoRA's adapters: small) sent to mlxcluster's
 # record in base64 pieces, so that it also lands where mlxcluster runs.
 FILE_EVENT = "file"

@@ -73,6 +73,7 @@ from .precision import average_gradients, compute_copy, dtype_of, refresh, to_fl
 from .prepare import ensure_default_data
 from .resume import agree_on_checkpoint, check_loaded, checkpoint_root, host_layout
 from .sharded_optimizer import ShardedOptimizer
+from .stopping import STOPPED_EXIT, Stopped, StopRequest
 from .tokenizer import make_tokenizer
 
 # ---------------------------------------------------------------- memory
@@ -148,6 +149,7 @@ class Trainer:
         self.out = Path(cfg.out)
         self._steps = None
         self.heartbeat = heartbeat_wanted()
+        self.stop = StopRequest(group)  # SIGUSR2: checkpoint and stop (stopping.py)
 
     def empty_model(self) -> Llama:
         """A model of this run's shape (with its LoRA layers, frozen alike), for the compute copy."""
@@ -465,6 +467,9 @@ class Trainer:
             if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and self.step < last:
                 self.checkpoint()
                 self.beat()
+            if interval_steps == 0 and self.step < last and self.stop.agreed():
+                self.checkpoint()  # every rank at this logged step (stopping.py)
+                raise Stopped(self.step)
             if interval_steps == 0:
                 t0 = time.perf_counter()  # time only training, not logging or evaluation
         self.checkpoint()
@@ -504,6 +509,9 @@ def main(argv: list[str] | None = None) -> int:
         trainer = Trainer(cfg, group, log)
         trainer.run()
         trainer.beat("done")  # sampling and plotting follow on rank 0 only
+    except Stopped as stopped:
+        log(f"{stopped}; checkpoint in {trainer.out / 'checkpoints'}")
+        return STOPPED_EXIT
     except (ValueError, DataError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2

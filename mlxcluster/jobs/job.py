@@ -60,6 +60,9 @@ class Job:
     # (launch/code.py sends it there), then this checkout for ranks here.
     # Empty: this checkout alone (ranks on this machine only).
     code_paths: tuple[str, ...] = ()
+    # --detach: the ranks go on without the machine that started them (no
+    # lease: jobs.lease), keeping their output on their hosts (rank_wrapper).
+    detached: bool = False
 
 
 # What every rank imports of mlxcluster, as paths below package_root(): the

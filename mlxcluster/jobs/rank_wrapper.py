@@ -41,6 +41,19 @@ ended on its own (120 s), so mpirun could not stop the job; exiting at once
 lets mpirun (and mlx.launch) see the failure and stop the others. Atexit
 handlers of a failed program do not run.
 
+With ``MLXCLUSTER_LEASE_S=S`` (``mlxcluster train`` and ``run`` set it unless
+``--detach``) the rank is watched for its controller: a process forked before
+anything else (``watch_lease``) looks at the lease file in the stacks
+directory (``lease``), which the machine running mlxcluster touches over
+ssh every few seconds (mlxcluster.jobs.lease). When it has not been touched
+for S seconds (the controller was killed, its Mac slept, its network went)
+the watchdog writes why on stderr, sends the rank SIGUSR2 (the reference
+trainer then stops every rank at the next step, after a last checkpoint;
+another program ends, USR2's default), and SIGKILL after
+``MLXCLUSTER_LEASE_GRACE_S`` more seconds if it is still there. It then
+removes the run's stacks directory on its host, as the controller's sweep
+would have. The watchdog ends with the rank (a pipe from the rank closes).
+
 Before it ends that way it writes one line on stderr, ``@@mlxcluster-exit
 RANK CODE TIME`` (``TIME``: seconds since the epoch), which the launcher
 hides and reads: when one rank fails, the others fail too a moment later
@@ -71,6 +84,11 @@ TAG_VAR = "MLXCLUSTER_TAG_OUTPUT"
 DRAIN_WAIT_S = 5.0
 DRAIN_POLL_S = 0.005  # the drain's look at the helper: a rank's end waits at most this more
 MAX_PARTIAL = 65536  # a "line" this long without a newline is passed on as it is
+LEASE_VAR = "MLXCLUSTER_LEASE_S"  # seconds without a renewal before the rank is stopped
+LEASE_GRACE_VAR = "MLXCLUSTER_LEASE_GRACE_S"  # after SIGUSR2, seconds before SIGKILL
+LEASE_FILE = "lease"
+DEFAULT_LEASE_GRACE_S = 60.0
+STOP_SIGNAL = signal.SIGUSR2  # "checkpoint and stop": the reference trainer's handler
 USAGE = "usage: python -m mlxcluster.jobs.rank_wrapper (-m MODULE | SCRIPT) [ARGS...]"
 
 
@@ -205,6 +223,104 @@ def end_now(code: int, helper: int | None, rank: str) -> None:
     os._exit(status)
 
 
+def lease_settings(environ) -> tuple[float, float] | None:
+    """(lease seconds, grace seconds) when the rank is to watch its lease."""
+    try:
+        limit = float(environ.get(LEASE_VAR, "") or 0)
+        grace = float(environ.get(LEASE_GRACE_VAR, "") or DEFAULT_LEASE_GRACE_S)
+    except ValueError:
+        return None
+    return (limit, grace) if limit > 0 else None
+
+
+def lease_expired(renewed: float | None, started: float, now: float, limit: float) -> bool:
+    """Whether ``limit`` seconds went by since the lease was last renewed
+    (its file's mtime), or since the watch started when it never was."""
+    return now - max(renewed or 0.0, started) > limit
+
+
+def watch_lease(rank_pid: int, lifeline: int, path: str, limit: float, grace: float,
+                rank: str) -> None:
+    """The watchdog's loop (in its own process): until the rank ends (EOF on
+    ``lifeline``), stop it when the lease at ``path`` expires."""
+    started = time.time()
+    poll = min(1.0, max(limit / 10, 0.05))
+    while True:
+        ready, _, _ = select.select([lifeline], [], [], poll)
+        if ready and not os.read(lifeline, 1):
+            return  # the rank (and whatever it forked) ended: nothing to watch
+        try:
+            renewed: float | None = os.stat(path).st_mtime
+        except OSError:
+            renewed = None
+        if lease_expired(renewed, started, time.time(), limit):
+            break
+    said = (f"mlxcluster: rank {rank} on {socket.gethostname()}: no word from the machine running "
+            f"mlxcluster for {limit:.0f} s (its lease {path} was not renewed): it was killed, "
+            f"slept or lost its network. Stopping this rank (a last checkpoint where the program "
+            f"can, then SIGKILL after {grace:.0f} s)\n")
+    try:
+        os.write(2, said.encode())
+    except OSError:
+        pass
+    try:
+        os.kill(rank_pid, STOP_SIGNAL)
+    except ProcessLookupError:
+        return
+    ready, _, _ = select.select([lifeline], [], [], grace)
+    if not ready:
+        try:
+            os.kill(rank_pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        select.select([lifeline], [], [], 5.0)
+    remove_run_dir(os.path.dirname(path))
+
+
+def remove_run_dir(directory: str) -> None:
+    """The run's stacks directory on this host, as the controller's sweep
+    removes it (nobody is left to sweep)."""
+    try:
+        for name in os.listdir(directory):
+            try:
+                os.unlink(os.path.join(directory, name))
+            except OSError:
+                pass
+        os.rmdir(directory)
+    except OSError:
+        pass
+
+
+def start_lease_watch(directory: str, rank: str, environ=os.environ) -> int | None:
+    """Fork the lease watchdog (see the module docstring) when the launcher
+    asked for one; its pid. Forked before the output tagging, so that it
+    holds none of the tagging pipes."""
+    settings = lease_settings(environ)
+    if settings is None:
+        return None
+    limit, grace = settings
+    os.makedirs(directory, exist_ok=True)
+    rank_pid = os.getpid()
+    lifeline_r, lifeline_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            os.close(lifeline_w)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is for the rank
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
+            null = os.open(os.devnull, os.O_RDWR)
+            os.dup2(null, 0)
+            os.dup2(null, 1)  # only stderr, for the one line it may write
+            watch_lease(rank_pid, lifeline_r, os.path.join(directory, LEASE_FILE), limit, grace, rank)
+        except BaseException:  # noqa: BLE001 - nowhere left to report it
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(lifeline_r)  # lifeline_w stays open as long as the rank lives (not inherited
+    return pid            # by a program's subprocesses: os.pipe's fds are not inheritable)
+
+
 def run_program(args: list[str]) -> None:
     """``python -m MODULE ARGS`` or ``python SCRIPT ARGS``, in this process."""
     if args[0] == "-m":
@@ -245,6 +361,10 @@ def main(argv: list[str] | None = None) -> None:
     run_id = getattr(sys, "_xoptions", {}).get(RUN_MARK)
     run_id = run_id if isinstance(run_id, str) else None
     rank = rank_of(os.environ)
+    try:
+        start_lease_watch(stacks_dir(os.environ, run_id), rank)
+    except OSError as err:  # the job runs unwatched, said
+        print(f"mlxcluster rank_wrapper: no lease watch ({err})", file=sys.stderr, flush=True)
     helper = tag_output(rank) if os.environ.get(TAG_VAR) == "1" else None
     try:
         install(stacks_dir(os.environ, run_id), rank)

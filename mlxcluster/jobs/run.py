@@ -16,6 +16,7 @@ nothing left running, and ``RunOutcome.exit_code`` is the failing rank's code.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import time
@@ -29,6 +30,7 @@ from mlxcluster.jobs import process, stall
 from mlxcluster.jobs.cleanup import lost_host, new_run_id, sweep, unstopped_hint
 from mlxcluster.jobs.hosts import for_each_host, run_script
 from mlxcluster.jobs.job import Job
+from mlxcluster.jobs.lease import Lease, leased_job
 from mlxcluster.jobs.plan import plan_job
 from mlxcluster.jobs.watch import RunOutcome, watch_launcher
 
@@ -55,9 +57,15 @@ def run_job(job: Job, on_line: Callable[[str, str], None],
     ``report_dir``/stall-RUN_ID (default: ./runs, where `run` keeps its logs), every rank
     is stopped, and stall.Stalled is raised. ``any_line_progress``: every
     output line counts as progress, not only heartbeats (`mlxcluster run`:
-    a program of its own prints none). ``run_id``: default a new one."""
+    a program of its own prints none). ``run_id``: default a new one.
+
+    Unless ``job.detached``, every rank watches the lease this process keeps
+    renewed on its host (jobs.lease): if this process is killed or cut off,
+    the ranks stop on their own."""
     run_id = run_id or new_run_id()
     base_env = dict(os.environ if env is None else env)
+    if not job.detached:
+        job = leased_job(job, base_env)
     watch = None
     if stall_timeout is not None:
         limit = None if stall_timeout == AUTO else float(stall_timeout)
@@ -70,8 +78,9 @@ def run_job(job: Job, on_line: Callable[[str, str], None],
         with tempfile.TemporaryDirectory(prefix="mlxcluster-job.") as tmp:
             plan = plan_job(job, run_id, tmp, base_env)
             started = time.monotonic()
-            outcome = watch_launcher(process.start_plan(plan), on_line, started, timeout=timeout,
-                                     watch=watch, on_stall=on_stall)
+            with contextlib.nullcontext() if job.detached else Lease(job, run_id, base_env):
+                outcome = watch_launcher(process.start_plan(plan), on_line, started,
+                                         timeout=timeout, watch=watch, on_stall=on_stall)
     except (MlxclusterError, Interrupted) as err:  # timed out or interrupted: sweep, then say so
         with interrupts.deferred():
             hint = unstopped_hint(sweep(job.hosts, run_id, base_env), run_id)

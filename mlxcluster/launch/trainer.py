@@ -41,7 +41,7 @@ from mlxcluster.jobs.watch import RunOutcome
 from mlxcluster.launch.fetch import fetch_folder
 from mlxcluster.launch.record import RECORD_ENV, RunRecord
 from reference_train.config import TrainConfig, build_config
-from reference_train.metrics import plot_metrics
+from reference_train.metrics import STOP_ENV, plot_metrics
 
 TRAINER_MODULE = "reference_train.train"
 # How to go on after a failed or stalled run, in every message that says so.
@@ -125,7 +125,7 @@ def trainer_job(job: Job, args: TrainerArgs) -> Job:
         job, program=("-m", TRAINER_MODULE, "--progress", "false", *args.argv()),
         shown_program=("-m", TRAINER_MODULE, *args.argv()),
         imports=(TRAINER_MODULE, *data_modules(args.config.data)),
-        title="training", then=RESUME_THEN, env={**job.env, RECORD_ENV: "1"})
+        title="training", then=RESUME_THEN, env={**job.env, RECORD_ENV: "1", STOP_ENV: "1"})
 
 
 # With restarts on and no checkpoint_every, a checkpoint every steps/20 steps: a

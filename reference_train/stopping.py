@@ -1,0 +1,63 @@
+"""Stopping when asked: every rank at the same step, after a last checkpoint.
+
+A rank is asked to stop with SIGUSR2: by mlxcluster's lease watchdog when
+the machine running mlxcluster has gone (closed lid, killed terminal, lost
+network: mlxcluster.jobs.lease), or by `mlxcluster stop RUN_ID`. The
+handler only notes it. Each rank may be asked at a slightly different
+moment, and a checkpoint must be written by every rank at one step (the
+sharded optimizer gathers its state collectively, and the hosts' copies must
+agree), so the ranks exchange their notes at each logged step (one all_sum of
+one number, beside the loss's) and, when any was asked, all checkpoint that
+step and stop. Stopping at a logged step keeps a resumed run's logged losses
+equal to an uninterrupted run's (the loss logged is the mean over the steps
+since the last log).
+
+On only when mlxcluster asks for it (``STOP_ENV``): under a plain
+`mlx.launch` or `mpirun` SIGUSR2 keeps its default (the process ends).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import mlx.core as mx
+
+from .metrics import STOP_ENV
+
+STOP_SIGNAL = signal.SIGUSR2  # as mlxcluster.jobs.rank_wrapper.STOP_SIGNAL
+STOPPED_EXIT = 143  # as a process ended by SIGTERM: asked to stop
+
+
+class Stopped(Exception):
+    """Every rank stopped at ``step`` when asked, after its checkpoint."""
+
+    def __init__(self, step: int):
+        super().__init__(f"stopped at step {step} when asked (SIGUSR2: mlxcluster's lease ran "
+                         "out or `mlxcluster stop`); its checkpoint is written: go on with "
+                         "--resume auto")
+        self.step = step
+
+
+class StopRequest:
+    """SIGUSR2 noted, and the ranks' agreement on it."""
+
+    def __init__(self, group, enabled: bool | None = None):
+        self.group = group
+        self.enabled = os.environ.get(STOP_ENV, "") == "1" if enabled is None else enabled
+        self.asked = False
+        if self.enabled:
+            signal.signal(STOP_SIGNAL, self._note)
+
+    def _note(self, signum, frame) -> None:
+        self.asked = True
+
+    def agreed(self) -> bool:
+        """Whether any rank was asked to stop; collective when enabled (every
+        rank calls it at the same steps)."""
+        if not self.enabled:
+            return False
+        if self.group.size() == 1:
+            return self.asked
+        asked = mx.distributed.all_sum(mx.array(int(self.asked)), group=self.group, stream=mx.cpu)
+        return asked.item() > 0
