@@ -39,6 +39,19 @@ class Stopped(Exception):
         self.step = step
 
 
+def never_block_output() -> None:
+    """Make stdout and stderr drop what they cannot take at once: a rank asked
+    to stop because its controller is cut off writes into an ssh session
+    that no longer delivers, and a blocked write would keep it from ending
+    (seen on the lab: the rank wrote its checkpoint, then waited on its last
+    line until the watchdog's SIGKILL)."""
+    for fd in (1, 2):
+        try:
+            os.set_blocking(fd, False)
+        except OSError:
+            pass
+
+
 class StopRequest:
     """SIGUSR2 noted, and the ranks' agreement on it."""
 

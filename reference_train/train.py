@@ -73,7 +73,7 @@ from .precision import average_gradients, compute_copy, dtype_of, refresh, to_fl
 from .prepare import ensure_default_data
 from .resume import agree_on_checkpoint, check_loaded, checkpoint_root, host_layout
 from .sharded_optimizer import ShardedOptimizer
-from .stopping import STOPPED_EXIT, Stopped, StopRequest
+from .stopping import STOPPED_EXIT, Stopped, StopRequest, never_block_output
 from .tokenizer import make_tokenizer
 
 # ---------------------------------------------------------------- memory
@@ -510,7 +510,11 @@ def main(argv: list[str] | None = None) -> int:
         trainer.run()
         trainer.beat("done")  # sampling and plotting follow on rank 0 only
     except Stopped as stopped:
-        log(f"{stopped}; checkpoint in {trainer.out / 'checkpoints'}")
+        never_block_output()  # the controller may be cut off (stopping.py)
+        try:
+            log(f"{stopped}; checkpoint in {trainer.out / 'checkpoints'}")
+        except OSError:
+            pass
         return STOPPED_EXIT
     except (ValueError, DataError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)

@@ -64,6 +64,21 @@ DEAD_HOST_BUDGET_S = 60
 # hosts (doctor's), then the verdict.
 JACCL_UNAVAILABLE_BUDGET_S = 60
 
+# ---- the controller goes away: the lease (mlxcluster.jobs.lease) ---------------------
+# MLXCLUSTER_LEASE_S in the tests that kill or cut off the controller: short,
+# so that the test waits little, and 6 renewals per lease, each one ssh call
+# on the job's shared connection (0.03-0.06 s on the lab at load 8,
+# docs/performance.md) or a local touch: a loaded machine does not miss six.
+LEASE_TEST_S = 6
+# From the controller's end until no process of the job is left: the lease,
+# the watchdog's poll (<= 1 s), the step the ranks agree to stop at (the
+# tiny config logs every step) and its checkpoint, and the launcher's end.
+CONTROLLER_GONE_BOUND_S = LEASE_TEST_S + 30
+# A training job's first losses: MLX compiles its kernels on each host first
+# (seen: the first job on a new lab did not reach its third loss within 180
+# s with the load average at 45).
+TRAINING_START_S = 180
+
 # ---- doctor on the lab ----------------------------------------------------------------
 # paramiko's connect, banner, auth and channel waits each: 2 s once timed out
 # on a live host while the 2-core CI machine was busy (2026-11-24); a dead host
