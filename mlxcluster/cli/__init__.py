@@ -27,6 +27,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "smoke",
     "train",
     "run",
+    "jobs",
+    "stop",
     "report",
     "tune",
 )

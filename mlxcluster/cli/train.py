@@ -27,6 +27,7 @@ from mlxcluster.launch.trainer import (
     RESUME_THEN,
     TrainerHelp,
     check_batch_split,
+    check_not_running,
     check_out_here,
     parse_trainer_args,
     run_trainer,
@@ -93,6 +94,7 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
     env = dict(os.environ)
     view = EventView("train")
     job = share_connections(plan_backend(job, inventory, env), env)
+    check_not_running(job, cfg.out, env)  # exit 2: the same run still runs there
     # mlx_version: the cluster's, when the preflight asked (known errors name the fixing release)
     job, mlx_version = prepare_job(job, inventory, env, view, no_preflight=no_preflight,
                                    no_openblas=no_openblas, no_sync_code=no_sync_code)

@@ -128,6 +128,7 @@ def tag_output(rank: str) -> int:
         code = 0
         try:
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # drain what the rank writes as it stops
+            signal.signal(STOP_SIGNAL, signal.SIG_IGN)
             for _, _, w in pipes:
                 os.close(w)
             prefix_lines({r: fd for fd, r, _ in pipes}, prefix)
@@ -309,6 +310,7 @@ def start_lease_watch(directory: str, rank: str, environ=os.environ) -> int | No
             os.close(lifeline_w)
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is for the rank
             signal.signal(signal.SIGHUP, signal.SIG_IGN)
+            signal.signal(STOP_SIGNAL, signal.SIG_IGN)
             null = os.open(os.devnull, os.O_RDWR)
             os.dup2(null, 0)
             os.dup2(null, 1)  # only stderr, for the one line it may write

@@ -191,6 +191,24 @@ def check_out_here(out: str) -> None:
     os.rmdir(probe)
 
 
+def check_not_running(job: Job, out: str, env: dict[str, str]) -> None:
+    """InputError when a job training into ``out`` still runs on the hosts:
+    a second copy would write the same checkpoints (seen, issue 39: orphans
+    of a killed controller and a relaunch). One ssh call per host."""
+    from mlxcluster.jobs.running import list_running, same_run  # a train-only chore
+
+    jobs, _ = list_running(job.hosts, env)
+    running = same_run(jobs, out)
+    if running is None:
+        return
+    since = f" since {running.started:%Y-%m-%d %H:%M:%S}" if running.started else ""
+    raise InputError(
+        f"run {running.run_id} still trains into --out {out} ({len(running.ranks)} rank(s) on "
+        f"{', '.join(running.hosts)}{since}): a second launch would write the same checkpoints",
+        f"stop it with 'mlxcluster stop {running.run_id}' (a last checkpoint first; then "
+        f"'-- --resume auto' goes on from it), or give another --out")
+
+
 class TrainerRun:
     """A training run across its launches: its record kept here, at --out
     (the ranks print their records; rank 0's Mac may be lost), and what a

@@ -1,0 +1,50 @@
+"""`mlxcluster jobs`: what runs on the hosts now (train and run jobs, by run id)."""
+
+from __future__ import annotations
+
+import click
+from tabulate import tabulate
+
+from mlxcluster.cli.job_launch import choose_job, one_source
+from mlxcluster.cli.params import inventory_option
+from mlxcluster.jobs.running import RunningJob, list_running
+
+
+def host_options(command):
+    """Where to look: the usual -i / --hostfile / --local of `run` and `train`."""
+    command = click.option("--local", "local", is_flag=True,
+                           help="Look on this machine (jobs started with --local N).")(command)
+    command = inventory_option("An mlxcluster inventory (YAML); default: $MLXCLUSTER_INVENTORY, "
+                               "else ./cluster.yaml, else ~/.config/mlxcluster/cluster.yaml.")(command)
+    return click.option("--hostfile", type=click.Path(exists=True, dir_okay=False),
+                        help="An mlx.launch hostfile (JSON) or an MPI one.")(command)
+
+
+def chosen_hosts(name: str, hostfile, inventory_path, local):
+    one_source(name, hostfile, inventory_path, 1 if local else None, example="-i cluster.yaml")
+    job, _ = choose_job(hostfile, inventory_path, 1 if local else None, None, None, ())
+    return job.hosts
+
+
+def job_rows(jobs: list[RunningJob]) -> list[list[str]]:
+    return [[j.run_id, j.started.strftime("%Y-%m-%d %H:%M:%S") if j.started else "?",
+             f"{len(j.ranks)} on {', '.join(j.hosts)}", j.command] for j in jobs]
+
+
+@click.command("jobs")
+@host_options
+def command(hostfile, inventory_path, local):
+    """List the train and run jobs running on the hosts: run id, since when,
+    the ranks alive and where, and the command. Exit 0; 1 when a host did
+    not answer (named)."""
+    hosts = chosen_hosts("jobs", hostfile, inventory_path, local)
+    jobs, unanswered = list_running(hosts)
+    if jobs:
+        click.echo(tabulate(job_rows(jobs), headers=["run id", "since", "ranks alive", "command"]))
+    else:
+        click.echo(f"no job runs on {', '.join(dict.fromkeys(h.name for h in hosts))}")
+    for result in unanswered:
+        click.secho(f"warning: {result.host} did not answer: {result.error.splitlines()[-1] if result.error else 'failed'}",
+                    fg="yellow", err=True)
+    if unanswered:
+        click.get_current_context().exit(1)

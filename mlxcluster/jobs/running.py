@@ -1,0 +1,188 @@
+"""What runs on the hosts now, and stopping it by its run id.
+
+Every rank of a `train` or `run` job writes ``rank<R>.pid`` (``<pid>
+<hostname>``) into its run's folder under the rank wrapper's STACKS_ROOT on
+its own host (mlxcluster.jobs.rank_wrapper), and its command line carries the
+run id. ``list_running`` asks every host, in one ssh call each, for the
+ranks whose pid file names a live process, with that process's start time
+and command line:
+
+    @@rank mlxtrain-1a2b3c4d5e 0 4242
+    01:02:03 /opt/venv/bin/python -X mlxcluster_run=mlxtrain-1a2b3c4d5e -m mlxcluster.jobs.rank_wrapper -m reference_train.train --progress false --config tiny --out runs/a
+
+``parse_listing`` reads that (``ps -o etime=,args=``: the time since the
+process started, ``[[DD-]HH:]MM:SS``, the same on macOS and Linux; the start
+times ps prints were an hour off in this project's Linux container), apart
+from the ssh. ``stop_run`` asks the ranks to stop as the lease
+does (SIGUSR2: the trainer checkpoints at its next logged step), waits for
+them, then sweeps whatever is left (jobs.cleanup).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from mlxcluster.jobs.cleanup import stop_script
+from mlxcluster.jobs.hosts import HostResult, RankHost, for_each_host, remote_hosts, run_script
+from mlxcluster.jobs.rank_wrapper import STACKS_ROOT
+
+RANK_LINE = re.compile(r"^@@rank (\S+) (\d+) (\d+)\s*$")
+RUN_ID = re.compile(r"^mlx(train|run)-[0-9a-f]{10}$")
+STOP_POLL_S = 0.5
+
+
+@dataclass(frozen=True)
+class RunningRank:
+    run_id: str
+    rank: int
+    host: str
+    pid: int
+    started: datetime | None
+    command: str  # the program as the user gave it, after the rank wrapper
+
+    @property
+    def out(self) -> str | None:
+        """The trainer's --out, when the command has one (the last wins)."""
+        found = re.findall(r"--out(?:=|\s+)(\S+)", self.command)
+        return found[-1] if found else None
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    run_id: str
+    ranks: tuple[RunningRank, ...]
+
+    @property
+    def command(self) -> str:
+        return self.ranks[0].command
+
+    @property
+    def started(self) -> datetime | None:
+        times = [r.started for r in self.ranks if r.started]
+        return min(times) if times else None
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(r.host for r in self.ranks))
+
+
+def listing_script() -> str:
+    """Shell text printing every live rank of every run on a host (see the
+    module docstring); bash for the glob (zsh fails one that matches none)."""
+    inner = (f'for f in {STACKS_ROOT}/mlx*-*/rank*.pid; do [ -f "$f" ] || continue; '
+             'run=$(basename "$(dirname "$f")"); rank=$(basename "$f" .pid); rank=${rank#rank}; '
+             'pid=$(cut -d" " -f1 "$f"); case "$pid" in ""|*[!0-9]*) continue;; esac; '
+             'kill -0 "$pid" 2>/dev/null || continue; '
+             'echo "@@rank $run $rank $pid"; LC_ALL=C ps -ww -o etime=,args= -p "$pid"; done; true')
+    return f"bash -c {shlex.quote(inner)}"
+
+
+def program_of(args: str) -> str:
+    """The program a rank runs, from its command line: what follows the rank
+    wrapper's module (``-m mlxcluster.jobs.rank_wrapper``), the trainer's
+    ``--progress false`` (the hand-off's) dropped."""
+    _, found, rest = args.partition("mlxcluster.jobs.rank_wrapper ")
+    program = rest if found else args
+    return program.replace("--progress false ", "", 1)
+
+
+def elapsed_seconds(etime: str) -> int | None:
+    """``ps -o etime`` (``[[DD-]HH:]MM:SS``) in seconds; None when it is not that."""
+    days, _, clock = etime.rpartition("-")
+    parts = clock.split(":")
+    if not (days.isdigit() or not days) or not 2 <= len(parts) <= 3 or \
+            not all(p.isdigit() for p in parts):
+        return None
+    seconds = 0
+    for part in parts:
+        seconds = seconds * 60 + int(part)
+    return seconds + int(days or 0) * 86400
+
+
+def parse_listing(host: str, text: str, now: datetime | None = None) -> list[RunningRank]:
+    """The ranks in ``listing_script``'s output from ``host``; their start
+    from ``now`` (this machine's clock) less their elapsed time there."""
+    now = now or datetime.now()
+    ranks, lines = [], text.splitlines()
+    for i, line in enumerate(lines):
+        found = RANK_LINE.match(line)
+        if not found or not RUN_ID.match(found.group(1)):
+            continue
+        ps = lines[i + 1].strip() if i + 1 < len(lines) else ""
+        started, command = None, ""
+        if ps and not ps.startswith("@@rank"):
+            etime, _, command = ps.partition(" ")
+            seconds = elapsed_seconds(etime)
+            started = None if seconds is None else now - timedelta(seconds=seconds)
+        if found.group(1) not in command:  # the pid was reused by another process
+            continue
+        ranks.append(RunningRank(found.group(1), int(found.group(2)), host, int(found.group(3)),
+                                 started, program_of(command)))
+    return ranks
+
+
+def group_jobs(ranks: Sequence[RunningRank]) -> list[RunningJob]:
+    """One job per run id, its ranks in rank order, the oldest job first."""
+    by_run: dict[str, list[RunningRank]] = {}
+    for rank in ranks:
+        by_run.setdefault(rank.run_id, []).append(rank)
+    jobs = [RunningJob(run, tuple(sorted(rs, key=lambda r: r.rank))) for run, rs in by_run.items()]
+    return sorted(jobs, key=lambda j: (j.started or datetime.max, j.run_id))
+
+
+def list_running(hosts: Sequence[RankHost],
+                 env: dict[str, str] | None = None) -> tuple[list[RunningJob], list[HostResult]]:
+    """The jobs running on ``hosts`` (each distinct host asked once; this
+    machine's ranks too when one is local), and the hosts that did not answer."""
+    asked = remote_hosts(hosts) + [h for h in hosts if h.is_local][:1]
+    results = for_each_host(asked, lambda h: run_script(h, listing_script(), env=env))
+    ranks = [rank for r in results if r.ok for rank in parse_listing(r.host, r.output)]
+    return group_jobs(ranks), [r for r in results if not r.ok]
+
+
+def same_run(jobs: Sequence[RunningJob], out: str) -> RunningJob | None:
+    """The running job that trains into ``out`` (the trainer's --out), if
+    any: the same path as given, or the same absolute path from here (ranks
+    start in the directory mlxcluster runs in)."""
+    wanted = {os.path.normpath(out), os.path.abspath(out)}
+    for job in jobs:
+        for rank in job.ranks:
+            if rank.out and {os.path.normpath(rank.out), os.path.abspath(rank.out)} & wanted:
+                return job
+    return None
+
+
+def ask_to_stop_script(run_id: str) -> str:
+    """SIGUSR2 to each rank of the run on a host, by its pid file (not by its
+    command line: the rank's watchdog and output helper carry it too)."""
+    inner = (f'for f in {STACKS_ROOT}/{run_id}/rank*.pid; do [ -f "$f" ] || continue; '
+             'kill -USR2 "$(cut -d" " -f1 "$f")" 2>/dev/null; done; true')
+    return f"bash -c {shlex.quote(inner)}"
+
+
+def stop_run(hosts: Sequence[RankHost], run_id: str, grace_s: float,
+             env: dict[str, str] | None = None) -> tuple[bool, list[HostResult]]:
+    """Ask every rank of ``run_id`` to stop (SIGUSR2: a last checkpoint), wait
+    up to ``grace_s`` for them to end, then stop what is left (TERM, KILL).
+    Returns (whether every rank ended when asked, the hosts that could not
+    be reached)."""
+    if not RUN_ID.match(run_id):
+        raise ValueError(f"not a run id: {run_id!r}")
+    asked = remote_hosts(hosts) + [h for h in hosts if h.is_local][:1]
+    for_each_host(asked, lambda h: run_script(h, ask_to_stop_script(run_id), env=env))
+    deadline = time.monotonic() + grace_s
+    ended = False
+    while time.monotonic() < deadline:
+        jobs, _ = list_running(hosts, env)
+        if not any(j.run_id == run_id for j in jobs):
+            ended = True
+            break
+        time.sleep(STOP_POLL_S)
+    results = for_each_host(asked, lambda h: run_script(h, stop_script(run_id), env=env))
+    return ended, [r for r in results if not r.ok]
