@@ -41,7 +41,7 @@ def marked_program(run_id: str, program: list[str]) -> list[str]:
     return ["-X", f"{RUN_MARK}={run_id}", *program]
 
 
-def stop_script(run_id: str) -> str:
+def stop_script(run_id: str, pattern: str | None = None) -> str:
     """TERM, then KILL, every process carrying the run id (the bracketed
     pattern never matches the shell running it); CONT in between, so that a
     stopped (SIGSTOP) rank handles its TERM. The grace before KILL is only
@@ -49,10 +49,12 @@ def stop_script(run_id: str) -> str:
     a job that ended cleanly, the usual case, the sweep costs one ssh round
     trip, not half a second more (docs/performance.md, run overhead). Then
     the run's stack dumps (mlxcluster.jobs.rank_wrapper) are removed
-    (``remove_dirs``)."""
-    pattern = bracketed(run_id)
+    (``remove_dirs``). ``pattern``: what ``pkill -f`` matches, default the
+    bracketed run id."""
+    dirs = bracketed(run_id)
+    pattern = pattern or dirs
     return (f"if pkill -TERM -f '{pattern}'; then pkill -CONT -f '{pattern}'; sleep 0.5; "
-            f"pkill -KILL -f '{pattern}'; fi; {remove_dirs(STACKS_ROOT, pattern)}; true")
+            f"pkill -KILL -f '{pattern}'; fi; {remove_dirs(STACKS_ROOT, dirs)}; true")
 
 
 def remove_dirs(parent: str, pattern: str) -> str:
@@ -70,13 +72,22 @@ def remove_dirs(parent: str, pattern: str) -> str:
     return f"bash -c {shlex.quote(inner)} 2>/dev/null"
 
 
+def run_pattern(run_id: str) -> str:
+    """A ``pkill -f`` regex for the processes of a train or run job: the
+    marker ``mlxcluster_run=RUN_ID`` on their command line (the ranks, their
+    launcher, the shells that start them), not any command naming the run
+    (``mlxcluster stop RUN_ID`` on the same machine: --local, or the lab's
+    hosts, which share this machine's process table)."""
+    return bracketed(f"{RUN_MARK}={run_id}")
+
+
 def sweep(hosts: tuple[RankHost, ...], run_id: str,
           env: dict[str, str] | None = None) -> list[HostResult]:
     """Stop anything of the job still running, here and on every remote host;
     one result per remote host (not ok: that host may still hold ranks)."""
-    kill_local_marked(run_id)
+    kill_local_marked(run_id, marker=f"{RUN_MARK}={run_id}")
     shutil.rmtree(f"{STACKS_ROOT}/{run_id}", ignore_errors=True)
-    script = stop_script(run_id)
+    script = stop_script(run_id, run_pattern(run_id))
     return for_each_host(remote_hosts(hosts), lambda h: run_script(h, script, env=env))
 
 
@@ -142,8 +153,10 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
-def marked_processes(run_id: str) -> list[psutil.Process]:
-    """Processes on this machine whose command line carries ``run_id``."""
+def marked_processes(run_id: str, marker: str | None = None) -> list[psutil.Process]:
+    """Processes on this machine whose command line carries ``run_id`` (or,
+    given, ``marker``)."""
+    marker = marker or run_id
     me = os.getpid()
     found = []
     for proc in psutil.process_iter(["pid", "cmdline"]):
@@ -151,15 +164,15 @@ def marked_processes(run_id: str) -> list[psutil.Process]:
             cmdline = proc.info["cmdline"] or []
         except psutil.Error:
             continue
-        if proc.info["pid"] != me and any(run_id in part for part in cmdline):
+        if proc.info["pid"] != me and any(marker in part for part in cmdline):
             found.append(proc)
     return found
 
 
-def kill_local_marked(run_id: str, grace_s: float = 1.0) -> int:
+def kill_local_marked(run_id: str, grace_s: float = 1.0, marker: str | None = None) -> int:
     """TERM (and CONT, for a stopped one) then KILL every local process of
-    the run; how many there were."""
-    procs = marked_processes(run_id)
+    the run (``marked_processes``); how many there were."""
+    procs = marked_processes(run_id, marker)
     for proc in procs:
         try:
             proc.terminate()

@@ -15,7 +15,7 @@ process started, ``[[DD-]HH:]MM:SS``, the same on macOS and Linux; the start
 times ps prints were an hour off in this project's Linux container), apart
 from the ssh. ``stop_run`` asks the ranks to stop as the lease
 does (SIGUSR2: the trainer checkpoints at its next logged step), waits for
-them, then sweeps whatever is left (jobs.cleanup).
+them, then stops whatever is left (TERM, KILL) and removes the run's folder.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from mlxcluster.jobs.cleanup import stop_script
+from mlxcluster.jobs.cleanup import bracketed, remove_dirs
 from mlxcluster.jobs.hosts import HostResult, RankHost, for_each_host, remote_hosts, run_script
 from mlxcluster.jobs.rank_wrapper import STACKS_ROOT
 
@@ -158,11 +158,17 @@ def same_run(jobs: Sequence[RunningJob], out: str) -> RunningJob | None:
     return None
 
 
-def ask_to_stop_script(run_id: str) -> str:
-    """SIGUSR2 to each rank of the run on a host, by its pid file (not by its
-    command line: the rank's watchdog and output helper carry it too)."""
-    inner = (f'for f in {STACKS_ROOT}/{run_id}/rank*.pid; do [ -f "$f" ] || continue; '
-             'kill -USR2 "$(cut -d" " -f1 "$f")" 2>/dev/null; done; true')
+def signal_ranks_script(run_id: str, *signals: str, pause_s: float = 0.5) -> str:
+    """Send each of ``signals`` in turn (``pause_s`` apart) to every rank of
+    the run on a host, by its pid file: not by command line (``pkill -f``),
+    which also matches this `mlxcluster stop RUN_ID` when it runs on that
+    host (``--local``; the lab's hosts share this machine's process table),
+    and the rank's watchdog and output helper, which end with it."""
+    sends = f"; sleep {pause_s}; ".join(
+        f'for p in $pids; do kill -{sig} "$p" 2>/dev/null; done' for sig in signals)
+    inner = (f'pids=""; for f in {STACKS_ROOT}/{run_id}/rank*.pid; do [ -f "$f" ] || continue; '
+             'p=$(cut -d" " -f1 "$f"); case "$p" in ""|*[!0-9]*) continue;; esac; '
+             f'pids="$pids $p"; done; [ -n "$pids" ] || exit 0; {sends}; true')
     return f"bash -c {shlex.quote(inner)}"
 
 
@@ -175,7 +181,7 @@ def stop_run(hosts: Sequence[RankHost], run_id: str, grace_s: float,
     if not RUN_ID.match(run_id):
         raise ValueError(f"not a run id: {run_id!r}")
     asked = remote_hosts(hosts) + [h for h in hosts if h.is_local][:1]
-    for_each_host(asked, lambda h: run_script(h, ask_to_stop_script(run_id), env=env))
+    for_each_host(asked, lambda h: run_script(h, signal_ranks_script(run_id, "USR2"), env=env))
     deadline = time.monotonic() + grace_s
     ended = False
     while time.monotonic() < deadline:
@@ -184,5 +190,7 @@ def stop_run(hosts: Sequence[RankHost], run_id: str, grace_s: float,
             ended = True
             break
         time.sleep(STOP_POLL_S)
-    results = for_each_host(asked, lambda h: run_script(h, stop_script(run_id), env=env))
+    kill = signal_ranks_script(run_id, "TERM", "CONT", "KILL") + "; " + remove_dirs(
+        STACKS_ROOT, bracketed(run_id))
+    results = for_each_host(asked, lambda h: run_script(h, kill, env=env))
     return ended, [r for r in results if not r.ok]

@@ -136,3 +136,15 @@ def lab_inventory(request, tmp_path):
     as its ``env:`` block."""
     lab = request.getfixturevalue("lab3_own_tmp" if "lab3_own_tmp" in request.fixturenames else "lab3")
     return lab.write_inventory(tmp_path / "shared-lab.yaml", env=getattr(request.module, "INVENTORY_ENV", None))
+
+
+@pytest.fixture
+def short_lease(monkeypatch):
+    """mlxcluster's environment (lab.env copies it) with the tests' lease
+    (tests/waits.py LEASE_TEST_S): the ranks of a controller a test kills,
+    cuts off or fails with, end within seconds instead of the default 30."""
+    from mlxcluster.jobs.rank_wrapper import LEASE_GRACE_VAR, LEASE_VAR
+    from tests.waits import LEASE_TEST_S
+
+    monkeypatch.setenv(LEASE_VAR, str(LEASE_TEST_S))
+    monkeypatch.setenv(LEASE_GRACE_VAR, "30")

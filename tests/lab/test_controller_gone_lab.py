@@ -22,7 +22,6 @@ from pathlib import Path
 import psutil
 import pytest
 
-from mlxcluster.jobs.rank_wrapper import LEASE_GRACE_VAR, LEASE_VAR
 from tests.lab.jobs import (
     data_here,
     on_host,
@@ -34,13 +33,6 @@ from tests.lab.jobs import (
 from tests.waits import CONTROLLER_GONE_BOUND_S, LEASE_TEST_S, TRAINING_START_S, poll_until
 
 pytestmark = pytest.mark.lab
-
-
-@pytest.fixture
-def short_lease(monkeypatch):
-    """The controller's environment (lab.env copies it) with the tests' lease."""
-    monkeypatch.setenv(LEASE_VAR, str(LEASE_TEST_S))
-    monkeypatch.setenv(LEASE_GRACE_VAR, "30")
 
 
 def ranks_of(out: Path) -> list[str]:
