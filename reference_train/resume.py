@@ -42,6 +42,7 @@ from .checkpoint import (
     install_checkpoint,
     resolve_checkpoint,
 )
+from .disk_room import said_when_full
 from .errors import DataError
 from .files import file_sha256
 
@@ -197,14 +198,18 @@ def send_checkpoint(group, layout: HostLayout, root: Path, step: int, source: in
             received = broadcast_bytes(data if is_source else bytes(n), group)
             total += n
             if tmp is not None:
-                (tmp / name).write_bytes(received)
+                with said_when_full(root, f"{checkpoint_name(step)} received from "
+                                          f"{layout.hosts[source]}"):
+                    (tmp / name).write_bytes(received)
         if tmp is not None:
             state = json.loads((tmp / "state.json").read_text())
             for name, want in (state.get("hashes") or {}).items():
                 if file_sha256(tmp / name) != want:
                     raise ResumeError(f"{layout.hosts[layout.rank]}: {name} of "
                                       f"{checkpoint_name(step)} arrived damaged (hash mismatch)")
-            install_checkpoint(root, tmp, step, keep)
+            with said_when_full(root, f"{checkpoint_name(step)} received from "
+                                      f"{layout.hosts[source]}"):
+                install_checkpoint(root, tmp, step, keep)
             tmp = None
     finally:
         if tmp is not None:
