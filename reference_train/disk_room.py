@@ -10,7 +10,7 @@ OSError ENOSPC / EDQUOT into a DataError the trainer prints as one line:
     error: labhost2: no room to write checkpoint step_000004 in /runs/demo/checkpoints:
     12.0 KiB free there (mlx: unable to write 8 bytes to file) (hint: free room on labhost2
     (df -h /runs/demo/checkpoints) or train with another --out, then run again with
-    --resume auto: nothing is lost, the previous checkpoint is intact)
+    --resume auto: it goes on from the newest whole checkpoint)
 
 The half-written folder is removed by the writer (checkpoint.py, hf_io.py),
 so the previous checkpoint and the newest whole one on the other hosts are
@@ -95,8 +95,8 @@ def no_room(folder: str | Path, what: str, *, free: int | None, cause: str = "",
     if cause:
         said += f" ({cause})"
     return DataError(said, f"free room on {host} (df -h {folder}) or train with another --out, "
-                           "then run again with --resume auto: nothing is lost, the previous "
-                           "checkpoint is intact")
+                           "then run again with --resume auto: it goes on from the newest whole "
+                           "checkpoint")
 
 
 @contextmanager

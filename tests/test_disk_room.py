@@ -98,8 +98,8 @@ def test_the_message_names_host_folder_free_and_needed_bytes():
     assert said == ("mini2: no room to write checkpoint step_000006 in /runs/demo/checkpoints: "
                     "12.3 KiB free there, 2.0 MiB needed (checked before writing; nothing was "
                     "written) (hint: free room on mini2 (df -h /runs/demo/checkpoints) or train "
-                    "with another --out, then run again with --resume auto: nothing is lost, the "
-                    "previous checkpoint is intact)")
+                    "with another --out, then run again with --resume auto: it goes on from the "
+                    "newest whole checkpoint)")
     assert "could not be read" in str(no_room("/x", "y", free=None, host="h"))
     assert [human(n) for n in (0, 1023, 1024, 5 * MiB + MiB // 2, 3 << 30)] == [
         "0 bytes", "1023 bytes", "1.0 KiB", "5.5 MiB", "3.0 GiB"]
