@@ -169,3 +169,39 @@ def test_the_real_mlx_line_is_a_known_error_for_other_programs(full_file):
         [known] = diagnose([line])
         assert known.error.key == "write-failed"
         assert "disk" in known.text() and "free room on the host" in known.text()
+
+
+def test_a_received_checkpoint_that_finds_no_room_is_said_and_its_folder_removed(
+        full_file, tmp_path, monkeypatch):
+    """resume.py's writer of a checkpoint sent from another host: the write
+    really fails (its folder's model.safetensors is /dev/full), the message
+    names the host, the folder and where it came from, and the folder goes."""
+    import tempfile
+
+    import mlx.nn as nn
+    import mlx.optimizers as optim
+
+    from reference_train.checkpoint import checkpoint_problem
+    from reference_train.resume import HostLayout, send_checkpoint
+
+    root = tmp_path / "checkpoints"
+    model = nn.Linear(16, 16)
+    opt = optim.AdamW(learning_rate=1e-3)
+    opt.init(model.trainable_parameters())
+    held = save_checkpoint(root, 2, model, opt, {"world_size": 1})
+    receiving = root / ".step_000002.recv.test"
+
+    def mkdtemp(prefix="", dir=None):  # the receiver's folder, with its first file on a full disk
+        assert prefix == ".step_000002.recv." and Path(dir) == root
+        receiving.mkdir()
+        (receiving / "model.safetensors").symlink_to(full_file)
+        return str(receiving)
+
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
+    group = mx.distributed.init()  # a group of 1: it sends to itself
+    with pytest.raises(DataError) as caught:
+        send_checkpoint(group, HostLayout([HOST], 0), root, 2, source=0, receive=True, keep=2)
+    said = str(caught.value)
+    assert said.startswith(f"{HOST}: no room to write step_000002 received from {HOST} in {root}: ")
+    assert "free there (No space left on device)" in said
+    assert not receiving.exists() and checkpoint_problem(held) is None
