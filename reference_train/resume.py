@@ -185,6 +185,7 @@ def send_checkpoint(group, layout: HostLayout, root: Path, step: int, source: in
     is_source = layout.rank == source
     path = root / checkpoint_name(step)
     tmp = None
+    what = f"{checkpoint_name(step)} received from {layout.hosts[source]}"
     if receive and layout.writes:
         root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{checkpoint_name(step)}.recv.", dir=root))
@@ -198,8 +199,7 @@ def send_checkpoint(group, layout: HostLayout, root: Path, step: int, source: in
             received = broadcast_bytes(data if is_source else bytes(n), group)
             total += n
             if tmp is not None:
-                with said_when_full(root, f"{checkpoint_name(step)} received from "
-                                          f"{layout.hosts[source]}"):
+                with said_when_full(root, what):  # a full disk named (disk_room.py)
                     (tmp / name).write_bytes(received)
         if tmp is not None:
             state = json.loads((tmp / "state.json").read_text())
@@ -207,8 +207,7 @@ def send_checkpoint(group, layout: HostLayout, root: Path, step: int, source: in
                 if file_sha256(tmp / name) != want:
                     raise ResumeError(f"{layout.hosts[layout.rank]}: {name} of "
                                       f"{checkpoint_name(step)} arrived damaged (hash mismatch)")
-            with said_when_full(root, f"{checkpoint_name(step)} received from "
-                                      f"{layout.hosts[source]}"):
+            with said_when_full(root, what):
                 install_checkpoint(root, tmp, step, keep)
             tmp = None
     finally:
