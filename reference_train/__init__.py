@@ -7,6 +7,8 @@ Modules, each importing only those listed before it (no circles):
 
     errors.py             DataError, the trainer's one error type (a message and a hint)
     files.py              file_sha256, and folders renamed into place whole (replace_dir)
+    disk_room.py          a write that found no room said as a DataError (host, folder, room
+                          left, fix); the room looked at before each checkpoint
     corpus.py             the bundled offline corpus, generated from templates
     tokenizer.py          byte, a folder's tokenizer.json, a Hugging Face name: make_tokenizer
     data.py               token files (meta.json, train.bin, val.bin), memory-mapped batches, sharding

@@ -27,6 +27,7 @@ AdamW state; state.json's config says which (fine_tune).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -122,9 +123,14 @@ def content_hash(path: Path) -> str:
 def write_atomic(path: Path, text: str) -> None:
     """Replace `path` with `text` by writing a temporary file and renaming it."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:  # a full disk: no half-written file left beside `path`
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def prune_checkpoints(root: Path, keep: int) -> None:

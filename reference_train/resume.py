@@ -42,6 +42,7 @@ from .checkpoint import (
     install_checkpoint,
     resolve_checkpoint,
 )
+from .disk_room import said_when_full
 from .errors import DataError
 from .files import file_sha256
 
@@ -184,6 +185,7 @@ def send_checkpoint(group, layout: HostLayout, root: Path, step: int, source: in
     is_source = layout.rank == source
     path = root / checkpoint_name(step)
     tmp = None
+    what = f"{checkpoint_name(step)} received from {layout.hosts[source]}"
     if receive and layout.writes:
         root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{checkpoint_name(step)}.recv.", dir=root))
@@ -197,14 +199,16 @@ def send_checkpoint(group, layout: HostLayout, root: Path, step: int, source: in
             received = broadcast_bytes(data if is_source else bytes(n), group)
             total += n
             if tmp is not None:
-                (tmp / name).write_bytes(received)
+                with said_when_full(root, what):  # a full disk named (disk_room.py)
+                    (tmp / name).write_bytes(received)
         if tmp is not None:
             state = json.loads((tmp / "state.json").read_text())
             for name, want in (state.get("hashes") or {}).items():
                 if file_sha256(tmp / name) != want:
                     raise ResumeError(f"{layout.hosts[layout.rank]}: {name} of "
                                       f"{checkpoint_name(step)} arrived damaged (hash mismatch)")
-            install_checkpoint(root, tmp, step, keep)
+            with said_when_full(root, what):
+                install_checkpoint(root, tmp, step, keep)
             tmp = None
     finally:
         if tmp is not None:

@@ -53,6 +53,7 @@ from . import compile_cache, kernels, lora
 from .checkpoint import checkpoint_name, content_hash, load_checkpoint, save_checkpoint
 from .config import TrainConfig, build_config, model_args
 from .data import ShardedBatches, load_meta, open_split, split_batch, validation_batches
+from .disk_room import RoomWatch, full_disk_error, is_disk_full, said_when_full
 from .errors import DataError
 from .export import export_model
 from .hf_io import model_from_folder
@@ -150,6 +151,7 @@ class Trainer:
         self._steps = None
         self.heartbeat = heartbeat_wanted()
         self.stop = StopRequest(group)  # SIGUSR2: checkpoint and stop (stopping.py)
+        self.room = RoomWatch()  # room for the next checkpoint on this host (disk_room.py)
 
     def empty_model(self) -> Llama:
         """A model of this run's shape (with its LoRA layers, frozen alike), for the compute copy."""
@@ -251,6 +253,7 @@ class Trainer:
             raise DataError(f"{path} was trained with {theirs}, this run asks for {ours}",
                             "resume with the checkpoint's --fine_tune and --lora_* settings")
         state = load_checkpoint(path, self.model, self.optimizer, trainable_only=self.lora)
+        self.room.saw(path)  # the next checkpoint's size, for the room check before it
         check_loaded(self.group, self.layout, state["step"], content_hash(path))
         self.step = state["step"]
         self.key = mx.array(state["rng_key"], dtype=mx.uint32)
@@ -266,13 +269,21 @@ class Trainer:
             optimizer = SimpleNamespace(state=optimizer.gathered_state())
         if not self.layout.writes:  # every rank holds the same weights: one copy per host
             return
+        root, name = self.out / "checkpoints", f"checkpoint {checkpoint_name(self.step)}"
+        if warning := self.room.before(root, name):  # a DataError when it cannot fit (disk_room.py)
+            if self.rank == 0:
+                self.log(f"warning: {warning}")
+            else:  # every writer says it of its own disk; the launcher shows its stderr
+                print(f"warning: {warning}", file=sys.stderr, flush=True)
         state = {"data": self.train_data.position(self.step),
                  "rng_key": np.array(self.key).tolist(), "config": asdict(self.cfg),
                  "model_args": asdict(self.args), "world_size": self.size}
         if self.lora:
             state["global_rng_key"] = mx.random.state[0].tolist()
-        save_checkpoint(self.out / "checkpoints", self.step, self.model, optimizer,
-                        state, self.cfg.keep_checkpoints, trainable_only=self.lora)
+        with said_when_full(root, name):
+            saved = save_checkpoint(root, self.step, self.model, optimizer,
+                                    state, self.cfg.keep_checkpoints, trainable_only=self.lora)
+        self.room.saw(saved)
 
     def export(self) -> None:
         """OUT/model, the trained model as mlx-lm opens it; like checkpoints, one writer
@@ -282,19 +293,21 @@ class Trainer:
             # master weights (DESIGN: whatever dtype the step computes in).
             saved = self.out / "checkpoints" / checkpoint_name(self.step) / "model.safetensors"
             if self.lora:  # OUT/adapters, for mlx-lm with the --init_from model (lora.py)
-                folder = lora.write_adapters(mx.load(str(saved)),
-                                             lora.adapter_config(self.cfg, self.args.n_layers),
-                                             self.out / "adapters")
+                with said_when_full(self.out, "the adapters"):
+                    folder = lora.write_adapters(mx.load(str(saved)),
+                                                 lora.adapter_config(self.cfg, self.args.n_layers),
+                                                 self.out / "adapters")
                 if self.rank == 0 and recording():  # mlxcluster keeps a copy where it runs
                     emit_folder(folder, "adapters")
                 if self.rank == 0:
                     self.log(f"adapters for mlx-lm: {folder} (mlx_lm.generate --model "
                              f"{self.cfg.init_from} --adapter-path {folder})")
                 return
-            note = export_model(mx.load(str(saved)), self.args,
-                                self.out / "model", data_dir=self.data_dir,
-                                init_from=self.cfg.init_from, dtype=self.cfg.export_dtype,
-                                need_tokenizer=False)
+            with said_when_full(self.out, "the exported model"):
+                note = export_model(mx.load(str(saved)), self.args,
+                                    self.out / "model", data_dir=self.data_dir,
+                                    init_from=self.cfg.init_from, dtype=self.cfg.export_dtype,
+                                    need_tokenizer=False)
             if self.rank == 0:
                 self.log(note)
 
@@ -518,6 +531,11 @@ def main(argv: list[str] | None = None) -> int:
         return STOPPED_EXIT
     except (ValueError, DataError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    except OSError as e:  # a full disk under another file the run writes (metrics.jsonl)
+        if not is_disk_full(e):
+            raise
+        print(f"error: {full_disk_error(e, cfg.out)}", file=sys.stderr, flush=True)
         return 2
     if is_root:
         metrics = trainer.out / "metrics.jsonl"

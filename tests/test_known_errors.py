@@ -97,6 +97,10 @@ MLX_0_32 = {
                            "RuntimeError: [jaccl] Send failed with errno=32"],
     "connect-timeout": ["RuntimeError: [jaccl] Couldn't connect (error: 60)"],
     "ring-peer-lost": ["[ring] Socket 7 was closed by the peer", "RuntimeError: [ring] connection to a peer was lost"],
+    # mlx/io/load.h (FileWriter::write); the second as reference_train printed it before it said
+    # the host and folder itself (issue 39: a lab host's disk filled mid-run)
+    "write-failed": ["RuntimeError: [write] Unable to write 8 bytes to file.",
+                     "error: [write] Unable to write 402653184 bytes to file."],
     "metal-gpu-timeout": ["RuntimeError: [METAL] Command buffer execution failed: Caused GPU Timeout Error "
                           "(00000002:kIOGPUCommandBufferCallbackErrorTimeout)."],
     "metal-internal-error": ["RuntimeError: [METAL] Command buffer execution failed: Internal Error "
@@ -157,6 +161,11 @@ def test_near_misses_are_not_taken_for_known_errors():
         # a missing metallib (broken install), not one built for a newer macOS
         "Failed to load the default metallib. library not found library not found library not found ",
         "[ring] Too many send/recv errors. Failing pending tasks...",
+        # a file mlx could not open, not a write that found no room
+        "RuntimeError: [write] File /runs/a.safetensors is not open.",
+        # reference_train's own message for a full disk says it all: not said twice
+        "error: labhost2: no room to write checkpoint step_000002 in /runs/x/checkpoints: 0 bytes "
+        "free there (mlx: unable to write 8 bytes to file) (hint: free room on labhost2 ...)",
     ]) == []
 
 

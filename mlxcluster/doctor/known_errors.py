@@ -160,6 +160,18 @@ KNOWN_ERRORS: tuple[KnownError, ...] = (
         "one ring send/recv of 2 GiB or more: send(2)/recv(2) reject lengths above INT_MAX (EINVAL)",
         "update mlx to 0.32.1 or later on every host, or keep single transfers under 2 GiB",
         "ml-explore/mlx #4280, fixed by PR #4281", _RING, fixed_in="0.32.1"),
+    # --- files ---------------------------------------------------------------------------------
+    KnownError(
+        "write-failed", _p(r"\[write\] Unable to write \d+ bytes to file"),
+        "mlx could not write a file it was saving (mx.save_safetensors, mx.save, mx.savez: "
+        "checkpoints, exported weights): write(2) failed, almost always because that host's disk "
+        "(or the volume or quota of the folder written to) is full; mlx names neither the host "
+        "nor the file, and the file it was writing is left half-written",
+        "free room on the host of the rank that printed it (df -h on the folder the program "
+        "writes to; remove the half-written file) or write to another folder, then run again; "
+        "reference_train says this itself (host, folder, room left) and resumes with --resume auto",
+        "mlx/io/load.h FileWriter::write (no errno kept); issue 39: a lab host's disk filled "
+        "mid-run", "io/load.h"),
     # --- Metal ---------------------------------------------------------------------------------
     KnownError(
         "metal-gpu-timeout",

@@ -99,6 +99,7 @@ class LabHost:
     faults: set[str] = field(default_factory=set)
     second_ip: str | None = None  # on eth1, once Lab.add_second_link ran
     login_shell: str = LOGIN_SHELL  # what sshd runs commands through (set_login_shell)
+    small_disks: list[str] = field(default_factory=list)  # tmpfs mount points (small_disk)
 
     def __str__(self) -> str:
         return self.name
@@ -308,6 +309,27 @@ class Lab:
                             "rate", rate, "burst", "32kbit", "latency", "400ms"])
         h.faults.add("slow_link")
 
+    def small_disk(self, host, path: str | Path, size: str) -> None:
+        """Give the host a small disk of its own at ``path`` (a folder under
+        ``lab.disk``): a tmpfs of ``size`` bytes ("128k", "1m") mounted in the
+        host's mount namespace, so only that host sees it and a write there
+        that needs more fails with ENOSPC, as on a full disk. The folder is
+        made on the host's own disk if missing. ``heal`` unmounts it (its
+        files go with it)."""
+        h = self.host(host)
+        path = str(path)
+        _run(["nsenter", "-t", str(h.sshd.pid), "-m", "sh", "-c",
+              f"mkdir -p {shlex.quote(path)} && mount -t tmpfs -o size={shlex.quote(size)} "
+              f"{self.tag}small {shlex.quote(path)}"])
+        h.small_disks.append(path)
+        h.faults.add("small_disk")
+
+    def resize_small_disk(self, host, path: str | Path, size: str) -> None:
+        """Make a ``small_disk`` larger (room freed) or smaller, its files kept."""
+        h = self.host(host)
+        _run(["nsenter", "-t", str(h.sshd.pid), "-m", "mount", "-o", f"remount,size={size}",
+              str(path)])
+
     def set_host_path(self, host, path: str) -> None:
         """Give non-interactive ssh sessions on this host another PATH (sshd restarted)."""
         h = self.host(host)
@@ -379,6 +401,9 @@ class Lab:
         for h in [self.host(host)] if host is not None else self.hosts:
             if not h.faults:
                 continue
+            while h.small_disks and h.sshd is not None:  # its mount namespace is sshd's
+                _run(["nsenter", "-t", str(h.sshd.pid), "-m", "umount", h.small_disks.pop()])
+            h.small_disks.clear()
             self.netns_exec(h, ["ip", "link", "set", "eth0", "up"])
             self.netns_exec(h, ["nft", "flush", "ruleset"], check=False)
             for dev in ("eth0", "eth1") if h.second_ip else ("eth0",):
@@ -519,6 +544,9 @@ class Lab:
                   "netns", h.netns])
             _run(["ip", "link", "set", h.veth, "master", self.bridge, "up"])
             self.netns_exec(h, ["ip", "addr", "add", f"{h.ip}/24", "dev", "eth0"])
+            while h.small_disks and h.sshd is not None:  # its mount namespace is sshd's
+                _run(["nsenter", "-t", str(h.sshd.pid), "-m", "umount", h.small_disks.pop()])
+            h.small_disks.clear()
             self.netns_exec(h, ["ip", "link", "set", "eth0", "up"])
             self.netns_exec(h, ["ip", "link", "set", "lo", "up"])
             self._start_sshd(h)

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -179,6 +180,23 @@ def test_fault_ssh_port_dropped_times_out(lab3):
     finally:
         lab3.heal(0)
     assert lab3.ssh(0, "true").returncode == 0
+
+
+def test_fault_small_disk_fills_on_that_host_only_and_heals(lab3):
+    folder = lab3.disk / f"small-{uuid.uuid4().hex[:8]}"
+    try:
+        lab3.small_disk(1, folder, "64k")
+        full = lab3.ssh(1, f"head -c 100000 /dev/zero > {folder}/f")
+        assert full.returncode != 0 and "No space left on device" in full.stderr
+        lab3.resize_small_disk(1, folder, "256k")  # room freed, the file kept
+        assert lab3.ssh(1, f"head -c 100000 /dev/zero >> {folder}/f && stat -c %s {folder}/f",
+                        check=True).stdout.split() == ["165536"]
+        assert not lab3.host_exists(0, folder / "f")  # the others' disks are untouched
+        assert "small_disk" in lab3.hosts[1].faults
+    finally:
+        lab3.heal(1)
+    assert not lab3.host_exists(1, folder / "f")  # unmounted: the host's own disk again
+    assert lab3.hosts[1].small_disks == []
 
 
 def test_fault_data_port_range_dropped(lab3):
