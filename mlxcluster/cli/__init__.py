@@ -28,6 +28,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "train",
     "run",
     "jobs",
+    "attach",
     "stop",
     "report",
     "tune",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -20,7 +21,9 @@ from mlxcluster.cli.job_launch import (
 )
 from mlxcluster.cli.params import Duration, launch_options
 from mlxcluster.cli.report import check_html_path, emit_page, html_option
-from mlxcluster.errors import InputError
+from mlxcluster.errors import InputError, Interrupted
+from mlxcluster.jobs.cleanup import new_run_id
+from mlxcluster.jobs.events import Note
 from mlxcluster.jobs.job import BACKENDS
 from mlxcluster.jobs.restarts import Restarts
 from mlxcluster.launch.trainer import (
@@ -59,11 +62,16 @@ from mlxcluster.report import Report
                    "with the rest, the same global batch (grad_accum raised where needed).")
 @click.option("--min-hosts", type=click.IntRange(1), default=2, show_default=True,
               help="With --elastic: never go on with fewer hosts than this.")
+@click.option("--detach", is_flag=True,
+              help="Let the job run on without this machine (closed lid, lost network, Ctrl-C): "
+                   "no lease, every rank's output kept on its host; 'mlxcluster attach RUN_ID' "
+                   "follows it again and makes the record here whole, 'mlxcluster stop RUN_ID' "
+                   "stops it.")
 @html_option("the run's loss, tokens/s and memory at its end (from --out's metrics.jsonl)")
 @click.argument("trainer_args", nargs=-1, type=click.UNPROCESSED)
 def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, connections_per_ip,
             no_preflight, no_openblas, no_sync_code, timeout, config, stall_timeout, max_restarts, no_sync_data,
-            elastic, min_hosts, html_path,
+            elastic, min_hosts, detach, html_path,
             trainer_args):
     """Check the cluster, then run `python -m reference_train.train` on every host.
 
@@ -83,6 +91,10 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
     if elastic and not max_restarts:
         raise InputError("--elastic goes on without a lost host when the job is launched again: "
                          "it needs --max-restarts N", "add --max-restarts 2 (or more)")
+    if detach and max_restarts:
+        raise InputError("--detach and --max-restarts do not go together: restarts are run from "
+                         "this machine, and a detached job runs on without it",
+                         "leave one out (a detached job that fails: rerun with -- --resume auto)")
     args = with_restart_checkpoints(parsed, max_restarts)
     cfg = args.config
     check_out_here(cfg.out)  # the run's record is kept here, at --out (launch/record.py)
@@ -90,7 +102,7 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
     job, inventory = choose_job(hostfile, inventory_path, local_ranks, backend, python, mpi_args,
                                 connections_per_ip)
     check_batch_split(cfg, len(job.hosts))  # before any preflight or launch: ranks are known
-    job = trainer_job(job, args)
+    job = dataclasses.replace(trainer_job(job, args), detached=detach)
     env = dict(os.environ)
     view = EventView("train")
     job = share_connections(plan_backend(job, inventory, env), env)
@@ -110,9 +122,21 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
         click.echo(line, err=stream == "stderr")
 
     restarts = Restarts(max_restarts, elastic=elastic, min_hosts=min_hosts)
-    done = run_trainer(job, args, restarts, env, timeout=timeout,
-                       stall_timeout=None if stall_timeout == "off" else stall_timeout,
-                       on_line=show, on_event=view)
+    run_id = new_run_id()
+    if detach:
+        view(Note(f"detached: run {run_id} goes on if this machine goes away; 'mlxcluster attach "
+                  f"{run_id}' follows it again, 'mlxcluster stop {run_id}' stops it"))
+    try:
+        done = run_trainer(job, args, restarts, env, timeout=timeout,
+                           stall_timeout=None if stall_timeout == "off" else stall_timeout,
+                           on_line=show, on_event=view, run_id=run_id)
+    except Interrupted:
+        if not detach:
+            raise
+        click.echo(f"left {run_id} running on the hosts: 'mlxcluster attach {run_id}' follows it "
+                   f"again and makes the record at {cfg.out} whole; 'mlxcluster stop {run_id}' "
+                   "stops it", err=True)
+        return
     outcome = done.outcome
     if outcome.refusal:
         say_refusal("train", done.job, outcome)

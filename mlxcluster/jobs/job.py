@@ -20,6 +20,7 @@ from mlxcluster.hostfile.hostfile import BACKENDS as MLX_BACKENDS
 from mlxcluster.hostfile.hostfile import MlxHostfile, load_launch_hostfile
 from mlxcluster.inventory.inventory import Inventory, local_inventory
 from mlxcluster.jobs.hosts import RankHost, hosts_from_inventory, require_python_here
+from mlxcluster.jobs.rank_wrapper import DETACH_VAR
 from reference_train.metrics import HEARTBEAT_ENV  # the protocol's one copy (no mlx)
 
 BACKENDS = ("ring", "mpi", "jaccl", "jaccl-ring")  # what train and run launch
@@ -163,6 +164,8 @@ def rank_env(job: Job) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (*code, job.env.get("PYTHONPATH")) if p)
     if job.tag_output:
         env["MLXCLUSTER_TAG_OUTPUT"] = "1"
+    if job.detached:
+        env[DETACH_VAR] = "1"
     return env
 
 

@@ -54,6 +54,17 @@ another program ends, USR2's default), and SIGKILL after
 removes the run's stacks directory on its host, as the controller's sweep
 would have. The watchdog ends with the rank (a pipe from the rank closes).
 
+With ``MLXCLUSTER_DETACH=1`` (``--detach``) the rank goes on without the
+machine that started it: the process the launcher started forks the rank
+into a session of its own (``detach``), whose stdout and stderr are the files
+``rank<R>.out`` and ``rank<R>.err`` in the stacks directory, and stays behind
+as a relay: it copies each complete line of those files to its own stdout
+or stderr (the launcher's, while there is one to take them) and ends with
+the rank's exit code. A launcher that stops it, a hung-up terminal or an ssh
+session cut off end the relay, not the rank. The rank writes its exit code
+to ``rank<R>.exit`` when it ends (none: a signal ended it), so that
+`mlxcluster attach` can follow it and say how it ended (jobs.attach).
+
 Before it ends that way it writes one line on stderr, ``@@mlxcluster-exit
 RANK CODE TIME`` (``TIME``: seconds since the epoch), which the launcher
 hides and reads: when one rank fails, the others fail too a moment later
@@ -66,7 +77,9 @@ the rank that failed first, and its own code.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import faulthandler
+import json
 import os
 import runpy
 import select
@@ -89,6 +102,8 @@ LEASE_GRACE_VAR = "MLXCLUSTER_LEASE_GRACE_S"  # after SIGUSR2, seconds before SI
 LEASE_FILE = "lease"
 DEFAULT_LEASE_GRACE_S = 60.0
 STOP_SIGNAL = signal.SIGUSR2  # "checkpoint and stop": the reference trainer's handler
+DETACH_VAR = "MLXCLUSTER_DETACH"
+RELAY_POLL_S = 0.05  # how soon the relay passes on a line the rank wrote
 USAGE = "usage: python -m mlxcluster.jobs.rank_wrapper (-m MODULE | SCRIPT) [ARGS...]"
 
 
@@ -209,7 +224,7 @@ def exit_code(done: SystemExit) -> int:
     return 1
 
 
-def end_now(code: int, helper: int | None, rank: str) -> None:
+def end_now(code: int, helper: int | None, rank: str, exit_file: str | None = None) -> None:
     """Flush, write the exit line (``EXIT_MARK``), let the tagging helper
     write the last lines, and exit with ``code`` without interpreter
     shutdown (see the module docstring)."""
@@ -221,6 +236,8 @@ def end_now(code: int, helper: int | None, rank: str) -> None:
         pass
     if helper is not None:
         drain(helper)
+    if exit_file:
+        note_exit(exit_file, status)
     os._exit(status)
 
 
@@ -323,6 +340,89 @@ def start_lease_watch(directory: str, rank: str, environ=os.environ) -> int | No
     return pid            # by a program's subprocesses: os.pipe's fds are not inheritable)
 
 
+def rank_files(directory: str, rank: str) -> tuple[str, str, str]:
+    """A detached rank's stdout, stderr and exit-code files."""
+    base = os.path.join(directory, f"rank{rank}")
+    return f"{base}.out", f"{base}.err", f"{base}.exit"
+
+
+def detach(directory: str, rank: str, program: list[str]) -> None:
+    """Fork the rank into a session of its own, its output into its files;
+    returns in the rank. This process becomes its relay (``relay``) and never
+    returns. ``rank<R>.argv`` keeps ``program`` (JSON), for attach."""
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, f"rank{rank}.argv"), "w") as f:
+        f.write(json.dumps(program) + "\n")
+    out, err, done = rank_files(directory, rank)
+    for path in (out, err):
+        open(path, "wb").close()  # noqa: SIM115 - emptied: a relaunch starts them again
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(done)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()  # no terminal, no launcher's process group: nothing hangs it up
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        for fd, path in ((1, out), (2, err)):
+            file_fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+            os.dup2(file_fd, fd)
+            os.close(file_fd)
+        sys.stdout.reconfigure(line_buffering=True)
+        sys.stderr.reconfigure(line_buffering=True)
+        atexit.register(note_exit, done, 0)
+        return
+    os._exit(relay(pid, out, err))
+
+
+def note_exit(path: str, code: int) -> None:
+    """The rank's exit code, for `mlxcluster attach` (written atomically)."""
+    try:
+        with open(f"{path}.tmp", "w") as f:
+            f.write(f"{code}\n")
+        os.replace(f"{path}.tmp", path)
+    except OSError:
+        pass
+
+
+def relay(rank_pid: int, out: str, err: str) -> int:
+    """Copy the detached rank's complete lines to this process's stdout and
+    stderr until it ends (a write that fails, the launcher gone, stops the
+    copying, not the waiting); the rank's exit code, as a shell gives it."""
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    sources = [(open(out, "rb"), 1, [b""]), (open(err, "rb"), 2, [b""])]  # noqa: SIM115
+    writing = True
+    status = None
+    while True:
+        if status is None:
+            done, status_now = os.waitpid(rank_pid, os.WNOHANG)
+            if done:
+                status = status_now
+        for f, fd, rest in sources:
+            data = f.read()
+            if not data:
+                continue
+            *lines, rest[0] = (rest[0] + data).split(b"\n")
+            if lines and writing:
+                try:
+                    write_all(fd, b"".join(line + b"\n" for line in lines))
+                except OSError:
+                    writing = False
+        if status is not None:
+            break
+        time.sleep(RELAY_POLL_S)
+    for f, fd, rest in sources:
+        if rest[0] and writing:
+            with contextlib.suppress(OSError):
+                write_all(fd, rest[0] + b"\n")
+        f.close()
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
 def run_program(args: list[str]) -> None:
     """``python -m MODULE ARGS`` or ``python SCRIPT ARGS``, in this process."""
     if args[0] == "-m":
@@ -363,13 +463,18 @@ def main(argv: list[str] | None = None) -> None:
     run_id = getattr(sys, "_xoptions", {}).get(RUN_MARK)
     run_id = run_id if isinstance(run_id, str) else None
     rank = rank_of(os.environ)
+    directory = stacks_dir(os.environ, run_id)
+    exit_file = None
+    if os.environ.get(DETACH_VAR) == "1":
+        detach(directory, rank, args)  # from here on: the rank, in its own session
+        exit_file = rank_files(directory, rank)[2]
     try:
-        start_lease_watch(stacks_dir(os.environ, run_id), rank)
+        start_lease_watch(directory, rank)
     except OSError as err:  # the job runs unwatched, said
         print(f"mlxcluster rank_wrapper: no lease watch ({err})", file=sys.stderr, flush=True)
     helper = tag_output(rank) if os.environ.get(TAG_VAR) == "1" else None
     try:
-        install(stacks_dir(os.environ, run_id), rank)
+        install(directory, rank)
     except OSError as err:  # no stacks on demand, but the job itself still runs
         print(f"mlxcluster rank_wrapper: no stack dumps ({err})", file=sys.stderr, flush=True)
     try:
@@ -380,10 +485,10 @@ def main(argv: list[str] | None = None) -> None:
             raise
         if not isinstance(done.code, int) and done.code is not None:
             print(done.code, file=sys.stderr)  # as Python prints sys.exit("message")
-        end_now(code, helper, rank)
+        end_now(code, helper, rank, exit_file)
     except Exception:  # noqa: BLE001 - shown as Python shows it, then the rank ends at once
         traceback.print_exc()
-        end_now(1, helper, rank)
+        end_now(1, helper, rank, exit_file)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from pathlib import Path
 from mlxcluster import interrupts
 from mlxcluster.errors import Interrupted, MlxclusterError
 from mlxcluster.jobs import process, stall
-from mlxcluster.jobs.cleanup import lost_host, new_run_id, sweep, unstopped_hint
+from mlxcluster.jobs.cleanup import SSH_LOST, lost_host, new_run_id, sweep, unstopped_hint
 from mlxcluster.jobs.hosts import for_each_host, run_script
 from mlxcluster.jobs.job import Job
 from mlxcluster.jobs.lease import Lease, leased_job
@@ -82,6 +82,8 @@ def run_job(job: Job, on_line: Callable[[str, str], None],
                 outcome = watch_launcher(process.start_plan(plan), on_line, started,
                                          timeout=timeout, watch=watch, on_stall=on_stall)
     except (MlxclusterError, Interrupted) as err:  # timed out or interrupted: sweep, then say so
+        if job.detached and isinstance(err, Interrupted):
+            raise  # Ctrl-C, a closed terminal: a detached job runs on (attach, stop)
         with interrupts.deferred():
             hint = unstopped_hint(sweep(job.hosts, run_id, base_env), run_id)
         if hint:
@@ -91,8 +93,9 @@ def run_job(job: Job, on_line: Callable[[str, str], None],
         with interrupts.deferred():
             sweep(job.hosts, run_id, base_env)
         raise
-    with interrupts.deferred():
-        unstopped = unstopped_hint(sweep(job.hosts, run_id, base_env), run_id)
+    lost_contact = job.detached and outcome.exit_code == SSH_LOST
+    with interrupts.deferred():  # a detached job cut off from here runs on: no sweep
+        unstopped = None if lost_contact else unstopped_hint(sweep(job.hosts, run_id, base_env), run_id)
     lost = lost_host(outcome.exit_code, outcome.failed_rank, [h.name for h in job.hosts], outcome.lines)
     return replace(outcome, run_id=run_id, lost_host=lost, unstopped=unstopped)
 

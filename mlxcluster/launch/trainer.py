@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlxcluster.errors import InputError
+from mlxcluster.jobs.cleanup import new_run_id
 from mlxcluster.jobs.events import Note, OnEvent, Restarting, Warned
 from mlxcluster.jobs.job import Job, program_command
 from mlxcluster.jobs.restarts import (
@@ -286,18 +287,22 @@ class TrainerRun:
                        f"{Path(cfg.out) / 'adapters'}")]
 
     def close(self) -> list[Note | Warned]:
-        """Close the record and draw loss.png beside it, here (the trainer
-        leaves it to us when we keep the record); returns what plotting said
-        and what of the record did not arrive whole."""
-        self.record.close()
-        said: list[Note | Warned] = []
-        if self.record.metrics.is_file():
-            plotted = plot_metrics(self.record.metrics, self.record.out / "loss.png")
-            if plotted:
-                said.append(Note(plotted))
-        if damage := self.record.damage():
-            said.append(Warned(damage))
-        return said
+        return close_record(self.record)
+
+
+def close_record(record: RunRecord) -> list[Note | Warned]:
+    """Close the record and draw loss.png beside it, here (the trainer
+    leaves it to us when we keep the record); returns what plotting said
+    and what of the record did not arrive whole."""
+    record.close()
+    said: list[Note | Warned] = []
+    if record.metrics.is_file():
+        plotted = plot_metrics(record.metrics, record.out / "loss.png")
+        if plotted:
+            said.append(Note(plotted))
+    if damage := record.damage():
+        said.append(Warned(damage))
+    return said
 
 
 @dataclass(frozen=True)
@@ -310,7 +315,7 @@ class TrainerResult:
 
 def run_trainer(job: Job, args: TrainerArgs, restarts: Restarts, env: dict[str, str], *,
                 timeout: float | None, stall_timeout: float | str | None,
-                on_line, on_event: OnEvent) -> TrainerResult:
+                on_line, on_event: OnEvent, run_id: str | None = None) -> TrainerResult:
     """Run the trainer on ``job``'s ranks until it ends well or the restarts
     are spent, with the record kept at --out here. ``on_line(stream, line)``
     gets the job's lines (record lines kept out), ``on_event`` every step."""
@@ -322,11 +327,14 @@ def run_trainer(job: Job, args: TrainerArgs, restarts: Restarts, env: dict[str, 
         if shown is not None:
             on_line(stream, shown)
 
+    run_id = run_id or new_run_id()
+
     def launch(job: Job) -> RunOutcome:
-        said = f"launching {len(job.hosts)} rank(s) on {job.backend}: {program_command(job)}"
+        said = (f"launching {len(job.hosts)} rank(s) on {job.backend}, run {run_id}: "
+                f"{program_command(job)}")
         on_event(Note(said))
         run.record.start_launch(said)
-        return run_job(job, show, env=env, timeout=timeout, stall_timeout=stall_timeout,
+        return run_job(job, show, env=env, timeout=timeout, stall_timeout=stall_timeout, run_id=run_id,
                        report_dir=Path(args.config.out))
 
     started = time.monotonic()

@@ -1,0 +1,81 @@
+"""`mlxcluster attach RUN_ID`: follow a detached job again, to its end."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import click
+
+from mlxcluster.cli.job_launch import EventView, choose_job, exit_code_of, one_source, say_failure
+from mlxcluster.cli.jobs import host_options
+from mlxcluster.errors import InputError, Interrupted
+from mlxcluster.jobs.attach import find_detached, start_following
+from mlxcluster.jobs.cleanup import sweep
+from mlxcluster.jobs.running import RUN_ID, list_running
+from mlxcluster.jobs.watch import watch_launcher
+from reference_train.metrics import HEARTBEAT_MARK
+
+
+@click.command("attach")
+@host_options
+@click.option("--python", "python", default=None,
+              help="The hosts' python (default: the inventory's, else this one).")
+@click.argument("run_id")
+def command(hostfile, inventory_path, local, python, run_id):
+    """Follow RUN_ID (a job started with --detach) again: every rank's output
+    from its first line, then on to the end. For a training run the record
+    at its --out here is made whole from what rank 0's host kept (a relative
+    --out is taken from this directory: attach from where you launched).
+    Exits as `train` / `run` would have: 0 when every rank ended well."""
+    if not RUN_ID.match(run_id):
+        raise InputError(f"{run_id!r} is not a run id (mlxtrain-<10 hex digits> or "
+                         "mlxrun-<10 hex digits>)", "mlxcluster jobs lists the runs and their ids")
+    one_source("attach", hostfile, inventory_path, 1 if local else None, example="-i cluster.yaml")
+    job, _ = choose_job(hostfile, inventory_path, 1 if local else None, None, python, ())
+    env = dict(os.environ)
+    run = find_detached(job.hosts, run_id, env)
+    if run is None:
+        raise InputError(f"no run {run_id} on {', '.join(dict.fromkeys(h.name for h in job.hosts))} "
+                         "(a job started with --detach keeps its ranks' output there until "
+                         "attach has followed it to its end)",
+                         "mlxcluster jobs lists what runs there (with the same -i, --hostfile or "
+                         "--local)")
+    running = any(j.run_id == run_id for j in list_running(job.hosts, env)[0])
+    view = EventView("attach")
+    click.echo(f"attaching to {run_id} ({'running' if running else 'ended'}) on "
+               f"{', '.join(h.name for h in run.hosts)}: {' '.join(run.program)}")
+    record = None
+    if run.is_training and run.out:
+        from mlxcluster.launch.record import RunRecord
+
+        record = RunRecord(run.out)
+        record.start_launch(f"attached to {run_id}")
+        click.echo(f"the run's record: {Path(run.out).resolve()}")
+
+    def show(stream: str, line: str) -> None:
+        if HEARTBEAT_MARK in line:  # progress marks, as train hides them
+            return
+        shown = record.feed(line) if record is not None else line
+        if shown is not None:
+            click.echo(shown, err=stream == "stderr")
+
+    started = time.monotonic()
+    try:
+        outcome = watch_launcher(start_following(run, job.python, env), show, started)
+    except Interrupted:
+        click.echo(f"left {run_id} running: 'mlxcluster attach {run_id}' again, or "
+                   f"'mlxcluster stop {run_id}'", err=True)
+        return
+    finally:
+        if record is not None:
+            from mlxcluster.launch.trainer import close_record
+
+            for said in close_record(record):
+                view(said)
+    sweep(job.hosts, run_id, env)  # every rank has ended: their folders go
+    if outcome.exit_code != 0:
+        say_failure("attach", outcome, None)
+        click.get_current_context().exit(exit_code_of(outcome))
+    click.echo(f"{run_id} finished: every rank ended well")
