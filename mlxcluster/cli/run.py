@@ -21,8 +21,9 @@ from mlxcluster.cli.job_launch import (
     share_connections,
 )
 from mlxcluster.cli.params import Duration, launch_options
-from mlxcluster.errors import InputError
+from mlxcluster.errors import InputError, Interrupted
 from mlxcluster.jobs.cleanup import new_run_id
+from mlxcluster.jobs.events import Note
 from mlxcluster.jobs.job import BACKENDS, program_imports, script_path
 from mlxcluster.jobs.job_python import require_job_python
 from mlxcluster.jobs.restarts import Restarts
@@ -48,12 +49,16 @@ RUN_PREFIX = "mlxrun"
                    "missing or different; every host then needs it at the same path.")
 @click.option("--logs", "logs_dir", type=click.Path(file_okay=False), default=None,
               help="Folder for one log file per rank (default: ./runs/RUN_ID).")
+@click.option("--detach", is_flag=True,
+              help="Let the job run on without this machine (closed lid, lost network, Ctrl-C): "
+                   "no lease, every rank's output kept on its host; 'mlxcluster attach RUN_ID' "
+                   "follows it again, 'mlxcluster stop RUN_ID' stops it.")
 @click.option("--rank0-only", is_flag=True,
               help="Show only rank 0's lines (and the launcher's); every rank is still logged.")
 @click.argument("program", nargs=-1, type=click.UNPROCESSED)
 def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, connections_per_ip, no_preflight,
-            no_openblas, no_sync_code, timeout, stall_timeout, max_restarts, no_sync_script, logs_dir, rank0_only,
-            program):
+            no_openblas, no_sync_code, timeout, stall_timeout, max_restarts, no_sync_script, logs_dir, detach,
+            rank0_only, program):
     """Check the cluster, then run `python SCRIPT ARGS` (or `-m MODULE`) on every host.
 
     e.g. `mlxcluster run --local 2 -- python train.py --lr 0.1`. Each line is
@@ -65,7 +70,10 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
     argv = program_argv(program)
     job, inventory = choose_job(hostfile, inventory_path, local_ranks, backend, python, mpi_args,
                                 connections_per_ip)
-    job = replace(job, program=argv, imports=program_imports(argv), tag_output=True)
+    if detach and max_restarts:
+        raise InputError("--detach and --max-restarts do not go together: restarts are run from "
+                         "this machine, and a detached job runs on without it", "leave one out")
+    job = replace(job, program=argv, imports=program_imports(argv), tag_output=True, detached=detach)
     script = script_path(job)
     if script and all(h.is_local for h in job.hosts) and not os.path.isfile(script):
         raise InputError(f"no such script: {script}",
@@ -102,10 +110,19 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
             return
         click.echo(line, err=stream == "stderr")
 
+    if detach:
+        view(Note(f"detached: run {run_id} goes on if this machine goes away; 'mlxcluster attach "
+                  f"{run_id}' follows it again, 'mlxcluster stop {run_id}' stops it"))
     try:
         done = run_program(job, Restarts(max_restarts), env, run_id=run_id, logs_dir=logs_path, timeout=timeout,
                            stall_timeout=None if stall_timeout == "off" else stall_timeout,
                            on_line=show, on_event=view)
+    except Interrupted:
+        if not detach:
+            raise
+        click.echo(f"left {run_id} running on the hosts: 'mlxcluster attach {run_id}' follows it "
+                   f"again; 'mlxcluster stop {run_id}' stops it", err=True)
+        return
     finally:
         logs.close()
     job, outcome = done.job, done.outcome
