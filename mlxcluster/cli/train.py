@@ -138,6 +138,10 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
                    "stops it", err=True)
         return
     outcome = done.outcome
+    if detach and outcome.lost_host:  # cut off from a host: a detached job may run on there
+        click.echo(f"lost the ssh connection to {outcome.lost_host}: {done.job.title} of run "
+                   f"{outcome.run_id} may go on there ('mlxcluster jobs' shows it, 'mlxcluster "
+                   f"attach {outcome.run_id}' follows it again when the host answers)", err=True)
     if outcome.refusal:
         say_refusal("train", done.job, outcome)
     if outcome.exit_code != 0:
