@@ -11,11 +11,12 @@ import click
 from mlxcluster.cli.job_launch import EventView, choose_job, exit_code_of, one_source, say_failure
 from mlxcluster.cli.jobs import host_options
 from mlxcluster.errors import InputError, Interrupted
+from mlxcluster.jobs import stall
 from mlxcluster.jobs.attach import find_detached, start_following
 from mlxcluster.jobs.cleanup import sweep
+from mlxcluster.jobs.run import stop_stalled
 from mlxcluster.jobs.running import RUN_ID, list_running
 from mlxcluster.jobs.watch import watch_launcher
-from reference_train.metrics import HEARTBEAT_MARK
 
 
 @click.command("attach")
@@ -25,7 +26,8 @@ from reference_train.metrics import HEARTBEAT_MARK
 @click.argument("run_id")
 def command(hostfile, inventory_path, local, python, run_id):
     """Follow RUN_ID (a job started with --detach) again: every rank's output
-    from its first line, then on to the end. For a training run the record
+    from its first line, then on to the end, watched for stalls as train is
+    (exit 4, every rank stopped). For a training run the record
     at its --out here is made whole from what rank 0's host kept (a relative
     --out is taken from this directory: attach from where you launched).
     Exits as `train` / `run` would have: 0 when every rank ended well."""
@@ -55,15 +57,18 @@ def command(hostfile, inventory_path, local, python, run_id):
         click.echo(f"the run's record: {Path(run.out).resolve()}")
 
     def show(stream: str, line: str) -> None:
-        if HEARTBEAT_MARK in line:  # progress marks, as train hides them
-            return
         shown = record.feed(line) if record is not None else line
         if shown is not None:
             click.echo(shown, err=stream == "stderr")
 
+    # Watched as train watches: the trainer's heartbeats (the automatic limit:
+    # 10 x the median step, >= 60 s); a program of `run`'s prints none: unwatched.
+    watch = stall.StallWatch(None) if run.is_training else None
+    report = Path(run.out) if run.out else Path("runs")
     started = time.monotonic()
     try:
-        outcome = watch_launcher(start_following(run, job.python, env), show, started)
+        outcome = watch_launcher(start_following(run, job.python, env), show, started, watch=watch,
+                                 on_stall=lambda: stop_stalled(job, run_id, watch, report, env))
     except Interrupted:
         click.echo(f"left {run_id} running: 'mlxcluster attach {run_id}' again, or "
                    f"'mlxcluster stop {run_id}'", err=True)
