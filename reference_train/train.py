@@ -73,6 +73,7 @@ from .precision import average_gradients, compute_copy, dtype_of, refresh, to_fl
 from .prepare import ensure_default_data
 from .resume import agree_on_checkpoint, check_loaded, checkpoint_root, host_layout
 from .sharded_optimizer import ShardedOptimizer
+from .storage import describe_storage, find_storage
 from .tokenizer import make_tokenizer
 
 # ---------------------------------------------------------------- memory
@@ -97,8 +98,11 @@ class Trainer:
         kernels.use(cfg.kernels)  # before any step is traced
         self.backend = current_backend(group)
         self.reduce_scatter = False
-        # Every host keeps its own checkpoints (Macs have their own disks): one writer per host.
-        self.layout = host_layout(group)
+        # One checkpoint writer per --out folder: per host (Macs have their own disks),
+        # or one for the hosts that see the same folder (storage.py finds out, with tokens).
+        self.layout = find_storage(group, host_layout(group), Path(cfg.out))
+        if self.rank == 0 and (note := describe_storage(self.layout, Path(cfg.out))):
+            log(note)
         self.micro_batch = split_batch(cfg.global_batch, self.size, cfg.grad_accum)
         self.data_dir = data_dir = Path(cfg.data) if cfg.data else ensure_default_data()
         self.meta = load_meta(data_dir)
@@ -262,7 +266,7 @@ class Trainer:
         optimizer = self.optimizer
         if isinstance(optimizer, ShardedOptimizer):  # whole on every host: gathered by every rank
             optimizer = SimpleNamespace(state=optimizer.gathered_state())
-        if not self.layout.writes:  # every rank holds the same weights: one copy per host
+        if not self.layout.writes:  # every rank holds the same weights: one copy per --out
             return
         state = {"data": self.train_data.position(self.step),
                  "rng_key": np.array(self.key).tolist(), "config": asdict(self.cfg),
@@ -274,7 +278,8 @@ class Trainer:
 
     def export(self) -> None:
         """OUT/model, the trained model as mlx-lm opens it; like checkpoints, one writer
-        per host (every host keeps its own copy), written to a temporary folder and renamed."""
+        per --out folder (every host keeps its own copy, hosts sharing one disk one copy),
+        written to a temporary folder and renamed."""
         if self.layout.writes:
             # From the checkpoint just written: its model.safetensors holds the float32
             # master weights (DESIGN: whatever dtype the step computes in).
