@@ -32,15 +32,37 @@ from __future__ import annotations
 
 import secrets
 from pathlib import Path
-
-import mlx.core as mx
-import numpy as np
+from typing import TYPE_CHECKING
 
 from .errors import DataError
-from .resume import HostLayout, all_gather_bytes
 
+if TYPE_CHECKING:
+    from .resume import HostLayout
+
+# mlx is imported by find_storage alone: mlxcluster's doctor and data sync
+# use the names and the grouping below (the same tokens, over ssh) without it.
 STORAGE_DIR = ".mlxcluster-storage"
 TOKEN_BYTES = 16
+
+
+def linked_groups(sees: list[list[bool]], among: list[int]) -> dict[int, int]:
+    """For each index in `among`, the lowest index it is linked to: i and j are
+    linked when `sees[i][j]` or `sees[j][i]` (one found the other's token; a
+    lookup may miss in one direction, never find what is not there), or
+    through a third (a NAS mounted by all)."""
+    parent = {w: w for w in among}
+
+    def root(w: int) -> int:
+        while parent[w] != w:
+            w = parent[w]
+        return w
+
+    for i in among:
+        for j in among:
+            if i != j and (sees[i][j] or sees[j][i]):
+                a, b = root(i), root(j)
+                parent[max(a, b)] = min(a, b)
+    return {w: root(w) for w in among}
 
 
 def storage_groups(hosts: list[str], sees: list[list[bool]]) -> list[int]:
@@ -48,25 +70,11 @@ def storage_groups(hosts: list[str], sees: list[list[bool]]) -> list[int]:
 
     `hosts[r]` is rank r's host; `sees[i][j]` says rank i found rank j's token
     (only the lowest rank of each host writes and looks: the other rows and
-    columns are ignored). Ranks on one host share its disk; hosts that saw
-    each other's token, in either direction, share one, and so do hosts linked
-    through a third (a NAS mounted by all)."""
-    size = len(hosts)
-    host_writer = [hosts.index(hosts[r]) for r in range(size)]
-    writers = sorted(set(host_writer))
-    parent = {w: w for w in writers}
-
-    def root(w: int) -> int:
-        while parent[w] != w:
-            w = parent[w]
-        return w
-
-    for i in writers:
-        for j in writers:
-            if i != j and (sees[i][j] or sees[j][i]):
-                a, b = root(i), root(j)
-                parent[max(a, b)] = min(a, b)
-    return [root(host_writer[r]) for r in range(size)]
+    columns are ignored). Ranks on one host share its disk; hosts linked by
+    their tokens (`linked_groups`) share one."""
+    host_writer = [hosts.index(h) for h in hosts]
+    group = linked_groups(sees, sorted(set(host_writer)))
+    return [group[w] for w in host_writer]
 
 
 def shared_groups(layout: HostLayout) -> list[list[int]]:
@@ -93,6 +101,11 @@ def describe_storage(layout: HostLayout, out: Path) -> str | None:
 def find_storage(group, layout: HostLayout, out: Path) -> HostLayout:
     """`layout` with `storage` filled in: which ranks see the same `out` (steps
     1-4 above; collective). With one host there is nothing to find out."""
+    import mlx.core as mx
+    import numpy as np
+
+    from .resume import HostLayout, all_gather_bytes
+
     size, rank = group.size(), group.rank()
     host_writers = sorted({layout.hosts.index(h) for h in layout.hosts})
     if size == 1 or len(host_writers) == 1:
