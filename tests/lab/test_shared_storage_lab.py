@@ -20,7 +20,7 @@ import pytest
 
 from tests.lab.jobs import REPO, on_host, training_setup
 from tests.train_support import run_trainer, train_losses
-from tests.waits import SHARED_STORAGE_TRAIN_TIMEOUT_S
+from tests.waits import DOCTOR_BUDGET_S, SHARED_STORAGE_TRAIN_TIMEOUT_S
 
 pytestmark = pytest.mark.lab
 
@@ -71,9 +71,23 @@ def test_three_hosts_checkpoint_every_step_into_one_folder_and_resume(lab3, lab_
         assert "Errno 39" not in text and "Directory not empty" not in text
         return text
 
+    # doctor, asked before the run: the hosts and this machine see one folder there
+    out.mkdir(parents=True)
+    doctor = subprocess.run([sys.executable, "-m", "mlxcluster", "doctor", "-i", str(inventory),
+                             "--shared-path", str(out)], env=env, capture_output=True, text=True,
+                            timeout=DOCTOR_BUDGET_S, cwd=tmp_path)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    assert "[✓] one folder: labhost1, labhost2, labhost3, this machine" in doctor.stdout
+    assert (f"✓ shared storage: labhost1, labhost2, labhost3, this machine see one {out}"
+            in doctor.stdout), doctor.stdout
+    assert list(out.iterdir()) == []  # its tokens gone
+
     said = train("--stop_after", str(STOP))
     assert (f"shared storage: labhost1, labhost2, labhost3 see one --out {out}: checkpoints and "
             "exports written once, by rank 0 on labhost1") in said, said[-4000:]
+    for h in lab3.hosts:  # the data folder here is the hosts' too: not sent, not hashed there
+        assert (f"data: {h.name} sees {lab_data} here, one folder with this machine's (shared "
+                "storage): nothing sent") in said, said[-4000:]
     checkpoints = out / "checkpoints"
     assert (checkpoints / "latest").read_text() == f"step_{STOP:06d}\n"
     assert sorted(p.name for p in checkpoints.glob("step_*")) == [f"step_{STOP - 1:06d}",
@@ -91,6 +105,19 @@ def test_three_hosts_checkpoint_every_step_into_one_folder_and_resume(lab3, lab_
     assert (out / "model" / "model.safetensors").is_file()
     no_leftovers(checkpoints)
     assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []
+
+
+def test_doctor_says_each_host_has_its_own_disk(lab3, tmp_path):
+    inventory, env = training_setup(lab3, tmp_path)
+    doctor = subprocess.run([sys.executable, "-m", "mlxcluster", "doctor", "-i", str(inventory),
+                             "--shared-path", str(lab3.disk)], env=env, capture_output=True,
+                            text=True, timeout=DOCTOR_BUDGET_S, cwd=tmp_path)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    for name in ("labhost1", "labhost2", "labhost3", "this machine"):
+        assert f"[✓] its own folder: {name}" in doctor.stdout, doctor.stdout
+    assert f"✓ no shared storage: each host has its own {lab3.disk}" in doctor.stdout
+    for i in range(3):
+        assert not lab3.host_exists(i, lab3.disk / ".mlxcluster-storage")
 
 
 def launch(lab, tmp_path: Path, args: list[str]) -> subprocess.CompletedProcess:
