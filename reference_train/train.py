@@ -226,7 +226,10 @@ class Trainer:
         it receives it from one that has it; ranks holding different states refuse)."""
         cfg = self.cfg
         root, only = checkpoint_root(cfg.resume, self.out)
-        path, own_notes, notes = agree_on_checkpoint(self.group, self.layout, root, only,
+        # --resume PATH elsewhere than --out: which hosts share that folder is its own question
+        layout = self.layout if root == self.out / "checkpoints" else \
+            find_storage(self.group, host_layout(self.group), root)
+        path, own_notes, notes = agree_on_checkpoint(self.group, layout, root, only,
                                                      cfg.keep_checkpoints, before=cfg.resume_before)
         for note in own_notes:  # about this host's disk: said by the rank that saw it
             print(f"note: {note}", flush=True)
