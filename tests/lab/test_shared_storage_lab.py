@@ -11,6 +11,7 @@ rank crashed at the 5th (`OSError: [Errno 39] Directory not empty`).
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import uuid
@@ -137,7 +138,8 @@ def test_two_hosts_on_one_folder_and_one_on_its_own_disk_each_get_the_checkpoint
         lab3, lab_data, tmp_path, reference):
     """labhost1 and labhost2 see --out as one folder (their --out, on their own
     disks, is a link to the shared one), labhost3 has its own. The shared
-    folder loses its newest checkpoint: labhost3 sends it, written there once."""
+    folder loses its newest checkpoints: labhost3 sends the newest, written
+    there once; then again with that folder as --resume PATH of a new --out."""
     name = f"mixed-{uuid.uuid4().hex[:8]}"
     out = lab3.disk / name  # the path every rank is given
     shared = tmp_path / "nas" / name
@@ -174,6 +176,23 @@ def test_two_hosts_on_one_folder_and_one_on_its_own_disk_each_get_the_checkpoint
             assert (root / "step_000008" / "state.json").is_file()
             assert (root / "latest").read_text() == "step_000008\n"
             no_leftovers(root)
+
+        # --resume PATH outside a new --out (on every host's own disk): which hosts share
+        # PATH is found out for PATH, so the shared folder's lost step 8 is written once there
+        shutil.rmtree(shared / "checkpoints" / "step_000008")
+        again = lab3.disk / f"{name}-again"
+        proc = launch(lab3, tmp_path, [*common(lab_data), "--out", str(again), "--keep_checkpoints",
+                                       "0", "--resume", str(out / "checkpoints"), "--stop_after", "10"])
+        text = proc.stdout + proc.stderr
+        assert proc.returncode == 0, text[-4000:]
+        assert "shared storage:" not in text  # the new --out: each host its own
+        sent = [ln for ln in text.splitlines() if " sent from " in ln]
+        assert len(sent) == 1 and ("labhost1 (rank 0) had step 7: step_000008 sent from labhost3"
+                                   in sent[0]) and "one copy for rank 1 on labhost2" in sent[0], text
+        assert "at step 8" in text
+        assert_matches(train_losses(on_host(lab3, 0, again)), reference, range(9, 11))
+        assert (shared / "checkpoints" / "step_000008" / "state.json").is_file()
+        no_leftovers(shared / "checkpoints")
     finally:
         for link in links:
             link.unlink(missing_ok=True)
