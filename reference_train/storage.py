@@ -98,9 +98,12 @@ def describe_storage(layout: HostLayout, out: Path) -> str | None:
     return "shared storage: " + "; ".join(parts)
 
 
-def find_storage(group, layout: HostLayout, out: Path) -> HostLayout:
+def find_storage(group, layout: HostLayout, out: Path, what: str = "--out",
+                 required: bool = True) -> HostLayout:
     """`layout` with `storage` filled in: which ranks see the same `out` (steps
-    1-4 above; collective). With one host there is nothing to find out."""
+    1-4 above; collective). With one host there is nothing to find out.
+    A host that cannot write its token there is a DataError naming `what`,
+    or, unless `required` (a --resume PATH only read from), its own folder."""
     import mlx.core as mx
     import numpy as np
 
@@ -115,7 +118,7 @@ def find_storage(group, layout: HostLayout, out: Path) -> HostLayout:
     token, failed = bytes(TOKEN_BYTES), None
     if looks:
         try:
-            folder.mkdir(parents=True, exist_ok=True)
+            folder.mkdir(parents=required, exist_ok=True)  # a --resume PATH is not made
             token = secrets.token_bytes(TOKEN_BYTES)
             (folder / token.hex()).touch()
         except OSError as e:  # said after the exchange, so the others are not left waiting
@@ -134,9 +137,9 @@ def find_storage(group, layout: HostLayout, out: Path) -> HostLayout:
             folder.rmdir()
         except OSError:
             pass  # another host's token is still there: that host removes the folder
-    if failed is not None:
-        raise DataError(f"--out {out} cannot be written on {layout.hosts[rank]}: "
+    if failed is not None and required:
+        raise DataError(f"{what} {out} cannot be written on {layout.hosts[rank]}: "
                         f"{failed.strerror or failed}",
-                        "give --out a path every host can write to")
+                        f"give {what} a path every host can write to")
     return HostLayout(layout.hosts, layout.rank,
                       storage_groups(layout.hosts, sees.astype(bool).tolist()))

@@ -228,7 +228,7 @@ class Trainer:
         root, only = checkpoint_root(cfg.resume, self.out)
         # --resume PATH elsewhere than --out: which hosts share that folder is its own question
         layout = self.layout if root == self.out / "checkpoints" else \
-            find_storage(self.group, host_layout(self.group), root)
+            find_storage(self.group, host_layout(self.group), root, "--resume", required=False)
         path, own_notes, notes = agree_on_checkpoint(self.group, layout, root, only,
                                                      cfg.keep_checkpoints, before=cfg.resume_before)
         for note in own_notes:  # about this host's disk: said by the rank that saw it
