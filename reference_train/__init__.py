@@ -28,6 +28,7 @@ Modules, each importing only those listed before it (no circles):
     config.py             TrainConfig and build_config: defaults, configs/*.yaml, --field flags
     checkpoint.py         atomic checkpoints and their hashes
     resume.py             one checkpoint writer per host; the ranks agree on what to resume from
+    storage.py            which hosts see the same --out (a token each): one writer for them
     export.py             `python -m reference_train.export`: a checkpoint as an mlx-lm folder
     launch_env.py         what the launcher asked for: world size, backend, sum_scatter
     sharded_optimizer.py  --shard_optimizer: each rank's share of the AdamW state

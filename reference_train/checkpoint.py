@@ -15,9 +15,10 @@ The directory is written under a temporary name and renamed when complete, and
 the previous checkpoint or the new one, never a half-written one.
 
 Every host keeps its own copy (Macs have their own disks): one rank per host
-writes (train.py), and the `hashes` let a resume tell a whole copy from a
-damaged one and the hosts agree on what they loaded (resume.py). Checkpoints
-written before the hashes (format 1) are hashed when read.
+writes (train.py), one for all the hosts that share a disk (storage.py), and
+the `hashes` let a resume tell a whole copy from a damaged one and the hosts
+agree on what they loaded (resume.py). Checkpoints written before the hashes
+(format 1) are hashed when read.
 
 A LoRA run (`--fine_tune lora`, lora.py) trains its adapters alone: its
 model.safetensors holds those ("layers.1.attention.wq.lora_a", ...), not the
@@ -28,6 +29,7 @@ AdamW state; state.json's config says which (fine_tune).
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -72,18 +74,54 @@ CHECKPOINT_FILES = (*ARRAY_FILES, "state.json")
 
 
 def install_checkpoint(root: Path, tmp: Path, step: int, keep: int) -> Path:
-    """Rename the complete directory `tmp` to checkpoint `step`, point `latest` at it, prune."""
+    """Rename the complete directory `tmp` to checkpoint `step`, point `latest` at it, prune.
+
+    A whole checkpoint of the same step holding the same arrays already there
+    is kept and `tmp` discarded: two writers of one --out (hosts sharing a
+    disk that did not find out, storage.py) each rename the same state into
+    place, and the second rename used to fail with "Directory not empty".
+    Another one there (an older run's, or a damaged copy) is replaced."""
     final = root / checkpoint_name(step)
     try:
-        if final.exists():  # re-running over an old (or damaged) checkpoint of the same step
-            shutil.rmtree(final)
-        os.rename(tmp, final)
+        for _ in range(INSTALL_TRIES):
+            if same_checkpoint(final, tmp):
+                shutil.rmtree(tmp, ignore_errors=True)
+                break
+            if final.exists():  # re-running over an old (or damaged) checkpoint of the same step
+                aside = root / f".{final.name}.old.{os.getpid()}.{os.urandom(4).hex()}"
+                try:
+                    os.rename(final, aside)
+                except FileNotFoundError:  # another writer moved it aside first
+                    pass
+                else:
+                    shutil.rmtree(aside, ignore_errors=True)
+            try:
+                os.rename(tmp, final)
+                break
+            except OSError as e:  # another writer's copy arrived in between
+                if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+        else:
+            raise OSError(errno.EEXIST, f"{final} kept changing while {tmp} was renamed into "
+                                        f"place ({INSTALL_TRIES} tries)")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     write_atomic(root / "latest", final.name + "\n")
     prune_checkpoints(root, keep)
     return final
+
+
+INSTALL_TRIES = 5  # renames tried while other writers put their own copies in place
+
+
+def same_checkpoint(final: Path, tmp: Path) -> bool:
+    """Whether `final` is a whole checkpoint holding what `tmp` holds."""
+    try:
+        return (final / "state.json").is_file() and checkpoint_problem(final) is None \
+            and content_hash(final) == content_hash(tmp)
+    except (OSError, ValueError, KeyError):  # removed or replaced while read
+        return False
 
 
 def checkpoint_steps(root: Path) -> list[int]:

@@ -1,18 +1,22 @@
 """Where each host's ranks write checkpoints, and how all ranks agree before resuming.
 
 Macs have their own disks, so every host keeps its own copy of each
-checkpoint (one writer per host: the lowest rank among those on it). A resume
-then has to make sure every rank starts from the same state:
+checkpoint (one writer per host: the lowest rank among those on it; hosts
+that see the same --out, found out by storage.py, keep one copy, written by
+the lowest rank among them). A resume then has to make sure every rank
+starts from the same state:
 
 1. each rank names the newest whole checkpoint on its own disk (its step and
    a hash of its arrays; a copy whose files do not match the hashes in its
    state.json is damaged and passed over) and the ranks exchange these;
 2. the newest step anyone holds wins; if its holders hold different contents,
    nobody trains: a ResumeError names every host, its step and its hash;
-3. a host lacking that checkpoint receives it over the job's own group from
+3. a host lacking that checkpoint (the hosts sharing an --out hold the same
+   copy, so lack it together) receives it over the job's own group from
    the lowest holder (an all_sum in which only the holder sends non-zero
    bytes, so it works on ring and MPI, under mlxcluster or a plain
-   `mlx.launch` / `mpirun`), verifies it against its hashes and writes it;
+   `mlx.launch` / `mpirun`), verifies it against its hashes and writes it,
+   once per --out;
 4. after loading, the ranks exchange (step, hash of what they loaded) once
    more and refuse to train unless all agree.
 
@@ -56,15 +60,32 @@ class ResumeError(DataError):
 
 @dataclass
 class HostLayout:
-    """Which host every rank runs on, and whether this rank writes for its host."""
+    """Which host every rank runs on, which ranks see the same --out, and
+    whether this rank writes for them.
+
+    `storage[r]` is the writer of rank r's --out: the lowest rank among those
+    that see the same folder (storage.py finds out, with tokens). None until
+    then: each host its own disk, as on Macs, so the lowest rank of each host.
+    """
 
     hosts: list[str]
     rank: int
+    storage: list[int] | None = None
+
+    def writer(self, rank: int) -> int:
+        """The rank that writes rank `rank`'s checkpoints and exports."""
+        if self.storage is not None:
+            return self.storage[rank]
+        return self.hosts.index(self.hosts[rank])
 
     @property
     def writes(self) -> bool:
-        """The lowest rank of each host writes that host's files."""
-        return self.hosts.index(self.hosts[self.rank]) == self.rank
+        """The lowest rank of those sharing this rank's --out writes for all of them."""
+        return self.writer(self.rank) == self.rank
+
+    def sharing(self, rank: int) -> list[int]:
+        """The ranks that see rank `rank`'s --out (itself included)."""
+        return [r for r in range(len(self.hosts)) if self.writer(r) == self.writer(rank)]
 
     def name(self, rank: int) -> str:
         return f"rank {rank} on {self.hosts[rank]}"
@@ -149,7 +170,9 @@ def agree_on_checkpoint(group, layout: HostLayout, root: Path, only: int | None,
     notes about this rank's own disk (damaged copies passed over) and notes
     every rank holds alike (what was sent where)."""
     mine, _ = newest_whole(root, only, before)
-    own = [f"{layout.hosts[layout.rank]} (rank {layout.rank}): {n}" for n in mine.notes]
+    # Said by the writer alone: the ranks sharing its --out saw the same copies.
+    own = [f"{layout.hosts[layout.rank]} (rank {layout.rank}): {n}"
+           for n in mine.notes] if layout.writes else []
     notes: list[str] = []
     every = exchange(mine, group)
     step = max(h.step for h in every)
@@ -172,16 +195,24 @@ def agree_on_checkpoint(group, layout: HostLayout, root: Path, only: int | None,
                                keep=keep)
         took = time.perf_counter() - t0
         for r in lacking:
+            if layout.writer(r) != r:  # written once for the ranks sharing its --out
+                continue
             had = f"step {every[r].step}" if every[r].step >= 0 else "no checkpoint"
+            others = [q for q in layout.sharing(r)
+                      if layout.hosts[q] != layout.hosts[r]]
+            also = (f" (one copy for {', '.join(layout.name(q) for q in others)}, which share "
+                    "its --out)") if others else ""
             notes.append(f"{layout.hosts[r]} (rank {r}) had {had}: {checkpoint_name(step)} sent "
-                         f"from {layout.hosts[source]} ({sent / 2**20:.1f} MiB in {took:.1f} s)")
+                         f"from {layout.hosts[source]} ({sent / 2**20:.1f} MiB in {took:.1f} s)"
+                         + also)
     return root / checkpoint_name(step), own, notes
 
 
 def send_checkpoint(group, layout: HostLayout, root: Path, step: int, source: int,
                     receive: bool, keep: int) -> int:
     """Broadcast checkpoint `step` from rank `source` to every rank (collective);
-    the writer of each receiving host verifies and installs it. Returns bytes sent."""
+    the writer of each receiving --out (one per host, or one for the hosts
+    sharing a disk) verifies and installs it. Returns bytes sent."""
     is_source = layout.rank == source
     path = root / checkpoint_name(step)
     tmp = None

@@ -75,6 +75,7 @@ from .prepare import ensure_default_data
 from .resume import agree_on_checkpoint, check_loaded, checkpoint_root, host_layout
 from .sharded_optimizer import ShardedOptimizer
 from .stopping import STOPPED_EXIT, Stopped, StopRequest, never_block_output
+from .storage import describe_storage, find_storage
 from .tokenizer import make_tokenizer
 
 # ---------------------------------------------------------------- memory
@@ -99,8 +100,11 @@ class Trainer:
         kernels.use(cfg.kernels)  # before any step is traced
         self.backend = current_backend(group)
         self.reduce_scatter = False
-        # Every host keeps its own checkpoints (Macs have their own disks): one writer per host.
-        self.layout = host_layout(group)
+        # One checkpoint writer per --out folder: per host (Macs have their own disks),
+        # or one for the hosts that see the same folder (storage.py finds out, with tokens).
+        self.layout = find_storage(group, host_layout(group), Path(cfg.out))
+        if self.rank == 0 and (note := describe_storage(self.layout, Path(cfg.out))):
+            log(note)
         self.micro_batch = split_batch(cfg.global_batch, self.size, cfg.grad_accum)
         self.data_dir = data_dir = Path(cfg.data) if cfg.data else ensure_default_data()
         self.meta = load_meta(data_dir)
@@ -226,7 +230,10 @@ class Trainer:
         it receives it from one that has it; ranks holding different states refuse)."""
         cfg = self.cfg
         root, only = checkpoint_root(cfg.resume, self.out)
-        path, own_notes, notes = agree_on_checkpoint(self.group, self.layout, root, only,
+        # --resume PATH elsewhere than --out: which hosts share that folder is its own question
+        layout = self.layout if root == self.out / "checkpoints" else \
+            find_storage(self.group, host_layout(self.group), root, "--resume", required=False)
+        path, own_notes, notes = agree_on_checkpoint(self.group, layout, root, only,
                                                      cfg.keep_checkpoints, before=cfg.resume_before)
         for note in own_notes:  # about this host's disk: said by the rank that saw it
             print(f"note: {note}", flush=True)
@@ -267,7 +274,7 @@ class Trainer:
         optimizer = self.optimizer
         if isinstance(optimizer, ShardedOptimizer):  # whole on every host: gathered by every rank
             optimizer = SimpleNamespace(state=optimizer.gathered_state())
-        if not self.layout.writes:  # every rank holds the same weights: one copy per host
+        if not self.layout.writes:  # every rank holds the same weights: one copy per --out
             return
         root, name = self.out / "checkpoints", f"checkpoint {checkpoint_name(self.step)}"
         if warning := self.room.before(root, name):  # a DataError when it cannot fit (disk_room.py)
@@ -287,7 +294,8 @@ class Trainer:
 
     def export(self) -> None:
         """OUT/model, the trained model as mlx-lm opens it; like checkpoints, one writer
-        per host (every host keeps its own copy), written to a temporary folder and renamed."""
+        per --out folder (every host keeps its own copy, hosts sharing one disk one copy),
+        written to a temporary folder and renamed."""
         if self.layout.writes:
             # From the checkpoint just written: its model.safetensors holds the float32
             # master weights (DESIGN: whatever dtype the step computes in).

@@ -92,6 +92,12 @@ DOCTOR_BUDGET_S = 20.0
 # (3 runs each, alternating, load average 47; bench/doctor_hops_cost.py).
 TWELVE_MPI_BUDGET_S = 45.0
 
+# ---- shared storage -------------------------------------------------------------------
+# One launch of tests/lab/test_shared_storage_lab.py: 150 steps of the tiny
+# config on 3 lab hosts with a checkpoint every step (or the one-process
+# reference's 300). Measured: see docs/testing.md's table; this bounds a hang.
+SHARED_STORAGE_TRAIN_TIMEOUT_S = 300
+
 # ---- the shared labs ------------------------------------------------------------------
 # How long a shared lab may take to settle after a test (an ssh session
 # closing, a rank's process reaped) before what is left counts as left.

@@ -12,6 +12,7 @@
     mlxcluster doctor -i cluster.yaml --fix --html fixed.html  # and a page of what it fixed
     mlxcluster doctor -i cluster.yaml --imports mlx_lm  # also what a run -m mlx_lm job needs (--fix installs it)
     mlxcluster doctor --undo ~/.config/mlxcluster/fixes/TIME.json
+    mlxcluster doctor -i cluster.yaml --shared-path /Volumes/nas/runs  # which hosts see one folder there
 
 Exit codes: 0 nothing failed, 1 a check failed (or warned, with --strict, or
 the --collect folder could not be written), 2 usage, inventory, hostfile or
@@ -21,7 +22,7 @@ fails after; 1 otherwise (also a --dry-run or a "no" with a plan that is not
 empty); 2 a bad flag combination, --fix with no terminal to ask on and no
 --yes, or an inventory or journal folder that cannot be written (before any
 host is changed). --undo: 0 every recorded change undone, 1 one was not, 2
-not a journal.
+not a journal. --shared-path: 0 every host answered, 1 one could not be asked.
 """
 
 from __future__ import annotations
@@ -45,12 +46,14 @@ from mlxcluster.doctor.doctor import (
     run_local_doctor,
 )
 from mlxcluster.doctor.fixes import mlx_version as mlx_version_fix
+from mlxcluster.doctor.shared_path import HERE, SharedPathReport, find_shared_path
 from mlxcluster.errors import EXIT_FAILED, EXIT_OK, InputError
 from mlxcluster.facts.capture import prepare_capture_dir, read_capture_dir, save_capture_dir
 from mlxcluster.facts.facts import HostFacts
 from mlxcluster.hostfile.hostfile import load_hostfile
 from mlxcluster.inventory.inventory import load_inventory
 from mlxcluster.report import Report
+from mlxcluster.ssh.remote import ParamikoRunner
 from mlxcluster.topology.topology import build_topology
 
 MARKS = {
@@ -60,6 +63,50 @@ MARKS = {
     Status.CRASH: ("[✗]", "red"),
     Status.SKIP: ("[-]", None),
 }
+
+
+def run_shared_path(inventory, path: str, as_json: bool, connect_timeout: float,
+                    accept_new_host_keys: bool) -> int:
+    """``--shared-path DIR``: the look (mlxcluster/doctor/shared_path.py), rendered; the exit code."""
+    with ParamikoRunner(inventory.ssh_config, connect_timeout=connect_timeout,
+                        accept_new_host_keys=accept_new_host_keys) as runner:
+        report = find_shared_path(inventory, path, runner)
+    hosts_failed = [h for h in report.failed if h != HERE]
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        for line, colour in render_shared_path(report, len(inventory.hosts)):
+            click.secho(line, fg=colour, bold=colour is not None and line[:1] in "✓!✗")
+    return EXIT_FAILED if hosts_failed else EXIT_OK
+
+
+def render_shared_path(report: SharedPathReport, n_hosts: int) -> list[tuple[str, str | None]]:
+    """Lines (text, colour): one per folder, one per host not asked, the verdict."""
+    lines: list[tuple[str, str | None]] = [
+        (f"mlxcluster doctor: which hosts see the same {report.path} ({n_hosts} hosts"
+         f"{' and ' + HERE if any(HERE in f for f in report.folders) else ''}, a token each, "
+         f"{report.seconds:.1f} s)", None), ("", None)]
+    for names in report.folders:
+        if len(names) > 1:
+            lines.append((f"[✓] one folder: {', '.join(names)}", "green"))
+            lines.append(("    shared storage: train's --out there is written once, by the lowest "
+                          "rank among them; --data and --init_from there are not sent to them", None))
+        else:
+            lines.append((f"[✓] its own folder: {names[0]}", "green"))
+    for name, why in report.failed.items():
+        mark, colour = ("[!]", "yellow") if name == HERE else ("[✗]", "red")
+        lines.append((f"{mark} {name}: not asked: {why}", colour))
+    lines.append(("", None))
+    shared = report.shared()
+    if shared:
+        verdict = "; ".join(f"{', '.join(f)} see one {report.path}" for f in shared)
+        lines.append((f"✓ shared storage: {verdict}", "green"))
+    else:
+        lines.append((f"✓ no shared storage: each host has its own {report.path}", "green"))
+    if any(h != HERE for h in report.failed):
+        lines[-1] = (f"✗ {len([h for h in report.failed if h != HERE])} host(s) could not be asked; "
+                     + lines[-1][0][2:], "red")
+    return lines
 
 
 def exit_code(report: DoctorReport, strict: bool) -> int:
@@ -181,11 +228,25 @@ def render(report: DoctorReport, verbose: bool) -> None:
                    "mlx-lm is installed, one version everywhere; --fix installs it.")
 @click.option("--undo", "undo_path", type=click.Path(dir_okay=False),
               help="Undo what a --fix run changed (its journal, ~/.config/mlxcluster/fixes/TIME.json).")
+@click.option("--shared-path", "shared_path", metavar="DIR",
+              help="Only say which hosts (and this machine) see the same DIR, e.g. a NAS where "
+                   "train's --out goes: a token written by each, looked for by the others.")
 @html_option("the report")
 def command(inventory_path, as_json, strict, collect_dir, from_dir, local, accept_new_host_keys, backend,
             connect_timeout, no_data_path, hostfile, verbose, fix, dry_run, yes, fix_timeout, mlx_version,
-            train_data, imports, undo_path, html_path):
+            train_data, imports, undo_path, shared_path, html_path):
     """Check every host of the cluster and say how to fix what is wrong."""
+    if shared_path is not None:
+        others = {"--fix": fix, "--undo": bool(undo_path), "--from": bool(from_dir), "--local": local,
+                  "--collect": bool(collect_dir), "--html": bool(html_path),
+                  "--train-data": bool(train_data), "--imports": bool(imports)}
+        given = [flag for flag, on in others.items() if on]
+        if given:
+            raise InputError(f"--shared-path asks the hosts one question; it excludes {', '.join(given)}",
+                             "run doctor without --shared-path for the other checks")
+        inventory = load_chosen_inventory(inventory_path)
+        click.get_current_context().exit(run_shared_path(inventory, shared_path, as_json, connect_timeout,
+                                                         accept_new_host_keys))
     check_fix_flags(fix=fix, dry_run=dry_run, yes=yes, undo=undo_path, mlx_version=mlx_version,
                     others={"--json": as_json, "--collect": bool(collect_dir), "--from": bool(from_dir),
                             "--local": local, **({"--train-data": bool(train_data), "--imports": bool(imports)} if undo_path else {}),

@@ -14,6 +14,11 @@ verifies every file's sha256 before renaming it into place
 This machine's copy is the source. Its files are hashed here first: a
 damaged source is refused, not spread.
 
+Storage several of them see (a NAS, a network home) is found by a token
+each in the folder (``mark_here``, ``mark_host``, the check looking for the
+others'): a host that sees this machine's folder, or the folder of a host
+before it, is sent nothing (docs/training.md, "Shared storage").
+
 ``sync_data``, ``sync_model`` and ``sync_script`` (and launch/code.py's
 ``sync_code``, for what ranks import of this project) do all of it for a job's
 remote hosts (check every copy, check the room, send each host what it
@@ -25,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shlex
 import shutil
 import subprocess
@@ -50,8 +56,10 @@ from mlxcluster.jobs.job import Job
 from reference_train.data import load_meta
 from reference_train.errors import DataError
 from reference_train.files import file_sha256
+from reference_train.storage import STORAGE_DIR, TOKEN_BYTES, linked_groups
 
 CHECK_TIMEOUT_S = 600.0  # hashing a host's copy reads all of it (a few GB: tens of seconds)
+MARK_TIMEOUT_S = 60.0  # a token written or removed: a mkdir and a file, over ssh
 STALL_S = 60.0  # a transfer that moves no byte for this long is given up
 HEADROOM = 1.05  # a host must have room for what it lacks plus 5%
 INCOMING_RSYNC = ".incoming.rsync"
@@ -112,6 +120,8 @@ class HostCopy:
     free: int
     rsync: bool
     folder: str = ""  # the folder as the host resolved it (~ expanded there)
+    sees: tuple[str, ...] = ()  # the other hosts' tokens found in it (one folder with theirs)
+    same_as_here: bool = False  # this machine's token found in it: the folder here
 
     def lacking(self, manifest: Manifest) -> tuple[DataFile, ...]:
         return tuple(f for f in manifest.files if self.status.get(f.name) != "ok")
@@ -174,14 +184,16 @@ def read_manifest(folder: str | Path) -> Manifest:
 
 
 def folder_manifest(folder: str | Path) -> Manifest:
-    """Every file under ``folder`` (a model folder for --init_from), hashed here."""
+    """Every file under ``folder`` (a model folder for --init_from), hashed here
+    (but dot files and folders: the storage tokens of a run beside it, caches)."""
     path = Path(folder).resolve()
     if not path.is_dir():
         raise InputError(f"no such folder here: {folder}",
                          "give the path of the folder on this machine (it is sent to every host)")
     return Manifest(str(path), tuple(
         DataFile(f.relative_to(path).as_posix(), f.stat().st_size, file_sha256(f))
-        for f in sorted(path.rglob("*")) if f.is_file() and not f.name.startswith(".")))
+        for f in sorted(path.rglob("*"))
+        if f.is_file() and not any(part.startswith(".") for part in f.relative_to(path).parts)))
 
 
 def file_manifest(path: str | Path) -> Manifest:
@@ -200,10 +212,13 @@ def remote_command(python: str, what: str, spec: str) -> str:
 
 
 def check_copy(manifest: Manifest, host: RankHost, env: dict[str, str] | None = None,
-               timeout: float = CHECK_TIMEOUT_S, what: str = "--data") -> HostCopy:
-    """Ask ``host`` what its copy holds (DataSyncError when it cannot answer;
-    HostUnreachable, exit 255 as ssh's, when ssh cannot reach it)."""
-    command = remote_command(host.python, "check", manifest.spec())
+               timeout: float = CHECK_TIMEOUT_S, what: str = "--data",
+               tokens: Sequence[str] = (), here: str | None = None) -> HostCopy:
+    """Ask ``host`` what its copy holds, and which of ``tokens`` (the other
+    hosts') and ``here`` (this machine's) it sees there (DataSyncError when it
+    cannot answer; HostUnreachable, exit 255 as ssh's, when ssh cannot reach it)."""
+    command = remote_command(host.python, "check",
+                             manifest.spec(tokens=list(tokens), **({"here": here} if here else {})))
     try:
         proc = subprocess.run(host_argv(host, command), capture_output=True, text=True,
                               timeout=timeout, env=env, stdin=subprocess.DEVNULL)
@@ -221,7 +236,63 @@ def check_copy(manifest: Manifest, host: RankHost, env: dict[str, str] | None = 
                             "the host must run the job's python" + opt_out(what))
     answer = json.loads(proc.stdout.strip().splitlines()[-1])
     return HostCopy(host, answer["files"], int(answer["free"]), bool(answer["rsync"]),
-                    answer.get("dir") or manifest.folder)
+                    answer.get("dir") or manifest.folder, tuple(answer.get("sees", ())),
+                    bool(answer.get("same_as_here")))
+
+
+# ---------------------------------------------------------------- one folder for several
+
+# A host that sees this machine's folder (a NAS mounted here and there), or the
+# folder of a host already sent to, is sent nothing: a token each, as the
+# trainer finds which hosts share --out (reference_train/storage.py).
+
+
+def mark_here(manifest: Manifest) -> str | None:
+    """This machine's token in the folder the files are read from, when the hosts
+    are asked for that same path (not the code's cache); None when it cannot be
+    written (a read-only folder: the hosts are then compared by their hashes)."""
+    if manifest.source:
+        return None
+    token = secrets.token_hex(TOKEN_BYTES)
+    try:
+        (Path(manifest.folder) / STORAGE_DIR).mkdir(exist_ok=True)
+        (Path(manifest.folder) / STORAGE_DIR / token).touch()
+    except OSError:
+        return None
+    return token
+
+
+def unmark_here(manifest: Manifest, token: str | None) -> None:
+    if token:
+        (Path(manifest.folder) / STORAGE_DIR / token).unlink(missing_ok=True)
+        try:
+            (Path(manifest.folder) / STORAGE_DIR).rmdir()
+        except OSError:
+            pass  # a host's token is still there, or another run's
+
+
+def mark_host(manifest: Manifest, host: RankHost, what: str, token: str,
+              env: dict[str, str] | None = None) -> bool:
+    """``token`` written in the host's folder (``what``: mark or unmark); False
+    when that failed (the host is then sent to as one on its own: the check
+    and the send say what is wrong there)."""
+    spec = json.dumps({"dir": manifest.folder, "token": token})
+    try:
+        proc = subprocess.run(host_argv(host, remote_command(host.python, what, spec)),
+                              capture_output=True, text=True, timeout=MARK_TIMEOUT_S, env=env,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return False
+    return proc.returncode == 0
+
+
+def shared_with(copies: Sequence[HostCopy], tokens: dict[str, str]) -> dict[str, str]:
+    """Host name -> the first host (in order) that sees its folder, for every
+    host whose folder an earlier one sees (found by either side's token)."""
+    names = [c.host.name for c in copies]
+    sees = [[tokens.get(other, "") in c.sees for other in names] for c in copies]
+    group = linked_groups(sees, list(range(len(copies))))
+    return {names[i]: names[g] for i, g in group.items() if g != i}
 
 
 def check_space(manifest: Manifest, copies: Sequence[HostCopy], what: str = "data") -> None:
@@ -266,19 +337,46 @@ def sync_script(job: Job, script: str, env: dict[str, str], on_event: OnEvent) -
 def send_where_needed(job: Job, manifest: Manifest, what: str, env: dict[str, str],
                       on_event: OnEvent) -> list[HostCopy]:
     """Every remote host's copy checked (in parallel), the room checked on
-    all of them, then each host sent what it lacks, in turn. Returns the
+    all of them, then each host sent what it lacks, in turn. A host that
+    sees this machine's folder, or the same folder as a host before it (a
+    token each: ``mark_here``, ``mark_host``), is sent nothing. Returns the
     copies as checked (each with its folder as its host resolved it)."""
     flag = {"data": "--data", "model": "--init_from"}.get(what, "the " + what)
-    copies = for_each_host(remote_hosts(job.hosts),
-                           lambda h: check_copy(manifest, h, env, what=flag))
-    check_space(manifest, copies, what)
+    hosts = remote_hosts(job.hosts)
+    here = mark_here(manifest)
+    tokens = {h.name: secrets.token_hex(TOKEN_BYTES) for h in hosts} if len(hosts) > 1 else {}
+    try:
+        if tokens:
+            marked = for_each_host(hosts, lambda h: mark_host(manifest, h, "mark", tokens[h.name], env))
+            tokens = {h.name: t for h, t, ok in zip(hosts, tokens.values(), marked, strict=True) if ok}
+        copies = for_each_host(hosts, lambda h: check_copy(
+            manifest, h, env, what=flag, here=here,
+            tokens=[t for name, t in tokens.items() if name != h.name]))
+    finally:
+        for_each_host([h for h in hosts if h.name in tokens],
+                      lambda h: mark_host(manifest, h, "unmark", tokens[h.name], env))
+        unmark_here(manifest, here)
+    same = shared_with(copies, tokens)
+    check_space(manifest, [c for c in copies if c.host.name not in same], what)
     size = human_bytes(manifest.total_bytes)
     shown = manifest.folder if len(manifest.files) > 1 else \
         f"{manifest.folder}/{manifest.files[0].name}"
+    done: dict[str, str] = {}  # host -> what became of its folder: whole there, or sent
     for copy in copies:
+        name = copy.host.name
+        if copy.same_as_here:
+            on_event(Note(f"{what}: {name} sees {shown} here, one folder with this machine's "
+                          "(shared storage): nothing sent"))
+            continue
+        if name in same:
+            on_event(Note(f"{what}: {name} sees the same {shown} as {same[name]}, one folder "
+                          f"(shared storage): {done.get(same[name], 'checked there')}, nothing "
+                          "sent again"))
+            continue
         state = copy.summary(manifest)
         if state == "whole":
             on_event(Note(f"{what}: {copy.host.name} has {shown} ({size}, sha256 checked)"))
+            done[name] = "whole there"
             continue
         lacking = copy.lacking(manifest)
         need = sum(f.bytes for f in lacking)
@@ -292,6 +390,7 @@ def send_where_needed(job: Job, manifest: Manifest, what: str, env: dict[str, st
             on_event(SendEnded(name))
         on_event(Note(f"{what}: {name}: sent {human_bytes(sent.bytes)} in {sent.seconds:.1f} s "
                       f"({human_bytes(sent.rate)}/s) by {sent.via}, sha256 verified there"))
+        done[name] = "sent there"
     return copies
 
 

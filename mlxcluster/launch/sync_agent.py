@@ -2,10 +2,15 @@
 stdlib-only script, sent as ``python -c`` with one JSON argument, so that it
 needs nothing on the host but the job's python.
 
-    check   {"dir": D, "files": [{"name", "bytes", "sha256"}, ...]}
+    mark    {"dir": D, "token": T}  -> {}  (D made if missing; an empty file D/.mlxcluster-storage/T)
+    check   {"dir": D, "files": [{"name", "bytes", "sha256"}, ...],
+             "tokens": [T, ...], "here": T0 (optional)}
             -> {"files": {name: "ok" | "missing" | "size" | "different"},
                 "free": bytes free where D is (or would be made), "rsync": bool,
-                "dir": D as this host names it}
+                "dir": D as this host names it,
+                "sees": [the tokens found in D/.mlxcluster-storage], "same_as_here": bool}
+               (D holding this machine's token T0 is this machine's folder: not hashed again)
+    unmark  {"dir": D, "token": T}  -> {}  (the token removed, and its folder when empty)
     receive {"dir": D, "files": [...]}, the files' bytes one after another on stdin
             -> {"installed": [names]}  (each verified, then renamed into D)
     install {"dir": D, "files": [...], "from": D/.incoming.rsync}
@@ -53,10 +58,36 @@ def existing_parent(path):
     return path
 
 
+STORAGE_DIR = ".mlxcluster-storage"  # as reference_train/storage.py names it
+
+
+def token_path(spec, token):
+    return os.path.join(spec["dir"], STORAGE_DIR, token)
+
+
 def check(spec):
-    return {"files": {f["name"]: status_of(spec["dir"], f) for f in spec["files"]},
+    here = spec.get("here")
+    same = bool(here) and os.path.exists(token_path(spec, here))
+    return {"files": {f["name"]: "ok" if same else status_of(spec["dir"], f) for f in spec["files"]},
             "free": shutil.disk_usage(existing_parent(spec["dir"])).free,
-            "rsync": shutil.which("rsync") is not None, "dir": spec["dir"]}
+            "rsync": shutil.which("rsync") is not None, "dir": spec["dir"],
+            "sees": [t for t in spec.get("tokens", ()) if os.path.exists(token_path(spec, t))],
+            "same_as_here": same}
+
+
+def mark(spec):
+    os.makedirs(os.path.join(spec["dir"], STORAGE_DIR), exist_ok=True)
+    open(token_path(spec, spec["token"]), "w").close()
+    return {}
+
+
+def unmark(spec):
+    try:
+        os.remove(token_path(spec, spec["token"]))
+        os.rmdir(os.path.join(spec["dir"], STORAGE_DIR))
+    except OSError:
+        pass  # another host's token still there: that host removes the folder
+    return {}
 
 
 def install(spec, incoming, digests=None):
@@ -104,6 +135,8 @@ def main(argv):
     try:
         if what == "check":
             answer = check(spec)
+        elif what in ("mark", "unmark"):
+            answer = (mark if what == "mark" else unmark)(spec)
         elif what == "receive":
             answer = receive(spec)
         else:
