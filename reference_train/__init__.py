@@ -27,11 +27,14 @@ Modules, each importing only those listed before it (no circles):
                           OUT/adapters in mlx-lm's format
     config.py             TrainConfig and build_config: defaults, configs/*.yaml, --field flags
     checkpoint.py         atomic checkpoints and their hashes
-    resume.py             one checkpoint writer per host; the ranks agree on what to resume from
-    storage.py            which hosts see the same --out (a token each): one writer for them
+    storage.py            which hosts see the same --out (a token each): one writer for them (no mlx)
+    resume.py             one checkpoint writer per host; the ranks agree on what to resume from;
+                          find_storage, the collective that finds who shares --out
     export.py             `python -m reference_train.export`: a checkpoint as an mlx-lm folder
     launch_env.py         what the launcher asked for: world size, backend, sum_scatter
     sharded_optimizer.py  --shard_optimizer: each rank's share of the AdamW state
     mfu.py                FLOPs per token and the peak they are measured against
+    stopping.py           SIGUSR2: every rank checkpoints at one logged step and stops (the
+                          lease of mlxcluster's controller ran out, or `mlxcluster stop`)
     train.py              the Trainer and main: `python -m reference_train.train`
 """

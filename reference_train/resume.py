@@ -27,6 +27,7 @@ same order. Nothing prints; the trainer logs the notes returned.
 from __future__ import annotations
 
 import json
+import secrets
 import shutil
 import socket
 import tempfile
@@ -49,6 +50,7 @@ from .checkpoint import (
 from .disk_room import said_when_full
 from .errors import DataError
 from .files import file_sha256
+from .storage import STORAGE_DIR, TOKEN_BYTES, storage_groups
 
 NAME_BYTES = 64  # a hostname, padded, as exchanged between ranks
 CHUNK_BYTES = 64 << 20  # bytes per all_sum when sending a checkpoint file
@@ -275,3 +277,45 @@ def check_loaded(group, layout: HostLayout, step: int, digest: str) -> None:
                         for r, h in enumerate(every))
             + ". Nothing was trained; resume from a checkpoint every host has "
               "(--resume PATH)")
+
+
+def find_storage(group, layout: HostLayout, out: Path, what: str = "--out",
+                 required: bool = True) -> HostLayout:
+    """`layout` with `storage` filled in: which ranks see the same `out` (steps
+    1-4 above; collective). With one host there is nothing to find out.
+    A host that cannot write its token there is a DataError naming `what`,
+    or, unless `required` (a --resume PATH only read from), its own folder."""
+    size, rank = group.size(), group.rank()
+    host_writers = sorted({layout.hosts.index(h) for h in layout.hosts})
+    if size == 1 or len(host_writers) == 1:
+        return HostLayout(layout.hosts, layout.rank, [0] * size)
+    looks = layout.hosts.index(layout.hosts[rank]) == rank
+    folder = Path(out) / STORAGE_DIR
+    token, failed = bytes(TOKEN_BYTES), None
+    if looks:
+        try:
+            folder.mkdir(parents=required, exist_ok=True)  # a --resume PATH is not made
+            token = secrets.token_bytes(TOKEN_BYTES)
+            (folder / token.hex()).touch()
+        except OSError as e:  # said after the exchange, so the others are not left waiting
+            failed, token = e, bytes(TOKEN_BYTES)
+    tokens = np.array(all_gather_bytes(token, group)).reshape(size, TOKEN_BYTES)
+    row = np.zeros(size, dtype=np.uint8)
+    if looks and failed is None:
+        for r in host_writers:
+            theirs = bytes(tokens[r])
+            if r != rank and any(theirs) and (folder / theirs.hex()).exists():
+                row[r] = 1
+    sees = np.array(mx.distributed.all_gather(mx.array(row), group=group)).reshape(size, size)
+    if looks and failed is None:
+        (folder / token.hex()).unlink(missing_ok=True)
+        try:
+            folder.rmdir()
+        except OSError:
+            pass  # another host's token is still there: that host removes the folder
+    if failed is not None and required:
+        raise DataError(f"{what} {out} cannot be written on {layout.hosts[rank]}: "
+                        f"{failed.strerror or failed}",
+                        f"give {what} a path every host can write to")
+    return HostLayout(layout.hosts, layout.rank,
+                      storage_groups(layout.hosts, sees.astype(bool).tolist()))

@@ -8,7 +8,7 @@ same place and one of them crashed (`OSError: [Errno 39] Directory not empty:
 The path alone cannot tell (the same path is one folder on a NAS and one per
 Mac on their own disks), so before the first write the hosts find out, with
 a token written by one and looked for by the others (a collective: every rank
-calls `find_storage` in the same order):
+calls resume.find_storage in the same order):
 
 1. the writer of each host (its lowest rank) creates --out and a file of
    its own random name in it:
@@ -30,17 +30,12 @@ pruning, OUT/model, OUT/adapters (HostLayout.writer).
 
 from __future__ import annotations
 
-import secrets
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from .errors import DataError
-
-if TYPE_CHECKING:
-    from .resume import HostLayout
-
-# mlx is imported by find_storage alone: mlxcluster's doctor and data sync
-# use the names and the grouping below (the same tokens, over ssh) without it.
+# No mlx here: mlxcluster's doctor and data sync use the names and the
+# grouping below (the same tokens, over ssh) without it; the collective
+# that finds out in a job is resume.find_storage.
 STORAGE_DIR = ".mlxcluster-storage"
 TOKEN_BYTES = 16
 
@@ -77,7 +72,15 @@ def storage_groups(hosts: list[str], sees: list[list[bool]]) -> list[int]:
     return [group[w] for w in host_writer]
 
 
-def shared_groups(layout: HostLayout) -> list[list[int]]:
+class Layout(Protocol):
+    """What the grouping reads of resume.HostLayout."""
+
+    hosts: list[str]
+
+    def writer(self, rank: int) -> int: ...
+
+
+def shared_groups(layout: Layout) -> list[list[int]]:
     """The groups of ranks that share one --out across more than one host, each in rank order."""
     groups: dict[int, list[int]] = {}
     for r in range(len(layout.hosts)):
@@ -85,7 +88,7 @@ def shared_groups(layout: HostLayout) -> list[list[int]]:
     return [ranks for ranks in groups.values() if len({layout.hosts[r] for r in ranks}) > 1]
 
 
-def describe_storage(layout: HostLayout, out: Path) -> str | None:
+def describe_storage(layout: Layout, out: Path) -> str | None:
     """One line for the log naming the hosts that share --out (None when none do)."""
     groups = shared_groups(layout)
     if not groups:
@@ -96,50 +99,3 @@ def describe_storage(layout: HostLayout, out: Path) -> str | None:
         parts.append(f"{', '.join(hosts)} see one --out {out}: checkpoints and exports written "
                      f"once, by rank {ranks[0]} on {layout.hosts[ranks[0]]}")
     return "shared storage: " + "; ".join(parts)
-
-
-def find_storage(group, layout: HostLayout, out: Path, what: str = "--out",
-                 required: bool = True) -> HostLayout:
-    """`layout` with `storage` filled in: which ranks see the same `out` (steps
-    1-4 above; collective). With one host there is nothing to find out.
-    A host that cannot write its token there is a DataError naming `what`,
-    or, unless `required` (a --resume PATH only read from), its own folder."""
-    import mlx.core as mx
-    import numpy as np
-
-    from .resume import HostLayout, all_gather_bytes
-
-    size, rank = group.size(), group.rank()
-    host_writers = sorted({layout.hosts.index(h) for h in layout.hosts})
-    if size == 1 or len(host_writers) == 1:
-        return HostLayout(layout.hosts, layout.rank, [0] * size)
-    looks = layout.hosts.index(layout.hosts[rank]) == rank
-    folder = Path(out) / STORAGE_DIR
-    token, failed = bytes(TOKEN_BYTES), None
-    if looks:
-        try:
-            folder.mkdir(parents=required, exist_ok=True)  # a --resume PATH is not made
-            token = secrets.token_bytes(TOKEN_BYTES)
-            (folder / token.hex()).touch()
-        except OSError as e:  # said after the exchange, so the others are not left waiting
-            failed, token = e, bytes(TOKEN_BYTES)
-    tokens = np.array(all_gather_bytes(token, group)).reshape(size, TOKEN_BYTES)
-    row = np.zeros(size, dtype=np.uint8)
-    if looks and failed is None:
-        for r in host_writers:
-            theirs = bytes(tokens[r])
-            if r != rank and any(theirs) and (folder / theirs.hex()).exists():
-                row[r] = 1
-    sees = np.array(mx.distributed.all_gather(mx.array(row), group=group)).reshape(size, size)
-    if looks and failed is None:
-        (folder / token.hex()).unlink(missing_ok=True)
-        try:
-            folder.rmdir()
-        except OSError:
-            pass  # another host's token is still there: that host removes the folder
-    if failed is not None and required:
-        raise DataError(f"{what} {out} cannot be written on {layout.hosts[rank]}: "
-                        f"{failed.strerror or failed}",
-                        f"give {what} a path every host can write to")
-    return HostLayout(layout.hosts, layout.rank,
-                      storage_groups(layout.hosts, sees.astype(bool).tolist()))

@@ -72,10 +72,10 @@ from .mfu import flops_per_token, peak_flops
 from .model import Llama, args_match, count_parameters, generate, loss_fn
 from .precision import average_gradients, compute_copy, dtype_of, refresh, to_float32
 from .prepare import ensure_default_data
-from .resume import agree_on_checkpoint, check_loaded, checkpoint_root, host_layout
+from .resume import agree_on_checkpoint, check_loaded, checkpoint_root, find_storage, host_layout
 from .sharded_optimizer import ShardedOptimizer
 from .stopping import STOPPED_EXIT, Stopped, StopRequest, never_block_output
-from .storage import describe_storage, find_storage
+from .storage import describe_storage
 from .tokenizer import make_tokenizer
 
 # ---------------------------------------------------------------- memory

@@ -102,13 +102,16 @@ def share_connections(job, env: dict[str, str]):
 
 
 def prepare_job(job, inventory, env: dict[str, str], view: EventView, *, no_preflight: bool,
-                no_openblas: bool, no_sync_code: bool = False):
+                no_openblas: bool, no_sync_code: bool = False, check=None):
     """Before the launch: the python looked for on every host (a missing one
-    is exit 2), what ranks import of this project sent to every remote host
-    that lacks this version (launch/code.py; not with ``no_sync_code``: the
-    ranks then import from this checkout's path), then the preflight unless
-    ``no_preflight``. Returns (the job, the cluster's mlx version or None)."""
+    is exit 2), ``check(job)`` (train: the same run not running there), what
+    ranks import of this project sent to every remote host that lacks this
+    version (launch/code.py; not with ``no_sync_code``: the ranks then import
+    from this checkout's path), then the preflight unless ``no_preflight``.
+    Returns (the job, the cluster's mlx version or None)."""
     require_job_python(job, env)
+    if check is not None:
+        check(job)
     if remote_hosts(job.hosts) and not no_sync_code:
         from mlxcluster.launch.code import sync_code  # remote jobs only: see the module docstring
 

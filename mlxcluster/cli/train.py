@@ -106,10 +106,10 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
     env = dict(os.environ)
     view = EventView("train")
     job = share_connections(plan_backend(job, inventory, env), env)
-    check_not_running(job, cfg.out, env)  # exit 2: the same run still runs there
     # mlx_version: the cluster's, when the preflight asked (known errors name the fixing release)
     job, mlx_version = prepare_job(job, inventory, env, view, no_preflight=no_preflight,
-                                   no_openblas=no_openblas, no_sync_code=no_sync_code)
+                                   no_openblas=no_openblas, no_sync_code=no_sync_code,
+                                   check=lambda j: check_not_running(j, cfg.out, env))  # exit 2
     if (cfg.data or cfg.init_from) and not no_sync_data:  # every Mac has its own disk
         from mlxcluster.launch.sync import sync_data, sync_model
 

@@ -134,6 +134,20 @@ def our_prted(lab) -> list[int]:
     return ours
 
 
+def end_our_prted(lab, grace_s: float = 5.0) -> None:
+    """Give this lab's Open MPI daemons ``grace_s`` to end on their own, then
+    end them: for a raw mpirun a test runs and expects to fail (Open MPI's
+    leftover, not mlxcluster's, which its own tests assert gone)."""
+    deadline = time.monotonic() + grace_s
+    while our_prted(lab) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in our_prted(lab):
+        try:
+            psutil.Process(pid).kill()
+        except psutil.Error:
+            pass
+
+
 def assert_nothing_left(lab, run: dict) -> None:
     """Nothing of a smoke run (its JSON ``run``) is left here or on any host."""
     run_id = run["run_id"]
