@@ -477,7 +477,10 @@ PROGRESS_RE = re.compile(rb"^\s*([\d,.]+)\s+\d+%")  # rsync --progress: '  1,234
 
 def _send_rsync(manifest: Manifest, host: RankHost, files: Sequence[DataFile], progress: Progress,
                 env: dict[str, str] | None) -> int:
-    incoming = f"{manifest.folder}/{INCOMING_RSYNC}"
+    # One staging folder per send: two senders of one folder at once (jobs
+    # launched side by side onto hosts that share a home: the code cache)
+    # each install their own verified files, never each other's half.
+    incoming = f"{manifest.folder}/{INCOMING_RSYNC}.{secrets.token_hex(6)}"
     made = run_script(host, f"mkdir -p {shlex.quote(incoming)}", timeout=30, env=env)
     if not made.ok:
         raise _failed(host, manifest, made.error)

@@ -13,7 +13,7 @@ needs nothing on the host but the job's python.
     unmark  {"dir": D, "token": T}  -> {}  (the token removed, and its folder when empty)
     receive {"dir": D, "files": [...]}, the files' bytes one after another on stdin
             -> {"installed": [names]}  (each verified, then renamed into D)
-    install {"dir": D, "files": [...], "from": D/.incoming.rsync}
+    install {"dir": D, "files": [...], "from": D/.incoming.rsync.<random>}
             -> the same, for files rsync left in "from"
 
 A D starting with ``~`` is the host's own home (the cache of the code ranks
