@@ -79,6 +79,26 @@ def end_ssh_masters(controller: int) -> None:
             proc.kill()
 
 
+def resumes_exactly(lab, lab_data, tmp_path, out: Path, last: int) -> None:
+    """`--resume auto` from the last checkpoint (step ``last``), then an
+    uninterrupted run (one after the other: two ring jobs on the same hosts
+    would both take the ring's ports): the record's losses (before the
+    controller went, and resumed) equal the uninterrupted run's within 1e-6."""
+    metrics = out / "metrics.jsonl"
+    stop = last + 3
+    straight_out = lab.disk / f"straight-{uuid.uuid4().hex[:8]}"
+    resumed = train_to(lab, lab_data, tmp_path, out, stop, "--resume", "auto")
+    said = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, said
+    straight = train_to(lab, lab_data, tmp_path, straight_out, stop)
+    assert straight.communicate(timeout=300) and straight.returncode == 0
+    assert f"resumed from {out / 'checkpoints' / f'step_{last:06d}'}" in said[0]
+    want, got = losses(straight_out / "metrics.jsonl"), losses(metrics)
+    assert set(range(last + 1, stop + 1)) <= set(got)
+    for step, loss in got.items():  # before the controller went, and resumed
+        assert abs(loss - want[step]) < 1e-6, (step, loss, want[step])
+
+
 def wait_for_ranks_gone(out: Path, since: float) -> float:
     poll_until(lambda: not ranks_of(out), CONTROLLER_GONE_BOUND_S,
                f"every rank of {out} gone (left: {ranks_of(out)})")
@@ -103,21 +123,10 @@ def test_the_controller_killed_every_rank_checkpoints_and_stops_and_resume_is_ex
     assert len(set(steps)) == 1 and steps[0] >= max(losses(metrics)), steps  # one step, everywhere
     last = steps[0]
 
-    stop = last + 3
-    straight_out = lab3.disk / f"straight-{uuid.uuid4().hex[:8]}"
-    resumed = train_to(lab3, lab_data, tmp_path, out, stop, "--resume", "auto")
-    straight = train_to(lab3, lab_data, tmp_path, straight_out, stop)
-    said = resumed.communicate(timeout=300)
-    assert resumed.returncode == 0, said
-    assert straight.communicate(timeout=300) and straight.returncode == 0
-    assert f"resumed from {out / 'checkpoints' / f'step_{last:06d}'}" in said[0]
-    want, got = losses(straight_out / "metrics.jsonl"), losses(metrics)
-    assert set(range(last + 1, stop + 1)) <= set(got)
-    for step, loss in got.items():  # before the kill, and resumed
-        assert abs(loss - want[step]) < 1e-6, (step, loss, want[step])
+    resumes_exactly(lab3, lab_data, tmp_path, out, last)
 
 
-def test_the_controller_cut_off_every_rank_checkpoints_and_stops(lab3, lab_data, tmp_path,
+def test_the_controller_cut_off_every_rank_checkpoints_and_stops_and_resume_is_exact(lab3, lab_data, tmp_path,
                                                                  short_lease):
     proc, metrics = start_training(lab3, lab_data, tmp_path, "ring")
     out = metrics.parent
@@ -144,3 +153,4 @@ def test_the_controller_cut_off_every_rank_checkpoints_and_stops(lab3, lab_data,
     assert "ssh connection to labhost" in said[1], said[1][-2000:]
     steps = last_checkpoint(lab3, out)
     assert len(set(steps)) == 1 and steps[0] >= max(losses(metrics)), steps
+    resumes_exactly(lab3, lab_data, tmp_path, out, steps[0])
