@@ -223,3 +223,17 @@ if g.rank() == 1:
     sys.exit(3)
 time.sleep(300)
 """
+
+
+def mlx_launch_trainer(lab, tmp_path: Path, args: list[str],
+                       timeout: float = 300) -> subprocess.CompletedProcess:
+    """The trainer on the lab's 3 hosts under a plain `mlx.launch --hostfile`
+    (ring, no mlxcluster), as users who launch it themselves run it."""
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text(json.dumps({"backend": "ring", "hosts": [
+        {"ssh": h.ip, "ips": [h.ip]} for h in lab.hosts]}))
+    cmd = [str(Path(sys.executable).parent / "mlx.launch"), "--hostfile", str(hostfile),
+           "--backend", "ring", "--python", lab.python, "--env", f"PYTHONPATH={REPO}",
+           "--env", "OPENBLAS_NUM_THREADS=1", "--", "-m", "reference_train.train", *args]
+    return subprocess.run(cmd, env=lab.env(), capture_output=True, text=True, timeout=timeout,
+                          cwd=tmp_path)

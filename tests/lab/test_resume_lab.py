@@ -10,18 +10,16 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.lab.jobs import REPO, on_host
+from tests.lab.jobs import mlx_launch_trainer, on_host
 from tests.train_support import run_trainer, train_losses
 
 pytestmark = pytest.mark.lab
 
-MLX_LAUNCH = str(Path(sys.executable).parent / "mlx.launch")
 STEPS = 8
 
 
@@ -32,14 +30,8 @@ def common(data: Path) -> list[str]:
 
 
 def launch(lab, tmp_path: Path, args: list[str]) -> subprocess.CompletedProcess:
-    hostfile = tmp_path / "hosts.json"
-    hostfile.write_text(json.dumps({"backend": "ring", "hosts": [
-        {"ssh": h.ip, "ips": [h.ip]} for h in lab.hosts]}))
-    cmd = [MLX_LAUNCH, "--hostfile", str(hostfile), "--backend", "ring", "--python", lab.python,
-           "--env", f"PYTHONPATH={REPO}", "--env", "OPENBLAS_NUM_THREADS=1", "--",
-           "-m", "reference_train.train", *args]
-    return subprocess.run(cmd, env=lab.env(), capture_output=True, text=True, timeout=300,
-                          cwd=tmp_path)
+    """The trainer under a plain `mlx.launch --hostfile` (no mlxcluster)."""
+    return mlx_launch_trainer(lab, tmp_path, args)
 
 
 def losses_on(lab, host: int, out: Path) -> dict[int, float]:

@@ -19,13 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.jobs import REPO, on_host, training_setup
+from tests.lab.jobs import mlx_launch_trainer, on_host, training_setup
 from tests.train_support import run_trainer, train_losses
 from tests.waits import DOCTOR_BUDGET_S, SHARED_STORAGE_TRAIN_TIMEOUT_S
 
 pytestmark = pytest.mark.lab
 
-MLX_LAUNCH = str(Path(sys.executable).parent / "mlx.launch")
 STEPS, STOP = 300, 150  # a checkpoint every step: 300 checkpoints, 3 hosts, one folder
 
 
@@ -124,14 +123,7 @@ def test_doctor_says_each_host_has_its_own_disk(lab3, tmp_path):
 
 def launch(lab, tmp_path: Path, args: list[str]) -> subprocess.CompletedProcess:
     """The trainer under a plain `mlx.launch --hostfile` (no mlxcluster)."""
-    hostfile = tmp_path / "hosts.json"
-    hostfile.write_text(json.dumps({"backend": "ring", "hosts": [
-        {"ssh": h.ip, "ips": [h.ip]} for h in lab.hosts]}))
-    cmd = [MLX_LAUNCH, "--hostfile", str(hostfile), "--backend", "ring", "--python", lab.python,
-           "--env", f"PYTHONPATH={REPO}", "--env", "OPENBLAS_NUM_THREADS=1", "--",
-           "-m", "reference_train.train", *args]
-    return subprocess.run(cmd, env=lab.env(), capture_output=True, text=True,
-                          timeout=SHARED_STORAGE_TRAIN_TIMEOUT_S, cwd=tmp_path)
+    return mlx_launch_trainer(lab, tmp_path, args, timeout=SHARED_STORAGE_TRAIN_TIMEOUT_S)
 
 
 def test_two_hosts_on_one_folder_and_one_on_its_own_disk_each_get_the_checkpoint_once(
