@@ -82,3 +82,53 @@ def test_a_rank_a_signal_ended_is_followed_as_killed(tmp_path, capfd):
     assert relay.returncode == 128 + signal.SIGKILL
     assert follow.main(str(stacks)) == follow.KILLED
     assert follow.main(str(tmp_path / "nothing")) == 3
+
+
+RUN_PROGRAM = """
+import os, sys, time
+print("rank", os.environ.get("MLX_RANK"), "up", flush=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.05)
+print("rank", os.environ.get("MLX_RANK"), "done", flush=True)
+"""
+
+
+def test_run_detach_outlives_its_controller_and_attach_follows_it_to_the_end(tmp_path):
+    """`mlxcluster run --local 2 --detach`, the controller killed (its
+    process group, as a closed terminal): both ranks go on, `jobs` lists the
+    run, `attach` shows every line from the first and ends with exit 0."""
+    script, go = tmp_path / "prog.py", tmp_path / "go"
+    script.write_text(RUN_PROGRAM)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    mlxcluster = [sys.executable, "-m", "mlxcluster"]
+    proc = subprocess.Popen([*mlxcluster, "run", "--local", "2", "--no-preflight", "--detach", "--",
+                             "python", str(script), str(go)], env=env, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    seen = []
+    try:
+        while sum(" up" in line for line in seen) < 2:
+            line = proc.stdout.readline()
+            assert line, "".join(seen)
+            seen.append(line)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    run_id = next(w for line in seen for w in line.replace(",", " ").split() if w.startswith("mlxrun-"))
+    try:
+        listed = subprocess.run([*mlxcluster, "jobs", "--local"], env=env, cwd=tmp_path,
+                                capture_output=True, text=True, timeout=60)
+        assert f"{run_id} " in listed.stdout and "2 on local-0" in listed.stdout, listed
+        go.touch()
+        attached = subprocess.run([*mlxcluster, "attach", "--local", run_id], env=env, cwd=tmp_path,
+                                  capture_output=True, text=True, timeout=120)
+    finally:
+        subprocess.run([*mlxcluster, "stop", "--local", "--grace", "2s", run_id], env=env,
+                       capture_output=True, timeout=60)
+    assert attached.returncode == 0, attached.stdout + attached.stderr
+    for rank in ("0", "1"):
+        assert f"[{rank}] rank {rank} up" in attached.stdout
+        assert f"[{rank}] rank {rank} done" in attached.stdout
+    assert f"{run_id} finished: every rank ended well" in attached.stdout
+    assert run_id not in subprocess.run([*mlxcluster, "jobs", "--local"], env=env, cwd=tmp_path,
+                                        capture_output=True, text=True, timeout=60).stdout

@@ -40,11 +40,15 @@ def reference(lab_data, tmp_path_factory) -> dict[int, float]:
     return train_losses(out)
 
 
-@pytest.mark.parametrize("lost", [2, 0], ids=["labhost3", "labhost1-rank0"])
+# shared-out: --out on a folder every host sees (tmp_path: outside lab.disk),
+# as on a NAS: the checkpoints are written once, by one writer for them all
+# (docs/training.md, "Shared storage"), before and after the drop.
+@pytest.mark.parametrize("lost,shared", [(2, False), (0, False), (2, True)],
+                         ids=["labhost3", "labhost1-rank0", "labhost3-shared-out"])
 def test_a_lost_host_is_dropped_and_the_run_ends_with_the_reference_losses(
-        lab3, lab_data, tmp_path, reference, lost):
+        lab3, lab_data, tmp_path, reference, lost, shared):
     inventory, env = training_setup(lab3, tmp_path)
-    out = lab3.disk / f"elastic-{uuid.uuid4().hex[:8]}"
+    out = (tmp_path if shared else lab3.disk) / f"elastic-{uuid.uuid4().hex[:8]}"
     metrics = out / "metrics.jsonl"  # the record, on this machine
     victim = lab3.hosts[lost]
     job = subprocess.Popen(
@@ -100,7 +104,11 @@ def test_a_lost_host_is_dropped_and_the_run_ends_with_the_reference_losses(
     assert f"dropped {victim.name} (unreachable over ssh): going on with 2 rank(s), " \
            "grad_accum 2" in page
     assert "restart 1/2 after:" in page and "resuming at step" in page
-    for name in rest:  # both hosts left hold the last checkpoint on their own disks
+    for name in rest:  # both hosts left hold the last checkpoint on their own disks (or the one)
         assert lab3.host_read(name, out / "checkpoints" / "latest").strip() == f"step_{STEPS:06d}"
+    if shared:  # one writer for the folder, before the drop and after: no race, nothing half-made
+        assert "shared storage: labhost1, labhost2, labhost3 see one --out" in text
+        assert "shared storage: labhost1, labhost2 see one --out" in text
+        assert [p.name for p in (out / "checkpoints").iterdir() if p.name.startswith(".")] == []
     time.sleep(1)
     assert left_on_hosts(lab3, bracketed(f"reference_train.*{out.name}")) == {}
