@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import click
@@ -11,12 +10,8 @@ import click
 from mlxcluster.cli.job_launch import EventView, choose_job, exit_code_of, one_source, say_failure
 from mlxcluster.cli.jobs import host_options
 from mlxcluster.errors import InputError, Interrupted
-from mlxcluster.jobs import stall
-from mlxcluster.jobs.attach import find_detached, start_following
-from mlxcluster.jobs.cleanup import sweep
-from mlxcluster.jobs.run import stop_stalled
+from mlxcluster.jobs.attach import find_detached, follow_to_end
 from mlxcluster.jobs.running import RUN_ID, list_running
-from mlxcluster.jobs.watch import watch_launcher
 
 
 @click.command("attach")
@@ -61,14 +56,8 @@ def command(hostfile, inventory_path, local, python, run_id):
         if shown is not None:
             click.echo(shown, err=stream == "stderr")
 
-    # Watched as train watches: the trainer's heartbeats (the automatic limit:
-    # 10 x the median step, >= 60 s); a program of `run`'s prints none: unwatched.
-    watch = stall.StallWatch(None) if run.is_training else None
-    report = Path(run.out) if run.out else Path("runs")
-    started = time.monotonic()
     try:
-        outcome = watch_launcher(start_following(run, job.python, env), show, started, watch=watch,
-                                 on_stall=lambda: stop_stalled(job, run_id, watch, report, env))
+        outcome = follow_to_end(job, run, env, show, Path(run.out) if run.out else Path("runs"))
     except Interrupted:
         click.echo(f"left {run_id} running: 'mlxcluster attach {run_id}' again, or "
                    f"'mlxcluster stop {run_id}'", err=True)
@@ -79,7 +68,6 @@ def command(hostfile, inventory_path, local, python, run_id):
 
             for said in close_record(record):
                 view(said)
-    sweep(job.hosts, run_id, env)  # every rank has ended: their folders go
     if outcome.exit_code != 0:
         say_failure("attach", outcome, None)
         click.get_current_context().exit(exit_code_of(outcome))

@@ -12,13 +12,18 @@ from __future__ import annotations
 
 import json
 import shlex
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlxcluster.jobs import follow, process
-from mlxcluster.jobs.hosts import RankHost, for_each_host, host_argv, remote_hosts, run_script
+from mlxcluster.jobs import follow, process, stall
+from mlxcluster.jobs.cleanup import sweep
+from mlxcluster.jobs.hosts import RankHost, distinct_hosts, for_each_host, host_argv, run_script
+from mlxcluster.jobs.job import Job
 from mlxcluster.jobs.rank_wrapper import STACKS_ROOT
+from mlxcluster.jobs.run import stop_stalled
+from mlxcluster.jobs.watch import RunOutcome, watch_launcher
 
 
 @dataclass(frozen=True)
@@ -76,7 +81,7 @@ def parse_probe(text: str) -> tuple[int, tuple[str, ...] | None]:
 def find_detached(hosts: Sequence[RankHost], run_id: str,
                   env: dict[str, str] | None = None) -> DetachedRun | None:
     """The run's files on ``hosts`` (each asked once), or None when no host has any."""
-    asked = remote_hosts(hosts) + [h for h in hosts if h.is_local][:1]
+    asked = distinct_hosts(hosts)
     results = for_each_host(asked, lambda h: run_script(h, probe_script(run_id), env=env))
     holding, program = [], None
     for host, result in zip(asked, results, strict=True):
@@ -105,3 +110,19 @@ def start_following(run: DetachedRun, python: str, env: dict[str, str] | None = 
               + 'worst=0; for p in $pids; do wait "$p"; c=$?; [ "$c" -gt "$worst" ] && worst=$c; '
               'done; exit "$worst"')
     return process.start(["bash", "-c", script], env)
+
+
+def follow_to_end(job: Job, run: DetachedRun, env: dict[str, str], on_line,
+                  report_dir: Path) -> RunOutcome:
+    """Follow ``run`` on ``job``'s hosts (with ``job.python``) to its end,
+    watched for stalls as train is when it trains (the trainer's heartbeats:
+    a stall is diagnosed, every rank stopped, stall.Stalled raised, its
+    report under ``report_dir``), then sweep its folders from every host.
+    ``on_line(stream, line)`` gets every line. Interrupted propagates with
+    the run left running (nothing swept)."""
+    watch = stall.StallWatch(None) if run.is_training else None
+    outcome = watch_launcher(
+        start_following(run, job.python, env), on_line, time.monotonic(), watch=watch,
+        on_stall=lambda: stop_stalled(job, run.run_id, watch, report_dir, env))
+    sweep(job.hosts, run.run_id, env)  # every rank has ended: their folders go
+    return outcome

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from mlxcluster.jobs.cleanup import bracketed, remove_dirs
-from mlxcluster.jobs.hosts import HostResult, RankHost, for_each_host, remote_hosts, run_script
+from mlxcluster.jobs.hosts import HostResult, RankHost, distinct_hosts, for_each_host, run_script
 from mlxcluster.jobs.rank_wrapper import STACKS_ROOT
 
 RANK_LINE = re.compile(r"^@@rank (\S+) (\d+) (\d+)\s*$")
@@ -140,7 +140,7 @@ def list_running(hosts: Sequence[RankHost],
                  env: dict[str, str] | None = None) -> tuple[list[RunningJob], list[HostResult]]:
     """The jobs running on ``hosts`` (each distinct host asked once; this
     machine's ranks too when one is local), and the hosts that did not answer."""
-    asked = remote_hosts(hosts) + [h for h in hosts if h.is_local][:1]
+    asked = distinct_hosts(hosts)
     results = for_each_host(asked, lambda h: run_script(h, listing_script(), env=env))
     ranks = [rank for r in results if r.ok for rank in parse_listing(r.host, r.output)]
     return group_jobs(ranks), [r for r in results if not r.ok]
@@ -180,7 +180,7 @@ def stop_run(hosts: Sequence[RankHost], run_id: str, grace_s: float,
     be reached)."""
     if not RUN_ID.match(run_id):
         raise ValueError(f"not a run id: {run_id!r}")
-    asked = remote_hosts(hosts) + [h for h in hosts if h.is_local][:1]
+    asked = distinct_hosts(hosts)
     for_each_host(asked, lambda h: run_script(h, signal_ranks_script(run_id, "USR2"), env=env))
     deadline = time.monotonic() + grace_s
     ended = False

@@ -43,6 +43,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 RANK_STACKS = "/tmp/mlxcluster-stacks"  # as mlxcluster.jobs.rank_wrapper.STACKS_ROOT
 
 STATE_ROOT = Path("/tmp")
@@ -832,13 +834,7 @@ def _names_a_live_process(path: Path) -> bool:
         pid = int(path.read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return psutil.pid_exists(pid)
 
 
 def _release_subnets(lab_id: str) -> None:
