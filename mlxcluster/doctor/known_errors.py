@@ -234,9 +234,9 @@ KNOWN_ERRORS: tuple[KnownError, ...] = (
            r"|Function \S+ (is using language version [\d.]+|has a deployment target) which is incompatible "
            r"with this OS"),
         "this host's mlx-metal was built for a newer macOS than the host runs (a macosx_26_0 wheel, Metal "
-        "language 4.0, on macOS 15 or older; mlx 0.32.0's NAX kernels need macOS 26.2), e.g. wheels "
-        "downloaded on or for another Mac or an app bundle built on a newer one; Metal refuses the whole "
-        "metallib or, on some macOS releases, each kernel as it is first used",
+        "language 4.0, on macOS 15 or older), e.g. wheels downloaded on or for another Mac or an app "
+        "bundle built on a newer one; Metal refuses the whole metallib or, depending on how it was "
+        "linked, each kernel as it is first used",
         "install mlx with pip on that host itself, or fetch the wheel for its macOS "
         "(pip download --platform macosx_<its major>_0_arm64); or update that host's macOS "
         "(mlxcluster doctor: macos-version, mlx-version)",
