@@ -7,10 +7,10 @@ fails) and says what they mean. Library code: it prints nothing.
 
 Each pattern is built from the words mlx's own source formats: ``printed_by``
 names the file under mlx/ at tag v0.32.1 (HEAD 846d176, 0.32.2.dev, prints
-the same; the mlx-metal 0.32.4 wheel carries the same strings). Every release
+the same; docs/errors.md says which strings were found in the 0.32.4 wheels). Every release
 since 0.29.0 was read for these messages (``git log -S`` and ``git show
 TAG:path``); where a release printed other words for the same failure, those
-are matched too, and ``changed_in`` names the release of the last change.
+are matched too, and ``changed_in`` names the release that changed them.
 Metal's part of a command-buffer, kernel or metallib message (after mlx's
 prefix, or on the next line) is Apple's error text, not in mlx's source:
 those words come from public captures (docs/errors.md).
