@@ -30,7 +30,12 @@ from typing import Any
 
 from mlxcluster.doctor.fixes.apply import APPLIERS, ApplyContext
 from mlxcluster.doctor.fixes.plan import Action, Fix, FixInput
-from mlxcluster.doctor.fixes.version_choice import THIS_MACHINES, Choice, choose_version, version_here
+from mlxcluster.doctor.fixes.version_choice import (
+    THIS_MACHINES,
+    Choice,
+    choose_version,
+    version_here,
+)
 from mlxcluster.doctor.fixes.wheels import (  # noqa: F401 (installed_by: this fix's API too)
     FETCH_TIMEOUT,
     Target,
