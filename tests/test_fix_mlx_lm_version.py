@@ -1,6 +1,6 @@
 """mlx-lm-version and its fix: mlx_lm looked up by the probe (real probe
 output), judged only when the job imports it, X chosen (most hosts; on a
-tie this machine's when it is one of them), the plan's commands, and the
+tie this machine's when it is one of them, else the newest), the plan's commands, and the
 fetch, send, install and undo run for real: pip download (from a folder of
 small wheels standing in for the index), the send and the install by ``sh``
 with a HOME per "host" into a real venv with real pip, which must keep the
@@ -24,7 +24,7 @@ from mlxcluster.cli import main
 from mlxcluster.doctor.checks.base import CheckContext, Status
 from mlxcluster.doctor.doctor import load_checks
 from mlxcluster.doctor.fixes import mlx_lm_version as fix
-from mlxcluster.doctor.fixes import same_version, wheels
+from mlxcluster.doctor.fixes import wheels
 from mlxcluster.doctor.fixes.apply import ApplyContext, apply_plan, undo_journal
 from mlxcluster.doctor.fixes.journal import Journal, fixes_dir, read_journal
 from mlxcluster.doctor.fixes.plan import build_plan
@@ -129,20 +129,30 @@ def test_a_tie_goes_to_this_machines_version_when_it_is_one_of_them():
     assert r.fix_data["a"]["to"] == HERE_VERSION and list(r.fix_data) == ["a"]
 
 
-def test_a_tie_without_this_machines_version_plans_nothing_and_the_hint_says_so():
+def test_a_tie_without_this_machines_version_goes_to_the_newest_and_the_plan_says_so():
     x, why = fix.choose({"a": "0.31.3", "b": "0.30.0"})
-    assert x is None
-    assert why == f"mlx-lm 0.31.3 (a) and mlx-lm 0.30.0 (b) are as common and this machine has mlx-lm {HERE_VERSION}"
+    assert (x, why) == ("0.31.3", "the newest (a tie: 1 host each)")
     result, plan = plan_for(hosts(a="0.31.3", b="0.30.0"))
-    assert result.status is Status.FAIL and not result.fix_data
-    assert result.hint == (f"{why}: install one version on every host ({PY} -m pip install mlx-lm==V); "
-                           "doctor --fix does not choose")
-    assert plan.empty and plan.left == [result]
+    assert result.status is Status.FAIL and list(result.fix_data) == ["b"]
+    assert result.hosts["b"] == f"✗ mlx-lm 0.30.0 (others: 0.31.3) in {PY}"
+    assert result.hint.startswith(f"on b: {PY} -m pip install mlx-lm==0.31.3 (mlx-lm 0.31.3: the newest (a tie: 1 host "
+                                  "each); or doctor --fix --imports mlx_lm")
+    [action] = plan.actions
+    assert action.hosts == ("b",) and plan.left == []
+    assert action.what.endswith("; mlx-lm 0.31.3: the newest (a tie: 1 host each)")
 
 
 def test_no_host_having_it_gets_this_machines_version():
-    assert fix.choose({"a": None, "b": None}) == (HERE_VERSION, "this machine's: no host has mlx-lm")
-    assert same_version.choose_version("mlx-lm", {"a": None}) == (None, "no host has mlx-lm, nor has this machine")
+    assert fix.choose({"a": None, "b": None}) == (HERE_VERSION, "this machine's version (no host has mlx-lm)")
+
+
+def test_no_host_having_it_nor_this_machine_plans_nothing_and_the_hint_says_so(monkeypatch):
+    monkeypatch.setattr(fix, "version_here", lambda dist: None)
+    result, plan = plan_for(hosts(a=None, b=None))
+    assert result.status is Status.FAIL and not result.fix_data
+    assert result.hint == (f"no host has mlx-lm, nor has this machine: install one version on every host ({PY} -m pip "
+                           "install mlx-lm==V); doctor --fix does not choose")
+    assert plan.empty and plan.left == [result]
 
 
 # ---- the plan ----
@@ -152,8 +162,9 @@ def test_the_plan_fetches_x_with_its_dependencies_the_old_one_alone_and_keeps_ml
     assert [a.hosts for a in plan.actions] == [("b",), ("d",)] and plan.left == []
     b, d = plan.actions
     assert b.kind == "mlx-lm-install"
-    assert b.what == f"mlx-lm 0.31.3 -> mlx-lm 0.32.2 in {PY} (Linux x86_64, Python 3.11)"
-    assert d.what == f"no mlx-lm -> mlx-lm 0.32.2 in {PY} (Linux x86_64, Python 3.11)"  # its undo: an uninstall
+    assert b.what == f"mlx-lm 0.31.3 -> mlx-lm 0.32.2 in {PY} (Linux x86_64, Python 3.11); mlx-lm 0.32.2: on 2 of 4 hosts"
+    assert d.what == (f"no mlx-lm -> mlx-lm 0.32.2 in {PY} (Linux x86_64, Python 3.11); "  # its undo: an uninstall
+                      "mlx-lm 0.32.2: on 2 of 4 hosts")
     cache = wheels.wheel_cache()
     x, old = b.commands[:2]
     assert x.startswith(f"here: {HERE} -m pip download mlx-lm==0.32.2 --only-binary=:all: --platform manylinux_2_36")

@@ -1,4 +1,4 @@
-"""The mlx-version fix: X chosen (most hosts, a tie, --mlx-version), the
+"""The mlx-version fix: X chosen (most hosts, a tie to this machine's, --mlx-version), the
 pip download commands per platform built from captured probe facts (the
 macOS outputs in tests/fixtures/macos), the install and its undo run for
 real by ``sh`` on this machine with a HOME per "host" (pip stood in for by
@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,7 @@ from tests.inventory_support import fix_inventory_text, inventory_of
 
 FIXTURES = Path(__file__).parent / "fixtures" / "macos"
 HERE = sys.executable
+HERE_MLX = metadata.version("mlx")  # this machine's: wins a tie it is part of
 SPEC = next(s for s in load_checks() if s.id == "mlx-version")
 
 
@@ -75,10 +77,12 @@ def test_x_is_the_version_most_hosts_have():
     assert fix.choose_version({"a": "0.32.4", "b": "0.32.3", "c": "0.32.4"}) == ("0.32.4", "on 2 of 3 hosts")
 
 
-def test_a_tie_chooses_nothing_and_names_both_versions_and_their_hosts():
-    version, why = fix.choose_version({"a": "0.32.3", "b": "0.32.4"})
-    assert version is None
-    assert why == "mlx 0.32.3 (a) and mlx 0.32.4 (b) are as common: pass --mlx-version 0.32.3 or 0.32.4"
+def test_a_tie_goes_to_this_machines_mlx_else_to_the_newest(monkeypatch):
+    monkeypatch.setattr(fix, "version_here", lambda dist: {"mlx": "0.32.3"}.get(dist))
+    assert fix.choose_version({"a": "0.32.3", "b": "0.32.4"}) == \
+        ("0.32.3", "this machine's version (a tie: 1 host each)")
+    monkeypatch.setattr(fix, "version_here", lambda dist: {"mlx": "0.31.0"}.get(dist))
+    assert fix.choose_version({"a": "0.32.3", "b": "0.32.4"}) == ("0.32.4", "the newest (a tie: 1 host each)")
 
 
 def test_mlx_version_wins_over_the_majority_and_a_tie():
@@ -88,15 +92,31 @@ def test_mlx_version_wins_over_the_majority_and_a_tie():
 
 def test_a_broken_mlx_does_not_count_as_a_version():
     assert fix.choose_version({"a": None, "b": "0.32.4"})[0] == "0.32.4"
-    assert fix.choose_version({"a": None, "b": None})[0] is None
+    # no host's mlx imports: this machine's
+    assert fix.choose_version({"a": None, "b": None}) == (HERE_MLX, "this machine's version (no host has mlx)")
 
 
-def test_a_tie_plans_nothing_and_the_check_is_left_with_how_to_pick():
+def test_two_macs_on_two_versions_the_plan_installs_this_machines_and_says_why(monkeypatch):
+    older = "0.32.3" if HERE_MLX != "0.32.3" else "0.32.2"
+    result, plan = plan_for({"a": mac("a", older), "b": mac("b", HERE_MLX)})
+    assert result.status is Status.FAIL and result.hosts["b"] == f"mlx {HERE_MLX}"
+    assert result.hosts["a"] == f"✗ mlx {older} (others: {HERE_MLX}) with /opt/venv/bin/python"
+    assert result.hint == (f"on a: /opt/venv/bin/python -m pip install mlx=={HERE_MLX} (mlx {HERE_MLX}: this machine's "
+                           "version (a tie: 1 host each); or doctor --fix: the wheels fetched here and sent over SSH; "
+                           "doctor --fix --mlx-version V installs another)")
+    [action] = plan.actions
+    assert action.hosts == ("a",) and plan.left == []
+    assert action.what == (f"mlx {older} -> mlx {HERE_MLX} in /opt/venv/bin/python (Darwin arm64, Python 3.12); "
+                           f"mlx {HERE_MLX}: this machine's version (a tie: 1 host each)")
+    # --mlx-version still wins: the other host changes instead
+    _, chosen = plan_for({"a": mac("a", older), "b": mac("b", HERE_MLX)}, {"mlx_version": older})
+    [action] = chosen.actions
+    assert action.hosts == ("b",) and action.what.endswith(f"; mlx {older}: --mlx-version")
+    # neither is this machine's: the newest of the two, for the check and the fix alike
+    monkeypatch.setattr(fix, "version_here", lambda dist: None)
     result, plan = plan_for({"a": mac("a", "0.32.3"), "b": mac("b", "0.32.4")})
-    assert plan.empty and plan.left == [result]
-    assert "doctor --fix --mlx-version V picks one" in result.hint
-    _, chosen = plan_for({"a": mac("a", "0.32.3"), "b": mac("b", "0.32.4")}, {"mlx_version": "0.32.4"})
-    assert [a.hosts for a in chosen.actions] == [("a",)]
+    assert "(mlx 0.32.4: the newest (a tie: 1 host each);" in result.hint
+    assert [a.hosts for a in plan.actions] == [("a",)]
 
 
 # ---- the pip download commands, per platform ----
@@ -115,7 +135,8 @@ def test_a_mac_on_macos_26_gets_the_macos_26_arm64_wheels_of_its_python():
                              f"{cache}/mlx-0.32.4/macosx_26_0_arm64-cp312"]),
         "here: " + " ".join([HERE, "-m", "pip", "download", "mlx==0.32.3", "mlx-metal==0.32.3", *common,
                              f"{cache}/mlx-0.32.3/macosx_26_0_arm64-cp312"])]
-    assert action.what == "mlx 0.32.3 -> mlx 0.32.4 in /opt/venv/bin/python (Darwin arm64, Python 3.12)"
+    assert action.what == ("mlx 0.32.3 -> mlx 0.32.4 in /opt/venv/bin/python (Darwin arm64, Python 3.12); "
+                           "mlx 0.32.4: on 2 of 3 hosts")
 
 
 def test_an_older_macos_gets_its_own_major_version_tag():

@@ -126,6 +126,15 @@ def test_without_it_here_the_most_hosts_version_is_installed(real_probe, monkeyp
     assert check(captures).hint.startswith(f"on b: /opt/venv/bin/python -m pip install PyYAML=={version} ")
 
 
+def test_without_it_here_a_tie_goes_to_the_newest_and_none_anywhere_to_the_index(real_probe, monkeypatch):
+    monkeypatch.setattr(fix, "version_here", lambda dist: None)
+    assert fix.choose("PyYAML", {"a": "6.0.2", "b": "6.0.10"}) == ("6.0.10", "the newest (a tie: 1 host each)")
+    assert fix.choose("PyYAML", {"a": None}) == (None, "no host has PyYAML, nor has this machine")
+    monkeypatch.setattr(fix, "version_here", lambda dist: "6.0.2")
+    # this machine's goes first, whatever the hosts have (the trainer was tried with it)
+    assert fix.choose("PyYAML", {"a": "6.0.3", "b": "6.0.3"}) == ("6.0.2", "this machine's version")
+
+
 def test_tokenizers_fails_only_when_train_says_its_data_needs_it(real_probe):
     captures = hosts(real_probe, c=["tokenizers"])
     asked = check(captures, trainer_modules=("reference_train.train", "tokenizers"))
@@ -172,7 +181,8 @@ def test_the_plan_fetches_with_dependencies_for_the_hosts_platform(real_probe, m
     [action] = plan.actions
     assert action.hosts == ("b",) and action.kind == "trainer-install"
     assert action.what.startswith("install numpy==2.4.6, PyYAML==6.0.2 in /opt/venv/bin/python (Linux ")
-    assert action.what.endswith("): the trainer's ranks import them")
+    assert action.what.endswith("): the trainer's ranks import them (numpy 2.4.6: this machine's version; "
+                                "PyYAML 6.0.2: this machine's version)")
     here = [c for c in action.commands if c.startswith("here: ")]
     assert len(here) == 2 and "--no-deps" not in here[1]
     assert here[1].startswith(f"here: {HERE} -m pip download PyYAML==6.0.2 --only-binary=:all: --platform manylinux_")

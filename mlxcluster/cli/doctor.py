@@ -219,7 +219,8 @@ def render(report: DoctorReport, verbose: bool) -> None:
 @click.option("--fix-timeout", type=Seconds(1, 3600), default=60.0, show_default=True,
               help="Seconds each fix's command may take on a host.")
 @click.option("--mlx-version", "mlx_version", metavar="X",
-              help="With --fix: the mlx every host gets where versions differ (default: most hosts' one).")
+              help="With --fix: the mlx every host gets where versions differ (default: most hosts' one; "
+                   "a tie: this machine's, else the newest).")
 @click.option("--train-data", "train_data", type=click.Path(exists=True, file_okay=False), metavar="DIR",
               help="The --data folder you will train on: also check what its ranks import for it "
                    "(tokenizers, for data tokenized with a tokenizer.json); --fix installs it.")

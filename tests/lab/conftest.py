@@ -9,6 +9,8 @@ says which to use).
   left it changed (then restores the lab for the next test).
 - ``make_lab(n, ...)``: hosts of a test's own, for what the shared labs
   cannot be (another host count, own_ssh, no_project), torn down after it.
+- ``two_macs``: two hosts of a test's own set up one by one, the second on
+  an older mlx without mlx-lm (tests/lab/two_macs.py).
 """
 
 from __future__ import annotations
@@ -85,6 +87,17 @@ def make_lab():
     yield factory
     while stack:
         stack.pop().__exit__(None, None, None)
+
+
+@pytest.fixture
+def two_macs(make_lab, tmp_path, monkeypatch):
+    """Two hosts set up one by one, labhost2 on an older mlx without mlx-lm,
+    and a folder holding ./cluster.yaml where the user types
+    (tests/lab/two_macs.py: ``TwoMacs``)."""
+    from tests.lab.two_macs import two_macs_from_zero
+
+    with two_macs_from_zero(make_lab, tmp_path, monkeypatch) as macs:
+        yield macs
 
 
 def _differences(before: dict, after: dict) -> list[str]:

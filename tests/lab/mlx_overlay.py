@@ -31,6 +31,12 @@ def version_of(dists: tuple[str, ...] = MLX_DISTS) -> str:
 VERSION_OF = version_of()
 
 
+def installed_of(dists: tuple[str, ...]) -> str:
+    """Python code printing the installed version of each of ``dists`` in order, ``-`` for one not installed."""
+    return ("import importlib.metadata as m; got = {d.metadata['Name'].lower(): d.version for d in m.distributions()}; "
+            f"print(*(got.get(d, '-') for d in {dists!r}))")
+
+
 def versions(lab, host, dists: tuple[str, ...] = MLX_DISTS) -> list[str]:
     """The versions of ``dists`` (mlx's and mlx-cpu's) on ``host`` with the lab's python."""
     return lab.ssh(host, f"{lab.python} -c \"{version_of(dists)}\"").stdout.split()
@@ -59,9 +65,11 @@ def overlay_venv(folder: Path) -> tuple[str, str]:
 
 
 @contextmanager
-def other_version(lab, host, folder: Path, package: Package, version: str) -> Iterator[None]:
-    """``host`` on ``package`` ``version`` (and its companion) until the
-    block ends. Set XDG_CACHE_HOME first: the wheels are fetched into the
+def other_version(lab, host, folder: Path, package: Package, version: str,
+                  without: tuple[str, ...] = ()) -> Iterator[None]:
+    """``host`` on ``package`` ``version`` (and its companion), and without
+    the distributions ``without`` (uninstalled there: its python cannot
+    find them), until the block ends. Set XDG_CACHE_HOME first: the wheels are fetched into the
     fix's cache here (``same_version.version_dir``), where the fix then finds
     them. Without a home per host (``Lab.no_project``, as ``lab3_own_home``
     has) the host's ``~/.cache/mlxcluster`` is a tmpfs of its own, so what
@@ -74,11 +82,14 @@ def other_version(lab, host, folder: Path, package: Package, version: str) -> It
     got = wheels.fetched(target, requirements, version_dir(package, version, wheels.wheel_key(target)), 600)
     dists = tuple(r.split("==")[0] for r in requirements)
     own_cache = "" if lab.no_project else "mount -t tmpfs mlxc-wheels /root/.cache/mlxcluster && "
+    remove = (f"{lab.python} -m pip uninstall -q -y --disable-pip-version-check {' '.join(without)} 2>/dev/null; "
+              if without else "")
     made = lab.ssh(host, f"{mount}{own_cache}{lab.python} -m pip install -q --disable-pip-version-check --no-index --no-deps "
-                         f"--find-links {got[0].parent} {' '.join(requirements)} 2>/dev/null; "
-                         f"{lab.python} -c \"{version_of(dists)}\"", timeout=120)
+                         f"--find-links {got[0].parent} {' '.join(requirements)} 2>/dev/null; {remove}"
+                         f"{lab.python} -c \"{version_of(dists)}\"; {lab.python} -c \"{installed_of(without)}\"",
+                   timeout=120)
     try:
-        assert made.stdout.split() == [version] * len(dists), made.stdout + made.stderr
+        assert made.stdout.split() == [version] * len(dists) + ["-"] * len(without), made.stdout + made.stderr
         yield
     finally:
         # What the fix sent is put back too: the host's own cache (a tmpfs,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from collections import Counter
 
 from mlxcluster.doctor.checks.base import CheckContext
 from mlxcluster.doctor.checks.common import (
@@ -26,7 +25,9 @@ from mlxcluster.doctor.fixes.env import OPENBLAS_PRELOAD
 from mlxcluster.doctor.fixes.mlx_lm_version import SAME_MLX_LM
 from mlxcluster.doctor.fixes.mlx_lm_version import choose as choose_mlx_lm
 from mlxcluster.doctor.fixes.mlx_version import SAME_MLX
-from mlxcluster.doctor.fixes.trainer_deps import TRAINER_DEPS, choose_version, requirement
+from mlxcluster.doctor.fixes.mlx_version import choose_version as choose_mlx
+from mlxcluster.doctor.fixes.trainer_deps import TRAINER_DEPS, requirement
+from mlxcluster.doctor.fixes.trainer_deps import choose as choose_trainer_dep
 from mlxcluster.doctor.fixes.wheels import python_minor, target_data
 from mlxcluster.errors import InputError
 
@@ -101,7 +102,9 @@ def mlx_version(ctx: CheckContext) -> Verdict:
     evidence = unprobed_evidence(ctx)
     broken = [n for n, f in facts.items() if not f.mlx_version]
     versions = {n: f.mlx_version for n, f in facts.items() if f.mlx_version}
-    common = majority(versions) if versions else None
+    # The version the fix installs (a tie broken as every version fix does: version_choice).
+    chosen = choose_mlx({n: f.mlx_version for n, f in facts.items()})
+    common = chosen.version
     odd = [n for n, v in versions.items() if v != common]
     for n, f in facts.items():
         if n in broken:
@@ -117,9 +120,9 @@ def mlx_version(ctx: CheckContext) -> Verdict:
     pin = f"mlx=={common}" if common else "mlx"
     # One command per python path, naming all its hosts (not one sentence per host).
     hint = grouped_commands({t.name: f"{shlex.quote(t.python or 'python3')} -m pip install {pin}" for t in targets})
-    counts = Counter(versions.values())
-    if len(counts) > 1 and sorted(counts.values())[-1] == sorted(counts.values())[-2]:
-        hint += "; versions as common as each other: doctor --fix --mlx-version V picks one"
+    if common:
+        hint += (f" ({chosen.said('mlx')}; or doctor --fix: the wheels fetched here and sent over SSH; "
+                 "doctor --fix --mlx-version V installs another)")
     # mlx's wheels are per Python version: --fix installs only where the Python is the others'.
     minors = {n: python_minor(f.python_version) for n, f in facts.items() if f.python_version}
     usual = majority(minors) if minors else None
@@ -240,7 +243,8 @@ def trainer_deps(ctx: CheckContext) -> Verdict:
     versions = {TRAINER_MODULES[m]: {n: _version(mods.get(m)) for n, mods in modules.items()
                                      if isinstance(mods, dict) and _version(mods.get(m))} for m in needed}
     hint = grouped_commands({n: f"{shlex.quote(pythons[n] or 'python3')} -m pip install "
-                                + " ".join(shlex.quote(requirement(d, choose_version(d, versions[d]))) for d in dists)
+                                + " ".join(shlex.quote(requirement(d, choose_trainer_dep(d, versions[d]).version))
+                                           for d in dists)
                              for n, dists in lacking.items()})
     # What doctor alone judges, doctor --fix installs; what a train's data
     # asked for, doctor --fix --train-data DIR.
@@ -271,28 +275,27 @@ def mlx_lm_version(ctx: CheckContext) -> Verdict:
     if None not in versions.values() and len(set(versions.values())) == 1:
         evidence.update({n: f"mlx-lm {v}" for n, v in versions.items()})
         return Verdict(worst(False, False), evidence, None)
-    chosen, why = choose_mlx_lm(versions)
-    found = {n: v for n, v in versions.items() if v}
-    usual = chosen or (majority(found) if found else None)
-    blamed = [n for n, v in versions.items() if not v or v != usual]
+    choice = choose_mlx_lm(versions)
+    chosen = choice.version
+    blamed = [n for n, v in versions.items() if not v or v != chosen]
     for n, v in versions.items():
         if n not in blamed:
             evidence[n] = f"mlx-lm {v}"
         elif v:
-            evidence[n] = BAD + f"mlx-lm {v} (others: {usual}) in {pythons[n]}"
+            evidence[n] = BAD + f"mlx-lm {v} (others: {chosen}) in {pythons[n]}"
         else:
             found_there = isinstance(entries[n], dict) and entries[n].get("found")
             evidence[n] = BAD + (f"mlx-lm of no known version in {pythons[n]}" if found_there
                                  else f"no mlx-lm in {pythons[n]}")
-    if chosen is None:
-        hint = (f"{why}: install one version on every host ({shlex.quote(pythons[blamed[0]] or 'python3')} -m pip "
-                f"install mlx-lm==V); doctor --fix does not choose")
+    if chosen is None:  # no host has mlx-lm, nor has this machine
+        hint = (f"{choice.why}: install one version on every host ({shlex.quote(pythons[blamed[0]] or 'python3')} "
+                f"-m pip install mlx-lm==V); doctor --fix does not choose")
         return Verdict(worst(True, False), evidence, hint)
     hint = grouped_commands({n: f"{shlex.quote(pythons[n] or 'python3')} -m pip install mlx-lm=={chosen}"
                              for n in blamed})
-    hint += (f" (mlx-lm {chosen}: {why}; or doctor --fix --imports mlx_lm: the wheels, with their dependencies, "
+    hint += (f" ({choice.said('mlx-lm')}; or doctor --fix --imports mlx_lm: the wheels, with their dependencies, "
              "fetched here and sent over SSH, each host's mlx kept)")
-    fix_data = {n: {**target_data(facts[n]), "version": versions[n], "to": chosen}
+    fix_data = {n: {**target_data(facts[n]), "version": versions[n], "to": chosen, "why": choice.why}
                 for n in blamed if facts[n].python}
     return Verdict(worst(True, False), evidence, hint, fix_data)
 

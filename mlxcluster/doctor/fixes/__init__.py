@@ -12,5 +12,7 @@ Thunderbolt IP plan, the firewall), ``mlx_version`` (one mlx on every host),
 ``mlx_lm_version`` (one mlx-lm, for a job that runs it; both on
 ``same_version``: one version of a distribution everywhere) and
 ``trainer_deps`` (what the trainer imports), all from wheels fetched here
-(``wheels``: fetched, sent over SSH, installed with no index).
+(``wheels``: fetched, sent over SSH, installed with no index), each
+version chosen by one rule (``version_choice``: a tie goes to this
+machine's version, else the newest).
 """

@@ -3,8 +3,8 @@ runs it (``mlxcluster run -m mlx_lm ...``, ``doctor --fix --imports mlx_lm``).
 
 mlx-lm X goes into the inventory's python of each host that has another
 version or none; X is the version most hosts have, on a tie this machine's
-when it is one of them (else nothing is planned: the check's hint says so),
-and with no host having it, this machine's. Fetched, sent and installed as
+when it is one of them, else the newest of them, and with no host having
+it, this machine's (``version_choice``, as for mlx). Fetched, sent and installed as
 mlx is (``same_version``), but X with its dependencies (transformers,
 sentencepiece...: a host without mlx-lm gets them from the wheels sent)::
 
@@ -26,26 +26,27 @@ uninstalls what pip said it installed.
 from __future__ import annotations
 
 from mlxcluster.doctor.fixes.plan import Action, Fix, FixInput
-from mlxcluster.doctor.fixes.same_version import Package, choose_version, plan_hosts, register
-from mlxcluster.doctor.fixes.trainer_deps import version_here
+from mlxcluster.doctor.fixes.same_version import Package, plan_hosts, register
+from mlxcluster.doctor.fixes.version_choice import Choice, choose_version, version_here
 
 DIST = "mlx-lm"
 MLX_LM = register(Package(DIST, "mlx-lm-install", f"no {DIST}", deps=True, keep="mlx", undo_new=True))
 
 
-def choose(versions: dict[str, str | None]) -> tuple[str | None, str]:
-    """(X, why) for the hosts' versions (None: a host without mlx-lm)."""
+def choose(versions: dict[str, str | None]) -> Choice:
+    """X for the hosts' versions (None: a host without mlx-lm), with this machine's."""
     return choose_version(DIST, versions, here=version_here(DIST))
 
 
 def plan_mlx_lm(fix: FixInput) -> list[Action]:
-    """One action per host the check blamed, all to the X it chose (in each host's ``to``)."""
+    """One action per host the check blamed, all to the X it chose (in each
+    host's ``to``, and why in ``why``)."""
     data = fix.result.fix_data
-    targets = {d.get("to") for d in data.values()}
-    if len(targets) != 1 or None in targets:
+    targets = {(d.get("to"), d.get("why", "")) for d in data.values()}
+    if len(targets) != 1 or None in {to for to, _ in targets}:
         return []
-    return plan_hosts(fix, MLX_LM, targets.pop(), {name: d.get("version") for name, d in data.items()})
+    return plan_hosts(fix, MLX_LM, Choice(*targets.pop()), {name: d.get("version") for name, d in data.items()})
 
 
-SAME_MLX_LM = Fix("mlx-lm X (the most hosts') installed from wheels fetched here, with its dependencies",
-                  plan_mlx_lm)
+SAME_MLX_LM = Fix("mlx-lm X (the most hosts', a tie to this machine's or the newest) installed from wheels "
+                  "fetched here, with its dependencies", plan_mlx_lm)

@@ -1,8 +1,9 @@
 """The fix for ``mlx-version``: one mlx on every host.
 
 mlx X goes into the inventory's python on each host that has another (or
-none that imports); X is the version most hosts have, or ``doctor --fix
---mlx-version X``. Macs linked only by Thunderbolt often cannot reach a
+none that imports); X is ``doctor --fix --mlx-version X``, else the version
+most hosts have, on a tie this machine's when it is one of them, else the
+newest of them (``version_choice``). Macs linked only by Thunderbolt often cannot reach a
 package index, so the wheels are fetched once, here, for each host's
 platform and Python (what the probe reported), then sent over the same SSH
 connection and installed from the file::
@@ -33,7 +34,8 @@ import sys
 from mlxcluster.doctor.fixes import wheels
 from mlxcluster.doctor.fixes.plan import Action, Fix, FixInput
 from mlxcluster.doctor.fixes.same_version import Package, plan_hosts, register
-from mlxcluster.doctor.fixes.same_version import choose_version as choose
+from mlxcluster.doctor.fixes.version_choice import Choice, version_here
+from mlxcluster.doctor.fixes.version_choice import choose_version as choose
 from mlxcluster.doctor.fixes.wheels import (  # noqa: F401 (Target, platform_tags...: this fix's API too)
     FETCH_TIMEOUT,
     HOST_WHEELS,
@@ -67,10 +69,11 @@ def install_command(python: str, system: str, version: str) -> str:
     return MLX.install_command(python, system, version)
 
 
-def choose_version(versions: dict[str, str | None], wanted: str | None = None) -> tuple[str | None, str]:
-    """(X, why): ``wanted`` when given, else the version most hosts have; on
-    a tie none (the user picks with --mlx-version)."""
-    return choose(PACKAGE, versions, wanted=wanted, wanted_by="--mlx-version", pick="--mlx-version")
+def choose_version(versions: dict[str, str | None], wanted: str | None = None) -> Choice:
+    """X for the hosts' mlx (None: a host where it does not import):
+    ``wanted`` (--mlx-version) when given, else ``version_choice``'s rule
+    with this machine's mlx."""
+    return choose(PACKAGE, versions, here=version_here(PACKAGE), wanted=wanted, wanted_by="--mlx-version")
 
 
 def available_versions(python: str = sys.executable, timeout: float = 120.0) -> list[str]:
@@ -95,13 +98,15 @@ def check_mlx_version(version: str, versions=None) -> None:
 
 
 def plan_mlx(fix: FixInput) -> list[Action]:
-    """One action per host not on X (python like the others'); nothing on a tie."""
+    """One action per host not on X (python like the others'); nothing
+    when no X can be chosen (no mlx here nor on any host)."""
     data = fix.result.fix_data
-    version, _ = choose_version({h: d.get("mlx") for h, d in data.items()}, fix.options.get("mlx_version"))
-    if version is None:
+    choice = choose_version({h: d.get("mlx") for h, d in data.items()}, fix.options.get("mlx_version"))
+    if choice.version is None:
         return []
-    return plan_hosts(fix, MLX, version, {name: d.get("mlx") or d.get("installed") for name, d in data.items()
-                                          if d.get("mlx") != version and not d.get("python_refused")})
+    return plan_hosts(fix, MLX, choice, {name: d.get("mlx") or d.get("installed") for name, d in data.items()
+                                         if d.get("mlx") != choice.version and not d.get("python_refused")})
 
 
-SAME_MLX = Fix("mlx X (the most hosts' or --mlx-version) installed from wheels fetched here", plan_mlx)
+SAME_MLX = Fix("mlx X (--mlx-version, else the most hosts', a tie to this machine's or the newest) installed "
+               "from wheels fetched here", plan_mlx)

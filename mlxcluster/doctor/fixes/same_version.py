@@ -2,8 +2,10 @@
 ``mlx-version`` (``mlx_version``) and ``mlx-lm-version`` (``mlx_lm_version``)
 share.
 
-X goes into the inventory's python of each host that has another version or
-none. The wheels of X (with its dependencies where the package says so) and
+X (``version_choice``: the version asked for, else the most hosts', a tie
+to this machine's or the newest) goes into the inventory's python of each
+host that has another version or none; the plan says which rule chose X.
+The wheels of X (with its dependencies where the package says so) and
 of the version the host had (the undo needs it, and the host may reach no
 index later) are fetched once here for the host's platform and Python, sent
 over the same SSH connection and installed from the file (``wheels``)::
@@ -22,7 +24,6 @@ is no way back. An install that installed nothing is ``unchanged``.
 from __future__ import annotations
 
 import sys
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from typing import Any
 from mlxcluster.doctor.fixes import wheels
 from mlxcluster.doctor.fixes.apply import APPLIERS, ApplyContext
 from mlxcluster.doctor.fixes.plan import Action, FixInput
+from mlxcluster.doctor.fixes.version_choice import Choice
 
 
 @dataclass(frozen=True)
@@ -62,40 +64,17 @@ def register(package: Package) -> Package:
     return package
 
 
-def choose_version(dist: str, versions: dict[str, str | None], *, here: str | None = None,
-                   wanted: str | None = None, wanted_by: str = "", pick: str | None = None) -> tuple[str | None, str]:
-    """(X, why): ``wanted`` when given, else the version most hosts have; on
-    a tie ``here`` (this machine's version) when it is one of the tied, else
-    none, and why says so (``pick``: the option that chooses). With no host
-    having one: ``here``, else none."""
-    if wanted:
-        return wanted, wanted_by
-    counts = Counter(v for v in versions.values() if v)
-    if not counts:
-        if here:
-            return here, f"this machine's: no host has {dist}"
-        return None, f"no host has {dist}" + (f": pass {pick}" if pick else ", nor has this machine")
-    ranked = counts.most_common()
-    tied = [v for v, n in ranked if n == ranked[0][1]]
-    if len(tied) == 1:
-        return tied[0], f"on {ranked[0][1]} of {len(versions)} hosts"
-    listing = " and ".join(f"{dist} {v} ({', '.join(h for h, hv in versions.items() if hv == v)})" for v in tied)
-    if here in tied:
-        return here, f"{listing} are as common: this machine's"
-    if pick:
-        return None, f"{listing} are as common: pass {pick} {' or '.join(tied)}"
-    return None, f"{listing} are as common and this machine has {f'{dist} {here}' if here else 'neither'}"
-
-
 def version_dir(package: Package, version: str, key: str) -> Path:
     """Where the wheels of ``package`` ``version`` for one platform and Python are fetched here."""
     return wheels.fetch_dir(package.dist, version, key)
 
 
-def plan_hosts(fix: FixInput, package: Package, version: str, previous: dict[str, str | None]) -> list[Action]:
+def plan_hosts(fix: FixInput, package: Package, choice: Choice, previous: dict[str, str | None]) -> list[Action]:
     """One action per host of ``previous`` (host -> the version it has, None:
-    none): X installed; the version it had fetched too, for the undo."""
+    none): X (``choice``, its rule said in the plan) installed; the version it
+    had fetched too, for the undo."""
     here = sys.executable
+    version = choice.version
     actions = []
     for name, before in previous.items():
         h = wheels.install_host(fix, name, fix.result.fix_data[name])
@@ -108,7 +87,8 @@ def plan_hosts(fix: FixInput, package: Package, version: str, previous: dict[str
         back = "" if before or package.undo_new else " (no way back: the version there is unknown)"
         actions.append(wheels.install_action(fix, h, package.kind, what, downloads,
                                              package.install_command(h.python, h.target.system, version),
-                                             {"version": version, "previous": before}, back))
+                                             {"version": version, "previous": before},
+                                             f"; {choice.said(package.dist)}{back}"))
     return actions
 
 

@@ -3,7 +3,8 @@ where it is missing.
 
 Each distribution a host lacks goes into the inventory's python there, at
 the version this machine has (mlxcluster's python: the one the trainer was
-tried with here), else the version most hosts have, else the newest. As for
+tried with here), else the version most hosts have (a tie: the newest of
+them, ``version_choice``), else the newest the index has. As for
 mlx (``mlx_version``, ``wheels``), the wheels are fetched once, here, for
 each host's platform and Python, with their dependencies (tokenizers needs
 huggingface_hub...), sent over the same SSH connection and installed with
@@ -24,13 +25,17 @@ that was there before is never touched.
 from __future__ import annotations
 
 import sys
-from collections import Counter
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from mlxcluster.doctor.fixes.apply import APPLIERS, ApplyContext
 from mlxcluster.doctor.fixes.plan import Action, Fix, FixInput
+from mlxcluster.doctor.fixes.version_choice import (
+    THIS_MACHINES,
+    Choice,
+    choose_version,
+    version_here,
+)
 from mlxcluster.doctor.fixes.wheels import (  # noqa: F401 (installed_by: this fix's API too)
     FETCH_TIMEOUT,
     Target,
@@ -46,22 +51,12 @@ from mlxcluster.doctor.fixes.wheels import (  # noqa: F401 (installed_by: this f
 )
 
 
-def version_here(dist: str) -> str | None:
-    """The version of ``dist`` installed in this machine's python, or None."""
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def choose_version(dist: str, hosts: dict[str, str | None]) -> str | None:
-    """This machine's version of ``dist``, else the most hosts' (the first
-    seen on a tie), else None (the newest the index has)."""
+def choose(dist: str, hosts: dict[str, str | None]) -> Choice:
+    """This machine's version of ``dist`` (the trainer was tried with it),
+    else ``version_choice``'s rule for the hosts' versions; None: the
+    newest the index has."""
     mine = version_here(dist)
-    if mine:
-        return mine
-    counts = Counter(v for v in hosts.values() if v)
-    return counts.most_common(1)[0][0] if counts else None
+    return choose_version(dist, hosts, here=mine, wanted=mine, wanted_by=THIS_MACHINES)
 
 
 def requirement(dist: str, version: str | None) -> str:
@@ -82,13 +77,16 @@ def plan_trainer_deps(fix: FixInput) -> list[Action]:
         h = install_host(fix, name, d) if d.get("missing") else None
         if h is None:
             continue
-        versions = {dist: choose_version(dist, others) for dist, others in d["missing"].items()}
+        choices = {dist: choose(dist, others) for dist, others in d["missing"].items()}
+        versions = {dist: c.version for dist, c in choices.items()}
         reqs = [requirement(dist, v) for dist, v in versions.items()]
         downloads = [download_argv(here, h.target, [r], str(wheel_dir(dist, v, h.key)), deps=True)
                      for r, (dist, v) in zip(reqs, versions.items(), strict=True)]
+        why = "; ".join(c.said(dist) if c.version else f"{dist}: the newest the index has"
+                        for dist, c in choices.items())
         actions.append(install_action(fix, h, "trainer-install", f"install {', '.join(reqs)}", downloads,
                                       install_command(h.python, reqs), {"versions": versions},
-                                      f": the trainer's ranks import {'them' if len(reqs) > 1 else 'it'}"))
+                                      f": the trainer's ranks import {'them' if len(reqs) > 1 else 'it'} ({why})"))
     return actions
 
 
