@@ -103,6 +103,21 @@ SHARED_STORAGE_TRAIN_TIMEOUT_S = 300
 # closing, a rank's process reaped) before what is left counts as left.
 LAB_SETTLE_S = 10.0
 
+# serve: how often its probe asks and how long an answer may take. The tiny
+# model answers a one-token completion in ~0.05 s alone; at a load of 20-40
+# (CI's 4 workers on 2 cores) a few seconds: 10 s is a hang, not a slow answer.
+SERVE_PROBE_EVERY_S = 2
+SERVE_PROBE_TIMEOUT_S = 10
+# From `mlxcluster serve` started to its "serving" line: the preflight, the
+# model sent, both ranks loading mlx-lm (measured alone: 15-25 s on the lab).
+SERVE_UP_S = 240
+# From a fault (a rank stopped or killed) to "serving ... again": the probe's
+# timeout, the stacks collected, every rank stopped, the launch and load again.
+SERVE_AGAIN_S = 180
+# Ctrl-C to serve's exit: mlx-lm's rank 0 does not stop on SIGINT (it calls
+# httpd.shutdown() from the thread serving): the launcher's 20 s grace, then the sweep.
+SERVE_STOP_S = 90
+
 
 def poll_until(condition: Callable[[], object], timeout: float, what: str,
                interval: float = POLL_S) -> object:

@@ -27,6 +27,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "smoke",
     "train",
     "run",
+    "serve",
     "jobs",
     "attach",
     "stop",

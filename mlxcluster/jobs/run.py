@@ -42,7 +42,8 @@ def run_job(job: Job, on_line: Callable[[str, str], None],
             timeout: float | None = None,
             stall_timeout: float | str | None = AUTO,
             report_dir: Path | None = None, run_id: str | None = None,
-            any_line_progress: bool = False) -> RunOutcome:
+            any_line_progress: bool = False,
+            watch: stall.StallWatch | None = None) -> RunOutcome:
     """Run the job's program (``job.program``) on every rank and wait for the end.
 
     The launcher reaches the hosts through launcher_ssh's ssh (keepalive,
@@ -57,7 +58,8 @@ def run_job(job: Job, on_line: Callable[[str, str], None],
     ``report_dir``/stall-RUN_ID (default: ./runs, where `run` keeps its logs), every rank
     is stopped, and stall.Stalled is raised. ``any_line_progress``: every
     output line counts as progress, not only heartbeats (`mlxcluster run`:
-    a program of its own prints none). ``run_id``: default a new one.
+    a program of its own prints none). ``watch``: a stall watch of the
+    caller's own instead (serve's probe). ``run_id``: default a new one.
 
     Unless ``job.detached``, every rank watches the lease this process keeps
     renewed on its host (jobs.lease): if this process is killed or cut off,
@@ -66,8 +68,7 @@ def run_job(job: Job, on_line: Callable[[str, str], None],
     base_env = dict(os.environ if env is None else env)
     if not job.detached:
         job = leased_job(job, base_env)
-    watch = None
-    if stall_timeout is not None:
+    if watch is None and stall_timeout is not None:
         limit = None if stall_timeout == AUTO else float(stall_timeout)
         watch = stall.LineWatch(limit) if any_line_progress else stall.StallWatch(limit)
 
@@ -105,16 +106,13 @@ def stop_stalled(job: Job, run_id: str, watch: stall.StallWatch, report_root: Pa
     """A stalled job: every rank's state and stacks, the diagnosis, the report
     saved, then every rank stopped (a SIGSTOPped one too: the sweep sends
     CONT and KILL). Returns the error to raise."""
-    silent, limit = watch.silent_for(), watch.limit()
-    how = "--stall-timeout" if watch.fixed is not None else "automatic: 10 x the median step, >= 60 s"
     states = stall.collect_states(
         list(job.hosts), run_id,
         run_script=lambda h, script: run_script(h, script, env=env),
         for_each_host=for_each_host)
     summary = stall.diagnose(states)
     steps = ", ".join(f"rank {r} {s}" for r, s in sorted(watch.steps.items()))
-    header = (f"run {run_id}: no progress for {silent:.0f} s (stall timeout {limit:.0f} s, {how}); "
-              f"last step seen: {steps or 'none'}")
+    header = f"run {run_id}: {watch.why()}; last step seen: {steps or 'none'}"
     folder: Path | None = report_root / f"stall-{run_id}"
     try:
         stall.save_report(folder, summary, states, header)
@@ -124,8 +122,7 @@ def stop_stalled(job: Job, run_id: str, watch: stall.StallWatch, report_root: Pa
     where = f"every rank's state and Python stacks: {folder}" if folder else \
         "the stacks could not be saved"
     return stall.Stalled(
-        f"{job.title} stalled: no progress for {silent:.0f} s (stall timeout {limit:.0f} s): "
-        f"{summary}\n" + "\n".join(f"  {line}" for line in stall.rank_lines(states)),
+        f"{job.title} stalled: {watch.why(detailed=False)}: {summary}\n" + "\n".join(f"  {line}" for line in stall.rank_lines(states)),
         f"{where}; every rank was stopped. Look at the named rank's host (swapped out, "
         f"stopped, a hung collective){job.then}", report_dir=folder,
         hosts=tuple(sorted({s.host for s in states if s.is_odd_by_state})), run_id=run_id)

@@ -126,6 +126,12 @@ class StallWatch:
             return False
         return self.silent_for(now) > self.limit()
 
+    def why(self, detailed: bool = True) -> str:
+        """What makes this a stall, in words (``detailed``: with how the limit was chosen)."""
+        how = "" if not detailed else \
+            ", --stall-timeout" if self.fixed is not None else ", automatic: 10 x the median step, >= 60 s"
+        return f"no progress for {self.silent_for():.0f} s (stall timeout {self.limit():.0f} s{how})"
+
 
 class LineWatch(StallWatch):
     """For a program of the user's own (`mlxcluster run`): any output line

@@ -40,7 +40,7 @@ _STDERR_CAUSES: tuple[tuple[str, str, str, str], ...] = (
 
 def ssh_argv(
     target: str,
-    command: str,
+    command: str | None,
     *,
     ssh_config: str | None = None,
     connect_timeout: float = 5.0,
@@ -49,7 +49,8 @@ def ssh_argv(
     ssh: str = "ssh",
     options: Sequence[str] = (),
 ) -> list[str]:
-    """The argv of a non-interactive ssh call; ``command`` is already quoted.
+    """The argv of a non-interactive ssh call; ``command`` is already quoted
+    (None: no command, for ``-N`` with a forward among ``options``).
     ``options`` are further ssh arguments (e.g. an inventory's ``-F``/``-p``)."""
     argv = [ssh]
     if ssh_config:
@@ -66,8 +67,8 @@ def ssh_argv(
     argv += options
     # Inventories and hostfiles forbid a leading '-' in a target; '--' makes
     # sure ssh never reads one as an option anyway.
-    argv += ["--", target, command]
-    return argv
+    argv += ["--", target]
+    return argv if command is None else [*argv, command]
 
 
 def parse_ssh_g(text: str) -> dict[str, str]:

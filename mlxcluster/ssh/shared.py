@@ -69,6 +69,23 @@ def shared_in(options: Sequence[str]) -> tuple[str, ...]:
     return ()
 
 
+def without_sharing(options: Sequence[str]) -> tuple[str, ...]:
+    """A host's ssh options with the sharing ones taken out: for a call that
+    must have a connection of its own (a port forward lives as long as its
+    ssh process only when that process is not a master's client)."""
+    sharing = shared_in(options)
+    if not sharing:
+        return tuple(options)
+    options, kept, i = list(options), [], 0
+    while i < len(options):
+        if options[i] == "-o" and i + 1 < len(options) and options[i + 1] in sharing[1::2]:
+            i += 2
+            continue
+        kept.append(options[i])
+        i += 1
+    return tuple(kept)
+
+
 def close(folder: str, env: dict[str, str] | None = None) -> None:
     """End every master connection whose socket is in ``folder`` (none when
     no call was made: nothing is run then), and remove the folder. The

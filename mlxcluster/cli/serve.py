@@ -1,0 +1,176 @@
+"""`mlxcluster serve MODEL_DIR`: mlx-lm's own server on every host, one
+address here, probed, restarted (docs/serve.md)."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import click
+
+from mlxcluster.cli.job_launch import (
+    EventView,
+    choose_job,
+    one_source,
+    plan_backend,
+    prepare_job,
+    share_connections,
+)
+from mlxcluster.cli.params import Duration, launch_options
+from mlxcluster.errors import InputError, Interrupted
+from mlxcluster.jobs.cleanup import new_run_id
+from mlxcluster.jobs.events import Note, Restarting
+from mlxcluster.jobs.job import BACKENDS, program_imports
+from mlxcluster.jobs.restarts import Restarts
+from mlxcluster.jobs.run_output import RankLogs
+from mlxcluster.serve.front import Backend, Front
+from mlxcluster.serve.serving import (
+    ServeSpec,
+    ServeUp,
+    absolute_model,
+    serve_until_stopped,
+    server_program,
+)
+
+RUN_PREFIX = "mlxserve"
+# mlx-lm's server logs each request (its access line, its prompt cache, its
+# prompt progress) at INFO: kept in the rank's log, not shown, or every probe
+# would print ten lines. Warnings, errors and anything not logged are shown.
+QUIET_LINE = re.compile(r'"(GET|POST|OPTIONS|HEAD) \S+ HTTP/1\.[01]" \d{3}'
+                        r"|^(\[\d+\] )?\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ - (DEBUG|INFO) - ")
+
+
+@click.command("serve", context_settings={"ignore_unknown_options": True,
+                                          "allow_interspersed_args": False})
+@launch_options(BACKENDS)
+@click.option("--pipeline", is_flag=True,
+              help="Split the model's layers over the ranks (mlx-lm's pipeline) instead of each "
+                   "layer's heads (tensor parallel, the default).")
+@click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True,
+              help="The port of the one address here (http://127.0.0.1:PORT/v1).")
+@click.option("--bind", default="127.0.0.1", show_default=True,
+              help="Listen on this address instead (0.0.0.0: every interface; anyone who "
+                   "reaches it can use the model).")
+@click.option("--max-restarts", type=click.IntRange(0, 100), default=3, show_default=True,
+              help="After a rank exits or a probe gets no answer: stop every rank, launch again, "
+                   "up to this many times (then exit 4).")
+@click.option("--probe-every", type=Duration(1), default="10s", show_default=True,
+              help="How often a one-token completion checks that every rank answers.")
+@click.option("--probe-timeout", type=Duration(1), default="30s", show_default=True,
+              help="A probe without an answer this long (or a request without a byte) is a hang.")
+@click.option("--start-timeout", type=Duration(1), default="15m", show_default=True,
+              help="The server must answer its first probe within this long of each launch "
+                   "(loading the model).")
+@click.option("--concurrent", is_flag=True,
+              help="Pass requests on as they come; by default one at a time (mlx-lm's "
+                   "distributed server fails on two at once: mlx-lm #1737).")
+@click.option("--no-sync-model", is_flag=True,
+              help="Do not check the model folder on every host (sha256) nor send it where it "
+                   "is missing or different.")
+@click.option("--logs", "logs_dir", type=click.Path(file_okay=False), default=None,
+              help="Folder for one log file per rank and serve.log (default: ./runs/RUN_ID).")
+@click.argument("model_dir", type=click.Path(file_okay=False))
+@click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
+def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, connections_per_ip,
+            no_preflight, no_openblas, no_sync_code, timeout, pipeline, port, bind, max_restarts,
+            probe_every, probe_timeout, start_timeout, concurrent, no_sync_model, logs_dir,
+            model_dir, server_args):
+    """Serve MODEL_DIR with mlx-lm's server split over every host, at one address here.
+
+    e.g. `mlxcluster serve -i cluster.yaml ~/models/Qwen3-4B-4bit`. Arguments
+    after `--` go to mlx_lm.server. Runs until Ctrl-C; every rank on every
+    host is then stopped (exit 0). Exit 2: bad input or a model that cannot
+    be split so; 4: the restarts are spent (docs/serve.md).
+    """
+    one_source("serve", hostfile, inventory_path, local_ranks, example="--local 2 MODEL_DIR")
+    if not (Path(model_dir) / "config.json").is_file():
+        raise InputError(f"{model_dir} is not a model folder (no config.json in it)",
+                         "give the folder mlx-lm downloaded or converted (mlx_lm.convert), e.g. "
+                         "~/.cache/huggingface/hub/models--ORG--NAME/snapshots/HASH")
+    if timeout is not None:
+        raise InputError("serve runs until it is stopped: --timeout does not apply",
+                         "stop it with Ctrl-C or 'kill' (SIGTERM)")
+    spec = ServeSpec(absolute_model(model_dir), pipeline, probe_every, probe_timeout,
+                     start_timeout, tuple(a for a in server_args if a != "--"))
+    backend_state = Backend(concurrent=concurrent)
+    try:  # first: a taken port is said before anything is checked, sent or launched
+        front = Front(bind, port, backend_state, read_timeout=probe_timeout)
+    except OSError as err:
+        raise InputError(f"cannot listen on {bind}:{port}: {err.strerror}",
+                         "give another --port (or stop what listens there)") from None
+    click.get_current_context().with_resource(front)
+
+    job, inventory = choose_job(hostfile, inventory_path, local_ranks, backend, python, mpi_args,
+                                connections_per_ip)
+    program = server_program(spec, 0)
+    job = replace(job, program=program, imports=program_imports(program), tag_output=True,
+                  title="the server")
+    env = dict(os.environ)
+    view = EventView("serve")
+    job = share_connections(plan_backend(job, inventory, env), env)
+    job, _ = prepare_job(job, inventory, env, view, no_preflight=no_preflight,
+                         no_openblas=no_openblas, no_sync_code=no_sync_code)
+    if not no_sync_model:  # every Mac has its own disk
+        from mlxcluster.launch.sync import sync_model
+
+        sync_model(job, spec.model, env, view)
+
+    run_id = new_run_id(RUN_PREFIX)
+    logs_path = Path(logs_dir) if logs_dir else Path("runs") / run_id
+    try:
+        logs = RankLogs(logs_path)
+    except OSError as err:
+        raise InputError(f"cannot create the logs folder {logs_path}: {err.strerror}",
+                         "give --logs a folder you can write to") from None
+    journal = ServeJournal(logs_path / "serve.log")
+    address = f"http://{'127.0.0.1' if bind == '0.0.0.0' else bind}:{front.port}/v1"
+    name = os.path.basename(spec.model.rstrip("/"))
+    ranks = len(job.hosts)
+
+    def show(stream: str, line: str) -> None:
+        logs.write(line)
+        if not QUIET_LINE.search(line):
+            click.echo(line, err=stream == "stderr")
+
+    def on_event(event: object) -> None:
+        view(event)
+        if isinstance(event, Restarting):
+            journal.write(f"restart {event.done}/{event.max_restarts}: {event.cause}")
+        elif isinstance(event, Note):
+            journal.write(event.text)
+
+    def on_up(up: ServeUp) -> None:
+        again = f" again (restart {up.launch}, up in {up.seconds:.0f} s)" if up.launch else ""
+        line = f"serving {name} at {address} ({ranks} ranks, {spec.split}){again}"
+        journal.write(line)
+        click.secho(line, fg="green")
+
+    on_event(Note(f"logs: {logs_path}/rank<R>.log, {logs_path}/serve.log"))
+    try:
+        serve_until_stopped(job, spec, backend_state, Restarts(max_restarts), env, run_id=run_id,
+                            logs_dir=logs_path, on_line=show, on_event=on_event, on_up=on_up)
+    except Interrupted as stop:
+        journal.write(f"stopped ({stop}): every rank on every host")
+        click.echo(f"stopped: every rank of run {run_id} was stopped on every host; logs: {logs_path}")
+        return
+    finally:
+        logs.close()
+        journal.close()
+
+
+class ServeJournal:
+    """serve.log: each launch, each restart and its cause, each time the
+    model was up, with the time."""
+
+    def __init__(self, path: Path):
+        self.file = open(path, "a", encoding="utf-8")  # noqa: SIM115
+
+    def write(self, text: str) -> None:
+        self.file.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()

@@ -1,0 +1,1 @@
+"""`mlxcluster serve`: mlx-lm's own server across the Macs (docs/serve.md)."""

@@ -1,0 +1,147 @@
+"""Is the served model answering? A one-token completion, every few seconds.
+
+An idle mlx-lm server prints nothing, so silence proves nothing; a hung one
+(a ring ``all_sum`` that never returns, mlx #4475; JACCL spinning on a lost
+peer, mlx #4278) accepts the connection and then never answers. Only a
+request that goes through every rank tells: a one-token completion does
+(tensor parallel: every layer's all_sum; pipeline: every stage's send and
+recv).
+
+``ProbeWatch`` is the jobs layer's stall watch for a server: ``stalled()``
+turns true when the server was not up within ``start_timeout`` of the
+launch, or when a probe got no answer within ``probe_timeout``. The jobs
+layer then does what it does for any stall: every rank's state and Python
+stacks saved, the rank that is not where the others are named with its
+host, every rank stopped (jobs/run.py ``stop_stalled``), and the restart.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from mlxcluster.jobs.stall import StallWatch
+from mlxcluster.serve.front import Backend
+
+PROBE_PATH = "/v1/completions"
+# Greedy, one token: the cheapest request that runs the whole model on every rank.
+PROBE_BODY = json.dumps({"prompt": "Hello", "max_tokens": 1, "temperature": 0.0}).encode()
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    ok: bool
+    seconds: float
+    error: str = ""  # why not, when not ok
+
+
+def probe_once(port: int, timeout: float) -> ProbeResult:
+    """One one-token completion at 127.0.0.1:``port``, within ``timeout``."""
+    started = time.monotonic()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("POST", PROBE_PATH, body=PROBE_BODY,
+                     headers={"Content-Type": "application/json"})
+        answer = conn.getresponse()
+        body = answer.read()
+    except TimeoutError:
+        return ProbeResult(False, time.monotonic() - started, f"no answer within {timeout:.0f} s")
+    except OSError as err:
+        return ProbeResult(False, time.monotonic() - started, f"cannot connect ({err.strerror or err})")
+    finally:
+        conn.close()
+    seconds = time.monotonic() - started
+    if answer.status != 200:
+        return ProbeResult(False, seconds, f"HTTP {answer.status}: {body[:200].decode(errors='replace')}")
+    return ProbeResult(True, seconds)
+
+
+class ProbeWatch(StallWatch):
+    """The stall watch of one launch of the server (see the module doc).
+
+    ``probe`` is called with a timeout and returns a ProbeResult (the real
+    one is ``probe_once`` on the tunnel's port); ``on_up`` is called once,
+    with the first answer's seconds since the launch."""
+
+    def __init__(self, probe: Callable[[float], ProbeResult], backend: Backend, port: int, *,
+                 every: float, timeout: float, start_timeout: float,
+                 on_up: Callable[[float], None], clock: Callable[[], float] = time.monotonic):
+        super().__init__(timeout, clock=clock)
+        self.probe, self.backend, self.port = probe, backend, port
+        self.every, self.timeout, self.start_timeout = every, timeout, start_timeout
+        self.on_up = on_up
+        self.up_at: float | None = None
+        self.failure: str | None = None  # why the server is taken as hung
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="serve-probe", daemon=True)
+
+    # -- the jobs layer's side (stall.StallWatch)
+
+    def feed(self, line: str) -> str | None:
+        return line  # a server's lines are not progress: only answers are
+
+    def stalled(self, now: float | None = None) -> bool:
+        now = self.clock() if now is None else now
+        if self.failure is None and self.up_at is None and now - self.started > self.start_timeout:
+            self.failure = (f"the server did not answer within {self.start_timeout:.0f} s of the "
+                            "launch (--start-timeout)")
+        return self.failure is not None
+
+    def limit(self) -> float:
+        return self.timeout if self.up_at is not None else self.start_timeout
+
+    def why(self, detailed: bool = True) -> str:
+        return self.failure or "no answer"
+
+    # -- the probing thread
+
+    def start(self) -> ProbeWatch:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.thread.join(timeout=self.timeout + 5)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set() and self.failure is None:
+            if self.up_at is None:
+                self._until_up()
+            else:
+                self._check()
+            self._stop.wait(self.every if self.up_at is not None else 1.0)
+
+    def _until_up(self) -> None:
+        got = self.probe(self.timeout)
+        if got.ok:
+            self.up_at = self.clock()
+            self.last_progress = self.up_at
+            self.backend.up(self.port)
+            self.on_up(self.up_at - self.started)
+
+    def _check(self) -> None:
+        if not self.backend.concurrent and not self.backend.turn.acquire(timeout=1.0):
+            # A request holds the turn: its bytes are the server's answer.
+            quiet = self.clock() - max(self.backend.last_byte_at, self.backend.busy_since or 0.0)
+            if quiet > self.timeout:
+                self._failed(f"a request got no byte from rank 0's server for {quiet:.0f} s "
+                             f"(--probe-timeout {self.timeout:.0f} s)")
+            return
+        try:
+            got = self.probe(self.timeout)
+        finally:
+            if not self.backend.concurrent:
+                self.backend.turn.release()
+        if got.ok:
+            self.last_progress = self.clock()
+        else:
+            self._failed(f"the probe (a one-token completion) got {got.error} "
+                         f"(--probe-timeout {self.timeout:.0f} s)")
+
+    def _failed(self, why: str) -> None:
+        self.backend.down(f"restarting: {why}")
+        self.failure = why

@@ -1,0 +1,118 @@
+"""A model served by mlx-lm's own server on every rank, supervised.
+
+``serve_until_stopped`` launches ``python -m mlx_lm server`` on every rank
+of a prepared job (the jobs layer: rank wrapper, lease, sweep), opens the
+way to rank 0's port (``tunnel.py``), watches it with the probe
+(``probe.py``) and, when a rank exits or the probe gets no answer, lets the
+jobs layer diagnose and stop every rank, then launches again
+(``restarts.launch_until_done``), up to the restart budget. The front
+(``front.py``), opened by the caller, keeps the one address meanwhile.
+
+It returns only when the restarts are spent (``ServeFailed``); Ctrl-C or
+SIGTERM ends it as they end any job (``errors.Interrupted``, every rank
+stopped on every host).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from mlxcluster.errors import EXIT_STALLED, MlxclusterError
+from mlxcluster.jobs.events import Note, OnEvent
+from mlxcluster.jobs.job import Job
+from mlxcluster.jobs.restarts import Restarts, launch_until_done
+from mlxcluster.jobs.run import run_job
+from mlxcluster.jobs.watch import RunOutcome
+from mlxcluster.launch.program import launch_number, numbered
+from mlxcluster.serve.front import Backend
+from mlxcluster.serve.probe import ProbeWatch, probe_once
+from mlxcluster.serve.tunnel import free_port_on, open_tunnel
+
+SERVER_MODULE = ("-m", "mlx_lm", "server")  # mlx-lm's entry point (`-m mlx_lm.server` is deprecated)
+
+
+@dataclass(frozen=True)
+class ServeSpec:
+    """What to serve and how it is watched (serve's flags)."""
+
+    model: str  # the model folder, absolute: the same path on every host
+    pipeline: bool = False
+    probe_every: float = 10.0
+    probe_timeout: float = 30.0
+    start_timeout: float = 900.0
+    server_args: tuple[str, ...] = ()  # after `--`: passed on to mlx_lm.server
+
+    @property
+    def split(self) -> str:
+        return "pipeline" if self.pipeline else "tensor"
+
+
+@dataclass(frozen=True)
+class ServeUp:
+    """Rank 0's server answered its first probe (``launch``: 0 first)."""
+
+    launch: int
+    seconds: float  # since that launch
+    host: str  # rank 0's
+
+
+class ServeFailed(MlxclusterError):
+    """The server failed more often than the restart budget allows."""
+
+    exit_code = EXIT_STALLED
+
+
+def server_program(spec: ServeSpec, port: int) -> tuple[str, ...]:
+    """What every rank's python runs: mlx-lm's server on rank 0's loopback
+    at ``port`` (only rank 0 listens; the others follow its requests)."""
+    return (*SERVER_MODULE, "--model", spec.model, "--host", "127.0.0.1", "--port", str(port),
+            *(("--pipeline",) if spec.pipeline else ()), *spec.server_args)
+
+
+def serve_until_stopped(job: Job, spec: ServeSpec, backend: Backend, restarts: Restarts,
+                        env: dict[str, str], *, run_id: str, logs_dir: Path,
+                        on_line: Callable[[str, str], None], on_event: OnEvent,
+                        on_up: Callable[[ServeUp], None]) -> None:
+    """Serve until interrupted (raises ``errors.Interrupted``) or the
+    restarts are spent (raises ``ServeFailed``, or the last stall)."""
+
+    def launch(job: Job) -> RunOutcome:
+        k = launch_number(job)
+        rank0 = job.hosts[0]
+        port = free_port_on(rank0, env)
+        job = replace(job, program=server_program(spec, port))
+        on_event(Note(f"launching {len(job.hosts)} rank(s) on {job.backend}, run {run_id}"
+                      f"{f' (restart {k})' if k else ''}: mlx-lm's server, rank 0 on {rank0.name} "
+                      f"at its 127.0.0.1:{port}"))
+        tunnel = open_tunnel(rank0, port, env)
+        watch = ProbeWatch(lambda t: probe_once(tunnel.port, t), backend, tunnel.port,
+                           every=spec.probe_every, timeout=spec.probe_timeout,
+                           start_timeout=spec.start_timeout,
+                           on_up=lambda s: on_up(ServeUp(k, s, rank0.name)))
+        watch.start()
+        try:
+            outcome = run_job(job, on_line, env=env, report_dir=logs_dir, run_id=run_id,
+                              watch=watch)
+        finally:
+            backend.down("the server is restarting")
+            watch.stop()
+            tunnel.close()
+        if outcome.exit_code == 0:  # a server that ends on its own has failed all the same
+            outcome = replace(outcome, exit_code=1)
+        return outcome
+
+    job, outcome = launch_until_done(numbered(job, 0)[0], launch, restarts, env, again=numbered,
+                                     on_event=on_event)
+    spent = f"after {restarts.done} restart(s) (--max-restarts {restarts.max_restarts})"
+    raise ServeFailed(f"the server stopped: {outcome.who} exited with code {outcome.exit_code} "
+                      f"{spent}; every rank was stopped",
+                      "its lines are above and in the logs; raise --max-restarts, or run "
+                      "'mlxcluster doctor' to check the hosts")
+
+
+def absolute_model(folder: str) -> str:
+    """The model folder as every host will have it: absolute, as here."""
+    return os.path.abspath(os.path.expanduser(folder))

@@ -1,0 +1,85 @@
+"""`mlxcluster serve` on the lab, every host on its own disk and the model
+folder only on this machine: the model is sent to both hosts; the chat
+answer at 127.0.0.1:PORT here is one process's greedy answer; rank 1 hung
+(SIGSTOP) and then rank 0 killed are each named with their host, every rank
+stopped, the server launched again and the same address answers again;
+Ctrl-C leaves nothing on any host."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import uuid
+
+import pytest
+
+from mlxcluster.jobs.plan import free_port_block
+from mlxcluster.jobs.rank_wrapper import STACKS_ROOT
+from tests.lab.jobs import assert_nothing_left, training_setup
+from tests.serve_support import Serving, chat, chat_model, chat_text, generated_alone
+from tests.waits import SERVE_AGAIN_S, SERVE_PROBE_EVERY_S, SERVE_PROBE_TIMEOUT_S, SERVE_UP_S
+
+pytestmark = pytest.mark.lab
+
+
+def sha256(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def rank_pid(lab, host, run_id: str, rank: int) -> int:
+    """The pid of ``rank`` of the run, read on its host as a user would (the
+    rank wrapper's pid file there)."""
+    words = lab.ssh(host, f"cat {STACKS_ROOT}/{run_id}/rank{rank}.pid").stdout.split()
+    assert words and words[1] == host.name, words
+    return int(words[0])
+
+
+def test_serve_over_two_hosts_answers_survives_a_hang_and_a_kill(lab3, llama, tmp_path):
+    lab = lab3
+    two = lab.hosts[:2]
+    model = chat_model(llama, lab.disk / f"tiny-chat-{uuid.uuid4().hex[:8]}")  # here only
+    for h in two:
+        assert not lab.host_exists(h, model / "config.json")
+    _, env = training_setup(lab, tmp_path)
+    inventory = lab.write_inventory(tmp_path / "two.yaml", hosts=list(two))
+    port = free_port_block(1)
+    serving = Serving(["-i", str(inventory), "--backend", "ring", "--no-preflight", "--port", str(port),
+                       "--probe-every", f"{SERVE_PROBE_EVERY_S}s",
+                       "--probe-timeout", f"{SERVE_PROBE_TIMEOUT_S}s", str(model)],
+                      env=env, cwd=tmp_path)
+    run_id = None
+    try:
+        up = serving.wait_for(r"serving (\S+) at (http://\S+) \((\d) ranks, (\w+)\)$", SERVE_UP_S)
+        assert up.groups() == (model.name, f"http://127.0.0.1:{port}/v1", "2", "tensor")
+        run_id = re.search(r"run (mlxserve-[0-9a-f]+)", serving.output()).group(1)
+        for h in two:  # sent to each host's own disk, every file whole
+            there = lab.host_disk(h) / model.relative_to(lab.disk)
+            assert sha256(there / "model.safetensors") == sha256(model / "model.safetensors")
+        alone = generated_alone(model)
+        assert alone and chat_text(port) == alone
+
+        # Rank 1 hung: the probe gets no answer; named, stopped, launched again.
+        seen = len(serving.lines)
+        lab.ssh(two[1], f"kill -STOP {rank_pid(lab, two[1], run_id, 1)}", check=True)
+        status, answer = chat(port, timeout=SERVE_AGAIN_S)  # while down: 503 at once, never a hang
+        assert status == 503 and "not being served" in answer["error"]["message"], answer
+        restart = serving.wait_for(r"^restart 1/3 after: (.*)", SERVE_AGAIN_S, after=seen).group(1)
+        assert "probe" in restart and f"rank 1 on {two[1].name} is stopped" in restart, restart
+        serving.wait_for(r"serving .* again \(restart 1", SERVE_AGAIN_S, after=seen)
+        assert chat_text(port) == alone
+
+        # Rank 0 killed: its exit is the failure; launched again, same address.
+        seen = len(serving.lines)
+        lab.ssh(two[0], f"kill -KILL {rank_pid(lab, two[0], run_id, 0)}", check=True)
+        restart = serving.wait_for(r"^restart 2/3 after: (.*)", SERVE_AGAIN_S, after=seen).group(1)
+        assert "rank 0" in restart and "exited" in restart, restart
+        serving.wait_for(r"serving .* again \(restart 2", SERVE_AGAIN_S, after=seen)
+        assert chat_text(port) == alone
+    finally:
+        code = serving.stop()
+    assert code == 0, serving.output()
+    assert f"every rank of run {run_id} was stopped on every host" in serving.output()
+    assert_nothing_left(lab, {"run_id": run_id, "cleanup_problems": []})
+    journal = (tmp_path / "runs" / run_id / "serve.log").read_text()
+    assert re.search(r"restart 1/3: .*rank 1 on " + two[1].name, journal), journal
+    assert "restart 2/3: rank 0" in journal, journal

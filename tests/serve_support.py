@@ -1,0 +1,136 @@
+"""Running `mlxcluster serve` as a user does, and talking to it over HTTP:
+shared by tests/test_serve.py and tests/lab/test_serve_lab.py."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from tests.waits import SERVE_STOP_S
+
+REPO = Path(__file__).resolve().parents[1]
+PROMPT = "Once upon a time"
+MAX_TOKENS = 8
+
+
+# The template instruct models carry (the tiny test model has none): a chat
+# request then means one prompt to mlx-lm's server and to mlx-lm's generate.
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant:{% endif %}")
+
+
+def chat_model(llama: Path, folder: Path) -> Path:
+    """A copy of the tiny model in ``folder`` whose tokenizer has a chat template."""
+    shutil.copytree(llama, folder)
+    config_path = folder / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config_path.write_text(json.dumps({**config, "chat_template": CHAT_TEMPLATE}, indent=1))
+    return folder
+
+
+class Serving:
+    """`mlxcluster serve ARGS` in a session of its own, its lines read as they come."""
+
+    def __init__(self, args: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None):
+        env = dict(os.environ if env is None else env)
+        env["PYTHONPATH"] = str(REPO)  # this checkout's mlxcluster, whatever the cwd
+        self.proc = subprocess.Popen([sys.executable, "-m", "mlxcluster", "serve", *args], env=env,
+                                     cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, start_new_session=True)
+        self.lines: list[str] = []
+        self._new: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+            self._new.put(line)
+        self._new.put(None)
+
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_for(self, pattern: str, timeout: float, after: int = 0) -> re.Match:
+        """The first line from line ``after`` on that matches ``pattern``;
+        fails with the whole output when serve ends or ``timeout`` passes."""
+        deadline = time.monotonic() + timeout
+        rx = re.compile(pattern)
+        seen = after
+        while True:
+            for line in self.lines[seen:]:
+                found = rx.search(line)
+                if found:
+                    return found
+            seen = len(self.lines)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"no line matching {pattern!r} within {timeout:.0f} s:\n"
+                                     f"{self.output()[-6000:]}")
+            try:
+                if self._new.get(timeout=min(left, 1.0)) is None and len(self.lines) == seen:
+                    raise AssertionError(f"serve ended (exit {self.proc.wait()}) before a line "
+                                         f"matching {pattern!r}:\n{self.output()[-6000:]}")
+            except queue.Empty:
+                pass
+
+    def stop(self, sig: int = signal.SIGINT) -> int:
+        """Send ``sig`` to serve (as Ctrl-C does) and wait for its exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout=SERVE_STOP_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError(f"serve did not stop within {SERVE_STOP_S} s of "
+                                 f"{signal.Signals(sig).name}:\n{self.output()[-4000:]}") from None
+
+
+def chat(port: int, prompt: str = PROMPT, timeout: float = 60) -> tuple[int, dict]:
+    """An OpenAI chat request at 127.0.0.1:``port``, greedy: (status, the JSON answer)."""
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": MAX_TOKENS,
+            "temperature": 0.0}
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("POST", "/v1/chat/completions", body=json.dumps(body),
+                     headers={"Content-Type": "application/json"})
+        answer = conn.getresponse()
+        return answer.status, json.loads(answer.read())
+    finally:
+        conn.close()
+
+
+def chat_text(port: int, prompt: str = PROMPT) -> str:
+    status, answer = chat(port, prompt)
+    assert status == 200, answer
+    return answer["choices"][0]["message"]["content"]
+
+
+# One process of mlx-lm's generate, greedy, on the prompt as mlx-lm's server
+# makes it from a chat request (the tokenizer's chat template).
+GENERATE = """
+import sys
+from mlx_lm import load, generate
+from mlx_lm.sample_utils import make_sampler
+model, tokenizer = load(sys.argv[1])
+prompt = tokenizer.apply_chat_template([{"role": "user", "content": sys.argv[2]}],
+                                       add_generation_prompt=True)
+sys.stdout.write(generate(model, tokenizer, prompt, max_tokens=int(sys.argv[3]),
+                          sampler=make_sampler(temp=0.0)))
+"""
+
+
+def generated_alone(model: Path, prompt: str = PROMPT) -> str:
+    """What one process of mlx_lm.generate answers (greedy)."""
+    done = subprocess.run([sys.executable, "-c", GENERATE, str(model), prompt, str(MAX_TOKENS)],
+                          capture_output=True, text=True, timeout=300, check=True)
+    return done.stdout
