@@ -13,26 +13,34 @@ cluster.yaml:
    plan saying which rule chose each, and exits 0.
 3. labhost2 imports mlx_lm with this machine's mlx and mlx-lm, and doctor is
    clean (exit 0).
-
-The next command, ``mlxcluster serve MODEL``, goes on the same ``two_macs``.
+4. ``mlxcluster serve MODEL`` (the model folder on this machine's disk
+   only) preflights the two hosts, sends them the model and answers a chat
+   request at 127.0.0.1 here with one process's greedy answer; Ctrl-C
+   stops it, exit 0.
 
 Needs the package index (pip download) here, as the fixes do.
 """
 
 from __future__ import annotations
 
+import re
 import time
+import uuid
 from importlib import metadata
 
 import pytest
 
 from tests.lab.mlx_overlay import OLD
+from mlxcluster.jobs.plan import free_port_block
+from tests.lab.jobs import assert_nothing_left
 from tests.lab.two_macs import DISTS
+from tests.serve_support import Serving, chat_model, chat_text, generated_alone
+from tests.waits import SERVE_UP_S
 
 pytestmark = pytest.mark.lab
 
 
-def test_two_macs_from_zero_doctor_then_fix_mlx_and_mlx_lm_on_the_second(two_macs):
+def test_two_macs_from_zero_doctor_then_fix_mlx_and_mlx_lm_on_the_second_then_serve(two_macs, llama):
     started = time.monotonic()
     mlx, cpu, lm = here = [metadata.version(d) for d in DISTS]  # this machine's, and labhost1's (the same venv)
     second, python = two_macs.second.name, two_macs.lab.python
@@ -76,5 +84,25 @@ def test_two_macs_from_zero_doctor_then_fix_mlx_and_mlx_lm_on_the_second(two_mac
     assert again.stdout.rstrip().endswith("✓ no issues found"), again.stdout[-3000:]  # the BLAS warning fixed too
     assert "[✓] mlx importable, the same version everywhere  [mlx-version]" in again.stdout
     assert "[✓] mlx-lm installed, the same version everywhere (when the job runs it)  [mlx-lm-version]" in again.stdout
+    doctor_s = time.monotonic() - started
+
+    # The third command: the model is on this machine's own disk only.
+    model = chat_model(llama, two_macs.lab.disk / f"tiny-chat-{uuid.uuid4().hex[:8]}")
+    port = free_port_block(1)
+    serving = Serving(["--port", str(port), str(model)], env=two_macs.env, cwd=two_macs.folder)
+    run_id = None
+    try:
+        up = serving.wait_for(r"serving (\S+) at (http://\S+) \((\d) ranks, (\w+)\)$", SERVE_UP_S)
+        assert up.groups() == (model.name, f"http://127.0.0.1:{port}/v1", "2", "tensor")
+        run_id = re.search(r"run (mlxserve-[0-9a-f]+)", serving.output()).group(1)
+        assert "inventory: ./cluster.yaml (current directory)" in serving.output()
+        for host in (two_macs.first, two_macs.second):  # sent to each host's own disk
+            assert two_macs.lab.host_exists(host, model / "model.safetensors"), host
+        alone = generated_alone(model)
+        assert alone and chat_text(port) == alone
+    finally:
+        code = serving.stop()
+    assert code == 0, serving.output()
+    assert_nothing_left(two_macs.lab, {"run_id": run_id, "cleanup_problems": []})
     print(f"two Macs from zero: doctor {checked_s:.1f} s, --fix {fixed_s:.1f} s, "
-          f"all {time.monotonic() - started:.1f} s")
+          f"serve up in {time.monotonic() - started - doctor_s:.1f} s, all {time.monotonic() - started:.1f} s")
