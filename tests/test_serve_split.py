@@ -18,13 +18,28 @@ from pathlib import Path
 import pytest
 
 from mlxcluster.errors import InputError
-from mlxcluster.facts.capture import PROBE, SYSCTL_MEMORY, MEMINFO, HostCapture
+from mlxcluster.facts.capture import MEMINFO, PROBE, SYSCTL_MEMORY, HostCapture
 from mlxcluster.facts.facts import host_facts
 from mlxcluster.serve.family import PIPELINE, TENSOR, FamilySupport, StandInGroup
 from mlxcluster.serve.model_folder import ModelFolder, Tensor, read_model_folder
-from mlxcluster.serve.split import FITS, GIB, MIB, TOO_BIG, UNKNOWN, judge_split, pipeline_layers, rank_bytes
+from mlxcluster.serve.split import (
+    FITS,
+    GIB,
+    MIB,
+    TOO_BIG,
+    UNKNOWN,
+    judge_split,
+    pipeline_layers,
+    rank_bytes,
+)
 from mlxcluster.serve.split_check import check_split, refusal
-from tests.hf_support import LLAMA3_CONFIG, MISTRAL_CONFIG, QWEN2_CONFIG, QWEN3_CONFIG, make_llama_folder
+from tests.hf_support import (
+    LLAMA3_CONFIG,
+    MISTRAL_CONFIG,
+    QWEN2_CONFIG,
+    QWEN3_CONFIG,
+    make_llama_folder,
+)
 from tests.test_parsers_memory import MEMINFO_FILE, MINI_MEMSIZE, MINI_WIRED, STUDIO_WIRED
 
 # Llama 3.3 70B Instruct's public config.json (huggingface.co/meta-llama/Llama-3.3-70B-Instruct), the

@@ -32,6 +32,7 @@ import shlex
 import shutil
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -166,6 +167,19 @@ def install_standins(lab) -> Path:
     return tools
 
 
+@contextmanager
+def macos_standins(lab):
+    """The stand-ins installed (``install_standins``), every host's state empty; the
+    stand-in sudo taken off the hosts' PATH after. Yields the stand-ins' folder."""
+    tools = install_standins(lab)
+    try:
+        for i in range(len(NAMES)):
+            fresh_state(lab, i)
+        yield tools
+    finally:
+        (lab.bin_dir / "sudo").unlink(missing_ok=True)
+
+
 def host_state(lab, i: int) -> Path:
     return lab.host_disk(lab.hosts[i]) / "macos-standin"
 
@@ -227,10 +241,7 @@ def captured_results(macos_fixtures, tmp_path, inventory):
 def test_macos_fixes_over_real_ssh_to_stand_ins(lab3, macos_fixtures, tmp_path):
     started = time.monotonic()
     lab = lab3
-    tools = install_standins(lab)
-    try:
-        for i in range(len(NAMES)):
-            fresh_state(lab, i)
+    with macos_standins(lab) as tools:
         (host_state(lab, 2) / "no-passwordless-sudo").touch()
         inventory = lab_inventory(lab)
         with ParamikoRunner(str(lab.ssh_config)) as runner:
@@ -292,6 +303,4 @@ def test_macos_fixes_over_real_ssh_to_stand_ins(lab3, macos_fixtures, tmp_path):
             assert [c["argv"][1:] for c in calls(lab, 0) if c["tool"] == "sudo"][-1] == [SFW, "--blockapp", py]
             for i, name in enumerate(NAMES):
                 assert json.loads((host_state(lab, i) / "alf.json").read_text()) == initial[name]
-    finally:
-        (lab.bin_dir / "sudo").unlink(missing_ok=True)
     print(f"\nmacOS fixes through stand-ins on the lab: {time.monotonic() - started:.1f} s")

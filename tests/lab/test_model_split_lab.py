@@ -36,7 +36,7 @@ from mlxcluster.facts.capture import PROBE, SYSCTL_MEMORY, HostCapture
 from mlxcluster.serve.split import MIB
 from mlxcluster.ssh.remote import ParamikoRunner
 from tests.hf_support import LLAMA3_CONFIG, make_llama_folder
-from tests.lab.test_fix_macos_lab import NAMES, calls, fresh_state, host_state, install_standins, lab_inventory
+from tests.lab.test_fix_macos_lab import NAMES, calls, host_state, lab_inventory, macos_standins
 
 pytestmark = pytest.mark.lab
 
@@ -108,10 +108,9 @@ def judge(captures, inventory, model):
 def test_the_wired_limit_raised_over_real_ssh_and_undone(lab3, models, tmp_path):
     started = time.monotonic()
     lab = lab3
-    tools = install_standins(lab)
-    try:
+    with macos_standins(lab) as tools:
         for i in range(len(NAMES)):
-            (fresh_state(lab, i) / "sysctl.json").write_text(
+            (host_state(lab, i) / "sysctl.json").write_text(
                 json.dumps({"hw.memsize": MINI_MEMSIZE, "iogpu.wired_limit_mb": "0"}))
         inventory = lab_inventory(lab)
         with ParamikoRunner(str(lab.ssh_config)) as runner:
@@ -138,6 +137,4 @@ def test_the_wired_limit_raised_over_real_ssh_and_undone(lab3, models, tmp_path)
             assert [s for _, s, _ in undone] == ["restored"]
             assert "iogpu.wired_limit_mb: 1024 -> 0" in undone[0][2]
             assert json.loads((host_state(lab, 1) / "sysctl.json").read_text())["iogpu.wired_limit_mb"] == "0"
-    finally:
-        (lab.bin_dir / "sudo").unlink(missing_ok=True)
     print(f"\nwired-limit fix through stand-ins on the lab: {time.monotonic() - started:.1f} s")
