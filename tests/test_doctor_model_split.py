@@ -17,21 +17,13 @@ from mlxcluster.doctor.checks.base import REGISTRY, CheckContext, Status, run_ch
 from mlxcluster.doctor.fixes.apply import ApplyContext, apply_plan, undo_journal
 from mlxcluster.doctor.fixes.journal import Journal, fixes_dir, read_journal
 from mlxcluster.doctor.fixes.plan import build_plan
-from mlxcluster.facts.capture import PROBE, SYSCTL_MEMORY, HostCapture
 from mlxcluster.inventory.inventory import parse_inventory
 from tests.fakes import FakeSsh
 from tests.hf_support import LLAMA3_CONFIG, make_llama_folder
 from tests.inventory_support import inventory_text
-from tests.test_parsers_memory import MINI_MEMSIZE, MINI_WIRED
+from tests.memory_support import mac_capture, mini_sysctl
 
 SPLIT = REGISTRY["model-split"]
-
-
-def mac_capture(name: str, sysctl: str, working_set: int | None = None) -> HostCapture:
-    probe = {"hostname": name, "platform": "darwin", "python": {"executable": "/usr/bin/python3"},
-             "mlx": {"import_ok": True, "version": "0.32.4",
-                     **({"gpu": {"max_recommended_working_set_size": working_set}} if working_set else {})}}
-    return HostCapture(name, {PROBE: json.dumps(probe), SYSCTL_MEMORY: sysctl})
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +35,7 @@ def model(tmp_path_factory):
 def minis(macos_fixtures):
     """The captured 32 GB Mac mini's sysctl, on three hosts; mlx reports a working set of 200 KiB on
     mini2 (a stand-in: the tiny model then does not fit there, as a big one would not on a real Mac)."""
-    text = (macos_fixtures / MINI_MEMSIZE).read_text() + (macos_fixtures / MINI_WIRED).read_text()
+    text = mini_sysctl(macos_fixtures)
     return {"mini1": mac_capture("mini1", text), "mini2": mac_capture("mini2", text, 200 * 1024),
             "mini3": mac_capture("mini3", text)}
 

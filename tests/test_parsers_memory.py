@@ -9,12 +9,7 @@ import json
 from mlxcluster.facts.capture import MEMINFO, PROBE, SYSCTL_MEMORY, HostCapture
 from mlxcluster.facts.facts import host_facts
 from mlxcluster.facts.parsers.memory import MacMemory, parse_mac_memory, parse_meminfo, parse_sysctl
-
-MINI_MEMSIZE = "sysctl_hw_model_hw_memsize_m2pro_mini_mac14_12_32gb_macos26.5.1.txt"
-MINI_WIRED = "sysctl_iogpu_wired_limit_mb_default_0_m2pro_mini_mac14_12_32gb_macos26.5.1.txt"
-STUDIO_WIRED = "sysctl_iogpu_wired_limit_mb_118000_dynamic_lwm_m4max_studio_mac16_9_128gb.txt"
-SET_LOG = "sysctl_set_iogpu_wired_limit_mb_114688_m5max_128gb_launchdaemon_log.txt"
-MEMINFO_FILE = "proc_meminfo_linux_dev_box_debian12_24gb.txt"
+from tests.memory_support import MEMINFO_FILE, MINI_MEMSIZE, MINI_WIRED, SET_LOG, STUDIO_WIRED
 
 
 def read(fixtures, name):

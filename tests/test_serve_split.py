@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from mlxcluster.errors import InputError
-from mlxcluster.facts.capture import MEMINFO, PROBE, SYSCTL_MEMORY, HostCapture
+from mlxcluster.facts.capture import MEMINFO, PROBE, HostCapture
 from mlxcluster.facts.facts import host_facts
 from mlxcluster.serve.family import PIPELINE, TENSOR, FamilySupport, StandInGroup
 from mlxcluster.serve.model_folder import ModelFolder, Tensor, read_model_folder
@@ -40,7 +40,14 @@ from tests.hf_support import (
     QWEN3_CONFIG,
     make_llama_folder,
 )
-from tests.test_parsers_memory import MEMINFO_FILE, MINI_MEMSIZE, MINI_WIRED, STUDIO_WIRED
+from tests.memory_support import (
+    MEMINFO_FILE,
+    STUDIO_WIRED,
+    WORKING_SET_32GB,
+    WORKING_SET_128GB,
+    mac_capture,
+    mini_sysctl,
+)
 
 # Llama 3.3 70B Instruct's public config.json (huggingface.co/meta-llama/Llama-3.3-70B-Instruct), the
 # fields mlx-lm's ModelArgs reads.
@@ -54,9 +61,6 @@ LLAMA_70B = {
 GEMMA_CONFIG = {"model_type": "gemma", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 96,
                 "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6,
                 "vocab_size": 300}
-# Metal's recommended working set, measured (SOURCES.md): 21845.34 MB on 32 GB Macs, 107.52 GiB on 128 GiB.
-WORKING_SET_32GB = 22906503168
-WORKING_SET_128GB = 115448725504
 
 
 @pytest.fixture(scope="module")
@@ -74,21 +78,14 @@ def families(tmp_path_factory) -> dict[str, Path]:
 
 
 def mac(name: str, sysctl: str, working_set: int | None = None, memory: int | None = None):
-    """A Mac's facts as doctor reads them: its sysctl capture, and the probe's mlx figures."""
-    probe = {"hostname": name, "platform": "darwin", "mlx": {"import_ok": True, "version": "0.32.4"},
-             "trainer_modules": {"mlx_lm": {"version": "0.32.2"}}}
-    if working_set:
-        probe["mlx"]["gpu"] = {"max_recommended_working_set_size": working_set}
-    if memory:
-        probe["memory_bytes"] = memory
-    return host_facts(HostCapture(name, {PROBE: json.dumps(probe), SYSCTL_MEMORY: sysctl}))
+    """A Mac's facts as doctor reads them from its capture."""
+    return host_facts(mac_capture(name, sysctl, working_set, memory))
 
 
 @pytest.fixture(scope="module")
 def minis(macos_fixtures):
     """Three M2 Pro Mac minis of 32 GB at the default limit (the captured sysctl), mlx's working set unknown."""
-    text = (macos_fixtures / MINI_MEMSIZE).read_text() + (macos_fixtures / MINI_WIRED).read_text()
-    return {n: mac(n, text) for n in ("m1", "m2", "m3")}
+    return {n: mac(n, mini_sysctl(macos_fixtures)) for n in ("m1", "m2", "m3")}
 
 
 def nbytes(array) -> int:
@@ -264,8 +261,7 @@ def test_70b_in_5_bits_on_minis_wants_the_wired_limit_raised(llama_70b, minis, m
     assert unknown.ok and [h.status for h in unknown.hosts] == [UNKNOWN, UNKNOWN]
     assert unknown.hosts[0].wired_limit_mb == 26624
     # With mlx's working set (21845.34 MiB, the default on 32 GB): refused, and the limit is the way out.
-    text = (macos_fixtures / MINI_MEMSIZE).read_text() + (macos_fixtures / MINI_WIRED).read_text()
-    known = {n: mac(n, text, WORKING_SET_32GB) for n in ("m1", "m2")}
+    known = {n: mac(n, mini_sysctl(macos_fixtures), WORKING_SET_32GB) for n in ("m1", "m2")}
     verdict = judge_split(llama_70b["5bit"], family, ["m1", "m2"], known)
     assert [h.status for h in verdict.hosts] == [TOO_BIG, TOO_BIG]
     assert "on m1: sudo sysctl iogpu.wired_limit_mb=26624 (gives the GPU 26.0 GiB of its 32.0 GiB; until the " \

@@ -32,11 +32,12 @@ from mlxcluster.doctor.checks.base import REGISTRY, CheckContext, Status, run_ch
 from mlxcluster.doctor.fixes.apply import ApplyContext, apply_plan, undo_journal
 from mlxcluster.doctor.fixes.journal import Journal, read_journal
 from mlxcluster.doctor.fixes.plan import build_plan
-from mlxcluster.facts.capture import PROBE, SYSCTL_MEMORY, HostCapture
+from mlxcluster.facts.capture import HostCapture
 from mlxcluster.serve.split import MIB
 from mlxcluster.ssh.remote import ParamikoRunner
 from tests.hf_support import LLAMA3_CONFIG, make_llama_folder
 from tests.lab.test_fix_macos_lab import NAMES, calls, host_state, lab_inventory, macos_standins
+from tests.memory_support import WORKING_SET_32GB, mac_capture
 
 pytestmark = pytest.mark.lab
 
@@ -91,11 +92,8 @@ def mac_captures(runner, lab, tools, short: dict[str, int]) -> dict[str, HostCap
     for i, name in enumerate(NAMES):
         sysctl = read_sysctl(runner, lab, i, tools)
         limit = int(sysctl.split("iogpu.wired_limit_mb: ")[1].split()[0])
-        working_set = short.get(name) or limit * MIB or 22906503168  # 21845.34 MiB: a 32 GB Mac's default
-        probe = {"hostname": name, "platform": "darwin", "python": {"executable": lab.python},
-                 "mlx": {"import_ok": True, "version": "0.32.4",
-                         "gpu": {"max_recommended_working_set_size": working_set}}}
-        captures[name] = HostCapture(name, {PROBE: json.dumps(probe), SYSCTL_MEMORY: sysctl})
+        working_set = short.get(name) or limit * MIB or WORKING_SET_32GB
+        captures[name] = mac_capture(name, sysctl, working_set, python=lab.python)
     return captures
 
 
