@@ -11,6 +11,7 @@
     mlxcluster doctor -i cluster.yaml --fix --dry-run # the plan only
     mlxcluster doctor -i cluster.yaml --fix --html fixed.html  # and a page of what it fixed
     mlxcluster doctor -i cluster.yaml --imports mlx_lm  # also what a run -m mlx_lm job needs (--fix installs it)
+    mlxcluster doctor -i cluster.yaml --model DIR     # will serve split DIR over the hosts and fit? (--fix: wired limit)
     mlxcluster doctor --undo ~/.config/mlxcluster/fixes/TIME.json
     mlxcluster doctor -i cluster.yaml --shared-path /Volumes/nas/runs  # which hosts see one folder there
 
@@ -53,6 +54,7 @@ from mlxcluster.facts.facts import HostFacts
 from mlxcluster.hostfile.hostfile import load_hostfile
 from mlxcluster.inventory.inventory import load_inventory
 from mlxcluster.report import Report
+from mlxcluster.serve.model_folder import read_model_folder
 from mlxcluster.ssh.remote import ParamikoRunner
 from mlxcluster.topology.topology import build_topology
 
@@ -227,6 +229,11 @@ def render(report: DoctorReport, verbose: bool) -> None:
 @click.option("--imports", "imports", multiple=True, metavar="MODULE",
               help="What your job's ranks import (repeatable): mlx_lm, for run -m mlx_lm ..., also checks "
                    "mlx-lm is installed, one version everywhere; --fix installs it.")
+@click.option("--model", "model", type=click.Path(file_okay=False), metavar="DIR",
+              help="A model folder to serve: check that it splits over the hosts (one rank each) and fits "
+                   "each host's memory and GPU wired limit, as serve does; --fix raises a Mac's wired limit.")
+@click.option("--pipeline", is_flag=True, help="With --model: judge mlx-lm's --pipeline split (whole layers "
+                                                "per rank) instead of tensor parallelism.")
 @click.option("--undo", "undo_path", type=click.Path(dir_okay=False),
               help="Undo what a --fix run changed (its journal, ~/.config/mlxcluster/fixes/TIME.json).")
 @click.option("--shared-path", "shared_path", metavar="DIR",
@@ -235,12 +242,12 @@ def render(report: DoctorReport, verbose: bool) -> None:
 @html_option("the report")
 def command(inventory_path, as_json, strict, collect_dir, from_dir, local, accept_new_host_keys, backend,
             connect_timeout, no_data_path, hostfile, verbose, fix, dry_run, yes, fix_timeout, mlx_version,
-            train_data, imports, undo_path, shared_path, html_path):
+            train_data, imports, model, pipeline, undo_path, shared_path, html_path):
     """Check every host of the cluster and say how to fix what is wrong."""
     if shared_path is not None:
         others = {"--fix": fix, "--undo": bool(undo_path), "--from": bool(from_dir), "--local": local,
                   "--collect": bool(collect_dir), "--html": bool(html_path),
-                  "--train-data": bool(train_data), "--imports": bool(imports)}
+                  "--train-data": bool(train_data), "--imports": bool(imports), "--model": bool(model)}
         given = [flag for flag, on in others.items() if on]
         if given:
             raise InputError(f"--shared-path asks the hosts one question; it excludes {', '.join(given)}",
@@ -250,7 +257,8 @@ def command(inventory_path, as_json, strict, collect_dir, from_dir, local, accep
                                                          accept_new_host_keys))
     check_fix_flags(fix=fix, dry_run=dry_run, yes=yes, undo=undo_path, mlx_version=mlx_version,
                     others={"--json": as_json, "--collect": bool(collect_dir), "--from": bool(from_dir),
-                            "--local": local, **({"--train-data": bool(train_data), "--imports": bool(imports)} if undo_path else {}),
+                            "--local": local, **({"--train-data": bool(train_data), "--imports": bool(imports),
+                                                  "--model": bool(model)} if undo_path else {}),
                             **({"-i": bool(inventory_path), "--hostfile": bool(hostfile),
                                 "--html": bool(html_path)} if undo_path else {})})
     if undo_path:
@@ -264,6 +272,13 @@ def command(inventory_path, as_json, strict, collect_dir, from_dir, local, accep
         if given and (local or from_dir):
             raise InputError(f"{flag} goes with a live check of the inventory's hosts",
                              f"drop --local / --from, or {flag}")
+    if pipeline and not model:
+        raise InputError("--pipeline goes with --model", "mlxcluster doctor --model DIR --pipeline")
+    if model and local:
+        raise InputError("--model judges the inventory's hosts; --local has none",
+                         "drop --local (serve --local N checks the split on this machine itself)")
+    if model:
+        read_model_folder(model)  # not a model folder: exit 2 before any host is probed
     trainer_modules = check_imports(imports)
     if train_data:
         # The trainer's config module imports mlx: only when asked.
@@ -290,17 +305,19 @@ def command(inventory_path, as_json, strict, collect_dir, from_dir, local, accep
             inventory, backend=backend, connect_timeout=connect_timeout,
             accept_new_host_keys=accept_new_host_keys, data_path=not no_data_path, hostfile=hostfile,
             verbose=verbose, dry_run=dry_run, yes=yes, strict=strict, fix_timeout=fix_timeout, render=render,
-            html_path=html_path, mlx_version=mlx_version, trainer_modules=trainer_modules))
+            html_path=html_path, mlx_version=mlx_version, trainer_modules=trainer_modules, model=model,
+            pipeline=pipeline))
     if local:
         report = run_local_doctor(backend=backend)
     elif from_dir:
         folder = read_capture_dir(from_dir)
-        report = replay_doctor(folder.captures, inventory=inventory, backend=backend, hostfile=hostfile)
+        report = replay_doctor(folder.captures, inventory=inventory, backend=backend, hostfile=hostfile,
+                               model=model, pipeline=pipeline)
         report.extra["ignored"] = folder.ignored
     else:
         report = run_doctor(inventory, backend=backend, connect_timeout=connect_timeout,
                             accept_new_host_keys=accept_new_host_keys, data_path=not no_data_path,
-                            hostfile=hostfile, trainer_modules=trainer_modules)
+                            hostfile=hostfile, trainer_modules=trainer_modules, model=model, pipeline=pipeline)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2, sort_keys=False))
     else:

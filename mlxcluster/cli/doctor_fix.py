@@ -144,11 +144,12 @@ def render_outcome(run: FixRun) -> None:
 
 def run_fix(inventory, *, backend, connect_timeout, accept_new_host_keys, data_path, hostfile, verbose,
             dry_run, yes, strict, fix_timeout, render, html_path=None, mlx_version=None,
-            trainer_modules: tuple[str, ...] = ()) -> int:
+            trainer_modules: tuple[str, ...] = (), model: str | None = None, pipeline: bool = False) -> int:
     """The whole --fix run, told on the terminal (and the --html page); the exit code."""
     run = fix_cluster(inventory, ClickView(render, verbose),
                       options=dict(backend=backend, connect_timeout=connect_timeout, data_path=data_path,
-                                   hostfile=hostfile, trainer_modules=trainer_modules),
+                                   hostfile=hostfile, trainer_modules=trainer_modules, model=model,
+                                   pipeline=pipeline),
                       wanted={"mlx_version": mlx_version} if mlx_version else {}, dry_run=dry_run, yes=yes,
                       strict=strict, fix_timeout=fix_timeout, connect_timeout=connect_timeout,
                       accept_new_host_keys=accept_new_host_keys)

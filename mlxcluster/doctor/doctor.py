@@ -40,6 +40,7 @@ CHECK_MODULES = (
     "mlxcluster.doctor.checks.env",
     "mlxcluster.doctor.checks.power",
     "mlxcluster.doctor.checks.firewall",
+    "mlxcluster.doctor.checks.model_split",
 )
 OPTIONAL_CHECK_MODULES = ("mlxcluster.doctor.checks.topology", "mlxcluster.doctor.checks.jaccl")
 BACKENDS = ("any", "ring", "mpi", "jaccl", "jaccl-ring", "nccl")
@@ -98,12 +99,15 @@ def _report(ctx: CheckContext, started: float, cluster: str | None) -> DoctorRep
 def run_doctor(inventory, *, backend: str | None = None, connect_timeout: float = 5.0,
                command_timeout: float = 60.0, accept_new_host_keys: bool = False,
                data_path: bool = True, hostfile: str | None = None, runner=None,
-               trainer_modules: tuple[str, ...] = ()) -> DoctorReport:
+               trainer_modules: tuple[str, ...] = (), model: str | None = None,
+               pipeline: bool = False) -> DoctorReport:
     """Probe every inventory host live and run every check. With ``runner``
     (a ``ParamikoRunner`` the caller closes) its connections are used and
     stay open: ``doctor --fix`` applies and re-checks over them.
     ``trainer_modules``: what a `train` launch imports besides the trainer's
-    own (tokenizers for its data; the trainer-deps check)."""
+    own (tokenizers for its data; the trainer-deps check). ``model``: a
+    model folder to judge serving over the hosts (``pipeline``: split by
+    layers; the model-split check)."""
     started = time.monotonic()
     if inventory.ssh_config and not Path(inventory.ssh_config).is_file():
         raise InputError(f"ssh_config {inventory.ssh_config} (from {inventory.path}) does not exist",
@@ -116,7 +120,8 @@ def run_doctor(inventory, *, backend: str | None = None, connect_timeout: float 
                                         host_to_host=backend == "mpi")
     ctx = CheckContext(live.captures, inventory=inventory, live=True, backend=backend,
                        services={"live": live},
-                       options={"hostfile": hostfile, "trainer_modules": tuple(trainer_modules)})
+                       options={"hostfile": hostfile, "trainer_modules": tuple(trainer_modules),
+                                "model": model, "pipeline": pipeline})
     return _report(ctx, started, inventory.cluster)
 
 
@@ -131,7 +136,7 @@ def run_local_doctor(*, backend: str | None = None, python: str | None = None) -
 
 
 def replay_doctor(captures: dict[str, HostCapture], *, inventory=None, backend: str | None = None,
-                  hostfile: str | None = None) -> DoctorReport:
+                  hostfile: str | None = None, model: str | None = None, pipeline: bool = False) -> DoctorReport:
     """Run the checks that need no live host on saved captures.
 
     With an inventory that names none of the captured hosts nothing could be
@@ -146,5 +151,5 @@ def replay_doctor(captures: dict[str, HostCapture], *, inventory=None, backend: 
             "or replay without -i",
         )
     ctx = CheckContext(captures, inventory=inventory, live=False, backend=backend,
-                       options={"hostfile": hostfile, "replay": True})
+                       options={"hostfile": hostfile, "replay": True, "model": model, "pipeline": pipeline})
     return _report(ctx, started, inventory.cluster if inventory else None)

@@ -14,6 +14,8 @@ host's inventory name, with these files (any may be missing)::
     DIR/studio-1/rdma_ctl_status.txt                          # `rdma_ctl status` (stdout and stderr)
     DIR/studio-1/ibv_devinfo.txt                              # every RDMA device's port state
     DIR/studio-1/routes.txt                                   # `netstat -rn -f inet` (macOS), `ip route` (Linux)
+    DIR/studio-1/sysctl_memory.txt                            # `sysctl hw.memsize iogpu.wired_limit_mb` (macOS)
+    DIR/studio-1/meminfo.txt                                  # /proc/meminfo (Linux)
 
 plus ``error.txt`` when the host could not be probed. A folder with none of
 these files, a hidden folder and ``__MACOSX`` are not hosts (``read_capture_dir``
@@ -45,6 +47,8 @@ SW_VERS = "sw_vers.txt"
 RDMA_CTL = "rdma_ctl_status.txt"
 IBV_DEVINFO = "ibv_devinfo.txt"
 ROUTES = "routes.txt"
+SYSCTL_MEMORY = "sysctl_memory.txt"
+MEMINFO = "meminfo.txt"
 ERROR = "error.txt"
 
 CAPTURE_FILES: tuple[str, ...] = (
@@ -58,6 +62,8 @@ CAPTURE_FILES: tuple[str, ...] = (
     RDMA_CTL,
     IBV_DEVINFO,
     ROUTES,
+    SYSCTL_MEMORY,
+    MEMINFO,
 )
 # What the probe returns raw (everything but its own facts).
 RAW_CAPTURE_FILES = frozenset(CAPTURE_FILES) - {PROBE}

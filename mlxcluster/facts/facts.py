@@ -12,8 +12,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlxcluster.facts.capture import HARDWARE, SW_VERS, HostCapture
+from mlxcluster.facts.capture import HARDWARE, MEMINFO, SW_VERS, SYSCTL_MEMORY, HostCapture
 from mlxcluster.facts.parsers.hardware import parse_hardware
+from mlxcluster.facts.parsers.memory import parse_mac_memory, parse_meminfo
 from mlxcluster.facts.parsers.sw_vers import parse_sw_vers
 
 
@@ -58,11 +59,18 @@ class HostFacts:
     model: str | None = None
     chip: str | None = None
     memory_bytes: int | None = None
+    # Linux: MemAvailable when probed (what a model loaded then can have).
+    memory_available_bytes: int | None = None
+    # macOS: sysctl iogpu.wired_limit_mb (0 = the default share of RAM), and
+    # Metal's recommended working set as mlx reports it: the limit in force.
+    gpu_wired_limit_mb: int | None = None
+    gpu_working_set_bytes: int | None = None
     cpu_count: int | None = None
     python: str | None = None
     python_version: str | None = None
     mlx_version: str | None = None
     mlx_import_error: str | None = None
+    mlx_lm_version: str | None = None  # installed mlx-lm (not imported by the probe)
     backends: dict[str, bool | None] = field(default_factory=dict)
     # The mpirun mlxcluster starts (beside the python, else on PATH, as
     # mlxcluster/facts/mpi.py find_mpirun) and where it was found: "beside python" or "PATH".
@@ -195,6 +203,22 @@ def _interfaces(r: _Reader, p: dict) -> tuple[dict[str, Any], ...]:
     return tuple(out)
 
 
+def _memory_captures(capture: HostCapture) -> dict[str, Any]:
+    """What the raw memory captures say (sysctl on macOS, /proc/meminfo on Linux)."""
+    out: dict[str, Any] = {}
+    mac = parse_mac_memory(capture.text(SYSCTL_MEMORY))
+    if mac.memory_bytes:
+        out["memory_bytes"] = mac.memory_bytes
+    if mac.wired_limit_mb is not None:
+        out["gpu_wired_limit_mb"] = mac.wired_limit_mb
+    linux = parse_meminfo(capture.text(MEMINFO))
+    if linux.total_bytes:
+        out["memory_bytes"] = linux.total_bytes
+    if linux.available_bytes is not None:
+        out["memory_available_bytes"] = linux.available_bytes
+    return out
+
+
 def system_of(capture: HostCapture) -> str | None:
     """The host's kernel as ``uname -s`` names it (Darwin, Linux): the probe's
     ``os.system``, else Darwin when ``sw_vers`` was captured (a replayed
@@ -219,6 +243,7 @@ def host_facts(capture: HostCapture) -> HostFacts:
         memory = int(hw.memory_gb * 2**30) if hw.memory_gb else None
         extra.update({k: v for k, v in (("model", hw.model_id), ("chip", hw.chip), ("memory_bytes", memory))
                       if v is not None})
+    extra.update(_memory_captures(capture))
     if p is None:
         return HostFacts(name=capture.name, probed=False, **extra)
     r = _Reader()
@@ -234,6 +259,8 @@ def host_facts(capture: HostCapture) -> HostFacts:
     else:  # an older probe looked on PATH only
         path_mpirun, path_mpirun_version = mpirun_path, r.get(mpirun, "version", str, "mpi.mpirun.")
     blas = r.section(mlx, "blas", "mlx.")
+    gpu = r.section(mlx, "gpu", "mlx.")
+    mlx_lm = r.section(r.section(p, "trainer_modules"), "mlx_lm", "trainer_modules.")
     values: dict[str, Any] = dict(
         hostname=r.get(p, "hostname", str), platform=r.get(p, "platform", str),
         os_name=r.get(os_, "name", str, "os."), os_version=r.get(os_, "version", str, "os."),
@@ -245,6 +272,8 @@ def host_facts(capture: HostCapture) -> HostFacts:
         python_version=r.get(python, "version", str, "python."),
         mlx_version=r.get(mlx, "version", str, "mlx.") if r.get(mlx, "import_ok", bool, "mlx.") else None,
         mlx_import_error=r.get(mlx, "import_error", str, "mlx."),
+        mlx_lm_version=r.get(mlx_lm, "version", str, "trainer_modules.mlx_lm."),
+        gpu_working_set_bytes=r.positive(gpu, "max_recommended_working_set_size"),
         backends=r.mapping(mlx, "backends", bool, "mlx."),
         mpirun=mpirun_path, mpirun_version=r.get(mpirun, "version", str, "mpi.mpirun."),
         mpirun_found=r.get(mpirun, "found", str, "mpi.mpirun.") or ("PATH" if mpirun_path else None),
@@ -283,6 +312,8 @@ def facts_to_json(f: HostFacts) -> dict[str, Any]:
     return {
         "hostname": f.hostname, "os": f.os_name, "os_version": f.os_version, "os_build": f.os_build,
         "model": f.model, "chip": f.chip, "memory_bytes": f.memory_bytes, "cpu_count": f.cpu_count,
+        "memory_available_bytes": f.memory_available_bytes, "gpu_wired_limit_mb": f.gpu_wired_limit_mb,
+        "gpu_working_set_bytes": f.gpu_working_set_bytes,
         "python": f.python, "python_version": f.python_version, "mlx_version": f.mlx_version,
         "backends": f.backends, "mpirun": f.mpirun, "mpirun_found": f.mpirun_found,
         "mpirun_on_path": f.path_mpirun, "open_mpi_version": f.mpirun_version,

@@ -66,6 +66,9 @@ MACOS_CAPTURES = (
     ("rdma_ctl_status.txt", ["rdma_ctl", "status"]),
     # VPN (utun) and overlay (Tailscale 100.64/10) routes that capture data IPs.
     ("routes.txt", ["netstat", "-rn", "-f", "inet"]),
+    # RAM and the GPU's wired-memory limit (0: macOS's default share of RAM),
+    # what a model split over the hosts must fit (mlxcluster/serve/split.py).
+    ("sysctl_memory.txt", ["sysctl", "hw.memsize", "iogpu.wired_limit_mb"]),
 )
 # Captured on every platform: the RDMA devices' port states, and (Linux) the routes.
 IBV_DEVINFO = ["ibv_devinfo"]
@@ -439,6 +442,23 @@ def probe_trainer_modules():
     return out
 
 
+def probe_gpu(mx, errors):
+    """Metal's numbers as mlx reads them (None without Metal): the recommended
+    working set, which is the GPU wired-memory limit in force (the
+    ``iogpu.wired_limit_mb`` override when set, else macOS's default share of
+    RAM), and the RAM. mlx-lm wires up to the former and warns above 90% of it."""
+    try:
+        if not mx.metal.is_available():
+            return None
+        # mlx >= 0.29 has mx.device_info(); older ones only mx.metal.device_info().
+        device_info = getattr(mx, "device_info", None) or mx.metal.device_info
+        info = device_info()
+        return {k: int(info[k]) for k in ("max_recommended_working_set_size", "memory_size") if k in info}
+    except Exception as exc:  # the probe must always answer
+        errors.append(f"gpu: {exc}")
+        return None
+
+
 def probe_mlx(errors):
     info = {"version": None, "import_ok": False, "import_error": None, "backends": {},
             "path": None, "blas": None}
@@ -454,6 +474,7 @@ def probe_mlx(errors):
     # compare; mx.__version__ (free once imported) only when it has none.
     info["version"] = distribution_version("mlx") or getattr(mx, "__version__", None)
     info["path"] = os.path.dirname(getattr(mx, "__file__", "") or "") or None
+    info["gpu"] = probe_gpu(mx, errors)
     for backend in BACKENDS:
         try:
             info["backends"][backend] = bool(mx.distributed.is_available(backend))
@@ -611,6 +632,9 @@ def collect_facts(argv):
         routes = run_command(LINUX_ROUTES, commands)
         if routes is not None:
             raw["routes.txt"] = routes
+        meminfo = read_file("/proc/meminfo")  # MemAvailable: what a model loaded now can have
+        if meminfo is not None:
+            raw["meminfo.txt"] = meminfo
     if sys.platform == "darwin":
         for file_name, argv_ in MACOS_CAPTURES:
             out = run_command(argv_, commands)

@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -54,7 +56,7 @@ pytestmark = pytest.mark.lab
 PROBE_SCRIPT = Path(__file__).resolve().parents[2] / "mlxcluster" / "facts" / "probe_script.py"
 SFW = "/usr/libexec/ApplicationFirewall/socketfilterfw"
 NAMES = ("mbp", "studio", "mini")  # labhost1..3; mini has no passwordless sudo
-TOOLS = ("socketfilterfw", "networksetup", "ifconfig", "route")
+TOOLS = ("socketfilterfw", "networksetup", "ifconfig", "route", "sysctl")
 
 STANDIN = '''#!{python}
 """Stand-ins for sudo and macOS tools on a lab host (tests/lab/test_fix_macos_lab.py).
@@ -122,6 +124,19 @@ elif name == "socketfilterfw":
         else:
             fail("stand-in socketfilterfw: unknown option " + a, 2)
     print("\\n".join(out))
+elif name == "sysctl":  # reads as anyone; sets (name=value) as root, printing "name: old -> new" as macOS does
+    values, out = load("sysctl.json", {{}}), []
+    for a in args:
+        key, sep, value = a.partition("=")
+        if key not in values:
+            fail("sysctl: unknown oid '" + key + "'")
+        if sep and not root:
+            fail("sysctl: " + a + ": Operation not permitted")
+        out.append("%s: %s" % (key, values[key] + " -> " + value if sep else values[key]))
+        if sep:
+            values[key] = value
+    save("sysctl.json", values)
+    print("\\n".join(out))
 elif not root:
     fail("stand-in " + name + ": needs root")
 elif name == "networksetup" and args[:1] == ["-setnetworkserviceenabled"] and len(args) == 3:
@@ -142,18 +157,38 @@ READ_FIREWALL = (
 
 def install_standins(lab) -> Path:
     tools = lab.state / "macos-standins"
-    tools.mkdir()
+    tools.mkdir(exist_ok=True)  # the session's lab: another test may have installed them
     script = tools / "standin.py"
     script.write_text(STANDIN.format(python=sys.executable, state=lab.disk / "macos-standin", tools=tools))
     script.chmod(0o755)
-    for tool in TOOLS:
-        (tools / tool).symlink_to(script)
-    (lab.bin_dir / "sudo").symlink_to(script)  # first on every host's PATH
+    for link in [tools / tool for tool in TOOLS] + [lab.bin_dir / "sudo"]:  # sudo: first on every host's PATH
+        link.unlink(missing_ok=True)
+        link.symlink_to(script)
     return tools
+
+
+@contextmanager
+def macos_standins(lab):
+    """The stand-ins installed (``install_standins``), every host's state empty; the
+    stand-in sudo taken off the hosts' PATH after. Yields the stand-ins' folder."""
+    tools = install_standins(lab)
+    try:
+        for i in range(len(NAMES)):
+            fresh_state(lab, i)
+        yield tools
+    finally:
+        (lab.bin_dir / "sudo").unlink(missing_ok=True)
 
 
 def host_state(lab, i: int) -> Path:
     return lab.host_disk(lab.hosts[i]) / "macos-standin"
+
+
+def fresh_state(lab, i: int) -> Path:
+    """Host i's stand-in state, empty (another test of the session's lab may have left some)."""
+    shutil.rmtree(host_state(lab, i), ignore_errors=True)
+    host_state(lab, i).mkdir()
+    return host_state(lab, i)
 
 
 def calls(lab, i: int) -> list[dict]:
@@ -206,10 +241,7 @@ def captured_results(macos_fixtures, tmp_path, inventory):
 def test_macos_fixes_over_real_ssh_to_stand_ins(lab3, macos_fixtures, tmp_path):
     started = time.monotonic()
     lab = lab3
-    tools = install_standins(lab)
-    try:
-        for i in range(len(NAMES)):
-            host_state(lab, i).mkdir()
+    with macos_standins(lab) as tools:
         (host_state(lab, 2) / "no-passwordless-sudo").touch()
         inventory = lab_inventory(lab)
         with ParamikoRunner(str(lab.ssh_config)) as runner:
@@ -271,6 +303,4 @@ def test_macos_fixes_over_real_ssh_to_stand_ins(lab3, macos_fixtures, tmp_path):
             assert [c["argv"][1:] for c in calls(lab, 0) if c["tool"] == "sudo"][-1] == [SFW, "--blockapp", py]
             for i, name in enumerate(NAMES):
                 assert json.loads((host_state(lab, i) / "alf.json").read_text()) == initial[name]
-    finally:
-        (lab.bin_dir / "sudo").unlink(missing_ok=True)
     print(f"\nmacOS fixes through stand-ins on the lab: {time.monotonic() - started:.1f} s")

@@ -19,6 +19,13 @@ the commands are printed for the user, ``apply.apply_remote``).
   where the python is not in the firewall's list (undone with ``--remove
   PY``), ``--unblockapp PY`` where it is listed as blocked (undone with
   ``--blockapp PY``): the undo takes away only what the fix did.
+- ``model-split``: the GPU wired-memory limit raised where a model's share
+  does not fit under it (``doctor --model DIR``):
+  ``sysctl iogpu.wired_limit_mb=N``, N the model's share with its margin in
+  whole GiB, never more than RAM less macOS's reserve
+  (``mlxcluster/serve/split.py``). Undone by setting the value it had
+  before (0: macOS's default). It does not survive a reboot: macOS starts
+  at 0 again.
 
 Never run on a Mac here: built from the captured outputs in
 ``tests/fixtures/macos`` and checked on them (``tests/test_fix_macos.py``).
@@ -34,6 +41,7 @@ from mlxcluster.hostfile.ipplan import address_commands
 
 BRIDGE_SERVICE = "Thunderbolt Bridge"  # the service name networksetup knows bridge0 by
 SOCKETFILTERFW = "/usr/libexec/ApplicationFirewall/socketfilterfw"
+WIRED_LIMIT = "iogpu.wired_limit_mb"
 
 
 def bridge_enabled_commands(enabled: bool, service: str = BRIDGE_SERVICE) -> list[str]:
@@ -131,3 +139,25 @@ FIREWALL_ALLOW = Fix("the inventory python allowed through the macOS firewall (s
 
 
 IP_PLAN = Fix("the Thunderbolt IP plan (hostfile generate --plan-ips) set with sudo -n ifconfig", plan_ip_plan)
+
+
+def wired_limit_commands(mb: int) -> list[str]:
+    return [f"sudo -n sysctl {WIRED_LIMIT}={int(mb)}"]
+
+
+def plan_wired_limit(fix: FixInput) -> list[Action]:
+    """For each Mac the ``model-split`` check found short of GPU memory
+    (``fix_data``: ``wired_limit_mb``, the limit that fits the model's share,
+    and ``before_mb``, the limit now): the limit raised, until the next reboot."""
+    actions = []
+    for name, d in fix.result.fix_data.items():
+        actions.append(remote_action(
+            fix.result.id, fix.inventory.host(name),
+            f"GPU wired-memory limit on {name}: {d['before_mb'] or 'the default'} -> {d['wired_limit_mb']} MiB "
+            f"for {d['model']} (does not survive a reboot: run doctor --model --fix again after one)",
+            wired_limit_commands(d["wired_limit_mb"]), wired_limit_commands(d["before_mb"])))
+    return actions
+
+
+WIRED_LIMIT_RAISE = Fix("the GPU wired-memory limit raised for the model (sudo -n sysctl iogpu.wired_limit_mb; "
+                        "until the next reboot)", plan_wired_limit)
