@@ -71,3 +71,11 @@ def test_restarts_spent_is_exit_4_naming_the_rank(llama, tmp_path):
     assert re.search(r"the server stopped: rank 1 exited with code \S+ after 0 restart\(s\) "
                      r"\(--max-restarts 0\)", serving.output()), serving.output()
     assert processes_with(run_id) == []
+
+
+def test_a_model_whose_heads_do_not_divide_is_refused_before_the_launch(llama):
+    refused = CliRunner().invoke(cli, ["serve", "--local", "3", "--no-preflight", "--port",
+                                       str(free_port_block(1)), str(llama)])
+    assert refused.exit_code == 2, refused.output
+    assert "3 ranks do not divide the 4 attention heads and 2 KV heads" in refused.output
+    assert "launching" not in refused.output

@@ -27,6 +27,7 @@ from mlxcluster.jobs.job import BACKENDS, program_imports
 from mlxcluster.jobs.restarts import Restarts
 from mlxcluster.jobs.run_output import RankLogs
 from mlxcluster.serve.front import Backend, Front
+from mlxcluster.serve.split_check import check_job_split, refusal
 from mlxcluster.serve.serving import (
     ServeSpec,
     ServeUp,
@@ -111,6 +112,11 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
     env = dict(os.environ)
     view = EventView("serve")
     job = share_connections(plan_backend(job, inventory, env), env)
+    # Before anything is checked further, sent or launched: can it be split so?
+    verdict = check_job_split(job, spec.model, pipeline=pipeline, env=env)
+    if not verdict.ok:
+        raise refusal(verdict)
+    view(Note(f"split: {verdict.summary()}"))
     job, _ = prepare_job(job, inventory, env, view, no_preflight=no_preflight,
                          no_openblas=no_openblas, no_sync_code=no_sync_code)
     if not no_sync_model:  # every Mac has its own disk

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from mlxcluster.facts.blas import OPENBLAS_CANDIDATES
 from mlxcluster.facts.capture import PROBE, HostCapture
 from mlxcluster.facts.collect import PROBE_TIMEOUT, capture_from_probe, probe_command, probe_source
-from mlxcluster.facts.facts import host_facts
+from mlxcluster.facts.facts import HostFacts, host_facts
 from mlxcluster.facts.shell import launch_refusal, shell_kind
 from mlxcluster.jobs.hosts import RankHost, distinct_hosts, for_each_host, host_argv
 from mlxcluster.jobs.job import Job, rank_env, script_path
@@ -86,6 +86,20 @@ def probe_hosts(job: Job, env: dict[str, str] | None = None,
         return HostProbe(host, job_facts(capture.probe(), job))
 
     return for_each_host(distinct_hosts(job.hosts), probe)
+
+
+def probe_facts(job: Job, env: dict[str, str] | None = None,
+                timeout: float = PROBE_TIMEOUT) -> dict[str, HostFacts | None]:
+    """Doctor's facts of every distinct host of ``job`` (its memory among
+    them), asked with the job's python, in parallel; None for a host that
+    did not answer."""
+
+    def facts(host: RankHost) -> HostFacts | None:
+        capture = probe_capture(host, job.python, rank_env(job), (), timeout, env)
+        return None if capture.error else host_facts(capture)
+
+    hosts = distinct_hosts(job.hosts)
+    return dict(zip([h.name for h in hosts], for_each_host(hosts, facts), strict=True))
 
 
 def probe_capture(host: RankHost, python: str, rank_vars: dict[str, str],

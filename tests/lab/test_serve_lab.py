@@ -83,3 +83,20 @@ def test_serve_over_two_hosts_answers_survives_a_hang_and_a_kill(lab3, llama, tm
     journal = (tmp_path / "runs" / run_id / "serve.log").read_text()
     assert re.search(r"restart 1/3: .*rank 1 on " + two[1].name, journal), journal
     assert "restart 2/3: rank 0" in journal, journal
+
+
+def test_a_model_that_does_not_split_over_three_hosts_is_refused_before_anything_is_sent(lab3, llama, tmp_path):
+    lab = lab3
+    model = chat_model(llama, lab.disk / f"tiny-chat-{uuid.uuid4().hex[:8]}")  # 4 heads, 2 KV heads
+    _, env = training_setup(lab, tmp_path)
+    inventory = lab.write_inventory(tmp_path / "three.yaml")
+    serving = Serving(["-i", str(inventory), "--backend", "ring", "--port", str(free_port_block(1)),
+                       str(model)], env=env, cwd=tmp_path)
+    code = serving.proc.wait(timeout=SERVE_UP_S)
+    out = serving.output()
+    assert code == 2, out
+    assert "3 ranks do not divide the 4 attention heads and 2 KV heads" in out, out
+    assert "ways out: 1 or 2 rank(s)" in out, out
+    assert "launching" not in out and "sending" not in out
+    for h in lab.hosts:  # nothing sent
+        assert not lab.host_exists(h, model / "config.json"), h.name
