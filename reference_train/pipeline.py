@@ -145,7 +145,7 @@ class PipelineStep:
                               and TIED in trainable)
         params = dict(tree_flatten(stage.parameters()))
         optimizer.init(tree_unflatten([(n, params[n]) for n in self.owned]))
-        self.waited = 0.0
+        self.waited = self.computed = 0.0  # the last step's: seconds waited, when computed
 
     # ------------------------------------------------------------ the schedule
 
@@ -210,6 +210,7 @@ class PipelineStep:
                 grads[k], plan.index - 1, group=group, stream=collective_stream())]
             mx.eval(*sent, *total)
         mx.eval(loss)
+        self.computed = time.perf_counter()
         return loss, dict(zip(self.differentiated, total or [], strict=True))
 
     def _received(self, shape) -> mx.array:
@@ -225,32 +226,39 @@ class PipelineStep:
 
     # ------------------------------------------------------------ the step
 
-    def __call__(self, x, y, weights=None) -> StepResult:
-        """One optimizer step on the global batch (x, y, weights), every stage alike."""
-        start = time.perf_counter()
+    def step_gradients(self, x, y, weights=None) -> tuple[mx.array, dict[str, mx.array]]:
+        """(the global batch's loss, on every stage; the gradients of the parameters this
+        stage updates, float32, before clipping): one process's gradients, each on the
+        stage that holds its parameter (a tied matrix's on the first stage, both uses
+        summed). Every stage calls it."""
         loss, grads = self.gradients(x, y, weights)
-        computed = time.perf_counter()
         plan, group, stream = self.plan, self.group, collective_stream()
-        last = plan.count - 1
         if self.exchange_tied and plan.last:  # the copy's gradient to the matrix's owner
             mx.eval(mx.distributed.send(grads.pop(self.copy), 0, group=group, stream=stream))
         elif self.exchange_tied and plan.first:
-            grads[TIED] = grads[TIED] + mx.distributed.recv_like(grads[TIED], last, group=group,
-                                                                 stream=stream)
+            grads[TIED] = grads[TIED] + mx.distributed.recv_like(
+                grads[TIED], plan.count - 1, group=group, stream=stream)
         if plan.count > 1:
             loss = mx.distributed.all_sum(loss, group=group, stream=stream)
+        mx.eval(loss, *grads.values())
+        return loss, grads
+
+    def __call__(self, x, y, weights=None) -> StepResult:
+        """One optimizer step on the global batch (x, y, weights), every stage alike."""
+        start = time.perf_counter()
+        loss, grads = self.step_gradients(x, y, weights)
+        reduced = time.perf_counter()
+        plan, group, stream = self.plan, self.group, collective_stream()
         if self.grad_clip > 0:
             grads, norm = clip_grad_norm_over(grads, self.grad_clip, group)
         else:
             norm = mx.array(0.0)
-        mx.eval(loss, norm, *grads.values())
-        reduced = time.perf_counter()
         self.optimizer.update(self.stage, tree_unflatten(list(grads.items())))
-        mx.eval(self.stage.parameters(), self.optimizer.state)
+        mx.eval(norm, self.stage.parameters(), self.optimizer.state)
         updated = time.perf_counter()
         if self.exchange_tied and plan.first:  # the updated matrix to the last stage's copy
-            mx.eval(mx.distributed.send(self.stage.tok_embeddings.weight, last, group=group,
-                                        stream=stream))
+            mx.eval(mx.distributed.send(self.stage.tok_embeddings.weight, plan.count - 1,
+                                        group=group, stream=stream))
         elif self.exchange_tied and plan.last:
             copy = mx.distributed.recv_like(self.stage.tok_embeddings.weight, 0, group=group,
                                             stream=stream)
@@ -259,6 +267,6 @@ class PipelineStep:
         done = time.perf_counter()
         tokens = x.size if weights is None else int((weights > 0).sum())
         return StepResult(float(loss.item()), int(tokens), float(norm.item()), {
-            "compute_s": round(computed - start, 6), "wait_s": round(self.waited, 6),
-            "comm_s": round(reduced - computed + done - updated, 6),
+            "compute_s": round(self.computed - start, 6), "wait_s": round(self.waited, 6),
+            "comm_s": round(reduced - self.computed + done - updated, 6),
             "optimizer_s": round(updated - reduced, 6)})

@@ -60,32 +60,42 @@ def pipeline_options(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return parser.parse_known_args(argv)
 
 
-def build_stage(cfg: TrainConfig, n_stages: int, split: list[int] | None, rank: int) -> StageRun:
+def data_of(cfg: TrainConfig) -> tuple[Path, dict]:
+    """(the data directory, its meta.json)."""
+    data_dir = Path(cfg.data) if cfg.data else ensure_default_data()
+    return data_dir, load_meta(data_dir)
+
+
+def plan_for(cfg: TrainConfig, n_stages: int, split: list[int] | None) -> list[StagePlan]:
+    """The stages of this run's model (--init_from's folder, or the config's shape), from
+    the bytes of its parts: no weight is loaded. A DataError for a split that cannot be."""
+    if cfg.init_from:
+        return plan_stages(folder_bytes(cfg.init_from), n_stages, split)
+    return plan_stages(model_bytes(model_args(cfg, data_of(cfg)[1]["vocab_size"])), n_stages,
+                       split)
+
+
+def build_stage(cfg: TrainConfig, plan: StagePlan) -> StageRun:
     """This rank's stage, built as one process builds its model (the same seed and
     draws), with its compute copy and the whole global batch's data."""
     kernels.use(cfg.kernels)
-    data_dir = Path(cfg.data) if cfg.data else ensure_default_data()
-    meta = load_meta(data_dir)
+    data_dir, meta = data_of(cfg)
     batches = ShardedBatches(open_split(data_dir, "train", cfg.block_size), cfg.global_batch,
                              SingleReplica(), cfg.seed)
     adapt = (lambda model: lora.apply_config(model, cfg)) if cfg.fine_tune == "lora" else None
+    mx.random.seed(cfg.seed)
     if cfg.init_from:
-        plans = plan_stages(folder_bytes(cfg.init_from), n_stages, split)
-        mx.random.seed(cfg.seed)
-        stage = load_stage(cfg.init_from, plans[rank], cfg.fine_tune, adapt, meta, data_dir)
+        stage = load_stage(cfg.init_from, plan, cfg.fine_tune, adapt, meta, data_dir)
     else:
-        args = model_args(cfg, meta["vocab_size"])
-        plans = plan_stages(model_bytes(args), n_stages, split)  # before the seed: it draws
-        mx.random.seed(cfg.seed)
-        stage = new_stage(args, plans[rank])
+        stage = new_stage(model_args(cfg, meta["vocab_size"]), plan)
     if cfg.dtype != "float32" and is_quantized(stage):
         raise DataError(f"--dtype {cfg.dtype} with a quantized base ({cfg.init_from}) is not "
                         "supported", "use --dtype float32")
-    compute = compute_copy(stage, lambda: shaped_stage(stage.args, plans[rank], adapt=adapt),
+    compute = compute_copy(stage, lambda: shaped_stage(stage.args, plan, adapt=adapt),
                            dtype_of(cfg.dtype))
     for s in (stage, compute):
         s.grad_checkpoint = cfg.grad_checkpoint
-    return StageRun(plans[rank], stage, compute, batches, stage.args.n_layers)
+    return StageRun(plan, stage, compute, batches, stage.args.n_layers)
 
 
 def make_step(cfg: TrainConfig, run: StageRun, group, micro_batches: int) -> PipelineStep:
@@ -101,11 +111,12 @@ def main(argv: list[str] | None = None) -> int:
         opts, rest = pipeline_options(sys.argv[1:] if argv is None else argv)
         cfg = build_config(rest)
         split = parse_split(opts.pipeline_split) if opts.pipeline_split else None
+        plans = plan_for(cfg, opts.pipeline, split)  # before any rank starts: bad splits end here
         group = init_group()
         rank = group.rank()
         check_world(opts.pipeline, group.size(), current_backend(group))
         micro_batches = opts.micro_batches or opts.pipeline
-        run = build_stage(cfg, opts.pipeline, split, rank)
+        run = build_stage(cfg, plans[rank])
         print(f"rank {rank}: {run.plan.describe(run.n_layers)} (held: "
               f"{held_bytes(run.stage) / 2**20:.2f} MiB)", flush=True)
         step = make_step(cfg, run, group, micro_batches)
