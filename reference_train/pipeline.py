@@ -181,7 +181,7 @@ class PipelineStep:
                                                 group=group, stream=collective_stream())
 
             def forward(*args, tokens=tokens, targets=targets, trained=trained):
-                compute.update(tree_unflatten(list(zip(self.differentiated, args[:k]))))
+                compute.update(tree_unflatten(list(zip(self.differentiated, args[:k], strict=True))))
                 out = compute(tokens if plan.first else args[k])
                 if not plan.last:
                     return out.astype(self.compute_dtype)
@@ -197,7 +197,7 @@ class PipelineStep:
                 mx.eval(mx.distributed.send(out, plan.index + 1, group=group,
                                             stream=collective_stream()))
             pending.append((cotangent, grads))
-        compute.update(tree_unflatten(list(zip(self.differentiated, primals))))
+        compute.update(tree_unflatten(list(zip(self.differentiated, primals, strict=True))))
         total = None
         for m in range(M):
             cotangent, grads = pending[m]
