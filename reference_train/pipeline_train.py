@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                           "pipeline": opts.pipeline, "micro_batches": micro_batches,
                           "dtype": cfg.dtype, **result.split}
                 print(f"step {n + 1:>6}/{cfg.steps} | loss {result.loss:.4f} | "
-                      f"{record['tokens_per_s']:,.0f} tok/s | stage 1 waited "
+                      f"{record['tokens_per_s']:,.0f} tok/s | rank 0 waited "
                       f"{result.split['wait_s'] * 1000:.0f} ms", flush=True)
                 save_record(metrics, record)
     except (ValueError, DataError, RuntimeError) as e:

@@ -188,12 +188,12 @@ def check_world(n_stages: int, world_size: int, backend: str) -> None:
         raise DataError(f"{world_size} ranks with --pipeline {n_stages} would be "
                         f"{world_size // n_stages} data-parallel copies of the pipeline; "
                         "copies of a pipeline are not supported yet",
-                        f"launch {n_stages} ranks (one per stage)")
+                        f"launch {n_stages} ranks, one per stage")
     raise DataError(f"{world_size} ranks with --pipeline {n_stages} would be "
                     f"{world_size // n_stages} copies of the pipeline, but the {backend} "
                     "backend cannot split a group (Group.split), so the world size must "
                     "equal the number of stages",
-                    f"launch {n_stages} ranks (one per stage)")
+                    f"launch {n_stages} ranks, one per stage")
 
 
 # ---------------------------------------------------------------- a folder's bytes
