@@ -50,7 +50,7 @@ from .errors import DataError
 from .model import Llama, head_logits, run_blocks
 from .precision import collective_stream, refresh
 from .sharded_optimizer import clip_grad_norm_over
-from .stages import StagePlan
+from .stages import StagePlan, check_micro_batches
 
 TIED = "tok_embeddings.weight"
 
@@ -130,8 +130,7 @@ class PipelineStep:
             raise DataError(f"stage {plan.index + 1} of {plan.count} runs as rank "
                             f"{group.rank()} of {group.size()}",
                             "launch one rank per stage, stage i as rank i")
-        if micro_batches < 1:
-            raise DataError(f"--micro_batches {micro_batches}: give at least 1")
+        check_micro_batches(micro_batches, micro_batches)
         self.stage, self.compute = stage, compute if compute is not None else stage
         self.optimizer, self.group, self.plan = optimizer, group, plan
         self.micro_batches, self.grad_clip = micro_batches, grad_clip
@@ -155,9 +154,7 @@ class PipelineStep:
         for the global batch (x, y, weights: B rows each). Every stage calls it."""
         plan, compute, group, M = self.plan, self.compute, self.group, self.micro_batches
         rows_total, length = x.shape[0], x.shape[1]
-        if rows_total % M:
-            raise DataError(f"a global batch of {rows_total} rows does not divide into "
-                            f"{M} micro-batches", "give --micro_batches a divisor of global_batch")
+        check_micro_batches(M, rows_total)
         rows = rows_total // M
         if compute is not self.stage:
             refresh(compute, self.stage, self.compute_dtype)

@@ -36,7 +36,16 @@ from .pipeline import PipelineStep, SingleReplica, Stage
 from .precision import compute_copy, dtype_of
 from .prepare import ensure_default_data
 from .stage_load import held_bytes, load_stage, model_bytes, new_stage, shaped_stage
-from .stages import StagePlan, bubble_fraction, check_world, folder_bytes, parse_split, plan_stages
+from .stages import (
+    StagePlan,
+    bubble_fraction,
+    check_micro_batches,
+    check_world,
+    default_micro_batches,
+    folder_bytes,
+    parse_split,
+    plan_stages,
+)
 from .train import Trainer, make_out_dir
 
 
@@ -56,7 +65,7 @@ def pipeline_options(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--pipeline", type=int, required=True)
     parser.add_argument("--pipeline_split", default="")
-    parser.add_argument("--micro_batches", type=int, default=0)  # 0: the number of stages
+    parser.add_argument("--micro_batches", type=int, default=0)  # 0: default_micro_batches
     return parser.parse_known_args(argv)
 
 
@@ -112,10 +121,11 @@ def main(argv: list[str] | None = None) -> int:
         cfg = build_config(rest)
         split = parse_split(opts.pipeline_split) if opts.pipeline_split else None
         plans = plan_for(cfg, opts.pipeline, split)  # before any rank starts: bad splits end here
+        micro_batches = opts.micro_batches or default_micro_batches(opts.pipeline, cfg.global_batch)
+        check_micro_batches(micro_batches, cfg.global_batch)
         group = init_group()
         rank = group.rank()
         check_world(opts.pipeline, group.size(), current_backend(group))
-        micro_batches = opts.micro_batches or opts.pipeline
         run = build_stage(cfg, plans[rank])
         print(f"rank {rank}: {run.plan.describe(run.n_layers)} (held: "
               f"{held_bytes(run.stage) / 2**20:.2f} MiB)", flush=True)

@@ -84,6 +84,23 @@ class StagePlan:
                f"{self.bytes / 2**20:.1f} MiB of weights"
 
 
+def check_micro_batches(micro_batches: int, global_batch: int) -> None:
+    """A DataError unless `micro_batches` (--micro_batches) splits the global batch."""
+    if micro_batches < 1:
+        raise DataError(f"--micro_batches {micro_batches}: give at least 1",
+                        "give the number of stages or more: the bubble shrinks as it grows")
+    if global_batch % micro_batches:
+        raise DataError(f"--micro_batches {micro_batches} does not divide global_batch "
+                        f"{global_batch}", "give a divisor of global_batch")
+
+
+def default_micro_batches(n_stages: int, global_batch: int) -> int:
+    """--micro_batches when not given: the fewest, at least one per stage, that divide
+    the global batch (every row its own micro-batch when none does)."""
+    return next((m for m in range(n_stages, global_batch + 1) if global_batch % m == 0),
+                global_batch)
+
+
 def bubble_fraction(n_stages: int, micro_batches: int) -> float:
     """The share of a GPipe step each stage idles: (N - 1) / (M + N - 1)."""
     return (n_stages - 1) / (micro_batches + n_stages - 1)

@@ -1,7 +1,7 @@
 """One pipeline step's gradients, each rank's saved: run under mlx.launch by
 tests/test_pipeline.py (tests.train_support.run_trainer(module="tests.pipeline_grads")).
 
-    python -m tests.pipeline_grads --grads_out DIR --pipeline 2 [--micro_batches 4] [trainer flags]
+    python -m tests.pipeline_grads --grads_out DIR --pipeline 2 --micro_batches 4 [trainer flags]
 
 writes DIR/rank{R}.safetensors: the gradients stage R updates for global batch 0
 (PipelineStep.step_gradients: float32, before clipping) and "@loss", the batch's loss.
@@ -30,7 +30,7 @@ def main(argv: list[str]) -> int:
     group = init_group()
     split = parse_split(opts.pipeline_split) if opts.pipeline_split else None
     run = build_stage(cfg, plan_for(cfg, opts.pipeline, split)[group.rank()])
-    step = make_step(cfg, run, group, opts.micro_batches or opts.pipeline)
+    step = make_step(cfg, run, group, opts.micro_batches)
     x, y, *weights = run.batches.batch(0)
     loss, grads = step.step_gradients(x, y, weights[0] if weights else None)
     mx.save_safetensors(str(Path(mine.grads_out) / f"rank{group.rank()}.safetensors"),

@@ -25,6 +25,7 @@ from reference_train.stages import (
     ModelBytes,
     bubble_fraction,
     check_world,
+    default_micro_batches,
     folder_bytes,
     parse_split,
     plan_stages,
@@ -80,12 +81,15 @@ def test_an_explicit_split_and_the_refusals():
             refused()
     check_world(4, 4, "ring")
     assert bubble_fraction(2, 4) == pytest.approx(1 / 5) and bubble_fraction(1, 8) == 0
+    assert [default_micro_batches(n, 8) for n in (1, 2, 3, 4, 5, 9)] == [1, 2, 4, 4, 8, 8]
 
 
 def test_the_cli_refuses_a_split_before_any_rank_starts(llama, llama_data, capsys):
     common = [*TINY, "--init_from", str(llama), "--data", str(llama_data), *LORA]
     for flags, message in [(["--pipeline", "3"], "--pipeline 3: the model has 2 blocks"),
                            (["--pipeline", "2", "--pipeline_split", "1,2"], "adds up to 3 blocks"),
+                           (["--pipeline", "2", "--micro_batches", "3"],
+                            "--micro_batches 3 does not divide global_batch 8"),
                            (["--pipeline", "2"], "--pipeline 2 needs 2 ranks")]:
         assert pipeline_main([*flags, *common]) == 2
         err = capsys.readouterr().err
