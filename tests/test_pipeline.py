@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -15,11 +16,13 @@ from mlx.utils import tree_flatten
 
 from reference_train import kernels, lora
 from reference_train.config import build_config, model_args
+from reference_train.corpus import offline_corpus
 from reference_train.data import ShardedBatches, load_meta, open_split
 from reference_train.errors import DataError
 from reference_train.hf_io import load_folder, model_from_folder, model_from_weights
 from reference_train.model import Llama, loss_fn
 from reference_train.pipeline_train import main as pipeline_main
+from reference_train.prepare import main as prepare_main
 from reference_train.stage_load import held_bytes, load_stage
 from reference_train.stages import (
     ModelBytes,
@@ -31,6 +34,7 @@ from reference_train.stages import (
     plan_stages,
 )
 
+from .chat_support import make_chat_folder, write_jsonl
 from .hf_support import LLAMA3_CONFIG, make_llama_folder
 from .train_support import FakeGroup, run_trainer, train_losses
 
@@ -160,7 +164,6 @@ def one_process_gradients(flags: list[str]):
                            FakeGroup(0, 1), cfg.seed).batch(0)
     mx.random.seed(cfg.seed)
     if cfg.init_from:
-        from pathlib import Path
         model = model_from_folder(cfg.init_from, meta, Path(cfg.data), cfg.fine_tune)
     else:
         model = Llama(model_args(cfg, meta["vocab_size"]))
@@ -170,16 +173,33 @@ def one_process_gradients(flags: list[str]):
     return loss, dict(tree_flatten(grads))
 
 
+@pytest.fixture(scope="module")
+def rows_data(tmp_path_factory):
+    """Prompt/completion rows, prompts masked: a loss over the trained targets only."""
+    base = tmp_path_factory.mktemp("rows")
+    tokenizer = make_chat_folder(base / "tokenizer", "qwen25")
+    rows = [{"prompt": s[:40], "completion": s[40:120]} for s in offline_corpus(40)]
+    src = write_jsonl(base / "rows.jsonl", rows)
+    assert prepare_main(["--out", str(base / "data"), "--jsonl", str(src), "--tokenizer",
+                         str(tokenizer), "--mask_prompt"]) == 0
+    return base / "data"
+
+
 @pytest.mark.parametrize("case", ["full", "lora"])
-def test_a_pipeline_steps_gradients_are_one_process(case, llama, llama_data, tmp_path):
+def test_a_pipeline_steps_gradients_are_one_process(case, llama, llama_data, rows_data, tmp_path):
     """2 stages on 2 ranks (ring), 4 micro-batches: every gradient, each on the stage
-    that updates it (full: the tiny config's tied matrix, both uses summed), and the loss."""
-    flags = [*TINY, "--data", str(llama_data)]
-    flags += ["--init_from", str(llama), *LORA] if case == "lora" else ["--dim", "64"]
+    that updates it, and the loss. Full: the tiny config from scratch on masked rows
+    (each micro-batch's share of the global batch's trained targets), its tied matrix's
+    two uses summed; LoRA: the Llama folder on text."""
+    if case == "lora":
+        flags = [*TINY, "--data", str(llama_data), "--init_from", str(llama), *LORA]
+    else:
+        flags = [*TINY, "--data", str(rows_data), "--block_size", "160"]
     proc = run_trainer(["--grads_out", str(tmp_path), "--pipeline", "2", "--micro_batches", "4",
                         *flags], ranks=2, module="tests.pipeline_grads")
     assert proc.returncode == 0, proc.stderr[-3000:]
     loss, expected = one_process_gradients(flags)
+    assert loss.item() > 1  # trained targets in the batch
     stages = [mx.load(str(tmp_path / f"rank{r}.safetensors")) for r in range(2)]
     for got in stages:
         assert abs(got.pop("@loss").item() - loss.item()) <= 1e-6 * loss.item()
