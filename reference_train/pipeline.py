@@ -4,23 +4,29 @@
 
 Each rank (stage) holds only its blocks (stage_load.py loads them), the first the
 embedding, the last the final norm and head. A step runs the global batch as M
-micro-batches of global_batch / M rows, on the GPipe schedule: every stage runs
-the M forwards, sending each micro-batch's activations to the next stage and
-receiving them from the previous one (mx.distributed.send / recv, which every
-backend has; on ring only neighbours talk, and stage s's neighbours are s - 1 and
-s + 1, the last's the first), then the M backwards, each the vjp of the stage's
-forward with the gradient the next stage sent back as its cotangent, sending the
-gradient of its input to the previous stage. The forward of each micro-batch is
-built as one mx.vjp whose cotangent is a receive not yet evaluated: evaluating
-the output runs the forward only and keeps what the backward needs, so nothing
-is computed twice (with --grad_checkpoint only each block's input is kept).
+micro-batches of global_batch / M rows. A forward (F) receives a micro-batch's
+activations from the previous stage and sends its own to the next
+(mx.distributed.send / recv, which every backend has; on ring only neighbours
+talk, and stage s's neighbours are s - 1 and s + 1, the last's the first); a
+backward (B) is the vjp of the stage's forward with the gradient the next stage
+sent back as its cotangent, and sends the gradient of its input to the previous
+stage. The forward of each micro-batch is built as one mx.vjp whose cotangent
+is a receive not yet evaluated: evaluating the output runs the forward only and
+keeps what the backward needs, so nothing is computed twice (with
+--grad_checkpoint only each block's input is kept).
 
-    stage 0  F0 F1 F2 F3 .. .. .. B0 B1 B2 B3
-    stage 1  .. F0 F1 F2 F3 B0 B1 B2 B3 .. ..      (N = 2, M = 4)
+The schedule (stages.schedule, --pipeline_schedule) orders each stage's passes:
 
-Each stage idles (N - 1) of the M + N - 1 slots (the bubble): (N - 1) / (M + N - 1),
-1/5 here; more micro-batches shrink it, each holding its activations until its
-backward (GPipe keeps all M; 1F1B, which would keep at most N, is not built).
+    1F1B (default)                        GPipe
+    stage 0  F0 F1 B0 F2 B1 F3 B2 B3      F0 F1 F2 F3 .. .. .. B0 B1 B2 B3
+    stage 1  .. F0 B0 F1 B1 F2 B2 F3 B3   .. F0 F1 F2 F3 B0 B1 B2 B3 .. ..
+                                          (N = 2 stages, M = 4 micro-batches)
+
+Both idle (N - 1) of the M + N - 1 slots (the bubble): (N - 1) / (M + N - 1),
+1/5 here, and more micro-batches shrink it; GPipe holds all M micro-batches'
+activations until their backwards, 1F1B at most N - s on stage s.
+The order of the backwards, and so the sums, are the same in both: the same
+losses to the bit.
 
 The loss is computed on the last stage as each micro-batch's share of the mean
 over the whole global batch (cross-entropy x rows / global_batch), so their sum,
@@ -50,7 +56,7 @@ from .errors import DataError
 from .model import Llama, head_logits, run_blocks
 from .precision import collective_stream, refresh
 from .sharded_optimizer import clip_grad_norm_over
-from .stages import StagePlan, check_micro_batches
+from .stages import StagePlan, check_micro_batches, check_schedule, schedule
 
 TIED = "tok_embeddings.weight"
 
@@ -114,6 +120,41 @@ class StepResult:
     split: dict = field(default_factory=dict)
 
 
+class Exchange:
+    """Sends and receives between neighbouring stages, each on a CPU stream of its own
+    (collectives run on the CPU: precision.collective_stream). A send is waited for in
+    the next evaluation, beside whatever is waited for then (a receive, or compute):
+    two neighbours sending to each other at once never wait for each other. On one
+    stream they would, as soon as the tensors outgrow the sockets' buffers: measured on
+    ring, 64 MiB each way at once hangs on one stream and completes on two
+    (tests/test_pipeline.py)."""
+
+    def __init__(self, group):
+        self.group = group
+        self.sending, self.receiving = mx.new_stream(mx.cpu), mx.new_stream(mx.cpu)
+        self.outbox: list[mx.array] = []
+        self.waited = 0.0  # seconds spent waiting for a receive
+
+    def send(self, value: mx.array, to: int) -> None:
+        """Send `value` to rank `to`, waited for in the next evaluation."""
+        self.outbox.append(mx.distributed.send(value, to, group=self.group, stream=self.sending))
+
+    def receive(self, shape, dtype: mx.Dtype, source: int) -> mx.array:
+        """What rank `source` sends next, lazily: received when evaluated."""
+        return mx.distributed.recv(shape, dtype, source, group=self.group, stream=self.receiving)
+
+    def evaluate(self, *arrays: mx.array) -> None:
+        """Evaluate `arrays` and every send not yet waited for."""
+        mx.eval(*arrays, *self.outbox)
+        self.outbox = []
+
+    def wait_for(self, received: mx.array) -> mx.array:
+        start = time.perf_counter()
+        self.evaluate(received)
+        self.waited += time.perf_counter() - start
+        return received
+
+
 class PipelineStep:
     """One optimizer step of one stage, called by every stage with the same global batch.
 
@@ -124,7 +165,7 @@ class PipelineStep:
 
     def __init__(self, stage: Stage, optimizer, group, micro_batches: int,
                  grad_clip: float = 0.0, compute: Stage | None = None,
-                 compute_dtype: mx.Dtype = mx.float32):
+                 compute_dtype: mx.Dtype = mx.float32, schedule: str = "1f1b"):
         plan = stage.plan
         if group.size() != plan.count or group.rank() != plan.index:
             raise DataError(f"stage {plan.index + 1} of {plan.count} runs as rank "
@@ -135,6 +176,9 @@ class PipelineStep:
         self.optimizer, self.group, self.plan = optimizer, group, plan
         self.micro_batches, self.grad_clip = micro_batches, grad_clip
         self.compute_dtype = compute_dtype
+        check_schedule(schedule)
+        self.schedule = schedule
+        self.link = Exchange(group)
         trainable = [n for n, _ in tree_flatten(stage.trainable_parameters())]
         # The last stage's copy of a tied matrix is differentiated but not updated here.
         self.copy = TIED if (plan.embedding and not plan.first and TIED in trainable) else None
@@ -144,15 +188,18 @@ class PipelineStep:
                               and TIED in trainable)
         params = dict(tree_flatten(stage.parameters()))
         optimizer.init(tree_unflatten([(n, params[n]) for n in self.owned]))
-        self.waited = self.computed = 0.0  # the last step's: seconds waited, when computed
+        self.computed = 0.0  # when the last step's passes ended
 
     # ------------------------------------------------------------ the schedule
 
     def gradients(self, x, y, weights=None) -> tuple[mx.array, dict[str, mx.array]]:
         """(this stage's share of the loss: the loss on the last stage, 0 elsewhere;
         the float32 gradients of its trainable parameters, the tied copy's included),
-        for the global batch (x, y, weights: B rows each). Every stage calls it."""
-        plan, compute, group, M = self.plan, self.compute, self.group, self.micro_batches
+        for the global batch (x, y, weights: B rows each). Every stage calls it.
+
+        The stage runs its forwards (F) and backwards (B) in the schedule's order
+        (stages.schedule), its activations and gradients moved by an Exchange."""
+        plan, compute, M = self.plan, self.compute, self.micro_batches
         rows_total, length = x.shape[0], x.shape[1]
         check_micro_batches(M, rows_total)
         rows = rows_total // M
@@ -162,64 +209,60 @@ class PipelineStep:
         primals = [params[n] for n in self.differentiated]
         k = len(primals)
         shape = (rows, length, self.stage.args.dim)
-        self.waited = 0.0
-        loss, pending = mx.array(0.0), []
-        for m in range(M):
-            part = slice(m * rows, (m + 1) * rows)
-            inputs = primals if plan.first else [*primals, self._received(shape)]
-            tokens = mx.array(x[part]) if plan.first else None
-            if plan.last:
-                targets = mx.array(y[part])
-                trained = None if weights is None else mx.array(weights[part])
-                cotangent = mx.array(1.0)
+        link = self.link
+        link.waited = 0.0
+        loss, in_flight, total = mx.array(0.0), {}, None
+        for kind, m in schedule(self.schedule, plan.index, plan.count, M):
+            if kind == "F":
+                part = slice(m * rows, (m + 1) * rows)
+                received = [] if plan.first else [
+                    link.wait_for(link.receive(shape, self.compute_dtype, plan.index - 1))]
+                # the next stage's gradient: received when the backward needs it, not now
+                cotangent = mx.array(1.0) if plan.last else link.receive(
+                    shape, self.compute_dtype, plan.index + 1)
+                forward = self._forward(k, x[part] if plan.first else None,
+                                        y[part] if plan.last else None,
+                                        weights[part] if plan.last and weights is not None
+                                        else None, rows / rows_total)
+                (out,), grads = mx.vjp(forward, [*primals, *received], [cotangent])
+                link.evaluate(out)  # the forward only: the backward waits for its cotangent
+                if plan.last:
+                    loss = loss + out
+                else:
+                    link.send(out, plan.index + 1)
+                in_flight[m] = (cotangent, grads)
             else:
-                targets = trained = None
-                cotangent = mx.distributed.recv(shape, self.compute_dtype, plan.index + 1,
-                                                group=group, stream=collective_stream())
-
-            def forward(*args, tokens=tokens, targets=targets, trained=trained):
-                compute.update(tree_unflatten(list(zip(self.differentiated, args[:k], strict=True))))
-                out = compute(tokens if plan.first else args[k])
+                cotangent, grads = in_flight.pop(m)  # its activations go once its backward ran
                 if not plan.last:
-                    return out.astype(self.compute_dtype)
-                logits = out if out.dtype == mx.float32 else out.astype(mx.float32)
-                # this micro-batch's share of the global batch's mean
-                return kernels.cross_entropy(logits, targets, trained) * (rows / rows_total)
-
-            (out,), grads = mx.vjp(forward, inputs, [cotangent])
-            mx.eval(out)  # the forward only: the backward waits for its cotangent
-            if plan.last:
-                loss = loss + out
-            else:
-                mx.eval(mx.distributed.send(out, plan.index + 1, group=group,
-                                            stream=collective_stream()))
-            pending.append((cotangent, grads))
+                    link.wait_for(cotangent)
+                mine = [g.astype(mx.float32) for g in grads[:k]]
+                total = mine if total is None else [a + b for a, b in zip(total, mine, strict=True)]
+                if not plan.first:
+                    link.send(grads[k], plan.index - 1)
+                link.evaluate(*total)
         compute.update(tree_unflatten(list(zip(self.differentiated, primals, strict=True))))
-        total = None
-        for m in range(M):
-            cotangent, grads = pending[m]
-            pending[m] = None  # this micro-batch's activations go once its backward ran
-            if not plan.last:
-                self._wait_for(cotangent)
-            mine = [g.astype(mx.float32) for g in grads[:k]]
-            total = mine if total is None else [a + b for a, b in zip(total, mine, strict=True)]
-            sent = [] if plan.first else [mx.distributed.send(
-                grads[k], plan.index - 1, group=group, stream=collective_stream())]
-            mx.eval(*sent, *total)
-        mx.eval(loss)
+        link.evaluate(loss)
         self.computed = time.perf_counter()
         return loss, dict(zip(self.differentiated, total or [], strict=True))
 
-    def _received(self, shape) -> mx.array:
-        h = mx.distributed.recv(shape, self.compute_dtype, self.plan.index - 1,
-                                group=self.group, stream=collective_stream())
-        self._wait_for(h)
-        return h
+    def _forward(self, k: int, tokens, targets, trained, share: float):
+        """The stage's forward of one micro-batch as a function of its k differentiated
+        parameters (and, after the first stage, its input): activations to send on, or
+        on the last stage the micro-batch's share of the global batch's mean loss."""
+        plan, compute = self.plan, self.compute
+        tokens = None if tokens is None else mx.array(tokens)
+        targets = None if targets is None else mx.array(targets)
+        trained = None if trained is None else mx.array(trained)
 
-    def _wait_for(self, received: mx.array) -> None:
-        start = time.perf_counter()
-        mx.eval(received)
-        self.waited += time.perf_counter() - start
+        def forward(*args):
+            compute.update(tree_unflatten(list(zip(self.differentiated, args[:k], strict=True))))
+            out = compute(tokens if plan.first else args[k])
+            if not plan.last:
+                return out.astype(self.compute_dtype)
+            logits = out if out.dtype == mx.float32 else out.astype(mx.float32)
+            return kernels.cross_entropy(logits, targets, trained) * share
+
+        return forward
 
     # ------------------------------------------------------------ the step
 
@@ -264,6 +307,6 @@ class PipelineStep:
         done = time.perf_counter()
         tokens = x.size if weights is None else int((weights > 0).sum())
         return StepResult(float(loss.item()), int(tokens), float(norm.item()), {
-            "compute_s": round(self.computed - start, 6), "wait_s": round(self.waited, 6),
+            "compute_s": round(self.computed - start, 6), "wait_s": round(self.link.waited, 6),
             "comm_s": round(reduced - self.computed + done - updated, 6),
             "optimizer_s": round(updated - reduced, 6)})

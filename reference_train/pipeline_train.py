@@ -2,7 +2,8 @@
 
     mlx.launch -n 2 --backend ring --python "$(which python)" -- \\
         -m reference_train.pipeline_train --pipeline 2 [--pipeline_split 1,1] \\
-        [--micro_batches 4] --config tiny --out runs/pp [any trainer flag]
+        [--micro_batches 4] [--pipeline_schedule 1f1b|gpipe] --config tiny --out runs/pp \\
+        [any trainer flag]
 
 The stand-in loop until the trainer's loop is handed a step function (then
 `--pipeline` joins `python -m reference_train.train`): the same settings, data,
@@ -40,11 +41,14 @@ from .stages import (
     StagePlan,
     bubble_fraction,
     check_micro_batches,
+    check_schedule,
     check_world,
     default_micro_batches,
     folder_bytes,
+    held_at_once,
     parse_split,
     plan_stages,
+    schedule,
 )
 from .train import Trainer, make_out_dir
 
@@ -66,6 +70,7 @@ def pipeline_options(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--pipeline", type=int, required=True)
     parser.add_argument("--pipeline_split", default="")
     parser.add_argument("--micro_batches", type=int, default=0)  # 0: default_micro_batches
+    parser.add_argument("--pipeline_schedule", default="1f1b")  # or gpipe (stages.schedule)
     return parser.parse_known_args(argv)
 
 
@@ -107,12 +112,13 @@ def build_stage(cfg: TrainConfig, plan: StagePlan) -> StageRun:
     return StageRun(plan, stage, compute, batches, stage.args.n_layers)
 
 
-def make_step(cfg: TrainConfig, run: StageRun, group, micro_batches: int) -> PipelineStep:
+def make_step(cfg: TrainConfig, run: StageRun, group, micro_batches: int,
+              schedule: str = "1f1b") -> PipelineStep:
     """The stage's step, with train.py's optimizer and learning-rate schedule."""
     optimizer = optim.AdamW(learning_rate=Trainer.schedule(SimpleNamespace(cfg=cfg)),
                             betas=[cfg.beta1, cfg.beta2], weight_decay=cfg.weight_decay)
     return PipelineStep(run.stage, optimizer, group, micro_batches, cfg.grad_clip,
-                        run.compute, dtype_of(cfg.dtype))
+                        run.compute, dtype_of(cfg.dtype), schedule)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,20 +129,23 @@ def main(argv: list[str] | None = None) -> int:
         plans = plan_for(cfg, opts.pipeline, split)  # before any rank starts: bad splits end here
         micro_batches = opts.micro_batches or default_micro_batches(opts.pipeline, cfg.global_batch)
         check_micro_batches(micro_batches, cfg.global_batch)
+        check_schedule(opts.pipeline_schedule)
         group = init_group()
         rank = group.rank()
         check_world(opts.pipeline, group.size(), current_backend(group))
         run = build_stage(cfg, plans[rank])
         print(f"rank {rank}: {run.plan.describe(run.n_layers)} (held: "
               f"{held_bytes(run.stage) / 2**20:.2f} MiB)", flush=True)
-        step = make_step(cfg, run, group, micro_batches)
+        step = make_step(cfg, run, group, micro_batches, opts.pipeline_schedule)
         out = Path(cfg.out)
         metrics = out / "metrics.jsonl"
         if rank == 0:
             make_out_dir(out)
+            held = held_at_once(schedule(opts.pipeline_schedule, 0, opts.pipeline, micro_batches))
             print(f"pipeline of {opts.pipeline} stages, {micro_batches} micro-batches of "
-                  f"{cfg.global_batch // micro_batches} rows (GPipe: bubble "
-                  f"{bubble_fraction(opts.pipeline, micro_batches):.0%})", flush=True)
+                  f"{cfg.global_batch // micro_batches} rows, {opts.pipeline_schedule}: bubble "
+                  f"{bubble_fraction(opts.pipeline, micro_batches):.0%}, at most {held} "
+                  "micro-batches' activations held", flush=True)
             start_record(metrics, 0, group.size())
         last = min(cfg.steps, cfg.stop_after) if cfg.stop_after else cfg.steps
         for n in range(last):
@@ -150,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                           "lr": float(step.optimizer.learning_rate.item()),
                           "grad_norm": result.grad_norm, "ranks": group.size(),
                           "pipeline": opts.pipeline, "micro_batches": micro_batches,
+                          "schedule": opts.pipeline_schedule,
                           "dtype": cfg.dtype, **result.split}
                 print(f"step {n + 1:>6}/{cfg.steps} | loss {result.loss:.4f} | "
                       f"{record['tokens_per_s']:,.0f} tok/s | rank 0 waited "

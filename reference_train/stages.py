@@ -101,8 +101,43 @@ def default_micro_batches(n_stages: int, global_batch: int) -> int:
                 global_batch)
 
 
+SCHEDULES = ("1f1b", "gpipe")
+
+
+def check_schedule(kind: str) -> None:
+    if kind not in SCHEDULES:
+        raise DataError(f"--pipeline_schedule {kind}: must be one of {', '.join(SCHEDULES)}")
+
+
+def schedule(kind: str, stage: int, n_stages: int, micro_batches: int) -> list[tuple[str, int]]:
+    """Stage `stage`'s passes in order: ("F", m) the forward of micro-batch m, ("B", m)
+    its backward. GPipe: every forward, then every backward. 1F1B (one forward, one
+    backward): N - 1 - stage forwards to fill the pipeline, then a forward and a
+    backward in turn, then the backwards left; the same bubble as GPipe, but at most
+    N - stage micro-batches' activations held at once instead of M."""
+    check_schedule(kind)
+    forwards = [("F", m) for m in range(micro_batches)]
+    backwards = [("B", m) for m in range(micro_batches)]
+    if kind == "gpipe":
+        return forwards + backwards
+    warmup = min(n_stages - 1 - stage, micro_batches)
+    order = forwards[:warmup]
+    for m in range(micro_batches - warmup):
+        order += [forwards[warmup + m], backwards[m]]
+    return order + backwards[micro_batches - warmup:]
+
+
+def held_at_once(order: list[tuple[str, int]]) -> int:
+    """The most micro-batches whose activations a stage holds at once in `order`."""
+    held = most = 0
+    for kind, _ in order:
+        held += 1 if kind == "F" else -1
+        most = max(most, held)
+    return most
+
+
 def bubble_fraction(n_stages: int, micro_batches: int) -> float:
-    """The share of a GPipe step each stage idles: (N - 1) / (M + N - 1)."""
+    """The share of a step each stage idles, GPipe or 1F1B: (N - 1) / (M + N - 1)."""
     return (n_stages - 1) / (micro_batches + n_stages - 1)
 
 

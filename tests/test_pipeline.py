@@ -30,8 +30,10 @@ from reference_train.stages import (
     check_world,
     default_micro_batches,
     folder_bytes,
+    held_at_once,
     parse_split,
     plan_stages,
+    schedule,
 )
 
 from .chat_support import make_chat_folder, write_jsonl
@@ -155,6 +157,30 @@ def test_each_stage_holds_one_process_weights_and_only_its_own(deep, which):
 # ---------------------------------------------------------------- real ranks
 
 
+def test_neighbours_sending_to_each_other_at_once_do_not_wait_for_each_other():
+    proc = run_trainer([], ranks=2, timeout=60, module="tests.pipeline_exchange")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rank 0 received 64 MiB" in proc.stdout and "rank 1 received 64 MiB" in proc.stdout
+
+
+def test_the_schedules():
+    """1F1B: N - 1 - s forwards first, then one of each; every pass once, each backward
+    after its forward; at most N - s micro-batches held (GPipe: all M)."""
+    assert schedule("1f1b", 0, 2, 4) == [("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1),
+                                         ("F", 3), ("B", 2), ("B", 3)]
+    assert schedule("gpipe", 1, 2, 2) == [("F", 0), ("F", 1), ("B", 0), ("B", 1)]
+    for n, m in [(2, 4), (4, 8), (4, 2), (3, 3)]:
+        for s in range(n):
+            order = schedule("1f1b", s, n, m)
+            assert sorted(order) == sorted(schedule("gpipe", s, n, m))
+            assert all(order.index(("F", i)) < order.index(("B", i)) for i in range(m))
+            assert [i for kind, i in order if kind == "B"] == list(range(m))
+            assert held_at_once(order) == min(n - s, m)
+            assert held_at_once(schedule("gpipe", s, n, m)) == m
+    with pytest.raises(DataError, match="--pipeline_schedule zigzag: must be one of 1f1b, gpipe"):
+        schedule("zigzag", 0, 2, 2)
+
+
 def one_process_gradients(flags: list[str]):
     """The loss and gradients of global batch 0, as one process computes them."""
     cfg = build_config(flags)
@@ -253,13 +279,18 @@ def test_full_fine_tuning_losses_on_2_stages(llama_data, full_losses, tmp_path):
                    expected=full_losses)
     assert "rank 1: stage 2 of 2: blocks 2-3 of 4, a copy of the tied embedding, the final " \
            "norm and head" in piped.stdout
-    assert "GPipe: bubble 20%" in piped.stdout
+    assert "1f1b: bubble 20%, at most 2 micro-batches' activations held" in piped.stdout
     records = [json.loads(line) for line in (tmp_path / "pp" / "metrics.jsonl").read_text().splitlines()]
-    assert all(r["pipeline"] == 2 and r["micro_batches"] == 4 for r in records if "loss" in r)
+    assert all(r["pipeline"] == 2 and r["micro_batches"] == 4 and r["schedule"] == "1f1b"
+               for r in records if "loss" in r)
 
 
-def test_full_fine_tuning_losses_on_4_stages(llama_data, full_losses, tmp_path):
-    parity(tmp_path, [*FULL, "--data", str(llama_data)], 4, expected=full_losses)
+def test_full_fine_tuning_losses_on_4_stages_both_schedules(llama_data, full_losses, tmp_path):
+    for schedule_ in ("1f1b", "gpipe"):
+        parity(tmp_path / schedule_, [*FULL, "--data", str(llama_data)], 4,
+               ["--micro_batches", "8", "--pipeline_schedule", schedule_], expected=full_losses)
+    # the backwards in the same order: the same sums, the same losses to the bit
+    assert train_losses(tmp_path / "1f1b" / "pp") == train_losses(tmp_path / "gpipe" / "pp")
 
 
 def test_lora_losses_on_2_stages_with_grad_checkpoint(llama, llama_data, tmp_path):
