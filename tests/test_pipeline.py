@@ -14,7 +14,7 @@ import mlx.nn as nn
 import pytest
 from mlx.utils import tree_flatten
 
-from reference_train import kernels, lora
+from reference_train import kernels, lora, stages
 from reference_train.config import build_config, model_args
 from reference_train.corpus import offline_corpus
 from reference_train.data import ShardedBatches, load_meta, open_split
@@ -24,17 +24,6 @@ from reference_train.model import Llama, loss_fn
 from reference_train.pipeline_train import main as pipeline_main
 from reference_train.prepare import main as prepare_main
 from reference_train.stage_load import held_bytes, load_stage
-from reference_train.stages import (
-    ModelBytes,
-    bubble_fraction,
-    check_world,
-    default_micro_batches,
-    folder_bytes,
-    held_at_once,
-    parse_split,
-    plan_stages,
-    schedule,
-)
 
 from .chat_support import make_chat_folder, write_jsonl
 from .hf_support import LLAMA3_CONFIG, make_llama_folder
@@ -50,44 +39,44 @@ BFLOAT16_PARITY = 1e-3  # as tests/test_train_precision.py across rank counts; m
 # ---------------------------------------------------------------- the split
 
 
-def sizes(blocks, embedding=20, head=20, tied=False) -> ModelBytes:
-    return ModelBytes(embedding, tuple(blocks), head, tied)
+def sizes(blocks, embedding=20, head=20, tied=False) -> stages.ModelBytes:
+    return stages.ModelBytes(embedding, tuple(blocks), head, tied)
 
 
 def test_stages_are_balanced_by_bytes_embedding_and_head_included():
-    plans = plan_stages(sizes([10, 10, 10, 10]), 2)
+    plans = stages.plan_stages(sizes([10, 10, 10, 10]), 2)
     assert [p.blocks for p in plans] == [range(0, 2), range(2, 4)]
     assert [p.bytes for p in plans] == [40, 40]
     assert (plans[0].embedding, plans[0].head, plans[1].embedding, plans[1].head) == \
         (True, False, False, True)
     # a heavy head pushes blocks to the first stage; a tied one adds the matrix's copy
-    heavy = plan_stages(sizes([10] * 6, head=40), 2)
+    heavy = stages.plan_stages(sizes([10] * 6, head=40), 2)
     assert [len(p.blocks) for p in heavy] == [4, 2] and [p.bytes for p in heavy] == [60, 60]
-    tied = plan_stages(sizes([10] * 6, embedding=30, head=1, tied=True), 3)
+    tied = stages.plan_stages(sizes([10] * 6, embedding=30, head=1, tied=True), 3)
     assert [len(p.blocks) for p in tied] == [1, 4, 1] and [p.bytes for p in tied] == [40, 40, 41]
     assert tied[2].embedding and not tied[1].embedding
-    assert [len(p.blocks) for p in plan_stages(sizes([5, 1, 1, 1, 1, 5], 0, 0), 3)] == [1, 4, 1]
+    assert [len(p.blocks) for p in stages.plan_stages(sizes([5, 1, 1, 1, 1, 5], 0, 0), 3)] == [1, 4, 1]
 
 
 def test_an_explicit_split_and_the_refusals():
-    plans = plan_stages(sizes([10] * 4), 2, parse_split("1, 3"))
+    plans = stages.plan_stages(sizes([10] * 4), 2, stages.parse_split("1, 3"))
     assert [p.blocks for p in plans] == [range(0, 1), range(1, 4)] and plans[1].bytes == 50
     refusals = [
-        (lambda: plan_stages(sizes([10] * 4), 5), "--pipeline 5: the model has 4 blocks"),
-        (lambda: plan_stages(sizes([10] * 4), 2, [1, 2]), "adds up to 3 blocks, but the model has 4"),
-        (lambda: plan_stages(sizes([10] * 4), 3, [2, 2]), "names 2 stages, but --pipeline is 3"),
-        (lambda: parse_split("2,x"), "expected whole numbers of blocks per stage"),
-        (lambda: parse_split("4,0"), "each at least 1"),
-        (lambda: check_world(2, 1, "none"), "--pipeline 2 needs 2 ranks, one per stage; this run has 1"),
-        (lambda: check_world(2, 4, "ring"), "the ring backend cannot split a group"),
-        (lambda: check_world(2, 4, "mpi"), "copies of a pipeline are not supported yet"),
+        (lambda: stages.plan_stages(sizes([10] * 4), 5), "--pipeline 5: the model has 4 blocks"),
+        (lambda: stages.plan_stages(sizes([10] * 4), 2, [1, 2]), "adds up to 3 blocks, but the model has 4"),
+        (lambda: stages.plan_stages(sizes([10] * 4), 3, [2, 2]), "names 2 stages, but --pipeline is 3"),
+        (lambda: stages.parse_split("2,x"), "expected whole numbers of blocks per stage"),
+        (lambda: stages.parse_split("4,0"), "each at least 1"),
+        (lambda: stages.check_world(2, 1, "none"), "--pipeline 2 needs 2 ranks, one per stage; this run has 1"),
+        (lambda: stages.check_world(2, 4, "ring"), "the ring backend cannot split a group"),
+        (lambda: stages.check_world(2, 4, "mpi"), "copies of a pipeline are not supported yet"),
     ]
     for refused, message in refusals:
         with pytest.raises(DataError, match=message.replace("(", r"\(")):
             refused()
-    check_world(4, 4, "ring")
-    assert bubble_fraction(2, 4) == pytest.approx(1 / 5) and bubble_fraction(1, 8) == 0
-    assert [default_micro_batches(n, 8) for n in (1, 2, 3, 4, 5, 9)] == [1, 2, 4, 4, 8, 8]
+    stages.check_world(4, 4, "ring")
+    assert stages.bubble_fraction(2, 4) == pytest.approx(1 / 5) and stages.bubble_fraction(1, 8) == 0
+    assert [stages.default_micro_batches(n, 8) for n in (1, 2, 3, 4, 5, 9)] == [1, 2, 4, 4, 8, 8]
 
 
 def test_the_cli_refuses_a_split_before_any_rank_starts(llama, llama_data, capsys):
@@ -127,7 +116,7 @@ def test_each_stage_holds_one_process_weights_and_only_its_own(deep, which):
     if adapt:
         adapt(whole)
     expected = dict(tree_flatten(whole.parameters()))
-    plans = plan_stages(folder_bytes(folder), 4)
+    plans = stages.plan_stages(stages.folder_bytes(folder), 4)
     assert [len(p.blocks) for p in plans] == [1, 1, 1, 1]
     seen = set()
     for plan in plans:
@@ -166,19 +155,19 @@ def test_neighbours_sending_to_each_other_at_once_do_not_wait_for_each_other():
 def test_the_schedules():
     """1F1B: N - 1 - s forwards first, then one of each; every pass once, each backward
     after its forward; at most N - s micro-batches held (GPipe: all M)."""
-    assert schedule("1f1b", 0, 2, 4) == [("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1),
+    assert stages.schedule("1f1b", 0, 2, 4) == [("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1),
                                          ("F", 3), ("B", 2), ("B", 3)]
-    assert schedule("gpipe", 1, 2, 2) == [("F", 0), ("F", 1), ("B", 0), ("B", 1)]
+    assert stages.schedule("gpipe", 1, 2, 2) == [("F", 0), ("F", 1), ("B", 0), ("B", 1)]
     for n, m in [(2, 4), (4, 8), (4, 2), (3, 3)]:
         for s in range(n):
-            order = schedule("1f1b", s, n, m)
-            assert sorted(order) == sorted(schedule("gpipe", s, n, m))
+            order = stages.schedule("1f1b", s, n, m)
+            assert sorted(order) == sorted(stages.schedule("gpipe", s, n, m))
             assert all(order.index(("F", i)) < order.index(("B", i)) for i in range(m))
             assert [i for kind, i in order if kind == "B"] == list(range(m))
-            assert held_at_once(order) == min(n - s, m)
-            assert held_at_once(schedule("gpipe", s, n, m)) == m
+            assert stages.held_at_once(order) == min(n - s, m)
+            assert stages.held_at_once(stages.schedule("gpipe", s, n, m)) == m
     with pytest.raises(DataError, match="--pipeline_schedule zigzag: must be one of 1f1b, gpipe"):
-        schedule("zigzag", 0, 2, 2)
+        stages.schedule("zigzag", 0, 2, 2)
 
 
 def one_process_gradients(flags: list[str]):
@@ -226,15 +215,15 @@ def test_a_pipeline_steps_gradients_are_one_process(case, llama, llama_data, row
     assert proc.returncode == 0, proc.stderr[-3000:]
     loss, expected = one_process_gradients(flags)
     assert loss.item() > 1  # trained targets in the batch
-    stages = [mx.load(str(tmp_path / f"rank{r}.safetensors")) for r in range(2)]
-    for got in stages:
+    saved = [mx.load(str(tmp_path / f"rank{r}.safetensors")) for r in range(2)]
+    for got in saved:
         assert abs(got.pop("@loss").item() - loss.item()) <= 1e-6 * loss.item()
-    names = [set(s) for s in stages]
+    names = [set(s) for s in saved]
     assert not names[0] & names[1] and names[0] | names[1] == set(expected)
     if case == "full":
         assert "tok_embeddings.weight" in names[0] and "norm.weight" in names[1]
     worst = 0.0
-    for got in stages:
+    for got in saved:
         for name, g in got.items():
             want = expected[name]
             scale = mx.abs(want).max().item()
