@@ -171,7 +171,7 @@ class PipelineStep:
             raise DataError(f"stage {plan.index + 1} of {plan.count} runs as rank "
                             f"{group.rank()} of {group.size()}",
                             "launch one rank per stage, stage i as rank i")
-        check_micro_batches(micro_batches, micro_batches)
+        check_micro_batches(micro_batches, micro_batches)  # at least 1 (each batch: it divides)
         self.stage, self.compute = stage, compute if compute is not None else stage
         self.optimizer, self.group, self.plan = optimizer, group, plan
         self.micro_batches, self.grad_clip = micro_batches, grad_clip
