@@ -33,8 +33,15 @@ Modules, each importing only those listed before it (no circles):
     export.py             `python -m reference_train.export`: a checkpoint as an mlx-lm folder
     launch_env.py         what the launcher asked for: world size, backend, sum_scatter
     sharded_optimizer.py  --shard_optimizer: each rank's share of the AdamW state
+    stages.py             --pipeline: which blocks each stage holds, balanced by bytes (from
+                          the safetensors headers, no mlx), the refusals
+    pipeline.py           a pipeline stage (Stage) and its GPipe step (PipelineStep): micro-batches,
+                          send/recv between stages, the tied embedding kept whole
+    stage_load.py         each rank builds its stage only, reading only its tensors
     mfu.py                FLOPs per token and the peak they are measured against
     stopping.py           SIGUSR2: every rank checkpoints at one logged step and stops (the
                           lease of mlxcluster's controller ran out, or `mlxcluster stop`)
     train.py              the Trainer and main: `python -m reference_train.train`
+    pipeline_train.py     `python -m reference_train.pipeline_train`: pipeline-parallel training's
+                          stand-in loop, until train.py's loop is handed a step function
 """

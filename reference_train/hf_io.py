@@ -336,7 +336,6 @@ def load_folder(folder: str | Path) -> tuple[ModelArgs, dict[str, mx.array], dic
     they are (uint32) beside their float32 `.scales` and `.biases`."""
     folder = Path(folder)
     config = read_config(folder)
-    quantized = quantization_of(config) is not None
     weights: dict[str, mx.array] = {}
     for f in weight_files(folder):
         try:
@@ -344,25 +343,34 @@ def load_folder(folder: str | Path) -> tuple[ModelArgs, dict[str, mx.array], dic
         except (OSError, RuntimeError, ValueError) as e:
             raise DataError(f"{f} cannot be read as safetensors: {e}") from None
         for name, w in loaded.items():
-            if _IGNORED.match(name):
-                continue
-            packed = not mx.issubdtype(w.dtype, mx.floating)
-            if (name.endswith((".scales", ".biases")) or packed) and not quantized:
-                raise DataError(f"{f}: {name} is {w.dtype} (quantized weights) but config.json "
-                                "has no quantization; supported: unquantized float32, "
-                                "bfloat16 or float16 weights, or mlx-lm's quantized folders",
-                                "use the original (unquantized) checkpoint")
-            ours = ours_from_hf(name)
-            if ours is None:
-                raise DataError(f"{f}: weight {name!r} is not part of a "
-                                f"{config['model_type']} model as we build it",
-                                f"start from a plain {config['model_type']} checkpoint")
-            # the master weights train in float32; packed quantized weights stay packed
-            weights[ours] = w if packed else w.astype(mx.float32)
+            if (held := as_held(f, name, w, config)) is not None:
+                weights[held[0]] = held[1]
     args = args_from_config(config, tied="output.weight" not in weights)
     if args.tie_embeddings:
         weights.pop("output.weight", None)  # as mlx-lm does with a tied lm_head
     return args, weights, config
+
+
+def as_held(f: Path, name: str, w: mx.array, config: dict) -> tuple[str, mx.array] | None:
+    """Tensor `name` of file `f` as the trainer holds it: (our name, the array), or None
+    for one that holds no parameter (precomputed RoPE); a DataError for quantized
+    weights in a folder whose config.json does not say so, or a name not of our model.
+    Lazy: what mx.load returned, cast, is read from disk only when evaluated."""
+    if _IGNORED.match(name):
+        return None
+    packed = not mx.issubdtype(w.dtype, mx.floating)
+    if (name.endswith((".scales", ".biases")) or packed) and quantization_of(config) is None:
+        raise DataError(f"{f}: {name} is {w.dtype} (quantized weights) but config.json "
+                        "has no quantization; supported: unquantized float32, "
+                        "bfloat16 or float16 weights, or mlx-lm's quantized folders",
+                        "use the original (unquantized) checkpoint")
+    ours = ours_from_hf(name)
+    if ours is None:
+        raise DataError(f"{f}: weight {name!r} is not part of a "
+                        f"{config['model_type']} model as we build it",
+                        f"start from a plain {config['model_type']} checkpoint")
+    # the master weights train in float32; packed quantized weights stay packed
+    return ours, (w if packed else w.astype(mx.float32))
 
 
 def load_into(model, weights: dict[str, mx.array], source: str | Path) -> None:
@@ -450,7 +458,15 @@ def model_from_folder(folder: str | Path, meta: dict, data_dir: Path,
     makes them; a Linear's own bias, Qwen2's q/k/v, and the norms stay float32 and
     trainable: freeze the model before adding adapters). Only `fine_tune` "lora"
     accepts that, "full" is a DataError."""
-    config = read_config(folder)
+    check_fine_tune(folder, read_config(folder), fine_tune)
+    args, weights, config = load_folder(folder)
+    check_data_fits(meta, data_dir, args, Path(folder))
+    return model_from_weights(args, weights, config, folder)
+
+
+def check_fine_tune(folder: str | Path, config: dict, fine_tune: str) -> None:
+    """A DataError when `fine_tune` cannot train the folder's weights: full fine-tuning
+    of quantized ones."""
     quant = quantization_of(config)
     if quant is not None and fine_tune == "full":
         raise DataError(f"--init_from {folder}: the weights are quantized "
@@ -461,9 +477,6 @@ def model_from_folder(folder: str | Path, meta: dict, data_dir: Path,
                         f"--fine_tune lora, or fully fine-tune the original checkpoint (or "
                         f"this one dequantized: mlx_lm.convert --hf-path {folder} "
                         f"--mlx-path {folder}-dequantized -d)")
-    args, weights, config = load_folder(folder)
-    check_data_fits(meta, data_dir, args, Path(folder))
-    return model_from_weights(args, weights, config, folder)
 
 
 def is_quantized(model: nn.Module) -> bool:

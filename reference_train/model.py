@@ -174,14 +174,26 @@ class Llama(nn.Module):
         self.grad_checkpoint = False
 
     def __call__(self, tokens: mx.array) -> mx.array:
-        h = self.tok_embeddings(tokens)
-        recompute = self.grad_checkpoint and self.training
-        for layer in self.layers:
-            h = checkpointed(layer, h) if recompute else layer(h)
-        h = self.norm(h)
-        if self.args.tie_embeddings:
-            return self.tok_embeddings.as_linear(h)
-        return self.output(h)
+        h = run_blocks(self.layers, self.tok_embeddings(tokens),
+                       self.grad_checkpoint and self.training)
+        return head_logits(self, h)
+
+
+def run_blocks(blocks, h: mx.array, recompute: bool) -> mx.array:
+    """`h` through `blocks` in order, each checkpointed when `recompute`
+    (a pipeline stage runs its own blocks with it: pipeline.py)."""
+    for layer in blocks:
+        h = checkpointed(layer, h) if recompute else layer(h)
+    return h
+
+
+def head_logits(model: nn.Module, h: mx.array) -> mx.array:
+    """The final norm and the head of `model` (a Llama, or the last pipeline stage,
+    which holds the same attributes): the embedding matrix itself when tied."""
+    h = model.norm(h)
+    if model.args.tie_embeddings:
+        return model.tok_embeddings.as_linear(h)
+    return model.output(h)
 
 
 def checkpointed(layer: nn.Module, x: mx.array) -> mx.array:

@@ -43,6 +43,17 @@ def deal(sizes: dict[str, int], ranks: int) -> dict[str, int]:
     return owner
 
 
+def clip_grad_norm_over(grads: dict[str, mx.array], max_norm: float, group):
+    """``optim.clip_grad_norm`` for gradients held in pieces by the ranks of ``group``
+    (a sharded optimizer's shares, a pipeline's stages): the global norm from every
+    rank's sum of squares (one ``all_sum`` of a scalar). Returns (clipped, norm)."""
+    squares = sum((g.square().sum() for g in grads.values()), mx.array(0.0))
+    total = mx.sqrt(mx.distributed.all_sum(squares, group=group, stream=collective_stream())
+                    if group.size() > 1 else squares)
+    normalizer = mx.minimum(max_norm / (total + 1e-6), 1.0)
+    return {n: (g * normalizer).astype(g.dtype) for n, g in grads.items()}, total
+
+
 class ShardedOptimizer:
     """Wraps an MLX optimizer (AdamW) so that it holds and updates this rank's share."""
 
@@ -94,12 +105,7 @@ class ShardedOptimizer:
         return self._split((piece / self.size).astype(mx.float32), self.mine)
 
     def clip_grad_norm(self, grads: dict[str, mx.array], max_norm: float):
-        """``optim.clip_grad_norm`` for shares: the global norm from every rank's sum of squares."""
-        squares = sum((g.square().sum() for g in grads.values()), mx.array(0.0))
-        total = mx.sqrt(mx.distributed.all_sum(squares, group=self.group, stream=collective_stream())
-                        if self.size > 1 else squares)
-        normalizer = mx.minimum(max_norm / (total + 1e-6), 1.0)
-        return {n: (g * normalizer).astype(g.dtype) for n, g in grads.items()}, total
+        return clip_grad_norm_over(grads, max_norm, self.group)
 
     def update(self, model, grads: dict[str, mx.array]) -> None:
         """Update this rank's share from its averaged gradients (``average_gradients``),

@@ -1,0 +1,312 @@
+"""Pipeline-parallel training: the model's blocks split over N ranks, one stage each.
+
+    --pipeline N --micro_batches M   (stages.py plans which blocks each rank holds)
+
+Each rank (stage) holds only its blocks (stage_load.py loads them), the first the
+embedding, the last the final norm and head. A step runs the global batch as M
+micro-batches of global_batch / M rows. A forward (F) receives a micro-batch's
+activations from the previous stage and sends its own to the next
+(mx.distributed.send / recv, which every backend has; on ring only neighbours
+talk, and stage s's neighbours are s - 1 and s + 1, the last's the first); a
+backward (B) is the vjp of the stage's forward with the gradient the next stage
+sent back as its cotangent, and sends the gradient of its input to the previous
+stage. The forward of each micro-batch is built as one mx.vjp whose cotangent
+is a receive not yet evaluated: evaluating the output runs the forward only and
+keeps what the backward needs, so nothing is computed twice (with
+--grad_checkpoint only each block's input is kept).
+
+The schedule (stages.schedule, --pipeline_schedule) orders each stage's passes:
+
+    1F1B (default)                        GPipe
+    stage 0  F0 F1 B0 F2 B1 F3 B2 B3      F0 F1 F2 F3 .. .. .. B0 B1 B2 B3
+    stage 1  .. F0 B0 F1 B1 F2 B2 F3 B3   .. F0 F1 F2 F3 B0 B1 B2 B3 .. ..
+                                          (N = 2 stages, M = 4 micro-batches)
+
+Both idle (N - 1) of the M + N - 1 slots (the bubble): (N - 1) / (M + N - 1),
+1/5 here, and more micro-batches shrink it; GPipe holds all M micro-batches'
+activations until their backwards, 1F1B at most N - s on stage s.
+The order of the backwards, and so the sums, are the same in both: the same
+losses to the bit.
+
+The loss is computed on the last stage as each micro-batch's share of the mean
+over the whole global batch (cross-entropy x rows / global_batch), so their sum,
+and the gradients, are those of one process on the same batch. The loss is
+all-summed to every stage for logging, the gradient norm (for --grad_clip) from
+each stage's sum of squares, and each stage's optimizer updates its own
+parameters.
+
+Tied embeddings: the first stage owns the matrix (its optimizer state too); the
+last stage holds a copy for its head. When the matrix trains (full
+fine-tuning), the last stage sends its gradient of the copy to the first, which
+adds it to its own (the gradient one process would have), and after the update
+sends the new matrix back: the copy is always the first stage's matrix, bit for bit.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_unflatten
+
+from . import kernels
+from .errors import DataError
+from .model import Llama, head_logits, run_blocks
+from .precision import collective_stream, refresh
+from .sharded_optimizer import clip_grad_norm_over
+from .stages import StagePlan, check_micro_batches, check_schedule, schedule
+
+TIED = "tok_embeddings.weight"
+
+
+class Absent(nn.Module):
+    """A block another stage holds: no parameters here, never called."""
+
+
+class Stage(nn.Module):
+    """One stage of a Llama: its blocks, and the embedding / final norm and head when
+    it holds them. Parameter names are the whole model's (layers.5.attention.wq...;
+    the blocks it does not hold are empty), so checkpoints, adapters and the
+    optimizer name them as one process does.
+
+    `__call__` maps the first stage's token ids, or another's incoming activations
+    (B, L, D), to the activations it sends on, or on the last stage to logits."""
+
+    def __init__(self, model: Llama, plan: StagePlan):
+        super().__init__()
+        self.args, self.plan = model.args, plan
+        if plan.embedding:
+            self.tok_embeddings = model.tok_embeddings
+        self.layers = [model.layers[i] if i in plan.blocks else Absent()
+                       for i in range(len(model.layers))]
+        if plan.head:
+            self.norm = model.norm
+            if not model.args.tie_embeddings:
+                self.output = model.output
+        self.grad_checkpoint = False
+
+    def __call__(self, h: mx.array) -> mx.array:
+        if self.plan.first:
+            h = self.tok_embeddings(h)
+        h = run_blocks([self.layers[i] for i in self.plan.blocks], h,
+                       self.grad_checkpoint and self.training)
+        return head_logits(self, h) if self.plan.head else h
+
+
+class SingleReplica:
+    """The data-parallel group of a pipeline without copies: one replica, which reads
+    the whole global batch (every stage reads it: the first uses the inputs, the
+    last the targets)."""
+
+    def rank(self) -> int:
+        return 0
+
+    def size(self) -> int:
+        return 1
+
+
+@dataclass
+class StepResult:
+    """What a pipeline step tells the loop, the same on every stage."""
+
+    loss: float  # mean over the global batch's trained targets (one process's loss)
+    tokens: int  # trained targets in the global batch
+    grad_norm: float  # before clipping (0.0 when --grad_clip is 0, as train.py logs it)
+    # this stage's seconds: compute_s (forwards and backwards, waits included),
+    # wait_s (of those, waiting for a neighbour: the bubble and the transfers),
+    # comm_s (the tied matrix and the collectives), optimizer_s
+    split: dict = field(default_factory=dict)
+
+
+class Exchange:
+    """Sends and receives between neighbouring stages, each on a CPU stream of its own
+    (collectives run on the CPU: precision.collective_stream). A send is waited for in
+    the next evaluation, beside whatever is waited for then (a receive, or compute):
+    two neighbours sending to each other at once never wait for each other. On one
+    stream they would, as soon as the tensors outgrow the sockets' buffers: measured on
+    ring, 64 MiB each way at once hangs on one stream and completes on two
+    (tests/test_pipeline.py)."""
+
+    def __init__(self, group):
+        self.group = group
+        self.sending, self.receiving = mx.new_stream(mx.cpu), mx.new_stream(mx.cpu)
+        self.outbox: list[mx.array] = []
+        self.waited = 0.0  # seconds spent waiting for a receive
+
+    def send(self, value: mx.array, to: int) -> None:
+        """Send `value` to rank `to`, waited for in the next evaluation."""
+        self.outbox.append(mx.distributed.send(value, to, group=self.group, stream=self.sending))
+
+    def receive(self, shape, dtype: mx.Dtype, source: int) -> mx.array:
+        """What rank `source` sends next, lazily: received when evaluated."""
+        return mx.distributed.recv(shape, dtype, source, group=self.group, stream=self.receiving)
+
+    def evaluate(self, *arrays: mx.array) -> None:
+        """Evaluate `arrays` and every send not yet waited for."""
+        mx.eval(*arrays, *self.outbox)
+        self.outbox = []
+
+    def wait_for(self, received: mx.array) -> mx.array:
+        start = time.perf_counter()
+        self.evaluate(received)
+        self.waited += time.perf_counter() - start
+        return received
+
+
+class PipelineStep:
+    """One optimizer step of one stage, called by every stage with the same global batch.
+
+    `stage` holds the master (float32) weights the optimizer updates (its state is
+    initialised here, for this stage's own parameters); `compute`, when
+    given, is the stage's bfloat16 copy the passes run on (precision.py), refreshed
+    from the master before each step. `group` is the pipeline: stage i is rank i."""
+
+    def __init__(self, stage: Stage, optimizer, group, micro_batches: int,
+                 grad_clip: float = 0.0, compute: Stage | None = None,
+                 compute_dtype: mx.Dtype = mx.float32, schedule: str = "1f1b"):
+        plan = stage.plan
+        if group.size() != plan.count or group.rank() != plan.index:
+            raise DataError(f"stage {plan.index + 1} of {plan.count} runs as rank "
+                            f"{group.rank()} of {group.size()}",
+                            "launch one rank per stage, stage i as rank i")
+        check_micro_batches(micro_batches, micro_batches)  # at least 1 (each batch: it divides)
+        self.stage, self.compute = stage, compute if compute is not None else stage
+        self.optimizer, self.group, self.plan = optimizer, group, plan
+        self.micro_batches, self.grad_clip = micro_batches, grad_clip
+        self.compute_dtype = compute_dtype
+        check_schedule(schedule)
+        self.schedule = schedule
+        self.link = Exchange(group)
+        trainable = [n for n, _ in tree_flatten(stage.trainable_parameters())]
+        # The last stage's copy of a tied matrix is differentiated but not updated here.
+        self.copy = TIED if (plan.embedding and not plan.first and TIED in trainable) else None
+        self.owned = [n for n in trainable if n != self.copy]  # what this stage's optimizer updates
+        self.differentiated = self.owned + ([self.copy] if self.copy else [])
+        self.exchange_tied = (stage.args.tie_embeddings and plan.count > 1
+                              and TIED in trainable)
+        params = dict(tree_flatten(stage.parameters()))
+        optimizer.init(tree_unflatten([(n, params[n]) for n in self.owned]))
+        self.computed = 0.0  # when the last step's passes ended
+
+    # ------------------------------------------------------------ the schedule
+
+    def gradients(self, x, y, weights=None) -> tuple[mx.array, dict[str, mx.array]]:
+        """(this stage's share of the loss: the loss on the last stage, 0 elsewhere;
+        the float32 gradients of its trainable parameters, the tied copy's included),
+        for the global batch (x, y, weights: B rows each). Every stage calls it.
+
+        The stage runs its forwards (F) and backwards (B) in the schedule's order
+        (stages.schedule), its activations and gradients moved by an Exchange."""
+        plan, compute, M = self.plan, self.compute, self.micro_batches
+        rows_total, length = x.shape[0], x.shape[1]
+        check_micro_batches(M, rows_total)
+        rows = rows_total // M
+        if compute is not self.stage:
+            refresh(compute, self.stage, self.compute_dtype)
+        params = dict(tree_flatten(compute.parameters()))
+        primals = [params[n] for n in self.differentiated]
+        k = len(primals)
+        shape = (rows, length, self.stage.args.dim)
+        link = self.link
+        link.waited = 0.0
+        loss, in_flight, total = mx.array(0.0), {}, None
+        for kind, m in schedule(self.schedule, plan.index, plan.count, M):
+            if kind == "F":
+                part = slice(m * rows, (m + 1) * rows)
+                received = [] if plan.first else [
+                    link.wait_for(link.receive(shape, self.compute_dtype, plan.index - 1))]
+                # the next stage's gradient: received when the backward needs it, not now
+                cotangent = mx.array(1.0) if plan.last else link.receive(
+                    shape, self.compute_dtype, plan.index + 1)
+                forward = self._forward(k, x[part] if plan.first else None,
+                                        y[part] if plan.last else None,
+                                        weights[part] if plan.last and weights is not None
+                                        else None, rows / rows_total)
+                (out,), grads = mx.vjp(forward, [*primals, *received], [cotangent])
+                link.evaluate(out)  # the forward only: the backward waits for its cotangent
+                if plan.last:
+                    loss = loss + out
+                else:
+                    link.send(out, plan.index + 1)
+                in_flight[m] = (cotangent, grads)
+            else:
+                cotangent, grads = in_flight.pop(m)  # its activations go once its backward ran
+                if not plan.last:
+                    link.wait_for(cotangent)
+                mine = [g.astype(mx.float32) for g in grads[:k]]
+                total = mine if total is None else [a + b for a, b in zip(total, mine, strict=True)]
+                if not plan.first:
+                    link.send(grads[k], plan.index - 1)
+                link.evaluate(*total)
+        compute.update(tree_unflatten(list(zip(self.differentiated, primals, strict=True))))
+        link.evaluate(loss)
+        self.computed = time.perf_counter()
+        return loss, dict(zip(self.differentiated, total or [], strict=True))
+
+    def _forward(self, k: int, tokens, targets, trained, share: float):
+        """The stage's forward of one micro-batch as a function of its k differentiated
+        parameters (and, after the first stage, its input): activations to send on, or
+        on the last stage the micro-batch's share of the global batch's mean loss."""
+        plan, compute = self.plan, self.compute
+        tokens = None if tokens is None else mx.array(tokens)
+        targets = None if targets is None else mx.array(targets)
+        trained = None if trained is None else mx.array(trained)
+
+        def forward(*args):
+            compute.update(tree_unflatten(list(zip(self.differentiated, args[:k], strict=True))))
+            out = compute(tokens if plan.first else args[k])
+            if not plan.last:
+                return out.astype(self.compute_dtype)
+            logits = out if out.dtype == mx.float32 else out.astype(mx.float32)
+            return kernels.cross_entropy(logits, targets, trained) * share
+
+        return forward
+
+    # ------------------------------------------------------------ the step
+
+    def step_gradients(self, x, y, weights=None) -> tuple[mx.array, dict[str, mx.array]]:
+        """(the global batch's loss, on every stage; the gradients of the parameters this
+        stage updates, float32, before clipping): one process's gradients, each on the
+        stage that holds its parameter (a tied matrix's on the first stage, both uses
+        summed). Every stage calls it."""
+        loss, grads = self.gradients(x, y, weights)
+        plan, group, stream = self.plan, self.group, collective_stream()
+        if self.exchange_tied and plan.last:  # the copy's gradient to the matrix's owner
+            mx.eval(mx.distributed.send(grads.pop(self.copy), 0, group=group, stream=stream))
+        elif self.exchange_tied and plan.first:
+            grads[TIED] = grads[TIED] + mx.distributed.recv_like(
+                grads[TIED], plan.count - 1, group=group, stream=stream)
+        if plan.count > 1:
+            loss = mx.distributed.all_sum(loss, group=group, stream=stream)
+        mx.eval(loss, *grads.values())
+        return loss, grads
+
+    def __call__(self, x, y, weights=None) -> StepResult:
+        """One optimizer step on the global batch (x, y, weights), every stage alike."""
+        start = time.perf_counter()
+        loss, grads = self.step_gradients(x, y, weights)
+        reduced = time.perf_counter()
+        plan, group, stream = self.plan, self.group, collective_stream()
+        if self.grad_clip > 0:
+            grads, norm = clip_grad_norm_over(grads, self.grad_clip, group)
+        else:
+            norm = mx.array(0.0)
+        self.optimizer.update(self.stage, tree_unflatten(list(grads.items())))
+        mx.eval(norm, self.stage.parameters(), self.optimizer.state)
+        updated = time.perf_counter()
+        if self.exchange_tied and plan.first:  # the updated matrix to the last stage's copy
+            mx.eval(mx.distributed.send(self.stage.tok_embeddings.weight, plan.count - 1,
+                                        group=group, stream=stream))
+        elif self.exchange_tied and plan.last:
+            copy = mx.distributed.recv_like(self.stage.tok_embeddings.weight, 0, group=group,
+                                            stream=stream)
+            self.stage.update(tree_unflatten([(TIED, copy)]))
+            mx.eval(self.stage.parameters())
+        done = time.perf_counter()
+        tokens = x.size if weights is None else int((weights > 0).sum())
+        return StepResult(float(loss.item()), int(tokens), float(norm.item()), {
+            "compute_s": round(self.computed - start, 6), "wait_s": round(self.link.waited, 6),
+            "comm_s": round(reduced - self.computed + done - updated, 6),
+            "optimizer_s": round(updated - reduced, 6)})

@@ -1,0 +1,302 @@
+"""Pipeline-parallel training (reference_train/stages.py, pipeline.py, stage_load.py):
+the split and its refusals, each rank loading only its blocks (one process's weights,
+adapters drawn alike), and on real ranks of the ring backend a pipeline step's
+gradients, then the losses of a few steps, equal to one process's."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+from mlx.utils import tree_flatten
+
+from reference_train import kernels, lora, stages
+from reference_train.config import build_config, model_args
+from reference_train.corpus import offline_corpus
+from reference_train.data import ShardedBatches, load_meta, open_split
+from reference_train.errors import DataError
+from reference_train.hf_io import load_folder, model_from_folder, model_from_weights
+from reference_train.model import Llama, loss_fn
+from reference_train.pipeline_train import main as pipeline_main
+from reference_train.prepare import main as prepare_main
+from reference_train.stage_load import held_bytes, load_stage
+
+from .chat_support import make_chat_folder, write_jsonl
+from .hf_support import LLAMA3_CONFIG, make_llama_folder
+from .train_support import FakeGroup, run_trainer, train_losses
+
+# train.py's tiny config: 2 blocks, tied embeddings; a few steps, nothing else.
+TINY = ["--config", "tiny", "--eval_every", "0", "--sample_tokens", "0", "--steps", "3"]
+LORA = ["--fine_tune", "lora", "--lora_rank", "4", "--lora_layers", "-1"]
+PARITY = 1e-5  # relative, every logged loss (float32); measured ~5e-7
+BFLOAT16_PARITY = 1e-3  # as tests/test_train_precision.py across rank counts; measured ~1e-4
+
+
+# ---------------------------------------------------------------- the split
+
+
+def sizes(blocks, embedding=20, head=20, tied=False) -> stages.ModelBytes:
+    return stages.ModelBytes(embedding, tuple(blocks), head, tied)
+
+
+def test_stages_are_balanced_by_bytes_embedding_and_head_included():
+    plans = stages.plan_stages(sizes([10, 10, 10, 10]), 2)
+    assert [p.blocks for p in plans] == [range(0, 2), range(2, 4)]
+    assert [p.bytes for p in plans] == [40, 40]
+    assert (plans[0].embedding, plans[0].head, plans[1].embedding, plans[1].head) == \
+        (True, False, False, True)
+    # a heavy head pushes blocks to the first stage; a tied one adds the matrix's copy
+    heavy = stages.plan_stages(sizes([10] * 6, head=40), 2)
+    assert [len(p.blocks) for p in heavy] == [4, 2] and [p.bytes for p in heavy] == [60, 60]
+    tied = stages.plan_stages(sizes([10] * 6, embedding=30, head=1, tied=True), 3)
+    assert [len(p.blocks) for p in tied] == [1, 4, 1] and [p.bytes for p in tied] == [40, 40, 41]
+    assert tied[2].embedding and not tied[1].embedding
+    assert [len(p.blocks) for p in stages.plan_stages(sizes([5, 1, 1, 1, 1, 5], 0, 0), 3)] == [1, 4, 1]
+
+
+def test_an_explicit_split_and_the_refusals():
+    plans = stages.plan_stages(sizes([10] * 4), 2, stages.parse_split("1, 3"))
+    assert [p.blocks for p in plans] == [range(0, 1), range(1, 4)] and plans[1].bytes == 50
+    refusals = [
+        (lambda: stages.plan_stages(sizes([10] * 4), 5), "--pipeline 5: the model has 4 blocks"),
+        (lambda: stages.plan_stages(sizes([10] * 4), 2, [1, 2]), "adds up to 3 blocks, but the model has 4"),
+        (lambda: stages.plan_stages(sizes([10] * 4), 3, [2, 2]), "names 2 stages, but --pipeline is 3"),
+        (lambda: stages.parse_split("2,x"), "expected whole numbers of blocks per stage"),
+        (lambda: stages.parse_split("4,0"), "each at least 1"),
+        (lambda: stages.check_world(2, 1, "none"), "--pipeline 2 needs 2 ranks, one per stage; this run has 1"),
+        (lambda: stages.check_world(2, 4, "ring"), "the ring backend cannot split a group"),
+        (lambda: stages.check_world(2, 4, "mpi"), "copies of a pipeline are not supported yet"),
+    ]
+    for refused, message in refusals:
+        with pytest.raises(DataError, match=message.replace("(", r"\(")):
+            refused()
+    stages.check_world(4, 4, "ring")
+    assert stages.bubble_fraction(2, 4) == pytest.approx(1 / 5) and stages.bubble_fraction(1, 8) == 0
+    assert [stages.default_micro_batches(n, 8) for n in (1, 2, 3, 4, 5, 9)] == [1, 2, 4, 4, 8, 8]
+
+
+def test_the_cli_refuses_a_split_before_any_rank_starts(llama, llama_data, capsys):
+    common = [*TINY, "--init_from", str(llama), "--data", str(llama_data), *LORA]
+    for flags, message in [(["--pipeline", "3"], "--pipeline 3: the model has 2 blocks"),
+                           (["--pipeline", "2", "--pipeline_split", "1,2"], "adds up to 3 blocks"),
+                           (["--pipeline", "2", "--micro_batches", "3"],
+                            "--micro_batches 3 does not divide global_batch 8"),
+                           (["--pipeline", "2"], "--pipeline 2 needs 2 ranks")]:
+        assert pipeline_main([*flags, *common]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "hint:" in err and "Traceback" not in err
+
+
+# ---------------------------------------------------------------- each rank loads its blocks
+
+
+@pytest.fixture(scope="module")
+def deep(tmp_path_factory):
+    """A 4-block Llama saved one tensor a file (an index of shards), and its 4-bit twin."""
+    config = {**LLAMA3_CONFIG, "num_hidden_layers": 4}
+    base = tmp_path_factory.mktemp("deep")
+    return (make_llama_folder(base / "f32", config, shard=True),
+            make_llama_folder(base / "q4", config, quantize=True))
+
+
+def adapters(model):
+    return lora.apply_lora(model, 3, 4, 20.0, 0.0, list(lora.KEYS))
+
+
+@pytest.mark.parametrize("which", ["full", "qlora"])
+def test_each_stage_holds_one_process_weights_and_only_its_own(deep, which):
+    folder = deep[0] if which == "full" else deep[1]
+    fine_tune, adapt = ("full", None) if which == "full" else ("lora", adapters)
+    mx.random.seed(3)
+    whole = model_from_weights(*load_folder(folder)[:2], load_folder(folder)[2], folder)
+    if adapt:
+        adapt(whole)
+    expected = dict(tree_flatten(whole.parameters()))
+    plans = stages.plan_stages(stages.folder_bytes(folder), 4)
+    assert [len(p.blocks) for p in plans] == [1, 1, 1, 1]
+    seen = set()
+    for plan in plans:
+        mx.clear_cache()
+        mx.reset_peak_memory()  # the peak from here: what is held now, and what loading adds
+        before = mx.get_active_memory()
+        mx.random.seed(3)
+        stage = load_stage(folder, plan, fine_tune, adapt)
+        if which == "full":  # the planned bytes are what it holds; no other tensor was read
+            assert held_bytes(stage) == plan.bytes
+            assert mx.get_peak_memory() - before <= 2 * plan.bytes
+        held = dict(tree_flatten(stage.parameters()))
+        assert {n.split(".")[1] for n in held if n.startswith("layers.")} == {str(plan.index)}
+        for name, value in held.items():  # LoRA's adapters drawn as one process draws them
+            assert mx.array_equal(value, expected[name]).item(), name
+        seen |= set(held)
+        trainable = {n for n, _ in tree_flatten(stage.trainable_parameters())}
+        if which == "qlora":  # adapters on the last 3 blocks only
+            assert all(n.endswith(("lora_a", "lora_b")) for n in trainable)
+            assert bool(trainable) == (plan.index > 0)
+        del stage
+    assert seen == set(expected)
+    if which == "full":  # the plan counts every byte once (untied)
+        assert sum(p.bytes for p in plans) == sum(v.nbytes for v in expected.values())
+
+
+# ---------------------------------------------------------------- real ranks
+
+
+def test_neighbours_sending_to_each_other_at_once_do_not_wait_for_each_other():
+    proc = run_trainer([], ranks=2, timeout=60, module="tests.pipeline_exchange")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rank 0 received 64 MiB" in proc.stdout and "rank 1 received 64 MiB" in proc.stdout
+
+
+def test_the_schedules():
+    """1F1B: N - 1 - s forwards first, then one of each; every pass once, each backward
+    after its forward; at most N - s micro-batches held (GPipe: all M)."""
+    assert stages.schedule("1f1b", 0, 2, 4) == [("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1),
+                                         ("F", 3), ("B", 2), ("B", 3)]
+    assert stages.schedule("gpipe", 1, 2, 2) == [("F", 0), ("F", 1), ("B", 0), ("B", 1)]
+    for n, m in [(2, 4), (4, 8), (4, 2), (3, 3)]:
+        for s in range(n):
+            order = stages.schedule("1f1b", s, n, m)
+            assert sorted(order) == sorted(stages.schedule("gpipe", s, n, m))
+            assert all(order.index(("F", i)) < order.index(("B", i)) for i in range(m))
+            assert [i for kind, i in order if kind == "B"] == list(range(m))
+            assert stages.held_at_once(order) == min(n - s, m)
+            assert stages.held_at_once(stages.schedule("gpipe", s, n, m)) == m
+    with pytest.raises(DataError, match="--pipeline_schedule zigzag: must be one of 1f1b, gpipe"):
+        stages.schedule("zigzag", 0, 2, 2)
+
+
+def one_process_gradients(flags: list[str]):
+    """The loss and gradients of global batch 0, as one process computes them."""
+    cfg = build_config(flags)
+    kernels.use(cfg.kernels)
+    meta = load_meta(cfg.data)
+    batch = ShardedBatches(open_split(cfg.data, "train", cfg.block_size), cfg.global_batch,
+                           FakeGroup(0, 1), cfg.seed).batch(0)
+    mx.random.seed(cfg.seed)
+    if cfg.init_from:
+        model = model_from_folder(cfg.init_from, meta, Path(cfg.data), cfg.fine_tune)
+    else:
+        model = Llama(model_args(cfg, meta["vocab_size"]))
+    if cfg.fine_tune == "lora":
+        lora.apply_config(model, cfg)
+    loss, grads = nn.value_and_grad(model, loss_fn)(model, *(mx.array(a) for a in batch))
+    return loss, dict(tree_flatten(grads))
+
+
+@pytest.fixture(scope="module")
+def rows_data(tmp_path_factory):
+    """Prompt/completion rows, prompts masked: a loss over the trained targets only."""
+    base = tmp_path_factory.mktemp("rows")
+    tokenizer = make_chat_folder(base / "tokenizer", "qwen25")
+    rows = [{"prompt": s[:40], "completion": s[40:120]} for s in offline_corpus(40)]
+    src = write_jsonl(base / "rows.jsonl", rows)
+    assert prepare_main(["--out", str(base / "data"), "--jsonl", str(src), "--tokenizer",
+                         str(tokenizer), "--mask_prompt"]) == 0
+    return base / "data"
+
+
+@pytest.mark.parametrize("case", ["full", "lora"])
+def test_a_pipeline_steps_gradients_are_one_process(case, llama, llama_data, rows_data, tmp_path):
+    """2 stages on 2 ranks (ring), 4 micro-batches: every gradient, each on the stage
+    that updates it, and the loss. Full: the tiny config from scratch on masked rows
+    (each micro-batch's share of the global batch's trained targets), its tied matrix's
+    two uses summed; LoRA: the Llama folder on text."""
+    if case == "lora":
+        flags = [*TINY, "--data", str(llama_data), "--init_from", str(llama), *LORA]
+    else:
+        flags = [*TINY, "--data", str(rows_data), "--block_size", "160"]
+    proc = run_trainer(["--grads_out", str(tmp_path), "--pipeline", "2", "--micro_batches", "4",
+                        *flags], ranks=2, module="tests.pipeline_grads")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    loss, expected = one_process_gradients(flags)
+    assert loss.item() > 1  # trained targets in the batch
+    saved = [mx.load(str(tmp_path / f"rank{r}.safetensors")) for r in range(2)]
+    for got in saved:
+        assert abs(got.pop("@loss").item() - loss.item()) <= 1e-6 * loss.item()
+    names = [set(s) for s in saved]
+    assert not names[0] & names[1] and names[0] | names[1] == set(expected)
+    if case == "full":
+        assert "tok_embeddings.weight" in names[0] and "norm.weight" in names[1]
+    worst = 0.0
+    for got in saved:
+        for name, g in got.items():
+            want = expected[name]
+            scale = mx.abs(want).max().item()
+            if scale == 0:  # LoRA's lora_a before lora_b has moved
+                assert mx.abs(g).max().item() == 0, name
+                continue
+            worst = max(worst, mx.abs(g - want).max().item() / scale)
+    assert 0 < worst < 1e-5, worst
+
+
+def one_process(out, flags) -> dict[int, float]:
+    proc = run_trainer([*flags, "--out", str(out)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return train_losses(out)
+
+
+def parity(tmp_path, flags, ranks, extra=(), tolerance=PARITY, expected=None):
+    """Every logged loss of `--pipeline ranks` against one process's (`expected`, or run here)."""
+    expected = expected or one_process(tmp_path / "one", flags)
+    piped = run_trainer(["--pipeline", str(ranks), *extra, *flags, "--out", str(tmp_path / "pp")],
+                        ranks=ranks, module="reference_train.pipeline_train")
+    assert piped.returncode == 0, piped.stderr[-3000:]
+    got = train_losses(tmp_path / "pp")
+    assert list(got) == list(expected) == [1, 2, 3]
+    worst = max(abs(got[s] - expected[s]) / expected[s] for s in expected)
+    assert worst < tolerance, (worst, expected, got)
+    return piped
+
+
+# The tiny config from scratch with 4 blocks: tied embeddings, whose copy on the
+# last stage is kept equal to the first stage's after each update.
+FULL = [*TINY, "--n_layers", "4"]
+
+
+@pytest.fixture(scope="module")
+def full_losses(llama_data, tmp_path_factory):
+    return one_process(tmp_path_factory.mktemp("one"), [*FULL, "--data", str(llama_data)])
+
+
+def test_full_fine_tuning_losses_on_2_stages(llama_data, full_losses, tmp_path):
+    piped = parity(tmp_path, [*FULL, "--data", str(llama_data)], 2, ["--micro_batches", "4"],
+                   expected=full_losses)
+    assert "rank 1: stage 2 of 2: blocks 2-3 of 4, a copy of the tied embedding, the final " \
+           "norm and head" in piped.stdout
+    assert "1f1b: bubble 20%, at most 2 micro-batches' activations held" in piped.stdout
+    records = [json.loads(line) for line in (tmp_path / "pp" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["pipeline"] == 2 and r["micro_batches"] == 4 and r["schedule"] == "1f1b"
+               for r in records if "loss" in r)
+
+
+def test_full_fine_tuning_losses_on_4_stages_both_schedules(llama_data, full_losses, tmp_path):
+    for schedule_ in ("1f1b", "gpipe"):
+        parity(tmp_path / schedule_, [*FULL, "--data", str(llama_data)], 4,
+               ["--micro_batches", "8", "--pipeline_schedule", schedule_], expected=full_losses)
+    # the backwards in the same order: the same sums, the same losses to the bit
+    assert train_losses(tmp_path / "1f1b" / "pp") == train_losses(tmp_path / "gpipe" / "pp")
+
+
+def test_lora_losses_on_2_stages_with_grad_checkpoint(llama, llama_data, tmp_path):
+    parity(tmp_path, [*TINY, "--init_from", str(llama), "--data", str(llama_data), *LORA,
+                      "--grad_checkpoint", "true"], 2)
+
+
+def test_qlora_losses_on_2_stages(llama, llama_data, tmp_path):
+    """The frozen 4-bit base split too: each stage quantized as the folder is."""
+    folder = make_llama_folder(tmp_path / "q4", LLAMA3_CONFIG, quantize=True)
+    for f in llama.iterdir():  # the data's tokenizer
+        if f.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(f, folder / f.name)
+    parity(tmp_path, [*TINY, "--init_from", str(folder), "--data", str(llama_data), *LORA], 2)
+
+
+def test_bfloat16_losses_on_2_stages(llama_data, tmp_path):
+    """Each stage's passes on its bfloat16 copy, the tied matrix's copy included."""
+    parity(tmp_path, [*TINY, "--data", str(llama_data), "--dtype", "bfloat16"], 2,
+           tolerance=BFLOAT16_PARITY)
