@@ -1,6 +1,7 @@
-"""What runs on each host for `train --data DIR` (mlxcluster.launch.sync): a
-stdlib-only script, sent as ``python -c`` with one JSON argument, so that it
-needs nothing on the host but the job's python.
+"""What runs on a host for every transfer (mlxcluster.transfer): a stdlib-only
+script, sent as ``python -S -c`` with one JSON argument, so that it needs
+nothing on the host but its python. Its ``receive`` also runs here, on what
+a host sends (mlxcluster.transfer.fetch): one check of what arrives, both ways.
 
     mark    {"dir": D, "token": T}  -> {}  (D made if missing; an empty file D/.mlxcluster-storage/T)
     check   {"dir": D, "files": [{"name", "bytes", "sha256"}, ...],
@@ -15,11 +16,15 @@ needs nothing on the host but the job's python.
             -> {"installed": [names]}  (each verified, then renamed into D)
     install {"dir": D, "files": [...], "from": D/.incoming.rsync.<random>}
             -> the same, for files rsync left in "from"
+    send    {"dir": D}  -> on stdout, one line {"dir": D, "files": [...]} (D's regular files,
+            not its dot files, links or folders), then their bytes one after another
 
 A D starting with ``~`` is the host's own home (the cache of the code ranks
-import: mlxcluster.launch.code). A received file goes to a folder inside D first and is renamed into place only
-once its sha256 is the one asked for, meta.json last: a copy cut off half way
-is never taken for whole (the next check finds it and sends what is missing).
+import: mlxcluster.launch.code; the doctor's wheels). A received file goes
+to a folder inside D first and is renamed into place only once its sha256 is
+the one asked for, meta.json last: a copy cut off half way is never taken
+for whole (the next check finds it and sends what is missing). A name that
+would leave D (absolute, or with ``..``) is refused.
 Failures: one line on stderr, exit 1.
 """
 
@@ -31,6 +36,7 @@ import sys
 import tempfile
 
 CHUNK = 1 << 20
+STORAGE_DIR = ".mlxcluster-storage"  # as reference_train/storage.py names it
 
 
 def sha256_of(path):
@@ -41,8 +47,16 @@ def sha256_of(path):
     return h.hexdigest()
 
 
+def inside(folder, name):
+    """``folder``/``name``, refused when ``name`` would leave ``folder``."""
+    parts = name.split("/")
+    if not name or name.startswith("/") or ".." in parts or "" in parts:
+        raise ValueError(f"refused the file name {name!r}: it would leave {folder}")
+    return os.path.join(folder, *parts)
+
+
 def status_of(folder, want):
-    path = os.path.join(folder, want["name"])
+    path = inside(folder, want["name"])
     try:
         size = os.path.getsize(path)
     except OSError:
@@ -56,9 +70,6 @@ def existing_parent(path):
     while not os.path.isdir(path):
         path = os.path.dirname(path) or "/"
     return path
-
-
-STORAGE_DIR = ".mlxcluster-storage"  # as reference_train/storage.py names it
 
 
 def token_path(spec, token):
@@ -92,28 +103,31 @@ def unmark(spec):
 
 def install(spec, incoming, digests=None):
     """Verify each file in ``incoming`` (by ``digests`` taken as it arrived,
-    else read again) and rename it into the data folder (meta.json last)."""
+    else read again) and rename it into the folder (meta.json last)."""
     names = []
     for f in sorted(spec["files"], key=lambda f: f["name"] == "meta.json"):
-        path = os.path.join(incoming, f["name"])
+        path = inside(incoming, f["name"])
         got = digests[f["name"]] if digests else sha256_of(path)
         if got != f["sha256"]:
             raise ValueError(f"{f['name']} arrived with sha256 {got[:12]}, not {f['sha256'][:12]}")
-        target = os.path.join(spec["dir"], f["name"])
+        target = inside(spec["dir"], f["name"])
         os.makedirs(os.path.dirname(target), exist_ok=True)  # tokenizer/...
         os.replace(path, target)
         names.append(f["name"])
     return {"installed": names}
 
 
-def receive(spec):
+def receive(spec, stream=None):
+    """The files of ``spec``, read one after another from ``stream`` (stdin
+    on a host), each hashed as it arrives, then installed."""
+    stream = sys.stdin.buffer if stream is None else stream
     os.makedirs(spec["dir"], exist_ok=True)
     incoming = tempfile.mkdtemp(prefix=".incoming.", dir=spec["dir"])
     try:
-        stream, digests = sys.stdin.buffer, {}
+        digests = {}
         for f in spec["files"]:
             left, h = f["bytes"], hashlib.sha256()
-            path = os.path.join(incoming, f["name"])
+            path = inside(incoming, f["name"])
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "wb") as out:
                 while left:
@@ -129,10 +143,32 @@ def receive(spec):
         shutil.rmtree(incoming, ignore_errors=True)
 
 
+def send(spec, out):
+    """D's regular files (no dot files, links or folders): their list, then their bytes."""
+    names = sorted(e.name for e in os.scandir(spec["dir"])
+                   if e.is_file(follow_symlinks=False) and not e.name.startswith("."))
+    files = [{"name": n, "bytes": os.path.getsize(os.path.join(spec["dir"], n)),
+              "sha256": sha256_of(os.path.join(spec["dir"], n))} for n in names]
+    out.write(json.dumps({"dir": spec["dir"], "files": files}).encode() + b"\n")
+    for f in files:
+        with open(os.path.join(spec["dir"], f["name"]), "rb") as source:
+            left = f["bytes"]  # what was hashed: a file grown since is not sent longer
+            while left:
+                chunk = source.read(min(CHUNK, left))
+                if not chunk:
+                    raise ValueError(f"{f['name']} shrank while it was sent")
+                out.write(chunk)
+                left -= len(chunk)
+    out.flush()
+
+
 def main(argv):
     what, spec = argv[1], json.loads(argv[2])
     spec["dir"] = os.path.expanduser(spec["dir"])
     try:
+        if what == "send":
+            send(spec, sys.stdout.buffer)
+            return 0
         if what == "check":
             answer = check(spec)
         elif what in ("mark", "unmark"):
