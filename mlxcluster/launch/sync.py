@@ -229,8 +229,7 @@ def send_where_needed(job: Job, manifest: Manifest, what: str, env: dict[str, st
         name = copy.host.name
         on_event(Sending(name, need))
         try:
-            sent = send(copy.host, manifest, copy,
-                        lambda n, name=name: on_event(SendProgress(name, n)),
+            sent = send(manifest, copy, lambda n, name=name: on_event(SendProgress(name, n)),
                         way_round=by_hand(manifest))
         finally:
             on_event(SendEnded(name))

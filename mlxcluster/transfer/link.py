@@ -77,24 +77,23 @@ class ProcessLink:
         the host takes no byte for ``STALL_S``, or does not end ``timeout``
         after the last one."""
         started = time.monotonic()
-        try:
-            if stdin is None:
+        if stdin is not None:
+            out, err, status = self._feed(command, stdin, timeout)
+        else:
+            try:
                 proc = subprocess.run(self.argv(command), capture_output=True, timeout=timeout,
                                       env=self.env, stdin=subprocess.DEVNULL)
-                out, err, status = proc.stdout, proc.stderr, proc.returncode
-            else:
-                out, err, status = self._feed(command, stdin, timeout)
-        except subprocess.TimeoutExpired:
-            raise NoAnswer(f"{self.name} did not answer within {timeout:.0f} s") from None
-        except OSError as exc:
-            raise TransferError(f"{self.name}: {exc}") from None
+            except subprocess.TimeoutExpired:
+                raise NoAnswer(f"{self.name} did not answer within {timeout:.0f} s") from None
+            except OSError as exc:  # no ssh here
+                raise TransferError(f"{self.name}: {exc}") from None
+            out, err, status = proc.stdout, proc.stderr, proc.returncode
         return CommandResult(out.decode(errors="replace"), err.decode(errors="replace"), status,
                              time.monotonic() - started)
 
     def _feed(self, command: str, stdin: BinaryIO, timeout: float) -> tuple[bytes, bytes, int]:
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            proc = subprocess.Popen(self.argv(command), stdin=subprocess.PIPE, stdout=out,
-                                    stderr=err, env=self.env)
+            proc = self._start(command, stdin=subprocess.PIPE, stdout=out, stderr=err)
             with Watchdog(proc, STALL_S, timeout) as watchdog:
                 try:
                     for chunk in iter(lambda: stdin.read(CHUNK), b""):
@@ -109,6 +108,12 @@ class ProcessLink:
             err.seek(0)
             return out.read(), (watchdog.why.encode() or err.read()), proc.returncode
 
+    def _start(self, command: str, **streams) -> subprocess.Popen:
+        try:
+            return subprocess.Popen(self.argv(command), env=self.env, **streams)
+        except OSError as exc:  # no ssh here
+            raise TransferError(f"{self.name}: {exc}") from None
+
     def read(self, command: str, consume: Callable[[BinaryIO], T], *,
              timeout: float) -> tuple[CommandResult, T]:
         """``command`` there, its stdout handed to ``consume`` as it arrives
@@ -116,11 +121,7 @@ class ProcessLink:
         The result's stdout is empty: ``consume`` had it."""
         started = time.monotonic()
         with tempfile.TemporaryFile() as err:
-            try:
-                proc = subprocess.Popen(self.argv(command), stdin=subprocess.DEVNULL,
-                                        stdout=subprocess.PIPE, stderr=err, env=self.env)
-            except OSError as exc:
-                raise TransferError(f"{self.name}: {exc}") from None
+            proc = self._start(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err)
             with Watchdog(proc, timeout, 0.0) as watchdog:
                 try:
                     value = consume(Watched(proc.stdout, watchdog.moved))

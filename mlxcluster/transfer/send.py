@@ -120,15 +120,16 @@ def mark(link: Link, folder: str, token: str, op: str = "mark") -> bool:
     return result.exit_status == 0
 
 
-def send(link: Link, manifest: Manifest, copy: HostCopy, progress: Progress, *,
+def send(manifest: Manifest, copy: HostCopy, progress: Progress, *,
          use_rsync: bool | None = None, timeout: float = CHECK_TIMEOUT_S,
          way_round: str = "") -> Transferred:
-    """Send what ``copy`` lacks of ``manifest`` into the folder as the host
-    named it; the host verifies each file before renaming it into place.
+    """Send what ``copy`` lacks of ``manifest`` into the folder as its host
+    named it, over the link it was checked by; the host verifies each file
+    before renaming it into place.
     rsync when both ends have it and the link is ssh (``use_rsync`` None),
     else a stream of bytes. ``timeout``: how long the host may take to
     verify and install once the bytes are there. Raises TransferError."""
-    files = copy.lacking(manifest)
+    link, files = copy.host, copy.lacking(manifest)
     manifest = replace(manifest, folder=copy.folder or manifest.folder)  # as the host names it
     if use_rsync is None:
         use_rsync = copy.rsync and can_rsync(link)

@@ -259,7 +259,7 @@ def send_wheels(ctx: ApplyContext, p: dict[str, Any], wheels: list[Path], log: l
     lacking = copy.lacking(manifest)
     if lacking:
         try:
-            send(link, manifest, copy, lambda n: None, use_rsync=False,
+            send(manifest, copy, lambda n: None, use_rsync=False,
                  timeout=max(ctx.timeout, SEND_TIMEOUT))
         except TransferError as err:
             raise RuntimeError(f"{p['ssh']}: the wheels did not arrive whole: {err.message}") from None
