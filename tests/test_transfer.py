@@ -1,4 +1,5 @@
-"""mlxcluster.transfer on its own: files sent to a host and fetched from one,
+"""mlxcluster.transfer on its own: files sent to a host and fetched from one
+(a whole fetch: tests/test_train_record.py, through launch/fetch.py),
 checked by sha256 at the other end, through real processes. A "host" here is
 a HOME of its own on this machine reached by bash (a ``ProcessLink`` as
 jobs.hosts makes for a local rank), running the real agent with this python;
@@ -119,20 +120,6 @@ def test_files_from_several_folders_go_side_by_side_and_twice_is_once(home, tmp_
     assert sent.names == ("pkg-1.0-py3-none-any.whl", "pkg-2.0-py3-none-any.whl")
     assert sorted(p.name for p in (machines.homes["b"] / ".cache" / "w").iterdir()) == list(sent.names)
     assert check(link, manifest, timeout=60).lacking(manifest) == ()
-
-
-def test_a_folder_is_fetched_whole_and_only_its_regular_files(home, tmp_path):
-    folder = home / "out" / "adapters"
-    (folder / "sub").mkdir(parents=True)
-    (folder / "adapters.safetensors").write_bytes(bytes(range(256)) * 300)
-    (folder / "adapter_config.json").write_text('{"fine_tune_type": "lora"}\n')
-    (folder / "._adapters.safetensors").write_bytes(b"attrs")
-    (folder / "link").symlink_to(folder / "adapter_config.json")
-    here = tmp_path / "here" / "adapters"
-    got = fetch(ProcessLink("mac1", sys.executable, bash_in(home)), str(folder), here)
-    assert got.names == ("adapter_config.json", "adapters.safetensors")
-    assert got.bytes == 256 * 300 + len('{"fine_tune_type": "lora"}\n')
-    assert files_under(here) == {n: (folder / n).read_bytes() for n in got.names}
 
 
 @pytest.mark.parametrize("pipe, said", [

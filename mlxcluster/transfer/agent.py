@@ -126,18 +126,10 @@ def receive(spec, stream=None):
     try:
         digests = {}
         for f in spec["files"]:
-            left, h = f["bytes"], hashlib.sha256()
             path = inside(incoming, f["name"])
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "wb") as out:
-                while left:
-                    chunk = stream.read(min(CHUNK, left))
-                    if not chunk:
-                        raise ValueError(f"the stream ended {left} bytes before the end of {f['name']}")
-                    out.write(chunk)
-                    h.update(chunk)
-                    left -= len(chunk)
-            digests[f["name"]] = h.hexdigest()
+                digests[f["name"]] = copy_bytes(stream, out, f["bytes"], f["name"])
         return install(spec, incoming, digests)
     finally:
         shutil.rmtree(incoming, ignore_errors=True)
@@ -152,14 +144,23 @@ def send(spec, out):
     out.write(json.dumps({"dir": spec["dir"], "files": files}).encode() + b"\n")
     for f in files:
         with open(os.path.join(spec["dir"], f["name"]), "rb") as source:
-            left = f["bytes"]  # what was hashed: a file grown since is not sent longer
-            while left:
-                chunk = source.read(min(CHUNK, left))
-                if not chunk:
-                    raise ValueError(f"{f['name']} shrank while it was sent")
-                out.write(chunk)
-                left -= len(chunk)
+            # the bytes listed, no more: a file changed since is refused here already
+            if copy_bytes(source, out, f["bytes"], f["name"]) != f["sha256"]:
+                raise ValueError(f"{f['name']} changed while it was sent")
     out.flush()
+
+
+def copy_bytes(source, out, count, name):
+    """Exactly ``count`` bytes of the file ``name`` from ``source`` to ``out``; their sha256."""
+    h = hashlib.sha256()
+    while count:
+        chunk = source.read(min(CHUNK, count))
+        if not chunk:
+            raise ValueError(f"the stream ended {count} bytes before the end of {name}")
+        out.write(chunk)
+        h.update(chunk)
+        count -= len(chunk)
+    return h.hexdigest()
 
 
 def main(argv):
