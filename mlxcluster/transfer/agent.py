@@ -40,11 +40,8 @@ STORAGE_DIR = ".mlxcluster-storage"  # as reference_train/storage.py names it
 
 
 def sha256_of(path):
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(CHUNK), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return copy_bytes(f, None, os.fstat(f.fileno()).st_size, path)
 
 
 def inside(folder, name):
@@ -151,13 +148,15 @@ def send(spec, out):
 
 
 def copy_bytes(source, out, count, name):
-    """Exactly ``count`` bytes of the file ``name`` from ``source`` to ``out``; their sha256."""
+    """Exactly ``count`` bytes of the file ``name`` from ``source`` to ``out``
+    (None: only hashed); their sha256. The one hash on the host."""
     h = hashlib.sha256()
     while count:
         chunk = source.read(min(CHUNK, count))
         if not chunk:
             raise ValueError(f"the stream ended {count} bytes before the end of {name}")
-        out.write(chunk)
+        if out is not None:
+            out.write(chunk)
         h.update(chunk)
         count -= len(chunk)
     return h.hexdigest()
