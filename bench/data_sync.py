@@ -31,8 +31,9 @@ sys.path.insert(0, str(REPO))
 
 from mlxcluster.inventory.inventory import load_inventory  # noqa: E402
 from mlxcluster.jobs.connections import shared_hosts  # noqa: E402
-from mlxcluster.jobs.hosts import hosts_from_inventory, ssh_argv  # noqa: E402
-from mlxcluster.launch.sync import check_copy, read_manifest, send  # noqa: E402
+from mlxcluster.jobs.hosts import host_link, hosts_from_inventory, ssh_argv  # noqa: E402
+from mlxcluster.launch.sync import check_copy, read_manifest  # noqa: E402
+from mlxcluster.transfer.send import send  # noqa: E402
 from tests.lab import lab_unavailable_reason, start_lab  # noqa: E402
 
 
@@ -83,7 +84,7 @@ def main() -> int:
                 wipe()
                 start = time.monotonic()
                 copy = check_copy(manifest, host, env)
-                sent = send(manifest, copy, lambda n: None, env=env, use_rsync=use_rsync)
+                sent = send(manifest, copy, lambda n: None, use_rsync=use_rsync)
                 assert sent.bytes == manifest.total_bytes
                 return time.monotonic() - start
 
@@ -101,7 +102,7 @@ def main() -> int:
             def plain_rsync() -> float:
                 wipe()
                 start = time.monotonic()
-                ssh = shlex.join(ssh_argv(host, "")[:-3])
+                ssh = shlex.join(host_link(host, env).ssh)
                 subprocess.run(["rsync", "-a", "-e", ssh, f"{data}/", f"{host.ssh_target}:{data}/"],
                                env=env, check=True, timeout=600)
                 return time.monotonic() - start

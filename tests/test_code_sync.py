@@ -1,7 +1,7 @@
 """What ranks import of this project, sent to the hosts (mlxcluster.launch.code):
 the files and their version, what a host is sent and what not, the PYTHONPATH
 the ranks get. The hosts here are folders on this machine, each with its own
-HOME, reached through the real host-side script (sync_agent) instead of ssh;
+HOME, reached through the real host-side script (transfer/agent.py) instead of ssh;
 the lab test (tests/lab/test_code_sync_lab.py) sends to real hosts that have
 no copy of the project."""
 
@@ -21,6 +21,7 @@ from mlxcluster.jobs.job import RANK_WRAPPER_FILES, Job, package_root, rank_env
 from mlxcluster.jobs.plan import launcher_argv
 from mlxcluster.launch import code, sync
 from mlxcluster.launch.code import CACHE_ROOT, code_files, code_manifest, sync_code
+from mlxcluster.transfer.link import ProcessLink, TransferError
 
 MAC1 = RankHost(name="mac1", ssh="10.0.0.1", ips=("10.0.0.1",), python=sys.executable)
 MAC2 = RankHost(name="mac2", ssh="10.0.0.2", ips=("10.0.0.2",), python=sys.executable)
@@ -49,11 +50,12 @@ def hosts(tmp_path, monkeypatch) -> dict[str, Path]:
     for home in homes.values():
         home.mkdir()
 
-    def host_argv(host: RankHost, script: str) -> list[str]:
-        return ["env", f"HOME={homes[host.ssh]}", "bash", "-c", script]
+    def host_link(host: RankHost, env: dict[str, str] | None = None) -> ProcessLink:
+        return ProcessLink(host.name, host.python,
+                           lambda script: ["env", f"HOME={homes[host.ssh]}", "bash", "-c", script],
+                           env=env)  # no ssh: no rsync, the stream
 
-    monkeypatch.setattr(sync, "host_argv", host_argv)
-    monkeypatch.setattr(sync, "_send_rsync", sync._send_stream)
+    monkeypatch.setattr(sync, "host_link", host_link)
     return homes
 
 
@@ -174,7 +176,7 @@ def test_a_job_with_ranks_here_and_on_hosts_imports_from_both(hosts, monkeypatch
 def test_a_host_that_cannot_keep_the_code_is_named_with_no_way_round(hosts):
     hosts["10.0.0.1"].rmdir()
     hosts["10.0.0.1"].write_text("a file where the home should be")  # nothing can be made there
-    with pytest.raises(sync.DataSyncError) as failed:
+    with pytest.raises(TransferError) as failed:
         sync_recorded(job_on(MAC1))
     folder = code_manifest().folder.replace("~", str(hosts["10.0.0.1"]))  # as the host names it
     assert failed.value.message.startswith(f"sending {folder} to mac1 failed: ")

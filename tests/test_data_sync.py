@@ -15,15 +15,10 @@ import pytest
 
 from mlxcluster.errors import InputError
 from mlxcluster.jobs.hosts import RankHost
-from mlxcluster.launch.sync import (
-    REMOTE_SOURCE,
-    DataFile,
-    HostCopy,
-    Manifest,
-    _pieces,
-    check_space,
-    read_manifest,
-)
+from mlxcluster.launch.sync import check_space, read_manifest
+from mlxcluster.transfer.manifest import DataFile, Manifest
+from mlxcluster.transfer.rsync import progress_pieces
+from mlxcluster.transfer.send import AGENT_SOURCE, HostCopy
 from reference_train.prepare import prepare_offline
 
 HOST = RankHost(name="mac2", ssh="mac2", ips=("10.0.0.2",), python="python3")
@@ -36,7 +31,7 @@ def data(tmp_path):
 
 
 def remote(what: str, spec: str, stdin: bytes = b"") -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-S", "-c", REMOTE_SOURCE(), what, spec],
+    return subprocess.run([sys.executable, "-S", "-c", AGENT_SOURCE(), what, spec],
                           input=stdin, capture_output=True, timeout=60)
 
 
@@ -96,7 +91,7 @@ def test_rsync_progress_is_read_across_carriage_returns():
     out = io.BufferedReader(io.BytesIO(
         b"train.bin\n\r     32,768  40%   31.25MB/s    0:00:00\r     81,410 100%   12.00MB/s"
         b"    0:00:00 (xfer#1, to-check=1/2)\nval.bin\n\r      3,898 100%    3.72MB/s"))
-    assert list(_pieces(out)) == [
+    assert list(progress_pieces(out)) == [
         b"train.bin", b"", b"     32,768  40%   31.25MB/s    0:00:00",
         b"     81,410 100%   12.00MB/s    0:00:00 (xfer#1, to-check=1/2)", b"val.bin", b"",
         b"      3,898 100%    3.72MB/s"]

@@ -30,8 +30,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "mlxcluster"
 # Popen outside the jobs layer, each for a reason that is not a job's launcher.
 OTHER_PROCESSES = {
     "tune/measure.py": "the receiving end of a raw TCP stream (tune's limit), one per host pair",
-    "launch/sync.py": "a copy sent to a host: bytes written into ssh's stdin, or rsync's "
-                         "progress read, under a watchdog of its own",
+    "transfer/link.py": "a copy sent to or read from a host: bytes written into ssh's stdin or "
+                        "read from its stdout, under a watchdog of its own",
+    "transfer/rsync.py": "a copy sent to a host by rsync, its progress read, under the same watchdog",
 }
 
 

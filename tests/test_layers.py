@@ -18,6 +18,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "mlxcluster"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("mlxcluster", "mlxcluster.errors", "mlxcluster.outputs", "mlxcluster.interrupts")),
     ("ssh", ("mlxcluster.ssh",)),
+    # Files to and from hosts (over ssh, or the doctor's connections): below
+    # doctor (its fixes send wheels) and jobs (a rank host's link).
+    ("transfer", ("mlxcluster.transfer",)),
     ("inventory", ("mlxcluster.inventory",)),
     ("facts", ("mlxcluster.facts",)),
     ("topology", ("mlxcluster.topology",)),

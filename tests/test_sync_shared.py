@@ -2,7 +2,7 @@
 of them see: a host that sees this machine's folder, or the folder of a host
 already sent to, is sent nothing (a token each, written in the folder and
 looked for by the others). The hosts here are HOMEs on this machine reached
-through the real host-side script (sync_agent) instead of ssh, as in
+through the real host-side script (transfer/agent.py) instead of ssh, as in
 tests/test_code_sync.py; one filesystem, so an absolute path is one folder for
 all, and links under the HOMEs make a NAS two of them share."""
 
@@ -18,8 +18,11 @@ import pytest
 from mlxcluster.jobs.events import Note, Sending
 from mlxcluster.jobs.hosts import RankHost
 from mlxcluster.jobs.job import Job
-from mlxcluster.launch import sync, sync_agent
-from mlxcluster.launch.sync import folder_manifest, read_manifest, send_where_needed
+from mlxcluster.launch import sync
+from mlxcluster.launch.sync import read_manifest, send_where_needed
+from mlxcluster.transfer import agent
+from mlxcluster.transfer.link import ProcessLink
+from mlxcluster.transfer.manifest import folder_manifest
 from reference_train.prepare import prepare_offline
 from reference_train.storage import STORAGE_DIR
 
@@ -34,9 +37,9 @@ def homes(tmp_path, monkeypatch) -> dict[str, Path]:
     by_ssh = {h.ssh: homes[h.name] for h in HOSTS}
     for home in homes.values():
         home.mkdir()
-    monkeypatch.setattr(sync, "host_argv",
-                        lambda host, script: ["env", f"HOME={by_ssh[host.ssh]}", "bash", "-c", script])
-    monkeypatch.setattr(sync, "_send_rsync", sync._send_stream)
+    monkeypatch.setattr(sync, "host_link", lambda host, env=None: ProcessLink(
+        host.name, host.python, lambda script: ["env", f"HOME={by_ssh[host.ssh]}", "bash", "-c", script],
+        env=env))  # no ssh: no rsync, the stream
     return homes
 
 
@@ -88,4 +91,4 @@ def test_a_folder_two_hosts_share_is_sent_once_and_checked_once_after(homes, tmp
 
 
 def test_the_host_script_names_the_token_folder_as_the_trainer_does():
-    assert sync_agent.STORAGE_DIR == STORAGE_DIR
+    assert agent.STORAGE_DIR == STORAGE_DIR

@@ -25,9 +25,10 @@ import psutil
 
 from mlxcluster.jobs.hosts import HostResult, RankHost, for_each_host, remote_hosts, run_script
 from mlxcluster.jobs.rank_wrapper import STACKS_ROOT
+from mlxcluster.ssh.openssh import SSH_FAILED
 
 RUN_MARK = "mlxcluster_run"
-SSH_LOST = 255  # ssh's own exit code: the connection failed or was lost
+SSH_LOST = SSH_FAILED  # ssh's own exit code: the connection failed or was lost
 _MPI_REMOTE_HOST = re.compile(r"^\s*Remote host:\s+(\S+)\s*$")
 
 

@@ -16,12 +16,14 @@ import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import TypeVar
 
 from mlxcluster.errors import InputError
 from mlxcluster.hostfile.hostfile import load_launch_hostfile
 from mlxcluster.inventory.inventory import LOCAL_TARGETS, local_inventory
 from mlxcluster.ssh import openssh
+from mlxcluster.transfer.link import ProcessLink
 
 SSH_TIMEOUT_S = 20
 SSH_CONNECT_TIMEOUT_S = 5
@@ -145,6 +147,14 @@ def ssh_argv(host: RankHost, script: str) -> list[str]:
     """``ssh`` that never prompts and gives up connecting after 5 s."""
     return openssh.ssh_argv(host.ssh_target, script, connect_timeout=SSH_CONNECT_TIMEOUT_S,
                             options=host.ssh_options)
+
+
+def host_link(host: RankHost, env: dict[str, str] | None = None) -> ProcessLink:
+    """How a transfer reaches ``host``: ``host_argv`` (bash here for a local
+    rank), and the same ssh, without a target, for rsync's ``-e``."""
+    ssh = () if host.is_local else tuple(openssh.ssh_client_argv(
+        connect_timeout=SSH_CONNECT_TIMEOUT_S, options=host.ssh_options))
+    return ProcessLink(host.name, host.python, partial(host_argv, host), ssh, host.ssh_target, env)
 
 
 def host_argv(host: RankHost, script: str) -> list[str]:

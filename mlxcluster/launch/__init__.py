@@ -7,7 +7,8 @@
     record.py      the run's record kept here (the launcher's half of the
                    record protocol; the trainer's is reference_train/metrics.py)
     sync.py        data and model folders, and run's script, on every host
-    sync_agent.py  what sync runs on each host (read as text, stdlib only)
+                   (through mlxcluster.transfer; code.py: what ranks import)
+    fetch.py       a folder a rank wrote on its host (LoRA's adapters), brought here
 
 Every step is reported as an event (jobs/events.py); nothing here prints.
 """

@@ -12,8 +12,8 @@ own, ``~/.cache/mlxcluster/code/<version>/`` in its home::
     ~/.cache/mlxcluster/code/3f9c.../reference_train/train.py ...
 
 ``sync_code`` checks every remote host's folder of this version and sends
-what it lacks, as `--data` is sent (launch/sync.py: one check per host,
-files verified by sha256 there before they are renamed into place, the
+what it lacks, as `--data` is sent (launch/sync.py over mlxcluster.transfer: one check
+per host, files verified by sha256 there before they are renamed into place, the
 same events); a host that has this version is sent nothing. The ranks then
 import from that folder: it is first on their PYTHONPATH
 (``Job.code_paths``). Ranks on this machine import from this checkout.
@@ -28,8 +28,8 @@ from pathlib import Path
 from mlxcluster.jobs.events import OnEvent
 from mlxcluster.jobs.hosts import remote_hosts
 from mlxcluster.jobs.job import RANK_WRAPPER_FILES, Job, package_root
-from mlxcluster.launch.sync import DataFile, Manifest, send_where_needed
-from reference_train.files import file_sha256
+from mlxcluster.launch.sync import send_where_needed
+from mlxcluster.transfer.manifest import DataFile, Manifest
 
 CACHE_ROOT = "~/.cache/mlxcluster/code"  # on each host, in its own home
 PACKAGES = ("reference_train",)  # sent whole (but caches): what ranks import besides the wrapper
@@ -63,8 +63,7 @@ def code_manifest(root: Path | None = None) -> Manifest:
     """The files ranks import, hashed here, to be kept on each host in the
     folder of their version (``CACHE_ROOT/<version>``, ~ being the host's home)."""
     root = package_root() if root is None else root
-    files = tuple(DataFile(name, (root / name).stat().st_size, file_sha256(root / name))
-                  for name in code_files(root))
+    files = tuple(DataFile.of(root / name, name) for name in code_files(root))
     return Manifest(f"{CACHE_ROOT}/{version_of(files)}", files, source=str(root))
 
 

@@ -38,9 +38,20 @@ _STDERR_CAUSES: tuple[tuple[str, str, str, str], ...] = (
 )
 
 
-def ssh_argv(
-    target: str,
-    command: str | None,
+SSH_FAILED = 255  # ssh's own exit code: the connection failed or was lost
+
+
+def ssh_argv(target: str, command: str | None, **client) -> list[str]:
+    """The argv of a non-interactive ssh call; ``command`` is already quoted
+    (None: no command, for ``-N`` with a forward among the options;
+    ``client``: ``ssh_client_argv``'s options)."""
+    # Inventories and hostfiles forbid a leading '-' in a target; '--' makes
+    # sure ssh never reads one as an option anyway.
+    argv = [*ssh_client_argv(**client), "--", target]
+    return argv if command is None else [*argv, command]
+
+
+def ssh_client_argv(
     *,
     ssh_config: str | None = None,
     connect_timeout: float = 5.0,
@@ -49,8 +60,8 @@ def ssh_argv(
     ssh: str = "ssh",
     options: Sequence[str] = (),
 ) -> list[str]:
-    """The argv of a non-interactive ssh call; ``command`` is already quoted
-    (None: no command, for ``-N`` with a forward among ``options``).
+    """ssh and its options, without a target: what ``ssh_argv`` runs, and
+    what rsync's ``-e`` takes (rsync adds the target and its command).
     ``options`` are further ssh arguments (e.g. an inventory's ``-F``/``-p``)."""
     argv = [ssh]
     if ssh_config:
@@ -64,11 +75,7 @@ def ssh_argv(
         argv += ["-l", user]
     if port:
         argv += ["-p", str(port)]
-    argv += options
-    # Inventories and hostfiles forbid a leading '-' in a target; '--' makes
-    # sure ssh never reads one as an option anyway.
-    argv += ["--", target]
-    return argv if command is None else [*argv, command]
+    return argv + list(options)
 
 
 def parse_ssh_g(text: str) -> dict[str, str]:
@@ -138,7 +145,7 @@ class OpenSshRunner:
             raise SshError("ssh", f"the OpenSSH client '{self.ssh}' is not installed",
                            "install OpenSSH (mlx.launch and mpirun need it)") from exc
         stderr = proc.stderr.decode("utf-8", "replace")
-        if proc.returncode == 255:
+        if proc.returncode == SSH_FAILED:
             raise explain_failure(target, proc.returncode, stderr)
         return CommandResult(proc.stdout.decode("utf-8", "replace"), stderr, proc.returncode,
                              time.monotonic() - started)

@@ -10,14 +10,13 @@ then sent over the same SSH connection and installed with no index::
     here:    python -m pip download REQ... --only-binary=:all: --platform macosx_14_0_arm64 \\
                  --python-version 3.12 --implementation cp --abi cp312 -d ~/.cache/mlxcluster/wheels/...
     send:    each wheel the host lacks, by sha256, into ~/.cache/mlxcluster/wheels on the host
+             (mlxcluster.transfer's agent checks it there before it is put in place)
     on host: PY -m pip install --isolated --disable-pip-version-check --no-index \\
                  --find-links "$HOME/.cache/mlxcluster/wheels" REQ...
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import re
 import shlex
@@ -29,6 +28,9 @@ from typing import Any
 
 from mlxcluster.doctor.fixes.apply import ApplyContext
 from mlxcluster.doctor.fixes.plan import Action, FixInput
+from mlxcluster.transfer.link import RunnerLink, TransferError
+from mlxcluster.transfer.manifest import files_manifest
+from mlxcluster.transfer.send import check, send
 
 HOST_WHEELS = ".cache/mlxcluster/wheels"  # under the host's $HOME
 DEPS_DONE = ".with-dependencies"  # in a fetch folder: its requirements were fetched with their dependencies
@@ -245,87 +247,22 @@ def uninstall_undo(p: dict[str, Any], output: str) -> dict[str, Any] | None:
     return remote_undo(p, [pip_command(p["python"], "uninstall", "-y", *(shlex.quote(n) for n in new))]) if new else None
 
 
-# On the host: which wheels it has (by sha256), or receive the named ones on
-# stdin, one after another, each verified before it is renamed into place.
-RECEIVE = r"""
-import hashlib, json, os, sys
-spec = json.loads(sys.argv[1])
-d = os.path.join(os.path.expanduser("~"), spec["dir"])
-os.makedirs(d, exist_ok=True)
-def sha(p):
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        for b in iter(lambda: f.read(1 << 20), b""):
-            h.update(b)
-    return h.hexdigest()
-if spec["op"] == "have":
-    print(json.dumps([w["name"] for w in spec["wheels"]
-                      if os.path.isfile(os.path.join(d, w["name"])) and sha(os.path.join(d, w["name"])) == w["sha256"]]))
-    sys.exit(0)
-for w in spec["wheels"]:
-    part, h, left = os.path.join(d, "." + w["name"] + ".part"), hashlib.sha256(), w["bytes"]
-    with open(part, "wb") as out:
-        while left:
-            b = sys.stdin.buffer.read(min(1 << 20, left))
-            if not b:
-                break
-            out.write(b); h.update(b); left -= len(b)
-    if left or h.hexdigest() != w["sha256"]:
-        os.unlink(part)
-        sys.exit(w["name"] + (": the stream ended %d bytes early" % left if left else ": sha256 differs"))
-    os.replace(part, os.path.join(d, w["name"]))
-print(json.dumps([w["name"] for w in spec["wheels"]]))
-"""
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for piece in iter(lambda: f.read(1 << 20), b""):
-            h.update(piece)
-    return h.hexdigest()
-
-
-def _spec(op: str, wheels: list[Path]) -> dict[str, Any]:
-    return {"op": op, "dir": HOST_WHEELS,
-            "wheels": [{"name": w.name, "bytes": w.stat().st_size, "sha256": _sha256(w)} for w in wheels]}
-
-
-def _python_c(python: str, spec: dict[str, Any]) -> str:
-    return " ".join(shlex.quote(w) for w in (python, "-c", RECEIVE, json.dumps(spec, sort_keys=True)))
-
-
-class _Chain:
-    """Files read one after another as one binary stream (stdin for RECEIVE)."""
-
-    def __init__(self, paths: list[Path]):
-        self.paths, self.f = list(paths), None
-
-    def read(self, n: int = -1) -> bytes:
-        while self.paths or self.f:
-            if self.f is None:
-                self.f = open(self.paths.pop(0), "rb")
-            b = self.f.read(n)
-            if b:
-                return b
-            self.f.close()
-            self.f = None
-        return b""
-
-
 def send_wheels(ctx: ApplyContext, p: dict[str, Any], wheels: list[Path], log: list[str]) -> int:
-    """Send the wheels the host lacks (by sha256); the number sent."""
-    where = dict(user=p.get("user"), port=p.get("port"))
-    have = ctx.runner.run(p["ssh"], _python_c(p["python"], _spec("have", wheels)), timeout=ctx.timeout, **where)
-    if have.exit_status != 0:
-        raise RuntimeError(f"{p['ssh']}: could not list its wheels: {(have.stderr or have.stdout).strip()}")
-    present = set(json.loads(have.stdout.strip().splitlines()[-1]))
-    lacking = [w for w in wheels if w.name not in present]
+    """Send the wheels the host lacks (by sha256, mlxcluster.transfer over the
+    doctor's connection); the number sent."""
+    link = RunnerLink(p["ssh"], p["python"], ctx.runner, p.get("user"), p.get("port"))
+    manifest = files_manifest(f"~/{HOST_WHEELS}", wheels)
+    try:
+        copy = check(link, manifest, what="the wheels in", timeout=ctx.timeout)
+    except TransferError as err:
+        raise RuntimeError(err.message) from None
+    lacking = copy.lacking(manifest)
     if lacking:
-        sent = ctx.runner.run(p["ssh"], _python_c(p["python"], _spec("receive", lacking)), stdin=_Chain(lacking),
-                              timeout=max(ctx.timeout, SEND_TIMEOUT), **where)
-        if sent.exit_status != 0:
-            raise RuntimeError(f"{p['ssh']}: the wheels did not arrive whole: {(sent.stderr or sent.stdout).strip()}")
+        try:
+            send(manifest, copy, lambda n: None, use_rsync=False,
+                 timeout=max(ctx.timeout, SEND_TIMEOUT))
+        except TransferError as err:
+            raise RuntimeError(f"{p['ssh']}: the wheels did not arrive whole: {err.message}") from None
     log.append(f"sent {len(lacking)} wheel(s) ({', '.join(w.name for w in lacking) or 'the host had them'})")
     return len(lacking)
 

@@ -1,6 +1,7 @@
-"""What runs on each host for `train --data DIR` (mlxcluster.launch.sync): a
-stdlib-only script, sent as ``python -c`` with one JSON argument, so that it
-needs nothing on the host but the job's python.
+"""What runs on a host for every transfer (mlxcluster.transfer): a stdlib-only
+script, sent as ``python -S -c`` with one JSON argument, so that it needs
+nothing on the host but its python. Its ``receive`` also runs here, on what
+a host sends (mlxcluster.transfer.fetch): one check of what arrives, both ways.
 
     mark    {"dir": D, "token": T}  -> {}  (D made if missing; an empty file D/.mlxcluster-storage/T)
     check   {"dir": D, "files": [{"name", "bytes", "sha256"}, ...],
@@ -15,11 +16,15 @@ needs nothing on the host but the job's python.
             -> {"installed": [names]}  (each verified, then renamed into D)
     install {"dir": D, "files": [...], "from": D/.incoming.rsync.<random>}
             -> the same, for files rsync left in "from"
+    send    {"dir": D}  -> on stdout, one line {"dir": D, "files": [...]} (D's regular files,
+            not its dot files, links or folders), then their bytes one after another
 
 A D starting with ``~`` is the host's own home (the cache of the code ranks
-import: mlxcluster.launch.code). A received file goes to a folder inside D first and is renamed into place only
-once its sha256 is the one asked for, meta.json last: a copy cut off half way
-is never taken for whole (the next check finds it and sends what is missing).
+import: mlxcluster.launch.code; the doctor's wheels). A received file goes
+to a folder inside D first and is renamed into place only once its sha256 is
+the one asked for, meta.json last: a copy cut off half way is never taken
+for whole (the next check finds it and sends what is missing). A name that
+would leave D (absolute, or with ``..``) is refused.
 Failures: one line on stderr, exit 1.
 """
 
@@ -31,18 +36,24 @@ import sys
 import tempfile
 
 CHUNK = 1 << 20
+STORAGE_DIR = ".mlxcluster-storage"  # as reference_train/storage.py names it
 
 
 def sha256_of(path):
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(CHUNK), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return copy_bytes(f, None, os.fstat(f.fileno()).st_size, path)
+
+
+def inside(folder, name):
+    """``folder``/``name``, refused when ``name`` would leave ``folder``."""
+    parts = name.split("/")
+    if not name or name.startswith("/") or ".." in parts or "" in parts:
+        raise ValueError(f"refused the file name {name!r}: it would leave {folder}")
+    return os.path.join(folder, *parts)
 
 
 def status_of(folder, want):
-    path = os.path.join(folder, want["name"])
+    path = inside(folder, want["name"])
     try:
         size = os.path.getsize(path)
     except OSError:
@@ -56,9 +67,6 @@ def existing_parent(path):
     while not os.path.isdir(path):
         path = os.path.dirname(path) or "/"
     return path
-
-
-STORAGE_DIR = ".mlxcluster-storage"  # as reference_train/storage.py names it
 
 
 def token_path(spec, token):
@@ -92,47 +100,75 @@ def unmark(spec):
 
 def install(spec, incoming, digests=None):
     """Verify each file in ``incoming`` (by ``digests`` taken as it arrived,
-    else read again) and rename it into the data folder (meta.json last)."""
+    else read again) and rename it into the folder (meta.json last)."""
     names = []
     for f in sorted(spec["files"], key=lambda f: f["name"] == "meta.json"):
-        path = os.path.join(incoming, f["name"])
+        path = inside(incoming, f["name"])
         got = digests[f["name"]] if digests else sha256_of(path)
         if got != f["sha256"]:
             raise ValueError(f"{f['name']} arrived with sha256 {got[:12]}, not {f['sha256'][:12]}")
-        target = os.path.join(spec["dir"], f["name"])
+        target = inside(spec["dir"], f["name"])
         os.makedirs(os.path.dirname(target), exist_ok=True)  # tokenizer/...
         os.replace(path, target)
         names.append(f["name"])
     return {"installed": names}
 
 
-def receive(spec):
+def receive(spec, stream=None):
+    """The files of ``spec``, read one after another from ``stream`` (stdin
+    on a host), each hashed as it arrives, then installed."""
+    stream = sys.stdin.buffer if stream is None else stream
     os.makedirs(spec["dir"], exist_ok=True)
     incoming = tempfile.mkdtemp(prefix=".incoming.", dir=spec["dir"])
     try:
-        stream, digests = sys.stdin.buffer, {}
+        digests = {}
         for f in spec["files"]:
-            left, h = f["bytes"], hashlib.sha256()
-            path = os.path.join(incoming, f["name"])
+            path = inside(incoming, f["name"])
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "wb") as out:
-                while left:
-                    chunk = stream.read(min(CHUNK, left))
-                    if not chunk:
-                        raise ValueError(f"the stream ended {left} bytes before the end of {f['name']}")
-                    out.write(chunk)
-                    h.update(chunk)
-                    left -= len(chunk)
-            digests[f["name"]] = h.hexdigest()
+                digests[f["name"]] = copy_bytes(stream, out, f["bytes"], f["name"])
         return install(spec, incoming, digests)
     finally:
         shutil.rmtree(incoming, ignore_errors=True)
+
+
+def send(spec, out):
+    """D's regular files (no dot files, links or folders): their list, then their bytes."""
+    names = sorted(e.name for e in os.scandir(spec["dir"])
+                   if e.is_file(follow_symlinks=False) and not e.name.startswith("."))
+    files = [{"name": n, "bytes": os.path.getsize(os.path.join(spec["dir"], n)),
+              "sha256": sha256_of(os.path.join(spec["dir"], n))} for n in names]
+    out.write(json.dumps({"dir": spec["dir"], "files": files}).encode() + b"\n")
+    for f in files:
+        with open(os.path.join(spec["dir"], f["name"]), "rb") as source:
+            # the bytes listed, no more: a file changed since is refused here already
+            if copy_bytes(source, out, f["bytes"], f["name"]) != f["sha256"]:
+                raise ValueError(f"{f['name']} changed while it was sent")
+    out.flush()
+
+
+def copy_bytes(source, out, count, name):
+    """Exactly ``count`` bytes of the file ``name`` from ``source`` to ``out``
+    (None: only hashed); their sha256. The one hash on the host."""
+    h = hashlib.sha256()
+    while count:
+        chunk = source.read(min(CHUNK, count))
+        if not chunk:
+            raise ValueError(f"the stream ended {count} bytes before the end of {name}")
+        if out is not None:
+            out.write(chunk)
+        h.update(chunk)
+        count -= len(chunk)
+    return h.hexdigest()
 
 
 def main(argv):
     what, spec = argv[1], json.loads(argv[2])
     spec["dir"] = os.path.expanduser(spec["dir"])
     try:
+        if what == "send":
+            send(spec, sys.stdout.buffer)
+            return 0
         if what == "check":
             answer = check(spec)
         elif what in ("mark", "unmark"):
