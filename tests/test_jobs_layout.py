@@ -32,6 +32,8 @@ OTHER_PROCESSES = {
     "tune/measure.py": "the receiving end of a raw TCP stream (tune's limit), one per host pair",
     "transfer/link.py": "a copy sent to or read from a host: bytes written into ssh's stdin or "
                         "read from its stdout, under a watchdog of its own",
+    "serve/tunnel.py": "the ssh port forward to rank 0's server, running as long as one launch; "
+                       "nothing to read from it",
     "transfer/rsync.py": "a copy sent to a host by rsync, its progress read, under the same watchdog",
 }
 

@@ -25,6 +25,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("facts", ("mlxcluster.facts",)),
     ("topology", ("mlxcluster.topology",)),
     ("hostfile", ("mlxcluster.hostfile",)),
+    # Will a model split over the ranks and fit each host (serve's check,
+    # doctor --model's): pure judgement on a model folder and host facts.
+    ("model split", ("mlxcluster.serve.split", "mlxcluster.serve.family",
+                     "mlxcluster.serve.model_folder", "mlxcluster.serve.split_check")),
     # Above hostfile: doctor's checks compare a hostfile with the cabling and
     # print the IP plan as a fix.
     ("doctor", ("mlxcluster.doctor",)),
@@ -37,6 +41,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # What run and train add around a job: preflight (doctor, smoke's
     # all_sum), the trainer hand-off, the record, data on every host.
     ("launch", ("mlxcluster.launch",)),
+    # mlx-lm's server on every rank through jobs, behind one address here.
+    ("serve", ("mlxcluster.serve",)),
     ("report", ("mlxcluster.report",)),
     # Above report: the demo runs every command, then writes the HTML report.
     ("demo", ("mlxcluster.demo",)),

@@ -27,11 +27,12 @@ from mlxcluster.jobs.job import BACKENDS, program_imports
 from mlxcluster.jobs.restarts import Restarts
 from mlxcluster.jobs.run_output import RankLogs
 from mlxcluster.serve.front import Backend, Front
-from mlxcluster.serve.split_check import check_job_split, refusal
+from mlxcluster.serve.split_check import refusal
 from mlxcluster.serve.serving import (
     ServeSpec,
     ServeUp,
     absolute_model,
+    check_job_split,
     serve_until_stopped,
     server_program,
 )

@@ -23,12 +23,15 @@ from pathlib import Path
 from mlxcluster.errors import EXIT_STALLED, MlxclusterError
 from mlxcluster.jobs.events import Note, OnEvent
 from mlxcluster.jobs.job import Job
+from mlxcluster.jobs.preflight import probe_facts
 from mlxcluster.jobs.restarts import Restarts, launch_until_done
 from mlxcluster.jobs.run import run_job
 from mlxcluster.jobs.watch import RunOutcome
 from mlxcluster.launch.program import launch_number, numbered
 from mlxcluster.serve.front import Backend
 from mlxcluster.serve.probe import ProbeWatch, probe_once
+from mlxcluster.serve.split import SplitVerdict
+from mlxcluster.serve.split_check import check_split
 from mlxcluster.serve.tunnel import free_port_on, open_tunnel
 
 SERVER_MODULE = ("-m", "mlx_lm", "server")  # mlx-lm's entry point (`-m mlx_lm.server` is deprecated)
@@ -111,6 +114,14 @@ def serve_until_stopped(job: Job, spec: ServeSpec, backend: Backend, restarts: R
                       f"{spent}; every rank was stopped",
                       "its lines are above and in the logs; raise --max-restarts, or run "
                       "'mlxcluster doctor' to check the hosts")
+
+
+def check_job_split(job: Job, model_dir: str | Path, *, pipeline: bool,
+                    env: dict[str, str] | None = None) -> SplitVerdict:
+    """``check_split`` for the ranks of ``job``, each host's memory asked
+    with the job's python (one probe per host)."""
+    facts = probe_facts(job, env)
+    return check_split(model_dir, [h.name for h in job.hosts], facts, pipeline=pipeline)
 
 
 def absolute_model(folder: str) -> str:
