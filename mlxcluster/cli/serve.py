@@ -121,9 +121,9 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
     job, _ = prepare_job(job, inventory, env, view, no_preflight=no_preflight,
                          no_openblas=no_openblas, no_sync_code=no_sync_code)
     if not no_sync_model:  # every Mac has its own disk
-        from mlxcluster.launch.sync import sync_model
+        from mlxcluster.launch.sync import SERVED_MODEL, sync_model
 
-        sync_model(job, spec.model, env, view)
+        sync_model(job, spec.model, env, view, flag=SERVED_MODEL)
 
     run_id = new_run_id(RUN_PREFIX)
     logs_path = Path(logs_dir) if logs_dir else Path("runs") / run_id

@@ -166,10 +166,12 @@ def sync_data(job: Job, folder: str, env: dict[str, str], on_event: OnEvent) -> 
         send_where_needed(job, read_manifest(folder), "data", env, on_event)
 
 
-def sync_model(job: Job, folder: str, env: dict[str, str], on_event: OnEvent) -> None:
-    """The trainer's --init_from folder on every remote host, as here."""
+def sync_model(job: Job, folder: str, env: dict[str, str], on_event: OnEvent, *,
+               flag: str = "--init_from") -> None:
+    """A model folder on every remote host, as here: the trainer's
+    --init_from, or what serve serves (``flag``: how messages name it)."""
     if remote_hosts(job.hosts):
-        send_where_needed(job, folder_manifest(folder), "model", env, on_event)
+        send_where_needed(job, folder_manifest(folder), "model", env, on_event, flag=flag)
 
 
 def sync_script(job: Job, script: str, env: dict[str, str], on_event: OnEvent) -> None:
@@ -179,13 +181,13 @@ def sync_script(job: Job, script: str, env: dict[str, str], on_event: OnEvent) -
 
 
 def send_where_needed(job: Job, manifest: Manifest, what: str, env: dict[str, str],
-                      on_event: OnEvent) -> list[HostCopy]:
+                      on_event: OnEvent, *, flag: str | None = None) -> list[HostCopy]:
     """Every remote host's copy checked (in parallel), the room checked on
     all of them, then each host sent what it lacks, in turn. A host that
     sees this machine's folder, or the same folder as a host before it (a
     token each: ``mark_here``, ``mark_host``), is sent nothing. Returns the
     copies as checked (each with its folder as its host resolved it)."""
-    flag = {"data": "--data", "model": "--init_from"}.get(what, "the " + what)
+    flag = flag or {"data": "--data", "model": "--init_from"}.get(what, "the " + what)
     hosts = remote_hosts(job.hosts)
     here = mark_here(manifest)
     tokens = {h.name: secrets.token_hex(TOKEN_BYTES) for h in hosts} if len(hosts) > 1 else {}
@@ -247,10 +249,15 @@ def by_hand(manifest: Manifest) -> str:
                                        "or --no-sync-script (run)")
 
 
+SERVED_MODEL = "the model folder"  # serve's MODEL_DIR, as its messages name it
+
+
 def opt_out(what: str) -> str:
     """How to go without sending ``what`` (the code ranks import has no way round)."""
     if what == "the code":
         return ""
+    if what == SERVED_MODEL:
+        return ", or pass --no-sync-model"
     return ", or pass " + ("--no-sync-script" if what == "the script" else "--no-sync-data")
 
 
