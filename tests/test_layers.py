@@ -31,8 +31,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("smoke", ("mlxcluster.smoke",)),
     # tune measures candidates with smoke's benchmark.
     ("tune", ("mlxcluster.tune",)),
-    # What run and train add around a job: preflight (doctor, smoke's
-    # all_sum), the trainer hand-off, the record, data on every host.
+    # What run, train and serve add around a job: the job from the launch
+    # flags, the launch session, preflight (doctor, smoke's all_sum), the
+    # trainer hand-off, the record, data on every host.
     ("launch", ("mlxcluster.launch",)),
     ("report", ("mlxcluster.report",)),
     # Above report: the demo runs every command, then writes the HTML report.
