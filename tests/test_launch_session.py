@@ -67,7 +67,7 @@ def test_the_steps_come_in_one_order_on_one_connection_per_host(tmp_path, steps,
     request = LaunchRequest(
         LaunchFlags(JobSource(hostfile=two_remote_hosts(tmp_path))), "mlxserve",
         program=partial(program_job, argv=(str(tmp_path / "serve.py"), "--port", "8080")),
-        check=lambda job, env: checked.append(job) or steps.append("check"),
+        check=lambda job, env, on_event: checked.append(job) or steps.append("check"),
         models=("M",), data=("D",))
     events: list[object] = []
     with launch_session(request, {}, events.append) as prepared:
@@ -86,7 +86,7 @@ def test_the_steps_come_in_one_order_on_one_connection_per_host(tmp_path, steps,
 
 def test_a_check_refuses_before_anything_is_sent(tmp_path, steps):
     """serve's split check: exit 2 before the model (or anything) is sent."""
-    def refuse(job, env):
+    def refuse(job, env, on_event):
         steps.append("check")
         raise InputError("2 KV heads do not split over 3 ranks", "use 2 hosts")
 

@@ -22,6 +22,11 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("facts", ("mlxcluster.facts",)),
     ("topology", ("mlxcluster.topology",)),
     ("hostfile", ("mlxcluster.hostfile",)),
+    # Can a model be split over the hosts (serve's families, the model
+    # folder, the verdict): read from facts; below doctor, whose model-split
+    # check runs it.
+    ("model split", ("mlxcluster.serve.family", "mlxcluster.serve.model_folder",
+                     "mlxcluster.serve.split", "mlxcluster.serve.split_check")),
     # Above hostfile: doctor's checks compare a hostfile with the cabling and
     # print the IP plan as a fix.
     ("doctor", ("mlxcluster.doctor",)),
@@ -35,6 +40,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # flags, the launch session, preflight (doctor, smoke's all_sum), the
     # trainer hand-off, the record, data on every host.
     ("launch", ("mlxcluster.launch",)),
+    # A model served on every rank, through the launch session: the request,
+    # the supervision (probe, tunnel, the one address here).
+    ("serve", ("mlxcluster.serve",)),
     ("report", ("mlxcluster.report",)),
     # Above report: the demo runs every command, then writes the HTML report.
     ("demo", ("mlxcluster.demo",)),
@@ -208,6 +216,8 @@ def test_each_package_has_its_own_layer():
     assert layer_of("mlxcluster.launch.trainer") > layer_of("mlxcluster.jobs.run")
     assert layer_of("mlxcluster.launch.preflight") > layer_of("mlxcluster.smoke.run")
     assert layer_of("mlxcluster.smoke.run") > layer_of("mlxcluster.jobs.run")
+    assert layer_of("mlxcluster.serve.serving") > layer_of("mlxcluster.launch.session")
+    assert layer_of("mlxcluster.serve.split_check") < layer_of("mlxcluster.doctor.checks.model_split")
     assert layer_of("mlxcluster.cli.train") == len(LAYERS) - 1
     assert layer_of("mlxcluster.errors") == 0
     assert layer_of("mlxcluster.errors_extra") is None

@@ -14,7 +14,9 @@ program, its own check, the files its ranks need on every host). Then
    take part), the MLX_METAL_FAST_SYNCH warning;
 4. shared ssh connections, one per host, until the session ends;
 5. ``prepare_job`` on the hosts: the job's python on every host (exit 2
-   when missing), ``request.check(job, env)``, run's script sent where it is
+   when missing), then ``request.check(job, env, on_event)`` before anything
+   else is checked, sent or launched (serve: can the model be split so;
+   train: the same run not running there), run's script sent where it is
    missing (the preflight looks for it), what ranks import of this project
    (launch/code.py), the preflight (launch/preflight.py: the probe with the
    job's ``imports``, doctor's checks, OpenBLAS, the all_sum), then the
@@ -43,21 +45,22 @@ options, ``view``: an event renderer, ``env``: the environment)::
                            stall_timeout="auto", on_line=show, on_event=view,
                            run_id=prepared.run_id)
 
-    # mlxcluster serve MODEL_DIR: mlx_lm.server on every rank (the preflight
-    # checks every host imports mlx_lm, as `run -m mlx_lm` does), the model
-    # folder sent to every host that lacks it, then launched with restarts
-    argv = ("-m", "mlx_lm.server", "--model", model_dir, "--port", "8080")
-    request = LaunchRequest(flags, run_prefix="mlxserve",
-                            program=partial(program_job, argv=argv),
+    # mlxcluster serve MODEL_DIR: mlx-lm's server on every rank (the preflight
+    # checks every host imports mlx_lm, as `run -m mlx_lm` does), the split
+    # judged before anything is sent, the model folder sent to every host
+    # that lacks it; then launched through the jobs layer, supervised
+    request = LaunchRequest(flags, "mlxserve",
+                            program=partial(program_job, argv=("-m", "mlx_lm", "server", ...)),
                             check=split_fits, models=(model_dir,))
     with launch_session(request, env, view) as prepared:
-        done = run_program(prepared.job, Restarts(3), env, run_id=prepared.run_id,
-                           logs_dir=Path("runs") / prepared.run_id, timeout=None,
-                           stall_timeout=None, on_line=show, on_event=view)
+        serve_until_stopped(prepared.job, spec, backend, Restarts(3), env,
+                            run_id=prepared.run_id, logs_dir=Path("runs") / prepared.run_id,
+                            on_line=show, on_event=view, on_up=say_up)
 
 (``program_request``, ``program_job``, ``run_program``: launch/program.py;
-``training_request``, ``run_trainer``: launch/trainer.py; ``split_fits`` is
-serve's own ``check(job, env)``, run before anything is sent.)
+``training_request``, ``run_trainer``: launch/trainer.py; serve's request is
+``serve/serving.py`` ``serving_request``, its ``check``
+``serve/split_check.py`` ``split_fits``.)
 
 Light on purpose: `run --no-preflight` imports this, the jobs layer and the
 inventory only; the preflight, the folder sending and the code sending are
@@ -95,10 +98,12 @@ class LaunchFlags:
     send_code: bool = True
 
 
-# A command's own check of the chosen job on its hosts (train: the same run is
-# not running there; serve: the model's split fits): after the python check,
-# before anything is sent. Raises an MlxclusterError (InputError: exit 2).
-HostCheck = Callable[[Job, dict[str, str]], None]
+# A command's own check of the chosen job on its hosts (serve: the model's
+# split fits, said as a Note; train: the same run is not running there):
+# called with (job, env, on_event) once the job's python is found on every
+# host (the check may run it there), before anything else is checked, sent
+# or launched. Raises an MlxclusterError (InputError: exit 2).
+HostCheck = Callable[[Job, dict[str, str], OnEvent], None]
 
 
 @dataclass(frozen=True)
@@ -170,9 +175,9 @@ def prepare_job(job: Job, inventory: Inventory | None, request: LaunchRequest,
     preflight (unless turned off), then the model and data folders. Returns
     (the job, the cluster's mlx version or None)."""
     flags = request.flags
-    require_job_python(job, env)  # the checks and sends below run on the job's python
+    require_job_python(job, env)  # the check, sends and preflight below run on the job's python
     if request.check is not None:
-        request.check(job, env)
+        request.check(job, env, on_event)
     remote = bool(remote_hosts(job.hosts))
     if remote and request.send_script and script_path(job):
         job = send_script(job, env, on_event)

@@ -149,7 +149,7 @@ def training_request(args: TrainerArgs, flags: LaunchFlags, *, detached: bool,
     cfg = args.config
     return LaunchRequest(
         flags, TRAIN_PREFIX, program=lambda job: training_job(job, args), detached=detached,
-        check=lambda job, env: check_not_running(job, cfg.out, env),
+        check=lambda job, env, on_event: check_not_running(job, cfg.out, env),
         models=(cfg.init_from,) if cfg.init_from and send_folders else (),
         data=(cfg.data,) if cfg.data and send_folders else ())
 

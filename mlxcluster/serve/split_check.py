@@ -1,6 +1,7 @@
 """The split check as serve and ``doctor --model`` run it: the model folder
 read, the installed mlx-lm asked about its family, each host judged
-(``split.judge_split``).
+(``split.judge_split``). Below the doctor (its ``model-split`` check runs
+it); serve asks the hosts for their facts itself (serving.py ``split_fits``).
 
     verdict = check_split("~/models/Llama-3-8B", ["studio", "mini"], facts, pipeline=False)
     if not verdict.ok:
@@ -14,8 +15,6 @@ from pathlib import Path
 
 from mlxcluster.errors import InputError
 from mlxcluster.facts.facts import HostFacts
-from mlxcluster.jobs.job import Job
-from mlxcluster.jobs.preflight import probe_facts
 from mlxcluster.serve.family import PIPELINE, TENSOR, family_support
 from mlxcluster.serve.model_folder import read_model_folder
 from mlxcluster.serve.split import SplitVerdict, judge_split
@@ -32,14 +31,6 @@ def check_split(model_dir: str | Path, placement: Sequence[str], facts: Mapping[
     mode = PIPELINE if pipeline else TENSOR
     family = family_support(model.path, model.model_type, len(placement), mode)
     return judge_split(model, family, placement, facts, mode)
-
-
-def check_job_split(job: Job, model_dir: str | Path, *, pipeline: bool,
-                    env: dict[str, str] | None = None) -> SplitVerdict:
-    """``check_split`` for the ranks of ``job``, each host's memory asked
-    with the job's python (one probe per host)."""
-    facts = probe_facts(job, env)
-    return check_split(model_dir, [h.name for h in job.hosts], facts, pipeline=pipeline)
 
 
 def refusal(verdict: SplitVerdict) -> InputError:
