@@ -186,21 +186,26 @@ def test_a_host_that_cannot_keep_the_code_is_named_with_no_way_round(hosts):
 
 
 def test_the_code_is_sent_before_the_preflight_unless_no_sync_code(monkeypatch):
-    from mlxcluster.cli import job_launch
+    from mlxcluster.cli.job_launch import EventView
+    from mlxcluster.launch import session
+    from mlxcluster.launch.job_source import JobSource
 
     called: list[str] = []
-    monkeypatch.setattr(job_launch, "require_job_python", lambda job, env: called.append("python"))
+    monkeypatch.setattr(session, "require_job_python", lambda job, env: called.append("python"))
     monkeypatch.setattr(code, "sync_code",
                         lambda job, env, on_event: called.append("code") or
                         Job(**{**job.__dict__, "code_paths": ("/c",)}))
-    view = job_launch.EventView("run")
-    job, _ = job_launch.prepare_job(job_on(MAC1), None, {}, view, no_preflight=True,
-                                    no_openblas=False)
+    view = EventView("run")
+
+    def request(send_code: bool) -> session.LaunchRequest:
+        flags = session.LaunchFlags(JobSource(), preflight=False, send_code=send_code)
+        return session.LaunchRequest(flags, "mlxrun")
+
+    job, _ = session.prepare_job(job_on(MAC1), None, request(True), {}, view)
     assert called == ["python", "code"] and rank_env(job)["PYTHONPATH"] == "/c"
     called.clear()
-    job, _ = job_launch.prepare_job(job_on(MAC1), None, {}, view, no_preflight=True,
-                                    no_openblas=False, no_sync_code=True)
+    job, _ = session.prepare_job(job_on(MAC1), None, request(False), {}, view)
     assert called == ["python"] and rank_env(job)["PYTHONPATH"] == str(package_root())
     called.clear()
-    job_launch.prepare_job(job_on(HERE), None, {}, view, no_preflight=True, no_openblas=False)
+    session.prepare_job(job_on(HERE), None, request(True), {}, view)
     assert called == ["python"]  # ranks here only: nothing to send

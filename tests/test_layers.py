@@ -25,10 +25,11 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("facts", ("mlxcluster.facts",)),
     ("topology", ("mlxcluster.topology",)),
     ("hostfile", ("mlxcluster.hostfile",)),
-    # Will a model split over the ranks and fit each host (serve's check,
-    # doctor --model's): pure judgement on a model folder and host facts.
-    ("model split", ("mlxcluster.serve.split", "mlxcluster.serve.family",
-                     "mlxcluster.serve.model_folder", "mlxcluster.serve.split_check")),
+    # Can a model be split over the hosts (serve's families, the model
+    # folder, the verdict): read from facts; below doctor, whose model-split
+    # check runs it.
+    ("model split", ("mlxcluster.serve.family", "mlxcluster.serve.model_folder",
+                     "mlxcluster.serve.split", "mlxcluster.serve.split_check")),
     # Above hostfile: doctor's checks compare a hostfile with the cabling and
     # print the IP plan as a fix.
     ("doctor", ("mlxcluster.doctor",)),
@@ -38,10 +39,12 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("smoke", ("mlxcluster.smoke",)),
     # tune measures candidates with smoke's benchmark.
     ("tune", ("mlxcluster.tune",)),
-    # What run and train add around a job: preflight (doctor, smoke's
-    # all_sum), the trainer hand-off, the record, data on every host.
+    # What run, train and serve add around a job: the job from the launch
+    # flags, the launch session, preflight (doctor, smoke's all_sum), the
+    # trainer hand-off, the record, data on every host.
     ("launch", ("mlxcluster.launch",)),
-    # mlx-lm's server on every rank through jobs, behind one address here.
+    # A model served on every rank, through the launch session: the request,
+    # the supervision (probe, tunnel, the one address here).
     ("serve", ("mlxcluster.serve",)),
     ("report", ("mlxcluster.report",)),
     # Above report: the demo runs every command, then writes the HTML report.
@@ -216,6 +219,8 @@ def test_each_package_has_its_own_layer():
     assert layer_of("mlxcluster.launch.trainer") > layer_of("mlxcluster.jobs.run")
     assert layer_of("mlxcluster.launch.preflight") > layer_of("mlxcluster.smoke.run")
     assert layer_of("mlxcluster.smoke.run") > layer_of("mlxcluster.jobs.run")
+    assert layer_of("mlxcluster.serve.serving") > layer_of("mlxcluster.launch.session")
+    assert layer_of("mlxcluster.serve.split_check") < layer_of("mlxcluster.doctor.checks.model_split")
     assert layer_of("mlxcluster.cli.train") == len(LAYERS) - 1
     assert layer_of("mlxcluster.errors") == 0
     assert layer_of("mlxcluster.errors_extra") is None

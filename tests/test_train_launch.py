@@ -420,8 +420,8 @@ def test_batch_split_message_shows_the_arithmetic_and_the_fix():
 def nothing_may_start(monkeypatch):
     """Every step of `mlxcluster train` that reaches a host or starts a process
     records that it was called (and starts nothing)."""
-    import mlxcluster.cli.job_launch as job_launch
     import mlxcluster.launch.preflight as preflight
+    import mlxcluster.launch.session as session
     import mlxcluster.launch.trainer as trainer
 
     called: list[str] = []
@@ -434,7 +434,7 @@ def nothing_may_start(monkeypatch):
 
     for module, name in ((preflight, "run_doctor_preflight"), (preflight, "probe_hosts"),
                          (preflight, "smoke_all_sum"), (trainer, "run_job"),
-                         (job_launch, "require_job_python")):
+                         (session, "require_job_python")):
         monkeypatch.setattr(module, name, recorder(name))
     monkeypatch.setattr(subprocess, "Popen", recorder("subprocess.Popen"))
     return called

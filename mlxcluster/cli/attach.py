@@ -7,11 +7,12 @@ from pathlib import Path
 
 import click
 
-from mlxcluster.cli.job_launch import EventView, choose_job, exit_code_of, one_source, say_failure
+from mlxcluster.cli.job_launch import EventView, exit_code_of, say_failure
 from mlxcluster.cli.jobs import host_options
 from mlxcluster.errors import InputError, Interrupted
 from mlxcluster.jobs.attach import find_detached, follow_to_end
 from mlxcluster.jobs.running import RUN_ID, list_running
+from mlxcluster.launch.job_source import JobSource, choose_job, one_source
 
 
 @click.command("attach")
@@ -29,8 +30,10 @@ def command(hostfile, inventory_path, local, python, run_id):
     if not RUN_ID.match(run_id):
         raise InputError(f"{run_id!r} is not a run id (mlxtrain-<10 hex digits> or "
                          "mlxrun-<10 hex digits>)", "mlxcluster jobs lists the runs and their ids")
-    one_source("attach", hostfile, inventory_path, 1 if local else None, example="-i cluster.yaml")
-    job, _ = choose_job(hostfile, inventory_path, 1 if local else None, None, python, ())
+    view = EventView("attach")
+    source = JobSource(hostfile, inventory_path, 1 if local else None, python=python)
+    one_source("attach", source, example="-i cluster.yaml")
+    job, _ = choose_job(source, view)
     env = dict(os.environ)
     run = find_detached(job.hosts, run_id, env)
     if run is None:
@@ -40,7 +43,6 @@ def command(hostfile, inventory_path, local, python, run_id):
                          "mlxcluster jobs lists what runs there (with the same -i, --hostfile or "
                          "--local)")
     running = any(j.run_id == run_id for j in list_running(job.hosts, env)[0])
-    view = EventView("attach")
     click.echo(f"attaching to {run_id} ({'running' if running else 'ended'}) on "
                f"{', '.join(h.name for h in run.hosts)}: {' '.join(run.program)}")
     record = None

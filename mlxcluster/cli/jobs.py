@@ -5,9 +5,10 @@ from __future__ import annotations
 import click
 from tabulate import tabulate
 
-from mlxcluster.cli.job_launch import choose_job, one_source
+from mlxcluster.cli.job_launch import EventView
 from mlxcluster.cli.params import inventory_option
 from mlxcluster.jobs.running import RunningJob, list_running
+from mlxcluster.launch.job_source import JobSource, choose_job, one_source
 
 
 def host_options(command):
@@ -21,8 +22,9 @@ def host_options(command):
 
 
 def chosen_hosts(name: str, hostfile, inventory_path, local):
-    one_source(name, hostfile, inventory_path, 1 if local else None, example="-i cluster.yaml")
-    job, _ = choose_job(hostfile, inventory_path, 1 if local else None, None, None, ())
+    source = JobSource(hostfile, inventory_path, 1 if local else None)
+    one_source(name, source, example="-i cluster.yaml")
+    job, _ = choose_job(source, EventView(name))
     return job.hosts
 
 

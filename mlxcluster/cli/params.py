@@ -7,10 +7,11 @@ import re
 
 import click
 
-from mlxcluster.errors import InputError
 from mlxcluster.hostfile.tuned import MAX_CONNECTIONS
 from mlxcluster.inventory.inventory import Inventory, load_inventory
 from mlxcluster.inventory.inventory_search import InventoryChoice, find_inventory
+from mlxcluster.launch.job_source import JobSource
+from mlxcluster.launch.session import LaunchFlags
 
 
 class Seconds(click.FloatRange):
@@ -99,12 +100,7 @@ def choose_inventory(given: str | None, *, other_sources: str = "") -> Inventory
     """-i, or the default inventory, naming on stderr the file found by
     default (stdout stays clean for --json). ``other_sources`` ("--hostfile
     FILE or --local N") joins the hint when there is no inventory at all."""
-    try:
-        choice = find_inventory(given)
-    except InputError as err:
-        if other_sources:
-            err.hint = f"{err.hint}; or give {other_sources}"
-        raise
+    choice = find_inventory(given, other_sources=other_sources)
     if not choice.given:
         click.echo(choice.describe(), err=True)
     return choice
@@ -155,3 +151,13 @@ def launch_options(backends: tuple[str, ...]):
         return command
 
     return decorate
+
+
+def launch_flags(hostfile, inventory_path, local_ranks, backend, python, mpi_args, connections_per_ip,
+                 no_preflight, no_openblas, no_sync_code) -> LaunchFlags:
+    """The launch session's ``LaunchFlags`` from ``launch_options``' values
+    (all but --timeout, which the launch itself takes)."""
+    return LaunchFlags(JobSource(hostfile, inventory_path, local_ranks, backend, python,
+                                 tuple(mpi_args), connections_per_ip),
+                       preflight=not no_preflight, openblas=not no_openblas,
+                       send_code=not no_sync_code)

@@ -4,33 +4,19 @@ on every host, each line tagged with its rank and saved per rank."""
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 from pathlib import Path
 
 import click
 
-from mlxcluster.cli.job_launch import (
-    EventView,
-    choose_job,
-    exit_code_of,
-    one_source,
-    plan_backend,
-    prepare_job,
-    say_failure,
-    say_refusal,
-    share_connections,
-)
-from mlxcluster.cli.params import Duration, launch_options
+from mlxcluster.cli.job_launch import EventView, exit_code_of, say_failure, say_refusal
+from mlxcluster.cli.params import Duration, launch_flags, launch_options
 from mlxcluster.errors import InputError, Interrupted
-from mlxcluster.jobs.cleanup import new_run_id
-from mlxcluster.jobs.events import Note
-from mlxcluster.jobs.job import BACKENDS, program_imports, script_path
-from mlxcluster.jobs.job_python import require_job_python
+from mlxcluster.jobs.job import BACKENDS
 from mlxcluster.jobs.restarts import Restarts
 from mlxcluster.jobs.run_output import RankLogs, program_argv
-from mlxcluster.launch.program import run_program
-
-RUN_PREFIX = "mlxrun"
+from mlxcluster.launch.job_source import one_source
+from mlxcluster.launch.program import program_request, run_program
+from mlxcluster.launch.session import launch_session
 
 
 @click.command("run", context_settings={"ignore_unknown_options": True,
@@ -56,9 +42,8 @@ RUN_PREFIX = "mlxrun"
 @click.option("--rank0-only", is_flag=True,
               help="Show only rank 0's lines (and the launcher's); every rank is still logged.")
 @click.argument("program", nargs=-1, type=click.UNPROCESSED)
-def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, connections_per_ip, no_preflight,
-            no_openblas, no_sync_code, timeout, stall_timeout, max_restarts, no_sync_script, logs_dir, detach,
-            rank0_only, program):
+def command(timeout, stall_timeout, max_restarts, no_sync_script, logs_dir, detach, rank0_only,
+            program, **launch):
     """Check the cluster, then run `python SCRIPT ARGS` (or `-m MODULE`) on every host.
 
     e.g. `mlxcluster run --local 2 -- python train.py --lr 0.1`. Each line is
@@ -66,38 +51,19 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
     Exits with the first failing rank's exit code; every rank on every host
     is stopped (docs/run.md).
     """
-    one_source("run", hostfile, inventory_path, local_ranks, example="--local 2 -- python script.py")
+    flags = launch_flags(**launch)
+    one_source("run", flags.source, example="--local 2 -- python script.py")
     argv = program_argv(program)
-    job, inventory = choose_job(hostfile, inventory_path, local_ranks, backend, python, mpi_args,
-                                connections_per_ip)
     if detach and max_restarts:
         raise InputError("--detach and --max-restarts do not go together: restarts are run from "
                          "this machine, and a detached job runs on without it", "leave one out")
-    job = replace(job, program=argv, imports=program_imports(argv), tag_output=True, detached=detach)
-    script = script_path(job)
-    if script and all(h.is_local for h in job.hosts) and not os.path.isfile(script):
-        raise InputError(f"no such script: {script}",
-                         "give the path of a Python file (relative to this directory, or absolute)")
     env = dict(os.environ)
     view = EventView("run")
-    job = share_connections(plan_backend(job, inventory, env), env)
-    run_id = new_run_id(RUN_PREFIX)
+    request = program_request(argv, flags, detached=detach, send_script=not no_sync_script)
+    prepared = click.get_current_context().with_resource(launch_session(request, env, view))
+    view.mlx_version = prepared.mlx_version
+    run_id, n = prepared.run_id, len(prepared.job.hosts)
     logs_path = Path(logs_dir) if logs_dir else Path("runs") / run_id
-    n = len(job.hosts)
-
-    if script and not all(h.is_local for h in job.hosts) and not no_sync_script:
-        # Every Mac has its own disk: the script must be on each, at one path.
-        from mlxcluster.launch.sync import sync_script
-
-        if os.path.isfile(script):
-            require_job_python(job, env)  # the check runs on the job's python: a missing one first
-            sync_script(job, script, env, view)
-            job = replace(job, program=(os.path.abspath(script), *job.program[1:]))
-        else:  # kept on the hosts only: the preflight looks for it there
-            click.echo(f"script: {script} is not on this machine: not sent (every host must "
-                       "have it at that path)")
-    job, mlx_version = prepare_job(job, inventory, env, view, no_preflight=no_preflight,
-                                   no_openblas=no_openblas, no_sync_code=no_sync_code)
     try:
         logs = RankLogs(logs_path)
     except OSError as err:
@@ -110,11 +76,9 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
             return
         click.echo(line, err=stream == "stderr")
 
-    if detach:
-        view(Note(f"detached: run {run_id} goes on if this machine goes away; 'mlxcluster attach "
-                  f"{run_id}' follows it again, 'mlxcluster stop {run_id}' stops it"))
     try:
-        done = run_program(job, Restarts(max_restarts), env, run_id=run_id, logs_dir=logs_path, timeout=timeout,
+        done = run_program(prepared.job, Restarts(max_restarts), env, run_id=run_id,
+                           logs_dir=logs_path, timeout=timeout,
                            stall_timeout=None if stall_timeout == "off" else stall_timeout,
                            on_line=show, on_event=view)
     except Interrupted:
@@ -129,7 +93,7 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
     if outcome.refusal:
         say_refusal("run", job, outcome)
     if outcome.exit_code != 0:
-        say_failure("run", outcome, mlx_version)
+        say_failure("run", outcome, prepared.mlx_version)
         if rank0_only and outcome.failed_rank not in (None, 0):  # its lines were not shown
             hidden = logs.tail(outcome.failed_rank)
             if hidden:

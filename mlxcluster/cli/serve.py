@@ -6,38 +6,28 @@ from __future__ import annotations
 import os
 import re
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import click
 
-from mlxcluster.cli.job_launch import (
-    EventView,
-    choose_job,
-    one_source,
-    plan_backend,
-    prepare_job,
-    share_connections,
-)
-from mlxcluster.cli.params import Duration, launch_options
+from mlxcluster.cli.job_launch import EventView
+from mlxcluster.cli.params import Duration, launch_flags, launch_options
 from mlxcluster.errors import InputError, Interrupted
-from mlxcluster.jobs.cleanup import new_run_id
 from mlxcluster.jobs.events import Note, Restarting
-from mlxcluster.jobs.job import BACKENDS, program_imports
+from mlxcluster.jobs.job import BACKENDS
 from mlxcluster.jobs.restarts import Restarts
 from mlxcluster.jobs.run_output import RankLogs
+from mlxcluster.launch.job_source import one_source
+from mlxcluster.launch.session import launch_session
 from mlxcluster.serve.front import Backend, Front
-from mlxcluster.serve.split_check import refusal
 from mlxcluster.serve.serving import (
     ServeSpec,
     ServeUp,
     absolute_model,
-    check_job_split,
     serve_until_stopped,
-    server_program,
+    serving_request,
 )
 
-RUN_PREFIX = "mlxserve"
 # mlx-lm's server logs each request (its access line, its prompt cache, its
 # prompt progress) at INFO: kept in the rank's log, not shown, or every probe
 # would print ten lines. Warnings, errors and anything not logged are shown.
@@ -76,10 +66,8 @@ QUIET_LINE = re.compile(r'"(GET|POST|OPTIONS|HEAD) \S+ HTTP/1\.[01]" \d{3}'
               help="Folder for one log file per rank and serve.log (default: ./runs/RUN_ID).")
 @click.argument("model_dir", type=click.Path(file_okay=False))
 @click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
-def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, connections_per_ip,
-            no_preflight, no_openblas, no_sync_code, timeout, pipeline, port, bind, max_restarts,
-            probe_every, probe_timeout, start_timeout, concurrent, no_sync_model, logs_dir,
-            model_dir, server_args):
+def command(timeout, pipeline, port, bind, max_restarts, probe_every, probe_timeout, start_timeout,
+            concurrent, no_sync_model, logs_dir, model_dir, server_args, **launch):
     """Serve MODEL_DIR with mlx-lm's server split over every host, at one address here.
 
     e.g. `mlxcluster serve -i cluster.yaml ~/models/Qwen3-4B-4bit`. Arguments
@@ -87,7 +75,8 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
     host is then stopped (exit 0). Exit 2: bad input or a model that cannot
     be split so; 4: the restarts are spent (docs/serve.md).
     """
-    one_source("serve", hostfile, inventory_path, local_ranks, example="--local 2 MODEL_DIR")
+    flags = launch_flags(**launch)
+    one_source("serve", flags.source, example="--local 2 MODEL_DIR")
     if not (Path(model_dir) / "config.json").is_file():
         raise InputError(f"{model_dir} is not a model folder (no config.json in it)",
                          "give the folder mlx-lm downloaded or converted (mlx_lm.convert), e.g. "
@@ -105,27 +94,11 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
                          "give another --port (or stop what listens there)") from None
     click.get_current_context().with_resource(front)
 
-    job, inventory = choose_job(hostfile, inventory_path, local_ranks, backend, python, mpi_args,
-                                connections_per_ip)
-    program = server_program(spec, 0)
-    job = replace(job, program=program, imports=program_imports(program), tag_output=True,
-                  title="the server")
     env = dict(os.environ)
     view = EventView("serve")
-    job = share_connections(plan_backend(job, inventory, env), env)
-    # Before anything is checked further, sent or launched: can it be split so?
-    verdict = check_job_split(job, spec.model, pipeline=pipeline, env=env)
-    if not verdict.ok:
-        raise refusal(verdict)
-    view(Note(f"split: {verdict.summary()}"))
-    job, _ = prepare_job(job, inventory, env, view, no_preflight=no_preflight,
-                         no_openblas=no_openblas, no_sync_code=no_sync_code)
-    if not no_sync_model:  # every Mac has its own disk
-        from mlxcluster.launch.sync import SERVED_MODEL, sync_model
-
-        sync_model(job, spec.model, env, view, flag=SERVED_MODEL)
-
-    run_id = new_run_id(RUN_PREFIX)
+    request = serving_request(spec, flags, send_model=not no_sync_model)
+    prepared = click.get_current_context().with_resource(launch_session(request, env, view))
+    job, run_id = prepared.job, prepared.run_id
     logs_path = Path(logs_dir) if logs_dir else Path("runs") / run_id
     try:
         logs = RankLogs(logs_path)

@@ -2,39 +2,26 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 
 import click
 
-from mlxcluster.cli.job_launch import (
-    EventView,
-    choose_job,
-    exit_code_of,
-    one_source,
-    plan_backend,
-    prepare_job,
-    say_failure,
-    say_refusal,
-    share_connections,
-)
-from mlxcluster.cli.params import Duration, launch_options
+from mlxcluster.cli.job_launch import EventView, exit_code_of, say_failure, say_refusal
+from mlxcluster.cli.params import Duration, launch_flags, launch_options
 from mlxcluster.cli.report import check_html_path, emit_page, html_option
 from mlxcluster.errors import InputError, Interrupted
-from mlxcluster.jobs.cleanup import new_run_id
-from mlxcluster.jobs.events import Note
 from mlxcluster.jobs.job import BACKENDS
 from mlxcluster.jobs.restarts import Restarts
+from mlxcluster.launch.job_source import one_source
+from mlxcluster.launch.session import launch_session
 from mlxcluster.launch.trainer import (
     RESUME_THEN,
     TrainerHelp,
-    check_batch_split,
-    check_not_running,
     check_out_here,
     parse_trainer_args,
     run_trainer,
-    trainer_job,
+    training_request,
     with_restart_checkpoints,
 )
 from mlxcluster.report import Report
@@ -69,10 +56,8 @@ from mlxcluster.report import Report
                    "stops it.")
 @html_option("the run's loss, tokens/s and memory at its end (from --out's metrics.jsonl)")
 @click.argument("trainer_args", nargs=-1, type=click.UNPROCESSED)
-def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, connections_per_ip,
-            no_preflight, no_openblas, no_sync_code, timeout, config, stall_timeout, max_restarts, no_sync_data,
-            elastic, min_hosts, detach, html_path,
-            trainer_args):
+def command(timeout, config, stall_timeout, max_restarts, no_sync_data, elastic, min_hosts, detach,
+            html_path, trainer_args, **launch):
     """Check the cluster, then run `python -m reference_train.train` on every host.
 
     Arguments after `--` go to the trainer, e.g.
@@ -87,7 +72,8 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
     if isinstance(parsed, TrainerHelp):  # `-- --help`: the trainer's help, nothing launched
         click.echo(parsed.text, nl=False)
         return
-    one_source("train", hostfile, inventory_path, local_ranks, example="--local 2 --config tiny")
+    flags = launch_flags(**launch)
+    one_source("train", flags.source, example="--local 2 --config tiny")
     if elastic and not max_restarts:
         raise InputError("--elastic goes on without a lost host when the job is launched again: "
                          "it needs --max-restarts N", "add --max-restarts 2 (or more)")
@@ -99,35 +85,19 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
     cfg = args.config
     check_out_here(cfg.out)  # the run's record is kept here, at --out (launch/record.py)
     check_html_path(html_path)
-    job, inventory = choose_job(hostfile, inventory_path, local_ranks, backend, python, mpi_args,
-                                connections_per_ip)
-    check_batch_split(cfg, len(job.hosts))  # before any preflight or launch: ranks are known
-    job = dataclasses.replace(trainer_job(job, args), detached=detach)
     env = dict(os.environ)
     view = EventView("train")
-    job = share_connections(plan_backend(job, inventory, env), env)
-    # mlx_version: the cluster's, when the preflight asked (known errors name the fixing release)
-    job, mlx_version = prepare_job(job, inventory, env, view, no_preflight=no_preflight,
-                                   no_openblas=no_openblas, no_sync_code=no_sync_code,
-                                   check=lambda j: check_not_running(j, cfg.out, env))  # exit 2
-    if (cfg.data or cfg.init_from) and not no_sync_data:  # every Mac has its own disk
-        from mlxcluster.launch.sync import sync_data, sync_model
-
-        if cfg.init_from:
-            sync_model(job, cfg.init_from, env, view)
-        if cfg.data:
-            sync_data(job, cfg.data, env, view)
+    request = training_request(args, flags, detached=detach, send_folders=not no_sync_data)
+    prepared = click.get_current_context().with_resource(launch_session(request, env, view))
+    view.mlx_version = prepared.mlx_version  # known errors name the release that fixes them
 
     def show(stream: str, line: str) -> None:
         click.echo(line, err=stream == "stderr")
 
     restarts = Restarts(max_restarts, elastic=elastic, min_hosts=min_hosts)
-    run_id = new_run_id()
-    if detach:
-        view(Note(f"detached: run {run_id} goes on if this machine goes away; 'mlxcluster attach "
-                  f"{run_id}' follows it again, 'mlxcluster stop {run_id}' stops it"))
+    run_id = prepared.run_id
     try:
-        done = run_trainer(job, args, restarts, env, timeout=timeout,
+        done = run_trainer(prepared.job, args, restarts, env, timeout=timeout,
                            stall_timeout=None if stall_timeout == "off" else stall_timeout,
                            on_line=show, on_event=view, run_id=run_id)
     except Interrupted:
@@ -145,7 +115,7 @@ def command(hostfile, inventory_path, local_ranks, backend, python, mpi_args, co
     if outcome.refusal:
         say_refusal("train", done.job, outcome)
     if outcome.exit_code != 0:
-        who = say_failure("train", outcome, mlx_version, then=RESUME_THEN)
+        who = say_failure("train", outcome, prepared.mlx_version, then=RESUME_THEN)
         if html_path:  # what the run logged before it stopped
             write_run_page(cfg.out, html_path, failed=f"{who} exited with code {outcome.exit_code}")
         click.get_current_context().exit(exit_code_of(outcome))

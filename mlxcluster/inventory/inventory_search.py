@@ -59,11 +59,22 @@ def user_config_inventory(env: Mapping[str, str]) -> Path:
 
 
 def find_inventory(given: str | os.PathLike | None, *, env: Mapping[str, str] | None = None,
-                   cwd: Path | None = None) -> InventoryChoice:
+                   cwd: Path | None = None, other_sources: str = "") -> InventoryChoice:
     """The inventory to load: ``given`` (-i) if any, else the first default
     that applies (module docstring). Raises InputError listing every place
-    looked at, and the command that writes one, when there is none."""
-    env = os.environ if env is None else env
+    looked at, and the command that writes one, when there is none;
+    ``other_sources`` ("--hostfile FILE or --local N"), what else the command
+    takes, joins its hint."""
+    try:
+        return _find_inventory(given, os.environ if env is None else env, cwd)
+    except InputError as err:
+        if other_sources:
+            err.hint = f"{err.hint}; or give {other_sources}"
+        raise
+
+
+def _find_inventory(given: str | os.PathLike | None, env: Mapping[str, str],
+                    cwd: Path | None) -> InventoryChoice:
     if given is not None and str(given) != "":
         return InventoryChoice(Path(given), "-i")
     from_env = env.get(ENV_VAR, "")

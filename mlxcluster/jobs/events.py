@@ -3,7 +3,7 @@
 The library never prints: the preflight, the data sync and the restart loop
 hand each step, as it happens, to an ``on_event`` callback as one of these
 values; `mlxcluster run` and `train` render them (cli/job_launch.py
-``render_event``), a test can collect them.
+``EventView``), a test can collect them.
 """
 
 from __future__ import annotations
@@ -21,6 +21,14 @@ if TYPE_CHECKING:  # types only: the events carry these values, never import the
 @dataclass(frozen=True)
 class Note:
     """A line of progress (stdout)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Aside:
+    """A line beside the job's own output (stderr): where the job's settings
+    came from (the inventory found by default, what tune recorded)."""
 
     text: str
 

@@ -1,5 +1,10 @@
-"""What `mlxcluster run` and `mlxcluster train` add around a job (jobs/):
+"""What `mlxcluster run`, `train` and `serve` add around a job (jobs/):
 
+    job_source.py  the job from the launch flags (-i, --hostfile, --local...)
+    session.py     one launch session: a command's request, the steps in one
+                   order (choose, plan, python, check, send, preflight), a
+                   job ready to launch
+    program.py     the user's program hand-off (`run`), launched with restarts
     preflight.py   the probe, doctor's checks, OpenBLAS, the smoke all_sum
                    (imported only when a preflight runs)
     trainer.py     the trainer hand-off: its arguments parsed once, the job's

@@ -40,11 +40,14 @@ from mlxcluster.jobs.restarts import (
 from mlxcluster.jobs.run import run_job
 from mlxcluster.jobs.watch import RunOutcome
 from mlxcluster.launch.fetch import fetch_folder
+from mlxcluster.launch.program import detached_note
 from mlxcluster.launch.record import RECORD_ENV, RunRecord
+from mlxcluster.launch.session import LaunchFlags, LaunchRequest
 from reference_train.config import TrainConfig, build_config
 from reference_train.metrics import STOP_ENV, plot_metrics
 
 TRAINER_MODULE = "reference_train.train"
+TRAIN_PREFIX = "mlxtrain"  # `mlxcluster train`'s run ids (jobs/cleanup.py new_run_id)
 # How to go on after a failed or stalled run, in every message that says so.
 RESUME_THEN = ", then rerun with '-- --resume auto' to continue from the last checkpoint"
 
@@ -127,6 +130,28 @@ def trainer_job(job: Job, args: TrainerArgs) -> Job:
         shown_program=("-m", TRAINER_MODULE, *args.argv()),
         imports=(TRAINER_MODULE, *data_modules(args.config.data)),
         title="training", then=RESUME_THEN, env={**job.env, RECORD_ENV: "1", STOP_ENV: "1"})
+
+
+def training_job(job: Job, args: TrainerArgs) -> Job:
+    """The chosen job running the trainer (``trainer_job``), the global batch
+    first checked to split over its ranks (``check_batch_split``: before any
+    preflight or launch, the ranks are known)."""
+    check_batch_split(args.config, len(job.hosts))
+    return trainer_job(job, args)
+
+
+def training_request(args: TrainerArgs, flags: LaunchFlags, *, detached: bool,
+                     send_folders: bool) -> LaunchRequest:
+    """The launch session's request for `mlxcluster train`: the trainer on
+    every rank, no run training into the same --out on the hosts
+    (``check_not_running``), and unless not ``send_folders`` its --init_from
+    (a model) and --data folders on every host."""
+    cfg = args.config
+    return LaunchRequest(
+        flags, TRAIN_PREFIX, program=lambda job: training_job(job, args), detached=detached,
+        check=lambda job, env, on_event: check_not_running(job, cfg.out, env),
+        models=(cfg.init_from,) if cfg.init_from and send_folders else (),
+        data=(cfg.data,) if cfg.data and send_folders else ())
 
 
 # With restarts on and no checkpoint_every, a checkpoint every steps/20 steps: a
@@ -319,6 +344,9 @@ def run_trainer(job: Job, args: TrainerArgs, restarts: Restarts, env: dict[str, 
     """Run the trainer on ``job``'s ranks until it ends well or the restarts
     are spent, with the record kept at --out here. ``on_line(stream, line)``
     gets the job's lines (record lines kept out), ``on_event`` every step."""
+    run_id = run_id or new_run_id(TRAIN_PREFIX)
+    if job.detached:
+        on_event(detached_note(run_id))
     run = TrainerRun(args, len(job.hosts))
     noted = run.noted(on_event)
 
@@ -326,8 +354,6 @@ def run_trainer(job: Job, args: TrainerArgs, restarts: Restarts, env: dict[str, 
         shown = run.record.feed(line)
         if shown is not None:
             on_line(stream, shown)
-
-    run_id = run_id or new_run_id()
 
     def launch(job: Job) -> RunOutcome:
         said = (f"launching {len(job.hosts)} rank(s) on {job.backend}, run {run_id}: "

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 from mlxcluster.errors import EXIT_STALLED, MlxclusterError
@@ -27,14 +28,17 @@ from mlxcluster.jobs.preflight import probe_facts
 from mlxcluster.jobs.restarts import Restarts, launch_until_done
 from mlxcluster.jobs.run import run_job
 from mlxcluster.jobs.watch import RunOutcome
-from mlxcluster.launch.program import launch_number, numbered
+from mlxcluster.launch.program import launch_number, numbered, program_job
+from mlxcluster.launch.session import LaunchFlags, LaunchRequest
+from mlxcluster.launch.sync import SERVED_MODEL
 from mlxcluster.serve.front import Backend
 from mlxcluster.serve.probe import ProbeWatch, probe_once
 from mlxcluster.serve.split import SplitVerdict
-from mlxcluster.serve.split_check import check_split
+from mlxcluster.serve.split_check import check_split, refusal
 from mlxcluster.serve.tunnel import free_port_on, open_tunnel
 
 SERVER_MODULE = ("-m", "mlx_lm", "server")  # mlx-lm's entry point (`-m mlx_lm.server` is deprecated)
+SERVE_PREFIX = "mlxserve"  # `mlxcluster serve`'s run ids (jobs/cleanup.py new_run_id)
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,42 @@ def server_program(spec: ServeSpec, port: int) -> tuple[str, ...]:
     at ``port`` (only rank 0 listens; the others follow its requests)."""
     return (*SERVER_MODULE, "--model", spec.model, "--host", "127.0.0.1", "--port", str(port),
             *(("--pipeline",) if spec.pipeline else ()), *spec.server_args)
+
+
+def server_job(job: Job, spec: ServeSpec) -> Job:
+    """The chosen job running mlx-lm's server (``program_job``: the preflight
+    judges mlx_lm on every host as for `run -m mlx_lm`); each launch gives
+    rank 0's server its port (``serve_until_stopped``)."""
+    return replace(program_job(job, server_program(spec, 0)), title="the server")
+
+
+def check_job_split(job: Job, model_dir: str | Path, *, pipeline: bool,
+                    env: dict[str, str] | None = None) -> SplitVerdict:
+    """``check_split`` for the ranks of ``job``, each host's memory asked
+    with the job's python (one probe per host)."""
+    facts = probe_facts(job, env)
+    return check_split(model_dir, [h.name for h in job.hosts], facts, pipeline=pipeline)
+
+
+def split_fits(job: Job, env: dict[str, str], on_event: OnEvent, *, model_dir: str | Path,
+               pipeline: bool) -> None:
+    """serve's check in its launch session (launch/session.py ``HostCheck``),
+    once the python is found, before anything is sent or launched: the refusal
+    (exit 2) when the model cannot be split so over ``job``'s ranks, else
+    the split said as a ``Note``."""
+    verdict = check_job_split(job, model_dir, pipeline=pipeline, env=env)
+    if not verdict.ok:
+        raise refusal(verdict)
+    on_event(Note(f"split: {verdict.summary()}"))
+
+
+def serving_request(spec: ServeSpec, flags: LaunchFlags, *, send_model: bool) -> LaunchRequest:
+    """The launch session's request for `mlxcluster serve`: the server on
+    every rank, the split judged before anything is sent (``split_fits``), and
+    unless not ``send_model`` the model folder on every host."""
+    return LaunchRequest(flags, SERVE_PREFIX, program=partial(server_job, spec=spec),
+                         check=partial(split_fits, model_dir=spec.model, pipeline=spec.pipeline),
+                         models=(spec.model,) if send_model else (), model_flag=SERVED_MODEL)
 
 
 def serve_until_stopped(job: Job, spec: ServeSpec, backend: Backend, restarts: Restarts,
@@ -114,14 +154,6 @@ def serve_until_stopped(job: Job, spec: ServeSpec, backend: Backend, restarts: R
                       f"{spent}; every rank was stopped",
                       "its lines are above and in the logs; raise --max-restarts, or run "
                       "'mlxcluster doctor' to check the hosts")
-
-
-def check_job_split(job: Job, model_dir: str | Path, *, pipeline: bool,
-                    env: dict[str, str] | None = None) -> SplitVerdict:
-    """``check_split`` for the ranks of ``job``, each host's memory asked
-    with the job's python (one probe per host)."""
-    facts = probe_facts(job, env)
-    return check_split(model_dir, [h.name for h in job.hosts], facts, pipeline=pipeline)
 
 
 def absolute_model(folder: str) -> str:

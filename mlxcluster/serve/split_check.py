@@ -1,6 +1,7 @@
 """The split check as serve and ``doctor --model`` run it: the model folder
 read, the installed mlx-lm asked about its family, each host judged
-(``split.judge_split``).
+(``split.judge_split``). Below the doctor (its ``model-split`` check runs
+it); serve asks the hosts for their facts itself (serving.py ``split_fits``).
 
     verdict = check_split("~/models/Llama-3-8B", ["studio", "mini"], facts, pipeline=False)
     if not verdict.ok:
