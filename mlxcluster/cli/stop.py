@@ -24,7 +24,7 @@ def command(hostfile, inventory_path, local, grace, run_id):
     is killed. Exit 0 when the run is stopped, 2 when no such run runs there."""
     if not RUN_ID.match(run_id):
         raise InputError(f"{run_id!r} is not a run id (mlxtrain-<10 hex digits> or "
-                         "mlxrun-<10 hex digits>)", "mlxcluster jobs lists the runs and their ids")
+                         "mlxrun-... or mlxserve-...)", "mlxcluster jobs lists the runs and their ids")
     hosts = chosen_hosts("stop", hostfile, inventory_path, local)
     jobs, _ = list_running(hosts)
     found = next((j for j in jobs if j.run_id == run_id), None)

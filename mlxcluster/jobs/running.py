@@ -33,7 +33,7 @@ from mlxcluster.jobs.hosts import HostResult, RankHost, distinct_hosts, for_each
 from mlxcluster.jobs.rank_wrapper import STACKS_ROOT
 
 RANK_LINE = re.compile(r"^@@rank (\S+) (\d+) (\d+)\s*$")
-RUN_ID = re.compile(r"^mlx(train|run)-[0-9a-f]{10}$")
+RUN_ID = re.compile(r"^mlx(train|run|serve)-[0-9a-f]{10}$")
 STOP_POLL_S = 0.5
 
 
