@@ -26,11 +26,12 @@ from pathlib import Path
 import mlx.core as mx
 
 from .checkpoint import checkpoint_problem, resolve_checkpoint
+from .choices import EXPORT_DTYPES
 from .data import load_meta
 from .errors import DataError
-from .hf_io import EXPORT_DTYPES, export_folder, read_config, tokenizer_source
-from .model import ModelArgs
+from .hf_io import export_folder, read_config, tokenizer_source
 from .prepare import default_data_dir
+from .shape import ModelArgs
 from .tokenizer import byte_tokenizer_json
 
 

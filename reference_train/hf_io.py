@@ -55,9 +55,11 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from .choices import EXPORT_DTYPES
 from .errors import DataError
 from .files import file_sha256, replace_dir
-from .model import Llama, ModelArgs
+from .model import Llama
+from .shape import ModelArgs
 from .tokenizer import copy_tokenizer, same_tokenizer
 
 # model_type: the model's switches for that family (ModelArgs fields), and mlx-lm's
@@ -74,7 +76,6 @@ SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 # mx.quantize's modes, as mlx-lm writes them in config.json's "quantization".
 QUANT_MODES = ("affine", "mxfp4", "nvfp4", "mxfp8")
 SUPPORTED_ROPE = ("default", "linear", "llama3")
-EXPORT_DTYPES = ("float32", "bfloat16", "float16")
 
 # (their pattern, our pattern), per layer with {n}.
 _LAYER_NAMES = [
