@@ -449,17 +449,17 @@ def model_from_folder(folder: str | Path, meta: dict, data_dir: Path,
     `quantization` in config.json): nn.QuantizedLinear / nn.QuantizedEmbedding layers
     where the folder has them: their packed weights, scales and biases frozen (as mlx
     makes them; a Linear's own bias, Qwen2's q/k/v, and the norms stay float32 and
-    trainable: freeze the model before adding adapters). Only `fine_tune` "lora"
-    accepts that, "full" is a DataError."""
+    trainable: freeze the model before adding adapters). Only the fine-tunes that
+    train adapters ("lora", "dora") accept that, "full" is a DataError."""
     config = read_config(folder)
     quant = quantization_of(config)
     if quant is not None and fine_tune == "full":
         raise DataError(f"--init_from {folder}: the weights are quantized "
                         f"({describe_quantization(quant)}); full fine-tuning trains every "
                         "weight in float32 and quantized weights cannot be trained; "
-                        "supported for a quantized folder: LoRA, its base kept quantized "
-                        "and frozen",
-                        f"--fine_tune lora, or fully fine-tune the original checkpoint (or "
+                        "supported for a quantized folder: LoRA or DoRA, its base kept "
+                        "quantized and frozen",
+                        f"--fine_tune lora (or dora), or fully fine-tune the original checkpoint (or "
                         f"this one dequantized: mlx_lm.convert --hf-path {folder} "
                         f"--mlx-path {folder}-dequantized -d)")
     args, weights, config = load_folder(folder)
