@@ -59,29 +59,27 @@ class Callbacks(TrainingCallback):
     def __init__(self, *callbacks: TrainingCallback):
         self.callbacks = callbacks
 
+    def _tell(self, method: str, *args) -> None:
+        for callback in self.callbacks:
+            getattr(callback, method)(*args)
+
     def on_train_start(self, step: int) -> None:
-        for c in self.callbacks:
-            c.on_train_start(step)
+        self._tell("on_train_start", step)
 
     def on_step(self, step: int) -> None:
-        for c in self.callbacks:
-            c.on_step(step)
+        self._tell("on_step", step)
 
     def on_log(self, record: dict) -> None:
-        for c in self.callbacks:
-            c.on_log(record)
+        self._tell("on_log", record)
 
     def on_eval(self, step: int, val_loss: float) -> None:
-        for c in self.callbacks:
-            c.on_eval(step, val_loss)
+        self._tell("on_eval", step, val_loss)
 
     def on_checkpoint(self, step: int) -> None:
-        for c in self.callbacks:
-            c.on_checkpoint(step)
+        self._tell("on_checkpoint", step)
 
     def on_train_end(self, step: int) -> None:
-        for c in self.callbacks:
-            c.on_train_end(step)
+        self._tell("on_train_end", step)
 
 
 class Heartbeats(TrainingCallback):

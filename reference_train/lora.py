@@ -57,15 +57,15 @@ LEAVES = ("lora_a", "lora_b", "m")  # an adapter's parameters (m: DoRA's magnitu
 class LoRALinear(nn.Module):
     """mlx-lm's LoRALinear: the same parameters (`linear`, `lora_a`, `lora_b`), the same output."""
 
-    @staticmethod
-    def from_base(linear: nn.Module, r: int = 8, dropout: float = 0.0,
+    @classmethod
+    def from_base(cls, linear: nn.Module, r: int = 8, dropout: float = 0.0,
                   scale: float = 20.0) -> LoRALinear:
         output_dims, input_dims = linear.weight.shape
         if isinstance(linear, nn.QuantizedLinear):
             input_dims = input_dims * 32 // linear.bits
-        lora = LoRALinear(input_dims, output_dims, r=r, dropout=dropout, scale=scale)
-        lora.linear = linear  # its own, drawn first as mlx-lm's is (never evaluated: lazy)
-        return lora
+        layer = cls(input_dims, output_dims, r=r, dropout=dropout, scale=scale)
+        layer.set_linear(linear)  # its own, drawn first as mlx-lm's is (never evaluated: lazy)
+        return layer
 
     def __init__(self, input_dims: int, output_dims: int, r: int = 8, dropout: float = 0.0,
                  scale: float = 20.0, bias: bool = False):
@@ -77,6 +77,9 @@ class LoRALinear(nn.Module):
         self.lora_a = mx.random.uniform(low=-bound, high=bound, shape=(input_dims, r))
         self.lora_b = mx.zeros(shape=(r, output_dims))
 
+    def set_linear(self, linear: nn.Module) -> None:
+        self.linear = linear
+
     def __call__(self, x: mx.array) -> mx.array:
         y = self.linear(x)
         z = (self.dropout(x) @ self.lora_a) @ self.lora_b
@@ -87,16 +90,6 @@ class DoRALinear(LoRALinear):
     """mlx-lm's DoRALinear: LoRALinear's parameters and `m`, the same output (its
     forward line for line: the base weight dequantized, the adapted weight's row
     norms held constant in the backward pass)."""
-
-    @staticmethod
-    def from_base(linear: nn.Module, r: int = 8, dropout: float = 0.0,
-                  scale: float = 20.0) -> DoRALinear:
-        output_dims, input_dims = linear.weight.shape
-        if isinstance(linear, nn.QuantizedLinear):
-            input_dims = input_dims * 32 // linear.bits
-        dora = DoRALinear(input_dims, output_dims, r=r, dropout=dropout, scale=scale)
-        dora.set_linear(linear)
-        return dora
 
     def __init__(self, input_dims: int, output_dims: int, r: int = 8, dropout: float = 0.0,
                  scale: float = 20.0, bias: bool = False):

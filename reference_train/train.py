@@ -57,7 +57,7 @@ from .fine_tune import ADAPTER_FIELDS, NAMES, adapter_config, parse_keys, trains
 from .hf_io import model_from_folder
 from .launch_env import current_backend, has_sum_scatter, init_group
 from .loop import LoopPlan, train_loop
-from .metrics import emit_folder, heartbeat_wanted, plot_metrics, print_heartbeat, recording
+from .metrics import emit_folder, heartbeat_wanted, plot_metrics, recording
 from .mfu import flops_per_token, peak_flops
 from .model import Llama, args_match, count_parameters, generate
 from .precision import compute_copy, dtype_of
@@ -167,11 +167,6 @@ class Trainer:
         """A model of this run's shape (with its adapters, frozen alike), for the compute copy."""
         model = Llama(self.args)
         return lora.apply_config(model, self.cfg) if self.lora else model
-
-    def beat(self, what: int | str | None = None) -> None:
-        """Tell a watching launcher this rank made progress (metrics.py)."""
-        if self.heartbeat:
-            print_heartbeat(self.rank, self.step if what is None else what)
 
     def callback(self, last: int) -> TrainingCallback:
         """What this rank does with what the loop measures: heartbeats (when a

@@ -17,14 +17,7 @@ from mlx.utils import tree_flatten
 from reference_train import lora
 from reference_train.fine_tune import KEYS
 
-from .adapter_support import (
-    mlx_lm_fuses_ours,
-    mlx_lm_generates_ours,
-    our_adapted_model,
-    prompt_ids,
-    quantized_llama,
-    train,
-)
+from . import adapter_support as support
 from .conftest import require
 from .hf_support import mlx_lm_logits
 from .train_support import MLX_LAUNCH, train_losses
@@ -92,9 +85,9 @@ def runs(llama, llama_data, tmp_path_factory):
     """DoRA on every block of `llama`, 4 steps: straight on 1 rank, and stopped at 2
     then resumed."""
     root = tmp_path_factory.mktemp("dora")
-    proc = train(llama, llama_data, root / "straight", *DORA)
-    train(llama, llama_data, root / "split", *DORA, "--stop_after", "2")
-    resumed = train(llama, llama_data, root / "split", *DORA, "--resume")
+    proc = support.train(llama, llama_data, root / "straight", *DORA)
+    support.train(llama, llama_data, root / "split", *DORA, "--stop_after", "2")
+    resumed = support.train(llama, llama_data, root / "split", *DORA, "--resume")
     return root, proc, resumed
 
 
@@ -124,15 +117,15 @@ def test_out_adapters_are_mlx_lms_dora(llama, runs, tmp_path):
     assert mx.abs(m - mx.linalg.norm(base, axis=1)).max().item() > 1e-4
 
     # mlx-lm's DoRA forward (load_adapters: DoRALinear) on our adapters: our logits
-    ids = prompt_ids(llama)
-    ours = our_adapted_model(llama, adapters)(ids)
+    ids = support.prompt_ids(llama)
+    ours = support.our_adapted_model(llama, adapters)(ids)
     theirs, _ = load(str(llama), adapter_path=str(adapters))
     assert type(theirs.layers[0].self_attn.q_proj).__name__ == "DoRALinear"
     assert mx.abs(theirs(ids) - ours).max().item() < 1e-4
     assert mx.abs(mlx_lm_logits(llama, ids) - ours).max().item() > 1e-3  # the adapters matter
     # the real commands: generate's greedy text is ours, fuse's model computes our logits
-    mlx_lm_generates_ours(llama, adapters, tmp_path)
-    mlx_lm_fuses_ours(llama, adapters, tmp_path / "fused", ours, ids)
+    support.mlx_lm_generates_ours(llama, adapters, tmp_path)
+    support.mlx_lm_fuses_ours(llama, adapters, tmp_path / "fused", ours, ids)
     # a whole model from a DoRA checkpoint: refused, naming mlx_lm.fuse
     from reference_train.export import main as export_main
 
@@ -150,7 +143,7 @@ def test_resume_is_exact(runs):
 def test_two_ranks_train_what_one_does(llama, llama_data, runs, tmp_path):
     require(MLX_LAUNCH is not None, "mlx.launch is not installed beside the test python")
     root, _, _ = runs
-    train(llama, llama_data, tmp_path / "two", *DORA, ranks=2)
+    support.train(llama, llama_data, tmp_path / "two", *DORA, ranks=2)
     one, two = train_losses(root / "straight"), train_losses(tmp_path / "two")
     assert sorted(two) == [1, 2, 3, 4]
     for step, loss in one.items():
@@ -167,15 +160,15 @@ def test_dora_on_a_quantized_base(llama, llama_data, tmp_path):
     adapters on that folder with our logits, and fuses them."""
     from mlx_lm.utils import load
 
-    folder = quantized_llama(tmp_path / "q4", llama)
+    folder = support.quantized_llama(tmp_path / "q4", llama)
     out = tmp_path / "run"
-    proc = train(folder, llama_data, out, *DORA, "--steps", "2")
+    proc = support.train(folder, llama_data, out, *DORA, "--steps", "2")
     assert "DoRA: rank 4" in proc.stdout and "the base frozen and quantized" in proc.stdout
-    model = our_adapted_model(folder, out / "adapters")
+    model = support.our_adapted_model(folder, out / "adapters")
     assert isinstance(model.layers[0].attention.wq.linear, nn.QuantizedLinear)
     assert isinstance(model.layers[0].attention.wq, lora.DoRALinear)
-    ids = prompt_ids(llama)
+    ids = support.prompt_ids(llama)
     ours = model(ids)
     theirs, _ = load(str(folder), adapter_path=str(out / "adapters"))
     assert mx.abs(theirs(ids) - ours).max().item() < 1e-4
-    mlx_lm_fuses_ours(folder, out / "adapters", tmp_path / "fused", ours, ids, "--dequantize")
+    support.mlx_lm_fuses_ours(folder, out / "adapters", tmp_path / "fused", ours, ids, "--dequantize")
