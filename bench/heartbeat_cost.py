@@ -70,6 +70,7 @@ def main() -> int:
 
     import mlx.core as mx
 
+    from reference_train.callbacks import Heartbeats, TrainingCallback
     from reference_train.config import build_config
     from reference_train.prepare import prepare_offline
     from reference_train.train import Trainer
@@ -84,20 +85,20 @@ def main() -> int:
         for _ in range(args.warmup):
             trainer.train_step()
 
-        trainer.heartbeat = True
+        # the callbacks the training loop tells after each step: heartbeats, or none
+        told = {True: Heartbeats(0), False: TrainingCallback()}
         start = time.perf_counter()
         for _ in range(args.calls):
-            trainer.beat()
+            told[True].on_step(trainer.step)
         beat_us = (time.perf_counter() - start) / args.calls * 1e6
 
         times: dict[bool, list[float]] = {False: [], True: []}
         for _ in range(args.rounds):
             for on in (False, True):
-                trainer.heartbeat = on
                 for _ in range(args.steps):
                     t0 = time.perf_counter()
                     trainer.train_step()
-                    trainer.beat()
+                    told[on].on_step(trainer.step)
                     times[on].append(time.perf_counter() - t0)
     off, on = statistics.median(times[False]), statistics.median(times[True])
     out.write(f"config {args.config}, 1 process, OpenBLAS preload: {openblas or 'none'}\n")

@@ -7,6 +7,10 @@ Modules, each importing only those listed before it (no circles):
 
     errors.py             DataError, the trainer's one error type (a message and a hint)
     files.py              file_sha256, and folders renamed into place whole (replace_dir)
+    choices.py            the values a setting may take (kernels, dtypes), named without mlx
+    shape.py              ModelArgs, the model's shape (no mlx: config.py checks it)
+    fine_tune.py          --fine_tune full, lora or dora: the choices, --lora_keys,
+                          adapter_config.json (no mlx)
     disk_room.py          a write that found no room said as a DataError (host, folder, room
                           left, fix); the room looked at before each checkpoint
     corpus.py             the bundled offline corpus, generated from templates
@@ -23,9 +27,10 @@ Modules, each importing only those listed before it (no circles):
     model.py              ModelArgs, Llama, the loss, sampling
     hf_io.py              Hugging Face / mlx-lm Llama folders: read (--init_from), written
     precision.py          --dtype / --comm_dtype bfloat16: compute copy, gradient all-reduce
-    lora.py               --fine_tune lora: LoRALinear, adapters on a frozen (or quantized) base,
-                          OUT/adapters in mlx-lm's format
-    config.py             TrainConfig and build_config: defaults, configs/*.yaml, --field flags
+    lora.py               --fine_tune lora or dora: LoRALinear, DoRALinear, adapters on a frozen
+                          (or quantized) base, OUT/adapters in mlx-lm's format
+    config.py             TrainConfig and build_config: defaults, configs/*.yaml, --field flags;
+                          imports no mlx, so mlxcluster parses the trainer's arguments without it
     checkpoint.py         atomic checkpoints and their hashes
     storage.py            which hosts see the same --out (a token each): one writer for them (no mlx)
     resume.py             one checkpoint writer per host; the ranks agree on what to resume from;
@@ -41,7 +46,15 @@ Modules, each importing only those listed before it (no circles):
     mfu.py                FLOPs per token and the peak they are measured against
     stopping.py           SIGUSR2: every rank checkpoints at one logged step and stops (the
                           lease of mlxcluster's controller ran out, or `mlxcluster stop`)
-    train.py              the Trainer and main: `python -m reference_train.train`
+    callbacks.py          TrainingCallback: what the loop tells (steps, logged records,
+                          evaluations, checkpoints) and who listens: heartbeats, the progress
+                          bar, the log lines and the metrics record (no mlx)
+    loop.py               train_loop, handed the model, optimizer, data, a step function and a
+                          callback; the step function's contract (StepFunction, StepResult)
+    data_parallel.py      the data-parallel step function (gradients averaged over every rank)
+                          and the validation loss
+    train.py              the Trainer (the parts, resume, checkpoints, export) and main:
+                          `python -m reference_train.train`
     pipeline_train.py     `python -m reference_train.pipeline_train`: pipeline-parallel training's
                           stand-in loop, until train.py's loop is handed a step function
 """

@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
+from .data import json_lines
 from .errors import DataError
 
 FORMATS = {"text": ("text",), "completions": ("prompt", "completion"), "chat": ("messages",)}
@@ -58,28 +59,25 @@ def read_rows(path: Path) -> Iterator[tuple[int, dict, str]]:
     """(line number, row, format) of each non-empty line; DataError naming the line
     for anything that is not a row of the file's format."""
     fmt = None
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{where}: not valid JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{where}: a row must be a JSON object, not {type(row).__name__}")
-            this = row_format(row)
-            if this is None:
-                raise DataError(f"{where}: no 'text' field, nor 'prompt' and 'completion', "
-                                f"nor 'messages' (keys: {', '.join(sorted(row)) or 'none'})",
-                                "rows in mlx-lm's formats: see docs/training.md, JSONL data")
-            fmt = fmt or this
-            if this != fmt:
-                raise DataError(f"{where}: a {this} row in a file of {fmt} rows "
-                                f"(the first row's format; it needs {' and '.join(FORMATS[fmt])})")
-            check_row(row, fmt, where)
-            yield lineno, row, fmt
+    for lineno, line in json_lines(path):
+        where = f"{path}:{lineno}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{where}: not valid JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise DataError(f"{where}: a row must be a JSON object, not {type(row).__name__}")
+        this = row_format(row)
+        if this is None:
+            raise DataError(f"{where}: no 'text' field, nor 'prompt' and 'completion', "
+                            f"nor 'messages' (keys: {', '.join(sorted(row)) or 'none'})",
+                            "rows in mlx-lm's formats: see docs/training.md, JSONL data")
+        fmt = fmt or this
+        if this != fmt:
+            raise DataError(f"{where}: a {this} row in a file of {fmt} rows "
+                            f"(the first row's format; it needs {' and '.join(FORMATS[fmt])})")
+        check_row(row, fmt, where)
+        yield lineno, row, fmt
 
 
 def check_row(row: dict, fmt: str, where: str) -> None:

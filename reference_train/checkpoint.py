@@ -20,8 +20,9 @@ the `hashes` let a resume tell a whole copy from a damaged one and the hosts
 agree on what they loaded (resume.py). Checkpoints written before the hashes
 (format 1) are hashed when read.
 
-A LoRA run (`--fine_tune lora`, lora.py) trains its adapters alone: its
-model.safetensors holds those ("layers.1.attention.wq.lora_a", ...), not the
+A LoRA or DoRA run (`--fine_tune lora` or `dora`, lora.py) trains its adapters
+alone: its model.safetensors holds those ("layers.1.attention.wq.lora_a", ...,
+and DoRA's magnitudes "layers.1.attention.wq.m"), not the
 frozen base it reads from --init_from again, and optimizer.safetensors their
 AdamW state; state.json's config says which (fine_tune).
 """

@@ -5,7 +5,8 @@ file (configs/NAME.yaml or a path), then the flags, every value converted to its
 field's type and checked (ranges, the dtypes, a model shape that divides), so a
 mistake is one ValueError naming the field before anything starts.
 `mlxcluster train` calls it too, on its own machine, before it launches any
-rank: the same code the ranks run.
+rank: the same code the ranks run. Nothing it imports imports mlx (tests/test_layers.py
+checks): `mlxcluster train` parses the trainer's arguments without loading MLX.
 """
 
 from __future__ import annotations
@@ -17,10 +18,9 @@ from pathlib import Path
 
 import yaml
 
-from . import kernels, lora
-from .hf_io import EXPORT_DTYPES
-from .model import ModelArgs
-from .precision import DTYPES
+from . import fine_tune
+from .choices import DTYPES, EXPORT_DTYPES, KERNELS
+from .shape import ModelArgs
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 # What `python -m reference_train.train --help` shows: the command and the first
@@ -47,8 +47,9 @@ class TrainConfig:
     # a Hugging Face / mlx-lm Llama folder to start from: its config.json sets the model
     # (the shape fields above are then not used) and its weights the initial ones
     init_from: str = ""
-    # fine-tuning (lora.py; the defaults are mlx-lm's): full = every weight trains;
-    # lora = adapters on the frozen --init_from model, written to OUT/adapters
+    # fine-tuning (fine_tune.py, lora.py; the defaults are mlx-lm's): full = every weight
+    # trains; lora = adapters on the frozen --init_from model, written to OUT/adapters;
+    # dora = the same adapters and a magnitude vector per adapted layer (mlx-lm's DoRA)
     fine_tune: str = "full"
     lora_rank: int = 8
     lora_scale: float = 20.0  # multiplies the low-rank update as is (mlx-lm's scale, not alpha)
@@ -207,11 +208,11 @@ def check_config(cfg: TrainConfig) -> None:
     for name in ("dtype", "comm_dtype"):
         if getattr(cfg, name) not in DTYPES:
             problems.append(f"{name} {getattr(cfg, name)}: must be one of {', '.join(DTYPES)}")
-    if cfg.kernels not in kernels.MODES:
-        problems.append(f"kernels {cfg.kernels}: must be one of {', '.join(kernels.MODES)}")
+    if cfg.kernels not in KERNELS:
+        problems.append(f"kernels {cfg.kernels}: must be one of {', '.join(KERNELS)}")
     if cfg.export_dtype not in EXPORT_DTYPES:
         problems.append(f"export_dtype {cfg.export_dtype}: must be one of {', '.join(EXPORT_DTYPES)}")
-    problems += lora.config_problems(cfg)
+    problems += fine_tune.config_problems(cfg)
     if problems:
         raise ValueError("; ".join(problems))
     model_args(cfg, vocab_size=2)  # ModelArgs checks dim / n_heads / n_kv_heads

@@ -86,7 +86,7 @@ class Group(Protocol):
 def read_text_files(paths: Iterable[str | Path], separator: str = "<|endoftext|>") -> Iterator[str]:
     """Documents from text files: one per file, or split on `separator` when present."""
     for path in paths:
-        text = Path(path).read_text(encoding="utf-8")
+        text = utf8_text(Path(path).read_bytes(), path)
         for doc in text.split(separator):
             if doc.strip():
                 yield doc.strip()
@@ -95,18 +95,39 @@ def read_text_files(paths: Iterable[str | Path], separator: str = "<|endoftext|>
 def read_jsonl(paths: Iterable[str | Path], field: str = "text") -> Iterator[str]:
     """Documents from JSON Lines files: the `field` of each object, one object a line."""
     for path in paths:
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg})") from e
-                if not isinstance(record, dict) or field not in record:
-                    raise DataError(f"{path}:{lineno}: no {field!r} field",
-                                    "choose the field with --text-field")
-                yield str(record[field])
+        for lineno, line in json_lines(path):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg})") from e
+            if not isinstance(record, dict) or field not in record:
+                raise DataError(f"{path}:{lineno}: no {field!r} field",
+                                "choose the field with --text-field")
+            yield str(record[field])
+
+
+UTF8_HINT = "save the file as UTF-8 text (e.g. iconv -f latin1 -t utf-8 FILE > NEW)"
+
+
+def utf8_text(data: bytes, path: str | Path, lineno: int | None = None) -> str:
+    """``data`` (all of ``path``, or its line ``lineno``) decoded as UTF-8; a DataError
+    naming the file, line and byte where it is not."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = lineno if lineno is not None else data.count(b"\n", 0, e.start) + 1
+        raise DataError(f"{path}:{line}: not UTF-8 text (byte 0x{data[e.start]:02x})",
+                        UTF8_HINT) from None
+
+
+def json_lines(path: str | Path) -> Iterator[tuple[int, str]]:
+    """(line number, text) of each non-blank line of a JSON Lines file, read as UTF-8
+    (a DataError naming the file and line where it is not)."""
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            line = utf8_text(raw, path, lineno)
+            if line.strip():
+                yield lineno, line
 
 
 def read_hf_dataset(name: str, split: str, field: str = "text",

@@ -26,11 +26,13 @@ from pathlib import Path
 import mlx.core as mx
 
 from .checkpoint import checkpoint_problem, resolve_checkpoint
+from .choices import EXPORT_DTYPES
 from .data import load_meta
 from .errors import DataError
-from .hf_io import EXPORT_DTYPES, export_folder, read_config, tokenizer_source
-from .model import ModelArgs
+from .fine_tune import NAMES, trains_adapters
+from .hf_io import export_folder, read_config, tokenizer_source
 from .prepare import default_data_dir
+from .shape import ModelArgs
 from .tokenizer import byte_tokenizer_json
 
 
@@ -97,8 +99,9 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str = "flo
     except (KeyError, TypeError, ValueError) as e:
         raise DataError(f"{path}/state.json: model_args unreadable ({e})") from None
     config = state.get("config") or {}
-    if config.get("fine_tune", "full") == "lora":  # model.safetensors: the adapters (lora.py)
-        raise DataError(f"checkpoint {path} holds LoRA adapters, not a whole model",
+    tuned = config.get("fine_tune", "full")
+    if trains_adapters(tuned):  # model.safetensors: the adapters (lora.py)
+        raise DataError(f"checkpoint {path} holds {NAMES[tuned]} adapters, not a whole model",
                         "its run wrote them for mlx-lm to OUT/adapters; a whole model: "
                         f"mlx_lm.fuse --model {config.get('init_from') or 'MODEL_DIR'} "
                         "--adapter-path OUT/adapters")

@@ -55,9 +55,11 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from .choices import EXPORT_DTYPES
 from .errors import DataError
 from .files import file_sha256, replace_dir
-from .model import Llama, ModelArgs
+from .model import Llama
+from .shape import ModelArgs
 from .tokenizer import copy_tokenizer, same_tokenizer
 
 # model_type: the model's switches for that family (ModelArgs fields), and mlx-lm's
@@ -74,7 +76,6 @@ SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 # mx.quantize's modes, as mlx-lm writes them in config.json's "quantization".
 QUANT_MODES = ("affine", "mxfp4", "nvfp4", "mxfp8")
 SUPPORTED_ROPE = ("default", "linear", "llama3")
-EXPORT_DTYPES = ("float32", "bfloat16", "float16")
 
 # (their pattern, our pattern), per layer with {n}.
 _LAYER_NAMES = [
@@ -456,8 +457,8 @@ def model_from_folder(folder: str | Path, meta: dict, data_dir: Path,
     `quantization` in config.json): nn.QuantizedLinear / nn.QuantizedEmbedding layers
     where the folder has them: their packed weights, scales and biases frozen (as mlx
     makes them; a Linear's own bias, Qwen2's q/k/v, and the norms stay float32 and
-    trainable: freeze the model before adding adapters). Only `fine_tune` "lora"
-    accepts that, "full" is a DataError."""
+    trainable: freeze the model before adding adapters). Only the fine-tunes that
+    train adapters ("lora", "dora") accept that, "full" is a DataError."""
     check_fine_tune(folder, read_config(folder), fine_tune)
     args, weights, config = load_folder(folder)
     check_data_fits(meta, data_dir, args, Path(folder))
@@ -472,9 +473,9 @@ def check_fine_tune(folder: str | Path, config: dict, fine_tune: str) -> None:
         raise DataError(f"--init_from {folder}: the weights are quantized "
                         f"({describe_quantization(quant)}); full fine-tuning trains every "
                         "weight in float32 and quantized weights cannot be trained; "
-                        "supported for a quantized folder: LoRA, its base kept quantized "
-                        "and frozen",
-                        f"--fine_tune lora, or fully fine-tune the original checkpoint (or "
+                        "supported for a quantized folder: LoRA or DoRA, its base kept "
+                        "quantized and frozen",
+                        f"--fine_tune lora (or dora), or fully fine-tune the original checkpoint (or "
                         f"this one dequantized: mlx_lm.convert --hf-path {folder} "
                         f"--mlx-path {folder}-dequantized -d)")
 

@@ -36,7 +36,8 @@ import sys
 import mlx.core as mx
 import mlx.nn as nn
 
-MODES = ("auto", "mlx")
+from .choices import KERNELS as MODES
+
 _mode = "auto"
 
 

@@ -1,24 +1,32 @@
-"""LoRA (and QLoRA) fine-tuning, in mlx-lm's terms: `--fine_tune lora`.
+"""LoRA, DoRA (and QLoRA) fine-tuning, in mlx-lm's terms: `--fine_tune lora` or `dora`.
 
     --fine_tune lora --init_from DIR   adapters on a frozen base model
+    --fine_tune dora --init_from DIR   the same adapters and a trained magnitude per output
     --lora_rank 8 --lora_scale 20.0 --lora_dropout 0.0 --lora_layers 16 --lora_keys ""
 
 The defaults are mlx-lm's (mlx_lm/lora.py CONFIG_DEFAULTS; `scale` multiplies the
 low-rank update as is, it is not alpha / rank). `--lora_layers N` adapts the last N
 blocks (-1: all); `--lora_keys` names the projections (comma-separated, mlx-lm's
 names relative to a block: self_attn.q_proj, mlp.down_proj...; "" = every linear
-layer of a block, as mlx-lm does when its config names no keys).
+layer of a block, as mlx-lm does when its config names no keys). The choices and
+adapter_config.json are in fine_tune.py (no mlx).
 
 `LoRALinear` is mlx-lm's (tuner/lora.py): y = base(x) + scale * (dropout(x) @ lora_a) @ lora_b,
 `lora_a` (in, r) uniform in +-1/sqrt(in), `lora_b` (r, out) zeros, around an
 nn.Linear or an nn.QuantizedLinear (QLoRA: the base stays quantized, the
-adapters train in float32). Only the adapters are trainable: gradients, the
-all-reduce, the optimizer state and the checkpoints hold them alone.
+adapters train in float32). `DoRALinear` is mlx-lm's (tuner/dora.py): the LoRA
+output rescaled row by row to a learned magnitude, y = m / |W + scale * (a b)^T|_row
+* (x W^T + scale * (dropout(x) @ a) @ b) (+ bias), the norm not differentiated,
+`m` (out,) starting at the base weight's row norms (float32; dequantized first
+on a quantized base: QLoRA with DoRA). Only the adapters (and `m`) are
+trainable: gradients, the all-reduce, the optimizer state and the checkpoints
+hold them alone.
 
-A run writes OUT/adapters as mlx-lm's own LoRA training does:
+A run writes OUT/adapters as mlx-lm's own training does:
 
     OUT/adapters/adapters.safetensors   "model.layers.N.self_attn.q_proj.lora_a" (in, r), "...lora_b" (r, out)
-    OUT/adapters/adapter_config.json    {"fine_tune_type": "lora", "num_layers": N,
+                                        and with DoRA "...m" (out,)
+    OUT/adapters/adapter_config.json    {"fine_tune_type": "lora" | "dora", "num_layers": N,
                                          "lora_parameters": {"rank", "scale", "dropout", "keys"}, ...}
 
 so that `mlx_lm.generate --model DIR --adapter-path OUT/adapters` and
@@ -40,27 +48,24 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from .errors import DataError
 from .files import replace_dir
+from .fine_tune import KEYS, parse_keys  # noqa: F401 (KEYS: where tests look for them)
 from .hf_io import hf_from_ours, is_quantized, ours_from_hf  # noqa: F401 (train.py's)
 
-FINE_TUNES = ("full", "lora")
-# mlx-lm's names of a Llama block's linear layers (all of them: mlx-lm's default keys).
-KEYS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-        "mlp.gate_proj", "mlp.down_proj", "mlp.up_proj")
-LEAVES = ("lora_a", "lora_b")
+LEAVES = ("lora_a", "lora_b", "m")  # an adapter's parameters (m: DoRA's magnitude)
 
 
 class LoRALinear(nn.Module):
     """mlx-lm's LoRALinear: the same parameters (`linear`, `lora_a`, `lora_b`), the same output."""
 
-    @staticmethod
-    def from_base(linear: nn.Module, r: int = 8, dropout: float = 0.0,
+    @classmethod
+    def from_base(cls, linear: nn.Module, r: int = 8, dropout: float = 0.0,
                   scale: float = 20.0) -> LoRALinear:
         output_dims, input_dims = linear.weight.shape
         if isinstance(linear, nn.QuantizedLinear):
             input_dims = input_dims * 32 // linear.bits
-        lora = LoRALinear(input_dims, output_dims, r=r, dropout=dropout, scale=scale)
-        lora.linear = linear  # its own, drawn first as mlx-lm's is (never evaluated: lazy)
-        return lora
+        layer = cls(input_dims, output_dims, r=r, dropout=dropout, scale=scale)
+        layer.set_linear(linear)  # its own, drawn first as mlx-lm's is (never evaluated: lazy)
+        return layer
 
     def __init__(self, input_dims: int, output_dims: int, r: int = 8, dropout: float = 0.0,
                  scale: float = 20.0, bias: bool = False):
@@ -72,25 +77,52 @@ class LoRALinear(nn.Module):
         self.lora_a = mx.random.uniform(low=-bound, high=bound, shape=(input_dims, r))
         self.lora_b = mx.zeros(shape=(r, output_dims))
 
+    def set_linear(self, linear: nn.Module) -> None:
+        self.linear = linear
+
     def __call__(self, x: mx.array) -> mx.array:
         y = self.linear(x)
         z = (self.dropout(x) @ self.lora_a) @ self.lora_b
         return y + (self.scale * z).astype(x.dtype)
 
 
+class DoRALinear(LoRALinear):
+    """mlx-lm's DoRALinear: LoRALinear's parameters and `m`, the same output (its
+    forward line for line: the base weight dequantized, the adapted weight's row
+    norms held constant in the backward pass)."""
+
+    def __init__(self, input_dims: int, output_dims: int, r: int = 8, dropout: float = 0.0,
+                 scale: float = 20.0, bias: bool = False):
+        super().__init__(input_dims, output_dims, r=r, dropout=dropout, scale=scale, bias=bias)
+        self.set_linear(self.linear)
+
+    def set_linear(self, linear: nn.Module) -> None:
+        """The base layer, and the magnitude it starts from: its weight's row norms."""
+        self.linear = linear
+        self.m = mx.linalg.norm(self.base_weight().astype(mx.float32), axis=1)
+
+    def base_weight(self) -> mx.array:
+        """The base weight, dequantized on a quantized base."""
+        linear = self.linear
+        if not isinstance(linear, nn.QuantizedLinear):
+            return linear.weight
+        return mx.dequantize(linear.weight, linear.scales, linear.biases,
+                             group_size=linear.group_size, bits=linear.bits, mode=linear.mode)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        w = self.base_weight()
+        y = x @ w.T
+        z = (self.dropout(x) @ self.lora_a) @ self.lora_b
+        out = y + (self.scale * z).astype(x.dtype)
+        adapted = w + (self.scale * self.lora_b.T) @ self.lora_a.T
+        denom = mx.stop_gradient(mx.linalg.norm(adapted, axis=1))
+        out = (self.m / denom).astype(x.dtype) * out
+        if "bias" in self.linear:
+            out = out + self.linear.bias
+        return out
+
+
 # ---------------------------------------------------------------- settings
-
-
-def parse_keys(text: str) -> list[str]:
-    """--lora_keys as a list of mlx-lm key names ("" = all of KEYS); ValueError for others."""
-    keys = [k.strip() for k in str(text).split(",") if k.strip()]
-    unknown = [k for k in keys if k not in KEYS]
-    if unknown:
-        raise ValueError(f"lora_keys {', '.join(unknown)}: not a Llama block's linear layer; "
-                         f"choose among {', '.join(KEYS)} (comma-separated; empty = all)")
-    if len(set(keys)) != len(keys):
-        raise ValueError(f"lora_keys {text}: a key is named twice")
-    return keys or list(KEYS)
 
 
 def our_key(key: str) -> str:
@@ -99,40 +131,15 @@ def our_key(key: str) -> str:
     return ours[len("layers.0."):-len(".weight")]
 
 
-def config_problems(cfg) -> list[str]:
-    """What is wrong with a config's fine-tuning fields (config.check_config)."""
-    problems = []
-    if cfg.fine_tune not in FINE_TUNES:
-        problems.append(f"fine_tune {cfg.fine_tune}: must be one of {', '.join(FINE_TUNES)}")
-    if cfg.lora_layers == 0:
-        problems.append("lora_layers 0: give the number of last blocks to adapt, or -1 for all")
-    try:
-        parse_keys(cfg.lora_keys)
-    except ValueError as e:
-        problems.append(str(e))
-    if cfg.fine_tune == "lora" and not cfg.init_from:
-        problems.append("fine_tune lora adapts a trained model: give --init_from DIR "
-                        "(a Hugging Face / mlx-lm Llama folder)")
-    return problems
-
-
-def adapter_config(cfg, n_layers: int) -> dict:
-    """adapter_config.json as mlx-lm's LoRA training writes it (the fields its
-    load_adapters and fuse read, and what the run started from)."""
-    return {"fine_tune_type": "lora", "model": cfg.init_from,
-            "num_layers": n_layers if cfg.lora_layers < 0 else cfg.lora_layers,
-            "lora_parameters": {"rank": cfg.lora_rank, "scale": cfg.lora_scale,
-                                "dropout": cfg.lora_dropout, "keys": parse_keys(cfg.lora_keys)}}
-
-
 # ---------------------------------------------------------------- the model
 
 
 def apply_lora(model: nn.Module, num_layers: int, rank: int, scale: float, dropout: float,
-               keys: list[str]) -> nn.Module:
+               keys: list[str], dora: bool = False) -> nn.Module:
     """Freeze `model` and wrap the `keys` (mlx-lm names) of its last `num_layers`
-    blocks (-1: all) in LoRALinear, whose adapters alone are then trainable. The
-    adapters are drawn from mlx's global random state, in mlx-lm's order."""
+    blocks (-1: all) in LoRALinear (DoRALinear with `dora`), whose adapters alone
+    are then trainable. The adapters are drawn from mlx's global random state, in
+    mlx-lm's order."""
     blocks = len(model.layers)
     if num_layers > blocks:
         raise DataError(f"lora_layers {num_layers}: the model has {blocks} blocks",
@@ -140,15 +147,25 @@ def apply_lora(model: nn.Module, num_layers: int, rank: int, scale: float, dropo
     model.freeze()
     ours = [our_key(k) for k in keys]
     for block in model.layers[-max(num_layers, 0):]:
-        wrapped = [(name, LoRALinear.from_base(m, r=rank, dropout=dropout, scale=scale))
+        layer = DoRALinear if dora else LoRALinear
+        wrapped = [(name, layer.from_base(m, r=rank, dropout=dropout, scale=scale))
                    for name, m in block.named_modules() if name in ours]
         block.update_modules(tree_unflatten(wrapped))
     return model
 
 
 def apply_config(model: nn.Module, cfg) -> nn.Module:
+    """The adapters a run's config asks for (--fine_tune lora or dora) on `model`."""
     return apply_lora(model, cfg.lora_layers, cfg.lora_rank, cfg.lora_scale, cfg.lora_dropout,
-                      parse_keys(cfg.lora_keys))
+                      parse_keys(cfg.lora_keys), dora=cfg.fine_tune == "dora")
+
+
+def apply_saved(model: nn.Module, config: dict) -> nn.Module:
+    """The adapters an adapter_config.json describes (read_adapters) on `model`,
+    as mlx-lm's load_adapters puts them."""
+    p = config["lora_parameters"]
+    return apply_lora(model, config["num_layers"], p["rank"], p["scale"], p["dropout"], p["keys"],
+                      dora=config.get("fine_tune_type", "lora") == "dora")
 
 
 def trainable_count(model: nn.Module) -> int:
@@ -163,7 +180,7 @@ def hf_adapter_name(name: str) -> str:
     model.layers.1.self_attn.q_proj.lora_a."""
     module, leaf = name.rsplit(".", 1)
     if leaf not in LEAVES:
-        raise ValueError(f"{name!r} is not a LoRA adapter")
+        raise ValueError(f"{name!r} is not a LoRA or DoRA adapter")
     return hf_from_ours(f"{module}.weight")[:-len("weight")] + leaf
 
 
@@ -201,6 +218,7 @@ def read_adapters(folder: str | Path) -> tuple[dict[str, mx.array], dict]:
     for name, w in mx.load(str(folder / "adapters.safetensors")).items():
         ours = ours_adapter_name(name)
         if ours is None:
-            raise DataError(f"{folder}/adapters.safetensors: {name!r} is not a Llama LoRA adapter")
+            raise DataError(f"{folder}/adapters.safetensors: {name!r} is not a Llama LoRA "
+                            "or DoRA adapter")
         weights[ours] = w
     return weights, config

@@ -21,7 +21,6 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 import mlx.core as mx
 import mlx.optimizers as optim
@@ -50,7 +49,8 @@ from .stages import (
     plan_stages,
     schedule,
 )
-from .train import Trainer, make_out_dir
+from .train import make_out_dir
+from .train import schedule as lr_schedule
 
 
 @dataclass
@@ -115,7 +115,7 @@ def build_stage(cfg: TrainConfig, plan: StagePlan) -> StageRun:
 def make_step(cfg: TrainConfig, run: StageRun, group, micro_batches: int,
               schedule: str = "1f1b") -> PipelineStep:
     """The stage's step, with train.py's optimizer and learning-rate schedule."""
-    optimizer = optim.AdamW(learning_rate=Trainer.schedule(SimpleNamespace(cfg=cfg)),
+    optimizer = optim.AdamW(learning_rate=lr_schedule(cfg),
                             betas=[cfg.beta1, cfg.beta2], weight_decay=cfg.weight_decay)
     return PipelineStep(run.stage, optimizer, group, micro_batches, cfg.grad_clip,
                         run.compute, dtype_of(cfg.dtype), schedule)

@@ -18,7 +18,9 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_map
 
-DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16}
+from .choices import DTYPES as DTYPE_NAMES
+
+DTYPES = {name: getattr(mx, name) for name in DTYPE_NAMES}
 
 
 def dtype_of(name: str) -> mx.Dtype:

@@ -2,12 +2,16 @@
 
 Data flows up the layers (docs/architecture.md): a module may import its own
 layer and any layer below it, never one above. The graph is parsed from the
-source, so lazy imports inside functions count too.
+source, so lazy imports inside functions count too. Below them, which modules
+of the bundled trainer (reference_train) mlxcluster may import: those that
+import no mlx.
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "mlxcluster"
@@ -230,3 +234,97 @@ def test_only_shared_modules_are_loose_at_the_top_of_the_package():
     """Every stage lives in its package; the top holds what all share."""
     loose = sorted(p.stem for p in PACKAGE.glob("*.py"))
     assert loose == ["__init__", "__main__", "demo", "errors", "interrupts", "outputs"]
+
+
+# ---------------------------------------------------------------- reference_train
+
+# The trainer's modules mlxcluster may import, on the machine that runs it (where
+# MLX may be missing, or slow to load): the trainer's settings (config: `mlxcluster
+# train` parses the trainer's arguments before it launches), the record and
+# heartbeat protocols (metrics), the token files (data), and what those rest on.
+# None of them imports mlx, however far down (checked below).
+TRAINER_MODULES_FOR_MLXCLUSTER = frozenset({
+    "reference_train.config", "reference_train.metrics", "reference_train.data",
+    "reference_train.errors", "reference_train.files", "reference_train.storage",
+    # what config imports
+    "reference_train.choices", "reference_train.shape", "reference_train.fine_tune",
+})
+TRAINER = PACKAGE.parent / "reference_train"
+
+
+def trainer_imports(path: Path) -> set[str]:
+    """Every module ``path`` (a file of reference_train) imports, by its full name,
+    lazy imports inside functions too."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = "reference_train" if node.level == 1 else ""
+            target = ".".join(p for p in (base, node.module or "") if p)
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                found.add(sub if (TRAINER / f"{alias.name}.py").is_file() and not node.module
+                          else target)
+    return found
+
+
+def trainer_modules_imported_by_mlxcluster() -> dict[str, set[str]]:
+    """reference_train module -> the mlxcluster modules that import it."""
+    users: dict[str, set[str]] = {}
+    for module, path in module_files().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module] if isinstance(node, ast.ImportFrom) and node.module
+                     else [])
+            for name in names:
+                if name == "reference_train" or name.startswith("reference_train."):
+                    users.setdefault(name, set()).add(module)
+    return users
+
+
+def test_mlxcluster_imports_only_the_trainer_modules_named_here():
+    imported = trainer_modules_imported_by_mlxcluster()
+    assert imported, "the scan found no import of reference_train"
+    others = {m: sorted(users) for m, users in imported.items()
+              if m not in TRAINER_MODULES_FOR_MLXCLUSTER}
+    assert others == {}, ("mlxcluster imports trainer modules that may load mlx; add one to "
+                          "TRAINER_MODULES_FOR_MLXCLUSTER only when it imports no mlx")
+
+
+def test_the_trainer_modules_mlxcluster_imports_import_no_mlx():
+    """Read from the source, the whole closure: each named module's imports within
+    reference_train are named here too, and none is mlx or mlx_lm."""
+    for module in sorted(TRAINER_MODULES_FOR_MLXCLUSTER):
+        imports = trainer_imports(TRAINER / f"{module.split('.')[-1]}.py")
+        assert not {m for m in imports if m.split(".")[0] in ("mlx", "mlx_lm")}, module
+        inner = {m for m in imports if m.startswith("reference_train.")}
+        assert inner <= TRAINER_MODULES_FOR_MLXCLUSTER, (module, inner - TRAINER_MODULES_FOR_MLXCLUSTER)
+
+
+def test_a_trainer_module_that_imports_mlx_is_caught():
+    assert "mlx.core" in trainer_imports(TRAINER / "model.py")
+    assert "reference_train.shape" in trainer_imports(TRAINER / "model.py")
+    assert "reference_train.fine_tune" in trainer_imports(TRAINER / "config.py")
+
+
+def test_parsing_the_trainers_arguments_loads_no_mlx():
+    """`mlxcluster train` parses the trainer's arguments (the config every rank
+    builds) without loading MLX: in a fresh interpreter, by what lands in sys.modules."""
+    probe = (
+        "import sys\n"
+        "import reference_train.config\n"
+        "assert not [m for m in sys.modules if m.split('.')[0] == 'mlx'], 'config imports mlx'\n"
+        "from mlxcluster.launch.trainer import parse_trainer_args\n"
+        "args = parse_trainer_args(('--config', 'tiny', '--fine_tune', 'dora', '--init_from', 'x',"
+        " '--dtype', 'bfloat16', '--kernels', 'mlx'))\n"
+        "assert args.config.fine_tune == 'dora' and args.config.dtype == 'bfloat16'\n"
+        f"for name in {sorted(TRAINER_MODULES_FOR_MLXCLUSTER)!r}:\n"
+        "    __import__(name)\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('mlx', 'mlx_lm'))\n"
+        "assert not loaded, loaded\n"
+        "print('no mlx')\n")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=PACKAGE.parent, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["no", "mlx"]

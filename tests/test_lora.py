@@ -5,8 +5,6 @@ checkpoints that resume exactly (also with dropout, also on another rank count).
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -17,23 +15,24 @@ from mlx.utils import tree_flatten
 
 from reference_train import lora
 from reference_train.config import build_config
-from reference_train.hf_io import load_folder
-from reference_train.model import Llama, generate, loss_fn
-from reference_train.tokenizer import FolderTokenizer
+from reference_train.model import Llama, loss_fn
 
+from .adapter_support import (
+    COMMON,
+    mlx_lm_fuses_ours,
+    mlx_lm_generates_ours,
+    our_adapted_model,
+    prompt_ids,
+    quantized_llama,
+    train,
+)
 from .conftest import require
 from .hf_support import (
     LLAMA3_CONFIG,
     QWEN2_CONFIG,
-    make_llama_folder,
     mlx_lm_logits,
 )
-from .train_support import MLX_LAUNCH, PYTHON, run_trainer, train_losses, trainer_env
-
-COMMON = ["--config", "tiny", "--block_size", "32", "--eval_every", "0", "--sample_tokens", "0",
-          "--steps", "4", "--fine_tune", "lora", "--lora_rank", "4", "--lora_layers", "-1"]
-PROMPT = "Once upon a time"
-
+from .train_support import MLX_LAUNCH, run_trainer, train_losses
 
 # ---------------------------------------------------------------- the layer and the names
 
@@ -126,7 +125,8 @@ def test_config_fields_defaults_and_refusals(tmp_path):
     assert build_config(["--config", str(listed)]).lora_keys == "self_attn.q_proj,mlp.up_proj"
     for argv, says in [
         (["--fine_tune", "lora"], "fine_tune lora adapts a trained model: give --init_from"),
-        (["--fine_tune", "dora"], "fine_tune dora: must be one of full, lora"),
+        (["--fine_tune", "qlora"], "fine_tune qlora: must be one of full, lora, dora"),
+        (["--fine_tune", "dora"], "fine_tune dora adapts a trained model: give --init_from"),
         (["--lora_rank", "0"], "lora_rank 0: must be at least 1"),
         (["--lora_dropout", "1"], "lora_dropout 1.0: must be below 1"),
         (["--lora_layers", "0"], "lora_layers 0: give the number of last blocks"),
@@ -142,13 +142,6 @@ def test_config_fields_defaults_and_refusals(tmp_path):
 # ---------------------------------------------------------------- runs
 
 
-def train(llama, data, out, *extra, ranks=1):
-    proc = run_trainer([*COMMON, "--init_from", str(llama), "--data", str(data), "--out",
-                        str(out), *extra], ranks=ranks)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
-
-
 @pytest.fixture(scope="module")
 def dropout_run(llama, llama_data, tmp_path_factory):
     """4 LoRA steps with dropout on 1 rank: straight, and stopped at 2 then resumed."""
@@ -158,19 +151,6 @@ def dropout_run(llama, llama_data, tmp_path_factory):
     train(llama, llama_data, root / "split", "--lora_dropout", "0.1", "--stop_after", "2")
     resumed = train(llama, llama_data, root / "split", "--lora_dropout", "0.1", "--resume")
     return straight, root / "split", proc, resumed
-
-
-def our_lora_model(llama, adapters):
-    """Our Llama from the folder with the adapters of `adapters` (OUT/adapters) in place."""
-    args, weights, _ = load_folder(llama)
-    model = Llama(args)
-    model.load_weights(list(weights.items()))
-    saved, config = lora.read_adapters(adapters)
-    p = config["lora_parameters"]
-    lora.apply_lora(model, config["num_layers"], p["rank"], p["scale"], p["dropout"], p["keys"])
-    model.load_weights(list(saved.items()), strict=False)
-    model.eval()
-    return model
 
 
 def test_out_adapters_open_in_mlx_lm_with_our_logits(llama, dropout_run, tmp_path):
@@ -201,36 +181,16 @@ def test_out_adapters_open_in_mlx_lm_with_our_logits(llama, dropout_run, tmp_pat
                for k, v in saved.items())
     assert mx.abs(saved["layers.0.attention.wq.lora_b"]).max().item() > 0  # it trained
 
-    tok = FolderTokenizer(llama)
-    ids = mx.array([tok.encode(PROMPT)])
-    ours = our_lora_model(llama, adapters)(ids)
+    ids = prompt_ids(llama)
+    ours = our_adapted_model(llama, adapters)(ids)
     model, _ = load(str(llama), adapter_path=str(adapters))
     assert mx.abs(model(ids) - ours).max().item() < 1e-4
     base = mlx_lm_logits(llama, ids)
     assert mx.abs(base - ours).max().item() > 1e-3  # the adapters change the model
-
-    # mlx_lm generate --adapter-path, the real command: greedy, our model's continuation
-    gen = subprocess.run([PYTHON, "-m", "mlx_lm", "generate", "--model", str(llama),
-                          "--adapter-path", str(adapters), "--prompt", PROMPT,
-                          "--max-tokens", "6", "--temp", "0"],
-                         cwd=tmp_path, env=trainer_env(), capture_output=True, text=True,
-                         timeout=180)
-    assert gen.returncode == 0, gen.stderr[-3000:]
-    text = gen.stdout.split("==========\n")[1].rsplit("\n", 1)[0]
-    greedy = generate(our_lora_model(llama, adapters), tok.encode(PROMPT), 6, mx.random.key(0),
-                      temperature=0)
-    if tok.eos_id in greedy:
-        greedy = greedy[:greedy.index(tok.eos_id)]
-    assert text == tok.tok.decode(greedy), (text, greedy)
-
-    # mlx_lm fuse, the real command: the fused model computes the same logits
-    fused = tmp_path / "fused"
-    done = subprocess.run([PYTHON, "-m", "mlx_lm", "fuse", "--model", str(llama),
-                           "--adapter-path", str(adapters), "--save-path", str(fused)],
-                          cwd=tmp_path, env=trainer_env(), capture_output=True, text=True,
-                          timeout=180)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert mx.abs(mlx_lm_logits(fused, ids) - ours).max().item() < 1e-4
+    # mlx_lm generate --adapter-path and mlx_lm fuse, the real commands: our model's
+    # greedy continuation, and the fused model computes our logits
+    mlx_lm_generates_ours(llama, adapters, tmp_path)
+    mlx_lm_fuses_ours(llama, adapters, tmp_path / "fused", ours, ids)
 
 
 def test_resume_with_dropout_is_exact(dropout_run):
@@ -296,24 +256,15 @@ def test_qlora_trains_adapters_on_the_quantized_base(llama, llama_data, tmp_path
     adapters train in float32 and open in mlx-lm on that folder with our logits."""
     from mlx_lm.utils import load
 
-    from reference_train.hf_io import model_from_weights
-
-    folder = make_llama_folder(tmp_path / "q4", LLAMA3_CONFIG, quantize=True)
-    for f in llama.iterdir():  # the same tokenizer as the data's
-        if f.name.startswith(("tokenizer", "special_tokens")):
-            shutil.copy(f, folder / f.name)
+    folder = quantized_llama(tmp_path / "q4", llama)
     out = tmp_path / "run"
     proc = train(folder, llama_data, out, "--steps", "2")
     assert "the base frozen and quantized" in proc.stdout
     saved = mx.load(str(out / "checkpoints" / "step_000002" / "model.safetensors"))
     assert len(saved) == 28 and {v.dtype for v in saved.values()} == {mx.float32}
-    args, weights, config = load_folder(folder)
-    model = model_from_weights(args, weights, config, folder)
-    lora.apply_lora(model, -1, 4, 20.0, 0.0, list(lora.KEYS))
-    model.load_weights(list(saved.items()), strict=False)
-    model.eval()
+    model = our_adapted_model(folder, out / "adapters")
     assert isinstance(model.layers[0].attention.wq.linear, nn.QuantizedLinear)
-    ids = mx.array([FolderTokenizer(llama).encode(PROMPT)])
+    ids = prompt_ids(llama)
     theirs, _ = load(str(folder), adapter_path=str(out / "adapters"))
     ours = model(ids)
     assert mx.abs(theirs(ids) - ours).max().item() < 1e-4
@@ -321,12 +272,8 @@ def test_qlora_trains_adapters_on_the_quantized_base(llama, llama_data, tmp_path
     # dequantized base compute our logits (without --dequantize fuse quantizes
     # the merged weights again, which changes every logit a little).
     fused = tmp_path / "fused"
-    done = subprocess.run([PYTHON, "-m", "mlx_lm", "fuse", "--model", str(folder), "--dequantize",
-                           "--adapter-path", str(out / "adapters"), "--save-path", str(fused)],
-                          cwd=tmp_path, env=trainer_env(), capture_output=True, text=True, timeout=180)
-    assert done.returncode == 0, done.stderr[-3000:]
+    mlx_lm_fuses_ours(folder, out / "adapters", fused, ours, ids, "--dequantize")
     assert "quantization" not in json.loads((fused / "config.json").read_text())
-    assert mx.abs(mlx_lm_logits(fused, ids) - ours).max().item() < 1e-4
     assert mx.abs(mlx_lm_logits(folder, ids) - ours).max().item() > 1e-6  # the adapters are in it
     # bfloat16 passes would need a bfloat16 copy of the quantized base: refused
     proc = run_trainer([*COMMON, "--init_from", str(folder), "--data", str(llama_data),

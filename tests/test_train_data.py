@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from reference_train.errors import DataError
 from reference_train.prepare import main as prepare_main
 from reference_train.tokenizer import ByteTokenizer
 
-from .train_support import FakeGroup
+from .train_support import REPO, FakeGroup, trainer_env
 
 
 @pytest.mark.parametrize("n_sequences", [1, 7, 64, 97, 1000])
@@ -131,6 +132,32 @@ def test_prepare_jsonl(tmp_path, capsys):
     assert "s.jsonl:1: no 'text' field" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+LATIN1 = '{"text": "fine"}\n{"text": "caf\xe9"}\n'.encode("latin-1")  # line 2: byte 0xe9
+
+
+def test_prepare_refuses_bytes_that_are_not_utf8_naming_file_and_line(tmp_path, capsys):
+    """issue 38: `prepare --jsonl` on latin-1 bytes ended in a UnicodeDecodeError
+    traceback, exit 1; now exit 2 naming the file and line, as other bad rows."""
+    src = tmp_path / "rows.jsonl"
+    src.write_bytes(LATIN1)
+    out = tmp_path / "out"
+    # the command as a user runs it (mlx-lm's rows), in a process of its own: no traceback
+    proc = subprocess.run([sys.executable, "-m", "reference_train.prepare", "--out", str(out),
+                           "--jsonl", str(src)], cwd=REPO, env=trainer_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert f"error: {src}:2: not UTF-8 text (byte 0xe9)" in proc.stderr
+    assert "hint: save the file as UTF-8" in proc.stderr and "Traceback" not in proc.stderr
+    # documents from a field, and text files: the same message, the line counted
+    assert prepare_main(["--out", str(out), "--jsonl", str(src), "--text-field", "text"]) == 2
+    assert f"{src}:2: not UTF-8 text (byte 0xe9)" in capsys.readouterr().err
+    text = tmp_path / "story.txt"
+    text.write_bytes(b"line one\nline two\nna\xefve\n")
+    assert prepare_main(["--out", str(out), "--text", str(text)]) == 2
+    assert f"{text}:3: not UTF-8 text (byte 0xef)" in capsys.readouterr().err
+    assert not out.exists()
 
 
 def test_offline_corpus_is_deterministic_and_small(tmp_path):

@@ -44,6 +44,7 @@ from mlxcluster.launch.program import detached_note
 from mlxcluster.launch.record import RECORD_ENV, RunRecord
 from mlxcluster.launch.session import LaunchFlags, LaunchRequest
 from reference_train.config import TrainConfig, build_config
+from reference_train.fine_tune import trains_adapters
 from reference_train.metrics import STOP_ENV, plot_metrics
 
 TRAINER_MODULE = "reference_train.train"
@@ -288,12 +289,12 @@ class TrainerRun:
         return emit
 
     def bring_adapters(self, job: Job, env: dict[str, str]) -> list[Note | Warned]:
-        """LoRA's OUT/adapters here: from the record, or, when its lines did not arrive
+        """LoRA's or DoRA's OUT/adapters here: from the record, or, when its lines did not arrive
         whole (launch/fetch.py says why), read from the first host of ``job`` that has
         them (rank 0's first)."""
         cfg = self.args.config
         name = "adapters/adapters.safetensors"
-        if cfg.fine_tune != "lora" or self.record.arrived(name):
+        if not trains_adapters(cfg.fine_tune) or self.record.arrived(name):
             return []
         tried = []
         for host in dict.fromkeys(h for h in job.hosts if not h.is_local):
