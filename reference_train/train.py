@@ -147,9 +147,13 @@ class Trainer:
         self.rank, self.size = group.rank(), group.size()
         kernels.use(cfg.kernels)  # before any step is traced
         self.backend = current_backend(group)
+        self.data_dir = data_dir = Path(cfg.data) if cfg.data else ensure_default_data()
+        self.meta = load_meta(data_dir)
         # --pipeline N: this rank is one stage of a pipeline (of one of its copies:
-        # pipeline_setup.py); the world's refusals (a size that is no pipeline) come first.
-        self.pipe = pipeline_groups(group, cfg.pipeline, self.backend) if cfg.pipeline > 1 else None
+        # pipeline_setup.py). Its refusals come before anything loads: a split the
+        # model's blocks cannot take, then a world that is no pipeline.
+        plans = run_plans(cfg, self.meta) if cfg.pipeline > 1 else []
+        self.pipe = pipeline_groups(group, cfg.pipeline, self.backend) if plans else None
         # The ranks that share each global batch's rows: all (data-parallel), or the
         # copies of the pipeline (each of whose stages reads its copy's rows).
         self.data_group = group if self.pipe is None else self.pipe.replicas
@@ -164,8 +168,6 @@ class Trainer:
             log(note)
         self.writers = self.layout if self.pipe is None else stage_writers(self.layout, self.pipe)
         self.micro_batch = split_batch(cfg.global_batch, self.data_group.size(), cfg.grad_accum)
-        self.data_dir = data_dir = Path(cfg.data) if cfg.data else ensure_default_data()
-        self.meta = load_meta(data_dir)
         self.tokenizer = make_tokenizer(self.meta["tokenizer"], data_dir)
         self.train_data = ShardedBatches(open_split(data_dir, "train", cfg.block_size),
                                          cfg.global_batch, self.data_group, cfg.seed)
@@ -181,7 +183,7 @@ class Trainer:
             for m in (self.model, self.compute):  # --grad_checkpoint: blocks recomputed (model.py)
                 m.grad_checkpoint = cfg.grad_checkpoint
         else:  # only this stage's blocks, built as one process builds the model
-            self.stage_plan = run_plans(cfg, self.meta)[self.pipe.stage]
+            self.stage_plan = plans[self.pipe.stage]
             self.model, self.compute = build_stage(cfg, self.stage_plan, self.meta, data_dir)
             self.checkpoints = self.checkpoints / stage_dir(self.stage_plan)
         self.args = self.model.args
