@@ -273,7 +273,8 @@ class PipelineStep:
         if plan.count > 1:
             loss = mx.distributed.all_sum(loss, group=group, stream=stream)
         if self.replicas is not None:  # the copies of this stage: one gradient
-            grads = average_gradients(grads, self.replicas, self.comm_dtype)
+            nested = tree_unflatten(list(grads.items()))  # the tree nn.average_gradients takes
+            grads = dict(tree_flatten(average_gradients(nested, self.replicas, self.comm_dtype)))
         mx.eval(loss, *grads.values())
         return loss, grads
 

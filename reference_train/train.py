@@ -177,6 +177,7 @@ class Trainer:
         self.checkpoints = self.out / "checkpoints"
         if self.pipe is None:
             self.model = make_model(cfg, self.meta, data_dir)
+            self.args = self.model.args  # the compute copy's shape (empty_model)
             # --dtype bfloat16: the passes run on a bfloat16 copy; self.model stays the
             # float32 master.
             self.compute = compute_copy(self.model, self.empty_model, self.compute_dtype)

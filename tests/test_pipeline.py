@@ -8,6 +8,8 @@ process's; resume exact; OUT/model and OUT/adapters opened by the real mlx-lm.""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import mlx.core as mx
@@ -29,8 +31,9 @@ from reference_train.train import main as train_main
 
 from . import adapter_support as support
 from .chat_support import make_chat_folder, write_jsonl
+from .conftest import require
 from .hf_support import LLAMA3_CONFIG, make_llama_folder
-from .train_support import FakeGroup, read_metrics, run_trainer, train_losses
+from .train_support import FakeGroup, read_metrics, run_trainer, train_losses, trainer_env
 
 # train.py's tiny config: 2 blocks, tied embeddings; a few steps, nothing else.
 TINY = ["--config", "tiny", "--eval_every", "0", "--sample_tokens", "0", "--steps", "3"]
@@ -394,3 +397,30 @@ def test_bfloat16_losses_on_2_stages(llama_data, tmp_path):
     """Each stage's passes on its bfloat16 copy, the tied matrix's copy included."""
     parity(tmp_path, [*TINY, "--data", str(llama_data), "--dtype", "bfloat16"], 2,
            tolerance=BFLOAT16_PARITY)
+
+
+def test_two_copies_of_a_2_stage_pipeline_over_mpi(llama_data, full_one, tmp_path):
+    """4 MPI ranks, --pipeline 2: Group.split makes 2 copies of the pipeline, each
+    reading half the global batch, each stage's gradients averaged over its copies:
+    every logged loss one process's."""
+    from mlxcluster.facts.mpi import find_libmpi, find_mpirun, libmpi_env
+
+    mpirun = find_mpirun(sys.executable)
+    require(mpirun is not None, "no mpirun beside the test python or on PATH")
+    env = {**trainer_env(), **libmpi_env(find_libmpi(mpirun=mpirun))}
+    passed = [a for k in ("MLX_MPI_LIBNAME", "LD_LIBRARY_PATH", "DYLD_LIBRARY_PATH",
+                          "PYTHONPATH", "LD_PRELOAD", "OPENBLAS_NUM_THREADS") if k in env
+              for a in ("-x", k)]
+    out = tmp_path / "mpi"
+    proc = subprocess.run([mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "4", *passed,
+                           sys.executable, "-m", "reference_train.train", *FULL, "--data",
+                           str(llama_data), "--pipeline", "2", "--progress", "false",
+                           "--out", str(out)],
+                          env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "gradients all-reduced in float32 over the 2 copies" in proc.stdout
+    expected, got = train_losses(full_one), train_losses(out)
+    assert list(got) == list(expected)
+    assert max(abs(got[s] - expected[s]) / expected[s] for s in expected) < PARITY
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["stage_1_of_2",
+                                                                       "stage_2_of_2"]
