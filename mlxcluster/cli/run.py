@@ -4,7 +4,6 @@ on every host, each line tagged with its rank and saved per rank."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import click
 
@@ -13,7 +12,7 @@ from mlxcluster.cli.params import Duration, launch_flags, launch_options
 from mlxcluster.errors import InputError, Interrupted
 from mlxcluster.jobs.job import BACKENDS
 from mlxcluster.jobs.restarts import Restarts
-from mlxcluster.jobs.run_output import RankLogs, program_argv
+from mlxcluster.jobs.run_output import open_rank_logs, program_argv
 from mlxcluster.launch.job_source import one_source
 from mlxcluster.launch.program import program_request, run_program
 from mlxcluster.launch.session import launch_session
@@ -63,12 +62,7 @@ def command(timeout, stall_timeout, max_restarts, no_sync_script, logs_dir, deta
     prepared = click.get_current_context().with_resource(launch_session(request, env, view))
     view.mlx_version = prepared.mlx_version
     run_id, n = prepared.run_id, len(prepared.job.hosts)
-    logs_path = Path(logs_dir) if logs_dir else Path("runs") / run_id
-    try:
-        logs = RankLogs(logs_path)
-    except OSError as err:
-        raise InputError(f"cannot create the logs folder {logs_path}: {err.strerror}",
-                         "give --logs a folder you can write to") from None
+    logs_path, logs = open_rank_logs(logs_dir, run_id)
 
     def show(stream: str, line: str) -> None:
         rank, _ = logs.write(line)

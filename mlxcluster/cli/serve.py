@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import time
 from pathlib import Path
 
 import click
@@ -16,10 +15,11 @@ from mlxcluster.errors import InputError, Interrupted
 from mlxcluster.jobs.events import Note, Restarting
 from mlxcluster.jobs.job import BACKENDS
 from mlxcluster.jobs.restarts import Restarts
-from mlxcluster.jobs.run_output import RankLogs
+from mlxcluster.jobs.run_output import open_rank_logs
 from mlxcluster.launch.job_source import one_source
 from mlxcluster.launch.session import launch_session
 from mlxcluster.serve.front import Backend, Front
+from mlxcluster.serve.journal import ServeJournal
 from mlxcluster.serve.serving import (
     ServeSpec,
     ServeUp,
@@ -99,12 +99,7 @@ def command(timeout, pipeline, port, bind, max_restarts, probe_every, probe_time
     request = serving_request(spec, flags, send_model=not no_sync_model)
     prepared = click.get_current_context().with_resource(launch_session(request, env, view))
     job, run_id = prepared.job, prepared.run_id
-    logs_path = Path(logs_dir) if logs_dir else Path("runs") / run_id
-    try:
-        logs = RankLogs(logs_path)
-    except OSError as err:
-        raise InputError(f"cannot create the logs folder {logs_path}: {err.strerror}",
-                         "give --logs a folder you can write to") from None
+    logs_path, logs = open_rank_logs(logs_dir, run_id)
     journal = ServeJournal(logs_path / "serve.log")
     address = f"http://{'127.0.0.1' if bind == '0.0.0.0' else bind}:{front.port}/v1"
     name = os.path.basename(spec.model.rstrip("/"))
@@ -139,18 +134,3 @@ def command(timeout, pipeline, port, bind, max_restarts, probe_every, probe_time
     finally:
         logs.close()
         journal.close()
-
-
-class ServeJournal:
-    """serve.log: each launch, each restart and its cause, each time the
-    model was up, with the time."""
-
-    def __init__(self, path: Path):
-        self.file = open(path, "a", encoding="utf-8")  # noqa: SIM115
-
-    def write(self, text: str) -> None:
-        self.file.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}\n")
-        self.file.flush()
-
-    def close(self) -> None:
-        self.file.close()

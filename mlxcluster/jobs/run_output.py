@@ -110,3 +110,14 @@ class RankLogs:
             for f in self._files.values():
                 f.close()
             self._files.clear()
+
+
+def open_rank_logs(logs_dir: str | None, run_id: str) -> tuple[Path, RankLogs]:
+    """The logs folder (``--logs``, default ./runs/RUN_ID) and its RankLogs;
+    InputError (exit 2) when it cannot be made."""
+    folder = Path(logs_dir) if logs_dir else Path("runs") / run_id
+    try:
+        return folder, RankLogs(folder)
+    except OSError as err:
+        raise InputError(f"cannot create the logs folder {folder}: {err.strerror}",
+                         "give --logs a folder you can write to") from None
