@@ -40,6 +40,15 @@ from mlxcluster.jobs.restarts import (
 from mlxcluster.jobs.run import run_job
 from mlxcluster.jobs.watch import RunOutcome
 from mlxcluster.launch.fetch import fetch_folder
+from mlxcluster.launch.pipeline_launch import (
+    Pipeline,
+    check_pipeline,
+    check_stages,
+    pipeline_flags,
+    pipeline_of,
+    resplit,
+    without_pipeline_flags,
+)
 from mlxcluster.launch.program import detached_note
 from mlxcluster.launch.record import RECORD_ENV, RunRecord
 from mlxcluster.launch.session import LaunchFlags, LaunchRequest
@@ -76,7 +85,13 @@ class TrainerArgs:
         for name, value in values.items():
             ours.pop(name, None)  # set again: moves to the end, as a later flag wins
             ours[name] = str(value)
-        return dataclasses.replace(self, ours=ours, config=dataclasses.replace(self.config, **values))
+        known = {k: v for k, v in values.items() if k in self.config.__dataclass_fields__}
+        return dataclasses.replace(self, ours=ours, config=dataclasses.replace(self.config, **known))
+
+    @property
+    def pipeline(self) -> Pipeline:
+        """The pipeline the ranks will run (--pipeline 1: none)."""
+        return pipeline_of(self.config, self.argv())
 
     def argv(self) -> tuple[str, ...]:
         return (*self.given, *(part for name, value in self.ours.items()
@@ -91,7 +106,7 @@ def parse_trainer_args(args: tuple[str, ...]) -> TrainerArgs | TrainerHelp:
     shown, said = io.StringIO(), io.StringIO()
     try:
         with contextlib.redirect_stdout(shown), contextlib.redirect_stderr(said):
-            return TrainerArgs(tuple(args), build_config(list(args)))
+            parsed = TrainerArgs(tuple(args), build_config(without_pipeline_flags(args)))
     except SystemExit as done:  # argparse: the help (exit 0), or an unknown flag or missing value
         if done.code in (0, None):
             return TrainerHelp(shown.getvalue())
@@ -102,6 +117,8 @@ def parse_trainer_args(args: tuple[str, ...]) -> TrainerArgs | TrainerHelp:
         raise InputError(f"trainer arguments rejected: {err}",
                          "configs are tiny, demo, blog or a YAML file; docs/training.md lists "
                          "every field, its type and its allowed values") from None
+    pipeline_of(parsed.config, parsed.argv())  # a pipeline flag's value that is not one: exit 2
+    return parsed
 
 
 def data_modules(data: str | None) -> tuple[str, ...]:
@@ -135,10 +152,28 @@ def trainer_job(job: Job, args: TrainerArgs) -> Job:
 
 def training_job(job: Job, args: TrainerArgs) -> Job:
     """The chosen job running the trainer (``trainer_job``), the global batch
-    first checked to split over its ranks (``check_batch_split``: before any
-    preflight or launch, the ranks are known)."""
-    check_batch_split(args.config, len(job.hosts))
+    first checked to split over its ranks (``check_batch_split``), or with
+    --pipeline the world, the split and the micro-batches (``check_pipeline``):
+    before any preflight or launch, the ranks are known."""
+    pipeline = args.pipeline
+    if pipeline.on:
+        check_pipeline(args.config, pipeline, len(job.hosts), job.backend)
+    else:
+        check_batch_split(args.config, len(job.hosts))
     return trainer_job(job, args)
+
+
+def training_check(job: Job, args: TrainerArgs, env: dict[str, str], on_event: OnEvent) -> None:
+    """`train`'s check in its launch session, before anything is sent: no run
+    training into the same --out on the hosts (``check_not_running``); with
+    --pipeline, each stage against its host's memory (``check_stages``, the
+    facts serve's split check asks for)."""
+    check_not_running(job, args.config.out, env)
+    pipeline = args.pipeline
+    if pipeline.on:
+        from mlxcluster.jobs.preflight import probe_facts  # a pipeline-only chore
+
+        check_stages(job, args.config, pipeline, probe_facts(job, env), on_event)
 
 
 def training_request(args: TrainerArgs, flags: LaunchFlags, *, detached: bool,
@@ -150,7 +185,7 @@ def training_request(args: TrainerArgs, flags: LaunchFlags, *, detached: bool,
     cfg = args.config
     return LaunchRequest(
         flags, TRAIN_PREFIX, program=lambda job: training_job(job, args), detached=detached,
-        check=lambda job, env, on_event: check_not_running(job, cfg.out, env),
+        check=lambda job, env, on_event: training_check(job, args, env, on_event),
         models=(cfg.init_from,) if cfg.init_from and send_folders else (),
         data=(cfg.data,) if cfg.data and send_folders else ())
 
@@ -241,8 +276,9 @@ class TrainerRun:
     (the ranks print their records; rank 0's Mac may be lost), and what a
     restart or a lost host changes in the trainer's arguments."""
 
-    def __init__(self, args: TrainerArgs, ranks: int):
+    def __init__(self, args: TrainerArgs, ranks: int, env: dict[str, str] | None = None):
         self.args = args
+        self.env = env  # to ask the hosts left for their memory (a pipeline's drop)
         self.record = RunRecord(args.config.out)
         # what each rank holds now: a smaller world never gets more per rank
         self.micro_batch = args.config.global_batch // (ranks * args.config.grad_accum)
@@ -264,6 +300,8 @@ class TrainerRun:
         """The job without ``dropping``'s hosts, the global batch kept
         (grad_accum raised where the rest cannot hold it otherwise)."""
         job = without_hosts(job, {d.host for d in dropping})
+        if self.args.pipeline.on:
+            return self.drop_stage(job, dropping)
         ranks, cfg = len(job.hosts), self.args.config
         new_accum = accumulation_for(cfg.global_batch, ranks, self.micro_batch)
         notes = []
@@ -277,6 +315,26 @@ class TrainerRun:
                          f"{cfg.global_batch} = {ranks} ranks x {new_accum} accum x "
                          f"{cfg.global_batch // (ranks * new_accum)}")
             self.args = self.args.with_flags(grad_accum=new_accum)
+        return self.job(job), notes
+
+    def drop_stage(self, job: Job, dropping: list[Dropped]) -> tuple[Job, list[str]]:
+        """A pipeline without ``dropping``'s hosts (``job`` already without
+        them): one stage per host left, the blocks split again where they fit
+        (pipeline_launch.resplit asks those hosts for their memory), the
+        global batch and its micro-batches kept."""
+        from mlxcluster.jobs.preflight import probe_facts  # a pipeline-only chore
+
+        pipeline, said = resplit(self.args.config, self.args.pipeline, job,
+                                 probe_facts(job, self.env))
+        self.args = self.args.with_flags(**pipeline_flags(pipeline))
+        notes = []
+        for d in dropping:
+            self.record.add({"event": "host_dropped", "host": d.host, "reason": d.reason,
+                             "ranks": len(job.hosts), "pipeline": pipeline.stages,
+                             "pipeline_split": list(pipeline.split or ())})
+            notes.append(f"dropped {d.host} ({d.reason}): going on with {len(job.hosts)} "
+                         f"stage(s) on {', '.join(dict.fromkeys(h.name for h in job.hosts))}")
+        notes.append(f"the pipeline split again: {said}")
         return self.job(job), notes
 
     def noted(self, on_event: OnEvent) -> OnEvent:
@@ -348,7 +406,7 @@ def run_trainer(job: Job, args: TrainerArgs, restarts: Restarts, env: dict[str, 
     run_id = run_id or new_run_id(TRAIN_PREFIX)
     if job.detached:
         on_event(detached_note(run_id))
-    run = TrainerRun(args, len(job.hosts))
+    run = TrainerRun(args, len(job.hosts), env)
     noted = run.noted(on_event)
 
     def show(stream: str, line: str) -> None:
