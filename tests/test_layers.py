@@ -248,6 +248,8 @@ TRAINER_MODULES_FOR_MLXCLUSTER = frozenset({
     "reference_train.errors", "reference_train.files", "reference_train.storage",
     # what config imports
     "reference_train.choices", "reference_train.shape", "reference_train.fine_tune",
+    # the pipeline's stages planned from a folder's headers (`train -- --pipeline N`)
+    "reference_train.stages",
 })
 TRAINER = PACKAGE.parent / "reference_train"
 

@@ -160,11 +160,11 @@ def check_pipeline(cfg: TrainConfig, pipeline: Pipeline, ranks: int, backend: st
     """InputError (exit 2) when ``ranks`` on ``backend`` cannot run ``pipeline``:
     the world size against the stages, the split against the model's blocks,
     the micro-batches against the global batch. Before any ssh: all of it is known here."""
+    plan_for(cfg, pipeline)  # first: more stages than blocks is no matter of ranks
     try:
         check_world(pipeline.stages, ranks, backend)
     except DataError as err:
         raise InputError(f"{err.args[0]} ({ranks} rank(s) on {backend})", err.hint) from None
-    plan_for(cfg, pipeline)
     try:
         check_micro_batches(pipeline.micro_batches_for(cfg.global_batch), cfg.global_batch)
     except DataError as err:

@@ -30,7 +30,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from mlxcluster.facts.facts import HostFacts
-from mlxcluster.serve.split import FITS, MIB, TOO_BIG, UNKNOWN, WEIGHTS_SHARE, HostFit, gib, judge_host
+from mlxcluster.serve.split import (
+    MIB,
+    TOO_BIG,
+    UNKNOWN,
+    WEIGHTS_SHARE,
+    HostFit,
+    gib,
+    judge_host,
+)
 from reference_train.stages import ModelBytes, StagePlan, plan_stages, stage_bytes
 
 # Full fine-tuning holds per float32 weight its gradient and AdamW's two moments too.
