@@ -35,8 +35,8 @@ from mlxcluster.launch.stage_fit import fitting_split, judge_stages, more_stages
 from mlxcluster.launch.trainer import parse_trainer_args, training_job
 from mlxcluster.serve.split import FITS, TOO_BIG, UNKNOWN
 from reference_train.stages import ModelBytes, folder_bytes, plan_stages
-from tests.hf_support import LLAMA3_CONFIG, make_llama_folder
 from tests import memory_support as memory
+from tests.hf_support import LLAMA3_CONFIG, make_llama_folder
 from tests.test_train_launch import INVENTORY, nothing_may_start  # noqa: F401 (a fixture)
 
 # Llama 3.1 8B's public config.json (huggingface.co/meta-llama/Llama-3.1-8B), the fields
