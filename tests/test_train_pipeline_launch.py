@@ -24,15 +24,10 @@ from mlxcluster.facts.capture import MEMINFO, PROBE, HostCapture
 from mlxcluster.facts.facts import host_facts
 from mlxcluster.jobs.events import Note
 from mlxcluster.jobs.job import Job, job_local
-from mlxcluster.launch.pipeline_launch import (
-    Pipeline,
-    check_pipeline,
-    check_stages,
-    pipeline_flags,
-    resplit,
-)
+from mlxcluster.jobs.restarts import Dropped
+from mlxcluster.launch.pipeline_launch import Pipeline, check_pipeline, check_stages
 from mlxcluster.launch.stage_fit import fitting_split, judge_stages, more_stages
-from mlxcluster.launch.trainer import parse_trainer_args, training_job
+from mlxcluster.launch.trainer import TrainerRun, missing_shards, parse_trainer_args, training_job
 from mlxcluster.serve.split import FITS, TOO_BIG, UNKNOWN
 from reference_train.stages import ModelBytes, folder_bytes, plan_stages
 from tests import memory_support as memory
@@ -112,7 +107,7 @@ def test_the_pipeline_flags_reach_the_ranks_and_mlxcluster_reads_them_as_they_do
                                 "4", "--pipeline_schedule", "gpipe")
     assert not args_of().pipeline.on and args_of("--pipeline", "1").pipeline == Pipeline()
     # mlxcluster's own flags come last and win, as argparse takes a flag's last value
-    again = args.with_flags(**pipeline_flags(Pipeline(3, (1, 1, 2))))
+    again = args.with_flags(pipeline=3, pipeline_split="1,1,2")
     assert again.pipeline == Pipeline(3, (1, 1, 2), 4, "gpipe")
     assert again.argv()[-4:] == ("--pipeline", "3", "--pipeline_split", "1,1,2")
 
@@ -277,38 +272,38 @@ def test_the_check_hook_refuses_or_says_each_stage(four_blocks, hosts, llama_8b,
     assert any("not judged" in n.text for n in notes)
 
 
-# ---- --elastic: the blocks split again over the hosts left ----------------------------------
+# ---- restarts and --elastic ------------------------------------------------------------------
 
 
-def test_resplit_balances_over_the_hosts_left_or_fits_them_or_stops_naming_why(
-        llama_8b, hosts, monkeypatch):
-    import mlxcluster.launch.pipeline_launch as pl
-
-    monkeypatch.setattr(pl, "folder_bytes", lambda folder: llama_8b)  # the 8B's shape, lazily
-    cfg = args_of("--init_from", "llama-8b", "--fine_tune", "lora").config
-    job = job_on("studio", "mini1")
-    # two hosts left of three, balanced by bytes fits both
-    balanced, said = resplit(cfg, Pipeline(3, (10, 11, 11), 6), job, hosts)
-    assert balanced == Pipeline(2, tuple(len(p.blocks) for p in plan_stages(llama_8b, 2)), 6)
-    assert said.startswith(f"--pipeline 2 --pipeline_split {balanced.split[0]},{balanced.split[1]}:"
-                           " stage 1 on studio: the embedding, blocks 0-")
-    # full fine-tuning (4 x 32.1 GB) over three hosts left of four: balanced by bytes does
-    # not fit the minis, the split that fits does
-    full = args_of("--init_from", "llama-8b").config
-    three = job_on("studio", "mini1", "mini2")
-    assert not judge_stages(llama_8b, plan_stages(llama_8b, 3), ["studio", "mini1", "mini2"],
-                            hosts, "full").ok
-    fitted, said = resplit(full, Pipeline(4), three, hosts)
-    assert fitted.stages == 3 and said.startswith(
-        f"--pipeline 3 --pipeline_split {','.join(map(str, fitted.split))}: stage 1 on studio")
-    assert judge_stages(llama_8b, plan_stages(llama_8b, 3, list(fitted.split)),
-                        ["studio", "mini1", "mini2"], hosts, "full").ok
-    # two minis cannot hold a full fine-tune however split: stop, naming the bytes and the rooms
+def test_elastic_stops_naming_why_a_pipeline_cannot_lose_a_host(four_blocks, tmp_path):
+    """The trainer resumes a stage's checkpoint only with the stages that wrote it
+    (reference_train/pipeline_outputs.py): dropping a host stops the run, saying so."""
+    args = args_of("--init_from", str(four_blocks), "--pipeline", "2", "--out", str(tmp_path / "o"))
+    run = TrainerRun(args, 2)
     with pytest.raises(MlxclusterError) as err:
-        resplit(full, Pipeline(3), job_on("mini1", "mini2"), hosts)
-    assert "--elastic: the model's 32 blocks fit no split over the 2 host(s) left" in err.value.message
-    assert "mini1 21.3 GiB, mini2 21.3 GiB" in err.value.message
-    assert err.value.hint == "bring the host back and rerun with '-- --resume auto'"
+        run.drop(job_on("a", "b"), [Dropped("b", "unreachable over ssh")])
+    assert err.value.message.startswith(
+        "--elastic cannot go on without b: with --pipeline 2, each stage's checkpoints hold its "
+        "own blocks, and the trainer resumes them only with the same 2 stages and split")
+    assert "rerun with '-- --resume auto'" in err.value.hint
+    # a restart on the same hosts resumes the same pipeline: the flags kept, resume added
+    job, _ = run.resume(job_on("a", "b"), 1)
+    assert job.program[-4:] == ("--resume", "auto", "--resume_before", "1")
+    assert job.program[job.program.index("--pipeline") + 1] == "2"
+    assert run.args.pipeline == Pipeline(2) and job.hosts == job_on("a", "b").hosts
+
+
+def test_the_model_here_is_whole_when_the_index_finds_every_shard(tmp_path):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    assert missing_shards(folder) is None
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        "model.embed_tokens.weight": "model-00001-of-00002.safetensors",
+        "lm_head.weight": "model-00002-of-00002.safetensors"}}))
+    (folder / "model-00001-of-00002.safetensors").write_bytes(b"")
+    assert missing_shards(folder) == ["model-00002-of-00002.safetensors"]
+    (folder / "model-00002-of-00002.safetensors").write_bytes(b"")
+    assert missing_shards(folder) == []
 
 
 def test_a_job_of_the_right_size_goes_through_the_program_step(four_blocks):

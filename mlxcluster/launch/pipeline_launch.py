@@ -19,15 +19,14 @@ uses) and judges each stage against its host (stage_fit.py): a stage that
 does not fit is exit 2, naming the stage, the host, the bytes and the ways
 out.
 
-With ``--elastic``, a dropped host makes the pipeline one stage shorter:
-``resplit`` plans the blocks over the hosts left (balanced by bytes when
-that fits them, else a split that fits each), or stops naming why.
+With ``--elastic``, a host cannot be dropped from a pipeline: the trainer
+resumes a stage's checkpoint only with the stages and split that wrote it,
+so ``no_resplit`` stops the run naming why (restarts on the same hosts go on).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -36,14 +35,9 @@ from mlxcluster.facts.facts import HostFacts
 from mlxcluster.jobs.events import Note, OnEvent
 from mlxcluster.jobs.job import Job
 from mlxcluster.launch.stage_fit import (
-    fitting_split,
-    held_while_training,
     judge_stages,
-    needs,
     refusal_text,
-    what_it_holds_of,
 )
-from mlxcluster.serve.split import budget, gib
 from reference_train.config import TrainConfig
 from reference_train.errors import DataError
 from reference_train.stages import (
@@ -72,8 +66,9 @@ class Pipeline:
     def on(self) -> bool:
         return self.stages > 1
 
-    def micro_batches_for(self, global_batch: int) -> int:
-        return self.micro_batches or default_micro_batches(self.stages, global_batch)
+    def micro_batches_for(self, rows: int) -> int:
+        """The micro-batches of a copy of the pipeline holding ``rows`` of the global batch."""
+        return self.micro_batches or default_micro_batches(self.stages, rows)
 
 
 def input_error(err: DataError) -> InputError:
@@ -158,15 +153,23 @@ def plan_for(cfg: TrainConfig, pipeline: Pipeline, n_stages: int | None = None) 
 
 def check_pipeline(cfg: TrainConfig, pipeline: Pipeline, ranks: int, backend: str) -> None:
     """InputError (exit 2) when ``ranks`` on ``backend`` cannot run ``pipeline``:
-    the world size against the stages, the split against the model's blocks,
-    the micro-batches against the global batch. Before any ssh: all of it is known here."""
+    the world size against the stages (N x R ranks: R copies, on MPI only), the
+    split against the model's blocks, the micro-batches against each copy's rows
+    of the global batch. Before any ssh: all of it is known here."""
     plan_for(cfg, pipeline)  # first: more stages than blocks is no matter of ranks
     try:
         check_world(pipeline.stages, ranks, backend)
     except DataError as err:
         raise InputError(f"{err.args[0]} ({ranks} rank(s) on {backend})", err.hint) from None
+    copies = ranks // pipeline.stages
+    if cfg.global_batch % copies:
+        raise InputError(f"global_batch {cfg.global_batch} does not split over {copies} copies "
+                         f"of the pipeline ({ranks} ranks / --pipeline {pipeline.stages})",
+                         f"give a global_batch that {copies} divides, e.g. "
+                         f"--global_batch {cfg.global_batch - cfg.global_batch % copies or copies}")
+    rows = cfg.global_batch // copies
     try:
-        check_micro_batches(pipeline.micro_batches_for(cfg.global_batch), cfg.global_batch)
+        check_micro_batches(pipeline.micro_batches_for(rows), rows)
     except DataError as err:
         raise input_error(err) from None
 
@@ -177,7 +180,7 @@ def check_pipeline(cfg: TrainConfig, pipeline: Pipeline, ranks: int, backend: st
 def check_stages(job: Job, cfg: TrainConfig, pipeline: Pipeline, facts: dict[str, HostFacts | None],
                  on_event: OnEvent) -> None:
     """Each stage of ``pipeline`` judged against the memory ``facts`` of its
-    host (rank r = stage r on ``job.hosts[r]``): InputError (exit 2) naming
+    host (rank r = stage r % N on ``job.hosts[r]``): InputError (exit 2) naming
     every stage that does not fit and the ways out, else each stage said as a
     Note. A model from scratch is not judged (its bytes are not known here)."""
     sizes = model_sizes(cfg)
@@ -195,60 +198,16 @@ def check_stages(job: Job, cfg: TrainConfig, pipeline: Pipeline, facts: dict[str
         on_event(Note(f"pipeline: {note}"))
 
 
-# --- --elastic: a host dropped, the blocks split again over the rest
+# --- --elastic: the trainer refuses to resume a pipeline's checkpoints with other stages
 
-
-def resplit(cfg: TrainConfig, pipeline: Pipeline, job: Job,
-            facts: dict[str, HostFacts | None]) -> tuple[Pipeline, str]:
-    """The pipeline over ``job``'s hosts (one stage each, after a host was
-    dropped), and what changed in words: the blocks balanced by bytes when
-    every stage then fits its host, else the split that fits each host. An
-    MlxclusterError naming each host's room and the bytes to hold when the
-    blocks fit no split over the hosts left."""
-    hosts = [h.name for h in job.hosts]
-    n = len(hosts)
-    sizes = model_sizes(cfg)
-    balanced = Pipeline(n, None, pipeline.micro_batches, pipeline.schedule)
-    if sizes is None:  # from scratch: nothing to judge against
-        plans = plan_for(cfg, balanced)
-        return _split_of(balanced, plans), _said(plans, hosts)
-    if n > len(sizes.blocks):
-        raise MlxclusterError(f"--elastic: {n} hosts left for {len(sizes.blocks)} blocks",
-                              "the run keeps at most one host per block")
-    plans = plan_stages(sizes, n)
-    if judge_stages(sizes, plans, hosts, facts, cfg.fine_tune).ok:
-        return _split_of(balanced, plans), _said(plans, hosts)
-    rooms = [budget(facts.get(h)).low for h in hosts]
-    split = fitting_split(sizes, rooms, cfg.fine_tune) if all(rooms) else None
-    if split is None:
-        total = sum(held_while_training(p.bytes, cfg.fine_tune) for p in plans)
-        have = ", ".join(f"{h} {gib(r) if r else '? (' + budget(facts.get(h)).source + ')'}"
-                         for h, r in zip(hosts, rooms, strict=True))
-        raise MlxclusterError(
-            f"--elastic: the model's {len(sizes.blocks)} blocks fit no split over the {n} "
-            f"host(s) left ({gib(needs(total))} to hold with the margin; they have: {have})",
-            "bring the host back and rerun with '-- --resume auto'")
-    fitted = dataclasses.replace(balanced, split=tuple(split))
-    plans = plan_for(cfg, fitted)
-    return fitted, _said(plans, hosts)
-
-
-def _split_of(pipeline: Pipeline, plans: list[StagePlan]) -> Pipeline:
-    return dataclasses.replace(pipeline, split=tuple(len(p.blocks) for p in plans))
-
-
-def _said(plans: list[StagePlan], hosts: list[str]) -> str:
-    """'--pipeline 2 --pipeline_split 3,1: stage 1 on a: the embedding, blocks 0-2 of 4; ...'."""
-    n_blocks = plans[-1].blocks.stop
-    return (f"--pipeline {len(plans)} --pipeline_split {','.join(str(len(p.blocks)) for p in plans)}"
-            ": " + "; ".join(f"stage {p.index + 1} on {h}: {what_it_holds_of(p, n_blocks)}"
-                             for p, h in zip(plans, hosts, strict=True)))
-
-
-def pipeline_flags(pipeline: Pipeline) -> dict[str, str]:
-    """``pipeline`` as the trainer's flags (TrainerArgs.with_flags)."""
-    flags = {"pipeline": str(pipeline.stages)}
-    if pipeline.split is not None:
-        flags["pipeline_split"] = ",".join(map(str, pipeline.split))
-    return flags
-
+def no_resplit(pipeline: Pipeline, dropped: Sequence[str]) -> MlxclusterError:
+    """Why a pipeline cannot go on without ``dropped``: each stage's checkpoint
+    holds the blocks its run held, and the trainer resumes them only with the
+    same --pipeline and --pipeline_split (reference_train/pipeline_outputs.py)."""
+    return MlxclusterError(
+        f"--elastic cannot go on without {', '.join(dropped)}: with --pipeline "
+        f"{pipeline.stages}, each stage's checkpoints hold its own blocks, and the trainer "
+        f"resumes them only with the same {pipeline.stages} stages and split (a checkpoint's "
+        "pieces do not re-split over fewer hosts)",
+        "bring the host back and rerun with '-- --resume auto' (the same --pipeline and "
+        "--pipeline_split); or start a new run with another --out over the hosts left")

@@ -59,9 +59,9 @@ def needs(held: int) -> int:
 class StagesVerdict:
     """Each stage's host judged: ``ok`` unless ``refusals``."""
 
-    plans: tuple[StagePlan, ...]
-    placement: tuple[str, ...]  # the host of each stage (rank), in order
-    held: tuple[int, ...]  # what each stage holds while it trains
+    plans: tuple[StagePlan, ...]  # each rank's stage, in rank order
+    placement: tuple[str, ...]  # each rank's host
+    held: tuple[int, ...]  # what each rank's stage holds while it trains
     hosts: tuple[HostFit, ...]
     refusals: tuple[str, ...] = ()
     ways_out: tuple[str, ...] = ()
@@ -93,12 +93,14 @@ class _Judgement:
 
 def judge_stages(sizes: ModelBytes, plans: Sequence[StagePlan], placement: Sequence[str],
                  facts: Mapping[str, HostFacts | None], fine_tune: str) -> StagesVerdict:
-    """The verdict on training ``plans`` with stage r on ``placement[r]`` (a host
-    twice holds both stages), each host judged on its ``facts``."""
-    if len(plans) != len(placement):
+    """The verdict on training ``plans`` with rank r on ``placement[r]`` holding
+    stage r % N (N x R ranks: R copies of the pipeline; a host twice holds both
+    ranks' stages), each host judged on its ``facts``."""
+    if not plans or len(placement) % len(plans):
         raise ValueError(f"{len(plans)} stages for {len(placement)} ranks")
     n_blocks = len(sizes.blocks)
-    held = [held_while_training(p.bytes, fine_tune) for p in plans]
+    stage_of = [plans[r % len(plans)] for r in range(len(placement))]
+    held = [held_while_training(p.bytes, fine_tune) for p in stage_of]
     hosts = list(dict.fromkeys(placement))
     fits = [judge_host(h, ranks := tuple(r for r, on in enumerate(placement) if on == h),
                        sum(held[r] for r in ranks), facts.get(h)) for h in hosts]
@@ -109,7 +111,7 @@ def judge_stages(sizes: ModelBytes, plans: Sequence[StagePlan], placement: Seque
         if fit.status != TOO_BIG:
             continue
         for r in fit.ranks:
-            plan = plans[r]
+            plan = stage_of[r]
             j.refusals.append(
                 f"stage {plan.index + 1} of {plan.count} ({what_it_holds_of(plan, n_blocks)}) on "
                 f"{fit.host} needs {gib(needs(held[r]))} ({gib(held[r])} held while training"
@@ -117,11 +119,12 @@ def judge_stages(sizes: ModelBytes, plans: Sequence[StagePlan], placement: Seque
                 f"+{100 - WEIGHTS_SHARE * 100:.0f}% margin)"
                 + (f"; {fit.host} has {gib(fit.budget.high)} ({fit.budget.source})"
                    if len(fit.ranks) == 1 else
-                   f"; {fit.host} holds stages {', '.join(str(x + 1) for x in fit.ranks)}, "
+                   f"; {fit.host} holds stages "
+                   f"{', '.join(str(stage_of[x].index + 1) for x in fit.ranks)}, "
                    f"{gib(fit.need)} in all, and has {gib(fit.budget.high)} ({fit.budget.source})"))
     if j.refusals:
         _ways_out(sizes, plans, placement, fits, facts, fine_tune, j)
-    return StagesVerdict(tuple(plans), tuple(placement), tuple(held), tuple(fits),
+    return StagesVerdict(tuple(stage_of), tuple(placement), tuple(held), tuple(fits),
                          tuple(j.refusals), tuple(dict.fromkeys(j.ways_out)), tuple(j.notes))
 
 
@@ -130,7 +133,7 @@ def _ways_out(sizes: ModelBytes, plans: Sequence[StagePlan], placement: Sequence
               j: _Judgement) -> None:
     n_stages = len(plans)
     room = {f.host: f.budget.low for f in fits}  # what each host certainly has
-    if len(set(placement)) == n_stages and all(room[h] for h in placement):
+    if len(set(placement)) == len(placement) == n_stages and all(room[h] for h in placement):
         split = fitting_split(sizes, [room[h] for h in placement], fine_tune)
         if split is not None:
             j.ways_out.append(f"--pipeline_split {','.join(map(str, split))}: moves blocks off "

@@ -44,9 +44,8 @@ from mlxcluster.launch.pipeline_launch import (
     Pipeline,
     check_pipeline,
     check_stages,
-    pipeline_flags,
+    no_resplit,
     pipeline_of,
-    resplit,
     without_pipeline_flags,
 )
 from mlxcluster.launch.program import detached_note
@@ -278,7 +277,7 @@ class TrainerRun:
 
     def __init__(self, args: TrainerArgs, ranks: int, env: dict[str, str] | None = None):
         self.args = args
-        self.env = env  # to ask the hosts left for their memory (a pipeline's drop)
+        self.env = env  # how the hosts are reached, to bring their outputs here
         self.record = RunRecord(args.config.out)
         # what each rank holds now: a smaller world never gets more per rank
         self.micro_batch = args.config.global_batch // (ranks * args.config.grad_accum)
@@ -300,8 +299,8 @@ class TrainerRun:
         """The job without ``dropping``'s hosts, the global batch kept
         (grad_accum raised where the rest cannot hold it otherwise)."""
         job = without_hosts(job, {d.host for d in dropping})
-        if self.args.pipeline.on:
-            return self.drop_stage(job, dropping)
+        if self.args.pipeline.on:  # its checkpoints do not re-split (pipeline_launch.no_resplit)
+            raise no_resplit(self.args.pipeline, [d.host for d in dropping])
         ranks, cfg = len(job.hosts), self.args.config
         new_accum = accumulation_for(cfg.global_batch, ranks, self.micro_batch)
         notes = []
@@ -315,26 +314,6 @@ class TrainerRun:
                          f"{cfg.global_batch} = {ranks} ranks x {new_accum} accum x "
                          f"{cfg.global_batch // (ranks * new_accum)}")
             self.args = self.args.with_flags(grad_accum=new_accum)
-        return self.job(job), notes
-
-    def drop_stage(self, job: Job, dropping: list[Dropped]) -> tuple[Job, list[str]]:
-        """A pipeline without ``dropping``'s hosts (``job`` already without
-        them): one stage per host left, the blocks split again where they fit
-        (pipeline_launch.resplit asks those hosts for their memory), the
-        global batch and its micro-batches kept."""
-        from mlxcluster.jobs.preflight import probe_facts  # a pipeline-only chore
-
-        pipeline, said = resplit(self.args.config, self.args.pipeline, job,
-                                 probe_facts(job, self.env))
-        self.args = self.args.with_flags(**pipeline_flags(pipeline))
-        notes = []
-        for d in dropping:
-            self.record.add({"event": "host_dropped", "host": d.host, "reason": d.reason,
-                             "ranks": len(job.hosts), "pipeline": pipeline.stages,
-                             "pipeline_split": list(pipeline.split or ())})
-            notes.append(f"dropped {d.host} ({d.reason}): going on with {len(job.hosts)} "
-                         f"stage(s) on {', '.join(dict.fromkeys(h.name for h in job.hosts))}")
-        notes.append(f"the pipeline split again: {said}")
         return self.job(job), notes
 
     def noted(self, on_event: OnEvent) -> OnEvent:
@@ -370,8 +349,50 @@ class TrainerRun:
                        f"({'; '.join(tried)}): every host that ran to the end has its copy at "
                        f"{Path(cfg.out) / 'adapters'}")]
 
+    def bring_model(self, job: Job) -> list[Note | Warned]:
+        """A pipeline's full fine-tune: OUT/model here, whole. Each stage wrote
+        its shard on its own host, rank 0 the config, index and tokenizer
+        (reference_train/pipeline_outputs.py); each host of the first copy of
+        the pipeline gives its files (launch/fetch.py), then the index says
+        whether every shard is here."""
+        cfg, pipeline = self.args.config, self.args.pipeline
+        if not pipeline.on or trains_adapters(cfg.fine_tune):
+            return []
+        folder = Path(cfg.out) / "model"
+        first_copy = job.hosts[:pipeline.stages]
+        tried, brought = [], []
+        for host in dict.fromkeys(h for h in first_copy if not h.is_local):
+            try:
+                files = fetch_folder(host, folder, env=self.env)
+            except (OSError, subprocess.SubprocessError) as err:
+                tried.append(f"{host.name}: {err}")
+                continue
+            brought.append(f"{len(files)} file(s) from {host.name}")
+        missing = missing_shards(folder)
+        if missing is None and not brought:  # every stage ran here: written in place
+            return []
+        if missing == []:
+            return [Note(f"model: the stages' shards gathered into {folder} here "
+                         f"({', '.join(brought) or 'written here'})")]
+        where = ", ".join(dict.fromkeys(h.name for h in first_copy))
+        lacking = "no model.safetensors.index.json" if missing is None else \
+            f"{', '.join(missing)} missing"
+        return [Warned(f"{folder} here is not whole ({lacking}"
+                       f"{'; ' + '; '.join(tried) if tried else ''}): each stage's host keeps "
+                       f"its shard at {folder} ({where})")]
+
     def close(self) -> list[Note | Warned]:
         return close_record(self.record)
+
+
+def missing_shards(folder: Path) -> list[str] | None:
+    """The shard files ``folder``'s model.safetensors.index.json names that are
+    not in it ([] when whole); None without a readable index."""
+    try:
+        weight_map = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return sorted({f for f in weight_map.values() if not (folder / f).is_file()})
 
 
 def close_record(record: RunRecord) -> list[Note | Warned]:
@@ -428,7 +449,7 @@ def run_trainer(job: Job, args: TrainerArgs, restarts: Restarts, env: dict[str, 
                                          drop=run.drop,
                                          on_event=noted)
         if outcome.exit_code == 0:
-            for said in run.bring_adapters(job, env):
+            for said in [*run.bring_adapters(job, env), *run.bring_model(job)]:
                 on_event(said)
     finally:
         for said in run.close():
