@@ -1,0 +1,109 @@
+"""A model's blocks split over two lab hosts by `mlxcluster train -- --pipeline 2`
+(issue 38, item 5): LoRA on a tiny Llama folder and masked chat data on this
+machine's disk only, sent by train to both hosts; each stage judged against its
+host's real memory facts before anything is sent; the run stops half way and a
+restart resumes every stage from its own host's checkpoint; the losses are one
+process's at every step, OUT/adapters arrives here whole (rank 0 gathers the
+stages' adapters) and equals one process's, and the real `mlx_lm generate
+--adapter-path` answers with the sentence that was trained. Bad pipelines are
+exit 2 with nothing sent and nothing trained on any host.
+
+Uncompiled and on MLX's own kernels, as tests/lab/test_lora_lab.py says why."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import uuid
+
+import mlx.core as mx
+import pytest
+
+from tests.adapter_support import mlx_lm_generates_ours
+from tests.lab.jobs import on_host, records, training_setup
+from tests.learning_support import ANSWER, N_WORDS, WORDS, learning_data
+from tests.test_lora_learning import make_model
+from tests.train_support import read_metrics, run_trainer
+
+pytestmark = pytest.mark.lab
+
+STEPS, STOP = 40, 20
+
+
+def trainer_flags(model, data) -> list[str]:
+    return ["--config", "tiny", "--init_from", str(model), "--data", str(data),
+            "--fine_tune", "lora", "--lora_layers", "-1", "--lora_rank", "8",
+            "--block_size", "64", "--global_batch", "8", "--steps", str(STEPS), "--lr", "1e-2",
+            "--min_lr", "1e-3", "--warmup_steps", "5", "--log_every", "1", "--eval_every", "0",
+            "--sample_tokens", "0", "--checkpoint_every", "5", "--compile", "false",
+            "--kernels", "mlx"]
+
+
+def losses(rows) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+
+def test_lora_pipeline_over_two_hosts_gives_one_process_and_its_adapters_here(lab3, tmp_path):
+    from mlx_lm import generate
+    from mlx_lm.utils import load
+
+    two = lab3.hosts[:2]
+    here = lab3.disk / f"pp-{uuid.uuid4().hex[:8]}"  # this machine's own disk
+    model = make_model(here / "tiny-llama")
+    data = learning_data(model, here / "data", True, n=96)
+    out = lab3.disk / f"pp-out-{uuid.uuid4().hex[:8]}"
+    inventory, env = training_setup(lab3, tmp_path, hosts=two)
+
+    def train(*trainers: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "mlxcluster", "train", "-i", str(inventory), "--no-preflight",
+             "--stall-timeout", "30s", "--timeout", "240", "--", *trainer_flags(model, data),
+             "--out", str(out), "--pipeline", "2", *trainers],
+            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
+    # bad pipelines: exit 2 before anything is sent, nothing trained anywhere
+    for flags, said in ((["--pipeline", "3"], "--pipeline 3: the model has 2 blocks"),
+                        (["--pipeline_split", "1,2"], "adds up to 3 blocks, but the model has 2")):
+        bad = train(*flags)
+        assert bad.returncode == 2 and said in bad.stderr, bad.stdout + bad.stderr
+        assert "Traceback" not in bad.stderr and "sending" not in bad.stdout + bad.stderr
+    for i in range(2):
+        assert not on_host(lab3, i, model).exists()  # nothing sent
+        assert not on_host(lab3, i, out).exists()  # nothing trained
+
+    first = train("--stop_after", str(STOP))
+    said = first.stdout + first.stderr
+    assert first.returncode == 0, said[-4000:]
+    for i, h in enumerate(two):  # each stage judged on its host's real MemAvailable
+        assert f"pipeline: stage {i + 1} of 2 on {h.name}: " in said, said[-4000:]
+        assert "(MemAvailable): fits" in said
+        assert f"model: {h.name}: {model} missing: sending" in said
+    assert f"step     {STOP}/{STEPS}" in said and f"step     {STOP + 1}/{STEPS}" not in said
+
+    second = train("--resume", "auto")
+    assert second.returncode == 0, (second.stdout + second.stderr)[-4000:]
+    for i in range(2):  # each stage resumed from its own host's checkpoints
+        assert (on_host(lab3, i, out) / "checkpoints" / f"stage_{i + 1}_of_2").is_dir()
+    assert not (out / "checkpoints").exists()  # checkpoints stay on the hosts
+
+    reference = tmp_path / "reference"
+    proc = run_trainer([*trainer_flags(model, data), "--out", str(reference)], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    expected, got = losses(read_metrics(reference)), losses(records(out / "metrics.jsonl"))
+    assert sorted(got) == list(range(1, STEPS + 1)), got
+    for step, loss in expected.items():
+        assert abs(got[step] - loss) <= 1e-5 * abs(loss), (step, got[step], loss)
+
+    adapters = out / "adapters"  # here, whole: one process's adapters
+    ours, theirs = mx.load(str(adapters / "adapters.safetensors")), \
+        mx.load(str(reference / "adapters" / "adapters.safetensors"))
+    assert sorted(ours) == sorted(theirs)
+    for name, value in theirs.items():
+        assert mx.allclose(ours[name], value, rtol=1e-4, atol=1e-6).item(), name
+    mlx_lm_generates_ours(model, adapters, tmp_path)  # the real command, our greedy text
+    lm, tokenizer = load(str(model), adapter_path=str(adapters))
+    question = " ".join(random.Random(12345).choices(WORDS, k=N_WORDS))  # not a training row
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}],
+                                           add_generation_prompt=True)
+    assert generate(lm, tokenizer, prompt=prompt, max_tokens=24).strip() == ANSWER
