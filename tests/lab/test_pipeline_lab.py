@@ -28,7 +28,7 @@ from tests.train_support import read_metrics, run_trainer
 
 pytestmark = pytest.mark.lab
 
-STEPS, STOP = 40, 20
+STEPS, STOP = 60, 30  # 60 steps learn the sentence (tests/test_lora_learning.py)
 
 
 def trainer_flags(model, data) -> list[str]:
@@ -79,7 +79,7 @@ def test_lora_pipeline_over_two_hosts_gives_one_process_and_its_adapters_here(la
         assert f"pipeline: stage {i + 1} of 2 on {h.name}: " in said, said[-4000:]
         assert "(MemAvailable): fits" in said
         assert f"model: {h.name}: {model} missing: sending" in said
-    assert f"step     {STOP}/{STEPS}" in said and f"step     {STOP + 1}/{STEPS}" not in said
+    assert max(losses(records(out / "metrics.jsonl"))) == STOP  # the record, here
 
     second = train("--resume", "auto")
     assert second.returncode == 0, (second.stdout + second.stderr)[-4000:]
