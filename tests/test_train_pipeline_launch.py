@@ -113,10 +113,11 @@ def test_the_pipeline_flags_reach_the_ranks_and_mlxcluster_reads_them_as_they_do
 
 
 @pytest.mark.parametrize("flags, said", [
-    (("--pipeline", "two"), "--pipeline"),
-    (("--pipeline", "0"), "--pipeline"),
-    (("--pipeline", "2", "--pipeline_split", "1,x"), "--pipeline_split"),
-    (("--pipeline", "2", "--pipeline_schedule", "zigzag"), "zigzag"),
+    (("--pipeline", "two"), "pipeline: invalid literal for int() with base 10: 'two'"),
+    (("--pipeline", "0"), "pipeline 0: must be at least 1"),
+    (("--pipeline", "2", "--pipeline_split", "1,x"), "--pipeline_split 1,x: expected whole numbers"),
+    (("--pipeline", "2", "--pipeline_split", "1,1,1"), "names 3 stages, but --pipeline is 2"),
+    (("--pipeline", "2", "--pipeline_schedule", "zigzag"), "pipeline_schedule zigzag: must be one"),
 ])
 def test_a_pipeline_flag_that_is_not_one_is_exit_2_naming_it(flags, said):
     with pytest.raises(InputError) as err:
@@ -133,15 +134,24 @@ def test_the_world_must_equal_the_stages_on_ring_naming_the_backend_and_what_wor
         check_pipeline(cfg, Pipeline(2), 4, "ring")
     assert "4 ranks with --pipeline 2 would be 2 copies of the pipeline, but the ring backend " \
            "cannot split a group" in err.value.message
-    assert err.value.hint == "launch 2 ranks, one per stage"
+    assert err.value.hint == ("launch 2 ranks, one per stage; or run the 2 copies over MPI "
+                              "(--backend mpi), whose groups split")
     for backend in ("jaccl", "jaccl-ring"):
         with pytest.raises(InputError, match=f"the {backend} backend cannot split a group"):
             check_pipeline(cfg, Pipeline(2), 4, backend)
-    with pytest.raises(InputError, match="--pipeline 3 needs 3 ranks, one per stage; this run has 2"):
+    with pytest.raises(InputError, match=r"--pipeline 3 needs 3 ranks, one per stage \(or a "
+                                         r"multiple of 3 on MPI: copies of the pipeline\); "
+                                         r"this run has 2"):
         check_pipeline(cfg, Pipeline(3), 2, "ring")
-    with pytest.raises(InputError, match="copies of a pipeline are not supported yet"):
-        check_pipeline(cfg, Pipeline(2), 4, "mpi")
     check_pipeline(cfg, Pipeline(2), 2, "ring")  # one rank per stage: goes
+    check_pipeline(cfg, Pipeline(2), 4, "mpi")  # MPI: 2 copies of the pipeline go
+    # each copy's rows of the global batch (8 / 2 = 4) split into its micro-batches
+    with pytest.raises(InputError, match="--micro_batches 3 does not divide global_batch 4"):
+        check_pipeline(cfg, Pipeline(2, None, 3), 4, "mpi")
+    with pytest.raises(InputError, match=r"global_batch 9 does not split over 2 copies of the "
+                                         r"pipeline \(4 ranks / --pipeline 2\)"):
+        check_pipeline(args_of("--init_from", str(four_blocks), "--global_batch", "9").config,
+                       Pipeline(2), 4, "mpi")
 
 
 def test_the_split_is_checked_against_the_models_blocks_read_here(four_blocks):
@@ -155,7 +165,7 @@ def test_the_split_is_checked_against_the_models_blocks_read_here(four_blocks):
         check_pipeline(cfg, Pipeline(2, (1, 2)), 2, "ring")
     assert err.value.hint == "give numbers that add up to 4"
     with pytest.raises(InputError, match="--micro_batches 3 does not divide global_batch 8"):
-        check_pipeline(cfg, Pipeline(2, (1, 3), 3), 2, "ring")
+        check_pipeline(cfg, Pipeline(2, (1, 3), 3), 2, "ring")  # (config.py checks it too)
     check_pipeline(cfg, Pipeline(2, (1, 3)), 2, "ring")
     # a model from scratch: its --n_layers blocks (the tiny config's 2)
     with pytest.raises(InputError, match="the model has 2 blocks"):
@@ -174,10 +184,10 @@ def test_bad_pipelines_fail_before_anything_starts(tmp_path, four_blocks, nothin
         (["-i", str(inventory)], ["--pipeline", "5"], "--pipeline 5: the model has 4 blocks"),
         (["--local", "2"], ["--pipeline", "2", "--pipeline_split", "1,2"], "adds up to 3 blocks"),
         (["-i", str(inventory)], ["--pipeline", "2", "--pipeline_split", "1,3"],
-         "--pipeline 2 needs 2 ranks, one per stage; this run has 3"),
+         "--pipeline 2 needs 2 ranks, one per stage (or a multiple of 2 on MPI"),
         (["--local", "4"], ["--pipeline", "2"], "but the ring backend cannot split a group"),
-        (["-i", str(four), "--backend", "mpi"], ["--pipeline", "2"],
-         "copies of a pipeline are not supported yet"),
+        (["-i", str(four), "--backend", "mpi"], ["--pipeline", "2", "--global_batch", "9"],
+         "global_batch 9 does not split over 2 copies of the pipeline"),
     ]
     for source, flags, said in cases:
         start = time.monotonic()

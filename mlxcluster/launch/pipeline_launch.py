@@ -26,7 +26,6 @@ so ``no_resplit`` stops the run naming why (restarts on the same hosts go on).
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -44,7 +43,6 @@ from reference_train.stages import (
     ModelBytes,
     StagePlan,
     check_micro_batches,
-    check_schedule,
     check_world,
     default_micro_batches,
     folder_bytes,
@@ -76,53 +74,11 @@ def input_error(err: DataError) -> InputError:
     return InputError(err.args[0], err.hint or None)
 
 
-# --- until config.py has the fields (branch pp-trainer): read from the argv as the ranks do
-PIPELINE_FIELDS = ("pipeline", "pipeline_split", "micro_batches", "pipeline_schedule")
-CONFIG_HAS_PIPELINE = "pipeline" in TrainConfig.__dataclass_fields__
-
-
-def pipeline_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--pipeline", default="1")
-    parser.add_argument("--pipeline_split", default="")
-    parser.add_argument("--micro_batches", default="0")
-    parser.add_argument("--pipeline_schedule", default="1f1b")
-    return parser
-
-
-def without_pipeline_flags(argv: Sequence[str]) -> list[str]:
-    """``argv`` without the pipeline flags (for a config.py that does not know them)."""
-    return list(argv) if CONFIG_HAS_PIPELINE else pipeline_parser().parse_known_args(list(argv))[1]
-
-
-def whole_number(flag: str, text: str, least: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise InputError(f"trainer arguments rejected: --{flag} {text}: not a whole number",
-                         f"give --{flag} a whole number, e.g. --{flag} 2") from None
-    if value < least:
-        raise InputError(f"trainer arguments rejected: --{flag} {value}: must be at least {least}",
-                         f"give --{flag} {least} or more")
-    return value
-
-
-def pipeline_of(cfg: TrainConfig, argv: Sequence[str]) -> Pipeline:
-    """The pipeline the ranks will run: from the config's fields, or (a
-    config.py without them) from ``argv`` as the ranks read it, the last
-    value of a flag winning. InputError (exit 2) for a value that is not one."""
-    if CONFIG_HAS_PIPELINE:
-        values = {name: getattr(cfg, name) for name in PIPELINE_FIELDS}
-    else:
-        values = vars(pipeline_parser().parse_known_args(list(argv))[0])
-    stages = whole_number("pipeline", str(values["pipeline"]), 1)
-    micro = whole_number("micro_batches", str(values["micro_batches"]), 0)
-    try:
-        split = tuple(parse_split(values["pipeline_split"])) if values["pipeline_split"] else None
-        check_schedule(values["pipeline_schedule"])
-    except DataError as err:
-        raise input_error(err) from None
-    return Pipeline(stages, split, micro, values["pipeline_schedule"])
+def pipeline_of(cfg: TrainConfig) -> Pipeline:
+    """The pipeline the ranks will run, from the config's fields (config.py has
+    checked their values and that a split names every stage)."""
+    split = tuple(parse_split(cfg.pipeline_split)) if cfg.pipeline_split else None
+    return Pipeline(cfg.pipeline, split, cfg.micro_batches, cfg.pipeline_schedule)
 
 
 # --- before anything starts: what this machine alone can check

@@ -46,7 +46,6 @@ from mlxcluster.launch.pipeline_launch import (
     check_stages,
     no_resplit,
     pipeline_of,
-    without_pipeline_flags,
 )
 from mlxcluster.launch.program import detached_note
 from mlxcluster.launch.record import RECORD_ENV, RunRecord
@@ -84,13 +83,12 @@ class TrainerArgs:
         for name, value in values.items():
             ours.pop(name, None)  # set again: moves to the end, as a later flag wins
             ours[name] = str(value)
-        known = {k: v for k, v in values.items() if k in self.config.__dataclass_fields__}
-        return dataclasses.replace(self, ours=ours, config=dataclasses.replace(self.config, **known))
+        return dataclasses.replace(self, ours=ours, config=dataclasses.replace(self.config, **values))
 
     @property
     def pipeline(self) -> Pipeline:
         """The pipeline the ranks will run (--pipeline 1: none)."""
-        return pipeline_of(self.config, self.argv())
+        return pipeline_of(self.config)
 
     def argv(self) -> tuple[str, ...]:
         return (*self.given, *(part for name, value in self.ours.items()
@@ -105,7 +103,7 @@ def parse_trainer_args(args: tuple[str, ...]) -> TrainerArgs | TrainerHelp:
     shown, said = io.StringIO(), io.StringIO()
     try:
         with contextlib.redirect_stdout(shown), contextlib.redirect_stderr(said):
-            parsed = TrainerArgs(tuple(args), build_config(without_pipeline_flags(args)))
+            return TrainerArgs(tuple(args), build_config(list(args)))
     except SystemExit as done:  # argparse: the help (exit 0), or an unknown flag or missing value
         if done.code in (0, None):
             return TrainerHelp(shown.getvalue())
@@ -116,8 +114,6 @@ def parse_trainer_args(args: tuple[str, ...]) -> TrainerArgs | TrainerHelp:
         raise InputError(f"trainer arguments rejected: {err}",
                          "configs are tiny, demo, blog or a YAML file; docs/training.md lists "
                          "every field, its type and its allowed values") from None
-    pipeline_of(parsed.config, parsed.argv())  # a pipeline flag's value that is not one: exit 2
-    return parsed
 
 
 def data_modules(data: str | None) -> tuple[str, ...]:
