@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import reference_train.stages as plans
 from mlxcluster.errors import InputError, MlxclusterError
 from mlxcluster.facts.facts import HostFacts
 from mlxcluster.jobs.events import Note, OnEvent
@@ -39,16 +40,6 @@ from mlxcluster.launch.stage_fit import (
 )
 from reference_train.config import TrainConfig
 from reference_train.errors import DataError
-from reference_train.stages import (
-    ModelBytes,
-    StagePlan,
-    check_micro_batches,
-    check_world,
-    default_micro_batches,
-    folder_bytes,
-    parse_split,
-    plan_stages,
-)
 
 
 @dataclass(frozen=True)
@@ -66,7 +57,7 @@ class Pipeline:
 
     def micro_batches_for(self, rows: int) -> int:
         """The micro-batches of a copy of the pipeline holding ``rows`` of the global batch."""
-        return self.micro_batches or default_micro_batches(self.stages, rows)
+        return self.micro_batches or plans.default_micro_batches(self.stages, rows)
 
 
 def input_error(err: DataError) -> InputError:
@@ -77,32 +68,32 @@ def input_error(err: DataError) -> InputError:
 def pipeline_of(cfg: TrainConfig) -> Pipeline:
     """The pipeline the ranks will run, from the config's fields (config.py has
     checked their values and that a split names every stage)."""
-    split = tuple(parse_split(cfg.pipeline_split)) if cfg.pipeline_split else None
+    split = tuple(plans.parse_split(cfg.pipeline_split)) if cfg.pipeline_split else None
     return Pipeline(cfg.pipeline, split, cfg.micro_batches, cfg.pipeline_schedule)
 
 
 # --- before anything starts: what this machine alone can check
 
 
-def model_sizes(cfg: TrainConfig) -> ModelBytes | None:
+def model_sizes(cfg: TrainConfig) -> plans.ModelBytes | None:
     """The bytes of --init_from's embedding, blocks and head, from its headers
     here (None for a model built from scratch: no folder to read)."""
     if not cfg.init_from:
         return None
     try:
-        return folder_bytes(cfg.init_from)
+        return plans.folder_bytes(cfg.init_from)
     except DataError as err:
         raise input_error(err) from None
 
 
-def plan_for(cfg: TrainConfig, pipeline: Pipeline, n_stages: int | None = None) -> list[StagePlan]:
+def plan_for(cfg: TrainConfig, pipeline: Pipeline) -> list[plans.StagePlan]:
     """The stages the ranks will plan (stages.plan_stages, as they do), over
     --init_from's bytes, or a from-scratch model's --n_layers blocks (their
     bytes then not known here: 0)."""
-    sizes = model_sizes(cfg) or ModelBytes(0, (0,) * cfg.n_layers, 0, cfg.tie_embeddings)
+    sizes = model_sizes(cfg) or plans.ModelBytes(0, (0,) * cfg.n_layers, 0, cfg.tie_embeddings)
     split = list(pipeline.split) if pipeline.split is not None else None
     try:
-        return plan_stages(sizes, n_stages or pipeline.stages, split)
+        return plans.plan_stages(sizes, pipeline.stages, split)
     except DataError as err:
         raise input_error(err) from None
 
@@ -114,7 +105,7 @@ def check_pipeline(cfg: TrainConfig, pipeline: Pipeline, ranks: int, backend: st
     of the global batch. Before any ssh: all of it is known here."""
     plan_for(cfg, pipeline)  # first: more stages than blocks is no matter of ranks
     try:
-        check_world(pipeline.stages, ranks, backend)
+        plans.check_world(pipeline.stages, ranks, backend)
     except DataError as err:
         raise InputError(f"{err.args[0]} ({ranks} rank(s) on {backend})", err.hint) from None
     copies = ranks // pipeline.stages
@@ -125,7 +116,7 @@ def check_pipeline(cfg: TrainConfig, pipeline: Pipeline, ranks: int, backend: st
                          f"--global_batch {cfg.global_batch - cfg.global_batch % copies or copies}")
     rows = cfg.global_batch // copies
     try:
-        check_micro_batches(pipeline.micro_batches_for(rows), rows)
+        plans.check_micro_batches(pipeline.micro_batches_for(rows), rows)
     except DataError as err:
         raise input_error(err) from None
 
@@ -144,8 +135,7 @@ def check_stages(job: Job, cfg: TrainConfig, pipeline: Pipeline, facts: dict[str
         on_event(Note(f"pipeline: {pipeline.stages} stages of a model built from scratch; "
                       "their memory is not judged here (no --init_from folder to read)"))
         return
-    plans = plan_for(cfg, pipeline)
-    verdict = judge_stages(sizes, plans, [h.name for h in job.hosts], facts, cfg.fine_tune)
+    verdict = judge_stages(sizes, plan_for(cfg, pipeline), [h.name for h in job.hosts], facts, cfg.fine_tune)
     if not verdict.ok:
         raise InputError(*refusal_text(verdict, len(sizes.blocks)))
     for line in verdict.lines(len(sizes.blocks)):
