@@ -5,7 +5,7 @@ host's real memory facts before anything is sent; the run stops half way and a
 restart resumes every stage from its own host's checkpoint; the losses are one
 process's at every step, OUT/adapters arrives here whole (rank 0 gathers the
 stages' adapters) and equals one process's, and the real `mlx_lm generate
---adapter-path` continues the prompt as our model with those adapters does. Bad pipelines are
+--adapter-path` answers with the trained sentence, as one process's adapters do. Bad pipelines are
 exit 2 with nothing sent and nothing trained on any host.
 
 Uncompiled and on MLX's own kernels, as tests/lab/test_lora_lab.py says why."""
@@ -19,12 +19,11 @@ import uuid
 import mlx.core as mx
 import pytest
 
-from tests.adapter_support import mlx_lm_generates_ours
 from tests.chat_support import make_chat_folder
 from tests.hf_support import make_llama_folder
 from tests.lab.jobs import on_host, records, training_setup
-from tests.learning_support import MODEL_CONFIG, learning_data
-from tests.train_support import read_metrics, run_trainer
+from tests.learning_support import ANSWER, MODEL_CONFIG, learning_data
+from tests.train_support import PYTHON, read_metrics, run_trainer, trainer_env
 
 pytestmark = pytest.mark.lab
 
@@ -108,5 +107,19 @@ def test_lora_pipeline_over_two_hosts_gives_one_process_and_its_adapters_here(la
     for name, value in theirs.items():
         assert ours[name].shape == value.shape, name
         assert mx.abs(ours[name] - value).max().item() <= 1e-3 * mx.abs(value).max().item(), name
-    # the real `mlx_lm generate --adapter-path` continues as our model with them does
-    assert mlx_lm_generates_ours(model, adapters, tmp_path)
+    # the real `mlx_lm generate --adapter-path`, as a user runs it (the folder's chat
+    # template applied to the prompt): the trained answer, as one process's adapters give it
+    said = mlx_lm_answer(model, adapters, tmp_path)
+    assert said and ANSWER.startswith(said), said
+    assert said == mlx_lm_answer(model, reference / "adapters", tmp_path)
+    assert not ANSWER.startswith(mlx_lm_answer(model, None, tmp_path))  # the base alone does not
+
+
+def mlx_lm_answer(model, adapters, cwd) -> str:
+    """What `mlx_lm generate` answers "Once upon a time" with, greedy (``adapters``: None = none)."""
+    extra = ["--adapter-path", str(adapters)] if adapters else []
+    gen = subprocess.run([PYTHON, "-m", "mlx_lm", "generate", "--model", str(model), *extra,
+                          "--prompt", "Once upon a time", "--max-tokens", "8", "--temp", "0"],
+                         cwd=cwd, env=trainer_env(), capture_output=True, text=True, timeout=180)
+    assert gen.returncode == 0, gen.stderr[-3000:]
+    return gen.stdout.split("==========\n")[1].rsplit("\n", 1)[0].strip()
