@@ -40,6 +40,13 @@ from mlxcluster.jobs.restarts import (
 from mlxcluster.jobs.run import run_job
 from mlxcluster.jobs.watch import RunOutcome
 from mlxcluster.launch.fetch import fetch_folder
+from mlxcluster.launch.pipeline_launch import (
+    Pipeline,
+    check_pipeline,
+    check_stages,
+    no_resplit,
+    pipeline_of,
+)
 from mlxcluster.launch.program import detached_note
 from mlxcluster.launch.record import RECORD_ENV, RunRecord
 from mlxcluster.launch.session import LaunchFlags, LaunchRequest
@@ -77,6 +84,11 @@ class TrainerArgs:
             ours.pop(name, None)  # set again: moves to the end, as a later flag wins
             ours[name] = str(value)
         return dataclasses.replace(self, ours=ours, config=dataclasses.replace(self.config, **values))
+
+    @property
+    def pipeline(self) -> Pipeline:
+        """The pipeline the ranks will run (--pipeline 1: none)."""
+        return pipeline_of(self.config)
 
     def argv(self) -> tuple[str, ...]:
         return (*self.given, *(part for name, value in self.ours.items()
@@ -135,10 +147,28 @@ def trainer_job(job: Job, args: TrainerArgs) -> Job:
 
 def training_job(job: Job, args: TrainerArgs) -> Job:
     """The chosen job running the trainer (``trainer_job``), the global batch
-    first checked to split over its ranks (``check_batch_split``: before any
-    preflight or launch, the ranks are known)."""
-    check_batch_split(args.config, len(job.hosts))
+    first checked to split over its ranks (``check_batch_split``), or with
+    --pipeline the world, the split and the micro-batches (``check_pipeline``):
+    before any preflight or launch, the ranks are known."""
+    pipeline = args.pipeline
+    if pipeline.on:
+        check_pipeline(args.config, pipeline, len(job.hosts), job.backend)
+    else:
+        check_batch_split(args.config, len(job.hosts))
     return trainer_job(job, args)
+
+
+def training_check(job: Job, args: TrainerArgs, env: dict[str, str], on_event: OnEvent) -> None:
+    """`train`'s check in its launch session, before anything is sent: no run
+    training into the same --out on the hosts (``check_not_running``); with
+    --pipeline, each stage against its host's memory (``check_stages``, the
+    facts serve's split check asks for)."""
+    check_not_running(job, args.config.out, env)
+    pipeline = args.pipeline
+    if pipeline.on:
+        from mlxcluster.jobs.preflight import probe_facts  # a pipeline-only chore
+
+        check_stages(job, args.config, pipeline, probe_facts(job, env), on_event)
 
 
 def training_request(args: TrainerArgs, flags: LaunchFlags, *, detached: bool,
@@ -150,7 +180,7 @@ def training_request(args: TrainerArgs, flags: LaunchFlags, *, detached: bool,
     cfg = args.config
     return LaunchRequest(
         flags, TRAIN_PREFIX, program=lambda job: training_job(job, args), detached=detached,
-        check=lambda job, env, on_event: check_not_running(job, cfg.out, env),
+        check=lambda job, env, on_event: training_check(job, args, env, on_event),
         models=(cfg.init_from,) if cfg.init_from and send_folders else (),
         data=(cfg.data,) if cfg.data and send_folders else ())
 
@@ -241,8 +271,9 @@ class TrainerRun:
     (the ranks print their records; rank 0's Mac may be lost), and what a
     restart or a lost host changes in the trainer's arguments."""
 
-    def __init__(self, args: TrainerArgs, ranks: int):
+    def __init__(self, args: TrainerArgs, ranks: int, env: dict[str, str] | None = None):
         self.args = args
+        self.env = env  # how the hosts are reached, to bring their outputs here
         self.record = RunRecord(args.config.out)
         # what each rank holds now: a smaller world never gets more per rank
         self.micro_batch = args.config.global_batch // (ranks * args.config.grad_accum)
@@ -264,6 +295,8 @@ class TrainerRun:
         """The job without ``dropping``'s hosts, the global batch kept
         (grad_accum raised where the rest cannot hold it otherwise)."""
         job = without_hosts(job, {d.host for d in dropping})
+        if self.args.pipeline.on:  # its checkpoints do not re-split (pipeline_launch.no_resplit)
+            raise no_resplit(self.args.pipeline, [d.host for d in dropping])
         ranks, cfg = len(job.hosts), self.args.config
         new_accum = accumulation_for(cfg.global_batch, ranks, self.micro_batch)
         notes = []
@@ -312,8 +345,50 @@ class TrainerRun:
                        f"({'; '.join(tried)}): every host that ran to the end has its copy at "
                        f"{Path(cfg.out) / 'adapters'}")]
 
+    def bring_model(self, job: Job) -> list[Note | Warned]:
+        """A pipeline's full fine-tune: OUT/model here, whole. Each stage wrote
+        its shard on its own host, rank 0 the config, index and tokenizer
+        (reference_train/pipeline_outputs.py); each host of the first copy of
+        the pipeline gives its files (launch/fetch.py), then the index says
+        whether every shard is here."""
+        cfg, pipeline = self.args.config, self.args.pipeline
+        if not pipeline.on or trains_adapters(cfg.fine_tune):
+            return []
+        folder = Path(cfg.out) / "model"
+        first_copy = job.hosts[:pipeline.stages]
+        tried, brought = [], []
+        for host in dict.fromkeys(h for h in first_copy if not h.is_local):
+            try:
+                files = fetch_folder(host, folder, env=self.env)
+            except (OSError, subprocess.SubprocessError) as err:
+                tried.append(f"{host.name}: {err}")
+                continue
+            brought.append(f"{len(files)} file(s) from {host.name}")
+        missing = missing_shards(folder)
+        if missing is None and not brought:  # every stage ran here: written in place
+            return []
+        if missing == []:
+            return [Note(f"model: the stages' shards gathered into {folder} here "
+                         f"({', '.join(brought) or 'written here'})")]
+        where = ", ".join(dict.fromkeys(h.name for h in first_copy))
+        lacking = "no model.safetensors.index.json" if missing is None else \
+            f"{', '.join(missing)} missing"
+        return [Warned(f"{folder} here is not whole ({lacking}"
+                       f"{'; ' + '; '.join(tried) if tried else ''}): each stage's host keeps "
+                       f"its shard at {folder} ({where})")]
+
     def close(self) -> list[Note | Warned]:
         return close_record(self.record)
+
+
+def missing_shards(folder: Path) -> list[str] | None:
+    """The shard files ``folder``'s model.safetensors.index.json names that are
+    not in it ([] when whole); None without a readable index."""
+    try:
+        weight_map = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return sorted({f for f in weight_map.values() if not (folder / f).is_file()})
 
 
 def close_record(record: RunRecord) -> list[Note | Warned]:
@@ -348,7 +423,7 @@ def run_trainer(job: Job, args: TrainerArgs, restarts: Restarts, env: dict[str, 
     run_id = run_id or new_run_id(TRAIN_PREFIX)
     if job.detached:
         on_event(detached_note(run_id))
-    run = TrainerRun(args, len(job.hosts))
+    run = TrainerRun(args, len(job.hosts), env)
     noted = run.noted(on_event)
 
     def show(stream: str, line: str) -> None:
@@ -370,7 +445,7 @@ def run_trainer(job: Job, args: TrainerArgs, restarts: Restarts, env: dict[str, 
                                          drop=run.drop,
                                          on_event=noted)
         if outcome.exit_code == 0:
-            for said in run.bring_adapters(job, env):
+            for said in [*run.bring_adapters(job, env), *run.bring_model(job)]:
                 on_event(said)
     finally:
         for said in run.close():

@@ -26,11 +26,12 @@ MPI_ENV = {"MLX_MPI_LIBNAME": str(LIBMPI)}
 OPENBLAS_ENV = {"LD_PRELOAD": OPENBLAS}
 
 
-def training_setup(lab, tmp_path: Path) -> tuple[Path, dict[str, str]]:
-    """A lab inventory and environment for `mlxcluster train`: the inventory
-    names the libmpi MLX must load, as doctor advises (the launcher passes the
-    inventory's env to every rank); PYTHONPATH finds reference_train."""
-    inventory = lab.write_inventory(tmp_path / "inventory.yaml", env=MPI_ENV)
+def training_setup(lab, tmp_path: Path, hosts=None) -> tuple[Path, dict[str, str]]:
+    """A lab inventory (of ``hosts``, else every host) and environment for
+    `mlxcluster train`: the inventory names the libmpi MLX must load, as doctor
+    advises (the launcher passes the inventory's env to every rank); PYTHONPATH
+    finds reference_train."""
+    inventory = lab.write_inventory(tmp_path / "inventory.yaml", hosts=hosts, env=MPI_ENV)
     env = lab.env()
     env["PYTHONPATH"] = str(REPO)
     env.pop("LD_PRELOAD", None)

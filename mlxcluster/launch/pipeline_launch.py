@@ -1,0 +1,159 @@
+"""`mlxcluster train -- --pipeline N`: the stages placed on the hosts.
+
+The trainer's pipeline flags come after `--`, as all its flags:
+
+    --pipeline N              N stages, one rank each (1: no pipeline)
+    --pipeline_split a,b,...  the blocks per stage (moves blocks off a small Mac)
+    --micro_batches M         micro-batches per step (default: the fewest, at least N)
+    --pipeline_schedule S     1f1b or gpipe
+
+Rank r runs stage r on the job's r-th host (the inventory's order, as -i
+lists the hosts). Before anything starts on a host, ``check_pipeline``
+(exit 2) checks what this machine alone can: the world size against N (on
+ring and JACCL it must equal N: their groups do not split), the split
+against the model's blocks (read from --init_from's safetensors headers
+here), the micro-batches against the global batch. Then, once the job's
+python is found on every host and before anything is sent,
+``check_stages`` asks every host for its memory facts (the probe `serve`
+uses) and judges each stage against its host (stage_fit.py): a stage that
+does not fit is exit 2, naming the stage, the host, the bytes and the ways
+out.
+
+With ``--elastic``, a host cannot be dropped from a pipeline: the trainer
+resumes a stage's checkpoint only with the stages and split that wrote it,
+so ``no_resplit`` stops the run naming why (restarts on the same hosts go on).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import reference_train.stages as plans
+from mlxcluster.errors import InputError, MlxclusterError
+from mlxcluster.facts.facts import HostFacts
+from mlxcluster.jobs.events import Note, OnEvent
+from mlxcluster.jobs.job import Job
+from mlxcluster.launch.stage_fit import (
+    judge_stages,
+    refusal_text,
+)
+from reference_train.config import TrainConfig
+from reference_train.errors import DataError
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """The trainer's pipeline flags, as the ranks will read them."""
+
+    stages: int = 1  # 1: no pipeline
+    split: tuple[int, ...] | None = None
+    micro_batches: int = 0  # 0: the trainer's default (stages.default_micro_batches)
+    schedule: str = "1f1b"
+
+    @property
+    def on(self) -> bool:
+        return self.stages > 1
+
+    def micro_batches_for(self, rows: int) -> int:
+        """The micro-batches of a copy of the pipeline holding ``rows`` of the global batch."""
+        return self.micro_batches or plans.default_micro_batches(self.stages, rows)
+
+
+def input_error(err: DataError) -> InputError:
+    """The trainer's DataError as mlxcluster's exit 2, its hint kept."""
+    return InputError(err.args[0], err.hint or None)
+
+
+def pipeline_of(cfg: TrainConfig) -> Pipeline:
+    """The pipeline the ranks will run, from the config's fields (config.py has
+    checked their values and that a split names every stage)."""
+    split = tuple(plans.parse_split(cfg.pipeline_split)) if cfg.pipeline_split else None
+    return Pipeline(cfg.pipeline, split, cfg.micro_batches, cfg.pipeline_schedule)
+
+
+# --- before anything starts: what this machine alone can check
+
+
+def model_sizes(cfg: TrainConfig) -> plans.ModelBytes | None:
+    """The bytes of --init_from's embedding, blocks and head, from its headers
+    here (None for a model built from scratch: no folder to read)."""
+    if not cfg.init_from:
+        return None
+    try:
+        return plans.folder_bytes(cfg.init_from)
+    except DataError as err:
+        raise input_error(err) from None
+
+
+def plan_for(cfg: TrainConfig, pipeline: Pipeline) -> list[plans.StagePlan]:
+    """The stages the ranks will plan (stages.plan_stages, as they do), over
+    --init_from's bytes, or a from-scratch model's --n_layers blocks (their
+    bytes then not known here: 0)."""
+    sizes = model_sizes(cfg) or plans.ModelBytes(0, (0,) * cfg.n_layers, 0, cfg.tie_embeddings)
+    split = list(pipeline.split) if pipeline.split is not None else None
+    try:
+        return plans.plan_stages(sizes, pipeline.stages, split)
+    except DataError as err:
+        raise input_error(err) from None
+
+
+def check_pipeline(cfg: TrainConfig, pipeline: Pipeline, ranks: int, backend: str) -> None:
+    """InputError (exit 2) when ``ranks`` on ``backend`` cannot run ``pipeline``:
+    the world size against the stages (N x R ranks: R copies, on MPI only), the
+    split against the model's blocks, the micro-batches against each copy's rows
+    of the global batch. Before any ssh: all of it is known here."""
+    plan_for(cfg, pipeline)  # first: more stages than blocks is no matter of ranks
+    try:
+        plans.check_world(pipeline.stages, ranks, backend)
+    except DataError as err:
+        raise InputError(f"{err.args[0]} ({ranks} rank(s) on {backend})", err.hint) from None
+    copies = ranks // pipeline.stages
+    if cfg.global_batch % copies:
+        raise InputError(f"global_batch {cfg.global_batch} does not split over {copies} copies "
+                         f"of the pipeline ({ranks} ranks / --pipeline {pipeline.stages})",
+                         f"give a global_batch that {copies} divides, e.g. "
+                         f"--global_batch {cfg.global_batch - cfg.global_batch % copies or copies}")
+    rows = cfg.global_batch // copies
+    try:
+        plans.check_micro_batches(pipeline.micro_batches_for(rows), rows)
+    except DataError as err:
+        raise input_error(err) from None
+
+
+# --- on the hosts, before anything is sent: each stage against its host's memory
+
+
+def check_stages(job: Job, cfg: TrainConfig, pipeline: Pipeline, facts: dict[str, HostFacts | None],
+                 on_event: OnEvent) -> None:
+    """Each stage of ``pipeline`` judged against the memory ``facts`` of its
+    host (rank r = stage r % N on ``job.hosts[r]``): InputError (exit 2) naming
+    every stage that does not fit and the ways out, else each stage said as a
+    Note. A model from scratch is not judged (its bytes are not known here)."""
+    sizes = model_sizes(cfg)
+    if sizes is None:
+        on_event(Note(f"pipeline: {pipeline.stages} stages of a model built from scratch; "
+                      "their memory is not judged here (no --init_from folder to read)"))
+        return
+    verdict = judge_stages(sizes, plan_for(cfg, pipeline), [h.name for h in job.hosts], facts, cfg.fine_tune)
+    if not verdict.ok:
+        raise InputError(*refusal_text(verdict, len(sizes.blocks)))
+    for line in verdict.lines(len(sizes.blocks)):
+        on_event(Note(f"pipeline: {line}"))
+    for note in verdict.notes:
+        on_event(Note(f"pipeline: {note}"))
+
+
+# --- --elastic: the trainer refuses to resume a pipeline's checkpoints with other stages
+
+def no_resplit(pipeline: Pipeline, dropped: Sequence[str]) -> MlxclusterError:
+    """Why a pipeline cannot go on without ``dropped``: each stage's checkpoint
+    holds the blocks its run held, and the trainer resumes them only with the
+    same --pipeline and --pipeline_split (reference_train/pipeline_outputs.py)."""
+    return MlxclusterError(
+        f"--elastic cannot go on without {', '.join(dropped)}: with --pipeline "
+        f"{pipeline.stages}, each stage's checkpoints hold its own blocks, and the trainer "
+        f"resumes them only with the same {pipeline.stages} stages and split (a checkpoint's "
+        "pieces do not re-split over fewer hosts)",
+        "bring the host back and rerun with '-- --resume auto' (the same --pipeline and "
+        "--pipeline_split); or start a new run with another --out over the hosts left")
