@@ -147,6 +147,9 @@ class FrontServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
+    def handle_error(self, request, client_address) -> None:
+        pass  # a client that went away mid-answer: nothing to tell on serve's terminal
+
     def __init__(self, address: tuple[str, int], backend: Backend, read_timeout: float):
         super().__init__(address, Handler)
         self.backend = backend
