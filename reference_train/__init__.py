@@ -40,9 +40,13 @@ Modules, each importing only those listed before it (no circles):
     sharded_optimizer.py  --shard_optimizer: each rank's share of the AdamW state
     stages.py             --pipeline: which blocks each stage holds, balanced by bytes (from
                           the safetensors headers, no mlx), the refusals
-    pipeline.py           a pipeline stage (Stage) and its GPipe step (PipelineStep): micro-batches,
-                          send/recv between stages, the tied embedding kept whole
+    pipeline.py           a pipeline stage (Stage) and its step function (PipelineStep, 1F1B or
+                          GPipe): micro-batches, send/recv between stages, the tied embedding
+                          kept whole, the validation loss through the stages
     stage_load.py         each rank builds its stage only, reading only its tensors
+    pipeline_setup.py     --pipeline N: the pipeline (and copies') groups, this rank's stage
+    pipeline_outputs.py   each stage's checkpoints, the step all stages resume from, OUT/adapters
+                          gathered and OUT/model in shards
     mfu.py                FLOPs per token and the peak they are measured against
     stopping.py           SIGUSR2: every rank checkpoints at one logged step and stops (the
                           lease of mlxcluster's controller ran out, or `mlxcluster stop`)
@@ -54,7 +58,5 @@ Modules, each importing only those listed before it (no circles):
     data_parallel.py      the data-parallel step function (gradients averaged over every rank)
                           and the validation loss
     train.py              the Trainer (the parts, resume, checkpoints, export) and main:
-                          `python -m reference_train.train`
-    pipeline_train.py     `python -m reference_train.pipeline_train`: pipeline-parallel training's
-                          stand-in loop, until train.py's loop is handed a step function
+                          `python -m reference_train.train` (data-parallel, or --pipeline N)
 """

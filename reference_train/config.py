@@ -18,8 +18,9 @@ from pathlib import Path
 
 import yaml
 
-from . import fine_tune
+from . import fine_tune, stages
 from .choices import DTYPES, EXPORT_DTYPES, KERNELS
+from .errors import DataError
 from .shape import ModelArgs
 
 CONFIG_DIR = Path(__file__).parent / "configs"
@@ -56,6 +57,12 @@ class TrainConfig:
     lora_dropout: float = 0.0
     lora_layers: int = 16  # the last N blocks get adapters; -1 = all
     lora_keys: str = ""  # comma-separated mlx-lm names (self_attn.q_proj,...); "" = every linear
+    # pipeline parallelism (stages.py, pipeline.py): the model's blocks split over
+    # --pipeline ranks (stages), each holding only its own; 1 = off (data-parallel)
+    pipeline: int = 1
+    pipeline_split: str = ""  # blocks per stage, "a,b,..." in order; "" = balanced by bytes
+    micro_batches: int = 0  # per global batch; 0 = the fewest, at least --pipeline, that divide it
+    pipeline_schedule: str = "1f1b"  # or gpipe (stages.schedule)
     # optimization
     steps: int = 100  # total optimizer steps (the learning-rate schedule spans these)
     stop_after: int = 0  # stop (with a checkpoint) after this step; 0 = run to `steps`
@@ -186,6 +193,7 @@ RANGES: dict[str, tuple[float | None, float | None, bool]] = {
     "keep_checkpoints": (0, None, True), "sample_tokens": (0, None, True),
     "resume_before": (0, None, True), "lora_rank": (1, None, True),
     "lora_scale": (None, None, True), "lora_dropout": (0, 1, True), "lora_layers": (-1, None, True),
+    "pipeline": (1, None, True), "micro_batches": (0, None, True),
 }
 
 
@@ -213,9 +221,45 @@ def check_config(cfg: TrainConfig) -> None:
     if cfg.export_dtype not in EXPORT_DTYPES:
         problems.append(f"export_dtype {cfg.export_dtype}: must be one of {', '.join(EXPORT_DTYPES)}")
     problems += fine_tune.config_problems(cfg)
+    problems += pipeline_problems(cfg)
     if problems:
         raise ValueError("; ".join(problems))
     model_args(cfg, vocab_size=2)  # ModelArgs checks dim / n_heads / n_kv_heads
+
+
+def pipeline_problems(cfg: TrainConfig) -> list[str]:
+    """What is wrong with a config's pipeline fields, as far as the config alone tells
+    (the model's blocks and the world size are the trainer's checks: train.py)."""
+    problems = []
+    if cfg.pipeline_schedule not in stages.SCHEDULES:
+        problems.append(f"pipeline_schedule {cfg.pipeline_schedule}: must be one of "
+                        f"{', '.join(stages.SCHEDULES)}")
+    if cfg.pipeline_split:
+        try:
+            split = stages.parse_split(cfg.pipeline_split)
+        except DataError as e:
+            problems.append(str(e))
+        else:
+            if len(split) != cfg.pipeline:
+                problems.append(f"--pipeline_split {cfg.pipeline_split} names {len(split)} "
+                                f"stages, but --pipeline is {cfg.pipeline} (give one number "
+                                "of blocks per stage)")
+    if cfg.pipeline > 1:
+        if cfg.micro_batches and cfg.global_batch % cfg.micro_batches:
+            problems.append(f"--micro_batches {cfg.micro_batches} does not divide global_batch "
+                            f"{cfg.global_batch} (give a divisor of global_batch)")
+        if cfg.grad_accum > 1:
+            problems.append(f"grad_accum {cfg.grad_accum} with --pipeline {cfg.pipeline}: a "
+                            "pipeline accumulates over its micro-batches (give --micro_batches "
+                            "instead)")
+        if cfg.shard_optimizer:
+            problems.append(f"shard_optimizer with --pipeline {cfg.pipeline}: each stage keeps "
+                            "the optimizer state of its own blocks only already (drop "
+                            "--shard_optimizer)")
+    elif cfg.pipeline_split or cfg.micro_batches:
+        problems.append("--pipeline_split and --micro_batches split a pipeline: give "
+                        "--pipeline N (2 or more stages) with them")
+    return problems
 
 
 def build_config(argv: list[str]) -> TrainConfig:
@@ -234,8 +278,9 @@ def build_config(argv: list[str]) -> TrainConfig:
     args = parser.parse_args(argv)
     values = load_config_file(args.config) if args.config else {}
     values.update({k: v for k, v in vars(args).items() if k in types and v is not None})
-    if isinstance(values.get("lora_keys"), list):  # YAML may list them
-        values["lora_keys"] = ",".join(str(k) for k in values["lora_keys"])
+    for listed in ("lora_keys", "pipeline_split"):  # YAML may list them
+        if isinstance(values.get(listed), list):
+            values[listed] = ",".join(str(k) for k in values[listed])
     cfg = TrainConfig(**{k: coerce(k, v, types[k]) for k, v in values.items()})
     check_config(cfg)
     return cfg

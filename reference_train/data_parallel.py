@@ -149,20 +149,32 @@ class DataParallelStep:
         return StepResult(step_loss, norm, phases)
 
 
-def validation(split, global_batch: int, group, batches: int) -> Callable[[nn.Module], float]:
+def validation(split, global_batch: int, group, batches: int,
+               loss: Callable[[nn.Module, Batch], mx.array] | None = None
+               ) -> Callable[[nn.Module], float]:
     """evaluate(model): the validation loss averaged over every rank's share of
-    ``batches`` global batches of ``split`` (the same on every rank: a collective)."""
+    ``batches`` global batches of ``split`` (the same on every rank: a collective).
+    ``group``: the ranks sharing each batch's rows; ``loss(model, rows)``: one share's
+    mean loss (default the model's own; a pipeline's goes through its stages:
+    pipeline.PipelineStep.loss)."""
+
+    def own_loss(model: nn.Module, batch: Batch) -> mx.array:
+        return loss_fn(model, *(mx.array(a) for a in batch))
+
+    batch_loss = loss or own_loss
 
     def evaluate(model: nn.Module) -> float:
         total, n = mx.array(0.0), 0
         model.eval()  # no dropout (LoRA's)
         for batch in validation_batches(split, global_batch, group, batches):
-            total = total + loss_fn(model, *(mx.array(a) for a in batch))
+            total = total + batch_loss(model, batch)
             n += 1
         mx.eval(total)
         model.train()
         if n == 0:
             return float("nan")
-        return (mx.distributed.all_sum(total, group=group) / (n * group.size())).item()
+        if group.size() > 1:
+            total = mx.distributed.all_sum(total, group=group)
+        return (total / (n * group.size())).item()
 
     return evaluate

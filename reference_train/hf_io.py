@@ -531,39 +531,58 @@ def export_folder(weights: dict[str, mx.array], args: ModelArgs, out: str | Path
     dict, with a tokenizer_config.json). Quantized weights (packed, with .scales and
     .biases: a quantized model's parameters) need the `quantization` they were
     loaded with (quantization_of(config)); packed weights keep their dtype."""
-    if dtype not in EXPORT_DTYPES:
-        raise DataError(f"export dtype {dtype!r} is not one of {', '.join(EXPORT_DTYPES)}")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     os.chmod(tmp, 0o755)
     try:
-        packed = [k for k, v in weights.items() if not mx.issubdtype(v.dtype, mx.floating)]
-        if packed and not quantization:
-            raise DataError(f"{out}: {hf_from_ours(packed[0])} is quantized ({weights[packed[0]].dtype}) "
-                            "but no quantization was given for config.json")
-        cast = {hf_from_ours(k): v if k in packed else v.astype(getattr(mx, dtype))
-                for k, v in weights.items()}
+        cast = exported_weights(weights, dtype, quantization, out)
         mx.save_safetensors(str(tmp / "model.safetensors"), cast, metadata={"format": "mlx"})
-        index = {"metadata": {"total_size": sum(v.nbytes for v in cast.values()),
-                              "total_parameters": sum(v.size for v in cast.values())},
-                 "weight_map": {k: "model.safetensors" for k in sorted(cast)}}
-        (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=4))
-        config = config_from_args(args, {**(base_config or {}), "torch_dtype": dtype},
-                                  quantization)
-        (tmp / "config.json").write_text(json.dumps(config, indent=4) + "\n")
-        if tokenizer_dir is not None:
-            copy_tokenizer(Path(tokenizer_dir), tmp)
-        elif tokenizer_json is not None:
-            (tmp / "tokenizer.json").write_text(json.dumps(tokenizer_json))
-            eos = next(t["content"] for t in tokenizer_json["added_tokens"])
-            (tmp / "tokenizer_config.json").write_text(json.dumps(
-                {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos}, indent=2))
+        write_index(tmp, {k: "model.safetensors" for k in cast},
+                    sum(v.nbytes for v in cast.values()), sum(v.size for v in cast.values()))
+        write_frame(tmp, args, dtype, base_config, quantization, tokenizer_dir, tokenizer_json)
         replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def exported_weights(weights: dict[str, mx.array], dtype: str, quantization: dict | None,
+                     out: str | Path) -> dict[str, mx.array]:
+    """`weights` (our names) under mlx-lm's names, cast to `dtype` (packed quantized
+    weights as they are, which need their `quantization`)."""
+    if dtype not in EXPORT_DTYPES:
+        raise DataError(f"export dtype {dtype!r} is not one of {', '.join(EXPORT_DTYPES)}")
+    packed = [k for k, v in weights.items() if not mx.issubdtype(v.dtype, mx.floating)]
+    if packed and not quantization:
+        raise DataError(f"{out}: {hf_from_ours(packed[0])} is quantized ({weights[packed[0]].dtype}) "
+                        "but no quantization was given for config.json")
+    return {hf_from_ours(k): v if k in packed else v.astype(getattr(mx, dtype))
+            for k, v in weights.items()}
+
+
+def write_index(folder: Path, weight_map: dict[str, str], total_size: int,
+                total_parameters: int) -> None:
+    """model.safetensors.index.json: which file holds each tensor (mlx-lm's names)."""
+    index = {"metadata": {"total_size": total_size, "total_parameters": total_parameters},
+             "weight_map": dict(sorted(weight_map.items()))}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=4))
+
+
+def write_frame(folder: Path, args: ModelArgs, dtype: str, base_config: dict | None,
+                quantization: dict | None, tokenizer_dir: str | Path | None,
+                tokenizer_json: dict | None) -> None:
+    """A model folder's files around its weights: config.json and the tokenizer's."""
+    config = config_from_args(args, {**(base_config or {}), "torch_dtype": dtype}, quantization)
+    (folder / "config.json").write_text(json.dumps(config, indent=4) + "\n")
+    if tokenizer_dir is not None:
+        copy_tokenizer(Path(tokenizer_dir), folder)
+    elif tokenizer_json is not None:
+        (folder / "tokenizer.json").write_text(json.dumps(tokenizer_json))
+        eos = next(t["content"] for t in tokenizer_json["added_tokens"])
+        (folder / "tokenizer_config.json").write_text(json.dumps(
+            {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos}, indent=2))
 
 
 def tokenizer_source(data_dir: Path | None, init_from: str | None) -> Path | None:

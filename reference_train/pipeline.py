@@ -45,7 +45,6 @@ sends the new matrix back: the copy is always the first stage's matrix, bit for 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -53,8 +52,9 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from . import kernels
 from .errors import DataError
+from .loop import Batch, StepResult
 from .model import Llama, head_logits, run_blocks
-from .precision import collective_stream, refresh
+from .precision import average_gradients, collective_stream, refresh
 from .sharded_optimizer import clip_grad_norm_over
 from .stages import StagePlan, check_micro_batches, check_schedule, schedule
 
@@ -107,19 +107,6 @@ class SingleReplica:
         return 1
 
 
-@dataclass
-class StepResult:
-    """What a pipeline step tells the loop, the same on every stage."""
-
-    loss: float  # mean over the global batch's trained targets (one process's loss)
-    tokens: int  # trained targets in the global batch
-    grad_norm: float  # before clipping (0.0 when --grad_clip is 0, as train.py logs it)
-    # this stage's seconds: compute_s (forwards and backwards, waits included),
-    # wait_s (of those, waiting for a neighbour: the bubble and the transfers),
-    # comm_s (the tied matrix and the collectives), optimizer_s
-    split: dict = field(default_factory=dict)
-
-
 class Exchange:
     """Sends and receives between neighbouring stages, each on a CPU stream of its own
     (collectives run on the CPU: precision.collective_stream). A send is waited for in
@@ -156,16 +143,20 @@ class Exchange:
 
 
 class PipelineStep:
-    """One optimizer step of one stage, called by every stage with the same global batch.
+    """One optimizer step of one stage (a loop.StepFunction), called by every stage of
+    a pipeline with the same rows: its replica's share of the global batch.
 
     `stage` holds the master (float32) weights the optimizer updates (its state is
     initialised here, for this stage's own parameters); `compute`, when
     given, is the stage's bfloat16 copy the passes run on (precision.py), refreshed
-    from the master before each step. `group` is the pipeline: stage i is rank i."""
+    from the master before each step. `group` is the pipeline: stage i is rank i.
+    `replicas`: the ranks holding the same stage in the other copies of the
+    pipeline (their gradients averaged, in `comm_dtype`); None: one pipeline."""
 
     def __init__(self, stage: Stage, optimizer, group, micro_batches: int,
                  grad_clip: float = 0.0, compute: Stage | None = None,
-                 compute_dtype: mx.Dtype = mx.float32, schedule: str = "1f1b"):
+                 compute_dtype: mx.Dtype = mx.float32, schedule: str = "1f1b",
+                 replicas=None, comm_dtype: mx.Dtype = mx.float32):
         plan = stage.plan
         if group.size() != plan.count or group.rank() != plan.index:
             raise DataError(f"stage {plan.index + 1} of {plan.count} runs as rank "
@@ -175,7 +166,8 @@ class PipelineStep:
         self.stage, self.compute = stage, compute if compute is not None else stage
         self.optimizer, self.group, self.plan = optimizer, group, plan
         self.micro_batches, self.grad_clip = micro_batches, grad_clip
-        self.compute_dtype = compute_dtype
+        self.compute_dtype, self.comm_dtype = compute_dtype, comm_dtype
+        self.replicas = replicas if replicas is not None and replicas.size() > 1 else None
         check_schedule(schedule)
         self.schedule = schedule
         self.link = Exchange(group)
@@ -280,13 +272,24 @@ class PipelineStep:
                 grads[TIED], plan.count - 1, group=group, stream=stream)
         if plan.count > 1:
             loss = mx.distributed.all_sum(loss, group=group, stream=stream)
+        if self.replicas is not None:  # the copies of this stage: one gradient
+            nested = tree_unflatten(list(grads.items()))  # the tree nn.average_gradients takes
+            grads = dict(tree_flatten(average_gradients(nested, self.replicas, self.comm_dtype)))
         mx.eval(loss, *grads.values())
         return loss, grads
 
-    def __call__(self, x, y, weights=None) -> StepResult:
-        """One optimizer step on the global batch (x, y, weights), every stage alike."""
+    def __call__(self, model: nn.Module, optimizer, batch: Batch, timed: bool = False
+                 ) -> StepResult:
+        """One optimizer step on this replica's rows `batch` (loop.py's contract: `model`
+        and `optimizer` are this step's stage and optimizer). The loss is the replica's
+        on every stage; the phases: compute_s (forwards and backwards, waits included),
+        wait_s (of those, waiting for a neighbour: the bubble and the transfers),
+        comm_s (the tied matrix and the collectives), optimizer_s."""
+        if model is not self.stage or optimizer is not self.optimizer:
+            raise ValueError("a PipelineStep steps the stage and optimizer it was built with")
+        x, y, *weights = batch
         start = time.perf_counter()
-        loss, grads = self.step_gradients(x, y, weights)
+        loss, grads = self.step_gradients(x, y, weights[0] if weights else None)
         reduced = time.perf_counter()
         plan, group, stream = self.plan, self.group, collective_stream()
         if self.grad_clip > 0:
@@ -305,8 +308,41 @@ class PipelineStep:
             self.stage.update(tree_unflatten([(TIED, copy)]))
             mx.eval(self.stage.parameters())
         done = time.perf_counter()
-        tokens = x.size if weights is None else int((weights > 0).sum())
-        return StepResult(float(loss.item()), int(tokens), float(norm.item()), {
-            "compute_s": round(self.computed - start, 6), "wait_s": round(self.link.waited, 6),
-            "comm_s": round(reduced - self.computed + done - updated, 6),
-            "optimizer_s": round(updated - reduced, 6)})
+        phases = {"compute_s": round(self.computed - start, 6),
+                  "wait_s": round(self.link.waited, 6),
+                  "comm_s": round(reduced - self.computed + done - updated, 6),
+                  "optimizer_s": round(updated - reduced, 6)} if timed else {}
+        return StepResult(loss.astype(mx.float32), norm, phases)
+
+    # ------------------------------------------------------------ validation
+
+    def loss(self, batch: Batch) -> mx.array:
+        """The loss of `batch` (this replica's rows) on the master weights, forwards only,
+        in micro-batches as a step runs them: the same on every stage (a collective of
+        the pipeline: every stage calls it with the same rows)."""
+        x, y, *weights = batch
+        trained = weights[0] if weights else None
+        plan, stage, link = self.plan, self.stage, self.link
+        rows_total, length = x.shape[0], x.shape[1]
+        rows = rows_total // self.micro_batches
+        shape = (rows, length, stage.args.dim)
+        total = mx.array(0.0)
+        for m in range(self.micro_batches):
+            part = slice(m * rows, (m + 1) * rows)
+            h = mx.array(x[part]) if plan.first else link.wait_for(
+                link.receive(shape, mx.float32, plan.index - 1))
+            out = stage(h)
+            if plan.last:
+                logits = out.astype(mx.float32)
+                total = total + kernels.cross_entropy(
+                    logits, mx.array(y[part]),
+                    None if trained is None else mx.array(trained[part])) * (rows / rows_total)
+                link.evaluate(total)
+            else:
+                link.send(out.astype(mx.float32), plan.index + 1)
+                link.evaluate(out)
+        link.evaluate()
+        if plan.count > 1:
+            total = mx.distributed.all_sum(total, group=self.group, stream=collective_stream())
+        mx.eval(total)
+        return total

@@ -228,24 +228,21 @@ def balanced_split(sizes: ModelBytes, n_stages: int) -> list[int]:
 
 
 def check_world(n_stages: int, world_size: int, backend: str) -> None:
-    """A DataError unless the world is exactly one pipeline: one rank per stage.
-    (Pipelines x data-parallel copies are not built yet; on ring and JACCL, whose
-    groups do not split, they cannot be.)"""
+    """A DataError unless the world is one pipeline (one rank per stage), or R copies
+    of it (N x R ranks) on a backend whose groups split (MPI)."""
     if world_size == n_stages:
         return
     if world_size % n_stages or world_size < n_stages:
-        raise DataError(f"--pipeline {n_stages} needs {n_stages} ranks, one per stage; this "
-                        f"run has {world_size}", f"launch {n_stages} ranks")
-    if backend in SPLITTABLE_BACKENDS:
-        raise DataError(f"{world_size} ranks with --pipeline {n_stages} would be "
-                        f"{world_size // n_stages} data-parallel copies of the pipeline; "
-                        "copies of a pipeline are not supported yet",
-                        f"launch {n_stages} ranks, one per stage")
-    raise DataError(f"{world_size} ranks with --pipeline {n_stages} would be "
-                    f"{world_size // n_stages} copies of the pipeline, but the {backend} "
-                    "backend cannot split a group (Group.split), so the world size must "
-                    "equal the number of stages",
-                    f"launch {n_stages} ranks, one per stage")
+        raise DataError(f"--pipeline {n_stages} needs {n_stages} ranks, one per stage (or a "
+                        f"multiple of {n_stages} on MPI: copies of the pipeline); this run "
+                        f"has {world_size}", f"launch {n_stages} ranks")
+    if backend not in SPLITTABLE_BACKENDS:
+        copies = world_size // n_stages
+        raise DataError(f"{world_size} ranks with --pipeline {n_stages} would be {copies} "
+                        f"copies of the pipeline, but the {backend} backend cannot split a "
+                        "group (Group.split), so the world size must equal the number of "
+                        "stages", f"launch {n_stages} ranks, one per stage; or run the "
+                        f"{copies} copies over MPI (--backend mpi), whose groups split")
 
 
 # ---------------------------------------------------------------- a folder's bytes

@@ -52,7 +52,7 @@ from .data import ShardedBatches, load_meta, open_split, split_batch
 from .data_parallel import DataParallelStep, validation
 from .disk_room import RoomWatch, full_disk_error, is_disk_full, said_when_full
 from .errors import DataError
-from .export import export_model
+from .export import export_index, export_model, export_shard
 from .fine_tune import ADAPTER_FIELDS, NAMES, adapter_config, parse_keys, trains_adapters
 from .hf_io import model_from_folder
 from .launch_env import current_backend, has_sum_scatter, init_group
@@ -60,10 +60,35 @@ from .loop import LoopPlan, train_loop
 from .metrics import emit_folder, heartbeat_wanted, plot_metrics, recording
 from .mfu import flops_per_token, peak_flops
 from .model import Llama, args_match, count_parameters, generate
+from .pipeline import PipelineStep
+from .pipeline_outputs import (
+    STAGE_DIR,
+    check_stage_state,
+    common_step,
+    gather_json,
+    gather_tensors,
+    layout_problem,
+    other_layout,
+    refuse_together,
+    stage_dir,
+    stage_state,
+    whole_steps,
+)
+from .pipeline_setup import (
+    build_stage,
+    micro_batches_of,
+    own_tensors,
+    pipeline_groups,
+    run_plans,
+    stage_writers,
+)
 from .precision import compute_copy, dtype_of
 from .prepare import ensure_default_data
 from .resume import agree_on_checkpoint, check_loaded, checkpoint_root, find_storage, host_layout
 from .sharded_optimizer import ShardedOptimizer
+from .stage_load import held_bytes
+from .stages import bubble_fraction, held_at_once
+from .stages import schedule as pipeline_order
 from .stopping import STOPPED_EXIT, Stopped, StopRequest, never_block_output
 from .storage import describe_storage
 from .tokenizer import make_tokenizer
@@ -102,6 +127,8 @@ def make_optimizer(cfg: TrainConfig, model: Llama, group, reduce_scatter: bool):
     """AdamW on the trainable parameters, or each rank's share of it (--shard_optimizer)."""
     optimizer = optim.AdamW(learning_rate=schedule(cfg), betas=[cfg.beta1, cfg.beta2],
                             weight_decay=cfg.weight_decay)
+    if cfg.pipeline > 1:  # pipeline.PipelineStep initialises it for the stage's own parameters
+        return optimizer
     if cfg.shard_optimizer:  # each rank keeps its share of the state (sharded_optimizer.py)
         return ShardedOptimizer(optimizer, model, group, reduce_scatter=reduce_scatter)
     optimizer.init(model.trainable_parameters())
@@ -120,39 +147,57 @@ class Trainer:
         self.rank, self.size = group.rank(), group.size()
         kernels.use(cfg.kernels)  # before any step is traced
         self.backend = current_backend(group)
+        self.data_dir = data_dir = Path(cfg.data) if cfg.data else ensure_default_data()
+        self.meta = load_meta(data_dir)
+        # --pipeline N: this rank is one stage of a pipeline (of one of its copies:
+        # pipeline_setup.py). Its refusals come before anything loads: a split the
+        # model's blocks cannot take, then a world that is no pipeline.
+        plans = run_plans(cfg, self.meta) if cfg.pipeline > 1 else []
+        self.pipe = pipeline_groups(group, cfg.pipeline, self.backend) if plans else None
+        # The ranks that share each global batch's rows: all (data-parallel), or the
+        # copies of the pipeline (each of whose stages reads its copy's rows).
+        self.data_group = group if self.pipe is None else self.pipe.replicas
+        self.micro_batches = 0 if self.pipe is None else \
+            micro_batches_of(cfg, self.pipe.replicas_count)
         # One checkpoint writer per --out folder: per host (Macs have their own disks),
         # or one for the hosts that see the same folder (storage.py finds out, with tokens).
+        # A pipeline's stages each write their own piece (pipeline_outputs.py).
         self.out = Path(cfg.out)
         self.layout = find_storage(group, host_layout(group), self.out)
         if self.rank == 0 and (note := describe_storage(self.layout, self.out)):
             log(note)
-        self.micro_batch = split_batch(cfg.global_batch, self.size, cfg.grad_accum)
-        self.data_dir = data_dir = Path(cfg.data) if cfg.data else ensure_default_data()
-        self.meta = load_meta(data_dir)
+        self.writers = self.layout if self.pipe is None else stage_writers(self.layout, self.pipe)
+        self.micro_batch = split_batch(cfg.global_batch, self.data_group.size(), cfg.grad_accum)
         self.tokenizer = make_tokenizer(self.meta["tokenizer"], data_dir)
         self.train_data = ShardedBatches(open_split(data_dir, "train", cfg.block_size),
-                                         cfg.global_batch, group, cfg.seed)
+                                         cfg.global_batch, self.data_group, cfg.seed)
         self.val_split = open_split(data_dir, "val", cfg.block_size)
-        self.model = make_model(cfg, self.meta, data_dir)
-        self.args = self.model.args
         self.lora = trains_adapters(cfg.fine_tune)  # LoRA or DoRA: only adapters train
-        # --dtype bfloat16: the passes run on a bfloat16 copy; self.model stays the float32 master.
         self.compute_dtype = dtype_of(cfg.dtype)
-        self.compute = compute_copy(self.model, self.empty_model, self.compute_dtype)
-        for m in (self.model, self.compute):  # --grad_checkpoint: blocks recomputed (model.py)
-            m.grad_checkpoint = cfg.grad_checkpoint
+        self.checkpoints = self.out / "checkpoints"
+        if self.pipe is None:
+            self.model = make_model(cfg, self.meta, data_dir)
+            self.args = self.model.args  # the compute copy's shape (empty_model)
+            # --dtype bfloat16: the passes run on a bfloat16 copy; self.model stays the
+            # float32 master.
+            self.compute = compute_copy(self.model, self.empty_model, self.compute_dtype)
+            for m in (self.model, self.compute):  # --grad_checkpoint: blocks recomputed (model.py)
+                m.grad_checkpoint = cfg.grad_checkpoint
+        else:  # only this stage's blocks, built as one process builds the model
+            self.stage_plan = plans[self.pipe.stage]
+            self.model, self.compute = build_stage(cfg, self.stage_plan, self.meta, data_dir)
+            self.checkpoints = self.checkpoints / stage_dir(self.stage_plan)
+        self.args = self.model.args
         self.reduce_scatter = cfg.shard_optimizer and has_sum_scatter(self.backend, mx.__version__)
         self.optimizer = make_optimizer(cfg, self.model, group, self.reduce_scatter)
         mx.eval(self.model.parameters(), self.optimizer.state)
-        self.step_fn = DataParallelStep(
-            group, global_batch=cfg.global_batch, grad_accum=cfg.grad_accum,
-            grad_clip=cfg.grad_clip, compute=None if self.compute is self.model else self.compute,
-            compute_dtype=self.compute_dtype, comm_dtype=dtype_of(cfg.comm_dtype),
-            compile=cfg.compile, random_state=self.lora and cfg.lora_dropout > 0)
+        self.step_fn = self.make_step()
+        # The whole model's parameters (a pipeline's: every stage's, summed).
+        self.n_params, self.n_trainable = self.counts()
         # Where the time goes (mfu.py): the model's FLOPs per token and this rank's peak.
         a = self.args
         embedding = 0 if a.tie_embeddings else a.vocab_size * a.dim  # a lookup, not a matmul
-        self.flops_per_token = flops_per_token(count_parameters(self.model), embedding, a.n_layers,
+        self.flops_per_token = flops_per_token(self.n_params, embedding, a.n_layers,
                                                a.n_heads, a.head_dim or a.dim // a.n_heads,
                                                cfg.block_size)
         self.peak, self.peak_source = peak_flops(self.compute_dtype)
@@ -162,6 +207,38 @@ class Trainer:
         self.heartbeat = heartbeat_wanted()
         self.stop = StopRequest(group)  # SIGUSR2: checkpoint and stop (stopping.py)
         self.room = RoomWatch()  # room for the next checkpoint on this host (disk_room.py)
+
+    def make_step(self):
+        """The step function (loop.py's contract): data-parallel, or this rank's stage of
+        the pipeline (its gradients averaged over the pipeline's copies)."""
+        cfg = self.cfg
+        compute = None if self.compute is self.model else self.compute
+        if self.pipe is not None:
+            return PipelineStep(self.model, self.optimizer, self.pipe.pipeline,
+                                self.micro_batches, cfg.grad_clip, compute, self.compute_dtype,
+                                cfg.pipeline_schedule, replicas=self.pipe.replicas,
+                                comm_dtype=dtype_of(cfg.comm_dtype))
+        return DataParallelStep(
+            self.group, global_batch=cfg.global_batch, grad_accum=cfg.grad_accum,
+            grad_clip=cfg.grad_clip, compute=compute, compute_dtype=self.compute_dtype,
+            comm_dtype=dtype_of(cfg.comm_dtype), compile=cfg.compile,
+            random_state=self.lora and cfg.lora_dropout > 0)
+
+    def counts(self) -> tuple[int, int]:
+        """(the model's parameters, its trainable ones): a pipeline's summed over its
+        stages (a collective of the pipeline), a tied matrix counted once."""
+        if self.pipe is None:
+            return count_parameters(self.model), lora.trainable_count(self.model)
+        mine = [sum(v.size for v in own_tensors(self.model, t).values()) for t in (False, True)]
+        summed = mx.distributed.all_sum(mx.array(mine, dtype=mx.int64), group=self.pipe.pipeline)
+        return tuple(int(v) for v in summed.tolist())
+
+    def evaluate(self):
+        """The validation loss (loop.py's evaluate): through the pipeline with one."""
+        cfg = self.cfg
+        loss = None if self.pipe is None else (lambda model, batch: self.step_fn.loss(batch))
+        return validation(self.val_split, cfg.global_batch, self.data_group, cfg.eval_batches,
+                          loss)
 
     def empty_model(self) -> Llama:
         """A model of this run's shape (with its adapters, frozen alike), for the compute copy."""
@@ -182,18 +259,10 @@ class Trainer:
 
     def resume(self) -> None:
         """Load the newest checkpoint, agreed by every rank (resume.py: a host lacking
-        it receives it from one that has it; ranks holding different states refuse)."""
+        it receives it from one that has it; ranks holding different states refuse;
+        a pipeline's stages each their own piece of the newest step all of them hold)."""
         cfg = self.cfg
-        root, only = checkpoint_root(cfg.resume, self.out)
-        # --resume PATH elsewhere than --out: which hosts share that folder is its own question
-        layout = self.layout if root == self.out / "checkpoints" else \
-            find_storage(self.group, host_layout(self.group), root, "--resume", required=False)
-        path, own_notes, notes = agree_on_checkpoint(self.group, layout, root, only,
-                                                     cfg.keep_checkpoints, before=cfg.resume_before)
-        for note in own_notes:  # about this host's disk: said by the rank that saw it
-            print(f"note: {note}", flush=True)
-        for note in notes:
-            self.log(note)
+        path = self.find_checkpoint() if self.pipe is None else self.find_stage_checkpoint()
         if path is None:
             if cfg.resume == "auto":
                 self.log(f"no checkpoint in {self.out}; starting from step 0")
@@ -213,9 +282,11 @@ class Trainer:
         if theirs != ours:
             raise DataError(f"{path} was trained with {theirs}, this run asks for {ours}",
                             "resume with the checkpoint's --fine_tune and --lora_* settings")
+        if self.pipe is not None:  # its stage's piece: the same blocks (every stage says)
+            refuse_together(check_stage_state(saved, self.stage_plan, path), self.group)
         state = load_checkpoint(path, self.model, self.optimizer, trainable_only=self.lora)
         self.room.saw(path)  # the next checkpoint's size, for the room check before it
-        check_loaded(self.group, self.layout, state["step"], content_hash(path))
+        check_loaded(self.data_group, self.writers, state["step"], content_hash(path))
         self.step = state["step"]
         self.key = mx.array(state["rng_key"], dtype=mx.uint32)
         if self.lora and "global_rng_key" in state:  # LoRA's dropout draws from it
@@ -223,6 +294,43 @@ class Trainer:
             mx.random.seed((hi << 32) | lo)
         self.log(f"resumed from {path} at step {self.step} (data epoch "
                  f"{state['data']['epoch']}, step {state['data']['step_in_epoch']})")
+
+    def find_checkpoint(self) -> Path | None:
+        """The checkpoint every rank of a data-parallel run loads (collective)."""
+        cfg = self.cfg
+        root, only = checkpoint_root(cfg.resume, self.out)
+        # --resume PATH elsewhere than --out: which hosts share that folder is its own question
+        layout = self.layout if root == self.out / "checkpoints" else \
+            find_storage(self.group, host_layout(self.group), root, "--resume", required=False)
+        path, own_notes, notes = agree_on_checkpoint(self.group, layout, root, only,
+                                                     cfg.keep_checkpoints, before=cfg.resume_before)
+        self.say_notes(own_notes, notes)
+        # none of its own, but a pipeline's pieces there: refused, not started over
+        refuse_together(other_layout(root, "data-parallel") if path is None else None, self.group)
+        return path
+
+    def find_stage_checkpoint(self) -> Path | None:
+        """This stage's piece of the newest step every stage holds (collective)."""
+        cfg, plan, pipe = self.cfg, self.stage_plan, self.pipe
+        root, only = checkpoint_root(cfg.resume, self.out)
+        if STAGE_DIR.match(root.name):  # --resume .../checkpoints/stage_1_of_2[/step_N]
+            root = root.parent
+        refuse_together(layout_problem(root, plan), self.group)
+        mine = root / stage_dir(plan)
+        step = common_step(whole_steps(mine, cfg.resume_before, only), pipe.stage, pipe.stages,
+                           self.group)
+        if step is None:
+            return None
+        path, own_notes, notes = agree_on_checkpoint(pipe.replicas, self.writers, mine, step,
+                                                     cfg.keep_checkpoints, before=cfg.resume_before)
+        self.say_notes(own_notes, notes)
+        return path
+
+    def say_notes(self, own_notes: list[str], notes: list[str]) -> None:
+        for note in own_notes:  # about this host's disk: said by the rank that saw it
+            print(f"note: {note}", flush=True)
+        for note in notes:
+            self.log(note)
 
     def save(self, step: int) -> None:
         """The loop's checkpoint (loop.py): step `step`'s."""
@@ -233,9 +341,9 @@ class Trainer:
         optimizer = self.optimizer
         if isinstance(optimizer, ShardedOptimizer):  # whole on every host: gathered by every rank
             optimizer = SimpleNamespace(state=optimizer.gathered_state())
-        if not self.layout.writes:  # every rank holds the same weights: one copy per --out
+        if not self.writers.writes:  # the ranks holding the same weights: one copy per --out
             return
-        root, name = self.out / "checkpoints", f"checkpoint {checkpoint_name(self.step)}"
+        root, name = self.checkpoints, f"checkpoint {checkpoint_name(self.step)}"
         if warning := self.room.before(root, name):  # a DataError when it cannot fit (disk_room.py)
             if self.rank == 0:
                 self.log(f"warning: {warning}")
@@ -244,6 +352,8 @@ class Trainer:
         state = {"data": self.train_data.position(self.step),
                  "rng_key": np.array(self.key).tolist(), "config": asdict(self.cfg),
                  "model_args": asdict(self.args), "world_size": self.size}
+        if self.pipe is not None:
+            state["pipeline"] = stage_state(self.stage_plan)
         if self.lora:
             state["global_rng_key"] = mx.random.state[0].tolist()
         with said_when_full(root, name):
@@ -255,6 +365,8 @@ class Trainer:
         """OUT/model, the trained model as mlx-lm opens it; like checkpoints, one writer
         per --out folder (every host keeps its own copy, hosts sharing one disk one copy),
         written to a temporary folder and renamed."""
+        if self.pipe is not None:
+            return self.export_stages()
         if self.layout.writes:
             # From the checkpoint just written: its model.safetensors holds the float32
             # master weights (DESIGN: whatever dtype the step computes in).
@@ -278,6 +390,36 @@ class Trainer:
             if self.rank == 0:
                 self.log(note)
 
+    def export_stages(self) -> None:
+        """A pipeline's outputs (pipeline_outputs.py), by its first copy: OUT/adapters
+        gathered to rank 0 and written there; OUT/model as one shard per stage, each
+        written on its stage's host, and rank 0's config, tokenizer and index."""
+        cfg, pipe = self.cfg, self.pipe
+        if pipe.replica != 0:
+            return
+        if self.lora:
+            adapters = gather_tensors(own_tensors(self.model, True), pipe.pipeline)
+            if adapters is None:
+                return
+            with said_when_full(self.out, "the adapters"):
+                folder = lora.write_adapters(adapters, adapter_config(cfg, self.args.n_layers),
+                                             self.out / "adapters")
+            if recording():  # mlxcluster keeps a copy where it runs
+                emit_folder(folder, "adapters")
+            self.log(f"adapters for mlx-lm: {folder} (mlx_lm.generate --model "
+                     f"{cfg.init_from} --adapter-path {folder}), gathered from "
+                     f"{pipe.stages} stages")
+            return
+        with said_when_full(self.out, "the exported model's shard"):
+            shard = export_shard(own_tensors(self.model, False), self.out / "model", pipe.stage,
+                                 pipe.stages, cfg.export_dtype)
+        shards = gather_json(shard, pipe.pipeline)
+        if pipe.stage == 0:
+            with said_when_full(self.out, "the exported model"):
+                self.log(export_index(shards, self.args, self.out / "model",
+                                      data_dir=self.data_dir, init_from=cfg.init_from,
+                                      dtype=cfg.export_dtype))
+
     def train_step(self, timed: bool = False) -> tuple[mx.array, mx.array]:
         """One step of the step function on this rank's slice of global batch
         `self.step` (for benchmarks: run() goes through the loop); returns (this
@@ -289,6 +431,11 @@ class Trainer:
     def reduction(self) -> str:
         """How the gradients are averaged, for the log."""
         cfg = self.cfg
+        if self.pipe is not None:
+            copies = self.pipe.replicas_count
+            return ("activations and their gradients sent between stages"
+                    + (f", gradients all-reduced in {cfg.comm_dtype} over the {copies} copies"
+                       if copies > 1 else ""))
         if not cfg.shard_optimizer:
             return f"gradients all-reduced in {cfg.comm_dtype}"
         if self.reduce_scatter:
@@ -301,9 +448,14 @@ class Trainer:
         """The run's first log lines (rank 0): ranks and batch, data, adapters, precision."""
         cfg = self.cfg
         plan = self.train_data.plan
-        self.log(f"ranks {self.size} | global batch {cfg.global_batch} = {self.size} ranks x "
-                 f"{cfg.grad_accum} accum x {self.micro_batch} | model "
-                 f"{count_parameters(self.model) / 1e6:.2f}M params"
+        if self.pipe is None:
+            split = f"{self.size} ranks x {cfg.grad_accum} accum x {self.micro_batch}"
+        else:
+            pipe, micro = self.pipe, self.micro_batches
+            split = (f"{pipe.replicas_count} x a pipeline of {pipe.stages} stages, each "
+                     f"{micro} micro-batches of {self.micro_batch // micro}")
+        self.log(f"ranks {self.size} | global batch {cfg.global_batch} = {split} | model "
+                 f"{self.n_params / 1e6:.2f}M params"
                  f"{f' from {cfg.init_from}' if cfg.init_from else ''} | train "
                  f"{plan.n_sequences} sequences of {cfg.block_size}: {plan.steps_per_epoch} "
                  f"steps/epoch, {plan.dropped} dropped per epoch")
@@ -312,13 +464,21 @@ class Trainer:
                      f"targets count (loss, tokens/s); {self.train_data.split.cut} train "
                      f"and {self.val_split.cut} val rows longer than {cfg.block_size + 1} "
                      "tokens cut")
+        if self.pipe is not None:
+            held = held_at_once(pipeline_order(cfg.pipeline_schedule, 0, self.pipe.stages,
+                                               self.micro_batches))
+            self.log(f"pipeline of {self.pipe.stages} stages, {self.micro_batches} "
+                     f"micro-batches of {self.micro_batch // self.micro_batches} rows, "
+                     f"{cfg.pipeline_schedule}: bubble "
+                     f"{bubble_fraction(self.pipe.stages, self.micro_batches):.0%}, at most "
+                     f"{held} micro-batches' activations held")
         if self.lora:
-            trained = lora.trainable_count(self.model)
+            trained = self.n_trainable
             blocks = "all" if cfg.lora_layers < 0 else f"the last {cfg.lora_layers}"
             self.log(f"{NAMES[cfg.fine_tune]}: rank {cfg.lora_rank}, scale {cfg.lora_scale}, "
                      f"dropout {cfg.lora_dropout} on {blocks} blocks' "
                      f"{', '.join(parse_keys(cfg.lora_keys))}: {trained:,} trainable "
-                     f"parameters ({100 * trained / count_parameters(self.model):.2f}%), the "
+                     f"parameters ({100 * trained / self.n_params:.2f}%), the "
                      f"base frozen{' and quantized' if lora.is_quantized(self.model) else ''}")
         self.log(f"compute {cfg.dtype} on float32 master weights, {self.reduction()}"
                  f" | {self.flops_per_token / 1e6:.2f} MFLOPs per token; mfu against "
@@ -338,6 +498,9 @@ class Trainer:
         if self.rank == 0:
             make_out_dir(self.out)
             self.describe(cold)
+        if self.pipe is not None:  # each rank its own stage, once
+            print(f"rank {self.rank}: {self.stage_plan.describe(self.args.n_layers)} (held: "
+                  f"{held_bytes(self.model) / 2**20:.2f} MiB)", flush=True)
         if cfg.resume:
             self.resume()
         last = min(cfg.steps, cfg.stop_after) if cfg.stop_after else cfg.steps
@@ -348,8 +511,7 @@ class Trainer:
         callback = self.callback(last)
         record = train_loop(self.model, self.optimizer, self.train_data, self.step_fn, callback,
                             plan=plan, group=self.group,
-                            evaluate=validation(self.val_split, cfg.global_batch, self.group,
-                                                cfg.eval_batches),
+                            evaluate=self.evaluate(),
                             save=self.save, stop=self.stop.agreed)
         self.step = last
         self.checkpoint()
@@ -357,7 +519,11 @@ class Trainer:
         callback.on_train_end(self.step)  # sampling and plotting follow on rank 0 only
         return record
 
-    def sample(self) -> str:
+    def sample(self) -> str | None:
+        """Text sampled from the trained model (rank 0); None with a pipeline, whose
+        rank 0 holds its stage only."""
+        if self.pipe is not None:
+            return None
         ids = self.tokenizer.encode(self.cfg.sample_prompt)
         self.key, sub = mx.random.split(self.key)
         self.model.eval()
@@ -408,7 +574,10 @@ def main(argv: list[str] | None = None) -> int:
         metrics = trainer.out / "metrics.jsonl"
         if metrics.exists() and not recording():  # else mlxcluster draws it where it keeps the record
             log(plot_metrics(metrics, trainer.out / "loss.png"))
-        if cfg.sample_tokens > 0:
+        if cfg.sample_tokens > 0 and trainer.pipe is not None:
+            log("no sample with --pipeline (each rank holds its stage only): sample OUT/model "
+                "or OUT/adapters with mlx_lm.generate")
+        elif cfg.sample_tokens > 0:
             text = trainer.sample()
             (trainer.out / "sample.txt").write_text(text + "\n")
             log(f"sample: {text!r}")

@@ -246,8 +246,9 @@ def test_only_shared_modules_are_loose_at_the_top_of_the_package():
 TRAINER_MODULES_FOR_MLXCLUSTER = frozenset({
     "reference_train.config", "reference_train.metrics", "reference_train.data",
     "reference_train.errors", "reference_train.files", "reference_train.storage",
-    # what config imports
+    # what config imports (stages: --pipeline's split, planned from the safetensors headers)
     "reference_train.choices", "reference_train.shape", "reference_train.fine_tune",
+    "reference_train.stages",
 })
 TRAINER = PACKAGE.parent / "reference_train"
 

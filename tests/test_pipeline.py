@@ -1,12 +1,15 @@
-"""Pipeline-parallel training (reference_train/stages.py, pipeline.py, stage_load.py):
+"""Pipeline-parallel training, `python -m reference_train.train --pipeline N`
+(stages.py, pipeline.py, stage_load.py, pipeline_setup.py, pipeline_outputs.py):
 the split and its refusals, each rank loading only its blocks (one process's weights,
 adapters drawn alike), and on real ranks of the ring backend a pipeline step's
-gradients, then the losses of a few steps, equal to one process's."""
+gradients, then every logged loss of full, LoRA, QLoRA and DoRA runs, equal to one
+process's; resume exact; OUT/model and OUT/adapters opened by the real mlx-lm."""
 
 from __future__ import annotations
 
 import json
-import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import mlx.core as mx
@@ -21,13 +24,16 @@ from reference_train.data import ShardedBatches, load_meta, open_split
 from reference_train.errors import DataError
 from reference_train.hf_io import load_folder, model_from_folder, model_from_weights
 from reference_train.model import Llama, loss_fn
-from reference_train.pipeline_train import main as pipeline_main
+from reference_train.pipeline_outputs import other_layout
 from reference_train.prepare import main as prepare_main
 from reference_train.stage_load import held_bytes, load_stage
+from reference_train.train import main as train_main
 
+from . import adapter_support as support
 from .chat_support import make_chat_folder, write_jsonl
+from .conftest import require
 from .hf_support import LLAMA3_CONFIG, make_llama_folder
-from .train_support import FakeGroup, run_trainer, train_losses
+from .train_support import FakeGroup, read_metrics, run_trainer, train_losses, trainer_env
 
 # train.py's tiny config: 2 blocks, tied embeddings; a few steps, nothing else.
 TINY = ["--config", "tiny", "--eval_every", "0", "--sample_tokens", "0", "--steps", "3"]
@@ -67,28 +73,57 @@ def test_an_explicit_split_and_the_refusals():
         (lambda: stages.plan_stages(sizes([10] * 4), 3, [2, 2]), "names 2 stages, but --pipeline is 3"),
         (lambda: stages.parse_split("2,x"), "expected whole numbers of blocks per stage"),
         (lambda: stages.parse_split("4,0"), "each at least 1"),
-        (lambda: stages.check_world(2, 1, "none"), "--pipeline 2 needs 2 ranks, one per stage; this run has 1"),
+        (lambda: stages.check_world(2, 1, "none"), "--pipeline 2 needs 2 ranks, one per stage"),
+        (lambda: stages.check_world(2, 3, "mpi"), "this run has 3"),
         (lambda: stages.check_world(2, 4, "ring"), "the ring backend cannot split a group"),
-        (lambda: stages.check_world(2, 4, "mpi"), "copies of a pipeline are not supported yet"),
+        (lambda: stages.check_world(2, 4, "jaccl"), "the jaccl backend cannot split a group"),
     ]
     for refused, message in refusals:
         with pytest.raises(DataError, match=message.replace("(", r"\(")):
             refused()
     stages.check_world(4, 4, "ring")
+    stages.check_world(2, 4, "mpi")  # 2 copies of the pipeline: MPI's groups split
     assert stages.bubble_fraction(2, 4) == pytest.approx(1 / 5) and stages.bubble_fraction(1, 8) == 0
     assert [stages.default_micro_batches(n, 8) for n in (1, 2, 3, 4, 5, 9)] == [1, 2, 4, 4, 8, 8]
 
 
-def test_the_cli_refuses_a_split_before_any_rank_starts(llama, llama_data, capsys):
-    common = [*TINY, "--init_from", str(llama), "--data", str(llama_data), *LORA]
+def test_the_trainer_refuses_before_anything_trains(llama, llama_data, tmp_path, capsys):
+    """Each refusal exits 2 with the problem and its fix, no traceback, nothing written."""
+    common = [*TINY, "--init_from", str(llama), "--data", str(llama_data), *LORA,
+              "--out", str(tmp_path / "out")]
     for flags, message in [(["--pipeline", "3"], "--pipeline 3: the model has 2 blocks"),
                            (["--pipeline", "2", "--pipeline_split", "1,2"], "adds up to 3 blocks"),
+                           (["--pipeline", "2", "--pipeline_split", "2"],
+                            "names 1 stages, but --pipeline is 2"),
                            (["--pipeline", "2", "--micro_batches", "3"],
                             "--micro_batches 3 does not divide global_batch 8"),
+                           (["--pipeline", "2", "--grad_accum", "2"], "give --micro_batches"),
+                           (["--pipeline_split", "1,1"], "give --pipeline N"),
+                           (["--pipeline", "2", "--pipeline_schedule", "zigzag"],
+                            "pipeline_schedule zigzag: must be one of 1f1b, gpipe"),
                            (["--pipeline", "2"], "--pipeline 2 needs 2 ranks")]:
-        assert pipeline_main([*flags, *common]) == 2
+        assert train_main([*flags, *common]) == 2, flags
         err = capsys.readouterr().err
-        assert message in err and "hint:" in err and "Traceback" not in err
+        assert message in err and "Traceback" not in err, (flags, err)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_resume_of_another_pipeline_is_refused_naming_it(tmp_path):
+    """A --out's checkpoints name the run that wrote them (pipeline_outputs.other_layout):
+    another --pipeline's, or a data-parallel run's, are refused, not re-split."""
+    checkpoints = tmp_path / "checkpoints"
+    for piece in ("stage_1_of_2", "stage_2_of_2"):
+        (checkpoints / piece / "step_000002").mkdir(parents=True)
+        (checkpoints / piece / "step_000002" / "state.json").write_text("{}")
+    assert other_layout(checkpoints, "--pipeline 2") is None
+    for asked in ("--pipeline 4", "data-parallel"):
+        refusal = other_layout(checkpoints, asked)
+        assert f"holds the checkpoints of --pipeline 2, and this run asks for {asked}" in refusal
+        assert "resume with the same --pipeline" in refusal
+    (checkpoints / "step_000002").mkdir()
+    (checkpoints / "step_000002" / "state.json").write_text("{}")
+    assert "a data-parallel run (no --pipeline) and --pipeline 2" in \
+        other_layout(checkpoints, "--pipeline 4")
 
 
 # ---------------------------------------------------------------- each rank loads its blocks
@@ -182,8 +217,6 @@ def one_process_gradients(flags: list[str]):
         model = model_from_folder(cfg.init_from, meta, Path(cfg.data), cfg.fine_tune)
     else:
         model = Llama(model_args(cfg, meta["vocab_size"]))
-    if cfg.fine_tune == "lora":
-        lora.apply_config(model, cfg)
     loss, grads = nn.value_and_grad(model, loss_fn)(model, *(mx.array(a) for a in batch))
     return loss, dict(tree_flatten(grads))
 
@@ -200,18 +233,15 @@ def rows_data(tmp_path_factory):
     return base / "data"
 
 
-@pytest.mark.parametrize("case", ["full", "lora"])
-def test_a_pipeline_steps_gradients_are_one_process(case, llama, llama_data, rows_data, tmp_path):
-    """2 stages on 2 ranks (ring), 4 micro-batches: every gradient, each on the stage
-    that updates it, and the loss. Full: the tiny config from scratch on masked rows
-    (each micro-batch's share of the global batch's trained targets), its tied matrix's
-    two uses summed; LoRA: the Llama folder on text."""
-    if case == "lora":
-        flags = [*TINY, "--data", str(llama_data), "--init_from", str(llama), *LORA]
-    else:
-        flags = [*TINY, "--data", str(rows_data), "--block_size", "160"]
+def test_a_pipeline_steps_gradients_are_one_process(rows_data, tmp_path):
+    """The trainer's own stages and step (train.Trainer) on 2 ranks (ring), 4
+    micro-batches: every gradient, each on the stage that updates it, and the loss:
+    the tiny config from scratch on masked rows (each micro-batch's share of the
+    global batch's trained targets), its tied matrix's two uses summed."""
+    flags = [*TINY, "--data", str(rows_data), "--block_size", "160"]
     proc = run_trainer(["--grads_out", str(tmp_path), "--pipeline", "2", "--micro_batches", "4",
-                        *flags], ranks=2, module="tests.pipeline_grads")
+                        "--out", str(tmp_path / "out"), *flags], ranks=2,
+                       module="tests.pipeline_grads")
     assert proc.returncode == 0, proc.stderr[-3000:]
     loss, expected = one_process_gradients(flags)
     assert loss.item() > 1  # trained targets in the batch
@@ -220,17 +250,12 @@ def test_a_pipeline_steps_gradients_are_one_process(case, llama, llama_data, row
         assert abs(got.pop("@loss").item() - loss.item()) <= 1e-6 * loss.item()
     names = [set(s) for s in saved]
     assert not names[0] & names[1] and names[0] | names[1] == set(expected)
-    if case == "full":
-        assert "tok_embeddings.weight" in names[0] and "norm.weight" in names[1]
+    assert "tok_embeddings.weight" in names[0] and "norm.weight" in names[1]
     worst = 0.0
     for got in saved:
         for name, g in got.items():
             want = expected[name]
-            scale = mx.abs(want).max().item()
-            if scale == 0:  # LoRA's lora_a before lora_b has moved
-                assert mx.abs(g).max().item() == 0, name
-                continue
-            worst = max(worst, mx.abs(g - want).max().item() / scale)
+            worst = max(worst, mx.abs(g - want).max().item() / mx.abs(want).max().item())
     assert 0 < worst < 1e-5, worst
 
 
@@ -240,63 +265,162 @@ def one_process(out, flags) -> dict[int, float]:
     return train_losses(out)
 
 
-def parity(tmp_path, flags, ranks, extra=(), tolerance=PARITY, expected=None):
-    """Every logged loss of `--pipeline ranks` against one process's (`expected`, or run here)."""
-    expected = expected or one_process(tmp_path / "one", flags)
-    piped = run_trainer(["--pipeline", str(ranks), *extra, *flags, "--out", str(tmp_path / "pp")],
-                        ranks=ranks, module="reference_train.pipeline_train")
-    assert piped.returncode == 0, piped.stderr[-3000:]
+def pipelined(out, flags, ranks, *extra):
+    proc = run_trainer(["--pipeline", str(ranks), *extra, *flags, "--out", str(out)],
+                       ranks=ranks, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def parity(tmp_path, flags, ranks, extra=(), tolerance=PARITY, expected=None, steps=3):
+    """Every logged loss of `--pipeline ranks` against one process's (`expected`, or run
+    here): (the pipeline's output, its --out, one process's --out)."""
+    if expected is None:
+        expected = one_process(tmp_path / "one", flags)
+    piped = pipelined(tmp_path / "pp", flags, ranks, *extra)
     got = train_losses(tmp_path / "pp")
-    assert list(got) == list(expected) == [1, 2, 3]
+    assert list(got) == list(expected) == list(range(1, steps + 1))
     worst = max(abs(got[s] - expected[s]) / expected[s] for s in expected)
     assert worst < tolerance, (worst, expected, got)
     return piped
 
 
 # The tiny config from scratch with 4 blocks: tied embeddings, whose copy on the
-# last stage is kept equal to the first stage's after each update.
-FULL = [*TINY, "--n_layers", "4"]
+# last stage is kept equal to the first stage's after each update; 4 steps,
+# validated at 2 and 4 (through the stages).
+FULL = [*TINY, "--n_layers", "4", "--steps", "4", "--eval_every", "2", "--log_every", "1"]
 
 
 @pytest.fixture(scope="module")
-def full_losses(llama_data, tmp_path_factory):
-    return one_process(tmp_path_factory.mktemp("one"), [*FULL, "--data", str(llama_data)])
+def full_one(llama_data, tmp_path_factory):
+    """One process's run of FULL: its --out."""
+    out = tmp_path_factory.mktemp("one") / "out"
+    one_process(out, [*FULL, "--data", str(llama_data)])
+    return out
 
 
-def test_full_fine_tuning_losses_on_2_stages(llama_data, full_losses, tmp_path):
-    piped = parity(tmp_path, [*FULL, "--data", str(llama_data)], 2, ["--micro_batches", "4"],
-                   expected=full_losses)
+def val_losses(out: Path) -> dict[int, float]:
+    return {r["step"]: r["val_loss"] for r in read_metrics(out) if "val_loss" in r}
+
+
+def test_full_fine_tuning_on_2_stages_resumes_exactly_and_mlx_lm_loads_its_model(
+        llama_data, full_one, tmp_path):
+    """Losses and validation losses one process's; OUT/model in a shard per stage that
+    mlx-lm loads with one process's logits; stopped at step 2 and resumed, the losses
+    of the uninterrupted pipeline to the bit; another --pipeline refused."""
+    from mlx_lm.utils import load
+
+    flags = [*FULL, "--data", str(llama_data)]
+    piped = parity(tmp_path, flags, 2, ["--micro_batches", "4", "--checkpoint_every", "2"],
+                   expected=train_losses(full_one), steps=4)
     assert "rank 1: stage 2 of 2: blocks 2-3 of 4, a copy of the tied embedding, the final " \
            "norm and head" in piped.stdout
     assert "1f1b: bubble 20%, at most 2 micro-batches' activations held" in piped.stdout
-    records = [json.loads(line) for line in (tmp_path / "pp" / "metrics.jsonl").read_text().splitlines()]
-    assert all(r["pipeline"] == 2 and r["micro_batches"] == 4 and r["schedule"] == "1f1b"
-               for r in records if "loss" in r)
+    assert "in 2 shards, model-00001-of-00002.safetensors onwards" in piped.stdout
+    want_val, got_val = val_losses(full_one), val_losses(tmp_path / "pp")
+    assert list(got_val) == [2, 4]
+    assert all(abs(got_val[s] - want_val[s]) <= PARITY * want_val[s] for s in want_val)
+    pieces = sorted(p.name for p in (tmp_path / "pp" / "checkpoints").iterdir())
+    assert pieces == ["stage_1_of_2", "stage_2_of_2"]
+    # OUT/model: each stage's shard, the index naming both; mlx-lm computes one process's logits
+    model_dir = tmp_path / "pp" / "model"
+    index = json.loads((model_dir / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"].values()) == {"model-00001-of-00002.safetensors",
+                                                 "model-00002-of-00002.safetensors"}
+    ids = mx.array([[1, 2, 3, 4, 5]])
+    theirs = load(str(model_dir))[0](ids)
+    ours = load(str(full_one / "model"))[0](ids)
+    assert mx.abs(theirs - ours).max().item() < 1e-4
+    # stopped after step 2, then resumed: the uninterrupted pipeline's losses, bit for bit
+    split = tmp_path / "split"
+    pipelined(split, [*flags, "--stop_after", "2", "--checkpoint_every", "2"], 2,
+              "--micro_batches", "4")
+    resumed = pipelined(split, [*flags, "--resume"], 2, "--micro_batches", "4")
+    assert "at step 2" in resumed.stdout
+    assert train_losses(split) == train_losses(tmp_path / "pp")
+    # another number of stages, or none, on these checkpoints: refused, nothing trained
+    refused = run_trainer([*flags, "--resume", "--out", str(split)])
+    assert refused.returncode == 2 and "holds the checkpoints of --pipeline 2, and this run " \
+        "asks for data-parallel" in refused.stderr and "Traceback" not in refused.stderr
+    assert train_losses(split) == train_losses(tmp_path / "pp")
 
 
-def test_full_fine_tuning_losses_on_4_stages_both_schedules(llama_data, full_losses, tmp_path):
-    for schedule_ in ("1f1b", "gpipe"):
-        parity(tmp_path / schedule_, [*FULL, "--data", str(llama_data)], 4,
-               ["--micro_batches", "8", "--pipeline_schedule", schedule_], expected=full_losses)
-    # the backwards in the same order: the same sums, the same losses to the bit
-    assert train_losses(tmp_path / "1f1b" / "pp") == train_losses(tmp_path / "gpipe" / "pp")
+def test_full_fine_tuning_losses_on_4_stages(llama_data, full_one, tmp_path):
+    """4 ranks, one block each, GPipe (1F1B: the 2-stage tests; the backwards in the
+    same order, the same sums)."""
+    parity(tmp_path, [*FULL, "--data", str(llama_data)], 4,
+           ["--micro_batches", "8", "--pipeline_schedule", "gpipe"],
+           expected=train_losses(full_one), steps=4)
 
 
-def test_lora_losses_on_2_stages_with_grad_checkpoint(llama, llama_data, tmp_path):
-    parity(tmp_path, [*TINY, "--init_from", str(llama), "--data", str(llama_data), *LORA,
-                      "--grad_checkpoint", "true"], 2)
+def adapters_open_in_mlx_lm(folder: Path, adapters: Path, one: Path) -> None:
+    """OUT/adapters, gathered from the stages, opened by mlx-lm with our logits and
+    one process's adapters."""
+    from mlx_lm.utils import load
+
+    ids = support.prompt_ids(folder)
+    ours = support.our_adapted_model(folder, adapters)(ids)
+    theirs, _ = load(str(folder), adapter_path=str(adapters))
+    assert mx.abs(theirs(ids) - ours).max().item() < 1e-4
+    a, b = (mx.load(str(p / "adapters.safetensors")) for p in (adapters, one))
+    assert sorted(a) == sorted(b)
+    assert max(mx.abs(a[k] - b[k]).max().item() for k in a) < 1e-4
 
 
-def test_qlora_losses_on_2_stages(llama, llama_data, tmp_path):
+def test_lora_on_2_stages_with_grad_checkpoint(llama, llama_data, tmp_path):
+    piped = parity(tmp_path, [*TINY, "--init_from", str(llama), "--data", str(llama_data), *LORA,
+                              "--grad_checkpoint", "true"], 2)
+    assert "gathered from 2 stages" in piped.stdout
+    adapters_open_in_mlx_lm(llama, tmp_path / "pp" / "adapters", tmp_path / "one" / "adapters")
+
+
+def test_qlora_losses_on_2_stages(llama, tmp_path, llama_data):
     """The frozen 4-bit base split too: each stage quantized as the folder is."""
-    folder = make_llama_folder(tmp_path / "q4", LLAMA3_CONFIG, quantize=True)
-    for f in llama.iterdir():  # the data's tokenizer
-        if f.name.startswith(("tokenizer", "special_tokens")):
-            shutil.copy(f, folder / f.name)
+    folder = support.quantized_llama(tmp_path / "q4", llama)
     parity(tmp_path, [*TINY, "--init_from", str(folder), "--data", str(llama_data), *LORA], 2)
+
+
+def test_dora_on_2_stages(llama, llama_data, tmp_path):
+    """DoRA's adapters and magnitudes on each stage's blocks; OUT/adapters mlx-lm's DoRA."""
+    from mlx_lm.utils import load
+
+    parity(tmp_path, [*TINY, "--init_from", str(llama), "--data", str(llama_data), *LORA,
+                      "--fine_tune", "dora"], 2)
+    adapters = tmp_path / "pp" / "adapters"
+    assert json.loads((adapters / "adapter_config.json").read_text())["fine_tune_type"] == "dora"
+    theirs, _ = load(str(llama), adapter_path=str(adapters))
+    assert type(theirs.layers[1].self_attn.q_proj).__name__ == "DoRALinear"
+    adapters_open_in_mlx_lm(llama, adapters, tmp_path / "one" / "adapters")
 
 
 def test_bfloat16_losses_on_2_stages(llama_data, tmp_path):
     """Each stage's passes on its bfloat16 copy, the tied matrix's copy included."""
     parity(tmp_path, [*TINY, "--data", str(llama_data), "--dtype", "bfloat16"], 2,
            tolerance=BFLOAT16_PARITY)
+
+
+def test_two_copies_of_a_2_stage_pipeline_over_mpi(llama_data, full_one, tmp_path):
+    """4 MPI ranks, --pipeline 2: Group.split makes 2 copies of the pipeline, each
+    reading half the global batch, each stage's gradients averaged over its copies:
+    every logged loss one process's."""
+    from mlxcluster.facts.mpi import find_libmpi, find_mpirun, libmpi_env
+
+    mpirun = find_mpirun(sys.executable)
+    require(mpirun is not None, "no mpirun beside the test python or on PATH")
+    env = {**trainer_env(), **libmpi_env(find_libmpi(mpirun=mpirun))}
+    passed = [a for k in ("MLX_MPI_LIBNAME", "LD_LIBRARY_PATH", "DYLD_LIBRARY_PATH",
+                          "PYTHONPATH", "LD_PRELOAD", "OPENBLAS_NUM_THREADS") if k in env
+              for a in ("-x", k)]
+    out = tmp_path / "mpi"
+    proc = subprocess.run([mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "4", *passed,
+                           sys.executable, "-m", "reference_train.train", *FULL, "--data",
+                           str(llama_data), "--pipeline", "2", "--progress", "false",
+                           "--out", str(out)],
+                          env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "gradients all-reduced in float32 over the 2 copies" in proc.stdout
+    expected, got = train_losses(full_one), train_losses(out)
+    assert list(got) == list(expected)
+    assert max(abs(got[s] - expected[s]) / expected[s] for s in expected) < PARITY
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["stage_1_of_2",
+                                                                       "stage_2_of_2"]

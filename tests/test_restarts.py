@@ -69,7 +69,7 @@ def test_without_hosts_renumbers_the_ranks_and_a_failure_names_its_host():
     job = job_on("mac1", "mac2", "mac3")
     assert [h.name for h in without_hosts(job, {"mac1"}).hosts] == ["mac2", "mac3"]
     failed = failure_of_outcome(job, RunOutcome(exit_code=3, failed_rank=2, run_id="r1"))
-    assert failed == Failure("rank 2 exited with code 3", ("mac3",), "r1")
+    assert failed == Failure("rank 2 exited with code 3 (on mac3)", ("mac3",), "r1")
     lost = failure_of_outcome(job, RunOutcome(exit_code=255, lost_host="mac1", run_id="r2"))
     assert lost.hosts == ("mac1",) and "lost the ssh connection to mac1" in lost.cause
 
@@ -100,7 +100,7 @@ def test_the_restart_loop_reports_each_step_and_asks_the_caller_for_the_next_job
                                       on_event=events.append)
     assert outcome.exit_code == 0 and launched == [None, "1"] and last.env["K"] == "1"
     assert [type(e) for e in events] == [LaunchFailed, Restarting, Note]
-    assert events[1] == Restarting(1, 2, "rank 1 exited with code 3") and events[2].text == "again 1"
+    assert events[1] == Restarting(1, 2, "rank 1 exited with code 3 (on local-1)") and events[2].text == "again 1"
 
     refused = RunOutcome(exit_code=2, lines=("usage: mlx.launch [-h]",
                                              "mlx.launch: error: unrecognized arguments: --bogus"))

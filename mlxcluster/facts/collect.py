@@ -15,7 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from mlxcluster.facts.capture import PROBE, RAW_CAPTURE_FILES, HostCapture
+from mlxcluster.facts.capture import CAPTURE_FILES, PROBE, RAW_CAPTURE_FILES, HostCapture
 from mlxcluster.facts.facts import HostFacts, host_facts
 from mlxcluster.inventory.discovery import DiscoveredHost, inventory_entries, render_inventory
 from mlxcluster.inventory.inventory import parse_inventory
@@ -63,7 +63,9 @@ def capture_from_probe(name: str, result: CommandResult, python: str) -> HostCap
     # documented names, whatever the host's output says ('../x' or '/x' would
     # write outside DIR).
     if isinstance(raw, dict):
-        files.update({k: v for k, v in raw.items() if k in RAW_CAPTURE_FILES and isinstance(v, str)})
+        # In CAPTURE_FILES' order, as a --collect folder is read back: a live
+        # run and its replay list the same files the same way.
+        files.update({k: raw[k] for k in CAPTURE_FILES if k in RAW_CAPTURE_FILES and isinstance(raw.get(k), str)})
     return HostCapture(name=name, files=files)
 
 

@@ -63,6 +63,7 @@ def failure_of_outcome(job: Job, outcome: RunOutcome) -> Failure:
     hosts = ()
     if outcome.failed_rank is not None and outcome.failed_rank < len(job.hosts):
         hosts = (job.hosts[outcome.failed_rank].name,)
+        cause += f" (on {hosts[0]})"
     return Failure(cause, hosts, outcome.run_id)
 
 

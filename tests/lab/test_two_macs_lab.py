@@ -30,9 +30,9 @@ from importlib import metadata
 
 import pytest
 
-from tests.lab.mlx_overlay import OLD
 from mlxcluster.jobs.plan import free_port_block
 from tests.lab.jobs import assert_nothing_left
+from tests.lab.mlx_overlay import OLD
 from tests.lab.two_macs import DISTS
 from tests.serve_support import Serving, chat_model, chat_text, generated_alone
 from tests.waits import SERVE_UP_S
