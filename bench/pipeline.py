@@ -14,7 +14,7 @@ and `--pipeline 2` / `--pipeline 4` with a few --micro_batches and both schedule
 which runs the trainer's module as `python -m` would and, at its end, reports what
 only the rank knows: the bytes of the weights it holds (its stage's, or the whole
 model's), its MLX peak (mx.get_peak_memory) and peak RSS, and, for a pipeline,
-every step's split (compute_s, wait_s, comm_s: pipeline.StepResult) from which the
+every step's phases (compute_s, wait_s, comm_s: loop.StepResult) from which the
 bubble is measured as wait_s / compute_s. tokens/s is the trainer's own record
 (OUT/metrics.jsonl, a record a step; the first `--warmup` steps dropped).
 
@@ -59,9 +59,9 @@ from pathlib import Path  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-# The trainer module that takes --pipeline: the stand-in loop until the trainer's own
-# loop takes it (then "reference_train.train", the only change).
-PIPELINE_MODULE = "reference_train.pipeline_train"
+# The trainer module that takes --pipeline (reference_train.pipeline_train, a stand-in
+# loop, until the trainer took it).
+PIPELINE_MODULE = "reference_train.train"
 DATA_PARALLEL_MODULE = "reference_train.train"
 REPORT = "BENCH_RANK "
 
@@ -94,9 +94,8 @@ def run_as_rank(module: str, argv: list[str]) -> int:
 
     def call(self, *args, **kwargs):
         result = step_call(self, *args, **kwargs)
-        # the stand-in's StepResult has .split; loop.py's (the trainer's loop) .phases,
         # filled on the steps the loop logs (every step here: --log_every 1)
-        split = getattr(result, "phases", None) or getattr(result, "split", None)
+        split = result.phases
         if split:
             seen["splits"].append(split)
         return result
