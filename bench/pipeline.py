@@ -318,12 +318,16 @@ def limit_cases() -> list[Case]:
 
 
 def first_error(stderr: str) -> str:
-    """The line saying why a run ended, from its stderr."""
+    """The line saying why a run ended, from its stderr, with where a crash happened (the
+    innermost Python frame faulthandler printed)."""
+    lines = stderr.splitlines()
     for mark in ("Fatal Python error", "MemoryError", "error:", "Error"):
-        for line in stderr.splitlines():
+        for n, line in enumerate(lines):
             if mark in line:
-                return line.strip()[:160]
-    return stderr.strip().splitlines()[-1][:160] if stderr.strip() else ""
+                frame = next((f.strip() for f in lines[n + 1:n + 6]
+                              if f.strip().startswith("File ")), "")
+                return line.strip()[:160] + (f" ({frame[:160]})" if frame else "")
+    return lines[-1][:160] if lines else ""
 
 
 def part_limit(model: list[str], limit_mib: int, tmp: Path) -> dict:
@@ -337,6 +341,7 @@ def part_limit(model: list[str], limit_mib: int, tmp: Path) -> dict:
         row = {"case": case.name, "trained": outcome.trained, "exit": outcome.exit,
                "steps_logged": len(outcome.records),
                "loss": outcome.records[-1]["loss"] if outcome.records else None,
+               "free_loss": free.records[-1]["loss"] if free.records else None,
                "ranks_reported": len(outcome.ranks), "held": held,
                "free_vm_data": [r["vm_data"] for r in free.ranks],
                "free_rss_peak": [r["rss_peak"] for r in free.ranks],
@@ -344,7 +349,8 @@ def part_limit(model: list[str], limit_mib: int, tmp: Path) -> dict:
                "limited_vm_data": [r["vm_data"] for r in outcome.ranks],
                "why": "" if outcome.trained else first_error(outcome.stderr)}
         rows.append(row)
-        state = (f"trained {row['steps_logged']} steps, loss {row['loss']:.4f}" if row["trained"]
+        state = (f"trained {row['steps_logged']} steps, loss {row['loss']:.6f} (unlimited: "
+                 f"{row['free_loss']:.6f})" if row["trained"]
                  else f"FAILED exit {outcome.exit} after {row['steps_logged']} logged steps: "
                       f"{row['why']}")
         print(f"  {case.name:<26} held MiB {mib(held, 1):>12}  unlimited: VmData MiB "
