@@ -276,7 +276,7 @@ def part_speed(model: list[str], rounds: int, warmup: int, quick: bool, tmp: Pat
                   f"rank {mib(r['mlx_peak'] for r in outcome.ranks)}", flush=True)
     one = runs[cases[0]]
     print(f"\n{'case':<28}{'tokens/s: median (min-max)':>30}{'x 1 process':>13}"
-          f"{'held MiB':>14}{'MLX peak MiB':>16}{'RSS peak MiB':>16}{'bubble: measured':>34}"
+          f"{'held MiB':>22}{'MLX peak MiB':>16}{'RSS peak MiB':>18}{'bubble: measured':>34}"
           f"{'formula':>9}")
     table = []
     for case, outcomes in runs.items():
@@ -303,8 +303,8 @@ def part_speed(model: list[str], rounds: int, warmup: int, quick: bool, tmp: Pat
             waited = f"{spread(mean, '{:.0%}')} [{'/'.join(f'{b:.0%}' for b in per_rank)}]"
             formula = f"{row['bubble_formula']:.0%}"
         table.append(row)
-        print(f"{case.name:<28}{spread(speeds):>30}{ratio:>12.2f}x{mib(row['held'], 2):>14}"
-              f"{mib(peaks):>16}{mib(rss):>16}{waited:>34}{formula:>9}")
+        print(f"{case.name:<28}{spread(speeds):>30}{ratio:>12.2f}x{mib(row['held'], 2):>22}"
+              f"{mib(peaks):>16}{mib(rss):>18}{waited:>34}{formula:>9}")
     print("held: weights each rank holds; bubble: wait_s / compute_s, the mean over ranks "
           "(median over rounds, min-max) [each rank's median]")
     return {"rounds": rounds, "warmup_steps": warmup, "model": model, "cases": table}
