@@ -123,3 +123,51 @@ def mlx_lm_answer(model, adapters, cwd) -> str:
                          cwd=cwd, env=trainer_env(), capture_output=True, text=True, timeout=180)
     assert gen.returncode == 0, gen.stderr[-3000:]
     return gen.stdout.split("==========\n")[1].rsplit("\n", 1)[0].strip()
+
+
+def test_full_fine_tuning_pipeline_brings_every_stages_shard_here_and_mlx_lm_loads_it(lab3, tmp_path):
+    """Full fine-tuning over two hosts: each stage writes its own shard of OUT/model on its
+    own host's disk (never the whole model in one rank), mlxcluster brings both here, and
+    mlx-lm loads the folder with one process's weights."""
+    two = lab3.hosts[:2]
+    here = lab3.disk / f"ppf-{uuid.uuid4().hex[:8]}"
+    model = here / "tiny-llama"
+    make_chat_folder(model, "llama3")
+    make_llama_folder(model, MODEL_CONFIG, seed=3)
+    data = learning_data(model, here / "data", True, n=48)
+    out = lab3.disk / f"ppf-out-{uuid.uuid4().hex[:8]}"
+    inventory, env = training_setup(lab3, tmp_path, hosts=two)
+    flags = ["--config", "tiny", "--init_from", str(model), "--data", str(data), "--fine_tune", "full",
+             "--block_size", "64", "--global_batch", "8", "--steps", "3", "--lr", "1e-3",
+             "--log_every", "1", "--eval_every", "0", "--sample_tokens", "0", "--compile", "false",
+             "--kernels", "mlx"]
+    trained = subprocess.run(
+        [sys.executable, "-m", "mlxcluster", "train", "-i", str(inventory), "--no-preflight",
+         "--stall-timeout", "30s", "--timeout", "240", "--", *flags, "--out", str(out),
+         "--pipeline", "2"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    said = trained.stdout + trained.stderr
+    assert trained.returncode == 0, said[-4000:]
+    assert "model: the stages' shards gathered into" in said, said[-3000:]
+    for i in range(2):  # each host wrote only its own stage's shard
+        there = sorted(p.name for p in (on_host(lab3, i, out) / "model").glob("model-*.safetensors"))
+        assert there == [f"model-0000{i + 1}-of-00002.safetensors"], there
+    reference = tmp_path / "reference"
+    proc = run_trainer([*flags, "--out", str(reference)], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    loaded = subprocess.run([PYTHON, "-c", LOAD_BOTH, str(out / "model"), str(reference / "model")],
+                            env=trainer_env(), capture_output=True, text=True, timeout=180)
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    assert float(loaded.stdout.split()[-1]) <= 1e-3, loaded.stdout
+
+
+# mlx-lm loads both folders; the largest difference of their logits on one prompt,
+# relative to the logits' largest.
+LOAD_BOTH = """
+import sys
+import mlx.core as mx
+from mlx_lm import load
+prompt = mx.array([[1, 5, 9, 14, 20, 31]])
+(a, _), (b, _) = load(sys.argv[1]), load(sys.argv[2])
+la, lb = a(prompt), b(prompt)
+print((mx.abs(la - lb).max() / mx.abs(lb).max()).item())
+"""

@@ -76,8 +76,9 @@ def test_a_stopped_rank_is_found_named_and_stopped(lab3, lab_data, tmp_path, bac
     assert said, stderr[-3000:]
     # Both wait on rank 1: in one place, or (MPI, rank 1 stopped mid
     # all-reduce) rank 0 already in the next collective: each is placed.
-    # (stopping.py: the ranks' per-log-step agreement on a stop, their next collective)
-    where = r"(\S+) at ((?:train|stopping)\.py:(\d+))(?: \(in (\S+)\))?"
+    # (stopping.py: the ranks' per-log-step agreement on a stop, their next collective; loop.py:
+    # the training loop the Trainer hands its parts, data_parallel.py: its step)
+    where = r"(\S+) at ((?:train|loop|data_parallel|stopping)\.py:(\d+))(?: \(in (\S+)\))?"
     together = re.fullmatch(f"in {where}", said.group(2).strip())
     apart = re.fullmatch(f"at different places: rank 0 in {where}, rank 2 in {where}",
                          said.group(2).strip())
