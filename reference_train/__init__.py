@@ -29,6 +29,8 @@ Modules, each importing only those listed before it (no circles):
     precision.py          --dtype / --comm_dtype bfloat16: compute copy, gradient all-reduce
     lora.py               --fine_tune lora or dora: LoRALinear, DoRALinear, adapters on a frozen
                           (or quantized) base, OUT/adapters in mlx-lm's format
+    stages.py             --pipeline: which blocks each stage holds, balanced by bytes (from
+                          the safetensors headers, no mlx), the refusals
     config.py             TrainConfig and build_config: defaults, configs/*.yaml, --field flags;
                           imports no mlx, so mlxcluster parses the trainer's arguments without it
     checkpoint.py         atomic checkpoints and their hashes
@@ -38,13 +40,6 @@ Modules, each importing only those listed before it (no circles):
     export.py             `python -m reference_train.export`: a checkpoint as an mlx-lm folder
     launch_env.py         what the launcher asked for: world size, backend, sum_scatter
     sharded_optimizer.py  --shard_optimizer: each rank's share of the AdamW state
-    stages.py             --pipeline: which blocks each stage holds, balanced by bytes (from
-                          the safetensors headers, no mlx), the refusals
-    pipeline.py           a pipeline stage (Stage) and its step function (PipelineStep, 1F1B or
-                          GPipe): micro-batches, send/recv between stages, the tied embedding
-                          kept whole, the validation loss through the stages
-    stage_load.py         each rank builds its stage only, reading only its tensors
-    pipeline_setup.py     --pipeline N: the pipeline (and copies') groups, this rank's stage
     pipeline_outputs.py   each stage's checkpoints, the step all stages resume from, OUT/adapters
                           gathered and OUT/model in shards
     mfu.py                FLOPs per token and the peak they are measured against
@@ -55,6 +50,11 @@ Modules, each importing only those listed before it (no circles):
                           bar, the log lines and the metrics record (no mlx)
     loop.py               train_loop, handed the model, optimizer, data, a step function and a
                           callback; the step function's contract (StepFunction, StepResult)
+    pipeline.py           a pipeline stage (Stage) and its step function (PipelineStep, 1F1B or
+                          GPipe): micro-batches, send/recv between stages, the tied embedding
+                          kept whole, the validation loss through the stages
+    stage_load.py         each rank builds its stage only, reading only its tensors
+    pipeline_setup.py     --pipeline N: the pipeline (and copies') groups, this rank's stage
     data_parallel.py      the data-parallel step function (gradients averaged over every rank)
                           and the validation loss
     train.py              the Trainer (the parts, resume, checkpoints, export) and main:

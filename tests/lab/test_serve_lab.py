@@ -72,7 +72,10 @@ def test_serve_over_two_hosts_answers_survives_a_hang_and_a_kill(lab3, llama, tm
         seen = len(serving.lines)
         lab.ssh(two[0], f"kill -KILL {rank_pid(lab, two[0], run_id, 0)}", check=True)
         restart = serving.wait_for(r"^restart 2/3 after: (.*)", SERVE_AGAIN_S, after=seen).group(1)
-        assert re.search(rf"rank 0 exited with code \S+ \(on {two[0].name}\)", restart), restart
+        # The killed rank's ssh session may end with ssh's own 255 first: then the launch
+        # reads it as a lost connection (seen once in CI); either way rank 0 and its host.
+        assert re.search(rf"rank 0 exited with code \S+ \((on|lost the ssh connection to) "
+                         rf"{two[0].name}\)", restart), restart
         serving.wait_for(r"serving .* again \(restart 2", SERVE_AGAIN_S, after=seen)
         assert chat_text(port) == alone
     finally:
@@ -82,7 +85,7 @@ def test_serve_over_two_hosts_answers_survives_a_hang_and_a_kill(lab3, llama, tm
     assert_nothing_left(lab, {"run_id": run_id, "cleanup_problems": []})
     journal = (tmp_path / "runs" / run_id / "serve.log").read_text()
     assert re.search(r"restart 1/3: .*rank 1 on " + two[1].name, journal), journal
-    assert "restart 2/3: rank 0 exited with code" in journal and f"(on {two[0].name})" in journal, journal
+    assert "restart 2/3: rank 0 exited with code" in journal and two[0].name in journal, journal
 
 
 def test_a_model_that_does_not_split_over_three_hosts_is_refused_before_anything_is_sent(lab3, llama, tmp_path):
