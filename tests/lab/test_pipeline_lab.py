@@ -47,15 +47,23 @@ def losses(rows) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in rows if "loss" in r}
 
 
-def test_lora_pipeline_over_two_hosts_gives_one_process_and_its_adapters_here(lab3, tmp_path):
-    two = lab3.hosts[:2]
-    here = lab3.disk / f"pp-{uuid.uuid4().hex[:8]}"  # this machine's own disk
+def two_host_setup(lab, tmp_path, name: str, rows: int):
+    """The tiny Llama folder and its masked chat data on this machine's own disk only
+    (train sends them), a run's --out, and an inventory of the lab's first two hosts:
+    (model, data, out, inventory, env)."""
+    here = lab.disk / f"{name}-{uuid.uuid4().hex[:8]}"  # this machine's own disk
     model = here / "tiny-llama"
     make_chat_folder(model, "llama3")
     make_llama_folder(model, MODEL_CONFIG, seed=3)
-    data = learning_data(model, here / "data", True, n=96)
-    out = lab3.disk / f"pp-out-{uuid.uuid4().hex[:8]}"
-    inventory, env = training_setup(lab3, tmp_path, hosts=two)
+    data = learning_data(model, here / "data", True, n=rows)
+    out = lab.disk / f"{name}-out-{uuid.uuid4().hex[:8]}"
+    inventory, env = training_setup(lab, tmp_path, hosts=lab.hosts[:2])
+    return model, data, out, inventory, env
+
+
+def test_lora_pipeline_over_two_hosts_gives_one_process_and_its_adapters_here(lab3, tmp_path):
+    two = lab3.hosts[:2]
+    model, data, out, inventory, env = two_host_setup(lab3, tmp_path, "pp", rows=96)
 
     def train(*trainers: str) -> subprocess.CompletedProcess:
         return subprocess.run(
@@ -129,14 +137,7 @@ def test_full_fine_tuning_pipeline_brings_every_stages_shard_here_and_mlx_lm_loa
     """Full fine-tuning over two hosts: each stage writes its own shard of OUT/model on its
     own host's disk (never the whole model in one rank), mlxcluster brings both here, and
     mlx-lm loads the folder with one process's weights."""
-    two = lab3.hosts[:2]
-    here = lab3.disk / f"ppf-{uuid.uuid4().hex[:8]}"
-    model = here / "tiny-llama"
-    make_chat_folder(model, "llama3")
-    make_llama_folder(model, MODEL_CONFIG, seed=3)
-    data = learning_data(model, here / "data", True, n=48)
-    out = lab3.disk / f"ppf-out-{uuid.uuid4().hex[:8]}"
-    inventory, env = training_setup(lab3, tmp_path, hosts=two)
+    model, data, out, inventory, env = two_host_setup(lab3, tmp_path, "ppf", rows=48)
     flags = ["--config", "tiny", "--init_from", str(model), "--data", str(data), "--fine_tune", "full",
              "--block_size", "64", "--global_batch", "8", "--steps", "3", "--lr", "1e-3",
              "--log_every", "1", "--eval_every", "0", "--sample_tokens", "0", "--compile", "false",
