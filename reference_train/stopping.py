@@ -71,6 +71,22 @@ class StopRequest:
         if not self.enabled:
             return False
         if self.group.size() == 1:
-            return self.asked
-        asked = mx.distributed.all_sum(mx.array(int(self.asked)), group=self.group, stream=mx.cpu)
-        return asked.item() > 0
+            stopping = self.asked
+        else:
+            asked = mx.distributed.all_sum(mx.array(int(self.asked)), group=self.group,
+                                           stream=mx.cpu)
+            stopping = asked.item() > 0
+        if stopping:
+            outlive_the_launchers_term()
+        return stopping
+
+
+def outlive_the_launchers_term() -> None:
+    """Ignore SIGTERM from here to the end: every rank now writes its last
+    checkpoint and ends with STOPPED_EXIT, and the first to end makes the
+    launcher (mlx.launch, mpirun) SIGTERM the others as it does a failed
+    rank's peers. Seen on the lab, one run in several: rank 0, still writing
+    its last line, was killed (its ssh ended 255) and "stopped at step" never
+    arrived. What is left to do is short; `mlxcluster stop` and the lease's
+    watchdog still end a rank that does not, with SIGKILL."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -285,22 +285,64 @@ def test_the_check_hook_refuses_or_says_each_stage(four_blocks, hosts, llama_8b,
 # ---- restarts and --elastic ------------------------------------------------------------------
 
 
-def test_elastic_stops_naming_why_a_pipeline_cannot_lose_a_host(four_blocks, tmp_path):
-    """The trainer resumes a stage's checkpoint only with the stages that wrote it
-    (reference_train/pipeline_outputs.py): dropping a host stops the run, saying so."""
-    args = args_of("--init_from", str(four_blocks), "--pipeline", "2", "--out", str(tmp_path / "o"))
-    run = TrainerRun(args, 2)
+def test_elastic_re_splits_the_stages_over_the_hosts_left(four_blocks, hosts, tmp_path):
+    """A lost host's stage goes to the hosts left: --pipeline N-1, balanced by bytes, the
+    hosts' facts asked again (here: captured), the drop in the record; a restart on the same
+    hosts keeps the pipeline. The trainer re-cuts the checkpoints (tests/test_resplit.py)."""
+    args = args_of("--init_from", str(four_blocks), "--fine_tune", "lora", "--pipeline", "3",
+                   "--pipeline_split", "2,1,1", "--out", str(tmp_path / "o"))
+    asked = []
+    run = TrainerRun(args, 3, facts=lambda job: asked.append(job.hosts) or
+                     {h.name: hosts["box"] for h in job.hosts})
+    job, notes = run.drop(job_on("a", "b", "c"), [Dropped("c", "unreachable over ssh")])
+    assert [h.name for h in job.hosts] == ["a", "b"] and len(asked) == 1
+    assert notes[0] == "dropped c (unreachable over ssh): going on with --pipeline 2 on a, b, " \
+                       "--pipeline_split 2,2"
+    assert notes[1].startswith("pipeline: stage 1 of 2 on a: the embedding, blocks 0-1 of 4")
+    assert job.program[-4:] == ("--pipeline", "2", "--pipeline_split", "2,2")
+    assert run.args.pipeline == Pipeline(2, (2, 2))
+    records = [json.loads(line) for line in run.record.metrics.read_text().splitlines()]
+    [dropped] = [r for r in records if r.get("event") == "host_dropped"]
+    assert dropped.pop("time") and dropped == {"event": "host_dropped", "host": "c", "ranks": 2,
+                                               "reason": "unreachable over ssh", "pipeline": 2}
+    # a restart on the same hosts resumes the pipeline now run: the flags kept, resume added
+    job, _ = run.resume(job, 1)
+    assert job.program[-8:] == ("--pipeline", "2", "--pipeline_split", "2,2", "--resume", "auto",
+                                "--resume_before", "1")
+
+
+def test_a_re_split_moves_blocks_off_a_small_mac_or_stops_naming_why(llama_8b, hosts, four_blocks):
+    """A 64-block model (Llama 3.1 8B's blocks twice, 64 GB of float32 weights) on a Mac
+    Studio and two 32 GB minis: without mini2 its LoRA halves do not fit mini1, the split
+    that fits does; full fine-tuning over the two left fits no split: the run stops, naming
+    the stage, the host and the ways out. One host left, or copies of the pipeline: stopped."""
+    from mlxcluster.launch.pipeline_launch import resplit
+
+    big = ModelBytes(llama_8b.embedding, llama_8b.blocks * 2, llama_8b.head, False)
+    lora = args_of("--init_from", str(four_blocks), "--fine_tune", "lora", "--pipeline", "3").config
+    left = job_on("studio", "mini1")
+    done = resplit(lora, Pipeline(3), 3, left, ["mini2"], hosts, big)
+    # the greedy split fills the studio; the mini keeps a block and the head
+    assert done.pipeline == Pipeline(2, (63, 1))
+    assert judge_stages(big, plan_stages(big, 2, [63, 1]), ["studio", "mini1"], hosts, "lora").ok
+    assert not judge_stages(big, plan_stages(big, 2), ["studio", "mini1"], hosts, "lora").ok
+    assert done.lines[1].startswith("stage 2 of 2 on mini1: block 63 of 64, the final norm and "
+                                    "head") and done.lines[1].endswith(": fits")
+
+    full = args_of("--init_from", str(four_blocks), "--pipeline", "3").config
     with pytest.raises(MlxclusterError) as err:
-        run.drop(job_on("a", "b"), [Dropped("b", "unreachable over ssh")])
-    assert err.value.message.startswith(
-        "--elastic cannot go on without b: with --pipeline 2, each stage's checkpoints hold its "
-        "own blocks, and the trainer resumes them only with the same 2 stages and split")
-    assert "rerun with '-- --resume auto'" in err.value.hint
-    # a restart on the same hosts resumes the same pipeline: the flags kept, resume added
-    job, _ = run.resume(job_on("a", "b"), 1)
-    assert job.program[-4:] == ("--resume", "auto", "--resume_before", "1")
-    assert job.program[job.program.index("--pipeline") + 1] == "2"
-    assert run.args.pipeline == Pipeline(2) and job.hosts == job_on("a", "b").hosts
+        resplit(full, Pipeline(3), 3, left, ["mini2"], hosts, big)
+    said = err.value.message
+    assert said.startswith("--elastic cannot go on without mini2: with --pipeline 3, its blocks "
+                           "do not re-split over the 2 host(s) left: the pipeline's stages do "
+                           "not all fit their hosts:")
+    assert "on mini1 needs" in said and "weights, gradients and AdamW state" in said
+    assert "--fine_tune lora" in said and "rerun with '-- --resume auto'" in err.value.hint
+
+    with pytest.raises(MlxclusterError, match="1 rank is left, and a pipeline needs 2 stages"):
+        resplit(lora, Pipeline(2), 2, job_on("studio"), ["mini1"], hosts, big)
+    with pytest.raises(MlxclusterError, match="its 4 ranks ran 2 copies of the pipeline"):
+        resplit(lora, Pipeline(2), 4, job_on("studio", "mini1", "mini2"), ["x"], hosts, big)
 
 
 def test_the_model_here_is_whole_when_the_index_finds_every_shard(tmp_path):

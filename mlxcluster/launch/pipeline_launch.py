@@ -19,9 +19,15 @@ uses) and judges each stage against its host (stage_fit.py): a stage that
 does not fit is exit 2, naming the stage, the host, the bytes and the ways
 out.
 
-With ``--elastic``, a host cannot be dropped from a pipeline: the trainer
-resumes a stage's checkpoint only with the stages and split that wrote it,
-so ``no_resplit`` stops the run naming why (restarts on the same hosts go on).
+With ``--elastic``, a lost host's stage goes to the hosts left
+(``resplit``): the pipeline runs again as ``--pipeline N-1`` over them,
+balanced by bytes when that fits every host, else the split that fits
+(``stage_fit.fitting_split``), each stage judged on its host's memory facts
+asked again; the trainer re-cuts the newest checkpoint every old stage holds
+(each stage's piece is mirrored on its neighbour's disk:
+reference_train/resplit.py). When no split of the blocks fits the hosts
+left, when one host is left, or with copies of the pipeline (N x R ranks),
+the run stops naming why (``no_resplit``).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from mlxcluster.facts.facts import HostFacts
 from mlxcluster.jobs.events import Note, OnEvent
 from mlxcluster.jobs.job import Job
 from mlxcluster.launch.stage_fit import (
+    fitting_split,
     judge_stages,
     refusal_text,
 )
@@ -144,16 +151,74 @@ def check_stages(job: Job, cfg: TrainConfig, pipeline: Pipeline, facts: dict[str
         on_event(Note(f"pipeline: {note}"))
 
 
-# --- --elastic: the trainer refuses to resume a pipeline's checkpoints with other stages
+# --- --elastic: the stages re-split over the hosts left
 
-def no_resplit(pipeline: Pipeline, dropped: Sequence[str]) -> MlxclusterError:
-    """Why a pipeline cannot go on without ``dropped``: each stage's checkpoint
-    holds the blocks its run held, and the trainer resumes them only with the
-    same --pipeline and --pipeline_split (reference_train/pipeline_outputs.py)."""
+
+@dataclass(frozen=True)
+class Resplit:
+    """The pipeline over the hosts left, and what to say of it."""
+
+    pipeline: Pipeline
+    lines: tuple[str, ...]
+
+
+def no_resplit(pipeline: Pipeline, dropped: Sequence[str], why: str) -> MlxclusterError:
+    """Why a pipeline cannot go on without ``dropped``."""
     return MlxclusterError(
         f"--elastic cannot go on without {', '.join(dropped)}: with --pipeline "
-        f"{pipeline.stages}, each stage's checkpoints hold its own blocks, and the trainer "
-        f"resumes them only with the same {pipeline.stages} stages and split (a checkpoint's "
-        "pieces do not re-split over fewer hosts)",
-        "bring the host back and rerun with '-- --resume auto' (the same --pipeline and "
-        "--pipeline_split); or start a new run with another --out over the hosts left")
+        f"{pipeline.stages}, {why}",
+        "bring the host back and rerun with '-- --resume auto' (each stage's checkpoints stay "
+        "on its host, and a copy on its neighbour's); or start a new run with another --out "
+        "over the hosts left")
+
+
+def resplit(cfg: TrainConfig, pipeline: Pipeline, ranks_before: int, job: Job,
+            dropped: Sequence[str], facts: dict[str, HostFacts | None],
+            sizes: plans.ModelBytes | None) -> Resplit:
+    """``pipeline`` (of ``ranks_before`` ranks) over ``job``, the hosts left, one
+    stage per rank, the model of ``sizes`` (``model_sizes``; None: built from
+    scratch, not judged): the balanced split when it fits every host's ``facts``, else the
+    split that does; MlxclusterError (``no_resplit``) when none does, when one
+    rank is left, or when the ranks ran copies of the pipeline. An explicit
+    split is always given when the user gave one (theirs no longer names the
+    stages)."""
+    left = len(job.hosts)
+    if ranks_before != pipeline.stages:
+        raise no_resplit(pipeline, dropped, f"its {ranks_before} ranks ran "
+                         f"{ranks_before // pipeline.stages} copies of the pipeline, and copies "
+                         "are not re-split (one copy of the pipeline is)")
+    if left < 2:
+        raise no_resplit(pipeline, dropped, f"{left} rank is left, and a pipeline needs 2 "
+                         "stages (one host holding the whole model is a run without --pipeline)")
+    names = [h.name for h in job.hosts]
+
+    def planned(split: tuple[int, ...] | None) -> list[plans.StagePlan]:
+        if sizes is None:  # as the ranks plan a model from scratch
+            return plan_for(cfg, Pipeline(left, split))
+        return plans.plan_stages(sizes, left, list(split) if split else None)
+
+    wanted = Pipeline(left, None, pipeline.micro_batches, pipeline.schedule)
+    verdict = None
+    if sizes is not None:
+        verdict = judge_stages(sizes, planned(None), names, facts, cfg.fine_tune)
+        if not verdict.ok:
+            rooms = [fit.budget.low for fit in verdict.hosts]
+            split = fitting_split(sizes, rooms, cfg.fine_tune) \
+                if len(set(names)) == left and all(rooms) else None
+            if split is None:
+                message, hint = refusal_text(verdict, len(sizes.blocks))
+                raise no_resplit(pipeline, dropped, f"its blocks do not re-split over the "
+                                 f"{left} host(s) left: {message}\n  {hint}")
+            wanted = Pipeline(left, tuple(split), pipeline.micro_batches, pipeline.schedule)
+            verdict = judge_stages(sizes, planned(wanted.split), names, facts, cfg.fine_tune)
+    if wanted.split is None and pipeline.split is not None:  # theirs named the old stages
+        blocks = planned(None)
+        wanted = Pipeline(left, tuple(len(p.blocks) for p in blocks), pipeline.micro_batches,
+                          pipeline.schedule)
+    try:  # the split is whole by construction, and one copy of the pipeline fits any backend
+        plans.check_micro_batches(wanted.micro_batches_for(cfg.global_batch), cfg.global_batch)
+    except DataError as err:
+        raise no_resplit(pipeline, dropped, f"--pipeline {left} over the ranks left is "
+                         f"refused: {err.args[0]}") from None
+    lines = () if verdict is None else tuple(verdict.lines(len(sizes.blocks)))
+    return Resplit(wanted, lines)

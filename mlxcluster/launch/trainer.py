@@ -23,10 +23,12 @@ import os
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlxcluster.errors import InputError
+from mlxcluster.facts.facts import HostFacts
 from mlxcluster.jobs.cleanup import new_run_id
 from mlxcluster.jobs.events import Note, OnEvent, Restarting, Warned
 from mlxcluster.jobs.job import Job, program_command
@@ -44,8 +46,9 @@ from mlxcluster.launch.pipeline_launch import (
     Pipeline,
     check_pipeline,
     check_stages,
-    no_resplit,
+    model_sizes,
     pipeline_of,
+    resplit,
 )
 from mlxcluster.launch.program import detached_note
 from mlxcluster.launch.record import RECORD_ENV, RunRecord
@@ -271,9 +274,13 @@ class TrainerRun:
     (the ranks print their records; rank 0's Mac may be lost), and what a
     restart or a lost host changes in the trainer's arguments."""
 
-    def __init__(self, args: TrainerArgs, ranks: int, env: dict[str, str] | None = None):
+    def __init__(self, args: TrainerArgs, ranks: int, env: dict[str, str] | None = None,
+                 facts: Callable[[Job], dict[str, HostFacts | None]] | None = None):
         self.args = args
         self.env = env  # how the hosts are reached, to bring their outputs here
+        self.ranks = ranks
+        # the hosts' memory facts, asked again when a pipeline re-splits over fewer
+        self.facts = facts or self._probe_facts
         self.record = RunRecord(args.config.out)
         # what each rank holds now: a smaller world never gets more per rank
         self.micro_batch = args.config.global_batch // (ranks * args.config.grad_accum)
@@ -295,8 +302,8 @@ class TrainerRun:
         """The job without ``dropping``'s hosts, the global batch kept
         (grad_accum raised where the rest cannot hold it otherwise)."""
         job = without_hosts(job, {d.host for d in dropping})
-        if self.args.pipeline.on:  # its checkpoints do not re-split (pipeline_launch.no_resplit)
-            raise no_resplit(self.args.pipeline, [d.host for d in dropping])
+        if self.args.pipeline.on:
+            return self.resplit(job, dropping)
         ranks, cfg = len(job.hosts), self.args.config
         new_accum = accumulation_for(cfg.global_batch, ranks, self.micro_batch)
         notes = []
@@ -311,6 +318,36 @@ class TrainerRun:
                          f"{cfg.global_batch // (ranks * new_accum)}")
             self.args = self.args.with_flags(grad_accum=new_accum)
         return self.job(job), notes
+
+    def resplit(self, job: Job, dropping: list[Dropped]) -> tuple[Job, list[str]]:
+        """A pipeline without ``dropping``'s hosts: its stages re-split over the
+        hosts left (pipeline_launch.resplit; the trainer re-cuts the checkpoints),
+        or the run stopped naming why."""
+        before, dropped = self.args.pipeline, [d.host for d in dropping]
+        cfg = self.args.config
+        done = resplit(cfg, before, self.ranks, job, dropped, self.facts(job), model_sizes(cfg))
+        after = done.pipeline
+        flags: dict[str, object] = {"pipeline": after.stages}
+        if after.split is not None:
+            flags["pipeline_split"] = ",".join(map(str, after.split))
+        self.args = self.args.with_flags(**flags)
+        self.ranks = len(job.hosts)
+        hosts = ", ".join(dict.fromkeys(h.name for h in job.hosts))
+        notes = []
+        for d in dropping:
+            self.record.add({"event": "host_dropped", "host": d.host, "reason": d.reason,
+                             "ranks": self.ranks, "pipeline": after.stages})
+            notes.append(f"dropped {d.host} ({d.reason}): going on with --pipeline "
+                         f"{after.stages} on {hosts}"
+                         + (f", --pipeline_split {flags['pipeline_split']}"
+                            if "pipeline_split" in flags else " (balanced by bytes)"))
+        notes += [f"pipeline: {line}" for line in done.lines]
+        return self.job(job), notes
+
+    def _probe_facts(self, job: Job) -> dict[str, HostFacts | None]:
+        from mlxcluster.jobs.preflight import probe_facts  # a pipeline-only chore
+
+        return probe_facts(job, self.env)
 
     def noted(self, on_event: OnEvent) -> OnEvent:
         """``on_event``, with each restart kept in the record first."""
