@@ -268,6 +268,11 @@ def test_restarts_and_dropped_hosts_are_listed_in_order(tmp_path):
     assert said == sorted(said)
     plain = build_page(Report(runs=[write_run(tmp_path / "plain", [events[0], *rows])]))
     assert 'class="events"' not in plain  # one plain launch: nothing to list
+    # a pipeline's host dropped: its stages re-split over the hosts left
+    piped = {**events[2], "pipeline": 2}
+    del piped["grad_accum"]
+    html = build_page(Report(runs=[write_run(tmp_path / "pp", [events[0], *rows[:16], piped])]))
+    assert "dropped mac3 (unreachable over ssh): going on with 2 rank(s), --pipeline 2" in html
 
 
 def test_mfu_and_the_step_split_are_shown(tmp_path):

@@ -14,6 +14,8 @@ seconds since the epoch), shown in order::
     {"event": "restart", "restart": 1, "max_restarts": 2, "cause": "...", "time": ...}
     {"event": "host_dropped", "host": "mac3", "reason": "unreachable over ssh", "ranks": 2,
      "grad_accum": 2, "time": ...}
+    {"event": "host_dropped", "host": "mac3", "reason": "unreachable over ssh", "ranks": 2,
+     "pipeline": 2, "time": ...}          (a pipeline's stages re-split over the hosts left)
 """
 
 from __future__ import annotations
@@ -170,8 +172,10 @@ def describe_event(event: dict) -> str:
         return (f"restart {event.get('restart')}/{event.get('max_restarts')} after: "
                 f"{event.get('cause', '?')}")
     if kind == "host_dropped":
+        now = (f"--pipeline {event['pipeline']}" if "pipeline" in event  # its stages re-split
+               else f"grad_accum {event.get('grad_accum')}")
         return (f"dropped {event.get('host')} ({event.get('reason')}): going on with "
-                f"{event.get('ranks')} rank(s), grad_accum {event.get('grad_accum')}")
+                f"{event.get('ranks')} rank(s), {now}")
     return json.dumps(event)
 
 

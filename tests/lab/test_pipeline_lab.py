@@ -12,6 +12,8 @@ Uncompiled and on MLX's own kernels, as tests/lab/test_lora_lab.py says why."""
 
 from __future__ import annotations
 
+import json
+import struct
 import subprocess
 import sys
 import uuid
@@ -47,17 +49,17 @@ def losses(rows) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in rows if "loss" in r}
 
 
-def two_host_setup(lab, tmp_path, name: str, rows: int):
-    """The tiny Llama folder and its masked chat data on this machine's own disk only
-    (train sends them), a run's --out, and an inventory of the lab's first two hosts:
-    (model, data, out, inventory, env)."""
+def two_host_setup(lab, tmp_path, name: str, rows: int, hosts: int = 2, blocks: int = 2):
+    """The tiny Llama folder (of ``blocks`` blocks) and its masked chat data on this
+    machine's own disk only (train sends them), a run's --out, and an inventory of the
+    lab's first ``hosts`` hosts: (model, data, out, inventory, env)."""
     here = lab.disk / f"{name}-{uuid.uuid4().hex[:8]}"  # this machine's own disk
     model = here / "tiny-llama"
     make_chat_folder(model, "llama3")
-    make_llama_folder(model, MODEL_CONFIG, seed=3)
+    make_llama_folder(model, {**MODEL_CONFIG, "num_hidden_layers": blocks}, seed=3)
     data = learning_data(model, here / "data", True, n=rows)
     out = lab.disk / f"{name}-out-{uuid.uuid4().hex[:8]}"
-    inventory, env = training_setup(lab, tmp_path, hosts=lab.hosts[:2])
+    inventory, env = training_setup(lab, tmp_path, hosts=lab.hosts[:hosts])
     return model, data, out, inventory, env
 
 
@@ -172,3 +174,52 @@ prompt = mx.array([[1, 5, 9, 14, 20, 31]])
 la, lb = a(prompt), b(prompt)
 print((mx.abs(la - lb).max() / mx.abs(lb).max()).item())
 """
+
+
+# ---- a stage bigger than its host, judged on the hosts' real memory -------------------------
+
+# Each block of the stand-in model: one bfloat16 matrix of 8 GiB in its file, 16 GiB as the
+# trainer holds it (float32); two blocks per stage are more than this machine's 24 GiB of RAM,
+# whatever else runs beside the test.
+BIG_BLOCK = (65536, 65536)
+
+
+def sparse_model(folder) -> None:
+    """A model folder whose safetensors header declares 4 blocks of BIG_BLOCK, its data
+    a hole in the file (truncate: no byte on disk): what the stage check reads is the
+    header, and nothing may read further (it is refused before anything is sent)."""
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({**MODEL_CONFIG, "num_hidden_layers": 4}))
+    size = BIG_BLOCK[0] * BIG_BLOCK[1] * 2
+    header, offset = {}, 0
+    for i in range(4):
+        header[f"model.layers.{i}.mlp.up_proj.weight"] = {
+            "dtype": "BF16", "shape": list(BIG_BLOCK), "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header).encode()
+    with open(folder / "model.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text)
+        f.truncate(8 + len(text) + offset)
+
+
+def test_a_stage_bigger_than_its_hosts_memory_is_refused_before_anything_is_sent(lab3, tmp_path):
+    model = lab3.disk / f"big-{uuid.uuid4().hex[:8]}"
+    sparse_model(model)
+    out = lab3.disk / f"big-out-{uuid.uuid4().hex[:8]}"
+    inventory, env = training_setup(lab3, tmp_path, hosts=lab3.hosts[:2])
+    refused = subprocess.run(
+        [sys.executable, "-m", "mlxcluster", "train", "-i", str(inventory), "--no-preflight",
+         "--timeout", "120", "--", "--config", "tiny", "--init_from", str(model),
+         "--fine_tune", "lora", "--out", str(out), "--pipeline", "2"],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    said = refused.stdout + refused.stderr
+    assert refused.returncode == 2, said[-3000:]
+    assert "the pipeline's stages do not all fit their hosts:" in said, said[-3000:]
+    for i, host in enumerate(lab3.hosts[:2]):  # each named with its bytes and its real memory
+        assert f"stage {i + 1} of 2 (" in said and f"on {host.name} needs 35.6 GiB (32.0 GiB held " \
+            "while training, +10% margin)" in said, said[-3000:]
+        assert f"; {host.name} has " in said and "(MemAvailable)" in said
+    assert "ways out: more hosts: --pipeline" in said
+    assert "Traceback" not in said and "sending" not in said
+    for i in range(2):  # nothing sent, nothing trained
+        assert not on_host(lab3, i, model).exists() and not on_host(lab3, i, out).exists()
