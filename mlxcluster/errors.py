@@ -8,7 +8,9 @@ Exit codes (documented in README.md):
   3  backend unavailable on this cluster (jaccl without TB5/RDMA, nccl without CUDA)
   4  stalled: a job made no progress for its stall timeout (smoke: a rank within its
      phase's or soak iteration's deadline); it was diagnosed and stopped
-  128 + signal  interrupted (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP), after cleanup
+  128 + signal  interrupted (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP), after cleanup;
+     143 also: `train` whose ranks stopped when asked (`mlxcluster stop`), after a last
+     checkpoint, and not restarted
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3
 EXIT_STALLED = 4
+EXIT_STOPPED_WHEN_ASKED = 143  # as a process ended by SIGTERM (reference_train/stopping.py)
 
 
 class MlxclusterError(Exception):

@@ -57,7 +57,7 @@ from .fine_tune import ADAPTER_FIELDS, NAMES, adapter_config, parse_keys, trains
 from .hf_io import model_from_folder
 from .launch_env import current_backend, has_sum_scatter, init_group
 from .loop import LoopPlan, train_loop
-from .metrics import emit_folder, heartbeat_wanted, plot_metrics, recording
+from .metrics import emit_folder, emit_record, heartbeat_wanted, plot_metrics, recording
 from .mfu import flops_per_token, peak_flops
 from .model import Llama, args_match, count_parameters, generate
 from .pipeline import PipelineStep
@@ -558,6 +558,8 @@ def main(argv: list[str] | None = None) -> int:
     except Stopped as stopped:
         never_block_output()  # the controller may be cut off (stopping.py)
         try:
+            if is_root and recording():  # mlxcluster keeps the run stopped, not restarted
+                emit_record({"event": "stopped", "step": stopped.step})
             log(f"{stopped}; checkpoint in {trainer.out / 'checkpoints'}")
         except OSError:
             pass

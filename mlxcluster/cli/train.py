@@ -10,7 +10,7 @@ import click
 from mlxcluster.cli.job_launch import EventView, exit_code_of, say_failure, say_refusal
 from mlxcluster.cli.params import Duration, launch_flags, launch_options
 from mlxcluster.cli.report import check_html_path, emit_page, html_option
-from mlxcluster.errors import InputError, Interrupted
+from mlxcluster.errors import EXIT_STOPPED_WHEN_ASKED, InputError, Interrupted
 from mlxcluster.jobs.job import BACKENDS
 from mlxcluster.jobs.restarts import Restarts
 from mlxcluster.launch.job_source import one_source
@@ -114,6 +114,14 @@ def command(timeout, config, stall_timeout, max_restarts, no_sync_data, elastic,
                    f"attach {outcome.run_id}' follows it again when the host answers)", err=True)
     if outcome.refusal:
         say_refusal("train", done.job, outcome)
+    if outcome.stopped_at is not None:
+        said = f"stopped at step {outcome.stopped_at} when asked"
+        click.echo(f"train {said} (mlxcluster stop, or the lease of the machine running "
+                   "mlxcluster ran out): every rank wrote its checkpoint at that step; go on "
+                   "with '-- --resume auto'", err=True)
+        if html_path:
+            write_run_page(cfg.out, html_path, failed=said)
+        click.get_current_context().exit(EXIT_STOPPED_WHEN_ASKED)
     if outcome.exit_code != 0:
         who = say_failure("train", outcome, prepared.mlx_version, then=RESUME_THEN)
         if html_path:  # what the run logged before it stopped

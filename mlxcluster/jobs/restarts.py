@@ -187,7 +187,8 @@ def _launch_until_done(job, launch, restarts, env, again, drop, on_event, left_b
         else:
             if outcome.unstopped:
                 on_event(Warned(outcome.unstopped))
-            if outcome.exit_code == 0 or outcome.refusal or not restarts.can_restart():
+            if outcome.exit_code == 0 or outcome.refusal or outcome.stopped_at is not None \
+                    or not restarts.can_restart():
                 return job, outcome
             on_event(LaunchFailed(outcome))
             failure = failure_of_outcome(job, outcome)

@@ -51,8 +51,10 @@ class RunRecord:
         self.files: list[Path] = []  # the files the trainer sent, written here
         self._pieces: dict[str, list[bytes]] = {}  # path -> the pieces so far
         self.fetched_from: str | None = None  # the host a folder was read from instead
+        self.stopped_at: int | None = None  # the launch's ranks stopped when asked, at this step
 
     def start_launch(self, what: str) -> None:
+        self.stopped_at = None
         self._log.write(f"== {time.strftime('%Y-%m-%d %H:%M:%S')} {what}\n")
         self._log.flush()
 
@@ -74,6 +76,8 @@ class RunRecord:
             return None
         if record.get("event") == "start":
             truncate_metrics(self.metrics, int(record.get("step", 0)))
+        if record.get("event") == "stopped":  # reference_train/stopping.py
+            self.stopped_at = int(record.get("step", 0))
         self.add(record)
         return None
 

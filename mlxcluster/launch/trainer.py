@@ -473,8 +473,11 @@ def run_trainer(job: Job, args: TrainerArgs, restarts: Restarts, env: dict[str, 
                 f"{program_command(job)}")
         on_event(Note(said))
         run.record.start_launch(said)
-        return run_job(job, show, env=env, timeout=timeout, stall_timeout=stall_timeout, run_id=run_id,
-                       report_dir=Path(args.config.out))
+        outcome = run_job(job, show, env=env, timeout=timeout, stall_timeout=stall_timeout,
+                          run_id=run_id, report_dir=Path(args.config.out))
+        if outcome.exit_code and run.record.stopped_at is not None:  # asked: not restarted
+            outcome = dataclasses.replace(outcome, stopped_at=run.record.stopped_at)
+        return outcome
 
     started = time.monotonic()
     try:

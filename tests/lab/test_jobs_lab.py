@@ -61,6 +61,8 @@ def test_a_running_job_is_listed_refused_twice_and_stopped_after_a_last_checkpoi
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert "stopped at step" in said[0] and "when asked" in said[0], said
+    # train keeps that end (no restart would undo it): exit 143, the step named
+    assert proc.returncode == 143 and "train stopped at step" in said[1], said
     latest = {on_host(lab3, i, out / "checkpoints" / "latest").read_text().strip()
               for i in range(3)}
     assert len(latest) == 1  # one step, on every host's own disk
