@@ -191,7 +191,8 @@ def piece_of(holdings: list[list[Piece]], holders: list[int], count: int, stage:
 
 def is_partition(blocks: tuple[tuple[int, int], ...]) -> bool:
     """Whether the stages' blocks are contiguous from block 0, in order."""
-    return blocks[0][0] == 0 and all(a[1] == b[0] for a, b in zip(blocks, blocks[1:]))
+    return blocks[0][0] == 0 and all(blocks[i][1] == blocks[i + 1][0]
+                                     for i in range(len(blocks) - 1))
 
 
 def describe_split(blocks) -> str:
@@ -221,9 +222,9 @@ def missing_stage(count: int, step: int, missing: list[int],
     which = stage_list(missing)
     verb = "is" if len(missing) == 1 else "are"
     where = "; ".join(
-        f"stage {k + 1} ran on {hosts[k]}, whose disk held it"
-        + (f" (mirrored on {hosts[(k + 1) % count]}'s)" if hosts[(k + 1) % count] != hosts[k]
-           else "")
+        f"stage {k + 1} ran on {hosts[k]}, whose disk holds it"
+        + (f", and its mirror is on {hosts[(k + 1) % count]}'s when that is a disk of its own"
+           if hosts[(k + 1) % count] != hosts[k] else "")
         for k in missing) if len(hosts) == count else \
         "each stage's host kept its piece on its own disk"
     return (f"{which} of {count}'s checkpoint {verb} on no rank's disk: step {step} of "

@@ -67,8 +67,8 @@ from .launch_env import current_backend, has_sum_scatter, init_group
 from .loop import LoopPlan, train_loop
 from .metrics import emit_folder, heartbeat_wanted, plot_metrics, recording
 from .mfu import flops_per_token, peak_flops
-from .model import Llama, args_match, count_parameters, generate
 from .mirror import describe_mirrors, mirror_checkpoint, mirrored_stages
+from .model import Llama, args_match, count_parameters, generate
 from .pipeline import PipelineStep
 from .pipeline_outputs import (
     STAGE_DIR,
