@@ -241,7 +241,7 @@ def missing_stage(count: int, step: int, missing: list[int],
 @dataclass
 class Assembled:
     """What one rank keeps of a re-split: old stage 0's state.json, the tensors its
-    stage holds, and which old stages gave them."""
+    stage holds, and which old stages gave its parameters (`used`)."""
 
     state: dict
     weights: dict[str, mx.array]
@@ -273,7 +273,7 @@ def assemble(choice: Resplit, root: Path, group, weights: Collection[str],
                                     group)
                 if tensor in wanted[name] and tensor not in kept[name]:
                     kept[name][tensor] = value
-                    if k not in used:
+                    if name == "model.safetensors" and k not in used:
                         used.append(k)
     return Assembled(state, kept["model.safetensors"], kept["optimizer.safetensors"], used)
 
