@@ -9,15 +9,31 @@ data-parallel ranks do (resume.py, storage.py):
                                                                     (LoRA / DoRA: its adapters)
     OUT/checkpoints/stage_1_of_2/step_000010/optimizer.safetensors  its AdamW state
     OUT/checkpoints/stage_1_of_2/step_000010/state.json             ... "pipeline": {"stages": 2,
-                                                                    "stage": 0, "blocks": [0, 2]}
+                                                                    "stage": 0, "blocks": [0, 2],
+                                                                    "hosts": ["mac1", "mac2"]}
     OUT/checkpoints/stage_1_of_2/latest
     OUT/checkpoints/stage_2_of_2/...
 
-A resume starts every stage from the newest step every stage holds (a stage
-stopped before its last write resumes its neighbours one checkpoint back), and
-only with the same stages: a checkpoint of another --pipeline (or of a
-data-parallel run) is refused, as is one whose stage holds other blocks
-(another --pipeline_split): its pieces do not re-split.
+With one copy of the pipeline, each stage's piece is also mirrored on the next
+stage's host, under the same folder name, when that host has a disk of its own
+(mirror.py): mac2 holds stage_2_of_2 (its own) and stage_1_of_2 (mac1's, mirrored),
+so a lost host's piece survives. ("hosts": every stage's host when it was written,
+for the refusal that names a lost one.)
+
+A resume (resplit.py chooses) starts from the newest step at which every stage
+of some --pipeline is held by some rank, its own folder or a mirror (a stage
+stopped before its last write resumes its neighbours one checkpoint back):
+- this run's stages and blocks, each stage holding its own piece: each stage
+  loads its own (as always);
+- another --pipeline (or this one's pieces found only in mirrors): the pieces
+  re-split, every tensor sent to every rank, each keeping its stage's; new
+  checkpoints go to the new stages' folders (stage_K_of_N), the old ones stay
+  until removed;
+- the same --pipeline with another --pipeline_split: refused (the two splits'
+  pieces would share folders); so is a data-parallel run's checkpoint, and a
+  data-parallel run on a pipeline's (`other_layout`);
+- a step some stage's piece of which no rank holds, and none older whole:
+  refused, naming that stage and its host.
 
 Outputs (the first copy of the pipeline writes them):
 
