@@ -49,7 +49,6 @@ from . import compile_cache, kernels, lora
 from .callbacks import Callbacks, Heartbeats, ProgressBar, Report, TrainingCallback
 from .checkpoint import (
     checkpoint_name,
-    checkpoint_steps,
     content_hash,
     load_arrays,
     load_checkpoint,
@@ -382,8 +381,7 @@ class Trainer:
         blocks = [(p.blocks.start, p.blocks.stop) for p in self.plans]
         choice = choose_checkpoint(holdings, pipe.stages, blocks)  # alike on every rank
         if choice is None:  # no stage's piece anywhere: a data-parallel run's are refused
-            refuse_together(other_layout(root, f"--pipeline {plan.count}")
-                            if checkpoint_steps(root) else None, self.group)
+            refuse_together(other_layout(root, f"--pipeline {plan.count}"), self.group)
             return None
         for note in choice.notes:
             self.log(note)

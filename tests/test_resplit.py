@@ -214,7 +214,9 @@ def test_four_stages_resumed_on_fewer_give_one_process_losses(llama_data, deep_l
              *(["--init_from", str(deep_llama), *DORA] if tuning == "dora" else [])]
     expected = one_process(tmp_path / "one", flags)
     out = tmp_path / "pp"
-    pipelined(out, [*flags, "--stop_after", "4"], 4)
+    first = pipelined(out, [*flags, "--stop_after", "4", "--resume", "auto"], 4)
+    assert f"no checkpoint in {out}; starting from step 0" in first.stdout
+    assert "mirrored" not in first.stdout  # local ranks share one --out: no mirror
     if tuning == "dora":  # the adapters one process's too
         two = pipelined(out, [*flags, "--resume", "auto"], 2)
         assert "rank 1: resumed step 4 re-split from --pipeline 4 (stages 3-4 of 4's pieces) " \
