@@ -40,8 +40,8 @@ Modules, each importing only those listed before it (no circles):
     export.py             `python -m reference_train.export`: a checkpoint as an mlx-lm folder
     launch_env.py         what the launcher asked for: world size, backend, sum_scatter
     sharded_optimizer.py  --shard_optimizer: each rank's share of the AdamW state
-    pipeline_outputs.py   each stage's checkpoints, the step all stages resume from, OUT/adapters
-                          gathered and OUT/model in shards
+    pipeline_outputs.py   each stage's checkpoints, their whole steps, OUT/adapters gathered
+                          and OUT/model in shards
     mfu.py                FLOPs per token and the peak they are measured against
     stopping.py           SIGUSR2: every rank checkpoints at one logged step and stops (the
                           lease of mlxcluster's controller ran out, or `mlxcluster stop`)
@@ -55,6 +55,10 @@ Modules, each importing only those listed before it (no circles):
                           kept whole, the validation loss through the stages
     stage_load.py         each rank builds its stage only, reading only its tensors
     pipeline_setup.py     --pipeline N: the pipeline (and copies') groups, this rank's stage
+    mirror.py             each stage's checkpoints mirrored on the next stage's host (sent
+                          in chunks), unless they share a disk or the pipeline has copies
+    resplit.py            a pipeline's checkpoints resumed over another --pipeline: the pieces
+                          each disk holds, the layout, step and sources chosen, the re-cut
     data_parallel.py      the data-parallel step function (gradients averaged over every rank)
                           and the validation loss
     train.py              the Trainer (the parts, resume, checkpoints, export) and main:

@@ -196,14 +196,22 @@ def load_checkpoint(path: Path, model, optimizer, trainable_only: bool = False) 
     """Load parameters and optimizer state in place; return state.json.
     `trainable_only`: the file holds exactly the trainable parameters (LoRA's adapters)."""
     state = json.loads((path / "state.json").read_text())
-    weights = mx.load(str(path / "model.safetensors"))
+    load_arrays(model, optimizer, mx.load(str(path / "model.safetensors")),
+                mx.load(str(path / "optimizer.safetensors")), trainable_only,
+                f"{path}/model.safetensors")
+    return state
+
+
+def load_arrays(model, optimizer, weights: dict, optimizer_state: dict, trainable_only: bool,
+                where: str) -> None:
+    """Load a checkpoint's arrays (from its files, or re-cut from another pipeline's
+    pieces: resplit.py) in place; `where` names them in a refusal."""
     if trainable_only:
         want = {k for k, _ in tree_flatten(model.trainable_parameters())}
         if set(weights) != want:
             missing, extra = sorted(want - set(weights)), sorted(set(weights) - want)
-            raise ValueError(f"{path}/model.safetensors does not hold this run's trainable "
+            raise ValueError(f"{where} does not hold this run's trainable "
                              f"parameters: missing {missing[:3]}, unexpected {extra[:3]}")
     model.load_weights(list(weights.items()), strict=not trainable_only)
-    optimizer.state = tree_unflatten(list(mx.load(str(path / "optimizer.safetensors")).items()))
+    optimizer.state = tree_unflatten(list(optimizer_state.items()))
     mx.eval(model.parameters(), optimizer.state)
-    return state

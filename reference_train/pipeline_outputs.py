@@ -9,15 +9,31 @@ data-parallel ranks do (resume.py, storage.py):
                                                                     (LoRA / DoRA: its adapters)
     OUT/checkpoints/stage_1_of_2/step_000010/optimizer.safetensors  its AdamW state
     OUT/checkpoints/stage_1_of_2/step_000010/state.json             ... "pipeline": {"stages": 2,
-                                                                    "stage": 0, "blocks": [0, 2]}
+                                                                    "stage": 0, "blocks": [0, 2],
+                                                                    "hosts": ["mac1", "mac2"]}
     OUT/checkpoints/stage_1_of_2/latest
     OUT/checkpoints/stage_2_of_2/...
 
-A resume starts every stage from the newest step every stage holds (a stage
-stopped before its last write resumes its neighbours one checkpoint back), and
-only with the same stages: a checkpoint of another --pipeline (or of a
-data-parallel run) is refused, as is one whose stage holds other blocks
-(another --pipeline_split): its pieces do not re-split.
+With one copy of the pipeline, each stage's piece is also mirrored on the next
+stage's host, under the same folder name, when that host has a disk of its own
+(mirror.py): mac2 holds stage_2_of_2 (its own) and stage_1_of_2 (mac1's, mirrored),
+so a lost host's piece survives. ("hosts": every stage's host when it was written,
+for the refusal that names a lost one.)
+
+A resume (resplit.py chooses) starts from the newest step at which every stage
+of some --pipeline is held by some rank, its own folder or a mirror (a stage
+stopped before its last write resumes its neighbours one checkpoint back):
+- this run's stages and blocks, each stage holding its own piece: each stage
+  loads its own (as always);
+- another --pipeline (or this one's pieces found only in mirrors): the pieces
+  re-split, every tensor sent to every rank, each keeping its stage's; new
+  checkpoints go to the new stages' folders (stage_K_of_N), the old ones stay
+  until removed;
+- the same --pipeline with another --pipeline_split: refused (the two splits'
+  pieces would share folders); so is a data-parallel run's checkpoint, and a
+  data-parallel run on a pipeline's (`other_layout`);
+- a step some stage's piece of which no rank holds, and none older whole:
+  refused, naming that stage and its host.
 
 Outputs (the first copy of the pipeline writes them):
 
@@ -45,15 +61,20 @@ import numpy as np
 
 from .checkpoint import checkpoint_name, checkpoint_problem, checkpoint_steps
 from .errors import DataError
-from .resume import ResumeError, all_gather_bytes
+from .resume import all_gather_bytes
 from .stages import StagePlan
 
 STAGE_DIR = re.compile(r"stage_(\d+)_of_(\d+)$")
-RECENT = 8  # the newest whole checkpoints of each stage the stages compare
+RECENT = 8  # the newest whole checkpoints of each stage a resume compares
 
 
 def stage_dir(plan: StagePlan) -> str:
-    return f"stage_{plan.index + 1}_of_{plan.count}"
+    return stage_folder(plan.index, plan.count)
+
+
+def stage_folder(index: int, count: int) -> str:
+    """The folder of stage `index` (0-based) of `count`'s checkpoints: stage_1_of_2."""
+    return f"stage_{index + 1}_of_{count}"
 
 
 def stage_state(plan: StagePlan) -> dict:
@@ -78,28 +99,24 @@ def refuse_together(problem: str | None, group, hint: str = "") -> None:
         raise DataError(f"{refusing} other rank(s) refused to resume: their messages say why")
 
 
-def layout_problem(checkpoints: Path, plan: StagePlan) -> str | None:
-    """Why `checkpoints` cannot resume this stage when it holds no folder of it: a
-    data-parallel run's checkpoints, or another --pipeline's; None when it may."""
-    if (checkpoints / stage_dir(plan)).is_dir():
-        return None
-    return other_layout(checkpoints, f"--pipeline {plan.count}")
-
-
 def other_layout(checkpoints: Path, asked: str) -> str | None:
-    """What else `checkpoints` holds than `asked` ("--pipeline 2", or "data-parallel"),
-    as a refusal; None when it holds nothing of another kind."""
-    counts = sorted({int(m.group(2)) for p in checkpoints.glob("stage_*_of_*")
-                     if (m := STAGE_DIR.match(p.name)) and p.is_dir()})
-    kinds = [f"--pipeline {n}" for n in counts if f"--pipeline {n}" != asked]
-    if asked != "data-parallel" and checkpoint_steps(checkpoints):
-        kinds.insert(0, "a data-parallel run (no --pipeline)")
-    if not kinds:
+    """What `checkpoints` holds of the other kind than `asked` ("data-parallel", or a
+    pipeline's "--pipeline 2"), as a refusal: a pipeline's pieces re-split over another
+    --pipeline (resplit.py), but a data-parallel run's checkpoints and a pipeline's are
+    not one another's. None when it holds nothing of the other kind."""
+    if asked == "data-parallel":
+        counts = sorted({int(m.group(2)) for p in checkpoints.glob("stage_*_of_*")
+                         if (m := STAGE_DIR.match(p.name)) and p.is_dir()})
+        held = " and ".join(f"--pipeline {n}" for n in counts)
+        fix = "a --pipeline (any number of stages: its pieces re-split)"
+    else:
+        held = "a data-parallel run (no --pipeline)" if checkpoint_steps(checkpoints) else ""
+        fix = "no --pipeline"
+    if not held:
         return None
-    return (f"{checkpoints} holds the checkpoints of {' and '.join(kinds)}, and this run asks "
-            f"for {asked}: a checkpoint's stages are the pieces its run held and do not "
-            f"re-split; resume with the same --pipeline (and --pipeline_split), or start a new "
-            f"run with another --out")
+    return (f"{checkpoints} holds the checkpoints of {held}, and this run asks for {asked}: "
+            f"a data-parallel run's checkpoints and a pipeline's pieces do not convert into "
+            f"one another; resume with {fix}, or start a new run with another --out")
 
 
 # ---------------------------------------------------------------- the step all stages hold
@@ -119,32 +136,6 @@ def whole_steps(root: Path, before: int = 0, only: int | None = None) -> list[in
         if len(whole) == RECENT:
             break
     return whole
-
-
-def common_step(mine: list[int], stage: int, stages: int, group) -> int | None:
-    """The newest step every stage holds (some copy of it, in pipelines x replicas),
-    agreed over `group` (the world: rank r is stage r % stages); None when no stage
-    holds any. A ResumeError when the stages hold steps but no step in common."""
-    row = np.full(RECENT, -1, dtype=np.int64)
-    row[:len(mine)] = mine[:RECENT]
-    if group.size() > 1:
-        every = np.array(all_gather_bytes(row.tobytes(), group)).view(np.int64)
-        every = every.reshape(group.size(), RECENT)
-    else:
-        every = row.reshape(1, RECENT)
-    held: list[set[int]] = [set() for _ in range(stages)]
-    for r, steps in enumerate(every):
-        held[r % stages] |= {int(s) for s in steps if s >= 0}
-    if not any(held):
-        return None
-    common = set.intersection(*held)
-    if not common:
-        raise ResumeError(
-            "the stages hold no checkpoint step in common: "
-            + "; ".join(f"stage {k + 1}: {sorted(h) or 'none'}" for k, h in enumerate(held))
-            + ". Nothing was trained; resume from a --out whose stages all wrote the same "
-              "step (keep_checkpoints 2 or more keeps the one before the last)")
-    return max(common)
 
 
 def check_stage_state(state: dict, plan: StagePlan, path: Path) -> str | None:
@@ -183,16 +174,30 @@ def gather_tensors(mine: dict[str, mx.array], group) -> dict[str, mx.array] | No
     neighbours only)."""
     if group.size() == 1:
         return dict(mine)
-    specs = gather_json({n: [list(v.shape), str(v.dtype).rsplit(".", 1)[-1]]
-                         for n, v in sorted(mine.items())}, group)
+    specs = gather_json(tensor_specs(mine), group)
     rank, gathered = group.rank(), {}
     for source, spec in enumerate(specs):
         for name, (shape, dtype) in spec.items():
-            kind = getattr(mx, dtype)
-            value = mine[name] if rank == source else mx.zeros(shape, dtype=kind)
-            raw = value.reshape(-1).view(mx.uint8)
-            summed = mx.distributed.all_sum(raw, group=group)
-            mx.eval(summed)
+            value = tensor_from(source, mine[name] if rank == source else None, shape, dtype,
+                                group)
             if rank == 0:
-                gathered[name] = summed.view(kind).reshape(shape)
+                gathered[name] = value
     return gathered if rank == 0 else None
+
+
+def tensor_specs(tensors: dict[str, mx.array]) -> dict[str, list]:
+    """name -> [shape, dtype name] (JSON), in name order: what `tensor_from` needs to know."""
+    return {n: [list(v.shape), str(v.dtype).rsplit(".", 1)[-1]] for n, v in sorted(tensors.items())}
+
+
+def tensor_from(source: int, value: mx.array | None, shape: list[int], dtype: str,
+                group) -> mx.array:
+    """Rank `source`'s tensor (its `value`; None on the other ranks) on every rank of
+    `group` (collective): its bytes in an all_sum where the others add zeros, exact,
+    and any rank reaches any other (ring's send and receive join neighbours only)."""
+    kind = getattr(mx, dtype)
+    if value is None:
+        value = mx.zeros(shape, dtype=kind)
+    summed = mx.distributed.all_sum(value.reshape(-1).view(mx.uint8), group=group)
+    mx.eval(summed)
+    return summed.view(kind).reshape(shape)

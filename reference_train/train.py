@@ -43,10 +43,17 @@ from types import SimpleNamespace
 import mlx.core as mx
 import mlx.optimizers as optim
 import numpy as np
+from mlx.utils import tree_flatten
 
 from . import compile_cache, kernels, lora
 from .callbacks import Callbacks, Heartbeats, ProgressBar, Report, TrainingCallback
-from .checkpoint import checkpoint_name, content_hash, load_checkpoint, save_checkpoint
+from .checkpoint import (
+    checkpoint_name,
+    content_hash,
+    load_arrays,
+    load_checkpoint,
+    save_checkpoint,
+)
 from .config import TrainConfig, build_config, model_args
 from .data import ShardedBatches, load_meta, open_split, split_batch
 from .data_parallel import DataParallelStep, validation
@@ -59,20 +66,18 @@ from .launch_env import current_backend, has_sum_scatter, init_group
 from .loop import LoopPlan, train_loop
 from .metrics import emit_folder, emit_record, heartbeat_wanted, plot_metrics, recording
 from .mfu import flops_per_token, peak_flops
+from .mirror import describe_mirrors, mirror_checkpoint, mirrored_stages
 from .model import Llama, args_match, count_parameters, generate
 from .pipeline import PipelineStep
 from .pipeline_outputs import (
     STAGE_DIR,
     check_stage_state,
-    common_step,
     gather_json,
     gather_tensors,
-    layout_problem,
     other_layout,
     refuse_together,
     stage_dir,
     stage_state,
-    whole_steps,
 )
 from .pipeline_setup import (
     build_stage,
@@ -84,6 +89,16 @@ from .pipeline_setup import (
 )
 from .precision import compute_copy, dtype_of
 from .prepare import ensure_default_data
+from .resplit import (
+    Resplit,
+    assemble,
+    choose_checkpoint,
+    describe_resplit,
+    describe_sources,
+    exchange_pieces,
+    missing_names,
+    scan_pieces,
+)
 from .resume import agree_on_checkpoint, check_loaded, checkpoint_root, find_storage, host_layout
 from .sharded_optimizer import ShardedOptimizer
 from .stage_load import held_bytes
@@ -152,7 +167,7 @@ class Trainer:
         # --pipeline N: this rank is one stage of a pipeline (of one of its copies:
         # pipeline_setup.py). Its refusals come before anything loads: a split the
         # model's blocks cannot take, then a world that is no pipeline.
-        plans = run_plans(cfg, self.meta) if cfg.pipeline > 1 else []
+        self.plans = plans = run_plans(cfg, self.meta) if cfg.pipeline > 1 else []
         self.pipe = pipeline_groups(group, cfg.pipeline, self.backend) if plans else None
         # The ranks that share each global batch's rows: all (data-parallel), or the
         # copies of the pipeline (each of whose stages reads its copy's rows).
@@ -167,6 +182,10 @@ class Trainer:
         if self.rank == 0 and (note := describe_storage(self.layout, self.out)):
             log(note)
         self.writers = self.layout if self.pipe is None else stage_writers(self.layout, self.pipe)
+        # Each stage's checkpoints also on the next stage's host (mirror.py), where that
+        # is another disk: a lost host's piece survives for a resume over the others.
+        self.mirrored = [] if self.pipe is None else \
+            mirrored_stages(self.layout, self.pipe.stages, self.pipe.replicas_count)
         self.micro_batch = split_batch(cfg.global_batch, self.data_group.size(), cfg.grad_accum)
         self.tokenizer = make_tokenizer(self.meta["tokenizer"], data_dir)
         self.train_data = ShardedBatches(open_split(data_dir, "train", cfg.block_size),
@@ -260,48 +279,80 @@ class Trainer:
     def resume(self) -> None:
         """Load the newest checkpoint, agreed by every rank (resume.py: a host lacking
         it receives it from one that has it; ranks holding different states refuse;
-        a pipeline's stages each their own piece of the newest step all of them hold)."""
+        a pipeline's stages each their own piece of the newest step all of them hold,
+        or another --pipeline's pieces re-split: resplit.py)."""
         cfg = self.cfg
-        path = self.find_checkpoint() if self.pipe is None else self.find_stage_checkpoint()
-        if path is None:
+        found = self.find_checkpoint() if self.pipe is None else self.find_stage_checkpoint()
+        if found is None:
             if cfg.resume == "auto":
                 self.log(f"no checkpoint in {self.out}; starting from step 0")
                 return
             raise DataError(f"no checkpoint at {cfg.resume}",
                             "give a checkpoints/step_NNNNNN directory or the run's --out")
-        with open(path / "state.json") as f:
-            saved = json.load(f)
+        if isinstance(found, Path):
+            state, digest, where = self.load_path(found), content_hash(found), str(found)
+        else:
+            state, digest, where = self.load_resplit(*found)
+        check_loaded(self.data_group, self.writers, state["step"], digest)
+        self.step = state["step"]
+        self.key = mx.array(state["rng_key"], dtype=mx.uint32)
+        if self.lora and "global_rng_key" in state:  # LoRA's dropout draws from it
+            hi, lo = state["global_rng_key"]
+            mx.random.seed((hi << 32) | lo)
+        self.log(f"resumed from {where} at step {self.step} (data epoch "
+                 f"{state['data']['epoch']}, step {state['data']['step_in_epoch']})")
+
+    def check_saved(self, saved: dict, where) -> None:
+        """A DataError unless checkpoint `where`'s state.json is this run's model and
+        fine-tuning."""
         saved_args = saved["model_args"]
         if not args_match(saved_args, self.args):
-            raise DataError(f"{path} holds a different model: {saved_args}",
+            raise DataError(f"{where} holds a different model: {saved_args}",
                             "resume with the same model settings")
         tuning = ("fine_tune", *ADAPTER_FIELDS) if self.lora else ("fine_tune",)
         theirs = {k: saved.get("config", {}).get(k, "full" if k == "fine_tune" else None)
                   for k in tuning}
         ours = {k: getattr(self.cfg, k) for k in tuning}
         if theirs != ours:
-            raise DataError(f"{path} was trained with {theirs}, this run asks for {ours}",
+            raise DataError(f"{where} was trained with {theirs}, this run asks for {ours}",
                             "resume with the checkpoint's --fine_tune and --lora_* settings")
+
+    def load_path(self, path: Path) -> dict:
+        """Checkpoint `path` loaded (this rank's, or this stage's piece); its state.json."""
+        with open(path / "state.json") as f:
+            saved = json.load(f)
+        self.check_saved(saved, path)
         if self.pipe is not None:  # its stage's piece: the same blocks (every stage says)
             refuse_together(check_stage_state(saved, self.stage_plan, path), self.group)
         state = load_checkpoint(path, self.model, self.optimizer, trainable_only=self.lora)
         self.room.saw(path)  # the next checkpoint's size, for the room check before it
-        check_loaded(self.data_group, self.writers, state["step"], content_hash(path))
-        self.step = state["step"]
-        self.key = mx.array(state["rng_key"], dtype=mx.uint32)
-        if self.lora and "global_rng_key" in state:  # LoRA's dropout draws from it
-            hi, lo = state["global_rng_key"]
-            mx.random.seed((hi << 32) | lo)
-        self.log(f"resumed from {path} at step {self.step} (data epoch "
-                 f"{state['data']['epoch']}, step {state['data']['step_in_epoch']})")
+        return state
+
+    def load_resplit(self, choice: Resplit, root: Path) -> tuple[dict, str, str]:
+        """Another --pipeline's pieces of step `choice.step`, re-cut into this stage
+        (resplit.py; collective): (old stage 0's state.json, a hash of the pieces, where)."""
+        plan = self.stage_plan
+        held = self.model.trainable_parameters() if self.lora else self.model.parameters()
+        weights = [n for n, _ in tree_flatten(held)]
+        optimizer = [n for n, _ in tree_flatten(self.optimizer.state)]
+        if self.rank == 0:
+            self.log(describe_sources(choice, self.layout.hosts, plan.count))
+        got = assemble(choice, root, self.group, weights, optimizer)
+        where = f"step {choice.step} of the --pipeline {choice.count} checkpoints in {root}"
+        self.check_saved(got.state, where)
+        stage = f"rank {self.rank} (stage {plan.index + 1} of {plan.count})"
+        refuse_together(missing_names(got, weights, optimizer, choice, stage), self.group)
+        load_arrays(self.model, self.optimizer, got.weights, got.optimizer, self.lora, where)
+        print(f"rank {self.rank}: {describe_resplit(choice, got, plan.index, plan.count)}",
+              flush=True)
+        return got.state, choice.digest, where
 
     def find_checkpoint(self) -> Path | None:
         """The checkpoint every rank of a data-parallel run loads (collective)."""
         cfg = self.cfg
         root, only = checkpoint_root(cfg.resume, self.out)
         # --resume PATH elsewhere than --out: which hosts share that folder is its own question
-        layout = self.layout if root == self.out / "checkpoints" else \
-            find_storage(self.group, host_layout(self.group), root, "--resume", required=False)
+        layout = self.resume_layout(root)
         path, own_notes, notes = agree_on_checkpoint(self.group, layout, root, only,
                                                      cfg.keep_checkpoints, before=cfg.resume_before)
         self.say_notes(own_notes, notes)
@@ -309,19 +360,35 @@ class Trainer:
         refuse_together(other_layout(root, "data-parallel") if path is None else None, self.group)
         return path
 
-    def find_stage_checkpoint(self) -> Path | None:
-        """This stage's piece of the newest step every stage holds (collective)."""
+    def resume_layout(self, root: Path):
+        """Which ranks see the same `root` (a --resume PATH elsewhere than --out: its own
+        question; collective)."""
+        if root == self.out / "checkpoints":
+            return self.layout
+        return find_storage(self.group, host_layout(self.group), root, "--resume", required=False)
+
+    def find_stage_checkpoint(self) -> Path | tuple[Resplit, Path] | None:
+        """This stage's piece of the newest step every stage holds (today's resume), or
+        another layout's pieces to re-cut (resplit.py): collective."""
         cfg, plan, pipe = self.cfg, self.stage_plan, self.pipe
         root, only = checkpoint_root(cfg.resume, self.out)
         if STAGE_DIR.match(root.name):  # --resume .../checkpoints/stage_1_of_2[/step_N]
             root = root.parent
-        refuse_together(layout_problem(root, plan), self.group)
-        mine = root / stage_dir(plan)
-        step = common_step(whole_steps(mine, cfg.resume_before, only), pipe.stage, pipe.stages,
-                           self.group)
-        if step is None:
+        layout = self.resume_layout(root)
+        mine = scan_pieces(root, cfg.resume_before, only) if layout.writes else []
+        holdings = exchange_pieces(mine, [layout.writer(r) for r in range(self.size)],
+                                   self.group)
+        blocks = [(p.blocks.start, p.blocks.stop) for p in self.plans]
+        choice = choose_checkpoint(holdings, pipe.stages, blocks)  # alike on every rank
+        if choice is None:  # no stage's piece anywhere: a data-parallel run's are refused
+            refuse_together(other_layout(root, f"--pipeline {plan.count}"), self.group)
             return None
-        path, own_notes, notes = agree_on_checkpoint(pipe.replicas, self.writers, mine, step,
+        for note in choice.notes:
+            self.log(note)
+        if not choice.same:
+            return choice, root
+        path, own_notes, notes = agree_on_checkpoint(pipe.replicas, self.writers,
+                                                     root / stage_dir(plan), choice.step,
                                                      cfg.keep_checkpoints, before=cfg.resume_before)
         self.say_notes(own_notes, notes)
         return path
@@ -352,14 +419,21 @@ class Trainer:
         state = {"data": self.train_data.position(self.step),
                  "rng_key": np.array(self.key).tolist(), "config": asdict(self.cfg),
                  "model_args": asdict(self.args), "world_size": self.size}
-        if self.pipe is not None:
-            state["pipeline"] = stage_state(self.stage_plan)
+        if self.pipe is not None:  # its place, and every stage's host (resplit.py names them)
+            state["pipeline"] = {**stage_state(self.stage_plan),
+                                 "hosts": self.layout.hosts[:self.pipe.stages]}
         if self.lora:
             state["global_rng_key"] = mx.random.state[0].tolist()
         with said_when_full(root, name):
             saved = save_checkpoint(root, self.step, self.model, optimizer,
                                     state, self.cfg.keep_checkpoints, trainable_only=self.lora)
         self.room.saw(saved)
+        if any(self.mirrored):  # on the next stage's host too (mirror.py)
+            problem = mirror_checkpoint(self.pipe.pipeline, saved, self.pipe.stage,
+                                        self.mirrored, self.cfg.keep_checkpoints)
+            if problem:
+                print(f"warning: {self.layout.hosts[self.rank]}: {problem}", file=sys.stderr,
+                      flush=True)
 
     def export(self) -> None:
         """OUT/model, the trained model as mlx-lm opens it; like checkpoints, one writer
@@ -498,6 +572,9 @@ class Trainer:
         if self.rank == 0:
             make_out_dir(self.out)
             self.describe(cold)
+        if self.rank == 0:
+            for line in describe_mirrors(self.layout, self.mirrored):
+                self.log(line)
         if self.pipe is not None:  # each rank its own stage, once
             print(f"rank {self.rank}: {self.stage_plan.describe(self.args.n_layers)} (held: "
                   f"{held_bytes(self.model) / 2**20:.2f} MiB)", flush=True)

@@ -108,22 +108,24 @@ def test_the_trainer_refuses_before_anything_trains(llama, llama_data, tmp_path,
     assert not (tmp_path / "out").exists()
 
 
-def test_a_resume_of_another_pipeline_is_refused_naming_it(tmp_path):
+def test_a_data_parallel_resume_of_a_pipeline_is_refused_naming_it(tmp_path):
     """A --out's checkpoints name the run that wrote them (pipeline_outputs.other_layout):
-    another --pipeline's, or a data-parallel run's, are refused, not re-split."""
+    a pipeline's pieces re-split over another --pipeline (tests/test_resplit.py), but a
+    data-parallel run does not resume them, nor a pipeline a data-parallel run's."""
     checkpoints = tmp_path / "checkpoints"
     for piece in ("stage_1_of_2", "stage_2_of_2"):
         (checkpoints / piece / "step_000002").mkdir(parents=True)
         (checkpoints / piece / "step_000002" / "state.json").write_text("{}")
     assert other_layout(checkpoints, "--pipeline 2") is None
-    for asked in ("--pipeline 4", "data-parallel"):
-        refusal = other_layout(checkpoints, asked)
-        assert f"holds the checkpoints of --pipeline 2, and this run asks for {asked}" in refusal
-        assert "resume with the same --pipeline" in refusal
+    assert other_layout(checkpoints, "--pipeline 4") is None  # re-split, not refused
+    refusal = other_layout(checkpoints, "data-parallel")
+    assert "holds the checkpoints of --pipeline 2, and this run asks for data-parallel" in refusal
+    assert "resume with a --pipeline (any number of stages" in refusal
     (checkpoints / "step_000002").mkdir()
     (checkpoints / "step_000002" / "state.json").write_text("{}")
-    assert "a data-parallel run (no --pipeline) and --pipeline 2" in \
-        other_layout(checkpoints, "--pipeline 4")
+    refusal = other_layout(checkpoints, "--pipeline 4")
+    assert "holds the checkpoints of a data-parallel run (no --pipeline), and this run asks " \
+           "for --pipeline 4" in refusal and "resume with no --pipeline" in refusal
 
 
 # ---------------------------------------------------------------- each rank loads its blocks
@@ -338,7 +340,8 @@ def test_full_fine_tuning_on_2_stages_resumes_exactly_and_mlx_lm_loads_its_model
     resumed = pipelined(split, [*flags, "--resume"], 2, "--micro_batches", "4")
     assert "at step 2" in resumed.stdout
     assert train_losses(split) == train_losses(tmp_path / "pp")
-    # another number of stages, or none, on these checkpoints: refused, nothing trained
+    # no pipeline on these checkpoints: refused, nothing trained (another number of
+    # stages re-splits them: tests/test_resplit.py)
     refused = run_trainer([*flags, "--resume", "--out", str(split)])
     assert refused.returncode == 2 and "holds the checkpoints of --pipeline 2, and this run " \
         "asks for data-parallel" in refused.stderr and "Traceback" not in refused.stderr

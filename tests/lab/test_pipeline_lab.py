@@ -2,7 +2,8 @@
 (issue 38, item 5): LoRA on a tiny Llama folder and masked chat data on this
 machine's disk only, sent by train to both hosts; each stage judged against its
 host's real memory facts before anything is sent; the run stops half way and a
-restart resumes every stage from its own host's checkpoint; the losses are one
+restart resumes every stage from its own host's checkpoint (each mirrored on the
+other host, byte for byte); the losses are one
 process's at every step, OUT/adapters arrives here whole (rank 0 gathers the
 stages' adapters) and equals one process's, and the real `mlx_lm generate
 --adapter-path` answers with the trained sentence, as one process's adapters do. Bad pipelines are
@@ -92,6 +93,14 @@ def test_lora_pipeline_over_two_hosts_gives_one_process_and_its_adapters_here(la
         assert "(MemAvailable): fits" in said
         assert f"model: {h.name}: {model} missing: sending" in said
     assert max(losses(records(out / "metrics.jsonl"))) == STOP  # the record, here
+    # each host its own disk: each stage's checkpoints mirrored on the other's (mirror.py)
+    for i in range(2):
+        other = on_host(lab3, 1 - i, out) / "checkpoints" / f"stage_{i + 1}_of_2"
+        assert (other / f"step_{STOP:06d}" / "state.json").is_file(), i
+        own = on_host(lab3, i, out) / "checkpoints" / f"stage_{i + 1}_of_2" / f"step_{STOP:06d}"
+        assert (other / f"step_{STOP:06d}" / "model.safetensors").read_bytes() == \
+            (own / "model.safetensors").read_bytes()
+    assert "stage 1's checkpoints are mirrored on" in said and "(stage 2's host)" in said
 
     second = train("--resume", "auto")
     assert second.returncode == 0, (second.stdout + second.stderr)[-4000:]
