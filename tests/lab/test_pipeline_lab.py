@@ -7,7 +7,9 @@ other host, byte for byte); the losses are one
 process's at every step, OUT/adapters arrives here whole (rank 0 gathers the
 stages' adapters) and equals one process's, and the real `mlx_lm generate
 --adapter-path` answers with the trained sentence, as one process's adapters do. Bad pipelines are
-exit 2 with nothing sent and nothing trained on any host.
+exit 2 with nothing sent and nothing trained on any host, a stage bigger than
+its host's real memory among them. With --elastic over three hosts, a host
+lost mid-run: its stage re-split over the two left, from its mirror.
 
 Uncompiled and on MLX's own kernels, as tests/lab/test_lora_lab.py says why."""
 
@@ -17,6 +19,7 @@ import json
 import struct
 import subprocess
 import sys
+import time
 import uuid
 
 import mlx.core as mx
@@ -24,9 +27,10 @@ import pytest
 
 from tests.chat_support import make_chat_folder
 from tests.hf_support import make_llama_folder
-from tests.lab.jobs import on_host, records, training_setup
+from tests.lab.jobs import bracketed, left_on_hosts, on_host, records, training_setup
 from tests.learning_support import ANSWER, MODEL_CONFIG, learning_data
 from tests.train_support import PYTHON, read_metrics, run_trainer, trainer_env
+from tests.waits import ELASTIC_STALL_TIMEOUT_S
 
 pytestmark = pytest.mark.lab
 
@@ -183,6 +187,80 @@ prompt = mx.array([[1, 5, 9, 14, 20, 31]])
 la, lb = a(prompt), b(prompt)
 print((mx.abs(la - lb).max() / mx.abs(lb).max()).item())
 """
+
+
+# ---- --elastic: a lost host's stage re-split over the hosts left ----------------------------
+
+ELASTIC_STEPS, LOST_AFTER = 24, 8
+
+
+def test_a_lost_hosts_stage_is_re_split_over_the_two_left_with_one_process_losses(lab3, tmp_path):
+    """LoRA with --pipeline 3 over the three hosts, each on its own disk; labhost2 (stage 2)
+    loses its link mid-run. train drops it, re-splits the 3 blocks over labhost1 and
+    labhost3 (--pipeline 2, each judged on its real memory facts again), and the trainer
+    re-cuts the newest checkpoint every stage holds, stage 2's read from the copy on
+    labhost3's disk (its neighbour's mirror). The run ends with one process's losses at
+    every step and its adapters here; nothing of it is left on any host."""
+    model, data, out, inventory, env = two_host_setup(lab3, tmp_path, "ppe", rows=96, hosts=3,
+                                                      blocks=3)
+    flags = [*trainer_flags(model, data), "--steps", str(ELASTIC_STEPS), "--checkpoint_every", "2"]
+    victim = lab3.hosts[1]
+    job = subprocess.Popen(
+        [sys.executable, "-m", "mlxcluster", "train", "-i", str(inventory), "--no-preflight",
+         "--stall-timeout", f"{ELASTIC_STALL_TIMEOUT_S}s", "--max-restarts", "2", "--elastic",
+         "--", *flags, "--out", str(out), "--pipeline", "3"],
+        env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    metrics = out / "metrics.jsonl"  # the record, here
+    started = time.monotonic()
+    try:
+        while max(losses(records(metrics)), default=0) < LOST_AFTER:
+            assert job.poll() is None and time.monotonic() < started + 300, job.communicate()
+            time.sleep(0.2)
+        lab3.link_down(victim)
+        stdout, stderr = job.communicate(timeout=420)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+        lab3.heal(victim)
+    took = time.monotonic() - started
+    text = stdout + stderr
+    assert job.returncode == 0, text[-5000:]
+    assert "Traceback" not in text
+    assert "dropped labhost2 (unreachable over ssh): going on with --pipeline 2 on labhost1, " \
+           "labhost3 (balanced by bytes)" in text, text[-4000:]
+    for i, name in ((0, "labhost1"), (1, "labhost3")):  # judged again on their real facts
+        assert f"pipeline: stage {i + 1} of 2 on {name}: " in text and "(MemAvailable): fits" in text
+    # the trainer re-cut the newest step every old stage held: stage 2's piece read from
+    # its mirror on labhost3 (labhost2's own disk was out of reach), stage 3's from the
+    # lowest rank holding it (its mirror on labhost1)
+    assert "re-splitting step " in text and " of --pipeline 3's checkpoints over --pipeline 2: " \
+           "stage 1's piece from rank 0 on labhost1, stage 2's piece from rank 1 on labhost3, " \
+           "stage 3's piece from rank 0 on labhost1" in text, text[-6000:]
+    assert "rank 1: resumed step " in text and "re-split from --pipeline 3 (stage 3 of 3's " \
+           "pieces) into stage 2 of 2" in text, text[-6000:]
+    # every stage's checkpoints on its own host's disk and a copy on its neighbour's
+    for host, pieces in ((0, ("stage_1_of_3", "stage_3_of_3", "stage_1_of_2", "stage_2_of_2")),
+                         (2, ("stage_2_of_3", "stage_3_of_3", "stage_1_of_2", "stage_2_of_2"))):
+        held = {p.name for p in (on_host(lab3, host, out) / "checkpoints").iterdir()}
+        assert set(pieces) <= held, (host, held)
+
+    reference = tmp_path / "reference"
+    proc = run_trainer([*flags, "--out", str(reference)], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    expected, got = losses(read_metrics(reference)), losses(records(metrics))
+    assert sorted(got) == list(range(1, ELASTIC_STEPS + 1)), got
+    for step, loss in expected.items():
+        assert abs(got[step] - loss) <= 1e-5 * abs(loss), (step, got[step], loss)
+    ours = mx.load(str(out / "adapters" / "adapters.safetensors"))
+    theirs = mx.load(str(reference / "adapters" / "adapters.safetensors"))
+    assert sorted(ours) == sorted(theirs)
+    for name, value in theirs.items():  # the tolerance of the two-host test above
+        assert mx.abs(ours[name] - value).max().item() <= 1e-3 * mx.abs(value).max().item(), name
+    time.sleep(1)
+    assert left_on_hosts(lab3, bracketed(f"reference_train.*{out.name}")) == {}
+    print(f"\n--pipeline 3 -> 2 over the lab: {took:.0f} s, {ELASTIC_STEPS} steps")
 
 
 # ---- a stage bigger than its host, judged on the hosts' real memory -------------------------
