@@ -37,7 +37,11 @@ def test_serve_answers_as_one_process_and_ctrl_c_leaves_nothing(llama, tmp_path)
     assert code == 0, serving.output()
     assert f"every rank of run {run_id} was stopped" in serving.output()
     assert processes_with(run_id) == []
-    assert (tmp_path / "runs" / run_id / "serve.log").read_text().count("serving") == 1
+    journal = (tmp_path / "runs" / run_id / "serve.log").read_text().splitlines()
+    said = [line.split(" ", 2)[2] for line in journal]  # after the date and time
+    assert said[0].startswith(f"launching 2 rank(s) on ring, run {run_id}: mlx-lm's server")
+    assert said[1:] == [f"serving {model.name} at http://127.0.0.1:{port}/v1 (2 ranks, tensor)",
+                        "stopped: interrupted (SIGINT): the job was stopped on every rank"], journal
 
 
 def test_bad_input_is_refused_before_anything_is_launched(tmp_path, llama):

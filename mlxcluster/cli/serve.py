@@ -12,14 +12,14 @@ import click
 from mlxcluster.cli.job_launch import EventView
 from mlxcluster.cli.params import Duration, launch_flags, launch_options
 from mlxcluster.errors import InputError, Interrupted
-from mlxcluster.jobs.events import Note, Restarting
+from mlxcluster.jobs.events import Note
 from mlxcluster.jobs.job import BACKENDS
 from mlxcluster.jobs.restarts import Restarts
 from mlxcluster.jobs.run_output import open_rank_logs
 from mlxcluster.launch.job_source import one_source
 from mlxcluster.launch.session import launch_session
 from mlxcluster.serve.front import Backend, Front
-from mlxcluster.serve.journal import ServeJournal
+from mlxcluster.serve.journal import ServeJournal, up_line
 from mlxcluster.serve.serving import (
     ServeSpec,
     ServeUp,
@@ -100,35 +100,25 @@ def command(timeout, pipeline, port, bind, max_restarts, probe_every, probe_time
     prepared = click.get_current_context().with_resource(launch_session(request, env, view))
     job, run_id = prepared.job, prepared.run_id
     logs_path, logs = open_rank_logs(logs_dir, run_id)
-    journal = ServeJournal(logs_path / "serve.log")
     address = f"http://{'127.0.0.1' if bind == '0.0.0.0' else bind}:{front.port}/v1"
-    name = os.path.basename(spec.model.rstrip("/"))
-    ranks = len(job.hosts)
+    served = (f"{os.path.basename(spec.model.rstrip('/'))} at {address} ({len(job.hosts)} ranks, "
+              f"{spec.split})")
+    journal = ServeJournal(logs_path / "serve.log", served)
 
     def show(stream: str, line: str) -> None:
         logs.write(line)
         if not QUIET_LINE.search(line):
             click.echo(line, err=stream == "stderr")
 
-    def on_event(event: object) -> None:
-        view(event)
-        if isinstance(event, Restarting):
-            journal.write(f"restart {event.done}/{event.max_restarts}: {event.cause}")
-        elif isinstance(event, Note):
-            journal.write(event.text)
-
     def on_up(up: ServeUp) -> None:
-        again = f" again (restart {up.launch}, up in {up.seconds:.0f} s)" if up.launch else ""
-        line = f"serving {name} at {address} ({ranks} ranks, {spec.split}){again}"
-        journal.write(line)
-        click.secho(line, fg="green")
+        click.secho(up_line(served, up.launch, up.seconds), fg="green")
 
-    on_event(Note(f"logs: {logs_path}/rank<R>.log, {logs_path}/serve.log"))
+    view(Note(f"logs: {logs_path}/rank<R>.log, {logs_path}/serve.log"))
     try:
         serve_until_stopped(job, spec, backend_state, Restarts(max_restarts), env, run_id=run_id,
-                            logs_dir=logs_path, on_line=show, on_event=on_event, on_up=on_up)
-    except Interrupted as stop:
-        journal.write(f"stopped ({stop}): every rank on every host")
+                            logs_dir=logs_path, journal=journal, on_line=show, on_event=view,
+                            on_up=on_up)
+    except Interrupted:
         click.echo(f"stopped: every rank of run {run_id} was stopped on every host; logs: {logs_path}")
         return
     finally:

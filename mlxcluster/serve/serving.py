@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
-from mlxcluster.errors import EXIT_STALLED, MlxclusterError
+from mlxcluster.errors import EXIT_STALLED, Interrupted, MlxclusterError
 from mlxcluster.jobs.events import Note, OnEvent
 from mlxcluster.jobs.job import Job
 from mlxcluster.jobs.preflight import probe_facts
@@ -32,6 +32,7 @@ from mlxcluster.launch.program import launch_number, numbered, program_job
 from mlxcluster.launch.session import LaunchFlags, LaunchRequest
 from mlxcluster.launch.sync import SERVED_MODEL
 from mlxcluster.serve.front import Backend
+from mlxcluster.serve.journal import ServeJournal
 from mlxcluster.serve.probe import ProbeWatch, probe_once
 from mlxcluster.serve.split import SplitVerdict
 from mlxcluster.serve.split_check import check_split, refusal
@@ -117,10 +118,31 @@ def serving_request(spec: ServeSpec, flags: LaunchFlags, *, send_model: bool) ->
 
 def serve_until_stopped(job: Job, spec: ServeSpec, backend: Backend, restarts: Restarts,
                         env: dict[str, str], *, run_id: str, logs_dir: Path,
-                        on_line: Callable[[str, str], None], on_event: OnEvent,
-                        on_up: Callable[[ServeUp], None]) -> None:
+                        journal: ServeJournal, on_line: Callable[[str, str], None],
+                        on_event: OnEvent, on_up: Callable[[ServeUp], None]) -> None:
     """Serve until interrupted (raises ``errors.Interrupted``) or the
-    restarts are spent (raises ``ServeFailed``, or the last stall)."""
+    restarts are spent (raises ``ServeFailed``, or the last stall); each
+    launch, restart, time up and the stop written to ``journal`` (serve.log)."""
+    try:
+        _serve(job, spec, backend, restarts, env, run_id, logs_dir, on_line,
+               journaled(journal, on_event), journaled(journal, on_up))
+    except Interrupted as stop:
+        journal.stopped(stop)
+        raise
+
+
+def journaled(journal: ServeJournal, then: Callable) -> Callable:
+    """``then``, each event or ServeUp written to ``journal`` first."""
+    def both(what) -> None:
+        if isinstance(what, ServeUp):
+            journal.up(what.launch, what.seconds)
+        else:
+            journal.event(what)
+        then(what)
+    return both
+
+
+def _serve(job, spec, backend, restarts, env, run_id, logs_dir, on_line, on_event, on_up) -> None:
 
     def launch(job: Job) -> RunOutcome:
         k = launch_number(job)

@@ -238,3 +238,23 @@ def mlx_launch_trainer(lab, tmp_path: Path, args: list[str],
            "--env", "OPENBLAS_NUM_THREADS=1", "--", "-m", "reference_train.train", *args]
     return subprocess.run(cmd, env=lab.env(), capture_output=True, text=True, timeout=timeout,
                           cwd=tmp_path)
+
+
+def lose_link_at_step(lab, job: subprocess.Popen, metrics: Path, step: int, victim,
+                      reach_s: float, end_s: float) -> tuple[str, str]:
+    """Cut ``victim``'s link once the run's record (``metrics``, here) holds the
+    loss of ``step`` (within ``reach_s``), then wait up to ``end_s`` for the
+    job to end: its (stdout, stderr). The job is killed if it has not ended,
+    and the host healed, whatever happened."""
+    deadline = time.monotonic() + reach_s
+    try:
+        while max((r["step"] for r in records(metrics) if "loss" in r), default=0) < step:
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+            time.sleep(0.1)
+        lab.link_down(victim)
+        return job.communicate(timeout=end_s)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+        lab.heal(victim)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 import uuid
 
 import mlx.core as mx
@@ -25,7 +24,7 @@ import pytest
 
 from tests.chat_support import make_chat_folder
 from tests.hf_support import make_llama_folder
-from tests.lab.jobs import on_host, records, training_setup
+from tests.lab.jobs import lose_link_at_step, on_host, records, training_setup
 from tests.learning_support import MODEL_CONFIG as CONFIG
 from tests.learning_support import learning_data
 from tests.train_support import read_metrics, run_trainer
@@ -76,18 +75,7 @@ def test_qlora_stops_resumes_loses_a_host_and_mlx_lm_opens_the_adapters(lab3, tm
 
     victim = lab3.hosts[2]
     job = train(["--max-restarts", "1", "--elastic"], ["--resume", "auto"])
-    try:
-        deadline = time.monotonic() + 200
-        while max(losses(records(out / "metrics.jsonl")), default=0) < LOSE_AT:
-            assert job.poll() is None and time.monotonic() < deadline, job.communicate()[0]
-            time.sleep(0.1)
-        lab3.link_down(victim)
-        second, _ = job.communicate(timeout=280)
-    finally:
-        if job.poll() is None:
-            job.kill()
-            job.wait()
-        lab3.heal(victim)
+    second, _ = lose_link_at_step(lab3, job, out / "metrics.jsonl", LOSE_AT, victim, 200, 280)
     assert job.returncode == 0, second[-4000:]
     assert "at step 2" in second and f"model: {lab3.hosts[0].name}: {model} missing" \
         not in second  # already there

@@ -27,7 +27,14 @@ import pytest
 
 from tests.chat_support import make_chat_folder
 from tests.hf_support import make_llama_folder
-from tests.lab.jobs import bracketed, left_on_hosts, on_host, records, training_setup
+from tests.lab.jobs import (
+    bracketed,
+    left_on_hosts,
+    lose_link_at_step,
+    on_host,
+    records,
+    training_setup,
+)
 from tests.learning_support import ANSWER, MODEL_CONFIG, learning_data
 from tests.train_support import PYTHON, read_metrics, run_trainer, trainer_env
 from tests.waits import ELASTIC_STALL_TIMEOUT_S
@@ -213,17 +220,7 @@ def test_a_lost_hosts_stage_is_re_split_over_the_two_left_with_one_process_losse
         start_new_session=True)
     metrics = out / "metrics.jsonl"  # the record, here
     started = time.monotonic()
-    try:
-        while max(losses(records(metrics)), default=0) < LOST_AFTER:
-            assert job.poll() is None and time.monotonic() < started + 300, job.communicate()
-            time.sleep(0.2)
-        lab3.link_down(victim)
-        stdout, stderr = job.communicate(timeout=420)
-    finally:
-        if job.poll() is None:
-            job.kill()
-            job.wait()
-        lab3.heal(victim)
+    stdout, stderr = lose_link_at_step(lab3, job, metrics, LOST_AFTER, victim, 300, 420)
     took = time.monotonic() - started
     text = stdout + stderr
     assert job.returncode == 0, text[-5000:]
