@@ -9,8 +9,8 @@ Exit codes (documented in README.md):
   4  stalled: a job made no progress for its stall timeout (smoke: a rank within its
      phase's or soak iteration's deadline); it was diagnosed and stopped
   128 + signal  interrupted (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP), after cleanup;
-     143 also: `train` whose ranks stopped when asked (`mlxcluster stop`), after a last
-     checkpoint, and not restarted
+     143 also: `train`, `run` or `serve` whose ranks `mlxcluster stop` ended (the trainer
+     after a last checkpoint): not launched again, whatever --max-restarts says
 """
 
 from __future__ import annotations

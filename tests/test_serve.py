@@ -9,6 +9,8 @@ import os
 import re
 import signal
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -83,3 +85,31 @@ def test_a_model_whose_heads_do_not_divide_is_refused_before_the_launch(llama):
     assert refused.exit_code == 2, refused.output
     assert "3 ranks do not divide the 4 attention heads and 2 KV heads" in refused.output
     assert "launching" not in refused.output
+
+
+def test_mlxcluster_stop_ends_serve_and_it_does_not_restart(llama, tmp_path):
+    """`mlxcluster stop RUN_ID` from another terminal: the ranks end, and serve
+    (--max-restarts 2) keeps that end: exit 143, no restart, nothing left, the
+    stop mark gone (jobs/running.py), serve.log saying so."""
+    model = chat_model(llama, tmp_path / "tiny-chat")
+    port = free_port_block(1)
+    serving = Serving(["--local", "2", "--no-preflight", "--port", str(port), "--max-restarts", "2",
+                       str(model)], cwd=tmp_path)
+    try:
+        serving.wait_for(r"serving \S+ at http://\S+", SERVE_UP_S)
+        run_id = re.search(r"run (mlxserve-[0-9a-f]+)", serving.output()).group(1)
+        stopped = subprocess.run([sys.executable, "-m", "mlxcluster", "stop", "--local", run_id],
+                                 env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
+                                 cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert f"{run_id} stopped" in stopped.stdout, stopped
+        code = serving.proc.wait(timeout=SERVE_STOP_S)
+    finally:
+        serving.stop()
+    said = serving.output()
+    assert code == 143, said
+    assert f"serve stopped when asked ('mlxcluster stop {run_id}'): every rank ended" in said
+    assert "restart 1/2" not in said and "launching" in said and said.count("launching") == 1
+    assert processes_with(run_id) == []
+    assert not Path(f"{STACKS_ROOT}/{run_id}.stopped").exists()
+    journal = (tmp_path / "runs" / run_id / "serve.log").read_text().splitlines()
+    assert journal[-1].endswith(f"stopped: asked ('mlxcluster stop {run_id}'): every rank ended")

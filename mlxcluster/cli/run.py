@@ -9,7 +9,7 @@ import click
 
 from mlxcluster.cli.job_launch import EventView, exit_code_of, say_failure, say_refusal
 from mlxcluster.cli.params import Duration, launch_flags, launch_options
-from mlxcluster.errors import InputError, Interrupted
+from mlxcluster.errors import EXIT_STOPPED_WHEN_ASKED, InputError, Interrupted
 from mlxcluster.jobs.job import BACKENDS
 from mlxcluster.jobs.restarts import Restarts
 from mlxcluster.jobs.run_output import open_rank_logs, program_argv
@@ -86,6 +86,10 @@ def command(timeout, stall_timeout, max_restarts, no_sync_script, logs_dir, deta
     job, outcome = done.job, done.outcome
     if outcome.refusal:
         say_refusal("run", job, outcome)
+    if outcome.asked_to_stop:  # `mlxcluster stop RUN_ID`: an end, not a failure to restart
+        click.echo(f"run stopped when asked ('mlxcluster stop {outcome.run_id}'): every rank "
+                   "ended", err=True)
+        click.get_current_context().exit(EXIT_STOPPED_WHEN_ASKED)
     if outcome.exit_code != 0:
         say_failure("run", outcome, prepared.mlx_version)
         if rank0_only and outcome.failed_rank not in (None, 0):  # its lines were not shown

@@ -11,7 +11,7 @@ import click
 
 from mlxcluster.cli.job_launch import EventView
 from mlxcluster.cli.params import Duration, launch_flags, launch_options
-from mlxcluster.errors import InputError, Interrupted
+from mlxcluster.errors import EXIT_STOPPED_WHEN_ASKED, InputError, Interrupted
 from mlxcluster.jobs.events import Note
 from mlxcluster.jobs.job import BACKENDS
 from mlxcluster.jobs.restarts import Restarts
@@ -121,6 +121,10 @@ def command(timeout, pipeline, port, bind, max_restarts, probe_every, probe_time
     except Interrupted:
         click.echo(f"stopped: every rank of run {run_id} was stopped on every host; logs: {logs_path}")
         return
+    else:  # `mlxcluster stop RUN_ID`: an end, not a failure to restart
+        click.echo(f"serve stopped when asked ('mlxcluster stop {run_id}'): every rank ended; "
+                   f"logs: {logs_path}", err=True)
+        click.get_current_context().exit(EXIT_STOPPED_WHEN_ASKED)
     finally:
         logs.close()
         journal.close()

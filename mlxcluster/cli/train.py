@@ -114,8 +114,9 @@ def command(timeout, config, stall_timeout, max_restarts, no_sync_data, elastic,
                    f"attach {outcome.run_id}' follows it again when the host answers)", err=True)
     if outcome.refusal:
         say_refusal("train", done.job, outcome)
-    if outcome.stopped_at is not None:
-        said = f"stopped at step {outcome.stopped_at} when asked"
+    if outcome.asked_to_stop:
+        at = f" at step {done.stopped_at}" if done.stopped_at is not None else ""
+        said = f"stopped{at} when asked"
         click.echo(f"train {said} (mlxcluster stop, or the lease of the machine running "
                    "mlxcluster ran out): every rank wrote its checkpoint at that step; go on "
                    "with '-- --resume auto'", err=True)

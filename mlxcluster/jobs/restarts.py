@@ -39,6 +39,7 @@ from mlxcluster.jobs.events import (
 from mlxcluster.jobs.hosts import RankHost, remote_hosts
 from mlxcluster.jobs.job import Job
 from mlxcluster.jobs.job_python import CHECK_TIMEOUT_S, python_answers, require_job_python
+from mlxcluster.jobs.running import asked_to_stop
 from mlxcluster.jobs.stall import Stalled
 from mlxcluster.jobs.watch import RunOutcome
 
@@ -187,7 +188,10 @@ def _launch_until_done(job, launch, restarts, env, again, drop, on_event, left_b
         else:
             if outcome.unstopped:
                 on_event(Warned(outcome.unstopped))
-            if outcome.exit_code == 0 or outcome.refusal or outcome.stopped_at is not None \
+            if outcome.exit_code and not outcome.refusal:  # its stop mark read (and removed)
+                asked = asked_to_stop(job.hosts, outcome.run_id, env)
+                outcome = replace(outcome, asked_to_stop=outcome.asked_to_stop or asked)
+            if outcome.exit_code == 0 or outcome.refusal or outcome.asked_to_stop \
                     or not restarts.can_restart():
                 return job, outcome
             on_event(LaunchFailed(outcome))

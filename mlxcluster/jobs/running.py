@@ -35,6 +35,7 @@ from mlxcluster.jobs.rank_wrapper import STACKS_ROOT
 RANK_LINE = re.compile(r"^@@rank (\S+) (\d+) (\d+)\s*$")
 RUN_ID = re.compile(r"^mlx(train|run|serve)-[0-9a-f]{10}$")
 STOP_POLL_S = 0.5
+STOP_ASKED = "@@stop-asked"
 
 
 @dataclass(frozen=True)
@@ -172,6 +173,32 @@ def signal_ranks_script(run_id: str, *signals: str, pause_s: float = 0.5) -> str
     return f"bash -c {shlex.quote(inner)}"
 
 
+def stop_mark(run_id: str) -> str:
+    """The file `mlxcluster stop` leaves on each host of the run: the controller
+    that launched it (train, run, serve) finds it when the ranks have ended and
+    keeps that end instead of launching again (``asked_to_stop``). Beside the
+    run's folder, not in it: the controller's sweep removes the folder first."""
+    return f"{STACKS_ROOT}/{run_id}.stopped"
+
+
+def asked_script(run_id: str) -> str:
+    """Shell text printing ``STOP_ASKED`` when the run's stop mark is there, and
+    removing it (the controller asks once, at the run's end)."""
+    mark = shlex.quote(stop_mark(run_id))
+    return f"if [ -f {mark} ]; then rm -f {mark}; echo {STOP_ASKED}; fi; true"
+
+
+def asked_to_stop(hosts: Sequence[RankHost], run_id: str,
+                  env: dict[str, str] | None = None) -> bool:
+    """Whether `mlxcluster stop` asked ``run_id`` to stop on any of ``hosts``
+    (one ssh call each; a host that does not answer says nothing)."""
+    if not RUN_ID.match(run_id):
+        return False
+    results = for_each_host(distinct_hosts(hosts), lambda h: run_script(h, asked_script(run_id),
+                                                                        env=env))
+    return any(r.ok and STOP_ASKED in r.output for r in results)
+
+
 def stop_run(hosts: Sequence[RankHost], run_id: str, grace_s: float,
              env: dict[str, str] | None = None) -> tuple[bool, list[HostResult]]:
     """Ask every rank of ``run_id`` to stop (SIGUSR2: a last checkpoint), wait
@@ -181,7 +208,9 @@ def stop_run(hosts: Sequence[RankHost], run_id: str, grace_s: float,
     if not RUN_ID.match(run_id):
         raise ValueError(f"not a run id: {run_id!r}")
     asked = distinct_hosts(hosts)
-    for_each_host(asked, lambda h: run_script(h, signal_ranks_script(run_id, "USR2"), env=env))
+    mark = f"mkdir -p {STACKS_ROOT} && touch {shlex.quote(stop_mark(run_id))}; "
+    for_each_host(asked, lambda h: run_script(h, mark + signal_ranks_script(run_id, "USR2"),
+                                              env=env))
     deadline = time.monotonic() + grace_s
     ended = False
     while time.monotonic() < deadline:

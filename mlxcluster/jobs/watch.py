@@ -53,9 +53,9 @@ class RunOutcome:
     run_id: str = ""  # on every rank's command line (mlxcluster.jobs.cleanup)
     lost_host: str | None = None  # the host whose ssh connection failed or was lost
     unstopped: str | None = None  # hosts the final sweep could not reach, and what to run there
-    # the step at which the program said every rank stopped when asked (`mlxcluster stop`,
-    # a lease run out): an end to keep, not a failure to restart
-    stopped_at: int | None = None
+    # every rank ended because `mlxcluster stop` asked (jobs/running.py): an end to keep,
+    # not a failure to restart
+    asked_to_stop: bool = False
 
     @property
     def who(self) -> str:

@@ -449,6 +449,7 @@ class TrainerResult:
     outcome: RunOutcome
     restarts: int
     seconds: float  # the whole run's, restarts included
+    stopped_at: int | None = None  # the step the ranks stopped at when asked (mlxcluster stop)
 
 
 def run_trainer(job: Job, args: TrainerArgs, restarts: Restarts, env: dict[str, str], *,
@@ -476,7 +477,7 @@ def run_trainer(job: Job, args: TrainerArgs, restarts: Restarts, env: dict[str, 
         outcome = run_job(job, show, env=env, timeout=timeout, stall_timeout=stall_timeout,
                           run_id=run_id, report_dir=Path(args.config.out))
         if outcome.exit_code and run.record.stopped_at is not None:  # asked: not restarted
-            outcome = dataclasses.replace(outcome, stopped_at=run.record.stopped_at)
+            outcome = dataclasses.replace(outcome, asked_to_stop=True)
         return outcome
 
     started = time.monotonic()
@@ -491,4 +492,4 @@ def run_trainer(job: Job, args: TrainerArgs, restarts: Restarts, env: dict[str, 
         for said in run.close():
             on_event(said)
     took = outcome.seconds if not restarts.done else time.monotonic() - started
-    return TrainerResult(job, outcome, restarts.done, took)
+    return TrainerResult(job, outcome, restarts.done, took, run.record.stopped_at)

@@ -120,15 +120,17 @@ def serve_until_stopped(job: Job, spec: ServeSpec, backend: Backend, restarts: R
                         env: dict[str, str], *, run_id: str, logs_dir: Path,
                         journal: ServeJournal, on_line: Callable[[str, str], None],
                         on_event: OnEvent, on_up: Callable[[ServeUp], None]) -> None:
-    """Serve until interrupted (raises ``errors.Interrupted``) or the
-    restarts are spent (raises ``ServeFailed``, or the last stall); each
-    launch, restart, time up and the stop written to ``journal`` (serve.log)."""
+    """Serve until interrupted (raises ``errors.Interrupted``), the restarts
+    are spent (raises ``ServeFailed``, or the last stall), or `mlxcluster stop`
+    ends the run (returns); each launch, restart, time up and the stop written
+    to ``journal`` (serve.log)."""
     try:
         _serve(job, spec, backend, restarts, env, run_id, logs_dir, on_line,
                journaled(journal, on_event), journaled(journal, on_up))
     except Interrupted as stop:
         journal.stopped(stop)
         raise
+    journal.stopped(f"asked ('mlxcluster stop {run_id}'): every rank ended")
 
 
 def journaled(journal: ServeJournal, then: Callable) -> Callable:
@@ -171,6 +173,8 @@ def _serve(job, spec, backend, restarts, env, run_id, logs_dir, on_line, on_even
 
     job, outcome = launch_until_done(numbered(job, 0)[0], launch, restarts, env, again=numbered,
                                      on_event=on_event)
+    if outcome.asked_to_stop:
+        return
     spent = f"after {restarts.done} restart(s) (--max-restarts {restarts.max_restarts})"
     raise ServeFailed(f"the server stopped: {outcome.who} exited with code {outcome.exit_code} "
                       f"{spent}; every rank was stopped",
