@@ -339,6 +339,11 @@ def test_a_re_split_moves_blocks_off_a_small_mac_or_stops_naming_why(llama_8b, h
     assert "on mini1 needs" in said and "weights, gradients and AdamW state" in said
     assert "--fine_tune lora" in said and "rerun with '-- --resume auto'" in err.value.hint
 
+    # a model from scratch (bytes unknown here): its blocks shared evenly, the user's split
+    # replaced (it named three stages)
+    scratch = args_of("--n_layers", "6", "--pipeline", "3", "--pipeline_split", "1,2,3").config
+    assert resplit(scratch, Pipeline(3, (1, 2, 3)), 3, left, ["mini2"], hosts, None) \
+        .pipeline == Pipeline(2, (3, 3))
     with pytest.raises(MlxclusterError, match="1 rank is left, and a pipeline needs 2 stages"):
         resplit(lora, Pipeline(2), 2, job_on("studio"), ["mini1"], hosts, big)
     with pytest.raises(MlxclusterError, match="its 4 ranks ran 2 copies of the pipeline"):

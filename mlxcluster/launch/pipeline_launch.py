@@ -193,9 +193,9 @@ def resplit(cfg: TrainConfig, pipeline: Pipeline, ranks_before: int, job: Job,
     names = [h.name for h in job.hosts]
 
     def planned(split: tuple[int, ...] | None) -> list[plans.StagePlan]:
-        if sizes is None:  # as the ranks plan a model from scratch
-            return plan_for(cfg, Pipeline(left, split))
-        return plans.plan_stages(sizes, left, list(split) if split else None)
+        # a model from scratch: its blocks are alike (their bytes are not known here)
+        held = sizes or plans.ModelBytes(0, (1,) * cfg.n_layers, 0, cfg.tie_embeddings)
+        return plans.plan_stages(held, left, list(split) if split else None)
 
     wanted = Pipeline(left, None, pipeline.micro_batches, pipeline.schedule)
     verdict = None
