@@ -111,7 +111,10 @@ def say_failure(command: str, outcome, mlx_version: str | None, *, then: str = "
         click.echo(f"fix: bring {outcome.lost_host} back (mlxcluster doctor checks every host)"
                    f"{then}", err=True)
     else:
-        click.secho(f"{command} failed: {who} exited with code {outcome.exit_code}; "
+        signalled = (f" (on {outcome.signalled_host}, which still answers: ssh's code for a "
+                     "rank ended by a signal: killed, out of memory or crashed)"
+                     if outcome.signalled_host else "")
+        click.secho(f"{command} failed: {who} exited with code {outcome.exit_code}{signalled}; "
                     "every rank was stopped", fg="red", err=True)
     for known in diagnose(outcome.lines):
         click.echo(f"known error: {known.text(mlx_version)}", err=True)

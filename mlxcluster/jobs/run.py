@@ -96,9 +96,15 @@ def run_job(job: Job, on_line: Callable[[str, str], None],
         raise
     lost_contact = job.detached and outcome.exit_code == SSH_LOST
     with interrupts.deferred():  # a detached job cut off from here runs on: no sweep
-        unstopped = None if lost_contact else unstopped_hint(sweep(job.hosts, run_id, base_env), run_id)
+        swept = [] if lost_contact else sweep(job.hosts, run_id, base_env)
     lost = lost_host(outcome.exit_code, outcome.failed_rank, [h.name for h in job.hosts], outcome.lines)
-    return replace(outcome, run_id=run_id, lost_host=lost, unstopped=unstopped)
+    signalled = None
+    if lost and any(r.ok and r.host == lost for r in swept):
+        # ssh ends 255 for a remote command ended by a signal too (SIGKILL, out of memory,
+        # a crash): the host answered the sweep just now, so its connection was not lost
+        lost, signalled = None, lost
+    return replace(outcome, run_id=run_id, lost_host=lost, signalled_host=signalled,
+                   unstopped=unstopped_hint(swept, run_id))
 
 
 def stop_stalled(job: Job, run_id: str, watch: stall.StallWatch, report_root: Path,

@@ -52,6 +52,8 @@ class RunOutcome:
     lines: tuple[str, ...] = ()
     run_id: str = ""  # on every rank's command line (mlxcluster.jobs.cleanup)
     lost_host: str | None = None  # the host whose ssh connection failed or was lost
+    # ssh's 255 from a host that still answered: the rank there was ended by a signal
+    signalled_host: str | None = None
     unstopped: str | None = None  # hosts the final sweep could not reach, and what to run there
     # every rank ended because `mlxcluster stop` asked (jobs/running.py): an end to keep,
     # not a failure to restart

@@ -72,10 +72,10 @@ def test_serve_over_two_hosts_answers_survives_a_hang_and_a_kill(lab3, llama, tm
         seen = len(serving.lines)
         lab.ssh(two[0], f"kill -KILL {rank_pid(lab, two[0], run_id, 0)}", check=True)
         restart = serving.wait_for(r"^restart 2/3 after: (.*)", SERVE_AGAIN_S, after=seen).group(1)
-        # The killed rank's ssh session may end with ssh's own 255 first: then the launch
-        # reads it as a lost connection (seen once in CI); either way rank 0 and its host.
-        assert re.search(rf"rank 0 exited with code \S+ \((on|lost the ssh connection to) "
-                         rf"{two[0].name}\)", restart), restart
+        # The killed rank's ssh session may end with ssh's own 255 (a remote command ended
+        # by a signal; seen once in CI): its host answers the sweep, so it is no lost
+        # connection (jobs/run.py); either way rank 0 and its host.
+        assert re.search(rf"rank 0 exited with code \S+ \(on {two[0].name}\)", restart), restart
         serving.wait_for(r"serving .* again \(restart 2", SERVE_AGAIN_S, after=seen)
         assert chat_text(port) == alone
     finally:
