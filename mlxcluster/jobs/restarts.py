@@ -189,7 +189,8 @@ def _launch_until_done(job, launch, restarts, env, again, drop, on_event, left_b
             if outcome.unstopped:
                 on_event(Warned(outcome.unstopped))
             if outcome.exit_code and not outcome.refusal:  # its stop mark read (and removed)
-                asked = asked_to_stop(job.hosts, outcome.run_id, env)
+                answering = [h for h in job.hosts if h.name != outcome.lost_host]  # no wait on it
+                asked = asked_to_stop(answering, outcome.run_id, env)
                 outcome = replace(outcome, asked_to_stop=outcome.asked_to_stop or asked)
             if outcome.exit_code == 0 or outcome.refusal or outcome.asked_to_stop \
                     or not restarts.can_restart():
