@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 
@@ -33,7 +34,7 @@ import mlx.core as mx
 import numpy as np
 
 from .checkpoint import ARRAY_FILES, CHECKPOINT_FILES, install_checkpoint
-from .disk_room import said_when_full
+from .disk_room import free_bytes, human, is_disk_full, room_verdict, said_when_full
 from .files import file_sha256
 from .pipeline import Exchange
 from .pipeline_outputs import stage_folder
@@ -57,13 +58,24 @@ def describe_mirrors(layout: Layout, mirrored: list[bool]) -> list[str]:
             f"(stage {(k + 1) % n + 1}'s host)" for k in range(n) if mirrored[k]]
 
 
+def no_room_for(what: str, root: Path, free: int | None, needed: int, stage: int) -> str:
+    """Why a mirrored piece is not kept on this host: the run goes on (this stage's
+    own checkpoint is whole); losing stage ``stage``'s host then loses its piece."""
+    room = "its room could not be read" if free is None else f"{human(free)} free"
+    return (f"{what} not kept: {root} has {room}, the piece is {human(needed)}; the run goes "
+            f"on, but without this copy --elastic cannot go on if stage {stage + 1}'s host is "
+            f"lost: free room on {socket.gethostname()}")
+
+
 def mirror_checkpoint(group, saved: Path, stage: int, mirrored: list[bool],
                       keep: int) -> str | None:
     """After every stage wrote its checkpoint `saved` (OUT/checkpoints/stage_K_of_N/
     step_S; collective over the pipeline `group`, stage i being rank i): send it to the
     next stage when `mirrored[stage]`, and receive, verify and install the previous
     stage's when `mirrored[stage - 1]`. Returns a problem with the copy received (it is
-    then not installed), or None."""
+    then not installed: damaged, or no room for it on this host's disk, found before or
+    while writing; the rest is received all the same, so the sender never waits), or
+    None."""
     n = len(mirrored)
     sends, receives = mirrored[stage], mirrored[(stage - 1) % n]
     if not (sends or receives):
@@ -77,16 +89,20 @@ def mirror_checkpoint(group, saved: Path, stage: int, mirrored: list[bool],
     incoming = link.receive((len(CHECKPOINT_FILES),), mx.int64, before) if receives else None
     link.evaluate(*([incoming] if receives else []))
     theirs = [int(v) for v in incoming.tolist()] if receives else []
-    tmp = None
+    tmp, problem = None, None
     what = f"stage {before + 1}'s mirrored checkpoint {saved.name}"
     if receives:
         root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{saved.name}.mirror.", dir=root))
+        free = free_bytes(root)
+        if free is not None and room_verdict(free, sum(theirs)) == "full":
+            problem = no_room_for(what, root, free, sum(theirs), before)
+        else:
+            tmp = Path(tempfile.mkdtemp(prefix=f".{saved.name}.mirror.", dir=root))
     try:
         for i, name in enumerate(CHECKPOINT_FILES):
             with contextlib.ExitStack() as files:
                 source = files.enter_context(open(saved / name, "rb")) if sends else None
-                target = files.enter_context(open(tmp / name, "wb")) if receives else None
+                target = files.enter_context(open(tmp / name, "wb")) if tmp else None
                 out = sizes[i] if sends else 0
                 into = theirs[i] if receives else 0
                 for start in range(0, max(out, into), CHUNK_BYTES):
@@ -96,11 +112,16 @@ def mirror_checkpoint(group, saved: Path, stage: int, mirrored: list[bool],
                     got = link.receive((min(CHUNK_BYTES, into - start),), mx.uint8, before) \
                         if start < into else None
                     link.evaluate(*([got] if got is not None else []))
-                    if got is not None:
-                        with said_when_full(root, what):
-                            target.write(np.array(got).data)
-        if tmp is None:
-            return None
+                    if got is None or problem is not None:
+                        continue  # the rest is received all the same: the sender goes on
+                    try:
+                        target.write(np.array(got).data)
+                    except OSError as err:
+                        if not is_disk_full(err):
+                            raise
+                        problem = no_room_for(what, root, free_bytes(root), sum(theirs), before)
+        if problem is not None or tmp is None:
+            return problem
         state = json.loads((tmp / "state.json").read_text())
         for name in ARRAY_FILES:
             if file_sha256(tmp / name) != (state.get("hashes") or {}).get(name):

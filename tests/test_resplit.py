@@ -179,6 +179,25 @@ def test_a_mirror_arrives_byte_for_byte_installed_and_pruned(tmp_path):
             assert (own / step / "model.safetensors").stat().st_size > 300  # several chunks
 
 
+def test_a_mirror_without_room_is_not_kept_and_the_run_goes_on(tmp_path):
+    """Rank 1's disk reads as full: stage 1's piece is received all the same (the
+    sender never waits) and not kept there, said with the room and what it costs;
+    stage 2's piece still reaches rank 0, and both ranks go on to the next step."""
+    proc = run_trainer([str(tmp_path), "2", "4"], ranks=2, timeout=120,
+                       module="tests.mirror_exchange", extra_env={"MIRROR_NO_ROOM_RANK": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for step in (2, 4):
+        assert f"rank 1 step {step}: stage 1's mirrored checkpoint step_00000{step} not kept: " \
+               in proc.stdout and "has 0 bytes free, the piece is" in proc.stdout, proc.stdout
+    assert "without this copy --elastic cannot go on if stage 1's host is lost" in proc.stdout
+    assert "rank 0 step" not in proc.stdout
+    assert not (tmp_path / "rank_1" / "checkpoints" / "stage_1_of_2").exists() or \
+        not any((tmp_path / "rank_1" / "checkpoints" / "stage_1_of_2").glob("step_*"))
+    copy = tmp_path / "rank_0" / "checkpoints" / "stage_2_of_2"
+    assert (copy / "latest").read_text() == "step_000004\n"
+    assert "rank 0 mirrored steps [2, 4]" in proc.stdout and "rank 1 mirrored" in proc.stdout
+
+
 # ---------------------------------------------------------------- on real ranks
 
 

@@ -28,10 +28,13 @@ def trainer_env() -> dict[str, str]:
 
 
 def run_trainer(args: list[str], ranks: int = 1, timeout: float = 120,
-                module: str = "reference_train.train") -> subprocess.CompletedProcess:
+                module: str = "reference_train.train",
+                extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """`python -m reference_train.train ARGS` (or another ``module``), alone or
     under `mlx.launch -n RANKS` (ring) on ports free here: tests run in
-    parallel workers, so no two runs may count on the same fixed ports."""
+    parallel workers, so no two runs may count on the same fixed ports.
+    ``extra_env``: variables every rank gets besides the trainer's."""
+    extra_env = extra_env or {}
     cmd = ["-m", module, *args]
     if ranks == 1:
         full = [PYTHON, *cmd]
@@ -44,11 +47,12 @@ def run_trainer(args: list[str], ranks: int = 1, timeout: float = 120,
         for key in ("LD_PRELOAD", "OPENBLAS_NUM_THREADS"):
             if key in env:
                 full += ["--env", f"{key}={env[key]}"]
+        full += [part for key, value in extra_env.items() for part in ("--env", f"{key}={value}")]
         full += ["--", *cmd]
     # A session of its own, so that a timeout kills mlx.launch's ranks too
     # (subprocess.run kills only the launcher; its ranks trained on for
     # half an hour once, slowing every test after).
-    proc = subprocess.Popen(full, cwd=REPO, env=trainer_env(), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(full, cwd=REPO, env={**trainer_env(), **extra_env}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
