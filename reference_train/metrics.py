@@ -70,8 +70,13 @@ def recording() -> bool:
     return _switched_on(RECORD_ENV)
 
 
+def record_line(record: dict) -> str:
+    """A record as the line mlxcluster reads (without its newline)."""
+    return f"{RECORD_MARK} {json.dumps(record)}"
+
+
 def emit_record(record: dict) -> None:
-    print(f"{RECORD_MARK} {json.dumps(record)}", flush=True)
+    print(record_line(record), flush=True)
 
 
 def start_record(path: Path, step: int, ranks: int) -> None:

@@ -19,7 +19,10 @@ On only when mlxcluster asks for it (``STOP_ENV``): under a plain
 from __future__ import annotations
 
 import os
+import select
 import signal
+import sys
+import time
 
 import mlx.core as mx
 
@@ -39,17 +42,41 @@ class Stopped(Exception):
         self.step = step
 
 
-def never_block_output() -> None:
-    """Make stdout and stderr drop what they cannot take at once: a rank asked
-    to stop because its controller is cut off writes into an ssh session
-    that no longer delivers, and a blocked write would keep it from ending
-    (seen on the lab: the rank wrote its checkpoint, then waited on its last
-    line until the watchdog's SIGKILL)."""
-    for fd in (1, 2):
+LAST_WORDS_S = 5.0  # how long a stopped rank waits for room for its last lines
+
+
+def last_words(lines: list[str], seconds: float = LAST_WORDS_S, fd: int = 1) -> bool:
+    """Write ``lines`` to ``fd`` (stdout), waiting at most ``seconds`` in all for
+    room; whether all of it went. A rank asked to stop because its controller
+    is cut off writes into an ssh session that no longer delivers, and a
+    blocked write would keep it from ending (seen on the lab: the rank wrote
+    its checkpoint, then waited on its last line until the watchdog's
+    SIGKILL); a write that found no room at once and gave up lost the line
+    when the controller was there but slow to read (seen in CI at load: the
+    run's "stopped at step" line missing). stdout is line-buffered
+    (mlxcluster's rank wrapper; a terminal): nothing of it waits in Python."""
+    data = "".join(f"{line}\n" for line in lines).encode()
+    deadline = time.monotonic() + seconds
+    try:
+        os.set_blocking(fd, False)
+    except OSError:
+        return False
+    if fd == 1:  # what Python still holds goes first (dropped, not waited for, if no room)
         try:
-            os.set_blocking(fd, False)
-        except OSError:
+            sys.stdout.flush()
+        except (OSError, ValueError):
             pass
+    while data:
+        try:
+            data = data[os.write(fd, data):]
+        except BlockingIOError:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            select.select([], [fd], [], left)
+        except OSError:
+            return False
+    return True
 
 
 class StopRequest:

@@ -64,7 +64,7 @@ from .fine_tune import ADAPTER_FIELDS, NAMES, adapter_config, parse_keys, trains
 from .hf_io import model_from_folder
 from .launch_env import current_backend, has_sum_scatter, init_group
 from .loop import LoopPlan, train_loop
-from .metrics import emit_folder, emit_record, heartbeat_wanted, plot_metrics, recording
+from .metrics import emit_folder, heartbeat_wanted, plot_metrics, record_line, recording
 from .mfu import flops_per_token, peak_flops
 from .mirror import describe_mirrors, mirror_checkpoint, mirrored_stages
 from .model import Llama, args_match, count_parameters, generate
@@ -104,7 +104,7 @@ from .sharded_optimizer import ShardedOptimizer
 from .stage_load import held_bytes
 from .stages import bubble_fraction, held_at_once
 from .stages import schedule as pipeline_order
-from .stopping import STOPPED_EXIT, Stopped, StopRequest, never_block_output
+from .stopping import STOPPED_EXIT, Stopped, StopRequest, last_words
 from .storage import describe_storage
 from .tokenizer import make_tokenizer
 
@@ -633,13 +633,10 @@ def main(argv: list[str] | None = None) -> int:
         trainer = Trainer(cfg, group, log)
         trainer.run()
     except Stopped as stopped:
-        never_block_output()  # the controller may be cut off (stopping.py)
-        try:
-            if is_root and recording():  # mlxcluster keeps the run stopped, not restarted
-                emit_record({"event": "stopped", "step": stopped.step})
-            log(f"{stopped}; checkpoint in {trainer.out / 'checkpoints'}")
-        except OSError:
-            pass
+        if is_root:  # within a bound: the controller may be cut off (stopping.py)
+            # the record first: mlxcluster keeps the run stopped, not restarted
+            said = [record_line({"event": "stopped", "step": stopped.step})] if recording() else []
+            last_words([*said, f"{stopped}; checkpoint in {trainer.out / 'checkpoints'}"])
         return STOPPED_EXIT
     except (ValueError, DataError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)

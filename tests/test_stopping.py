@@ -9,9 +9,14 @@ rank 0 killed, its "stopped at step" lost). The lab test
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
+
+from reference_train.stopping import last_words
 
 PROGRAM = textwrap.dedent("""
     import os, signal, sys, time
@@ -42,3 +47,40 @@ def test_once_the_ranks_agreed_to_stop_sigterm_no_longer_ends_a_rank():
     # not asked: SIGTERM keeps its default, the process ends at once
     running = run("not asked")
     assert running.stdout.splitlines() == ["agreed False"] and running.returncode == -15, running
+
+
+def test_a_stopped_ranks_last_lines_wait_for_a_slow_reader_within_a_bound():
+    """last_words: a full pipe whose reader comes back 0.3 s later gets the lines
+    whole (they were dropped before: CI at load lost "stopped at step"); one whose
+    reader never comes back costs the bound, not forever."""
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    filled = 0
+    while True:  # a pipe with no room left
+        try:
+            filled += os.write(write, b"x" * 4096)
+        except BlockingIOError:
+            break
+    got = bytearray()
+
+    def slow_reader():
+        time.sleep(0.3)
+        while len(got) < filled + len("stopped at step 7\n"):
+            got.extend(os.read(read, 65536))
+
+    reader = threading.Thread(target=slow_reader)
+    reader.start()
+    assert last_words(["stopped at step 7"], seconds=10, fd=write)
+    reader.join(timeout=10)
+    assert got.endswith(b"xstopped at step 7\n")
+
+    started = time.monotonic()  # nobody reads any more: the bound, and False
+    while True:
+        try:
+            os.write(write, b"x" * 4096)
+        except BlockingIOError:
+            break
+    assert not last_words(["lost"], seconds=0.3, fd=write)
+    assert 0.25 < time.monotonic() - started < 5
+    os.close(read)
+    os.close(write)
