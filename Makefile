@@ -10,7 +10,7 @@ PY := $(VENV)/bin/python
 # login shell no launcher's command line parses, for doctor's login-shell check).
 SYSTEM_PACKAGES := openssh-server iproute2 nftables libopenblas0-pthread graphviz chromium rsync zsh fish
 
-.PHONY: venv system-deps demo test test-shuffled test-each-alone test-durations lint clean
+.PHONY: venv system-deps demo test test-quick test-busy test-launches test-shuffled test-each-alone test-durations lint clean
 
 venv: $(VENV)/.installed
 
@@ -45,6 +45,20 @@ PYTEST_ARGS ?=
 PARALLEL := -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 test: venv system-deps
 	@$(PY) -m pytest $(PARALLEL) --durations=30 $(PYTEST_ARGS)
+
+# The edit-run loop: every test that needs no lab and starts no multi-rank launch
+# (tests/launches.json says which do), under 3 minutes (docs/testing.md).
+test-quick: venv
+	@$(PY) -m pytest $(PARALLEL) --quick --durations=10 $(PYTEST_ARGS)
+
+# The whole suite beside BUSY processes that keep the cores busy: it must pass.
+BUSY ?= 2
+test-busy: venv system-deps
+	@$(PY) -m tests.busy --procs $(BUSY) -- $(PY) -m pytest $(PARALLEL) --durations=30 $(PYTEST_ARGS)
+
+# Measure again which tests start a launcher or ranks (the quick lane leaves them out).
+test-launches: venv system-deps
+	@$(PY) -m pytest $(PARALLEL) --record-launches tests/launches.json $(PYTEST_ARGS)
 
 # The same suite in an order shuffled by SEED (a new one each run unless given).
 SEED ?= $(shell date +%s)

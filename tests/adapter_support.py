@@ -5,7 +5,6 @@ folder, our model with OUT/adapters in place, and the real mlx-lm commands
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
 import mlx.core as mx
@@ -14,6 +13,7 @@ from reference_train import lora
 from reference_train.hf_io import load_folder, model_from_weights
 from reference_train.model import generate
 from reference_train.tokenizer import FolderTokenizer
+from tests import waits
 
 from .hf_support import LLAMA3_CONFIG, make_llama_folder, mlx_lm_logits
 from .train_support import PYTHON, run_trainer, trainer_env
@@ -60,10 +60,10 @@ def prompt_ids(tokenizer_folder: Path) -> mx.array:
 def mlx_lm_generates_ours(folder: Path, adapters: Path, cwd: Path) -> str:
     """`mlx_lm generate --adapter-path`, the real command, greedy: the text our model
     with the same adapters continues the prompt with (asserted); returns it."""
-    gen = subprocess.run([PYTHON, "-m", "mlx_lm", "generate", "--model", str(folder),
+    gen = waits.run([PYTHON, "-m", "mlx_lm", "generate", "--model", str(folder),
                           "--adapter-path", str(adapters), "--prompt", PROMPT,
                           "--max-tokens", "6", "--temp", "0"],
-                         cwd=cwd, env=trainer_env(), capture_output=True, text=True, timeout=180)
+                         cwd=cwd, env=trainer_env())
     assert gen.returncode == 0, gen.stderr[-3000:]
     text = gen.stdout.split("==========\n")[1].rsplit("\n", 1)[0]
     tok = FolderTokenizer(folder)
@@ -79,9 +79,8 @@ def mlx_lm_fuses_ours(folder: Path, adapters: Path, fused: Path, ours: mx.array,
                       *extra: str) -> None:
     """`mlx_lm fuse`, the real command (``extra``: --dequantize...): the fused
     folder computes our logits ``ours`` for ``ids``."""
-    done = subprocess.run([PYTHON, "-m", "mlx_lm", "fuse", "--model", str(folder), *extra,
+    done = waits.run([PYTHON, "-m", "mlx_lm", "fuse", "--model", str(folder), *extra,
                            "--adapter-path", str(adapters), "--save-path", str(fused)],
-                          cwd=fused.parent, env=trainer_env(), capture_output=True, text=True,
-                          timeout=180)
+                          cwd=fused.parent, env=trainer_env())
     assert done.returncode == 0, done.stderr[-3000:]
     assert mx.abs(mlx_lm_logits(fused, ids) - ours).max().item() < 1e-4

@@ -16,6 +16,15 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
+# MLX's CPU kernels are built once for the whole run (tests/kernel_cc/g++): the ranks of
+# a local job meet each kernel at the same moment, and each would build it. The lab's
+# hosts have the same g++ first on their PATH (tests/lab: Lab.shares_kernels);
+# MLXCLUSTER_LAB_OWN_KERNELS=1 turns both off (bench/suite_cpu.py measures the two).
+if os.environ.get("MLXCLUSTER_LAB_OWN_KERNELS", "") not in ("1", "true"):
+    _KERNEL_CC = str(REPO / "tests" / "kernel_cc")
+    if _KERNEL_CC not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = _KERNEL_CC + os.pathsep + os.environ.get("PATH", "")
+
 
 @pytest.fixture(autouse=True)
 def _no_user_inventory(monkeypatch, tmp_path_factory):
@@ -42,9 +51,23 @@ SHUFFLE_SEED = os.environ.get("MLXCLUSTER_TEST_SHUFFLE", "")
 DURATIONS = REPO / "tests" / "durations.json"
 
 
+# The quick lane (`make test-quick`, --quick): every test that needs no lab and starts
+# no multi-rank launch, for the edit-run loop. Which tests launch is measured, not
+# guessed: `make test-launches` runs the suite watching each test's processes for a
+# launcher or a rank (LAUNCH_MARKS) and writes tests/launches.json; a new test counts
+# as quick until it is recorded.
+LAUNCHES = REPO / "tests" / "launches.json"
+LAUNCH_MARKS = ("mlx.launch", "mpirun", "prterun", "rank_wrapper", "MLX_RANK=")
+
+
 def pytest_addoption(parser):
     parser.addoption("--record-durations", metavar="FILE", default=None,
                      help="write each test file's seconds (setup, call and teardown) to FILE as JSON")
+    parser.addoption("--quick", action="store_true", default=False,
+                     help="only the tests that need no lab and start no multi-rank launch "
+                          "(tests/launches.json)")
+    parser.addoption("--record-launches", metavar="FILE", default=None,
+                     help="write the tests that start a launcher or ranks to FILE as JSON")
 
 
 def pytest_report_header(config):
@@ -56,6 +79,13 @@ def _file_of(nodeid: str) -> str:
 
 
 def pytest_collection_modifyitems(config, items):
+    if config.getoption("--quick"):
+        launching = set(json.loads(LAUNCHES.read_text())) if LAUNCHES.is_file() else set()
+        slow = [item for item in items
+                if item.get_closest_marker("lab") or item.nodeid in launching]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [item for item in items if item not in set(slow)]
     if SHUFFLE_SEED:
         random.Random(SHUFFLE_SEED).shuffle(items)
         return
@@ -69,17 +99,83 @@ def pytest_collection_modifyitems(config, items):
 
 # --record-durations FILE: the seconds of each file, summed from every
 # report (xdist's controller gets its workers' reports), written at the end.
-_RECORDING: dict = {"to": None, "seconds": {}}
+_RECORDING: dict = {"to": None, "seconds": {}, "launches_to": None, "test_seconds": {},
+                    "launching": set()}
 
 
 def pytest_configure(config):
     _RECORDING["to"] = config.getoption("--record-durations")
+    _RECORDING["launches_to"] = config.getoption("--record-launches")
 
 
 def pytest_runtest_logreport(report):
     if _RECORDING["to"]:
         seconds = _RECORDING["seconds"]
         seconds[_file_of(report.nodeid)] = seconds.get(_file_of(report.nodeid), 0.0) + report.duration
+    if _RECORDING["launches_to"]:
+        test_seconds = _RECORDING["test_seconds"]
+        test_seconds[report.nodeid] = test_seconds.get(report.nodeid, 0.0) + report.duration
+        if ("launched", True) in report.user_properties:
+            _RECORDING["launching"].add(report.nodeid)
+
+
+class _LaunchWatch:
+    """Looks at this process's descendants every 0.1 s while a test runs: did one of
+    them run a launcher or a rank (LAUNCH_MARKS in its command line or environment)?
+    A launch lasts seconds; the ranks' environment carries MLX_RANK."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.seen = False
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread.start()
+
+    def _looks_launched(self, proc) -> bool:
+        import psutil
+
+        try:
+            words = " ".join(proc.cmdline())
+            if any(mark in words for mark in LAUNCH_MARKS):
+                return True
+            return "MLX_RANK" in proc.environ()
+        except psutil.Error:
+            return False
+
+    def _watch(self) -> None:
+        import psutil
+
+        me = psutil.Process()
+        while not self.seen and not self.done.wait(0.1):
+            try:
+                children = me.children(recursive=True)
+            except psutil.Error:
+                continue
+            self.seen = any(self._looks_launched(child) for child in children)
+
+    def stop(self) -> bool:
+        self.done.set()
+        self.thread.join()
+        return self.seen
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    watch = _LaunchWatch() if item.config.getoption("--record-launches") else None
+    item.stash[_LAUNCH_WATCH] = watch
+    yield
+
+
+_LAUNCH_WATCH = pytest.StashKey[object]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    watch = item.stash.get(_LAUNCH_WATCH, None)
+    if watch is not None and call.when == "teardown" and watch.stop():
+        outcome.get_result().user_properties.append(("launched", True))
 
 
 def require(condition: bool, reason: str) -> None:
@@ -122,6 +218,10 @@ def pytest_sessionfinish(session, exitstatus):
         measured = dict(sorted(((f, round(t, 1)) for f, t in _RECORDING["seconds"].items()),
                                key=lambda pair: -pair[1]))
         Path(_RECORDING["to"]).write_text(json.dumps(measured, indent=1) + "\n")
+    if _RECORDING["launches_to"] and not hasattr(session.config, "workerinput"):
+        launching = {nodeid: round(_RECORDING["test_seconds"][nodeid], 1)
+                     for nodeid in sorted(_RECORDING["launching"])}
+        Path(_RECORDING["launches_to"]).write_text(json.dumps(launching, indent=1) + "\n")
     before = session.config.stash.get(_WORKTREE_BEFORE, None)
     after = snapshot(REPO) if before is not None else None
     left = left_behind(before, after) if after is not None else []

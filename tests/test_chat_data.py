@@ -252,7 +252,7 @@ def test_a_masked_chat_learns_the_answer_and_an_unmasked_one_cannot(folders, tmp
                             "--n_heads", "4", "--hidden_dim", "128", "--steps", "100",
                             "--global_batch", "8", "--lr", "3e-3", "--min_lr", "3e-4",
                             "--warmup_steps", "10", "--log_every", "50", "--eval_every", "100",
-                            "--eval_batches", "3", "--sample_tokens", "0"], timeout=300)
+                            "--eval_batches", "3", "--sample_tokens", "0"])
         assert proc.returncode == 0, proc.stderr[-2000:]
         return read_metrics(out), proc.stdout, load_meta(data)
 
@@ -288,8 +288,7 @@ def test_rows_train_the_same_on_1_and_2_ranks_and_with_accumulation(folders, tmp
     losses = {}
     for name, ranks, extra in (("one", 1, []), ("two", 2, []), ("accum", 1, ["--grad_accum", "2"])):
         out = tmp_path / name
-        proc = run_trainer([*common, "--out", str(out), *extra], ranks=ranks,
-                           timeout=300)
+        proc = run_trainer([*common, "--out", str(out), *extra], ranks=ranks)
         assert proc.returncode == 0, proc.stderr[-2000:]
         records = read_metrics(out)
         losses[name] = [r.get("loss", r.get("val_loss")) for r in records

@@ -50,7 +50,7 @@ def test_naming_the_cpu_stream_changes_no_loss(tmp_path, extra):
                          ("cpu", "tests.cpu_stream_standin")):
         out = tmp_path / name
         proc = run_trainer([*COMMON, *extra, "--out", str(out)], ranks=2,
-                           module=module, timeout=300)
+                           module=module)
         assert proc.returncode == 0, proc.stderr[-2000:]
         losses[name] = train_losses(out)
     assert sorted(losses["default"]) == [1, 2, 3, 4]

@@ -19,8 +19,9 @@ from pathlib import Path
 import psutil
 
 from mlxcluster.jobs.rank_wrapper import LEASE_GRACE_VAR, LEASE_VAR
+from tests import waits
 from tests.train_support import trainer_env
-from tests.waits import CONTROLLER_GONE_BOUND_S, LEASE_TEST_S, TRAINING_START_S, poll_until
+from tests.waits import CONTROLLER_GONE_BOUND_S, LEASE_TEST_S, poll_until
 
 TRAIN = [sys.executable, "-m", "mlxcluster", "train", "--local", "2", "--config", "tiny",
          "--no-preflight", "--"]
@@ -46,9 +47,8 @@ def processes_of(out: Path) -> list[str]:
     return found
 
 
-def train(tmp_path: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    done = subprocess.run([*TRAIN, *ARGS, *args], env=trainer_env(), cwd=tmp_path,
-                          capture_output=True, text=True, timeout=timeout)
+def train(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    done = waits.run([*TRAIN, *ARGS, *args], env=trainer_env(), cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     return done
 
@@ -60,8 +60,8 @@ def test_killing_the_controller_stops_every_rank_after_a_last_checkpoint(tmp_pat
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     try:
-        poll_until(lambda: (out / "metrics.jsonl").exists() and len(losses(out)) >= 3,
-                   TRAINING_START_S, "three losses")
+        waits.wait_for(lambda: (out / "metrics.jsonl").exists() and len(losses(out)) >= 3,
+                       "three losses", waits.Progress([out]))
     except AssertionError:
         os.killpg(proc.pid, signal.SIGKILL)
         raise

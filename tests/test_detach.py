@@ -17,6 +17,7 @@ import psutil
 from mlxcluster.jobs import follow
 from mlxcluster.jobs.attach import parse_probe
 from mlxcluster.jobs.rank_wrapper import DETACH_VAR
+from tests import waits
 from tests.waits import poll_until
 
 REPO = Path(__file__).resolve().parents[1]
@@ -116,12 +117,10 @@ def test_run_detach_outlives_its_controller_and_attach_follows_it_to_the_end(tmp
     proc.wait()
     run_id = next(w for line in seen for w in line.replace(",", " ").split() if w.startswith("mlxrun-"))
     try:
-        listed = subprocess.run([*mlxcluster, "jobs", "--local"], env=env, cwd=tmp_path,
-                                capture_output=True, text=True, timeout=60)
+        listed = waits.run([*mlxcluster, "jobs", "--local"], env=env, cwd=tmp_path)
         assert f"{run_id} " in listed.stdout and "2 on local-0" in listed.stdout, listed
         go.touch()
-        attached = subprocess.run([*mlxcluster, "attach", "--local", run_id], env=env, cwd=tmp_path,
-                                  capture_output=True, text=True, timeout=120)
+        attached = waits.run([*mlxcluster, "attach", "--local", run_id], env=env, cwd=tmp_path)
     finally:
         subprocess.run([*mlxcluster, "stop", "--local", "--grace", "2s", run_id], env=env,
                        capture_output=True, timeout=60)
@@ -130,5 +129,4 @@ def test_run_detach_outlives_its_controller_and_attach_follows_it_to_the_end(tmp
         assert f"[{rank}] rank {rank} up" in attached.stdout
         assert f"[{rank}] rank {rank} done" in attached.stdout
     assert f"{run_id} finished: every rank ended well" in attached.stdout
-    assert run_id not in subprocess.run([*mlxcluster, "jobs", "--local"], env=env, cwd=tmp_path,
-                                        capture_output=True, text=True, timeout=60).stdout
+    assert run_id not in waits.run([*mlxcluster, "jobs", "--local"], env=env, cwd=tmp_path).stdout

@@ -4,7 +4,6 @@ OUT/model and `python -m reference_train.export`, against the real mlx-lm and to
 from __future__ import annotations
 
 import json
-import subprocess
 
 import mlx.core as mx
 import numpy as np
@@ -16,6 +15,7 @@ from reference_train.export import main as export_main
 from reference_train.hf_io import hf_from_ours
 from reference_train.model import Llama, ModelArgs, generate
 from reference_train.tokenizer import FolderTokenizer
+from tests import waits
 
 from .conftest import require
 from .hf_support import LLAMA3_CONFIG, make_llama_folder, mlx_lm_logits, train_tokenizer
@@ -98,10 +98,9 @@ def test_mlx_lm_generates_from_out_model(llama, two_rank_run):
     diff = mx.abs(mlx_lm_logits(model_dir, mx.array([ids])) - ours(mx.array([ids]))).max()
     assert diff.item() < 1e-4
     # the real command, greedy: the same text as our model's greedy continuation
-    proc = subprocess.run([PYTHON, "-m", "mlx_lm", "generate", "--model", str(model_dir),
+    proc = waits.run([PYTHON, "-m", "mlx_lm", "generate", "--model", str(model_dir),
                            "--prompt", PROMPT, "--max-tokens", "8", "--temp", "0"],
-                          cwd=REPO, env=trainer_env(), capture_output=True, text=True,
-                          timeout=120)
+                          cwd=REPO, env=trainer_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = proc.stdout.split("==========\n")[1].rsplit("\n", 1)[0]
     greedy = generate(ours, ids, 8, mx.random.key(0), temperature=0)

@@ -184,7 +184,7 @@ def test_each_stage_holds_one_process_weights_and_only_its_own(deep, which):
 
 
 def test_neighbours_sending_to_each_other_at_once_do_not_wait_for_each_other():
-    proc = run_trainer([], ranks=2, timeout=60, module="tests.pipeline_exchange")
+    proc = run_trainer([], ranks=2, module="tests.pipeline_exchange")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "rank 0 received 64 MiB" in proc.stdout and "rank 1 received 64 MiB" in proc.stdout
 
@@ -269,7 +269,7 @@ def one_process(out, flags) -> dict[int, float]:
 
 def pipelined(out, flags, ranks, *extra):
     proc = run_trainer(["--pipeline", str(ranks), *extra, *flags, "--out", str(out)],
-                       ranks=ranks, timeout=240)
+                       ranks=ranks)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 

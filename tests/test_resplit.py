@@ -165,7 +165,7 @@ def test_a_mirror_arrives_byte_for_byte_installed_and_pruned(tmp_path):
     """Two ring ranks, each with a folder standing for its own disk: each stage's
     checkpoints, sent in many chunks each way at once, land on the other's disk
     under the stage's folder name, whole (hashes) and pruned to --keep_checkpoints."""
-    proc = run_trainer([str(tmp_path), "2", "4", "6"], ranks=2, timeout=120,
+    proc = run_trainer([str(tmp_path), "2", "4", "6"], ranks=2,
                        module="tests.mirror_exchange")
     assert proc.returncode == 0, proc.stderr[-3000:]
     for rank, other in ((0, 1), (1, 0)):
@@ -183,7 +183,7 @@ def test_a_mirror_without_room_is_not_kept_and_the_run_goes_on(tmp_path):
     """Rank 1's disk reads as full: stage 1's piece is received all the same (the
     sender never waits) and not kept there, said with the room and what it costs;
     stage 2's piece still reaches rank 0, and both ranks go on to the next step."""
-    proc = run_trainer([str(tmp_path), "2", "4"], ranks=2, timeout=120,
+    proc = run_trainer([str(tmp_path), "2", "4"], ranks=2,
                        module="tests.mirror_exchange", extra_env={"MIRROR_NO_ROOM_RANK": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     for step in (2, 4):
@@ -251,7 +251,7 @@ def test_four_stages_resumed_on_fewer_give_one_process_losses(llama_data, deep_l
     shutil.rmtree(lost / "checkpoints" / "stage_3_of_4")
     before = read_metrics(lost)
     refused = run_trainer(["--pipeline", "2", *flags, "--resume", "auto", "--out", str(lost)],
-                          ranks=2, timeout=240)
+                          ranks=2)
     # mlx.launch exits 0 whatever its ranks do; the first rank out says the trainer's 2
     assert re.search(r"Node with rank \d exited with code 2", refused.stderr), refused.stderr
     assert "Traceback" not in refused.stderr

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import waits
+
 from .conftest import require
 from .train_support import MLX_LAUNCH
 from .waits import LOCAL_STALL_TIMEOUT_S
@@ -44,8 +46,7 @@ def mlxcluster_run(tmp_path, *args, timeout=240):
     require(MLX_LAUNCH is not None, "mlx.launch is not installed beside the test python")
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     env["PYTHONPATH"] = str(REPO)
-    return subprocess.run([sys.executable, "-m", "mlxcluster", "run", *args], env=env,
-                          capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
+    return waits.run([sys.executable, "-m", "mlxcluster", "run", *args], env=env, cwd=tmp_path)
 
 
 def test_a_passing_script_on_two_local_ranks(tmp_path):

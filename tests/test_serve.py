@@ -9,7 +9,6 @@ import os
 import re
 import signal
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from click.testing import CliRunner
 from mlxcluster.cli import main as cli
 from mlxcluster.jobs.plan import free_port_block
 from mlxcluster.jobs.rank_wrapper import STACKS_ROOT
+from tests import waits
 from tests.interrupt_helpers import processes_with
 from tests.serve_support import Serving, chat_model, chat_text, generated_alone
 from tests.waits import SERVE_STOP_S, SERVE_UP_S
@@ -98,9 +98,9 @@ def test_mlxcluster_stop_ends_serve_and_it_does_not_restart(llama, tmp_path):
     try:
         serving.wait_for(r"serving \S+ at http://\S+", SERVE_UP_S)
         run_id = re.search(r"run (mlxserve-[0-9a-f]+)", serving.output()).group(1)
-        stopped = subprocess.run([sys.executable, "-m", "mlxcluster", "stop", "--local", run_id],
+        stopped = waits.run([sys.executable, "-m", "mlxcluster", "stop", "--local", run_id],
                                  env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
-                                 cwd=tmp_path, capture_output=True, text=True, timeout=120)
+                                 cwd=tmp_path)
         assert f"{run_id} stopped" in stopped.stdout, stopped
         code = serving.proc.wait(timeout=SERVE_STOP_S)
     finally:

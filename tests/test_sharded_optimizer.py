@@ -34,7 +34,7 @@ SHARD = ["--shard_optimizer", "true"]
 
 
 def run(tmp_path, name, *extra, ranks=1, module="reference_train.train"):
-    proc = run_trainer([*COMMON, *extra, "--out", str(tmp_path / name)], ranks=ranks, timeout=300,
+    proc = run_trainer([*COMMON, *extra, "--out", str(tmp_path / name)], ranks=ranks,
                        module=module)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (tmp_path / f"{name}.stdout").write_text(proc.stdout)

@@ -21,6 +21,7 @@ from mlxcluster.jobs.watch import parse_launcher_exit
 from mlxcluster.smoke import launch, remote
 from mlxcluster.smoke.launch import WorkerOptions
 from mlxcluster.smoke.watch import parse_event
+from tests import waits
 from tests.conftest import require
 
 LAB = tuple(RankHost(f"labhost{i}", f"10.77.5.{10 + i}", (f"10.77.5.{10 + i}",), "/venv/bin/python",
@@ -169,8 +170,7 @@ def test_the_cleanup_script_reads_tails_and_removes_the_folder_under_either_logi
         (folder / "worker.py").write_text("staged\n")
         for rank in range(err_files):
             (folder / f"{run_id}.rank{rank}.err").write_text(f"rank {rank} said this\n")
-        done = subprocess.run([login_shell, "-c", remote.remote_cleanup_script(plan, kill=True)],
-                              capture_output=True, text=True, timeout=60)
+        done = waits.run([login_shell, "-c", remote.remote_cleanup_script(plan, kill=True)])
         assert done.returncode == 0, done.stderr
         assert not folder.exists()
         expected = {rank: f"rank {rank} said this" for rank in range(err_files)}
@@ -201,8 +201,7 @@ def test_the_staged_files_give_the_ranks_the_rank_wrapper_without_mlxcluster(tmp
         subprocess.run(["/bin/sh", "-s"], input=script, text=True, check=True, timeout=30)
         env = dict(e.split("=", 1) for e in launch.rank_env(LAB, {}, plan.run_dir))
         program = plan.argv[plan.argv.index("--") + 1:]
-        done = subprocess.run([sys.executable, *program[:5], "--x"], cwd=tmp_path, text=True,
-                              capture_output=True, timeout=60,
+        done = waits.run([sys.executable, *program[:5], "--x"], cwd=tmp_path,
                               env={"PATH": os.environ["PATH"], **env, "MLX_RANK": "1",
                                    "MLXCLUSTER_STACKS_DIR": str(tmp_path / "stacks")})
     finally:

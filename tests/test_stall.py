@@ -21,6 +21,7 @@ from mlxcluster.jobs.stall import (
     save_report,
     split_threads,
 )
+from tests import waits
 
 
 class Clock:
@@ -276,8 +277,7 @@ def test_collect_script_reads_real_processes_on_this_host(tmp_path):
         hosts = [LocalHost(socket.gethostname()), LocalHost(socket.gethostname())]
         states = collect_states(
             hosts, run_id,
-            run_script=lambda h, s: Result(subprocess.run(["bash", "-c", s], capture_output=True,
-                                                          text=True, timeout=30)),
+            run_script=lambda h, s: Result(waits.run(["bash", "-c", s])),
             for_each_host=lambda hs, fn: [fn(h) for h in hs])
         assert [s.pid for s in states] == [procs[0].pid, procs[1].pid]
         assert states[0].stat[0] == "S" and states[0].where.function == "wait_in_collective"

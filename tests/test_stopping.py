@@ -17,6 +17,7 @@ import threading
 import time
 
 from reference_train.stopping import last_words
+from tests import waits
 
 PROGRAM = textwrap.dedent("""
     import os, signal, sys, time
@@ -36,8 +37,7 @@ PROGRAM = textwrap.dedent("""
 
 
 def run(case: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", PROGRAM, case], capture_output=True, text=True,
-                          timeout=60)
+    return waits.run([sys.executable, "-c", PROGRAM, case])
 
 
 def test_once_the_ranks_agreed_to_stop_sigterm_no_longer_ends_a_rank():

@@ -25,6 +25,7 @@ from mlxcluster.jobs.cleanup import (
 )
 from mlxcluster.jobs.rank_wrapper import STACKS_ROOT
 from mlxcluster.ssh.launcher_ssh import WRAPPER_MARK, launcher_environment, real_ssh
+from tests import waits
 
 # What mlx.launch 0.32.4 printed on stderr when it stopped the other ranks
 # after labhost3's ssh was lost (lab run; paths shortened).
@@ -85,8 +86,7 @@ def test_the_lost_host_is_named_from_the_rank_or_from_mpiruns_message():
 def test_every_rank_carries_the_run_id_and_python_accepts_the_marker():
     run_id = new_run_id()
     program = marked_program(run_id, ["-c", "import sys; print(sys._xoptions['mlxcluster_run'])"])
-    assert subprocess.run([sys.executable, *program], capture_output=True, text=True,
-                          timeout=30).stdout.strip() == run_id
+    assert waits.run([sys.executable, *program]).stdout.strip() == run_id
     script = stop_script(run_id)
     assert run_id not in script and f"[{run_id[0]}]{run_id[1:]}" in script
 
@@ -108,12 +108,12 @@ def test_the_stop_script_stops_every_rank_of_the_run_and_nothing_else(shell, tmp
     try:
         time.sleep(0.5)  # the TERM handler is installed
         ranks[1].send_signal(signal.SIGSTOP)
-        done = subprocess.run([shell, "-c", stop_script(run_id)], capture_output=True, text=True, timeout=30)
+        done = waits.run([shell, "-c", stop_script(run_id)])
         assert done.returncode == 0, done.stderr
         assert [r.wait(timeout=10) for r in ranks] == [-signal.SIGKILL, -signal.SIGTERM]
         assert other.poll() is None
         assert not stacks.exists()
-        again = subprocess.run([shell, "-c", stop_script(run_id)], capture_output=True, text=True, timeout=30)
+        again = waits.run([shell, "-c", stop_script(run_id)])
         assert again.returncode == 0 and again.stderr == ""
         assert other.poll() is None
     finally:
@@ -135,8 +135,7 @@ def test_the_stop_script_survives_another_sweep_of_the_same_process_table():
     other_sweep = subprocess.Popen(
         ["bash", "-c", f"while true; do pkill -KILL -f '{bracketed(run_id)}'; done"])
     try:
-        done = subprocess.run(["sh", "-c", stop_script(run_id)], capture_output=True, text=True,
-                              timeout=30)
+        done = waits.run(["sh", "-c", stop_script(run_id)])
         assert done.returncode == 0, done.stderr
         assert not stacks.exists()
     finally:

@@ -30,6 +30,7 @@ from mlxcluster.jobs.watch import failed_rank, launcher_error, run_streaming
 from mlxcluster.launch.trainer import check_batch_split
 from reference_train.config import build_config
 from reference_train.data import split_batch
+from tests import waits
 
 from .conftest import require
 from .train_support import MLX_LAUNCH
@@ -333,10 +334,10 @@ def test_cli_trains_on_two_local_ranks(tmp_path):
     from reference_train.prepare import prepare_offline
 
     prepare_offline(data, n_stories=300)
-    proc = subprocess.run([sys.executable, "-m", "mlxcluster", "train", "--local", "2",
+    proc = waits.run([sys.executable, "-m", "mlxcluster", "train", "--local", "2",
                            "--config", "tiny", "--", "--steps", "3", "--data", str(data),
                            "--out", str(tmp_path / "run"), "--sample_tokens", "0"],
-                          env=env, capture_output=True, text=True, timeout=180, cwd=tmp_path)
+                          env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "[✓] smoke: all_sum over 2 ranks on ring = 2" in proc.stdout
     assert "step      3/3 | loss" in proc.stdout
@@ -349,10 +350,10 @@ def test_cli_trains_on_two_local_ranks(tmp_path):
 
     # A data folder that is missing on the hosts: only the ranks can tell, and
     # the one that fails is named with its exit code.
-    bad = subprocess.run([sys.executable, "-m", "mlxcluster", "train", "--local", "2",
+    bad = waits.run([sys.executable, "-m", "mlxcluster", "train", "--local", "2",
                           "--no-preflight", "--config", "tiny", "--",
                           "--data", str(tmp_path / "no-data"), "--out", str(tmp_path / "bad")],
-                         env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+                         env=env, cwd=tmp_path)
     assert bad.returncode == 2, bad.stdout + bad.stderr
     assert f"error: {tmp_path / 'no-data' / 'meta.json'} not found" in bad.stderr
     assert "train failed: rank" in bad.stderr and "exited with code 2" in bad.stderr

@@ -20,7 +20,7 @@ AGAINST_FLOAT32 = 2e-3
 
 
 def losses(tmp_path, name: str, *extra: str, ranks: int = 1) -> dict[int, float]:
-    proc = run_trainer([*COMMON, *extra, "--out", str(tmp_path / name)], ranks=ranks, timeout=300)
+    proc = run_trainer([*COMMON, *extra, "--out", str(tmp_path / name)], ranks=ranks)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return train_losses(tmp_path / name)
 

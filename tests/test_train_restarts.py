@@ -62,7 +62,7 @@ def test_the_checkpoint_rule_loses_at_most_a_twentieth():
 @pytest.mark.timeout(900)
 def test_a_stalled_rank_is_restarted_and_the_run_ends_with_the_reference_losses(data, tmp_path):
     reference = tmp_path / "reference"
-    proc = run_trainer(["--config", "tiny", *common(data), "--out", str(reference)], timeout=240)
+    proc = run_trainer(["--config", "tiny", *common(data), "--out", str(reference)])
     assert proc.returncode == 0, proc.stderr[-2000:]
     want = train_losses(reference)
 
@@ -132,10 +132,10 @@ def test_resume_before_a_step_redoes_the_steps_after_the_checkpoint_below_it(dat
     args = ["--config", "tiny", "--steps", "12", "--global_batch", "12", "--eval_every", "0",
             "--sample_tokens", "0", "--data", str(data), "--out", str(out), "--log_every", "1",
             "--checkpoint_every", "4", "--keep_checkpoints", "0"]
-    first = run_trainer(args, timeout=240)
+    first = run_trainer(args)
     assert first.returncode == 0, first.stderr[-2000:]
     want = train_losses(out)
-    again = run_trainer([*args, "--resume", "auto", "--resume_before", "10"], timeout=240)
+    again = run_trainer([*args, "--resume", "auto", "--resume_before", "10"])
     assert again.returncode == 0, again.stderr[-2000:]
     assert "checkpoints/step_000008 at step 8" in again.stdout
     assert sorted(train_losses(out)) == list(range(1, 13))

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from reference_train.prepare import prepare_offline
+from tests import waits
 
 from .conftest import require
 from .train_support import MLX_LAUNCH, read_metrics, run_trainer, train_losses
@@ -157,7 +158,6 @@ def test_rank_memory_is_flat_in_ranks_and_dataset_size(tmp_path):
 def test_heartbeat_lines_only_when_a_launcher_asks(offline_data, tmp_path):
     """MLXCLUSTER_HEARTBEAT=1: one marker line per step, then 'done', on stderr (stdout
     carries rank 0's record lines: tests/test_record_interleave.py); without it, none."""
-    import subprocess
     import sys
 
     from reference_train.metrics import HEARTBEAT_MARK
@@ -166,15 +166,13 @@ def test_heartbeat_lines_only_when_a_launcher_asks(offline_data, tmp_path):
 
     args = [sys.executable, "-m", "reference_train.train", *TINY, "--steps", "3",
             "--data", str(offline_data)]
-    watched = subprocess.run([*args, "--out", str(tmp_path / "hb")], cwd=REPO, text=True,
-                             env={**trainer_env(), "MLXCLUSTER_HEARTBEAT": "1"},
-                             capture_output=True, timeout=120)
+    watched = waits.run([*args, "--out", str(tmp_path / "hb")], cwd=REPO,
+                             env={**trainer_env(), "MLXCLUSTER_HEARTBEAT": "1"})
     beats = [ln for ln in watched.stderr.splitlines() if ln.startswith(HEARTBEAT_MARK)]
     assert HEARTBEAT_MARK not in watched.stdout
     assert beats == [f"{HEARTBEAT_MARK} 0 1", f"{HEARTBEAT_MARK} 0 2", f"{HEARTBEAT_MARK} 0 3",
                      f"{HEARTBEAT_MARK} 0 done"], watched.stdout + watched.stderr
-    plain = subprocess.run([*args, "--out", str(tmp_path / "plain")], cwd=REPO, text=True,
+    plain = waits.run([*args, "--out", str(tmp_path / "plain")], cwd=REPO,
                            env={k: v for k, v in trainer_env().items()
-                                if k != "MLXCLUSTER_HEARTBEAT"},
-                           capture_output=True, timeout=120)
+                                if k != "MLXCLUSTER_HEARTBEAT"})
     assert plain.returncode == 0 and HEARTBEAT_MARK not in plain.stdout + plain.stderr

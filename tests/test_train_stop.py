@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from mlxcluster.errors import EXIT_STOPPED_WHEN_ASKED
-from tests.waits import TRAINING_START_S, poll_until
+from tests import waits
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -37,14 +37,13 @@ def test_a_stopped_run_is_not_restarted_and_says_where_to_go_on(tmp_path):
         env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
     try:
-        poll_until(lambda: losses_in(out / "metrics.jsonl") >= 2 or proc.poll() is not None,
-                   TRAINING_START_S, "the run's second loss")
+        waits.wait_for(lambda: losses_in(out / "metrics.jsonl") >= 2 or proc.poll() is not None,
+                       "the run's second loss", waits.Progress([out]))
         assert proc.poll() is None, proc.communicate()
-        listed = subprocess.run([*mlxcluster, "jobs", "--local"], env=env, cwd=tmp_path,
-                                capture_output=True, text=True, timeout=60)
+        listed = waits.run([*mlxcluster, "jobs", "--local"], env=env, cwd=tmp_path)
         run_id = next(w for w in listed.stdout.split() if w.startswith("mlxtrain-"))
-        stopped = subprocess.run([*mlxcluster, "stop", "--local", run_id], env=env,
-                                 cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        stopped = waits.run([*mlxcluster, "stop", "--local", run_id], env=env,
+                                 cwd=tmp_path)
         assert f"{run_id} stopped: every rank ended when asked" in stopped.stdout, stopped
         stdout, stderr = proc.communicate(timeout=120)
     finally:

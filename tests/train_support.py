@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 from mlxcluster.facts.blas import find_openblas, with_openblas
 from mlxcluster.jobs.plan import free_port_block
+from tests import waits
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -27,13 +27,15 @@ def trainer_env() -> dict[str, str]:
     return env
 
 
-def run_trainer(args: list[str], ranks: int = 1, timeout: float = 120,
+def run_trainer(args: list[str], ranks: int = 1,
                 module: str = "reference_train.train",
                 extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """`python -m reference_train.train ARGS` (or another ``module``), alone or
     under `mlx.launch -n RANKS` (ring) on ports free here: tests run in
     parallel workers, so no two runs may count on the same fixed ports.
-    ``extra_env``: variables every rank gets besides the trainer's."""
+    ``extra_env``: variables every rank gets besides the trainer's. No fixed
+    limit: it waits while the run advances (tests.waits.communicate: its output,
+    its --out, MLX's kernels, its ranks' CPU)."""
     extra_env = extra_env or {}
     cmd = ["-m", module, *args]
     if ranks == 1:
@@ -54,12 +56,8 @@ def run_trainer(args: list[str], ranks: int = 1, timeout: float = 120,
     # half an hour once, slowing every test after).
     proc = subprocess.Popen(full, cwd=REPO, env={**trainer_env(), **extra_env}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
+    out = [Path(args[i + 1]) for i, arg in enumerate(args[:-1]) if arg == "--out"]
+    stdout, stderr = waits.communicate(proc, f"{module} on {ranks} rank(s)", paths=out)
     return subprocess.CompletedProcess(full, proc.returncode, stdout, stderr)
 
 

@@ -38,6 +38,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -51,6 +52,12 @@ STATE_ROOT = Path("/tmp")
 STATE_PREFIX = "mlxcluster-lab-"
 NAME_PREFIX = "mlxc"  # namespaces, bridge and veths all start with this
 SSHD = "/usr/sbin/sshd"
+# MLX's compiled CPU kernels, one folder for this machine and every lab host
+# (see Lab.share_kernels); MLXCLUSTER_LAB_OWN_KERNELS=1 gives each host its own
+# again, as before (bench/lab_kernels.py measures the two).
+KERNEL_CACHE = Path(tempfile.gettempdir()) / "mlx"
+OWN_KERNELS_ENV = "MLXCLUSTER_LAB_OWN_KERNELS"
+KERNEL_CC = Path(__file__).resolve().parents[1] / "kernel_cc"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 CMD_TIMEOUT = 20.0
 REQUIRED_TOOLS = ("ip", "unshare", "nsenter", "findmnt", "nft", "tc", "ssh", "ssh-keygen", "ssh-keyscan", "zsh")
@@ -180,6 +187,20 @@ class Lab:
 
     def host_tmp(self, h: LabHost) -> Path:
         return self.state / f"t{h.index + 1}"
+
+    # ...but not MLX's compiled CPU kernels. MLX keeps them in $TMPDIR/mlx/<version>/cpu
+    # and builds each with `g++ -O3` the first time a process meets it; with a TMPDIR of
+    # its own, every host of every lab compiled the same few hundred kernels again (507
+    # in the four labs of one suite run, issue 50), which is not what any test is about.
+    # So each lab TMPDIR's `mlx` is a link to one folder, this machine's own (what the
+    # product writes stays on each host's disk). MLX builds a kernel under a temporary
+    # name and renames it into place, so hosts compiling at once never load half a file;
+    # the version in the path keeps a host on another mlx (mlx_overlay) apart. The ranks
+    # of a job meet each kernel at the same moment, so the hosts' PATH also has
+    # tests/kernel_cc/g++, which builds each source once and copies it to the others.
+    @property
+    def shares_kernels(self) -> bool:
+        return os.environ.get(OWN_KERNELS_ENV, "") not in ("1", "true")
 
     # Every host has its own disk, as every Mac has: ``lab.disk`` is one path
     # that each host sees as its own directory (a bind mount in the host's
@@ -530,6 +551,11 @@ class Lab:
         self.bin_dir.mkdir()
         for tmp in [self.client_tmp] + [self.host_tmp(h) for h in self.hosts]:
             tmp.mkdir()
+            if self.shares_kernels:
+                KERNEL_CACHE.mkdir(exist_ok=True)
+                (tmp / "mlx").symlink_to(KERNEL_CACHE)
+        if self.shares_kernels:  # first on every host's PATH (and the lab env's)
+            shutil.copy2(KERNEL_CC / "g++", self.bin_dir / "g++")
         for disk in [self.disk] + [self.host_disk(h) for h in self.hosts]:
             disk.mkdir()
         if self.no_project:
@@ -637,8 +663,8 @@ class Lab:
             return ""
         real = f"/run/{STATE_PREFIX}{self.id}/h{h.index + 1}"
         keep = [self.state] + [p for p in (Path(__file__).resolve().parents[2],
-                                           Path(sys.prefix).resolve())
-                               if p.is_relative_to("/tmp")]
+                                           Path(sys.prefix).resolve(), KERNEL_CACHE)
+                               if p.is_relative_to("/tmp") and (p != KERNEL_CACHE or self.shares_kernels)]
         words = [f"mkdir -p {shlex.quote(real)} {shlex.quote(str(self.state / f'tmp{h.index + 1}'))}",
                  f"mount --rbind /tmp {shlex.quote(real)}",
                  f"mount --bind {shlex.quote(str(self.state / f'tmp{h.index + 1}'))} /tmp",

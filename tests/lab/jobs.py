@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 
 from mlxcluster.jobs.rank_wrapper import STACKS_ROOT
+from tests import waits
 
 REPO = Path(__file__).resolve().parents[2]
 # The env a healthy lab's inventory gives every rank, as doctor advises:
@@ -58,16 +59,17 @@ def start_training(lab, lab_data: Path, tmp_path: Path, backend: str,
     return proc, out / "metrics.jsonl"
 
 
-def run_train(lab, tmp_path, data, backend, *extra, steps=3, timeout=300):
+def run_train(lab, tmp_path, data, backend, *extra, steps=3):
     """mlxcluster train -i <lab inventory>; returns (process, the run's unique out dir),
-    the out dir on every host's own disk and this machine's (lab.disk)."""
+    the out dir on every host's own disk and this machine's (lab.disk). Waits while
+    the job advances (tests.waits.run)."""
     inventory, env = training_setup(lab, tmp_path)
     out = lab.disk / f"run-{uuid.uuid4().hex[:8]}"
     cmd = [sys.executable, "-m", "mlxcluster", "train", "-i", str(inventory), "--backend",
            backend, "--config", "tiny", *extra, "--", "--steps", str(steps), "--global_batch", "6", "--data", str(data),
            "--out", str(out), "--sample_tokens", "0"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
-                          cwd=tmp_path)
+    proc = waits.run(cmd, f"train on the lab ({backend})", paths=[out], env=env,
+                     cwd=tmp_path)
     return proc, out
 
 
@@ -80,20 +82,25 @@ def data_here(lab, data: Path) -> Path:
     return here
 
 
-def wait_for_losses(proc: subprocess.Popen, metrics: Path, count: int = 1,
-                    timeout: float = 180) -> None:
-    """Until the trainer has logged ``count`` losses (it trains); fails if the
-    job ends or takes longer than ``timeout``, with the job's output (seen:
-    the first job on a new lab did not reach its third loss within 180 s,
-    nor within pytest's 300 s, with the machine's load average at 45)."""
-    deadline = time.monotonic() + timeout
-    while not (metrics.exists() and metrics.read_text().count('"loss"') >= count):
+def wait_for_losses(proc: subprocess.Popen, metrics: Path, count: int = 1) -> None:
+    """Until the trainer has logged ``count`` losses (it trains); fails if the job
+    ends, or once it stops advancing (tests.waits.wait_for: its record, MLX's kernels,
+    the CPU of its processes and the lab's), with the job's output. No fixed limit: the first
+    job on a new lab did not reach its third loss within 180 s at load 45, nor within
+    pytest's 300 s, while it compiled and trained."""
+    def logged() -> bool:
         assert proc.poll() is None, proc.communicate()
-        if time.monotonic() > deadline:
-            proc.kill()
-            out, err = proc.communicate()
-            raise AssertionError(f"no {count} losses within {timeout:.0f} s:\n{out[-2000:]}\n{err[-2000:]}")
-        time.sleep(0.3)
+        return metrics.exists() and metrics.read_text().count('"loss"') >= count
+
+    try:
+        waits.wait_for(logged, f"{count} losses in {metrics}",
+                       waits.Progress([metrics.parent]))
+    except AssertionError as missed:
+        if proc.poll() is not None:
+            raise
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"{missed}:\n{out[-2000:]}\n{err[-2000:]}") from None
 
 
 def left_on_hosts(lab, pattern: str, paths: str = "") -> dict[str, str]:
@@ -191,10 +198,10 @@ def rank_process(lab, host, out) -> tuple[int, str]:
     return int(pid_file[0]), run_id
 
 
-def run_job(cmd: list[str], lab, timeout: float = 120) -> list[tuple[int, int, int, str]]:
+def run_job(cmd: list[str], lab) -> list[tuple[int, int, int, str]]:
     """Run a launcher command line of allsum.py on the lab: its RESULT rows
     (rank, size, all_sum, host), sorted."""
-    proc = subprocess.run(cmd, env=lab.env(), capture_output=True, text=True, timeout=timeout)
+    proc = waits.run(cmd, f"{Path(cmd[0]).name} on the lab", env=lab.env())
     rows = [line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert rows, f"no result (rc={proc.returncode}):\n{proc.stdout}\n{proc.stderr[-3000:]}"
     return sorted((int(r), int(s), int(v), host) for r, s, v, host in rows)
@@ -226,8 +233,7 @@ time.sleep(300)
 """
 
 
-def mlx_launch_trainer(lab, tmp_path: Path, args: list[str],
-                       timeout: float = 300) -> subprocess.CompletedProcess:
+def mlx_launch_trainer(lab, tmp_path: Path, args: list[str]) -> subprocess.CompletedProcess:
     """The trainer on the lab's 3 hosts under a plain `mlx.launch --hostfile`
     (ring, no mlxcluster), as users who launch it themselves run it."""
     hostfile = tmp_path / "hosts.json"
@@ -236,23 +242,26 @@ def mlx_launch_trainer(lab, tmp_path: Path, args: list[str],
     cmd = [str(Path(sys.executable).parent / "mlx.launch"), "--hostfile", str(hostfile),
            "--backend", "ring", "--python", lab.python, "--env", f"PYTHONPATH={REPO}",
            "--env", "OPENBLAS_NUM_THREADS=1", "--", "-m", "reference_train.train", *args]
-    return subprocess.run(cmd, env=lab.env(), capture_output=True, text=True, timeout=timeout,
-                          cwd=tmp_path)
+    return waits.run(cmd, "the trainer under mlx.launch on the lab", env=lab.env(),
+                     cwd=tmp_path)
 
 
-def lose_link_at_step(lab, job: subprocess.Popen, metrics: Path, step: int, victim,
-                      reach_s: float, end_s: float) -> tuple[str, str]:
+def lose_link_at_step(lab, job: subprocess.Popen, metrics: Path, step: int,
+                      victim) -> tuple[str, str]:
     """Cut ``victim``'s link once the run's record (``metrics``, here) holds the
-    loss of ``step`` (within ``reach_s``), then wait up to ``end_s`` for the
-    job to end: its (stdout, stderr). The job is killed if it has not ended,
-    and the host healed, whatever happened."""
-    deadline = time.monotonic() + reach_s
+    loss of ``step``, then wait for the job to end: its (stdout, stderr). Both
+    waits last while the job advances (tests.waits). The job is killed if it has
+    not ended, and the host healed, whatever happened."""
+    def reached() -> bool:
+        assert job.poll() is None, job.communicate()
+        return max((r["step"] for r in records(metrics) if "loss" in r), default=0) >= step
+
     try:
-        while max((r["step"] for r in records(metrics) if "loss" in r), default=0) < step:
-            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
-            time.sleep(0.1)
+        waits.wait_for(reached, f"step {step}'s loss in {metrics}",
+                       waits.Progress([metrics]), interval=0.1)
         lab.link_down(victim)
-        return job.communicate(timeout=end_s)
+        return waits.communicate(job, f"the job after {victim}'s link went down",
+                                 paths=[metrics])
     finally:
         if job.poll() is None:
             job.kill()

@@ -13,6 +13,7 @@ import uuid
 
 import pytest
 
+from tests import waits
 from tests.lab.jobs import REPO, data_here, training_setup
 
 pytestmark = pytest.mark.lab
@@ -46,8 +47,7 @@ def test_hosts_without_the_project_train_and_run_and_a_second_launch_sends_nothi
 
     def mlxcluster(*args: str) -> tuple[subprocess.CompletedProcess, float]:
         start = time.monotonic()
-        proc = subprocess.run([sys.executable, "-m", "mlxcluster", *args], env=env,
-                              capture_output=True, text=True, timeout=180, cwd=tmp_path)
+        proc = waits.run([sys.executable, "-m", "mlxcluster", *args], env=env, cwd=tmp_path)
         took = time.monotonic() - start
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         return proc, took

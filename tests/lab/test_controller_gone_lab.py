@@ -30,7 +30,7 @@ from tests.lab.jobs import (
     training_setup,
     wait_for_losses,
 )
-from tests.waits import CONTROLLER_GONE_BOUND_S, LEASE_TEST_S, TRAINING_START_S, poll_until
+from tests.waits import CONTROLLER_GONE_BOUND_S, LEASE_TEST_S, poll_until
 
 pytestmark = pytest.mark.lab
 
@@ -110,7 +110,7 @@ def test_the_controller_killed_every_rank_checkpoints_and_stops_and_resume_is_ex
     proc, metrics = start_training(lab3, lab_data, tmp_path, "ring")
     out = metrics.parent
     try:
-        wait_for_losses(proc, metrics, 3, TRAINING_START_S)
+        wait_for_losses(proc, metrics, 3)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # mlxcluster train, as a closed terminal kills it
     killed = time.monotonic()
@@ -131,7 +131,7 @@ def test_the_controller_cut_off_every_rank_checkpoints_and_stops_and_resume_is_e
     proc, metrics = start_training(lab3, lab_data, tmp_path, "ring")
     out = metrics.parent
     try:
-        wait_for_losses(proc, metrics, 3, TRAINING_START_S)
+        wait_for_losses(proc, metrics, 3)
         for host in lab3.hosts:  # ssh to every host dropped; the hosts' ring links stay up
             lab3.drop_port(host, 22)
         cut = time.monotonic()

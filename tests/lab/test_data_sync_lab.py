@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from reference_train.prepare import prepare_offline
+from tests import waits
 from tests.lab.jobs import training_setup
 
 pytestmark = pytest.mark.lab
@@ -27,12 +28,12 @@ def sha(path: Path) -> str:
 
 def train(lab, tmp_path, data: Path, out: Path, *flags: str) -> subprocess.CompletedProcess:
     inventory, env = training_setup(lab, tmp_path)
-    return subprocess.run(
+    return waits.run(
         [sys.executable, "-m", "mlxcluster", "train", "-i", str(inventory), "--no-preflight",
          "--config", "tiny", "--stall-timeout", "60s", *flags, "--", "--steps", "4",
          "--global_batch", "6", "--eval_every", "0", "--sample_tokens", "0", "--data", str(data),
          "--out", str(out)],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        env=env, cwd=tmp_path)
 
 
 def path_without_rsync(lab, folder: Path) -> str:

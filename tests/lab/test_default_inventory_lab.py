@@ -13,14 +13,15 @@ from pathlib import Path
 
 import pytest
 
+from tests import waits
+
 pytestmark = pytest.mark.lab
 
 MLXCLUSTER = [sys.executable, "-m", "mlxcluster"]
 
 
-def mlxcluster(*args: str, cwd: Path, env: dict[str, str], timeout: float = 240):
-    return subprocess.run([*MLXCLUSTER, *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
+def mlxcluster(*args: str, cwd: Path, env: dict[str, str]):
+    return waits.run([*MLXCLUSTER, *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL)
 
 
 @pytest.fixture
@@ -74,7 +75,7 @@ def test_the_environment_variable_names_an_inventory_elsewhere(lab3, folder, tmp
     assert all(h.name in topology.stdout for h in lab3.hosts)
 
     env.pop("MLXCLUSTER_INVENTORY")
-    none = mlxcluster("doctor", cwd=elsewhere, env=env, timeout=60)
+    none = mlxcluster("doctor", cwd=elsewhere, env=env)
     assert none.returncode == 2
     assert "no inventory: none given and none found" in none.stderr
     assert "mlxcluster discover --write cluster.yaml" in none.stderr

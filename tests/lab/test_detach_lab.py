@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
+from tests import waits
 from tests.lab.jobs import data_here, left_on_hosts, records, training_setup, wait_for_losses
-from tests.waits import TRAINING_START_S
 
 pytestmark = pytest.mark.lab
 
@@ -33,11 +33,11 @@ def train(lab, lab_data, tmp_path, out, *flags: str) -> subprocess.Popen:
         start_new_session=True)
 
 
-def mlxcluster(lab, tmp_path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def mlxcluster(lab, tmp_path, *args: str) -> subprocess.CompletedProcess:
     inventory, env = training_setup(lab, tmp_path)
-    return subprocess.run([sys.executable, "-m", "mlxcluster", args[0], "-i", str(inventory),
-                           *args[1:]], env=env, cwd=tmp_path, capture_output=True, text=True,
-                          timeout=timeout)
+    return waits.run([sys.executable, "-m", "mlxcluster", args[0], "-i", str(inventory), *args[1:]],
+                     f"mlxcluster {args[0]}", paths=[lab.disk / "detached"], env=env,
+                     cwd=tmp_path)
 
 
 def losses(metrics) -> dict[int, float]:
@@ -49,7 +49,7 @@ def test_a_detached_run_outlives_its_controller_and_attach_makes_its_record_whol
     out = lab3.disk / "detached"
     proc = train(lab3, lab_data, tmp_path, out, "--detach")
     try:
-        wait_for_losses(proc, out / "metrics.jsonl", 3, TRAINING_START_S)
+        wait_for_losses(proc, out / "metrics.jsonl", 3)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the controller, as a closed terminal kills it
     said = proc.communicate()[0]
@@ -75,7 +75,8 @@ def test_a_detached_run_outlives_its_controller_and_attach_makes_its_record_whol
 
     straight_out = lab3.disk / "straight"
     straight = train(lab3, lab_data, tmp_path, straight_out)
-    assert straight.communicate(timeout=300) and straight.returncode == 0
+    assert waits.communicate(straight, "the straight run", paths=[straight_out])
+    assert straight.returncode == 0
     want = losses(straight_out / "metrics.jsonl")
     for step, loss in got.items():
         assert abs(loss - want[step]) < 1e-6, (step, loss, want[step])

@@ -32,6 +32,7 @@ import pytest
 
 from reference_train.checkpoint import checkpoint_steps
 from reference_train.disk_room import MARGIN, human
+from tests import waits
 from tests.lab.jobs import on_host, records, training_setup
 from tests.train_support import run_trainer, train_losses
 
@@ -85,10 +86,10 @@ def test_a_host_whose_disk_fills_is_named_and_the_run_resumes_to_the_same_losses
     said_folder = f"in {ckpt}: "
 
     def train(*extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
+        return waits.run(
             [sys.executable, "-m", "mlxcluster", "train", "-i", str(inventory), "--no-preflight",
              "--", *trainer_flags(lab_data), "--out", str(out), *extra],
-            env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+            "train on the lab", paths=[out], env=env, cwd=tmp_path)
 
     try:
         # 1. less room than one checkpoint: mlx's own write fails at step 2

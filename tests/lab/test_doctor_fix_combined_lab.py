@@ -24,14 +24,14 @@ from pathlib import Path
 
 import pytest
 
+from tests import waits
 from tests.lab.mlx_overlay import OLD, other_mlx, versions
 
 pytestmark = pytest.mark.lab
 
 
-def mlxcluster(env, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mlxcluster", *args], env=env, capture_output=True,
-                          text=True, timeout=timeout)
+def mlxcluster(env, *args: str) -> subprocess.CompletedProcess:
+    return waits.run([sys.executable, "-m", "mlxcluster", *args], env=env)
 
 
 def ssh_dirs(lab) -> dict[str, bytes | None]:
@@ -96,7 +96,7 @@ def test_fix_every_host_then_strict_smoke_mpirun_from_each_host_twice_is_once_un
             assert strict.returncode == 0, f"{backend}:\n{strict.stdout[-3000:]}"
         for backend in ("ring", "mpi"):
             smoke = mlxcluster(env, "smoke", "-i", str(inventory), "--backend", backend,
-                               "--sizes", "1K:2K", "--dtypes", "float32", timeout=120)
+                               "--sizes", "1K:2K", "--dtypes", "float32")
             assert smoke.returncode == 0, f"{backend}:\n{smoke.stdout[-3000:]}{smoke.stderr[-2000:]}"
         # An mpirun started on a host reaches the others with that host's own keys (every pair).
         for h in lab.hosts:

@@ -18,12 +18,13 @@ import sys
 
 import pytest
 
+from tests import waits
+
 pytestmark = pytest.mark.lab
 
 
 def mlxcluster(lab, env, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mlxcluster", *args], env=env, capture_output=True,
-                          text=True, timeout=300)
+    return waits.run([sys.executable, "-m", "mlxcluster", *args], env=env)
 
 
 def test_fix_yes_then_strict_passes_twice_is_once_and_undo_restores(lab3, tmp_path):

@@ -16,6 +16,7 @@ import uuid
 
 import pytest
 
+from tests import waits
 from tests.lab.jobs import bracketed, data_here, left_on_hosts, records, training_setup
 from tests.train_support import run_trainer, train_losses
 from tests.waits import ELASTIC_STALL_TIMEOUT_S
@@ -35,7 +36,7 @@ def common(data) -> list[str]:
 def reference(lab_data, tmp_path_factory) -> dict[int, float]:
     """The same run in one process, uninterrupted."""
     out = tmp_path_factory.mktemp("elastic-reference")
-    proc = run_trainer(["--config", "tiny", *common(lab_data), "--out", str(out)], timeout=300)
+    proc = run_trainer(["--config", "tiny", *common(lab_data), "--out", str(out)])
     assert proc.returncode == 0, proc.stderr[-2000:]
     return train_losses(out)
 
@@ -59,23 +60,24 @@ def test_a_lost_host_is_dropped_and_the_run_ends_with_the_reference_losses(
         start_new_session=True)
     back_in = None
     try:
-        deadline = time.monotonic() + 240
-        while sum("loss" in r for r in records(metrics)) < 30:
-            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
-            time.sleep(0.2)
-        lab3.link_down(victim)
-        lost_at = time.monotonic()
-        # Training again: a loss logged after the second start.
-        while True:
+        def logged(count: int) -> bool:
+            assert job.poll() is None, job.communicate()
+            return sum("loss" in r for r in records(metrics)) >= count
+
+        def training_again() -> bool:  # a loss logged after the second start
+            assert job.poll() is None, job.communicate()
             got = records(metrics)
             starts = [i for i, r in enumerate(got) if r.get("event") == "start"]
-            if len(starts) == 2 and any("loss" in r for r in got[starts[1]:]):
-                back_in = time.monotonic() - lost_at
-                break
-            assert job.poll() is None and time.monotonic() < lost_at + 240, job.communicate()
-            time.sleep(0.2)
+            return len(starts) == 2 and any("loss" in r for r in got[starts[1]:])
+
+        progress = waits.Progress([metrics])
+        waits.wait_for(lambda: logged(30), "30 losses", progress)
+        lab3.link_down(victim)
+        lost_at = time.monotonic()
+        waits.wait_for(training_again, f"training again without {victim.name}", progress)
+        back_in = time.monotonic() - lost_at
         lab3.heal(victim)  # it answers again: the end of the run sweeps it
-        stdout, stderr = job.communicate(timeout=300)
+        stdout, stderr = waits.communicate(job, "the elastic run's end", paths=[metrics])
     finally:
         if job.poll() is None:
             job.kill()

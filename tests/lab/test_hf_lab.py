@@ -9,7 +9,6 @@ machine's disk only: `train` sends both to every host, checked by sha256.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import uuid
 
@@ -17,6 +16,7 @@ import mlx.core as mx
 import pytest
 
 from reference_train import prepare
+from tests import waits
 from tests.hf_support import LLAMA3_CONFIG, make_llama_folder, mlx_lm_logits, train_tokenizer
 from tests.lab.jobs import on_host, training_setup
 
@@ -30,13 +30,13 @@ def test_every_host_writes_its_own_out_model(lab3, tmp_path):
     assert prepare.main(["--out", str(data), "--tokenizer", str(llama), "--stories", "100"]) == 0
     out = lab3.disk / f"hf-out-{uuid.uuid4().hex[:8]}"
     inventory, env = training_setup(lab3, tmp_path)
-    proc = subprocess.run(
+    proc = waits.run(
         [sys.executable, "-m", "mlxcluster", "train", "-i", str(inventory), "--no-preflight",
          "--config", "tiny", "--stall-timeout", "60s", "--", "--steps", "2", "--global_batch", "6",
          "--block_size", "32", "--eval_every", "0", "--sample_tokens", "0",
          "--dtype", "bfloat16", "--shard_optimizer", "true", "--init_from",
          str(llama), "--data", str(data), "--out", str(out)],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        env=env, cwd=tmp_path)
     for h in lab3.hosts:  # both folders sent to every host, checked there
         assert f"model: {h.name}: {llama} missing: sending" in proc.stdout, proc.stdout[-3000:]
         assert f"data: {h.name}: {data} missing: sending" in proc.stdout

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import pytest
 from click.testing import CliRunner
 
 from mlxcluster.cli import main
+from tests import waits
 from tests.lab.jobs import LIBMPI, MPI_ENV, OPENBLAS_ENV, end_our_prted, run_train
 
 pytestmark = pytest.mark.lab
@@ -52,9 +52,9 @@ def untrusted(lab3):
 
 
 def doctor(lab, lab_inventory: Path, *args: str) -> tuple[int, dict]:
-    proc = subprocess.run([sys.executable, "-m", "mlxcluster", "doctor", "-i", str(lab_inventory), "--json",
+    proc = waits.run([sys.executable, "-m", "mlxcluster", "doctor", "-i", str(lab_inventory), "--json",
                            "--connect-timeout", "2", *args],
-                          env=lab.env(), capture_output=True, text=True, timeout=60)
+                          env=lab.env())
     assert proc.stdout, proc.stderr
     return proc.returncode, json.loads(proc.stdout)
 
@@ -70,8 +70,8 @@ def check(doc: dict, check_id: str) -> dict:
 
 
 def smoke(lab, lab_inventory: Path, backend: str) -> tuple[int, dict]:
-    proc = subprocess.run([sys.executable, "-m", "mlxcluster", "smoke", "-i", str(lab_inventory), "--backend", backend,
-                           *SMALL, "--json"], env=lab.env(), capture_output=True, text=True, timeout=120,
+    proc = waits.run([sys.executable, "-m", "mlxcluster", "smoke", "-i", str(lab_inventory), "--backend", backend,
+                           *SMALL, "--json"], env=lab.env(),
                           cwd=lab_inventory.parent)  # a hang's report: ./runs/, not the checkout
     assert proc.stdout, proc.stderr
     return proc.returncode, json.loads(proc.stdout)["backends"][0]
@@ -126,7 +126,7 @@ def test_mpi_verdict_matches_what_mpirun_does(untrusted, lab_inventory, tmp_path
         out = generated.output
         command = shlex.split(out.splitlines()[-1])
         command[0] = str(VENV / "bin" / "mpirun")
-        proc = subprocess.run(command + ["mpi"], env=lab.env(), capture_output=True, text=True, timeout=90)
+        proc = waits.run(command + ["mpi"], env=lab.env())
         results = sorted(ln.split()[1:] for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
         tried = attempts(lab, doctor_hops)
         if expect_ok:
@@ -147,7 +147,7 @@ def test_train_preflight_and_launch_need_no_host_to_host_ssh(untrusted, lab_data
     ("doctor found 1 failing check(s)": host-to-host-ssh) although neither
     launcher needs hosts to ssh each other."""
 
-    proc, out = run_train(untrusted, tmp_path, lab_data, backend, steps=2, timeout=240)
+    proc, out = run_train(untrusted, tmp_path, lab_data, backend, steps=2)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "[✓] doctor:" in proc.stdout and "train finished on 3 rank(s)" in proc.stdout
     # mpi: only the preflight doctor's own hops, every pair (they warn).

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from tests import waits
 from tests.lab.jobs import bracketed, left_on_hosts, training_setup
 from tests.waits import JACCL_UNAVAILABLE_BUDGET_S
 
@@ -28,8 +29,7 @@ LINUX_REASON = ("runs Linux, not macOS (JACCL needs macOS 26.2 or later); no rdm
 
 def mlxcluster(args: list[str], env: dict[str, str], cwd) -> tuple[subprocess.CompletedProcess, float]:
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "mlxcluster", *args], env=env,
-                          capture_output=True, text=True, timeout=300, cwd=cwd)
+    proc = waits.run([sys.executable, "-m", "mlxcluster", *args], env=env, cwd=cwd)
     return proc, time.monotonic() - start
 
 

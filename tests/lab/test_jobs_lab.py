@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+from tests import waits
 from tests.lab.jobs import (
     on_host,
     rank_process,
@@ -21,14 +22,13 @@ from tests.lab.jobs import (
     training_setup,
     wait_for_losses,
 )
-from tests.waits import TRAINING_START_S
 
 pytestmark = pytest.mark.lab
 
 
-def mlxcluster(env, cwd, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mlxcluster", *args], env=env, cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout)
+def mlxcluster(env, cwd, *args: str) -> subprocess.CompletedProcess:
+    return waits.run([sys.executable, "-m", "mlxcluster", *args], f"mlxcluster {args[0]}",
+                     env=env, cwd=cwd)
 
 
 def test_a_running_job_is_listed_refused_twice_and_stopped_after_a_last_checkpoint(
@@ -37,7 +37,7 @@ def test_a_running_job_is_listed_refused_twice_and_stopped_after_a_last_checkpoi
     out = metrics.parent
     inventory, env = training_setup(lab3, tmp_path)
     try:
-        wait_for_losses(proc, metrics, 3, TRAINING_START_S)
+        wait_for_losses(proc, metrics, 3)
         _, run_id = rank_process(lab3, lab3.hosts[0], out)
 
         listed = mlxcluster(env, tmp_path, "jobs", "-i", str(inventory))
@@ -56,7 +56,7 @@ def test_a_running_job_is_listed_refused_twice_and_stopped_after_a_last_checkpoi
         stopped = mlxcluster(env, tmp_path, "stop", "-i", str(inventory), run_id)
         assert stopped.returncode == 0, stopped
         assert f"{run_id} stopped: every rank ended when asked" in stopped.stdout
-        said = proc.communicate(timeout=120)
+        said = waits.communicate(proc, "train after mlxcluster stop", paths=[metrics])
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -75,7 +75,7 @@ def test_qlora_stops_resumes_loses_a_host_and_mlx_lm_opens_the_adapters(lab3, tm
 
     victim = lab3.hosts[2]
     job = train(["--max-restarts", "1", "--elastic"], ["--resume", "auto"])
-    second, _ = lose_link_at_step(lab3, job, out / "metrics.jsonl", LOSE_AT, victim, 200, 280)
+    second, _ = lose_link_at_step(lab3, job, out / "metrics.jsonl", LOSE_AT, victim)
     assert job.returncode == 0, second[-4000:]
     assert "at step 2" in second and f"model: {lab3.hosts[0].name}: {model} missing" \
         not in second  # already there
@@ -84,7 +84,7 @@ def test_qlora_stops_resumes_loses_a_host_and_mlx_lm_opens_the_adapters(lab3, tm
     assert "train finished on 2 rank(s)" in second, second[-3000:]
 
     reference = tmp_path / "reference"
-    proc = run_trainer([*trainer_flags(model, data), "--out", str(reference)], timeout=300)
+    proc = run_trainer([*trainer_flags(model, data), "--out", str(reference)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     expected = losses(read_metrics(reference))
     got = losses(records(out / "metrics.jsonl"))  # the record, here

@@ -25,6 +25,7 @@ import uuid
 import mlx.core as mx
 import pytest
 
+from tests import waits
 from tests.chat_support import make_chat_folder
 from tests.hf_support import make_llama_folder
 from tests.lab.jobs import (
@@ -80,11 +81,11 @@ def test_lora_pipeline_over_two_hosts_gives_one_process_and_its_adapters_here(la
     model, data, out, inventory, env = two_host_setup(lab3, tmp_path, "pp", rows=96)
 
     def train(*trainers: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
+        return waits.run(
             [sys.executable, "-m", "mlxcluster", "train", "-i", str(inventory), "--no-preflight",
              "--stall-timeout", "30s", "--timeout", "240", "--", *trainer_flags(model, data),
              "--out", str(out), "--pipeline", "2", *trainers],
-            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+            env=env, cwd=tmp_path)
 
     # bad pipelines: exit 2 before anything is sent, nothing trained anywhere
     for flags, said in ((["--pipeline", "3"], "--pipeline 3: the model has 2 blocks"),
@@ -120,7 +121,7 @@ def test_lora_pipeline_over_two_hosts_gives_one_process_and_its_adapters_here(la
     assert not (out / "checkpoints").exists()  # checkpoints stay on the hosts
 
     reference = tmp_path / "reference"
-    proc = run_trainer([*trainer_flags(model, data), "--out", str(reference)], timeout=300)
+    proc = run_trainer([*trainer_flags(model, data), "--out", str(reference)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     expected, got = losses(read_metrics(reference)), losses(records(out / "metrics.jsonl"))
     assert sorted(got) == list(range(1, STEPS + 1)), got
@@ -148,9 +149,9 @@ def test_lora_pipeline_over_two_hosts_gives_one_process_and_its_adapters_here(la
 def mlx_lm_answer(model, adapters, cwd) -> str:
     """What `mlx_lm generate` answers "Once upon a time" with, greedy (``adapters``: None = none)."""
     extra = ["--adapter-path", str(adapters)] if adapters else []
-    gen = subprocess.run([PYTHON, "-m", "mlx_lm", "generate", "--model", str(model), *extra,
+    gen = waits.run([PYTHON, "-m", "mlx_lm", "generate", "--model", str(model), *extra,
                           "--prompt", "Once upon a time", "--max-tokens", "8", "--temp", "0"],
-                         cwd=cwd, env=trainer_env(), capture_output=True, text=True, timeout=180)
+                         cwd=cwd, env=trainer_env())
     assert gen.returncode == 0, gen.stderr[-3000:]
     return gen.stdout.split("==========\n")[1].rsplit("\n", 1)[0].strip()
 
@@ -164,10 +165,10 @@ def test_full_fine_tuning_pipeline_brings_every_stages_shard_here_and_mlx_lm_loa
              "--block_size", "64", "--global_batch", "8", "--steps", "3", "--lr", "1e-3",
              "--log_every", "1", "--eval_every", "0", "--sample_tokens", "0", "--compile", "false",
              "--kernels", "mlx"]
-    trained = subprocess.run(
+    trained = waits.run(
         [sys.executable, "-m", "mlxcluster", "train", "-i", str(inventory), "--no-preflight",
          "--stall-timeout", "30s", "--timeout", "240", "--", *flags, "--out", str(out),
-         "--pipeline", "2"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+         "--pipeline", "2"], env=env, cwd=tmp_path)
     said = trained.stdout + trained.stderr
     assert trained.returncode == 0, said[-4000:]
     assert "model: the stages' shards gathered into" in said, said[-3000:]
@@ -175,10 +176,10 @@ def test_full_fine_tuning_pipeline_brings_every_stages_shard_here_and_mlx_lm_loa
         there = sorted(p.name for p in (on_host(lab3, i, out) / "model").glob("model-*.safetensors"))
         assert there == [f"model-0000{i + 1}-of-00002.safetensors"], there
     reference = tmp_path / "reference"
-    proc = run_trainer([*flags, "--out", str(reference)], timeout=300)
+    proc = run_trainer([*flags, "--out", str(reference)])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    loaded = subprocess.run([PYTHON, "-c", LOAD_BOTH, str(out / "model"), str(reference / "model")],
-                            env=trainer_env(), capture_output=True, text=True, timeout=180)
+    loaded = waits.run([PYTHON, "-c", LOAD_BOTH, str(out / "model"), str(reference / "model")],
+                            env=trainer_env())
     assert loaded.returncode == 0, loaded.stderr[-3000:]
     assert float(loaded.stdout.split()[-1]) <= 1e-3, loaded.stdout
 
@@ -220,7 +221,7 @@ def test_a_lost_hosts_stage_is_re_split_over_the_two_left_with_one_process_losse
         start_new_session=True)
     metrics = out / "metrics.jsonl"  # the record, here
     started = time.monotonic()
-    stdout, stderr = lose_link_at_step(lab3, job, metrics, LOST_AFTER, victim, 300, 420)
+    stdout, stderr = lose_link_at_step(lab3, job, metrics, LOST_AFTER, victim)
     took = time.monotonic() - started
     text = stdout + stderr
     assert job.returncode == 0, text[-5000:]
@@ -244,7 +245,7 @@ def test_a_lost_hosts_stage_is_re_split_over_the_two_left_with_one_process_losse
         assert set(pieces) <= held, (host, held)
 
     reference = tmp_path / "reference"
-    proc = run_trainer([*flags, "--out", str(reference)], timeout=300)
+    proc = run_trainer([*flags, "--out", str(reference)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     expected, got = losses(read_metrics(reference)), losses(records(metrics))
     assert sorted(got) == list(range(1, ELASTIC_STEPS + 1)), got
@@ -291,11 +292,11 @@ def test_a_stage_bigger_than_its_hosts_memory_is_refused_before_anything_is_sent
     sparse_model(model)
     out = lab3.disk / f"big-out-{uuid.uuid4().hex[:8]}"
     inventory, env = training_setup(lab3, tmp_path, hosts=lab3.hosts[:2])
-    refused = subprocess.run(
+    refused = waits.run(
         [sys.executable, "-m", "mlxcluster", "train", "-i", str(inventory), "--no-preflight",
          "--timeout", "120", "--", "--config", "tiny", "--init_from", str(model),
          "--fine_tune", "lora", "--out", str(out), "--pipeline", "2"],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180)
+        env=env, cwd=tmp_path)
     said = refused.stdout + refused.stderr
     assert refused.returncode == 2, said[-3000:]
     assert "the pipeline's stages do not all fit their hosts:" in said, said[-3000:]

@@ -29,8 +29,7 @@ def common(data) -> list[str]:
 def test_a_stopped_rank_is_restarted_on_every_host_and_the_losses_are_the_reference(
         lab3, lab_data, tmp_path):
     reference = tmp_path / "reference"
-    proc = run_trainer(["--config", "tiny", *common(lab_data), "--out", str(reference)],
-                       timeout=240)
+    proc = run_trainer(["--config", "tiny", *common(lab_data), "--out", str(reference)])
     assert proc.returncode == 0, proc.stderr[-2000:]
     want = train_losses(reference)
 

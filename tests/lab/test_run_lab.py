@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 import time
 import uuid
 
 import pytest
 
+from tests import waits
 from tests.lab.jobs import ALLSUM, FAILS, REPO, bracketed, left_on_hosts, training_setup
 from tests.waits import FAILED_RANK_BUDGET_S
 
@@ -34,7 +34,7 @@ while True:
 """
 
 
-def run_on_lab(lab, tmp_path, backend, script, *extra, timeout=300, on_every_host=False):
+def run_on_lab(lab, tmp_path, backend, script, *extra, on_every_host=False):
     """mlxcluster run -i <lab inventory> --backend B [extra] -- python SCRIPT,
     the script on this machine's own disk (run sends it to the hosts; with
     ``on_every_host``, every host has its own copy already); returns
@@ -46,10 +46,10 @@ def run_on_lab(lab, tmp_path, backend, script, *extra, timeout=300, on_every_hos
         for h in lab.hosts:
             (lab.host_disk(h) / path.name).write_text(script)
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "mlxcluster", "run", "-i", str(inventory),
+    proc = waits.run([sys.executable, "-m", "mlxcluster", "run", "-i", str(inventory),
                            "--backend", backend, "--logs", str(tmp_path / "logs"), *extra, "--",
                            "python", str(path), "--flag", "x"],
-                          env=env, capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
+                          env=env, cwd=tmp_path)
     found = re.search(r"run (mlxrun-[0-9a-f]+):", proc.stdout)
     return proc, found.group(1) if found else None, time.monotonic() - start
 
@@ -112,7 +112,7 @@ def test_a_rank_that_never_starts_ends_the_run(lab3, tmp_path, backend):
     try:
         lab3.stop_sshd(lab3.hosts[2])
         proc, run_id, took = run_on_lab(lab3, tmp_path, backend, ALLSUM, "--no-preflight",
-                                        "--no-sync-script", "--no-sync-code", timeout=240,
+                                        "--no-sync-script", "--no-sync-code",
                                         on_every_host=True)
     finally:
         lab3.heal(lab3.hosts[2])
@@ -146,9 +146,9 @@ def test_a_bad_python_is_exit_2_before_anything_starts(lab3, tmp_path):
     (tmp_path / "prog.py").write_text(ALLSUM)
     env = lab3.env()
     env["PYTHONPATH"] = str(REPO)
-    proc = subprocess.run([sys.executable, "-m", "mlxcluster", "run", "--hostfile", str(hostfile),
+    proc = waits.run([sys.executable, "-m", "mlxcluster", "run", "--hostfile", str(hostfile),
                            "--python", "/no/such/python", "--logs", str(tmp_path / "logs"), "--",
-                           "prog.py"], env=env, capture_output=True, text=True, timeout=120,
+                           "prog.py"], env=env,
                           cwd=tmp_path)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out[-3000:]
@@ -173,9 +173,8 @@ def test_a_python_missing_on_one_host_is_exit_2_naming_it(lab3, tmp_path, backen
     lab3.set_host_python(lab3.hosts[1], "/no/such/python")
     try:
         start = time.monotonic()
-        proc = subprocess.run([sys.executable, "-m", "mlxcluster", command, "-i", str(inventory),
-                               "--backend", backend, *flags, *program], env=env,
-                              capture_output=True, text=True, timeout=180, cwd=tmp_path)
+        proc = waits.run([sys.executable, "-m", "mlxcluster", command, "-i", str(inventory),
+                               "--backend", backend, *flags, *program], env=env, cwd=tmp_path)
         took = time.monotonic() - start
     finally:
         lab3.heal(lab3.hosts[1])
@@ -210,9 +209,8 @@ def test_a_fish_login_shell_is_named_before_the_launch_hangs(lab3, tmp_path, bac
         hosts = ["--hostfile", str(hostfile), "--python", lab3.python]
     lab3.set_login_shell(lab3.hosts[1], "fish")
     try:
-        proc = subprocess.run([sys.executable, "-m", "mlxcluster", "run", *hosts, "--logs",
-                               str(tmp_path / "logs"), "--", "prog.py"], env=env,
-                              capture_output=True, text=True, timeout=180, cwd=tmp_path)
+        proc = waits.run([sys.executable, "-m", "mlxcluster", "run", *hosts, "--logs",
+                               str(tmp_path / "logs"), "--", "prog.py"], env=env, cwd=tmp_path)
     finally:
         lab3.heal(lab3.hosts[1])
     out = proc.stdout + proc.stderr

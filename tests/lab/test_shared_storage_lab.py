@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from tests import waits
 from tests.lab.jobs import mlx_launch_trainer, on_host, training_setup
 from tests.train_support import run_trainer, train_losses
-from tests.waits import DOCTOR_BUDGET_S, SHARED_STORAGE_TRAIN_TIMEOUT_S
 
 pytestmark = pytest.mark.lab
 
@@ -39,8 +39,7 @@ def reference(lab_data, tmp_path_factory) -> dict[int, float]:
     """The same run uninterrupted, in one process with the same global batch
     (no checkpoints: they change no loss)."""
     out = tmp_path_factory.mktemp("reference") / "run"
-    proc = run_trainer([*common(lab_data), "--out", str(out), "--checkpoint_every", "0"],
-                       timeout=SHARED_STORAGE_TRAIN_TIMEOUT_S)
+    proc = run_trainer([*common(lab_data), "--out", str(out), "--checkpoint_every", "0"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     return train_losses(out)
 
@@ -62,10 +61,10 @@ def test_three_hosts_checkpoint_every_step_into_one_folder_and_resume(lab3, lab_
     out = tmp_path / "nas" / "run"  # seen by every host and by this machine
 
     def train(*extra: str) -> str:
-        proc = subprocess.run(
+        proc = waits.run(
             [sys.executable, "-m", "mlxcluster", "train", "-i", str(inventory), "--no-preflight",
              "--", *common(lab_data), "--out", str(out), *extra],
-            env=env, capture_output=True, text=True, timeout=SHARED_STORAGE_TRAIN_TIMEOUT_S,
+            env=env,
             cwd=tmp_path)
         text = proc.stdout + proc.stderr
         assert proc.returncode == 0, text[-4000:]
@@ -74,9 +73,8 @@ def test_three_hosts_checkpoint_every_step_into_one_folder_and_resume(lab3, lab_
 
     # doctor, asked before the run: the hosts and this machine see one folder there
     out.mkdir(parents=True)
-    doctor = subprocess.run([sys.executable, "-m", "mlxcluster", "doctor", "-i", str(inventory),
-                             "--shared-path", str(out)], env=env, capture_output=True, text=True,
-                            timeout=DOCTOR_BUDGET_S, cwd=tmp_path)
+    doctor = waits.run([sys.executable, "-m", "mlxcluster", "doctor", "-i", str(inventory),
+                             "--shared-path", str(out)], env=env, cwd=tmp_path)
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     assert "[✓] one folder: labhost1, labhost2, labhost3, this machine" in doctor.stdout
     assert (f"✓ shared storage: labhost1, labhost2, labhost3, this machine see one {out}"
@@ -110,9 +108,8 @@ def test_three_hosts_checkpoint_every_step_into_one_folder_and_resume(lab3, lab_
 
 def test_doctor_says_each_host_has_its_own_disk(lab3, tmp_path):
     inventory, env = training_setup(lab3, tmp_path)
-    doctor = subprocess.run([sys.executable, "-m", "mlxcluster", "doctor", "-i", str(inventory),
-                             "--shared-path", str(lab3.disk)], env=env, capture_output=True,
-                            text=True, timeout=DOCTOR_BUDGET_S, cwd=tmp_path)
+    doctor = waits.run([sys.executable, "-m", "mlxcluster", "doctor", "-i", str(inventory),
+                             "--shared-path", str(lab3.disk)], env=env, cwd=tmp_path)
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     for name in ("labhost1", "labhost2", "labhost3", "this machine"):
         assert f"[✓] its own folder: {name}" in doctor.stdout, doctor.stdout
@@ -123,7 +120,7 @@ def test_doctor_says_each_host_has_its_own_disk(lab3, tmp_path):
 
 def launch(lab, tmp_path: Path, args: list[str]) -> subprocess.CompletedProcess:
     """The trainer under a plain `mlx.launch --hostfile` (no mlxcluster)."""
-    return mlx_launch_trainer(lab, tmp_path, args, timeout=SHARED_STORAGE_TRAIN_TIMEOUT_S)
+    return mlx_launch_trainer(lab, tmp_path, args)
 
 
 def test_two_hosts_on_one_folder_and_one_on_its_own_disk_each_get_the_checkpoint_once(

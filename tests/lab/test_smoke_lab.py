@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from mlxcluster.jobs.plan import MPI_BTL_PORT, RING_PORT
+from tests import waits
 from tests.interrupt_helpers import SmokeWorkersRunning
 from tests.lab.jobs import assert_nothing_left
 
@@ -31,12 +32,11 @@ def in_tmp(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
 
-def smoke(lab, lab_inventory, *args: str, env: dict[str, str] | None = None, timeout: float = 90):
+def smoke(lab, lab_inventory, *args: str, env: dict[str, str] | None = None):
     """Run the real CLI as a subprocess with the lab's ssh on PATH."""
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "mlxcluster", "smoke", "-i", str(lab_inventory),
-                           *args, "--json"], env={**lab.env(), **(env or {})},
-                          capture_output=True, text=True, timeout=timeout)
+    proc = waits.run([sys.executable, "-m", "mlxcluster", "smoke", "-i", str(lab_inventory),
+                           *args, "--json"], env={**lab.env(), **(env or {})})
     assert proc.stdout, proc.stderr
     return proc.returncode, json.loads(proc.stdout)["backends"][0], time.monotonic() - started
 
@@ -165,9 +165,8 @@ def test_jaccl_from_the_inventory_is_unavailable_per_host(lab3_own_tmp, lab_inve
     """No --hostfile needed: the RDMA matrix would come from the hosts' live
     topology; these Linux hosts have no RDMA and no Thunderbolt, each says so,
     exit 3, and no worker was copied or started anywhere."""
-    proc = subprocess.run([sys.executable, "-m", "mlxcluster", "smoke", "--backend", "jaccl",
-                           "-i", str(lab_inventory)], env=lab3_own_tmp.env(), capture_output=True, text=True,
-                          timeout=90)
+    proc = waits.run([sys.executable, "-m", "mlxcluster", "smoke", "--backend", "jaccl",
+                           "-i", str(lab_inventory)], env=lab3_own_tmp.env())
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
     assert "3 of 3 host(s) cannot take part" in proc.stdout

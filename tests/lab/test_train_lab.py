@@ -10,6 +10,7 @@ import uuid
 
 import pytest
 
+from tests import waits
 from tests.lab.jobs import REPO, run_train, training_setup
 
 pytestmark = pytest.mark.lab
@@ -53,11 +54,11 @@ def test_the_record_here_stays_whole_across_a_resume(lab3, lab_data, tmp_path):
     out = lab3.disk / f"run-{uuid.uuid4().hex[:8]}"
 
     def train(*extra: str) -> subprocess.CompletedProcess:
-        proc = subprocess.run(
+        proc = waits.run(
             [sys.executable, "-m", "mlxcluster", "train", "-i", str(inventory), "--no-preflight",
              "--config", "tiny", "--", "--steps", "4", "--global_batch", "6", "--data",
              str(lab_data), "--out", str(out), "--sample_tokens", "0", *extra],
-            env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+            env=env, cwd=tmp_path)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         return proc
 
@@ -76,7 +77,7 @@ def test_preflight_names_the_host_with_the_wrong_python(lab3, lab_data, tmp_path
     other = os.path.join(sys.base_prefix, "bin", "python3")
     try:
         lab3.set_host_python(2, other)
-        proc, out = run_train(lab3, tmp_path, lab_data, "ring", timeout=120)
+        proc, out = run_train(lab3, tmp_path, lab_data, "ring")
     finally:
         lab3.heal(2)
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -92,8 +93,7 @@ def test_a_failing_rank_stops_every_host_and_gives_its_code(lab3, lab_data, tmp_
     other = os.path.join(sys.base_prefix, "bin", "python3")
     try:
         lab3.set_host_python(2, other)  # rank 2 cannot import mlx: exits 1 at once
-        proc, out = run_train(lab3, tmp_path, lab_data, "ring", "--no-preflight", steps=1000,
-                              timeout=180)
+        proc, out = run_train(lab3, tmp_path, lab_data, "ring", "--no-preflight", steps=1000)
     finally:
         lab3.heal(2)
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -110,11 +110,11 @@ def test_train_from_an_mlx_launch_hostfile(lab3, lab_data, tmp_path):
     out = lab3.disk / f"run-{uuid.uuid4().hex[:8]}"
     env = lab3.env()
     env["PYTHONPATH"] = str(REPO)
-    proc = subprocess.run(
+    proc = waits.run(
         [sys.executable, "-m", "mlxcluster", "train", "--hostfile", str(hostfile), "--python",
          lab3.python, "--config", "tiny", "--", "--steps", "2", "--global_batch", "6",
          "--data", str(lab_data), "--out", str(out), "--sample_tokens", "0"],
-        env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "[✓] 3 host(s) run" in proc.stdout and "all_sum over 3 ranks on ring = 3" in proc.stdout
     assert "step      2/2 | loss" in proc.stdout
@@ -139,10 +139,10 @@ def test_a_batch_that_does_not_split_over_the_hosts_starts_nothing(lab3, lab_dat
     lab3.ssh(0, "true", check=True)  # the logs are live: this login is counted
     before = ssh_logins(lab3)
     assert before["labhost1"] >= 1, before
-    proc = subprocess.run(
+    proc = waits.run(
         [sys.executable, "-m", "mlxcluster", "train", "-i", str(inventory), "--config", "tiny",
          "--", "--steps", "3", "--data", str(lab_data), "--out", str(out)],
-        env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+        env=env, cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert ("error: global_batch 8 does not split over 3 ranks (8 % 3 = 2): use --global_batch "
             "6 or 9") in proc.stderr

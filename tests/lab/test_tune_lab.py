@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests import waits
 from tests.tune_support import forced_ring, mca
 
 pytestmark = pytest.mark.lab
@@ -22,11 +23,11 @@ pytestmark = pytest.mark.lab
 def test_tune_measures_real_candidates_and_writes_the_winner(lab3, tmp_path):
     inventory = lab3.write_inventory(tmp_path / "lab.yaml")
     out = tmp_path / "tuned.json"
-    proc = subprocess.run(
+    proc = waits.run(
         [sys.executable, "-m", "mlxcluster", "tune", "-i", str(inventory), "--backend", "ring,mpi",
          "--connections", "1,2", "--tcp-links", "4", "--mpi-allreduce", "default", "--sizes", "256K", "--iters", "3",
          "--rounds", "2", "--budget", "30s", "-o", str(out), "--json"],
-        env=lab3.env(), capture_output=True, text=True, timeout=600)
+        env=lab3.env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)
     assert [c["label"] for c in doc["candidates"]] == ["ring x1/ip", "ring x2/ip", "mpi links=4"]
@@ -75,18 +76,18 @@ print(f"RANK {group.rank()} size={group.size()} sum={int(total[0].item())} setti
 def tune_then_run(lab, tmp_path, backend: str, knob: list[str], out_name: str):
     inventory = lab.write_inventory(tmp_path / "lab.yaml")
     out = tmp_path / out_name
-    tuned = subprocess.run(
+    tuned = waits.run(
         [sys.executable, "-m", "mlxcluster", "tune", "-i", str(inventory), "--backend", backend, *knob,
          "--sizes", "256K", "--iters", "2", "--rounds", "1", "--budget", "10s", "-o", str(out)],
-        env=lab.env(), capture_output=True, text=True, timeout=600)
+        env=lab.env())
     assert tuned.returncode == 0, tuned.stdout[-2000:] + tuned.stderr[-2000:]
     assert f"wrote {out} and {out}.args" in tuned.stdout
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
-    ran = subprocess.run(
+    ran = waits.run(
         [sys.executable, "-m", "mlxcluster", "run", "--hostfile", str(out), "--no-preflight",
          "--logs", str(tmp_path / "logs"), "--", "python", str(script), backend],
-        env=lab.env(), capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        env=lab.env(), cwd=tmp_path)
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
     settings = sorted(line.split("RANK ", 1)[1] for line in ran.stdout.splitlines() if "RANK " in line)
     return out, ran, settings
@@ -99,9 +100,9 @@ def test_run_launches_with_the_ring_setting_tune_wrote(lab3, tmp_path):
     # Every rank got two ports on its IP from the real mlx.launch, and the ring ran over them.
     assert ranks == [f"{r} size=3 sum=3 setting=2" for r in range(3)]
     # smoke given the same hostfile runs its ring with the setting too (and says so).
-    smoke = subprocess.run(
+    smoke = waits.run(
         [sys.executable, "-m", "mlxcluster", "smoke", "--hostfile", str(out), "--sizes", "1K:1K",
-         "--dtypes", "float32", "--json"], env=lab3.env(), capture_output=True, text=True, timeout=300,
+         "--dtypes", "float32", "--json"], env=lab3.env(),
         cwd=tmp_path)
     assert smoke.returncode == 0, smoke.stdout[-2000:] + smoke.stderr[-2000:]
     assert f"tuned: --connections-per-ip 2 (from {out}.args" in smoke.stderr
@@ -128,11 +129,11 @@ def test_tune_picks_the_fast_one_of_two_data_interfaces(make_lab, tmp_path):
     inventory = lab.write_inventory(tmp_path / "lab.yaml",
                                     data_ips={h.name: [h.second_ip, h.ip] for h in lab.hosts})
     out = tmp_path / "tuned.json"
-    proc = subprocess.run(
+    proc = waits.run(
         [sys.executable, "-m", "mlxcluster", "tune", "-i", str(inventory), "--backend", "ring",
          "--connections", "1", "--sizes", "1M", "--iters", "2", "--rounds", "2", "--budget", "40s",
          "-o", str(out)],
-        env=lab.env(), capture_output=True, text=True, timeout=600)
+        env=lab.env())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     text = proc.stdout
     for label in ("ring x1/ip ", "ring x1/ip ip#1", "ring x1/ip ip#2"):
@@ -191,10 +192,10 @@ def run_counting_bytes(lab, tmp_path, hostfile, script, extra: list[str]):
     """``mlxcluster run --hostfile`` of the 4 x 32 MiB all_sums: its result, the
     ranks' lines by rank, and the MB each host sent meanwhile."""
     before = tx_bytes(lab)
-    ran = subprocess.run(
+    ran = waits.run(
         [sys.executable, "-m", "mlxcluster", "run", "--hostfile", str(hostfile), "--no-preflight",
          "--logs", str(tmp_path / "logs"), *extra, "--", "python", str(script)],
-        env=lab.env(), capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        env=lab.env(), cwd=tmp_path)
     after = tx_bytes(lab)
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
     ranks = dict(line.split("RANK ", 1)[1].split(" ", 1) for line in ran.stdout.splitlines() if "RANK " in line)
@@ -271,11 +272,11 @@ def test_tune_measures_the_default_rules_and_the_ring_side_by_side(lab3, tmp_pat
 
 def test_open_mpi_takes_the_ring_allreduce_pairs_in_a_smoke_run(lab3, tmp_path):
     inventory = lab3.write_inventory(tmp_path / "lab.yaml")
-    smoke = subprocess.run(
+    smoke = waits.run(
         [sys.executable, "-m", "mlxcluster", "smoke", "-i", str(inventory), "--backend", "mpi",
          "--mpi-arg", "--mca coll_tuned_use_dynamic_rules 1", "--mpi-arg",
          "--mca coll_tuned_allreduce_algorithm 4", "--sizes", "1K:1M", "--dtypes", "float32", "--json"],
-        env=lab3.env(), capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        env=lab3.env(), cwd=tmp_path)
     assert smoke.returncode == 0, smoke.stdout[-2000:] + smoke.stderr[-2000:]
     report = json.loads(smoke.stdout)["backends"][0]
     assert report["status"] == "passed"
