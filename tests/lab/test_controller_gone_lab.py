@@ -22,6 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests import waits
 from tests.lab.jobs import (
     data_here,
     on_host,
@@ -88,10 +89,11 @@ def resumes_exactly(lab, lab_data, tmp_path, out: Path, last: int) -> None:
     stop = last + 3
     straight_out = lab.disk / f"straight-{uuid.uuid4().hex[:8]}"
     resumed = train_to(lab, lab_data, tmp_path, out, stop, "--resume", "auto")
-    said = resumed.communicate(timeout=300)
+    said = waits.communicate(resumed, "the resumed run", paths=[out])
     assert resumed.returncode == 0, said
     straight = train_to(lab, lab_data, tmp_path, straight_out, stop)
-    assert straight.communicate(timeout=300) and straight.returncode == 0
+    assert waits.communicate(straight, "the straight run", paths=[straight_out])
+    assert straight.returncode == 0
     assert f"resumed from {out / 'checkpoints' / f'step_{last:06d}'}" in said[0]
     want, got = losses(straight_out / "metrics.jsonl"), losses(metrics)
     assert set(range(last + 1, stop + 1)) <= set(got)

@@ -21,7 +21,12 @@ from mlxcluster.doctor.checks.common import BAD
 from mlxcluster.doctor.doctor import DoctorReport, run_doctor
 from mlxcluster.inventory.inventory import load_inventory
 from tests.lab.jobs import MPI_ENV, OPENBLAS_ENV
-from tests.waits import DOCTOR_BUDGET_S, DOCTOR_CONNECT_TIMEOUT_S, TWELVE_MPI_BUDGET_S, poll_until
+from tests.waits import (
+    DOCTOR_BUDGET_S,
+    DOCTOR_CONNECT_TIMEOUT_S,
+    TWELVE_CONNECT_TIMEOUT_S,
+    poll_until,
+)
 
 pytestmark = pytest.mark.lab
 
@@ -63,9 +68,10 @@ def python_without_mpi(tmp_path_factory) -> str:
     return str(root / "bin" / "python")
 
 
-def doctor(path: Path, **kwargs) -> tuple[DoctorReport, float]:
+def doctor(path: Path, connect_timeout: float = DOCTOR_CONNECT_TIMEOUT_S,
+           **kwargs) -> tuple[DoctorReport, float]:
     started = time.monotonic()
-    report = run_doctor(load_inventory(path), connect_timeout=DOCTOR_CONNECT_TIMEOUT_S, command_timeout=30, **kwargs)
+    report = run_doctor(load_inventory(path), connect_timeout=connect_timeout, command_timeout=30, **kwargs)
     return report, time.monotonic() - started
 
 
@@ -242,16 +248,22 @@ def test_twelve_hosts_pass_within_sshd_default_session_limits(make_lab, tmp_path
     session per hop over doctor's connection to a host would be refused;
     doctor runs each host's hops from one session, and sshd's MaxStartups
     (10 connections being set up at once): each host but the first hops 4 at
-    a time, starting after itself; the whole cluster passes."""
+    a time, starting after itself; the whole cluster passes.
+
+    A refused session fails at once, whatever the timeouts; a slow login is not a
+    refusal. 12 hosts' 132 logins on 2 cores at load 17 took over doctor's 19 s
+    BatchMode limit (connect timeout + 15 s) in a cold CI run (issue 50), so this test
+    gives a connect timeout of TWELVE_CONNECT_TIMEOUT_S. How long doctor takes on 12
+    hosts is bench/doctor_hops_cost.py's to measure (docs/performance.md), not a timed
+    test's."""
     lab = make_lab(12)
     path = lab.write_inventory(tmp_path / "lab12.yaml", env={**OPENBLAS_ENV, **MPI_ENV})
-    report, seconds = doctor(path, backend="mpi")
+    report, _ = doctor(path, connect_timeout=TWELVE_CONNECT_TIMEOUT_S, backend="mpi")
     assert report.verdict == "pass", {r.id: r.hosts for r in report.results if r.status is not Status.PASS}
     hops = next(r for r in report.results if r.id == "host-to-host-ssh").hosts
     assert hops == {f"labhost{i}": f"every other host (11) -> labhost{i}: ok" for i in range(1, 13)}
     data = next(r for r in report.results if r.id == "data-path").hosts
     assert all(data[f"labhost{i}"].endswith("reachable from every other host (11)") for i in range(1, 13)), data
-    assert seconds < TWELVE_MPI_BUDGET_S
     assert doctor_helpers_left_after(5.0) == []
 
 

@@ -22,6 +22,7 @@ import uuid
 import mlx.core as mx
 import pytest
 
+from tests import waits
 from tests.chat_support import make_chat_folder
 from tests.hf_support import make_llama_folder
 from tests.lab.jobs import lose_link_at_step, on_host, records, training_setup
@@ -66,7 +67,7 @@ def test_qlora_stops_resumes_loses_a_host_and_mlx_lm_opens_the_adapters(lab3, tm
             env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             start_new_session=True)
 
-    first, _ = train([], ["--stop_after", "2"]).communicate(timeout=300)
+    first, _ = waits.communicate(train([], ["--stop_after", "2"]), "the first QLoRA run", paths=[out])
     for h in lab3.hosts:  # the 4-bit folder and the rows sent to every host
         assert f"model: {h.name}: {model} missing: sending" in first, first[-3000:]
         assert f"data: {h.name}: {data} missing: sending" in first

@@ -13,6 +13,7 @@ import uuid
 
 import pytest
 
+from tests import waits
 from tests.lab.jobs import bracketed, left_on_hosts, rank_process, training_setup
 from tests.train_support import run_trainer, train_losses
 
@@ -45,13 +46,15 @@ def test_a_stopped_rank_is_restarted_on_every_host_and_the_losses_are_the_refere
     victim = lab3.hosts[1]
     try:
         metrics = out / "metrics.jsonl"  # the record, on this machine
-        deadline = time.monotonic() + 180
-        while not (metrics.exists() and metrics.read_text().count('"loss"') >= 25):
-            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
-            time.sleep(0.2)
+
+        def logged() -> bool:
+            assert job.poll() is None, job.communicate()
+            return metrics.exists() and metrics.read_text().count('"loss"') >= 25
+
+        waits.wait_for(logged, "25 losses", waits.Progress([metrics]))
         stopped, _ = rank_process(lab3, victim, out)
         lab3.ssh(victim, f"kill -STOP {stopped}")
-        stdout, stderr = job.communicate(timeout=240)
+        stdout, stderr = waits.communicate(job, "the restarted run", paths=[metrics])
     finally:
         if job.poll() is None:
             job.kill()

@@ -21,6 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests import waits
 from tests.lab.jobs import ALLSUM, FAILS, bracketed, left_on_hosts, training_setup
 
 pytestmark = pytest.mark.lab
@@ -53,7 +54,7 @@ def run_cli(lab, argv: list[str], env: dict[str, str], cwd: Path):
     start = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "mlxcluster", *argv], env=env, cwd=cwd,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    out, _ = proc.communicate(timeout=300)
+    out, _ = waits.communicate(proc, f"mlxcluster {argv[0]}")
     after = logins(lab)
     added = {name: after[name] - before[name] for name in after}
     print(f"{' '.join(argv[:1])} (exit {proc.returncode}, {time.monotonic() - start:.1f} s): "

@@ -17,6 +17,7 @@ import pytest
 
 from mlxcluster.jobs.plan import RING_PORT
 from mlxcluster.jobs.rank_wrapper import STACKS_ROOT
+from tests import waits
 from tests.interrupt_helpers import SmokeWorkersRunning
 from tests.lab.jobs import MPI_ENV, assert_nothing_left, bracketed, left_on_hosts, our_prted
 from tests.waits import SOAK_DETECTION_BOUND_S, SOAK_ITERATION_TIMEOUT_S
@@ -36,13 +37,16 @@ def start_soak(lab, lab_inventory, cwd, backend, seconds) -> subprocess.Popen:
         text=True, start_new_session=True)
 
 
-def soaking(proc: subprocess.Popen, wait_s: float = 90) -> str:
-    """The run id once all three workers run and a few seconds of soak passed."""
+def soaking(proc: subprocess.Popen) -> str:
+    """The run id once all three workers run and a few seconds of soak passed (waited
+    for while the start advances: tests/waits.py)."""
     ready = SmokeWorkersRunning(3)
-    deadline = time.monotonic() + wait_s
-    while not ready(proc):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.2)
+
+    def running() -> bool:
+        assert proc.poll() is None, proc.communicate()
+        return bool(ready(proc))
+
+    waits.wait_for(running, "smoke's 3 workers running", waits.Progress())
     time.sleep(5)  # past ring setup, into the iterations
     assert proc.poll() is None, proc.communicate()
     return ready.run_id
