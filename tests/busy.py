@@ -18,6 +18,11 @@ import time
 SPIN = "while True: pass"
 
 
+def spinner_name(pid: int | None = None) -> str:
+    """The word on the command line of the busy processes that process ``pid`` starts."""
+    return f"mlxcluster-busy-{pid or os.getpid()}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--procs", type=int, default=2, help="busy processes (each takes a core)")
@@ -26,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the command to run after --")
-    spinners = [subprocess.Popen([sys.executable, "-c", SPIN], stdin=subprocess.DEVNULL)
+    # Named by this process, so that what is left of them can be told from another run's.
+    spinners = [subprocess.Popen([sys.executable, "-c", SPIN, spinner_name()], stdin=subprocess.DEVNULL)
                 for _ in range(args.procs)]
     started = time.monotonic()
     loads = []

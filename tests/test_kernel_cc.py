@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from tests.busy import main as busy_main
+from tests.busy import spinner_name
 from tests.conftest import require
 
 KERNEL_CC = Path(__file__).resolve().parent / "kernel_cc"
@@ -80,5 +81,6 @@ def test_a_busy_run_gives_the_command_s_code_and_leaves_no_busy_process(capsys):
     code = busy_main(["--procs", "2", "--", sys.executable, "-c", "raise SystemExit(3)"])
     assert code == 3
     assert "beside 2 busy process(es): exit 3" in capsys.readouterr().out
-    spinning = subprocess.run(["pgrep", "-f", "while True: pass"], capture_output=True, text=True)
+    # Its own, by name: `make test-busy` runs this test beside busy processes of its own.
+    spinning = subprocess.run(["pgrep", "-f", spinner_name()], capture_output=True, text=True)
     assert spinning.stdout.strip() == ""
