@@ -5,13 +5,18 @@ launched. (Over hosts on their own disks, with restarts: tests/lab/test_serve_la
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import re
 import signal
 import socket
 import sys
+import threading
+import time
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from mlxcluster.cli import main as cli
@@ -20,7 +25,7 @@ from mlxcluster.jobs.rank_wrapper import STACKS_ROOT
 from tests import waits
 from tests.interrupt_helpers import processes_with
 from tests.serve_support import Serving, chat_model, chat_text, generated_alone
-from tests.waits import SERVE_STOP_S, SERVE_UP_S
+from tests.waits import SERVE_AGAIN_S, SERVE_PROBE_TIMEOUT_S, SERVE_STOP_S, SERVE_UP_S
 
 
 def test_serve_answers_as_one_process_and_ctrl_c_leaves_nothing(llama, tmp_path):
@@ -59,6 +64,23 @@ def test_bad_input_is_refused_before_anything_is_launched(tmp_path, llama):
     assert "--port" in busy.output
     timed = runner.invoke(cli, ["serve", "--local", "2", "--timeout", "5m", str(llama)])
     assert timed.exit_code == 2 and "--timeout does not apply" in timed.output
+
+
+@pytest.mark.parametrize("args, flag, instead", [
+    (["--", "--port", "9000"], "--port", "use serve's --port"),
+    (["--", "--host", "0.0.0.0"], "--host", "use serve's --bind"),
+    (["--", "--port=9000"], "--port", "use serve's --port"),
+    (["--", "--max-tokens", "64", "--mod", "/elsewhere"], "--model", "serve's MODEL_DIR argument"),
+    (["--", "--pipeline"], "--pipeline", "use serve's --pipeline, before MODEL_DIR"),
+])
+def test_server_flags_serve_sets_itself_are_refused_naming_serve_s_option(llama, args, flag, instead):
+    refused = CliRunner().invoke(cli, ["serve", "--local", "2", "--no-preflight", "--port",
+                                       str(free_port_block(1)), str(llama), *args])
+    assert refused.exit_code == 2, refused.output
+    assert f"is mlx_lm.server's {flag}, which serve sets itself" in refused.output
+    assert instead in refused.output
+    assert "launching" not in refused.output and "split:" not in refused.output
+    assert "Traceback" not in refused.output
 
 
 def test_restarts_spent_is_exit_4_naming_the_rank(llama, tmp_path):
@@ -113,3 +135,103 @@ def test_mlxcluster_stop_ends_serve_and_it_does_not_restart(llama, tmp_path):
     assert not Path(f"{STACKS_ROOT}/{run_id}.stopped").exists()
     journal = (tmp_path / "runs" / run_id / "serve.log").read_text().splitlines()
     assert journal[-1].endswith(f"stopped: asked ('mlxcluster stop {run_id}'): every rank ended")
+
+
+# The probe's limit that holds at CI's load (tests/waits.py): beside a long
+# answer the probe's one token waits for mlx-lm's batch to take it in (1-5 s
+# measured at a load of ~8, 0.2 s quiet), and an answer of 1200 tokens takes
+# ~27 s quiet on 2 ranks here, minutes at that load: several probe limits.
+LONG_PROBE_TIMEOUT_S = SERVE_PROBE_TIMEOUT_S
+LONG_TOKENS = 1200
+
+
+def long_chat(client, eos: int, **kw):
+    """A chat request that generates LONG_TOKENS, end-of-sequence banned."""
+    return client.chat.completions.create(
+        model="default_model", messages=[{"role": "user", "content": "Once upon a time"}],
+        max_tokens=LONG_TOKENS, temperature=0.0, logit_bias={str(eos): -100}, **kw)
+
+
+def test_a_long_answer_is_delivered_once_and_a_hang_during_one_is_still_found(llama, tmp_path):
+    """Issue 51, with the official openai client (no retries, so that a 503
+    would show): a non-streamed answer several probe timeouts long comes
+    whole (200), generated once, no restart; streamed too; a client that
+    leaves mid-stream and a malformed body put no traceback on serve's
+    terminal; a rank stopped during a long answer is found by the probe,
+    the request told why (503) and the server launched again."""
+    import openai
+    from tokenizers import Tokenizer
+
+    model = chat_model(llama, tmp_path / "tiny-chat")
+    eos = Tokenizer.from_file(str(model / "tokenizer.json")).token_to_id("<|endoftext|>")
+    port = free_port_block(1)
+    serving = Serving(["--local", "2", "--no-preflight", "--port", str(port), "--probe-every", "1s",
+                       "--probe-timeout", f"{LONG_PROBE_TIMEOUT_S}s", str(model)], cwd=tmp_path)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0,
+                           timeout=SERVE_AGAIN_S)
+    try:
+        serving.wait_for(r"serving \S+ at http://", SERVE_UP_S)
+        run_id = re.search(r"run (mlxserve-[0-9a-f]+)", serving.output()).group(1)
+        rank0_log = tmp_path / "runs" / run_id / "rank0.log"
+
+        started = time.monotonic()
+        whole = long_chat(client, eos)
+        took = time.monotonic() - started
+        assert whole.choices[0].finish_reason == "length"
+        assert whole.usage.completion_tokens == LONG_TOKENS
+        assert took > 2 * LONG_PROBE_TIMEOUT_S, f"{took:.1f} s: too short to show the point"
+        assert rank0_log.read_text().count('"POST /v1/chat/completions HTTP/1.1" 200') == 1
+
+        chunks = list(long_chat(client, eos, stream=True))
+        assert chunks[-1].choices[0].finish_reason == "length"
+        assert "".join(c.choices[0].delta.content or "" for c in chunks) == \
+            whole.choices[0].message.content
+        assert "restart" not in serving.output(), serving.output()
+
+        # A client that leaves mid-stream, and a malformed body: no traceback here.
+        body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "stream": True,
+                           "max_tokens": LONG_TOKENS, "logit_bias": {str(eos): -100}}).encode()
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as leaving:
+            leaving.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                            b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            assert leaving.recv(100).startswith(b"HTTP/1.1 200")
+        malformed = http.client.HTTPConnection("127.0.0.1", port, timeout=SERVE_AGAIN_S)
+        malformed.request("POST", "/v1/chat/completions", body=b'{"messages": [oops',
+                          headers={"Content-Type": "application/json"})
+        assert malformed.getresponse().status == 400
+        malformed.close()
+        waits.poll_until(lambda: "BrokenPipeError" in rank0_log.read_text(), SERVE_AGAIN_S,
+                         "mlx-lm's traceback for the client that left, in rank 0's log")
+        said = serving.output()
+        assert "Traceback" not in said and "oops" not in said and 'File "' not in said, said
+        assert "a request ended in mlx-lm's server with BrokenPipeError" in said
+        assert "mlx-lm refused a request: JSONDecodeError" in said
+        assert "Raw body" in rank0_log.read_text()
+
+        # Rank 1 stopped while a long answer is generated: the probe finds it.
+        seen = len(serving.lines)
+        answers = []
+        asking = threading.Thread(target=lambda: answers.append(_status_of(long_chat, client, eos)))
+        asking.start()
+        waits.poll_until(lambda: rank0_log.read_text().count("POST /v1/chat/completions") >= 3
+                         or None, SERVE_AGAIN_S, "the long request reached rank 0", interval=0.2)
+        pid = int((Path(STACKS_ROOT) / run_id / "rank1.pid").read_text().split()[0])
+        os.kill(pid, signal.SIGSTOP)
+        restart = serving.wait_for(r"^restart 1/3 after: (.*)", SERVE_AGAIN_S, after=seen).group(1)
+        assert "probe" in restart and "rank 1 on local-1 is stopped" in restart, restart
+        asking.join(SERVE_AGAIN_S)
+        assert answers and answers[0][0] == 503 and "restarting" in answers[0][1], answers
+        serving.wait_for(r"serving .* again \(restart 1", SERVE_AGAIN_S, after=seen)
+    finally:
+        code = serving.stop()
+    assert code == 0, serving.output()
+    assert processes_with(run_id) == []
+
+
+def _status_of(ask, *args) -> tuple[int, str]:
+    import openai
+    try:
+        ask(*args)
+    except openai.APIStatusError as err:
+        return err.status_code, str(err)
+    return 200, ""

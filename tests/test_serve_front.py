@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from mlxcluster.serve.front import RETRY_AFTER_S, Backend, Front
+from mlxcluster.serve.front import RETRY_AFTER_S, Backend, Front, served_alone
 from mlxcluster.serve.probe import ProbeResult, ProbeWatch, probe_once
 from tests.waits import poll_until
 
@@ -200,24 +200,98 @@ def test_a_server_not_up_within_the_start_timeout_is_stalled():
     assert watch.stalled() and "did not answer within 60 s" in watch.why()
 
 
-def test_a_long_answer_streaming_is_alive_and_a_silent_one_is_a_hang():
+def test_beside_a_long_answer_the_probe_decides_alive_or_hung():
+    """A request holds the turn (its answer takes long, streamed or not): the
+    probe goes beside it, and its answer, not the request's time, decides."""
     clock = Clock()
     backend = Backend(clock=clock)
-    watch, _ = watch_with([ProbeResult(True, 0.1)], backend, clock)
+    watch, _ = watch_with([ProbeResult(True, 0.1), ProbeResult(True, 0.2),
+                           ProbeResult(False, 5.0, "no answer within 5 s")], backend, clock)
     watch._until_up()
     backend.turn.acquire()  # a user's request holds the turn
     try:
-        backend.busy_since = clock.now
-        clock.now += 4
-        backend.got_bytes()
-        clock.now += 4
-        watch._check()  # bytes 4 s ago: alive
+        flight = backend.begin(alone=False, streaming=False)
+        clock.now += 60  # a minute without a byte of that answer
+        watch._check()
         assert not watch.stalled()
-        clock.now += 2
-        watch._check()  # 6 s without a byte, limit 5
-        assert watch.stalled() and "no byte" in watch.why()
+        assert backend.in_flight() == [flight] and flight.cut is None
+        watch._check()
+        assert watch.stalled() and "the probe (a one-token completion) got no answer" in watch.why()
+        assert flight.cut is not None and "restarting" in flight.cut  # told at once, not left hanging
     finally:
         backend.turn.release()
+
+
+def test_a_request_mlx_lm_serves_alone_is_judged_by_its_bytes_or_not_at_all():
+    """mlx-lm queues every other request behind one it serves alone: no probe
+    is sent then (it would only wait); a stream's bytes are its progress."""
+    clock = Clock()
+    backend = Backend(clock=clock)
+    sent = []
+    watch = ProbeWatch(lambda t: sent.append(t) or ProbeResult(True, 0.1), backend, 4242, every=10,
+                       timeout=5, start_timeout=60, on_up=lambda s: None, clock=clock)
+    watch._until_up()
+    sent.clear()
+    silent = backend.begin(alone=True, streaming=False)
+    clock.now += 600
+    watch._check()
+    assert sent == [] and not watch.stalled()
+    backend.finish(silent)
+    stream = backend.begin(alone=True, streaming=True)
+    clock.now += 4
+    backend.got_bytes(stream)
+    clock.now += 4
+    watch._check()
+    assert sent == [] and not watch.stalled()
+    clock.now += 2
+    watch._check()  # 6 s without a byte, limit 5
+    assert watch.stalled() and "a streamed answer got no byte" in watch.why()
+
+
+@pytest.mark.parametrize("body, server_args, alone", [
+    ({"messages": [{"role": "user", "content": "hi"}]}, (), False),
+    ({"prompt": "hi", "seed": 7}, (), True),
+    ({"prompt": "hi", "seed": None}, (), False),
+    ({"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is it?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}, (), True),
+    ({"prompt": "hi"}, ("--kv-bits", "4"), True),
+    ({"prompt": "hi"}, ("--kv-bits=8",), True),
+])
+def test_which_requests_mlx_lm_serves_alone(body, server_args, alone):
+    assert served_alone(json.dumps(body).encode(), server_args) is alone
+    assert served_alone(b"{not json", server_args) is bool(server_args)
+
+
+def test_a_slow_answer_is_waited_for_and_the_request_timeout_is_a_504(upstream):
+    Upstream.delay = 1.5
+    backend = Backend()
+    backend.up(upstream)
+    with Front("127.0.0.1", 0, backend) as front:
+        status, _, body = post(front.port, "/v1/completions", {"prompt": "Hi"})
+    assert status == 200 and json.loads(body)["echo"] == {"prompt": "Hi"}
+    with Front("127.0.0.1", 0, backend, request_timeout=0.5) as front:
+        started = time.monotonic()
+        status, _, body = post(front.port, "/v1/completions", {"prompt": "Hi"})
+        took = time.monotonic() - started
+    assert status == 504, body
+    assert "took longer than --request-timeout" in json.loads(body)["error"]["message"]
+    assert took < 1.4  # at the limit, not at the answer
+    assert backend.in_flight() == []
+
+
+def test_a_hang_found_cuts_the_request_in_flight_with_a_503_saying_why(upstream):
+    Upstream.hang.set()
+    backend = Backend()
+    backend.up(upstream)
+    with Front("127.0.0.1", 0, backend) as front:
+        threading.Timer(1.0, backend.down, ("restarting: the probe got no answer",)).start()
+        started = time.monotonic()
+        status, headers, body = post(front.port, "/v1/completions", {"prompt": "Hi"})
+        took = time.monotonic() - started
+    assert status == 503 and headers["Retry-After"] == str(RETRY_AFTER_S)
+    assert "restarting: the probe got no answer" in json.loads(body)["error"]["message"]
+    assert took < 5  # the upstream answer would take 30 s
 
 
 def test_the_front_says_a_taken_port():

@@ -4,7 +4,6 @@ address here, probed, restarted (docs/serve.md)."""
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 import click
@@ -20,6 +19,7 @@ from mlxcluster.launch.job_source import one_source
 from mlxcluster.launch.session import launch_session
 from mlxcluster.serve.front import Backend, Front
 from mlxcluster.serve.journal import ServeJournal, up_line
+from mlxcluster.serve.server_lines import ServerLines
 from mlxcluster.serve.serving import (
     ServeSpec,
     ServeUp,
@@ -27,12 +27,6 @@ from mlxcluster.serve.serving import (
     serve_until_stopped,
     serving_request,
 )
-
-# mlx-lm's server logs each request (its access line, its prompt cache, its
-# prompt progress) at INFO: kept in the rank's log, not shown, or every probe
-# would print ten lines. Warnings, errors and anything not logged are shown.
-QUIET_LINE = re.compile(r'"(GET|POST|OPTIONS|HEAD) \S+ HTTP/1\.[01]" \d{3}'
-                        r"|^(\[\d+\] )?\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ - (DEBUG|INFO) - ")
 
 
 @click.command("serve", context_settings={"ignore_unknown_options": True,
@@ -52,7 +46,11 @@ QUIET_LINE = re.compile(r'"(GET|POST|OPTIONS|HEAD) \S+ HTTP/1\.[01]" \d{3}'
 @click.option("--probe-every", type=Duration(1), default="10s", show_default=True,
               help="How often a one-token completion checks that every rank answers.")
 @click.option("--probe-timeout", type=Duration(1), default="30s", show_default=True,
-              help="A probe without an answer this long (or a request without a byte) is a hang.")
+              help="A probe without an answer this long is a hang (every rank stopped, launched "
+                   "again). A long answer is not: it is waited for.")
+@click.option("--request-timeout", type=Duration(1, words=("off",)), default="off",
+              show_default=True,
+              help="One request's limit: past it the client gets 504 (e.g. 10m; off: none).")
 @click.option("--start-timeout", type=Duration(1), default="15m", show_default=True,
               help="The server must answer its first probe within this long of each launch "
                    "(loading the model).")
@@ -66,12 +64,14 @@ QUIET_LINE = re.compile(r'"(GET|POST|OPTIONS|HEAD) \S+ HTTP/1\.[01]" \d{3}'
               help="Folder for one log file per rank and serve.log (default: ./runs/RUN_ID).")
 @click.argument("model_dir", type=click.Path(file_okay=False))
 @click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
-def command(timeout, pipeline, port, bind, max_restarts, probe_every, probe_timeout, start_timeout,
-            concurrent, no_sync_model, logs_dir, model_dir, server_args, **launch):
+def command(timeout, pipeline, port, bind, max_restarts, probe_every, probe_timeout,
+            request_timeout, start_timeout, concurrent, no_sync_model, logs_dir, model_dir,
+            server_args, **launch):
     """Serve MODEL_DIR with mlx-lm's server split over every host, at one address here.
 
     e.g. `mlxcluster serve -i cluster.yaml ~/models/Qwen3-4B-4bit`. Arguments
-    after `--` go to mlx_lm.server. Runs until Ctrl-C; every rank on every
+    after `--` go to mlx_lm.server (not --model, --host, --port, --pipeline:
+    serve sets those; its own options say where). Runs until Ctrl-C; every rank on every
     host is then stopped (exit 0). Exit 2: bad input or a model that cannot
     be split so; 4: the restarts are spent (docs/serve.md).
     """
@@ -85,10 +85,12 @@ def command(timeout, pipeline, port, bind, max_restarts, probe_every, probe_time
         raise InputError("serve runs until it is stopped: --timeout does not apply",
                          "stop it with Ctrl-C or 'kill' (SIGTERM)")
     spec = ServeSpec(absolute_model(model_dir), pipeline, probe_every, probe_timeout,
-                     start_timeout, tuple(a for a in server_args if a != "--"))
+                     start_timeout, tuple(a for a in server_args if a != "--"),
+                     request_timeout=None if request_timeout == "off" else request_timeout)
     backend_state = Backend(concurrent=concurrent)
     try:  # first: a taken port is said before anything is checked, sent or launched
-        front = Front(bind, port, backend_state, read_timeout=probe_timeout)
+        front = Front(bind, port, backend_state, request_timeout=spec.request_timeout,
+                      server_args=spec.server_args)
     except OSError as err:
         raise InputError(f"cannot listen on {bind}:{port}: {err.strerror}",
                          "give another --port (or stop what listens there)") from None
@@ -105,10 +107,12 @@ def command(timeout, pipeline, port, bind, max_restarts, probe_every, probe_time
               f"{spec.split})")
     journal = ServeJournal(logs_path / "serve.log", served)
 
+    terminal = ServerLines()
+
     def show(stream: str, line: str) -> None:
         logs.write(line)
-        if not QUIET_LINE.search(line):
-            click.echo(line, err=stream == "stderr")
+        for shown in terminal.shown(line, stream):
+            click.echo(shown, err=stream == "stderr")
 
     def on_up(up: ServeUp) -> None:
         click.secho(up_line(served, up.launch, up.seconds), fg="green")

@@ -6,20 +6,24 @@ back as it comes (server-sent events included). It stays up across
 restarts, so the address never changes, whichever host rank 0 is on:
 
 - while the cluster is down (starting, restarting) a request gets 503 with
-  ``Retry-After`` at once, never a hang;
+  ``Retry-After`` at once, never a hang; a request in flight when the probe
+  finds a hang is cut at once and told why (503);
 - requests reach rank 0 one at a time: mlx-lm's distributed server crashes
   on two at once (mlx-lm #1737). ``concurrent`` lifts that;
-- every byte of an answer is progress: the probe (``probe.py``) takes turns
-  with the requests on the same lock and, while a long answer is streaming,
-  counts its bytes as the server being alive.
+- however long an answer takes, the front waits for it: whether the server
+  is alive is the probe's to judge (``probe.py``), not one answer's time. A
+  request's own limit is ``request_timeout`` (serve's --request-timeout,
+  off by default); past it the client gets 504 saying so.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import socket
 import threading
 import time
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 RETRY_AFTER_S = 5
@@ -30,9 +34,48 @@ HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authoriza
               "trailer", "transfer-encoding", "upgrade", "content-length"}
 
 
+def served_alone(body: bytes, server_args: tuple[str, ...] = ()) -> bool:
+    """Whether mlx-lm's server answers this request outside its batch, so that
+    any other request (the probe too) waits until it is done: a request with
+    a ``seed``, one with an image, or every request under ``--kv-bits``
+    (mlx_lm/server.py ``_is_batchable`` and its image rule, mlx-lm 0.32.2)."""
+    if any(a == "--kv-bits" or a.startswith("--kv-bits=") for a in server_args):
+        return True
+    request = _json_object(body)
+    if request.get("seed") is not None:
+        return True
+    for message in request.get("messages") or ():
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list) and any(
+                isinstance(part, dict) and "image" in str(part.get("type", "")) for part in content):
+            return True
+    return False
+
+
+@dataclass(eq=False)
+class Flight:
+    """One request passed on to rank 0, while its answer comes."""
+
+    started: float
+    alone: bool  # ``served_alone``: a probe would wait behind it
+    streaming: bool  # asked for server-sent events
+    last_byte: float | None = None
+    cut: str | None = None  # why the front ended it (a hang found, its request timeout)
+    sock: socket.socket | None = field(default=None, repr=False)
+
+    def end(self, why: str) -> None:
+        """Cut the upstream connection: the relay's read ends at once."""
+        self.cut = why
+        if self.sock is not None:
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed
+
+
 class Backend:
     """Where rank 0's server is now (None while down), one request at a
-    time unless ``concurrent``, and when its last byte came."""
+    time unless ``concurrent``, and the requests in flight."""
 
     def __init__(self, concurrent: bool = False, clock=time.monotonic):
         self.clock = clock
@@ -41,23 +84,40 @@ class Backend:
         self._lock = threading.Lock()
         self._port: int | None = None
         self._why_down = "starting"
-        self.last_byte_at = clock()
-        self.busy_since: float | None = None  # a request holds the turn since then
+        self._flights: set[Flight] = set()
 
     def up(self, port: int) -> None:
         with self._lock:
             self._port = port
 
     def down(self, why: str) -> None:
+        """No more requests to rank 0; the ones in flight are cut, told ``why``."""
         with self._lock:
             self._port, self._why_down = None, why
+            flights = list(self._flights)
+        for flight in flights:
+            flight.end(why)
 
     def state(self) -> tuple[int | None, str]:
         with self._lock:
             return self._port, self._why_down
 
-    def got_bytes(self) -> None:
-        self.last_byte_at = self.clock()
+    def begin(self, *, alone: bool, streaming: bool) -> Flight:
+        flight = Flight(self.clock(), alone, streaming)
+        with self._lock:
+            self._flights.add(flight)
+        return flight
+
+    def finish(self, flight: Flight) -> None:
+        with self._lock:
+            self._flights.discard(flight)
+
+    def got_bytes(self, flight: Flight) -> None:
+        flight.last_byte = self.clock()
+
+    def in_flight(self) -> list[Flight]:
+        with self._lock:
+            return list(self._flights)
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -87,60 +147,96 @@ class Handler(BaseHTTPRequestHandler):
             self.relay(port, body)
             return
         with backend.turn:
-            backend.busy_since = backend.clock()
-            try:
-                port, why = backend.state()  # it may have gone down while this one waited
-                if port is None:
-                    self.unavailable(why)
-                else:
-                    self.relay(port, body)
-            finally:
-                backend.busy_since = None
+            port, why = backend.state()  # it may have gone down while this one waited
+            if port is None:
+                self.unavailable(why)
+            else:
+                self.relay(port, body)
 
     def relay(self, port: int, body: bytes) -> None:
+        backend, limit = self.server.backend, self.server.request_timeout
         headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
         headers["Content-Length"] = str(len(body))
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=self.server.read_timeout)
+        flight = backend.begin(alone=served_alone(body, self.server.server_args),
+                               streaming=bool(_json_object(body).get("stream")))
+        # No read limit: the answer may take long to start (mlx-lm sends nothing
+        # of a non-streamed answer until it is whole). A hang is the probe's to
+        # find; the request's own limit is the timer below.
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=None)
+        timer = None
+        if limit is not None:
+            timer = threading.Timer(limit, flight.end,
+                                    (f"took longer than --request-timeout {limit:.0f} s",))
+            timer.daemon = True
         try:
-            conn.request(self.command, self.path, body=body, headers=headers)
-            answer = conn.getresponse()
-        except OSError as err:
-            self.unavailable(f"rank 0's server did not answer ({err})")
-            conn.close()
-            return
-        backend = self.server.backend
-        try:
-            self.send_response(answer.status, answer.reason)
-            for key, value in answer.getheaders():
-                if key.lower() not in HOP_BY_HOP:
-                    self.send_header(key, value)
-            self.send_header("Connection", "close")
-            self.end_headers()
-            while True:
-                piece = answer.read1(CHUNK)
-                if not piece:
-                    break
-                backend.got_bytes()
-                self.wfile.write(piece)
-                self.wfile.flush()
-        except OSError:
-            pass  # the server went away mid-answer, or the client did: the answer ends here
+            try:
+                conn.connect()
+                flight.sock = conn.sock
+                if flight.cut is not None:  # went down between state() and here
+                    raise ConnectionAbortedError
+                if timer is not None:
+                    timer.start()
+                conn.request(self.command, self.path, body=body, headers=headers)
+                answer = conn.getresponse()
+            except OSError as err:
+                if flight.cut is not None and flight.cut.startswith("took longer"):
+                    self.timed_out(flight.cut)
+                else:
+                    self.unavailable(flight.cut or f"rank 0's server did not answer ({err})")
+                return
+            try:
+                self.send_response(answer.status, answer.reason)
+                for key, value in answer.getheaders():
+                    if key.lower() not in HOP_BY_HOP:
+                        self.send_header(key, value)
+                self.send_header("Connection", "close")
+                self.end_headers()
+                while True:
+                    piece = answer.read1(CHUNK)
+                    if not piece:
+                        break
+                    backend.got_bytes(flight)
+                    self.wfile.write(piece)
+                    self.wfile.flush()
+            except OSError:
+                pass  # cut, or the client went away: the answer ends here
         finally:
+            if timer is not None:
+                timer.cancel()
+            backend.finish(flight)
             conn.close()
             self.close_connection = True
 
     def unavailable(self, why: str) -> None:
-        payload = json.dumps({"error": {"message": f"the model is not being served right now: {why}; "
-                                                   f"retry in {RETRY_AFTER_S} s",
-                                        "type": "unavailable", "code": 503}}).encode()
-        self.send_response(503)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Retry-After", str(RETRY_AFTER_S))
-        self.send_header("Content-Length", str(len(payload)))
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(payload)
+        self.refuse(503, f"the model is not being served right now: {why}; retry in "
+                         f"{RETRY_AFTER_S} s", "unavailable", retry=True)
+
+    def timed_out(self, why: str) -> None:
+        self.refuse(504, f"the answer {why} (serve's limit for one request)", "timeout")
+
+    def refuse(self, status: int, message: str, kind: str, retry: bool = False) -> None:
+        payload = json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            if retry:
+                self.send_header("Retry-After", str(RETRY_AFTER_S))
+            self.send_header("Content-Length", str(len(payload)))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(payload)
+        except OSError:
+            pass  # the client went away first
         self.close_connection = True
+
+
+def _json_object(body: bytes) -> dict:
+    """The request's JSON object ({} for anything else: mlx-lm refuses it at once)."""
+    try:
+        request = json.loads(body or b"{}")
+    except ValueError:
+        return {}
+    return request if isinstance(request, dict) else {}
 
 
 class FrontServer(ThreadingHTTPServer):
@@ -150,17 +246,20 @@ class FrontServer(ThreadingHTTPServer):
     def handle_error(self, request, client_address) -> None:
         pass  # a client that went away mid-answer: nothing to tell on serve's terminal
 
-    def __init__(self, address: tuple[str, int], backend: Backend, read_timeout: float):
+    def __init__(self, address: tuple[str, int], backend: Backend,
+                 request_timeout: float | None, server_args: tuple[str, ...]):
         super().__init__(address, Handler)
         self.backend = backend
-        self.read_timeout = read_timeout  # seconds without a byte from rank 0 before giving up
+        self.request_timeout = request_timeout  # one request's limit (None: none)
+        self.server_args = server_args  # mlx_lm.server's own flags (``served_alone``)
 
 
 class Front:
     """The front server running in a thread of its own."""
 
-    def __init__(self, bind: str, port: int, backend: Backend, read_timeout: float = 600.0):
-        self.server = FrontServer((bind, port), backend, read_timeout)
+    def __init__(self, bind: str, port: int, backend: Backend, *,
+                 request_timeout: float | None = None, server_args: tuple[str, ...] = ()):
+        self.server = FrontServer((bind, port), backend, request_timeout, server_args)
         self.thread = threading.Thread(target=self.server.serve_forever, name="serve-front",
                                        daemon=True)
 

@@ -9,7 +9,11 @@ recv).
 
 ``ProbeWatch`` is the jobs layer's stall watch for a server: ``stalled()``
 turns true when the server was not up within ``start_timeout`` of the
-launch, or when a probe got no answer within ``probe_timeout``. The jobs
+launch, or when a probe got no answer within ``probe_timeout``. A long
+answer is never one: while a request is answered the probe goes beside it
+(mlx-lm batches its one token with that answer), and for a request mlx-lm
+serves alone, which holds every other back, no probe is sent (a stream's
+bytes are then its progress). The jobs
 layer then does what it does for any stall: every rank's state and Python
 stacks saved, the rank that is not where the others are named with its
 host, every rank stopped (jobs/run.py ``stop_stalled``), and the restart.
@@ -124,23 +128,41 @@ class ProbeWatch(StallWatch):
             self.on_up(self.up_at - self.started)
 
     def _check(self) -> None:
-        if not self.backend.concurrent and not self.backend.turn.acquire(timeout=1.0):
-            # A request holds the turn: its bytes are the server's answer.
-            quiet = self.clock() - max(self.backend.last_byte_at, self.backend.busy_since or 0.0)
-            if quiet > self.timeout:
-                self._failed(f"a request got no byte from rank 0's server for {quiet:.0f} s "
-                             f"(--probe-timeout {self.timeout:.0f} s)")
+        alone = [f for f in self.backend.in_flight() if f.alone]
+        if alone:
+            self._check_alone(alone)
             return
+        # Idle: the probe takes its turn as a request does. A request holding the
+        # turn: the probe goes beside it, into mlx-lm's queue, and is batched with
+        # it; however long that answer takes, the probe's one token comes.
+        held = not self.backend.concurrent and self.backend.turn.acquire(timeout=1.0)
         try:
             got = self.probe(self.timeout)
         finally:
-            if not self.backend.concurrent:
+            if held:
                 self.backend.turn.release()
         if got.ok:
             self.last_progress = self.clock()
         else:
             self._failed(f"the probe (a one-token completion) got {got.error} "
                          f"(--probe-timeout {self.timeout:.0f} s)")
+
+    def _check_alone(self, flights: list) -> None:
+        """mlx-lm answers these requests outside its batch and queues every
+        other one, the probe too, until they are done: no probe is sent.
+        A streamed one's bytes are its progress; a silent stream is a hang.
+        A non-streamed one gives no sign until it is whole: only its own
+        limit (--request-timeout) ends it."""
+        now = self.clock()
+        for flight in flights:
+            if not flight.streaming:
+                continue
+            quiet = now - (flight.last_byte or flight.started)
+            if quiet > self.timeout:
+                self._failed(f"a streamed answer got no byte from rank 0's server for "
+                             f"{quiet:.0f} s (--probe-timeout {self.timeout:.0f} s)")
+                return
+        self.last_progress = now
 
     def _failed(self, why: str) -> None:
         self.backend.down(f"restarting: {why}")

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
-from mlxcluster.errors import EXIT_STALLED, Interrupted, MlxclusterError
+from mlxcluster.errors import EXIT_STALLED, InputError, Interrupted, MlxclusterError
 from mlxcluster.jobs.events import Note, OnEvent
 from mlxcluster.jobs.job import Job
 from mlxcluster.jobs.preflight import probe_facts
@@ -42,6 +42,33 @@ SERVER_MODULE = ("-m", "mlx_lm", "server")  # mlx-lm's entry point (`-m mlx_lm.s
 SERVE_PREFIX = "mlxserve"  # `mlxcluster serve`'s run ids (jobs/cleanup.py new_run_id)
 
 
+# mlx_lm.server's flags that serve sets on every rank itself, and what to
+# give serve instead. Passed after `--` they would win over serve's (the last
+# flag counts): rank 0 listening where serve does not probe, or the split not
+# the one checked.
+SERVE_OWNS = {
+    "--model": "give the model as serve's MODEL_DIR argument",
+    "--host": "rank 0's server listens on its host's loopback, reached through serve's front; "
+              "use serve's --bind for the address clients reach",
+    "--port": "use serve's --port (the one address here; rank 0's port is chosen per launch)",
+    "--pipeline": "use serve's --pipeline, before MODEL_DIR",
+}
+
+
+def refuse_owned_args(server_args: tuple[str, ...]) -> None:
+    """``InputError`` (exit 2) for an mlx_lm.server flag serve sets itself
+    (``SERVE_OWNS``), its ``--flag=value`` form or an abbreviation argparse
+    would take for it (``--po``)."""
+    for arg in server_args:
+        name = arg.split("=", 1)[0]
+        if not name.startswith("--") or len(name) < 4:
+            continue
+        for flag, instead in SERVE_OWNS.items():
+            if flag.startswith(name):
+                raise InputError(f"'{arg}' after '--' is mlx_lm.server's {flag}, which serve "
+                                 "sets itself on every rank", instead)
+
+
 @dataclass(frozen=True)
 class ServeSpec:
     """What to serve and how it is watched (serve's flags)."""
@@ -52,6 +79,10 @@ class ServeSpec:
     probe_timeout: float = 30.0
     start_timeout: float = 900.0
     server_args: tuple[str, ...] = ()  # after `--`: passed on to mlx_lm.server
+    request_timeout: float | None = None  # one request's limit at the front (None: none)
+
+    def __post_init__(self) -> None:
+        refuse_owned_args(self.server_args)
 
     @property
     def split(self) -> str:
