@@ -29,11 +29,11 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("facts", ("mlxcluster.facts",)),
     ("topology", ("mlxcluster.topology",)),
     ("hostfile", ("mlxcluster.hostfile",)),
-    # Can a model be split over the hosts (serve's families, the model
-    # folder, the verdict): read from facts; below doctor, whose model-split
-    # check runs it.
-    ("model split", ("mlxcluster.serve.family", "mlxcluster.serve.model_folder",
-                     "mlxcluster.serve.split", "mlxcluster.serve.split_check")),
+    # Will this model fit these hosts, split this way (the model folder, the
+    # families, the tensor/pipeline verdict, train's stages by memory): read
+    # from facts; below doctor (its model-split check), launch (train's stage
+    # placement) and serve.
+    ("fit", ("mlxcluster.fit",)),
     # Above hostfile: doctor's checks compare a hostfile with the cabling and
     # print the IP plan as a fix.
     ("doctor", ("mlxcluster.doctor",)),
@@ -219,12 +219,63 @@ def test_a_circle_is_found():
     assert circles({"a": {"b"}, "b": set()}) == []
 
 
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph folded into mlxcluster's packages (and loose top
+    modules): ``mlxcluster.serve.front`` counts as ``serve``."""
+    def package(module: str) -> str:
+        parts = module.split(".")
+        return parts[1] if len(parts) > 1 else parts[0]
+    folded: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        folded.setdefault(package(module), set()).update(
+            package(t) for t in targets if package(t) != package(module))
+    return folded
+
+
+def test_no_package_imports_another_in_a_loop():
+    """Packages, not only modules: a package that imports another which
+    imports it back, however far round, holds knowledge in the wrong room
+    (a TYPE_CHECKING import counts: it is knowledge too)."""
+    assert circles(package_graph(import_graph())) == []
+
+
+def test_a_package_loop_is_found_through_different_modules():
+    graph = {"mlxcluster.doctor.checks.model_split": {"mlxcluster.serve.split"},
+             "mlxcluster.serve.serving": {"mlxcluster.launch.program"},
+             "mlxcluster.launch.preflight": {"mlxcluster.doctor.doctor"},
+             "mlxcluster.serve.split": set(), "mlxcluster.launch.program": set(),
+             "mlxcluster.doctor.doctor": set()}
+    assert circles(graph) == []  # no module loop ...
+    assert circles(package_graph(graph)) == [["doctor", "launch", "serve"]]  # ... a package loop
+
+
+TESTS = Path(__file__).resolve().parent
+
+
+def test_modules_imported_between_tests():
+    """No test module imports another: what tests share lives in a
+    ``*_support.py`` module (or conftest), so that running one test file
+    never runs, nor depends on, another's module."""
+    offenders = []
+    for path in sorted(TESTS.rglob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = []
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [alias.name for alias in node.names
+                                               if node.module is None or node.level]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            if any(name.split(".")[-1].startswith("test_") for name in names):
+                offenders.append(f"{path.relative_to(TESTS.parent)}:{node.lineno}")
+    assert offenders == []
+
+
 def test_each_package_has_its_own_layer():
     assert layer_of("mlxcluster.launch.trainer") > layer_of("mlxcluster.jobs.run")
     assert layer_of("mlxcluster.launch.preflight") > layer_of("mlxcluster.smoke.run")
     assert layer_of("mlxcluster.smoke.run") > layer_of("mlxcluster.jobs.run")
     assert layer_of("mlxcluster.serve.serving") > layer_of("mlxcluster.launch.session")
-    assert layer_of("mlxcluster.serve.split_check") < layer_of("mlxcluster.doctor.checks.model_split")
+    assert layer_of("mlxcluster.fit.split_check") < layer_of("mlxcluster.doctor.checks.model_split")
     assert layer_of("mlxcluster.cli.train") == len(LAYERS) - 1
     assert layer_of("mlxcluster.errors") == 0
     assert layer_of("mlxcluster.errors_extra") is None

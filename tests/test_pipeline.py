@@ -33,12 +33,20 @@ from . import adapter_support as support
 from .chat_support import make_chat_folder, write_jsonl
 from .conftest import require
 from .hf_support import LLAMA3_CONFIG, make_llama_folder
-from .train_support import FakeGroup, read_metrics, run_trainer, train_losses, trainer_env
+from .train_support import (
+    PARITY,
+    TINY,
+    FakeGroup,
+    one_process,
+    pipelined,
+    read_metrics,
+    run_trainer,
+    train_losses,
+    trainer_env,
+)
 
 # train.py's tiny config: 2 blocks, tied embeddings; a few steps, nothing else.
-TINY = ["--config", "tiny", "--eval_every", "0", "--sample_tokens", "0", "--steps", "3"]
 LORA = ["--fine_tune", "lora", "--lora_rank", "4", "--lora_layers", "-1"]
-PARITY = 1e-5  # relative, every logged loss (float32); measured ~5e-7
 BFLOAT16_PARITY = 1e-3  # as tests/test_train_precision.py across rank counts; measured ~1e-4
 
 
@@ -259,19 +267,6 @@ def test_a_pipeline_steps_gradients_are_one_process(rows_data, tmp_path):
             want = expected[name]
             worst = max(worst, mx.abs(g - want).max().item() / mx.abs(want).max().item())
     assert 0 < worst < 1e-5, worst
-
-
-def one_process(out, flags) -> dict[int, float]:
-    proc = run_trainer([*flags, "--out", str(out)])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return train_losses(out)
-
-
-def pipelined(out, flags, ranks, *extra):
-    proc = run_trainer(["--pipeline", str(ranks), *extra, *flags, "--out", str(out)],
-                       ranks=ranks)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
 
 
 def parity(tmp_path, flags, ranks, extra=(), tolerance=PARITY, expected=None, steps=3):

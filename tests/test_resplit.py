@@ -22,8 +22,15 @@ from reference_train.resplit import Piece, choose_checkpoint, scan_pieces
 from reference_train.resume import HostLayout, ResumeError
 
 from .hf_support import LLAMA3_CONFIG, make_llama_folder
-from .test_pipeline import PARITY, TINY, one_process, pipelined
-from .train_support import read_metrics, run_trainer, train_losses
+from .train_support import (
+    PARITY,
+    TINY,
+    one_process,
+    pipelined,
+    read_metrics,
+    run_trainer,
+    train_losses,
+)
 
 # ---------------------------------------------------------------- the choice
 

@@ -1,4 +1,4 @@
-"""The split check serve makes before launch (mlxcluster/serve/split.py), on
+"""The split check serve makes before launch (mlxcluster/fit/split.py), on
 model folders made by mlx-lm's own classes and writer, judged by the
 installed mlx-lm, and on hosts whose memory facts come from real captured
 sysctl and /proc/meminfo outputs (tests/fixtures/macos/SOURCES.md).
@@ -20,9 +20,9 @@ import pytest
 from mlxcluster.errors import InputError
 from mlxcluster.facts.capture import MEMINFO, PROBE, HostCapture
 from mlxcluster.facts.facts import host_facts
-from mlxcluster.serve.family import PIPELINE, TENSOR, FamilySupport, StandInGroup
-from mlxcluster.serve.model_folder import ModelFolder, Tensor, read_model_folder
-from mlxcluster.serve.split import (
+from mlxcluster.fit.family import PIPELINE, TENSOR, FamilySupport, StandInGroup
+from mlxcluster.fit.model_folder import ModelFolder, Tensor, read_model_folder
+from mlxcluster.fit.split import (
     FITS,
     GIB,
     MIB,
@@ -32,7 +32,7 @@ from mlxcluster.serve.split import (
     pipeline_layers,
     rank_bytes,
 )
-from mlxcluster.serve.split_check import check_split, refusal
+from mlxcluster.fit.split_check import check_split, refusal
 from tests.hf_support import (
     LLAMA3_CONFIG,
     MISTRAL_CONFIG,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -33,19 +32,8 @@ from reference_train.data import split_batch
 from tests import waits
 
 from .conftest import require
+from .train_launch_support import INVENTORY, nothing_may_start  # noqa: F401 (a fixture)
 from .train_support import MLX_LAUNCH
-
-INVENTORY = """
-cluster: lab
-python: /opt/venv/bin/python
-ssh_config: /tmp/ssh_config
-hosts:
-  - name: mac1
-    ssh: mac1.local
-    ips: [10.0.0.1]
-  - name: mac2
-    ssh: 10.0.0.2
-"""
 
 
 def test_job_from_inventory_and_hostfile(tmp_path):
@@ -417,31 +405,7 @@ def test_batch_split_message_shows_the_arithmetic_and_the_fix():
     check_batch_split(tiny, 4)  # 8 over 4: fine
 
 
-@pytest.fixture
-def nothing_may_start(monkeypatch):
-    """Every step of `mlxcluster train` that reaches a host or starts a process
-    records that it was called (and starts nothing)."""
-    import mlxcluster.launch.preflight as preflight
-    import mlxcluster.launch.session as session
-    import mlxcluster.launch.trainer as trainer
-
-    called: list[str] = []
-
-    def recorder(name):
-        def record(*args, **kwargs):
-            called.append(name)
-            raise AssertionError(f"{name} was called")
-        return record
-
-    for module, name in ((preflight, "run_doctor_preflight"), (preflight, "probe_hosts"),
-                         (preflight, "smoke_all_sum"), (trainer, "run_job"),
-                         (session, "require_job_python")):
-        monkeypatch.setattr(module, name, recorder(name))
-    monkeypatch.setattr(subprocess, "Popen", recorder("subprocess.Popen"))
-    return called
-
-
-def test_batch_that_does_not_split_fails_before_anything_starts(tmp_path, nothing_may_start):
+def test_batch_that_does_not_split_fails_before_anything_starts(tmp_path, nothing_may_start):  # noqa: F811
     """The tiny config's 8 sequences over 3 ranks: exit 2 with the arithmetic,
     from an inventory, a hostfile or --local, with or without the preflight;
     no probe, no smoke, no launcher."""

@@ -1,5 +1,5 @@
 """`mlxcluster train -- --pipeline N` places the stages (launch/pipeline_launch.py,
-launch/stage_fit.py): the flags through the hand-off; the world, the split and the
+fit/stages.py): the flags through the hand-off; the world, the split and the
 micro-batches checked before anything starts (exit 2, nothing probed, sent or
 launched); each stage judged against its host's memory facts, as `serve` judges
 its ranks. The hosts' facts are real captured macOS sysctl and Linux /proc/meminfo
@@ -22,17 +22,17 @@ from mlxcluster.cli import main as cli
 from mlxcluster.errors import InputError, MlxclusterError
 from mlxcluster.facts.capture import MEMINFO, PROBE, HostCapture
 from mlxcluster.facts.facts import host_facts
+from mlxcluster.fit.split import FITS, TOO_BIG, UNKNOWN
+from mlxcluster.fit.stages import fitting_split, judge_stages, more_stages
 from mlxcluster.jobs.events import Note
 from mlxcluster.jobs.job import Job, job_local
 from mlxcluster.jobs.restarts import Dropped
 from mlxcluster.launch.pipeline_launch import Pipeline, check_pipeline, check_stages
-from mlxcluster.launch.stage_fit import fitting_split, judge_stages, more_stages
 from mlxcluster.launch.trainer import TrainerRun, missing_shards, parse_trainer_args, training_job
-from mlxcluster.serve.split import FITS, TOO_BIG, UNKNOWN
 from reference_train.stages import ModelBytes, folder_bytes, plan_stages
 from tests import memory_support as memory
 from tests.hf_support import LLAMA3_CONFIG, make_llama_folder
-from tests.test_train_launch import INVENTORY, nothing_may_start  # noqa: F401 (a fixture)
+from tests.train_launch_support import INVENTORY, nothing_may_start  # noqa: F401 (a fixture)
 
 # Llama 3.1 8B's public config.json (huggingface.co/meta-llama/Llama-3.1-8B), the fields
 # mlx-lm's ModelArgs reads.

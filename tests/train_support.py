@@ -81,3 +81,21 @@ class FakeGroup:
 
     def size(self) -> int:
         return self._size
+
+
+# The trainer's tiny run, as the pipeline and resplit tests compare it.
+TINY = ["--config", "tiny", "--eval_every", "0", "--sample_tokens", "0", "--steps", "3"]
+PARITY = 1e-5  # relative, every logged loss (float32); measured ~5e-7
+
+
+def one_process(out, flags) -> dict[int, float]:
+    proc = run_trainer([*flags, "--out", str(out)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return train_losses(out)
+
+
+def pipelined(out, flags, ranks, *extra):
+    proc = run_trainer(["--pipeline", str(ranks), *extra, *flags, "--out", str(out)],
+                       ranks=ranks)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc

@@ -51,10 +51,10 @@ from mlxcluster.doctor.shared_path import HERE, SharedPathReport, find_shared_pa
 from mlxcluster.errors import EXIT_FAILED, EXIT_OK, InputError
 from mlxcluster.facts.capture import prepare_capture_dir, read_capture_dir, save_capture_dir
 from mlxcluster.facts.facts import HostFacts
+from mlxcluster.fit.model_folder import read_model_folder
 from mlxcluster.hostfile.hostfile import load_hostfile
 from mlxcluster.inventory.inventory import load_inventory
 from mlxcluster.report import Report
-from mlxcluster.serve.model_folder import read_model_folder
 from mlxcluster.ssh.remote import ParamikoRunner
 from mlxcluster.topology.topology import build_topology
 

@@ -67,7 +67,7 @@ MACOS_CAPTURES = (
     # VPN (utun) and overlay (Tailscale 100.64/10) routes that capture data IPs.
     ("routes.txt", ["netstat", "-rn", "-f", "inet"]),
     # RAM and the GPU's wired-memory limit (0: macOS's default share of RAM),
-    # what a model split over the hosts must fit (mlxcluster/serve/split.py).
+    # what a model split over the hosts must fit (mlxcluster/fit/split.py).
     ("sysctl_memory.txt", ["sysctl", "hw.memsize", "iogpu.wired_limit_mb"]),
 )
 # Captured on every platform: the RDMA devices' port states, and (Linux) the routes.

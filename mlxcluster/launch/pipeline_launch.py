@@ -15,14 +15,14 @@ against the model's blocks (read from --init_from's safetensors headers
 here), the micro-batches against the global batch. Then, once the job's
 python is found on every host and before anything is sent,
 ``check_stages`` asks every host for its memory facts (the probe `serve`
-uses) and judges each stage against its host (stage_fit.py): a stage that
+uses) and judges each stage against its host (stages.py): a stage that
 does not fit is exit 2, naming the stage, the host, the bytes and the ways
 out.
 
 With ``--elastic``, a lost host's stage goes to the hosts left
 (``resplit``): the pipeline runs again as ``--pipeline N-1`` over them,
 balanced by bytes when that fits every host, else the split that fits
-(``stage_fit.fitting_split``), each stage judged on its host's memory facts
+(``stages.fitting_split``), each stage judged on its host's memory facts
 asked again; the trainer re-cuts the newest checkpoint every old stage holds
 (each stage's piece is mirrored on its neighbour's disk:
 reference_train/resplit.py). When no split of the blocks fits the hosts
@@ -38,13 +38,13 @@ from dataclasses import dataclass
 import reference_train.stages as plans
 from mlxcluster.errors import InputError, MlxclusterError
 from mlxcluster.facts.facts import HostFacts
-from mlxcluster.jobs.events import Note, OnEvent
-from mlxcluster.jobs.job import Job
-from mlxcluster.launch.stage_fit import (
+from mlxcluster.fit.stages import (
     fitting_split,
     judge_stages,
     refusal_text,
 )
+from mlxcluster.jobs.events import Note, OnEvent
+from mlxcluster.jobs.job import Job
 from reference_train.config import TrainConfig
 from reference_train.errors import DataError
 

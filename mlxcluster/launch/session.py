@@ -60,7 +60,7 @@ options, ``view``: an event renderer, ``env``: the environment)::
 (``program_request``, ``program_job``, ``run_program``: launch/program.py;
 ``training_request``, ``run_trainer``: launch/trainer.py; serve's request is
 ``serve/serving.py`` ``serving_request``, its ``check``
-``serve/split_check.py`` ``split_fits``.)
+``fit/split_check.py`` ``split_fits``.)
 
 Light on purpose: `run --no-preflight` imports this, the jobs layer and the
 inventory only; the preflight, the folder sending and the code sending are

@@ -22,6 +22,8 @@ from functools import partial
 from pathlib import Path
 
 from mlxcluster.errors import EXIT_STALLED, InputError, Interrupted, MlxclusterError
+from mlxcluster.fit.split import SplitVerdict
+from mlxcluster.fit.split_check import check_split, refusal
 from mlxcluster.jobs.events import Note, OnEvent
 from mlxcluster.jobs.job import Job
 from mlxcluster.jobs.preflight import probe_facts
@@ -34,8 +36,6 @@ from mlxcluster.launch.sync import SERVED_MODEL
 from mlxcluster.serve.front import Backend
 from mlxcluster.serve.journal import ServeJournal
 from mlxcluster.serve.probe import ProbeWatch, probe_once
-from mlxcluster.serve.split import SplitVerdict
-from mlxcluster.serve.split_check import check_split, refusal
 from mlxcluster.serve.tunnel import free_port_on, open_tunnel
 
 SERVER_MODULE = ("-m", "mlx_lm", "server")  # mlx-lm's entry point (`-m mlx_lm.server` is deprecated)

@@ -33,10 +33,10 @@ from mlxcluster.doctor.fixes.apply import ApplyContext, apply_plan, undo_journal
 from mlxcluster.doctor.fixes.journal import Journal, read_journal
 from mlxcluster.doctor.fixes.plan import build_plan
 from mlxcluster.facts.capture import HostCapture
-from mlxcluster.serve.split import MIB
+from mlxcluster.fit.split import MIB
 from mlxcluster.ssh.remote import ParamikoRunner
 from tests.hf_support import LLAMA3_CONFIG, make_llama_folder
-from tests.lab.test_fix_macos_lab import NAMES, calls, host_state, lab_inventory, macos_standins
+from tests.lab.macos_standin_support import NAMES, calls, host_state, lab_inventory, macos_standins
 from tests.memory_support import WORKING_SET_32GB, mac_capture
 
 pytestmark = pytest.mark.lab

@@ -1,6 +1,6 @@
 """``doctor --model DIR``: will the model split over the inventory's hosts
 (one rank each, in inventory order) and fit each host's memory? The check
-``mlxcluster serve`` makes before launch (``mlxcluster/serve/split.py``),
+``mlxcluster serve`` makes before launch (``mlxcluster/fit/split.py``),
 on the facts doctor probed; ``--pipeline`` judges mlx-lm's pipeline split.
 Its fix raises a Mac's GPU wired-memory limit where that is what is short.
 """
@@ -12,8 +12,8 @@ from pathlib import Path
 from mlxcluster.doctor.checks.base import CheckContext, Status
 from mlxcluster.doctor.checks.common import BAD, WARN, Verdict, doctor_check, host_facts_of, skip
 from mlxcluster.doctor.fixes.macos import WIRED_LIMIT_RAISE
-from mlxcluster.serve.split import FITS, TOO_BIG, UNKNOWN
-from mlxcluster.serve.split_check import check_split
+from mlxcluster.fit.split import FITS, TOO_BIG, UNKNOWN
+from mlxcluster.fit.split_check import check_split
 
 MARKS = {FITS: "", TOO_BIG: BAD, UNKNOWN: WARN}
 

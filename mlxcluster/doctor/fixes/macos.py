@@ -23,7 +23,7 @@ the commands are printed for the user, ``apply.apply_remote``).
   does not fit under it (``doctor --model DIR``):
   ``sysctl iogpu.wired_limit_mb=N``, N the model's share with its margin in
   whole GiB, never more than RAM less macOS's reserve
-  (``mlxcluster/serve/split.py``). Undone by setting the value it had
+  (``mlxcluster/fit/split.py``). Undone by setting the value it had
   before (0: macOS's default). It does not survive a reboot: macOS starts
   at 0 again.
 

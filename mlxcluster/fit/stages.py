@@ -3,7 +3,7 @@ judges it before anything is sent or launched: rank r runs stage r on the
 job's r-th host, its bytes planned from the model folder here
 (reference_train/stages.py: the safetensors headers only, no mlx), each host
 judged on the same memory facts and the same 90% margin as `serve`
-(serve/split.py ``judge_host``).
+(fit/split.py ``judge_host``).
 
 What a stage holds while it trains: its weights as the trainer holds them
 (float weights as float32 master weights, quantized ones packed), and with
@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from mlxcluster.facts.facts import HostFacts
-from mlxcluster.serve.split import (
+from mlxcluster.fit.split import (
     MIB,
     TOO_BIG,
     UNKNOWN,

@@ -28,8 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from mlxcluster.facts.facts import HostFacts
-from mlxcluster.serve.family import PIPELINE, TENSOR, FamilySupport
-from mlxcluster.serve.model_folder import ModelFolder
+from mlxcluster.fit.family import PIPELINE, TENSOR, FamilySupport
+from mlxcluster.fit.model_folder import ModelFolder
 
 GIB, MIB = 2**30, 2**20
 # The share of the GPU's memory the weights may take (mlx-lm warns above it).

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from mlxcluster.errors import InputError
 from mlxcluster.facts.facts import HostFacts
-from mlxcluster.serve.family import PIPELINE, TENSOR, family_support
-from mlxcluster.serve.model_folder import read_model_folder
-from mlxcluster.serve.split import SplitVerdict, judge_split
+from mlxcluster.fit.family import PIPELINE, TENSOR, family_support
+from mlxcluster.fit.model_folder import read_model_folder
+from mlxcluster.fit.split import SplitVerdict, judge_split
 
 
 def check_split(model_dir: str | Path, placement: Sequence[str], facts: Mapping[str, HostFacts | None], *,
