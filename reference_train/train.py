@@ -638,9 +638,12 @@ def main(argv: list[str] | None = None) -> int:
             said = [record_line({"event": "stopped", "step": stopped.step})] if recording() else []
             last_words([*said, f"{stopped}; checkpoint in {trainer.out / 'checkpoints'}"])
         return STOPPED_EXIT
-    except (ValueError, DataError, RuntimeError) as e:
+    except (ValueError, DataError) as e:  # its input: exit 2, which no restart mends
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
+    except RuntimeError as e:  # MLX or the distributed backend at run time: a restart may mend it
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 1
     except OSError as e:  # a full disk under another file the run writes (metrics.jsonl)
         if not is_disk_full(e):
             raise

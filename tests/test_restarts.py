@@ -110,3 +110,36 @@ def test_the_restart_loop_reports_each_step_and_asks_the_caller_for_the_next_job
     _, outcome = launch_until_done(job, lambda j: calls.append(j) or refused, Restarts(2), {},
                                    again=again, on_event=events.append)
     assert outcome is refused and len(calls) == 1 and events == []
+
+
+@pytest.mark.parametrize("started, launches", [(False, 1), (True, 3), (None, 3)])
+def test_exit_2_before_the_first_step_is_not_restarted(started, launches):
+    """A rank that exits with 2 before the program's first step or answer
+    refused its arguments or input (argparse's and click's code): launching
+    again would be refused the same way. After a step (or unwatched: None)
+    exit 2 is restarted as any failure."""
+    import sys
+
+    from mlxcluster.jobs.job import job_local
+    from mlxcluster.jobs.restarts import launch_until_done
+
+    job = job_local(2, "ring", sys.executable)
+    lines = ("[0] usage: train.py [-h] [--steps STEPS]",
+             "[0] train.py: error: unrecognized arguments: --stpes 3")
+    refused = RunOutcome(exit_code=2, failed_rank=0, lines=lines, run_id="r1", started=started)
+    calls = []
+    _, outcome = launch_until_done(job, lambda j: calls.append(j) or refused, Restarts(2), {},
+                                   again=lambda j, k: (j, []), on_event=lambda e: None)
+    assert len(calls) == launches and outcome == refused
+    assert refused.refused_at_start is (started is False)
+    assert refused.usage_words() == "unrecognized arguments: --stpes 3"
+    assert replace(refused, exit_code=1).refused_at_start is False  # only 2 is a usage error
+
+
+def test_usage_words_read_click_and_the_trainer_s_form_or_nothing():
+    assert RunOutcome(2, lines=("Error: No such option: --prot",)).usage_words() == \
+        "No such option: --prot"
+    assert RunOutcome(2, lines=("[1] error: --lora_rank must be positive", "[1] bye")).usage_words() \
+        == "--lora_rank must be positive"
+    assert RunOutcome(2, lines=("Traceback (most recent call last):", "ValueError: x")).usage_words() \
+        is None

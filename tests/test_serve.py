@@ -235,3 +235,20 @@ def _status_of(ask, *args) -> tuple[int, str]:
     except openai.APIStatusError as err:
         return err.status_code, str(err)
     return 200, ""
+
+
+def test_a_server_that_refuses_its_arguments_is_not_restarted(llama, tmp_path):
+    """mlx_lm.server exits 2 at once on a flag it does not know: serve ends
+    with the server's own words, exit 2, after one launch (not three
+    restarts ending in 'raise --max-restarts')."""
+    port = free_port_block(1)
+    serving = Serving(["--local", "2", "--no-preflight", "--port", str(port), "--max-restarts", "3",
+                       str(llama), "--", "--no-such-flag"], cwd=tmp_path)
+    code = serving.proc.wait(timeout=SERVE_UP_S)
+    said = serving.output()
+    assert code == 2, said
+    assert said.count("launching 2 rank(s)") == 1 and "restart 1/" not in said, said
+    assert re.search(r"error: the server refused to start: rank \d exited with code 2 before its "
+                     r"first answer \(a usage error\): unrecognized arguments: --no-such-flag; every "
+                     r"rank was stopped, none restarted", said), said
+    assert "fix: correct the arguments after '--'" in said

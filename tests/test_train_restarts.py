@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -140,3 +141,25 @@ def test_resume_before_a_step_redoes_the_steps_after_the_checkpoint_below_it(dat
     assert "checkpoints/step_000008 at step 8" in again.stdout
     assert sorted(train_losses(out)) == list(range(1, 13))
     assert train_losses(out) == want
+
+
+def test_a_trainer_that_refuses_its_input_at_start_is_not_restarted(data, tmp_path):
+    """A data file cut short: every rank refuses it before the first step
+    (exit 2). `--max-restarts 2` does not launch again what would be refused
+    the same way: one launch, the trainer's own words, exit 2."""
+    import shutil
+
+    bad = tmp_path / "cut"
+    shutil.copytree(data, bad)
+    with open(bad / "train.bin", "r+b") as train_bin:
+        train_bin.truncate(101)  # not a whole number of uint16 tokens
+    done = waits.run([sys.executable, "-m", "mlxcluster", "train", "--local", "2",
+                      "--no-preflight", "--config", "tiny", "--max-restarts", "2", "--",
+                      *common(bad), "--out", str(tmp_path / "out")],
+                     "a train refused at start", cwd=REPO, env=trainer_env())
+    said = done.stdout + done.stderr
+    assert done.returncode == 2, said
+    assert said.count("launching 2 rank(s)") == 1 and "restart 1/" not in said, said
+    assert re.search(r"train failed: rank \d refused to start: it exited with code 2 before its "
+                     r"first step \(a usage error: its arguments or its input\): buffer size must "
+                     r"be a multiple of element size; every rank was stopped, none restarted", said)

@@ -110,6 +110,13 @@ def say_failure(command: str, outcome, mlx_version: str | None, *, then: str = "
                     "sleep or lost its link); every other rank was stopped", fg="red", err=True)
         click.echo(f"fix: bring {outcome.lost_host} back (mlxcluster doctor checks every host)"
                    f"{then}", err=True)
+    elif outcome.refused_at_start:
+        words = outcome.usage_words()
+        click.secho(f"{command} failed: {who} refused to start: it exited with code 2 before its "
+                    f"first step (a usage error: its arguments or its input)"
+                    f"{f': {words}' if words else ''}; every rank was stopped, none restarted "
+                    "(a restart would be refused the same way)", fg="red", err=True)
+        click.echo("fix: correct what its message above names, then run again", err=True)
     else:
         signalled = (f" (on {outcome.signalled_host}, which still answers: ssh's code for a "
                      "rank ended by a signal: killed, out of memory or crashed)"

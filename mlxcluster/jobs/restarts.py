@@ -156,8 +156,9 @@ Drop = Callable[[Job, list[Dropped]], tuple[Job, list[str]]]
 def launch_until_done(job: Job, launch: Callable[[Job], RunOutcome], restarts: Restarts,
                       env: dict[str, str], *, again: Again, on_event: OnEvent,
                       drop: Drop | None = None) -> tuple[Job, RunOutcome]:
-    """Launch ``job`` until it ends well, the launcher refuses it, or
-    ``restarts`` are spent; return the last job launched and its outcome (a
+    """Launch ``job`` until it ends well, the launcher refuses it, the
+    program refuses its arguments at start (``RunOutcome.refused_at_start``),
+    ``mlxcluster stop`` ends it, or ``restarts`` are spent; return the last job launched and its outcome (a
     stall past the budget is raised).
 
     After a failure: the hosts are asked again over ssh; with ``drop``
@@ -192,8 +193,9 @@ def _launch_until_done(job, launch, restarts, env, again, drop, on_event, left_b
                 answering = [h for h in job.hosts if h.name != outcome.lost_host]  # no wait on it
                 asked = asked_to_stop(answering, outcome.run_id, env)
                 outcome = replace(outcome, asked_to_stop=outcome.asked_to_stop or asked)
+            # A usage error at start would be refused again: no restart mends it.
             if outcome.exit_code == 0 or outcome.refusal or outcome.asked_to_stop \
-                    or not restarts.can_restart():
+                    or outcome.refused_at_start or not restarts.can_restart():
                 return job, outcome
             on_event(LaunchFailed(outcome))
             failure = failure_of_outcome(job, outcome)

@@ -104,7 +104,8 @@ def run_job(job: Job, on_line: Callable[[str, str], None],
         # a crash): the host answered the sweep just now, so its connection was not lost
         lost, signalled = None, lost
     return replace(outcome, run_id=run_id, lost_host=lost, signalled_host=signalled,
-                   unstopped=unstopped_hint(swept, run_id))
+                   unstopped=unstopped_hint(swept, run_id),
+                   started=None if watch is None else watch.started_work())
 
 
 def stop_stalled(job: Job, run_id: str, watch: stall.StallWatch, report_root: Path,

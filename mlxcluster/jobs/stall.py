@@ -105,6 +105,11 @@ class StallWatch:
                     del self._intervals[:-MEDIAN_OF]
                 self._top_step, self._top_at = step, now
 
+    def started_work(self) -> bool:
+        """The program got past its start: a step (or its end) was logged."""
+        with self._lock:
+            return bool(self.steps) or self.finished
+
     def median_step_s(self) -> float | None:
         with self._lock:
             return statistics.median(self._intervals) if self._intervals else None
@@ -141,6 +146,9 @@ class LineWatch(StallWatch):
     def __init__(self, timeout: float | None = None, **kw):
         kw.setdefault("startup_grace", 0.0)
         super().__init__(timeout, **kw)
+
+    def started_work(self) -> bool | None:
+        return None  # a program of the user's own has no steps to tell its start by
 
     def feed(self, line: str) -> str | None:
         shown = super().feed(line)  # a heartbeat, if the program prints them, is still hidden

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from mlxcluster import interrupts
-from mlxcluster.errors import Interrupted, MlxclusterError
+from mlxcluster.errors import EXIT_USAGE, Interrupted, MlxclusterError
 from mlxcluster.jobs import process, stall
 from mlxcluster.jobs.cleanup import LauncherStopNoise
 from mlxcluster.jobs.rank_wrapper import EXIT_MARK
@@ -36,6 +36,9 @@ MPI_ABORT_RE = re.compile(r"MPI_ERRORS_ARE_FATAL|has exited due to process rank 
 EXIT_LINE_RE = re.compile(r"^(?:\[\d+\] )?" + re.escape(EXIT_MARK) +
                           r" (\d+) (\d+) (\d+(?:\.\d*)?)[ \t\r]*$", re.M)
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
+# A program's own usage error, as argparse ("prog: error: ...") and click
+# ("Error: ...") print it, on a rank's line ("[0] ..." or bare).
+USAGE_ERROR_RE = re.compile(r"^(?:\[\d+\] )?(?:[\w.\- ]+: )?[Ee]rror: (.+)$")
 # How mlx.launch stops the other ranks once one failed (subprocess codes: -signal).
 STOPPED_BY_LAUNCHER = frozenset({-signal.SIGTERM, -signal.SIGINT, -signal.SIGHUP})
 LAUNCHER_STOP_GRACE_S = 20.0  # mlx.launch / mpirun stop their ranks on every host meanwhile
@@ -58,11 +61,30 @@ class RunOutcome:
     # every rank ended because `mlxcluster stop` asked (jobs/running.py): an end to keep,
     # not a failure to restart
     asked_to_stop: bool = False
+    # the program got past its start (a step logged, the server's first answer: the
+    # watch's ``started_work``); None: not watched
+    started: bool | None = None
 
     @property
     def who(self) -> str:
         """Who failed, as messages name it: "rank 1", or "a rank"."""
         return f"rank {self.failed_rank}" if self.failed_rank is not None else "a rank"
+
+    @property
+    def refused_at_start(self) -> bool:
+        """A rank exited with 2 before the program's first step or answer: by
+        the convention of argparse and click, a usage error (its arguments,
+        its input). A restart would be refused the same way."""
+        return self.exit_code == EXIT_USAGE and self.started is False
+
+    def usage_words(self) -> str | None:
+        """The program's own words for a refusal at start: its last
+        ``error: ...`` line (argparse's and click's form), else None."""
+        for line in reversed(self.lines):
+            found = USAGE_ERROR_RE.search(line)
+            if found:
+                return found.group(1).strip()
+        return None
 
     @property
     def refusal(self) -> str | None:

@@ -101,6 +101,9 @@ class ProbeWatch(StallWatch):
     def why(self, detailed: bool = True) -> str:
         return self.failure or "no answer"
 
+    def started_work(self) -> bool:
+        return self.up_at is not None  # the server answered
+
     # -- the probing thread
 
     def start(self) -> ProbeWatch:

@@ -206,6 +206,13 @@ def _serve(job, spec, backend, restarts, env, run_id, logs_dir, on_line, on_even
                                      on_event=on_event)
     if outcome.asked_to_stop:
         return
+    if outcome.refused_at_start:
+        words = outcome.usage_words()
+        raise InputError(f"the server refused to start: {outcome.who} exited with code 2 before "
+                          f"its first answer (a usage error){f': {words}' if words else ''}; every "
+                          "rank was stopped, none restarted (a restart would be refused the same "
+                          "way)", "correct the arguments after '--' ('python -m mlx_lm server "
+                          "--help' lists them)")
     spent = f"after {restarts.done} restart(s) (--max-restarts {restarts.max_restarts})"
     raise ServeFailed(f"the server stopped: {outcome.who} exited with code {outcome.exit_code} "
                       f"{spent}; every rank was stopped",
