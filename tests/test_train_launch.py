@@ -454,8 +454,7 @@ def test_resume_alone_means_auto(tmp_path, monkeypatch):
         return RunOutcome(exit_code=0, failed_rank=None, seconds=0.1)
 
     monkeypatch.setattr(trainer, "run_job", fake_launch)
-    for args, want in ((["--resume", "--", "--steps", "2"], "auto"),
-                       (["--", "--steps", "2", "--resume"], "auto"),
+    for args, want in ((["--", "--steps", "2", "--resume"], "auto"),
                        (["--", "--resume"], "auto"),
                        (["--", "--resume", "auto"], "auto"),
                        (["--", "--resume", str(tmp_path / "ck")], str(tmp_path / "ck"))):

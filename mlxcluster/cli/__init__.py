@@ -9,6 +9,7 @@ a message on stderr and the documented exit code; no traceback is shown.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 import sys
@@ -50,12 +51,24 @@ class _Group(click.Group):
             self.add_command(importlib.import_module(f"mlxcluster.cli.{name}").command)
         return super().get_command(ctx, name)
 
+    def resolve_command(self, ctx: click.Context, args: list[str]):
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and self.get_command(ctx, name) is None:
+            close = difflib.get_close_matches(name, self.list_commands(ctx), n=1)
+            if close:
+                raise click.UsageError(f"No such command '{name}'. Did you mean '{close[0]}'?",
+                                       ctx)
+        return super().resolve_command(ctx, args)
+
     def invoke(self, ctx: click.Context):
         try:
             with interrupts.signals_raise():
                 return super().invoke(ctx)
         except MlxclusterError as err:
             report_error(err)
+            ctx.exit(err.exit_code)
+        except click.UsageError as err:  # a flag or value click refused: the same two lines
+            report_usage_error(err)
             ctx.exit(err.exit_code)
         except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM, SIGHUP (after any cleanup)
             _Group.interrupted = True
@@ -69,6 +82,16 @@ def report_error(err: MlxclusterError) -> None:
     click.secho(f"error: {err.message}", fg="red", err=True)
     if err.hint:
         click.echo(f"fix: {err.hint}", err=True)
+
+
+def report_usage_error(err: click.UsageError) -> None:
+    """Render click's refusal of the command line (an unknown option with its
+    "did you mean", a bad value) as the library's errors are: 'error: ...'
+    plus 'fix: ...' (the command's hint, else where its options are listed)."""
+    click.secho(f"error: {err.format_message()}", fg="red", err=True)
+    command = err.ctx.command_path if err.ctx is not None else "mlxcluster"
+    click.echo(f"fix: {getattr(err, 'hint', None) or f'{command} --help lists its options'}",
+               err=True)
 
 
 def report_interrupt(stop: KeyboardInterrupt) -> int:

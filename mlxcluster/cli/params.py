@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
+from collections.abc import Callable
 
 import click
 
@@ -161,3 +163,42 @@ def launch_flags(hostfile, inventory_path, local_ranks, backend, python, mpi_arg
                                  tuple(mpi_args), connections_per_ip),
                        preflight=not no_preflight, openblas=not no_openblas,
                        send_code=not no_sync_code)
+
+
+class ProgramAfterDashDash(click.Command):
+    """A command that hands a program its arguments (train's trainer, run's
+    script, serve's mlx_lm.server): what follows the first `--`, and only
+    that, is the program's (the parameter ``program_param``). Before `--`,
+    mlxcluster's options are its own wherever they stand, before or after
+    MODEL_DIR; one it does not know is refused with click's "did you mean",
+    never handed on in silence."""
+
+    def __init__(self, *args, program_param: str, program: str, example: str,
+                 program_flags: Callable[[], set[str]] = set, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.program_param, self.program, self.example = program_param, program, example
+        self.program_flags = program_flags  # the program's own options, when known here
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        own, theirs = (args[:args.index("--")], args[args.index("--") + 1:]) if "--" in args \
+            else (args, [])
+        try:
+            rest = super().parse_args(ctx, own)
+        except click.NoSuchOption as err:
+            theirs = self.program_flags()
+            close = difflib.get_close_matches(err.option_name, sorted(theirs), n=1)
+            if err.option_name in theirs:
+                err.message = f"{err.option_name} is {self.program}'s option, not mlxcluster's"
+                err.possibilities = None
+            elif close and not err.possibilities:
+                err.message = (f"No such option '{err.option_name}'. Did you mean {self.program}'s "
+                               f"'{close[0]}' (after '--')?")
+            err.hint = (f"options for {self.program} go after '--' "
+                        f"(e.g. {self.example}); 'mlxcluster {self.name} --help' lists mlxcluster's")
+            raise
+        except click.UsageError as err:
+            if "unexpected extra argument" in err.message:
+                err.hint = f"arguments for {self.program} go after '--' (e.g. {self.example})"
+            raise
+        ctx.params[self.program_param] = tuple(theirs)
+        return rest

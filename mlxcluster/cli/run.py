@@ -8,7 +8,7 @@ import os
 import click
 
 from mlxcluster.cli.job_launch import EventView, exit_code_of, say_failure, say_refusal
-from mlxcluster.cli.params import Duration, launch_flags, launch_options
+from mlxcluster.cli.params import Duration, ProgramAfterDashDash, launch_flags, launch_options
 from mlxcluster.errors import EXIT_STOPPED_WHEN_ASKED, InputError, Interrupted
 from mlxcluster.jobs.job import BACKENDS
 from mlxcluster.jobs.restarts import Restarts
@@ -18,8 +18,8 @@ from mlxcluster.launch.program import program_request, run_program
 from mlxcluster.launch.session import launch_session
 
 
-@click.command("run", context_settings={"ignore_unknown_options": True,
-                                        "allow_interspersed_args": False})
+@click.command("run", cls=ProgramAfterDashDash, program_param="program",
+               program="the program", example="mlxcluster run --local 2 -- python script.py --lr 0.1")
 @launch_options(BACKENDS)
 @click.option("--stall-timeout", type=Duration(1, words=("off",)), default="off",
               show_default=True,
@@ -40,7 +40,6 @@ from mlxcluster.launch.session import launch_session
                    "follows it again, 'mlxcluster stop RUN_ID' stops it.")
 @click.option("--rank0-only", is_flag=True,
               help="Show only rank 0's lines (and the launcher's); every rank is still logged.")
-@click.argument("program", nargs=-1, type=click.UNPROCESSED)
 def command(timeout, stall_timeout, max_restarts, no_sync_script, logs_dir, detach, rank0_only,
             program, **launch):
     """Check the cluster, then run `python SCRIPT ARGS` (or `-m MODULE`) on every host.

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from mlxcluster.cli.job_launch import EventView
-from mlxcluster.cli.params import Duration, launch_flags, launch_options
+from mlxcluster.cli.params import Duration, ProgramAfterDashDash, launch_flags, launch_options
 from mlxcluster.errors import EXIT_STOPPED_WHEN_ASKED, InputError, Interrupted
 from mlxcluster.jobs.events import Note
 from mlxcluster.jobs.job import BACKENDS
@@ -29,8 +29,9 @@ from mlxcluster.serve.serving import (
 )
 
 
-@click.command("serve", context_settings={"ignore_unknown_options": True,
-                                          "allow_interspersed_args": False})
+@click.command("serve", cls=ProgramAfterDashDash, program_param="server_args",
+               program="mlx_lm.server",
+               example="mlxcluster serve MODEL_DIR --port 9000 -- --max-tokens 2048")
 @launch_options(BACKENDS)
 @click.option("--pipeline", is_flag=True,
               help="Split the model's layers over the ranks (mlx-lm's pipeline) instead of each "
@@ -63,14 +64,14 @@ from mlxcluster.serve.serving import (
 @click.option("--logs", "logs_dir", type=click.Path(file_okay=False), default=None,
               help="Folder for one log file per rank and serve.log (default: ./runs/RUN_ID).")
 @click.argument("model_dir", type=click.Path(file_okay=False))
-@click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
 def command(timeout, pipeline, port, bind, max_restarts, probe_every, probe_timeout,
             request_timeout, start_timeout, concurrent, no_sync_model, logs_dir, model_dir,
             server_args, **launch):
     """Serve MODEL_DIR with mlx-lm's server split over every host, at one address here.
 
-    e.g. `mlxcluster serve -i cluster.yaml ~/models/Qwen3-4B-4bit`. Arguments
-    after `--` go to mlx_lm.server (not --model, --host, --port, --pipeline:
+    e.g. `mlxcluster serve ~/models/Qwen3-4B-4bit -i cluster.yaml --port 9000`:
+    serve's options go before or after MODEL_DIR. Arguments after `--` go to
+    mlx_lm.server (not --model, --host, --port, --pipeline:
     serve sets those; its own options say where). Runs until Ctrl-C; every rank on every
     host is then stopped (exit 0). Exit 2: bad input or a model that cannot
     be split so; 4: the restarts are spent (docs/serve.md).
@@ -85,7 +86,7 @@ def command(timeout, pipeline, port, bind, max_restarts, probe_every, probe_time
         raise InputError("serve runs until it is stopped: --timeout does not apply",
                          "stop it with Ctrl-C or 'kill' (SIGTERM)")
     spec = ServeSpec(absolute_model(model_dir), pipeline, probe_every, probe_timeout,
-                     start_timeout, tuple(a for a in server_args if a != "--"),
+                     start_timeout, server_args,
                      request_timeout=None if request_timeout == "off" else request_timeout)
     backend_state = Backend(concurrent=concurrent)
     try:  # first: a taken port is said before anything is checked, sent or launched

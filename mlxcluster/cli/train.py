@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from mlxcluster.cli.job_launch import EventView, exit_code_of, say_failure, say_refusal
-from mlxcluster.cli.params import Duration, launch_flags, launch_options
+from mlxcluster.cli.params import Duration, ProgramAfterDashDash, launch_flags, launch_options
 from mlxcluster.cli.report import check_html_path, emit_page, html_option
 from mlxcluster.errors import EXIT_STOPPED_WHEN_ASKED, InputError, Interrupted
 from mlxcluster.jobs.job import BACKENDS
@@ -25,9 +25,12 @@ from mlxcluster.launch.trainer import (
     with_restart_checkpoints,
 )
 from mlxcluster.report import Report
+from reference_train.config import field_types
 
 
-@click.command("train", context_settings={"ignore_unknown_options": True})
+@click.command("train", cls=ProgramAfterDashDash, program_param="trainer_args",
+               program="the trainer", example="mlxcluster train --local 2 -- --steps 5",
+               program_flags=lambda: {f"--{name}" for name in field_types()})
 @launch_options(BACKENDS)
 @click.option("--config", default="demo", show_default=True,
               help="Trainer config: tiny, demo, blog or a YAML path.")
@@ -55,7 +58,6 @@ from mlxcluster.report import Report
                    "follows it again and makes the record here whole, 'mlxcluster stop RUN_ID' "
                    "stops it.")
 @html_option("the run's loss, tokens/s and memory at its end (from --out's metrics.jsonl)")
-@click.argument("trainer_args", nargs=-1, type=click.UNPROCESSED)
 def command(timeout, config, stall_timeout, max_restarts, no_sync_data, elastic, min_hosts, detach,
             html_path, trainer_args, **launch):
     """Check the cluster, then run `python -m reference_train.train` on every host.

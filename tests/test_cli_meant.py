@@ -1,0 +1,74 @@
+"""The command line says what you meant (issue 46): mlxcluster's options are
+its own wherever they stand before `--` (before or after MODEL_DIR), only
+what follows `--` goes to the program, and a mistyped flag or command is
+refused by mlxcluster with "did you mean", exit 2, nothing launched."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from mlxcluster.cli import main as cli
+
+
+def refused(*args: str) -> str:
+    result = CliRunner().invoke(cli, list(args))
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and "launching" not in result.output
+    lines = result.output.strip().splitlines()
+    assert lines[-2].startswith("error: ") and lines[-1].startswith("fix: "), result.output
+    return result.output
+
+
+@pytest.mark.parametrize("args, said", [
+    (["serve", "MODEL", "--prot", "8080", "--local", "2"],
+     "error: No such option '--prot'. Did you mean '--port'?"),
+    (["serve", "--pipline", "MODEL"], "error: No such option '--pipline'. Did you mean '--pipeline'?"),
+    (["train", "--max-restart", "2"], "error: No such option '--max-restart'. Did you mean "
+                                      "'--max-restarts'?"),
+    (["run", "--max-restart", "2", "--", "python", "x.py"],
+     "error: No such option '--max-restart'. Did you mean '--max-restarts'?"),
+    (["train", "--local", "2", "--resume", "--", "--steps", "2"],
+     "error: --resume is the trainer's option, not mlxcluster's"),
+    (["train", "--local", "2", "--stpes", "2"],
+     "error: No such option '--stpes'. Did you mean the trainer's '--steps' (after '--')?"),
+    (["doctr"], "error: No such command 'doctr'. Did you mean 'doctor'?"),
+    (["doctor", "--invnetory", "x.yaml"], "error: No such option '--invnetory'. Did you mean "
+                                         "'--inventory'?"),
+])
+def test_a_mistyped_flag_or_command_is_refused_with_what_was_meant(args, said):
+    out = refused(*args)
+    assert said in out
+
+
+@pytest.mark.parametrize("args, program", [
+    (["serve", "MODEL", "extra"], "mlx_lm.server"),
+    (["run", "--local", "2", "python", "x.py"], "the program"),
+])
+def test_program_arguments_before_dash_dash_are_refused_naming_where_they_go(args, program):
+    out = refused(*args)
+    assert "Got unexpected extra argument" in out
+    assert f"fix: arguments for {program} go after '--'" in out
+
+
+def test_serve_options_after_the_model_are_serve_s(monkeypatch, llama, tmp_path):
+    """`serve MODEL -i cluster.yaml --port N`, typed as `vllm serve MODEL
+    --port N` is: serve's own options, not mlx_lm.server's (what follows `--`
+    is)."""
+    import mlxcluster.cli.serve as serve_cli
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def front(bind, port, backend, **kw):
+        seen.update(bind=bind, port=port, **kw)
+        raise Stop
+
+    monkeypatch.setattr(serve_cli, "Front", front)
+    result = CliRunner().invoke(cli, ["serve", str(llama), "--local", "2", "--port", "9123",
+                                      "--request-timeout", "2m", "--", "--max-tokens", "64"])
+    assert isinstance(result.exception, Stop), result.output
+    assert seen == {"bind": "127.0.0.1", "port": 9123, "request_timeout": 120.0,
+                    "server_args": ("--max-tokens", "64")}
