@@ -81,7 +81,7 @@ def test_the_probe_reports_mlx_lm_and_its_version_and_a_python_without_it_none(t
 def test_not_judged_unless_the_job_imports_mlx_lm():
     r = check(hosts(a="0.32.2", b=None), imports=("reference_train.train", "tokenizers"))
     assert r.status is Status.SKIP
-    assert r.hint.startswith("not asked for: the job does not run mlx_lm (mlxcluster run -m mlx_lm ...")
+    assert r.hint.startswith("not asked for: the job does not run mlx_lm (mlxcluster run -- -m mlx_lm ...")
     assert check(hosts(a="0.32.2", b=None), imports=("mlx_lm.generate",)).status is Status.FAIL
 
 

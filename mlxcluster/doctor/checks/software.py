@@ -261,7 +261,7 @@ def mlx_lm_version(ctx: CheckContext) -> Verdict:
     # Judged only for a job that runs it: most clusters never import mlx_lm,
     # and one without it must not fail.
     if not job_imports(ctx, "mlx_lm"):
-        return skip("not asked for: the job does not run mlx_lm (mlxcluster run -m mlx_lm ... asks for it, "
+        return skip("not asked for: the job does not run mlx_lm (mlxcluster run -- -m mlx_lm ... asks for it, "
                     "as does doctor --imports mlx_lm)", unprobed_evidence(ctx))
     facts = probed_hosts(ctx)
     entries = {n: m["mlx_lm"] for n, m in ((n, trainer_modules_of(ctx, n)) for n in facts)

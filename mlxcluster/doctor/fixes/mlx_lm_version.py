@@ -1,5 +1,5 @@
 """The fix for ``mlx-lm-version``: one mlx-lm on every host, for a job that
-runs it (``mlxcluster run -m mlx_lm ...``, ``doctor --fix --imports mlx_lm``).
+runs it (``mlxcluster run -- -m mlx_lm ...``, ``doctor --fix --imports mlx_lm``).
 
 mlx-lm X goes into the inventory's python of each host that has another
 version or none; X is the version most hosts have, on a tie this machine's
