@@ -150,8 +150,9 @@ def test_no_host_having_it_nor_this_machine_plans_nothing_and_the_hint_says_so(m
     monkeypatch.setattr(fix, "version_here", lambda dist: None)
     result, plan = plan_for(hosts(a=None, b=None))
     assert result.status is Status.FAIL and not result.fix_data
-    assert result.hint == (f"no host has mlx-lm, nor has this machine: install one version on every host ({PY} -m pip "
-                           "install mlx-lm==V); doctor --fix does not choose")
+    assert result.hint == (f"no host has mlx-lm, nor has this machine: install it here first ({sys.executable} -m pip "
+                           "install mlx-lm, or mlxcluster's serve extra: pip install -e '.[serve]'), then doctor "
+                           "--fix --imports mlx_lm installs that version on every host")
     assert plan.empty and plan.left == [result]
 
 

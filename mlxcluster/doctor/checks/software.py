@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import sys
 
 from mlxcluster.doctor.checks.base import CheckContext
 from mlxcluster.doctor.checks.common import (
@@ -288,8 +289,9 @@ def mlx_lm_version(ctx: CheckContext) -> Verdict:
             evidence[n] = BAD + (f"mlx-lm of no known version in {pythons[n]}" if found_there
                                  else f"no mlx-lm in {pythons[n]}")
     if chosen is None:  # no host has mlx-lm, nor has this machine
-        hint = (f"{choice.why}: install one version on every host ({shlex.quote(pythons[blamed[0]] or 'python3')} "
-                f"-m pip install mlx-lm==V); doctor --fix does not choose")
+        hint = (f"{choice.why}: install it here first ({shlex.quote(sys.executable)} -m pip install "
+                "mlx-lm, or mlxcluster's serve extra: pip install -e '.[serve]'), then doctor --fix "
+                "--imports mlx_lm installs that version on every host")
         return Verdict(worst(True, False), evidence, hint)
     hint = grouped_commands({n: f"{shlex.quote(pythons[n] or 'python3')} -m pip install mlx-lm=={chosen}"
                              for n in blamed})
