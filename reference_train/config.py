@@ -262,19 +262,106 @@ def pipeline_problems(cfg: TrainConfig) -> list[str]:
     return problems
 
 
+# Every flag's --help: its group, then what it is (units, what 0 means); the
+# default and the choices are added from TrainConfig and choices.py. A flag
+# mlxcluster sets for itself is HIDDEN (tests/test_train_help.py: none without help).
+HIDDEN = {"resume_before"}
+FLAG_HELP: dict[str, tuple[str, str]] = {
+    "data": ("data", "token folder from `python -m reference_train.prepare` ('': the bundled "
+                     "offline corpus)"),
+    "block_size": ("data", "tokens per training sequence"),
+    "dim": ("model", "model width (ignored with --init_from)"),
+    "n_layers": ("model", "transformer blocks (ignored with --init_from)"),
+    "n_heads": ("model", "attention heads (ignored with --init_from)"),
+    "n_kv_heads": ("model", "key/value heads; 0 = n_heads, fewer = grouped-query attention"),
+    "hidden_dim": ("model", "feed-forward width (ignored with --init_from)"),
+    "tie_embeddings": ("model", "the output head shares the embedding's weights (true/false)"),
+    "rope_theta": ("model", "RoPE base frequency"),
+    "init_from": ("model", "a Hugging Face / mlx-lm Llama folder to start from: its config.json "
+                           "sets the model, its weights the start"),
+    "fine_tune": ("fine-tuning", "full: every weight trains; lora: adapters on the frozen "
+                                 "--init_from model (QLoRA on a quantized one); dora: LoRA and a "
+                                 "magnitude per adapted layer"),
+    "lora_rank": ("fine-tuning", "rank of each adapter"),
+    "lora_scale": ("fine-tuning", "multiplies the low-rank update (mlx-lm's scale, not alpha)"),
+    "lora_dropout": ("fine-tuning", "dropout on the adapters' input, 0 to 1"),
+    "lora_layers": ("fine-tuning", "the last N blocks get adapters; -1 = all"),
+    "lora_keys": ("fine-tuning", "comma-separated mlx-lm layer names (self_attn.q_proj,...); "
+                                 "'' = every linear layer"),
+    "pipeline": ("parallelism", "ranks per pipeline: the model's blocks split over them, each "
+                                "holding its own; 1 = off (data-parallel)"),
+    "pipeline_split": ("parallelism", "blocks per stage, 'a,b,...' in order; '' = balanced by "
+                                      "bytes"),
+    "micro_batches": ("parallelism", "micro-batches per global batch through the pipeline; 0 = "
+                                     "the fewest, at least --pipeline, that divide it"),
+    "pipeline_schedule": ("parallelism", "the order of the micro-batches' passes"),
+    "shard_optimizer": ("parallelism", "ZeRO-1: each rank keeps AdamW's state for 1/N of the "
+                                       "parameters (true/false)"),
+    "comm_dtype": ("parallelism", "the gradient all-reduce's type (bfloat16: half the bytes)"),
+    "steps": ("optimization", "optimizer steps in all (the learning-rate schedule spans them)"),
+    "stop_after": ("optimization", "stop with a checkpoint after this step; 0 = run to --steps"),
+    "global_batch": ("optimization", "sequences per optimizer step, summed over every rank"),
+    "grad_accum": ("optimization", "micro-batches per rank per step"),
+    "lr": ("optimization", "peak learning rate"),
+    "min_lr": ("optimization", "learning rate at the end of the cosine decay"),
+    "warmup_steps": ("optimization", "steps of linear warm-up"),
+    "weight_decay": ("optimization", "AdamW's decoupled weight decay"),
+    "beta1": ("optimization", "AdamW's beta1"),
+    "beta2": ("optimization", "AdamW's beta2"),
+    "grad_clip": ("optimization", "largest global gradient norm; 0 = no clipping"),
+    "dtype": ("optimization", "compute type (bfloat16: on float32 master weights)"),
+    "seed": ("optimization", "random seed (weights, data order, dropout)"),
+    "compile": ("optimization", "compile the step with mx.compile (true/false)"),
+    "grad_checkpoint": ("optimization", "recompute each block in the backward pass: less memory, "
+                                        "about one more forward's time (true/false)"),
+    "kernels": ("optimization", "auto: silu from multiply-adds on Linux's CPU, MLX's own "
+                                "elsewhere; mlx: MLX's own everywhere"),
+    "out": ("checkpoints", "the run's folder: checkpoints, metrics.jsonl, the exported model"),
+    "checkpoint_every": ("checkpoints", "steps between checkpoints; 0 = only at the end"),
+    "keep_checkpoints": ("checkpoints", "newest checkpoints kept; 0 = all"),
+    "resume": ("checkpoints", "auto (also --resume alone): the newest checkpoint in --out, if "
+                              "any; or a checkpoint's path"),
+    "export_dtype": ("checkpoints", "OUT/model's weights"),
+    "log_every": ("logging", "steps between logged losses"),
+    "eval_every": ("logging", "steps between validations; 0 = none"),
+    "eval_batches": ("logging", "global batches of validation data per evaluation"),
+    "sample_tokens": ("logging", "tokens of text sampled at the end; 0 = none"),
+    "sample_prompt": ("logging", "the sample's prompt"),
+    "progress": ("logging", "a progress bar, when stdout is a terminal (true/false)"),
+}
+GROUPS = ("data", "model", "fine-tuning", "parallelism", "optimization", "checkpoints", "logging")
+FLAG_CHOICES = {"fine_tune": fine_tune.FINE_TUNES, "pipeline_schedule": stages.SCHEDULES,
+                "dtype": DTYPES, "comm_dtype": DTYPES, "kernels": KERNELS,
+                "export_dtype": EXPORT_DTYPES}
+
+
+def flag_help(name: str) -> str:
+    """A flag's --help line: what it is, its choices and its default."""
+    _, text = FLAG_HELP[name]
+    default = next(f.default for f in fields(TrainConfig) if f.name == name)
+    choices = f"; one of {', '.join(FLAG_CHOICES[name])}" if name in FLAG_CHOICES else ""
+    return f"{text}{choices} (default: {default!r})".replace("%", "%%")
+
+
 def build_config(argv: list[str]) -> TrainConfig:
     """Defaults, then the --config file, then `--field value` flags."""
     parser = argparse.ArgumentParser(prog=PROG, description=ABOUT)
-    parser.add_argument("--config", default=None, help="configs/NAME.yaml or a path")
+    parser.add_argument("--config", default=None,
+                        help="tiny, demo, blog (configs/NAME.yaml) or a YAML path; its values "
+                             "first, then the flags")
+    groups = {name: parser.add_argument_group(name) for name in GROUPS}
     types = field_types()
     for name, kind in types.items():
-        if name == "resume":  # `--resume` alone means auto, as the docs and messages teach it
-            parser.add_argument("--resume", nargs="?", const="auto", default=None,
-                                metavar="auto|PATH",
-                                help="continue from the latest checkpoint in --out (auto, "
-                                     "also when --resume is given alone) or from PATH")
+        if name in HIDDEN:
+            parser.add_argument(f"--{name}", default=None, help=argparse.SUPPRESS)
             continue
-        parser.add_argument(f"--{name}", default=None, metavar=kind.__name__.upper())
+        group = groups[FLAG_HELP[name][0]]
+        if name == "resume":  # `--resume` alone means auto, as the docs and messages teach it
+            group.add_argument("--resume", nargs="?", const="auto", default=None,
+                               metavar="auto|PATH", help=flag_help(name))
+            continue
+        group.add_argument(f"--{name}", default=None, metavar=kind.__name__.upper(),
+                           help=flag_help(name))
     args = parser.parse_args(argv)
     values = load_config_file(args.config) if args.config else {}
     values.update({k: v for k, v in vars(args).items() if k in types and v is not None})
