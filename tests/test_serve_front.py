@@ -222,6 +222,25 @@ def test_beside_a_long_answer_the_probe_decides_alive_or_hung():
         backend.turn.release()
 
 
+def test_a_long_prompt_being_processed_is_alive_while_the_probe_waits_behind_it():
+    """mlx-lm's batch takes no new request in while it processes a long
+    prompt; its progress lines (real, from rank 0's log) are the sign of life."""
+    clock = Clock()
+    backend = Backend(clock=clock)
+    no = ProbeResult(False, 5.0, "no answer within 5 s")
+    watch, _ = watch_with([ProbeResult(True, 0.1), no, no, no], backend, clock)
+    watch._until_up()
+    backend.begin(alone=False, streaming=False)
+    line = "[0] 2026-11-29 01:50:53,933 - INFO - Prompt processing progress: 2048/30000"
+    assert watch.feed(line) == line  # still shown where lines go (the rank's log)
+    clock.now += 4
+    watch._check()
+    assert not watch.stalled()
+    clock.now += 4  # 8 s since the last progress line, limit 5
+    watch._check()
+    assert watch.stalled() and "the probe (a one-token completion) got no answer" in watch.why()
+
+
 def test_a_request_mlx_lm_serves_alone_is_judged_by_its_bytes_or_not_at_all():
     """mlx-lm queues every other request behind one it serves alone: no probe
     is sent then (it would only wait); a stream's bytes are its progress."""

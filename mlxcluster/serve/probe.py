@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -32,6 +33,8 @@ from mlxcluster.jobs.stall import StallWatch
 from mlxcluster.serve.front import Backend
 
 PROBE_PATH = "/v1/completions"
+# mlx-lm's server logs this at INFO for each chunk of a prompt it processes.
+PREFILL_PROGRESS = re.compile(r" - INFO - Prompt processing progress: \d+/\d+")
 # Greedy, one token: the cheapest request that runs the whole model on every rank.
 PROBE_BODY = json.dumps({"prompt": "Hello", "max_tokens": 1, "temperature": 0.0}).encode()
 
@@ -80,13 +83,20 @@ class ProbeWatch(StallWatch):
         self.on_up = on_up
         self.up_at: float | None = None
         self.failure: str | None = None  # why the server is taken as hung
+        self.prefill_at: float | None = None  # mlx-lm's last "Prompt processing progress" line
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="serve-probe", daemon=True)
 
     # -- the jobs layer's side (stall.StallWatch)
 
     def feed(self, line: str) -> str | None:
-        return line  # a server's lines are not progress: only answers are
+        # A server's lines are not progress, only answers are; but while a long
+        # prompt is processed, mlx-lm's batch takes no other request in (the
+        # probe waits), and its "Prompt processing progress" lines (every
+        # chunk, through every rank) are then the server's sign of life.
+        if PREFILL_PROGRESS.search(line):
+            self.prefill_at = self.clock()
+        return line
 
     def stalled(self, now: float | None = None) -> bool:
         now = self.clock() if now is None else now
@@ -144,8 +154,12 @@ class ProbeWatch(StallWatch):
         finally:
             if held:
                 self.backend.turn.release()
+        now = self.clock()
         if got.ok:
-            self.last_progress = self.clock()
+            self.last_progress = now
+        elif self.backend.in_flight() and self.prefill_at is not None \
+                and now - self.prefill_at <= self.timeout:
+            self.last_progress = now  # a long prompt is being processed: the probe waits behind it
         else:
             self._failed(f"the probe (a one-token completion) got {got.error} "
                          f"(--probe-timeout {self.timeout:.0f} s)")
