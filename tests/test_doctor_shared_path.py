@@ -11,7 +11,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from mlxcluster.cli import doctor as cli_doctor
+import mlxcluster.ssh.remote as ssh_remote
 from mlxcluster.cli import main
 from mlxcluster.cli.doctor import render_shared_path
 from mlxcluster.doctor.shared_path import HERE, find_shared_path
@@ -104,7 +104,7 @@ def test_the_command_prints_json_and_exits_1_when_a_host_cannot_be_asked(tmp_pat
         made.append(Runner.local(tmp_path / f"homes{len(made)}", hosts))
         return made[-1]
 
-    monkeypatch.setattr(cli_doctor, "ParamikoRunner", runner)
+    monkeypatch.setattr(ssh_remote, "ParamikoRunner", runner)  # doctor's own connections
     result = CliRunner().invoke(main, ["doctor", "-i", str(inventory), "--shared-path", str(nas),
                                        "--json"])
     assert result.exit_code == 0, result.output

@@ -249,6 +249,17 @@ def test_a_package_loop_is_found_through_different_modules():
     assert circles(package_graph(graph)) == [["doctor", "launch", "serve"]]  # ... a package loop
 
 
+def test_the_cli_only_renders():
+    """The command line parses, calls the library and renders what it
+    returns: no cli module opens an SSH connection of its own or diagnoses
+    output itself (the outcome carries its known errors)."""
+    graph = import_graph()
+    reaching = sorted(f"{module} imports {target}" for module, targets in graph.items()
+                      if module.startswith("mlxcluster.cli") for target in targets
+                      if target.startswith(("mlxcluster.ssh", "mlxcluster.doctor.known_errors")))
+    assert reaching == []
+
+
 TESTS = Path(__file__).resolve().parent
 
 

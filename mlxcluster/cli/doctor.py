@@ -47,7 +47,7 @@ from mlxcluster.doctor.doctor import (
     run_local_doctor,
 )
 from mlxcluster.doctor.fixes import mlx_version as mlx_version_fix
-from mlxcluster.doctor.shared_path import HERE, SharedPathReport, find_shared_path
+from mlxcluster.doctor.shared_path import HERE, SharedPathReport, look_over_ssh
 from mlxcluster.errors import EXIT_FAILED, EXIT_OK, InputError
 from mlxcluster.facts.capture import prepare_capture_dir, read_capture_dir, save_capture_dir
 from mlxcluster.facts.facts import HostFacts
@@ -55,7 +55,6 @@ from mlxcluster.fit.model_folder import read_model_folder
 from mlxcluster.hostfile.hostfile import load_hostfile
 from mlxcluster.inventory.inventory import load_inventory
 from mlxcluster.report import Report
-from mlxcluster.ssh.remote import ParamikoRunner
 from mlxcluster.topology.topology import build_topology
 
 MARKS = {
@@ -70,9 +69,8 @@ MARKS = {
 def run_shared_path(inventory, path: str, as_json: bool, connect_timeout: float,
                     accept_new_host_keys: bool) -> int:
     """``--shared-path DIR``: the look (mlxcluster/doctor/shared_path.py), rendered; the exit code."""
-    with ParamikoRunner(inventory.ssh_config, connect_timeout=connect_timeout,
-                        accept_new_host_keys=accept_new_host_keys) as runner:
-        report = find_shared_path(inventory, path, runner)
+    report = look_over_ssh(inventory, path, connect_timeout=connect_timeout,
+                           accept_new_host_keys=accept_new_host_keys)
     hosts_failed = [h for h in report.failed if h != HERE]
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))

@@ -17,7 +17,6 @@ import sys
 
 import click
 
-from mlxcluster.doctor.known_errors import diagnose
 from mlxcluster.errors import EXIT_FAILED
 from mlxcluster.jobs.events import (
     Aside,
@@ -123,7 +122,7 @@ def say_failure(command: str, outcome, mlx_version: str | None, *, then: str = "
                      if outcome.signalled_host else "")
         click.secho(f"{command} failed: {who} exited with code {outcome.exit_code}{signalled}; "
                     "every rank was stopped", fg="red", err=True)
-    for known in diagnose(outcome.lines):
+    for known in outcome.known_errors():
         click.echo(f"known error: {known.text(mlx_version)}", err=True)
     return who
 

@@ -26,7 +26,6 @@ from tabulate import tabulate
 
 from mlxcluster.cli.params import Duration, inventory_option, load_chosen_inventory
 from mlxcluster.cli.report import check_html_path, emit_page, html_option
-from mlxcluster.doctor.known_errors import diagnose
 from mlxcluster.errors import (
     EXIT_FAILED,
     EXIT_OK,
@@ -99,9 +98,7 @@ def render_failures(report: SmokeReport) -> str:
             lines.append("    stderr (tail):")
             lines += [f"      {line}" for line in o.stderr_tail.splitlines()[-12:]]
     # Messages whose cause is known (docs/errors.md): cause and fix under the failure.
-    output = [o.detail for o in report.failed_ranks] + [
-        line for o in report.failed_ranks for line in o.stderr_tail.splitlines()]
-    lines += [f"  known error: {d.text()}" for d in diagnose(output + report.launcher_stderr.splitlines())]
+    lines += [f"  known error: {d.text()}" for d in report.known_errors()]
     if report.stall:
         lines.append(f"  stalled: {report.stall}")
         lines.append(f"  every rank's state and Python stacks: {report.stall_dir or 'could not be saved'}")

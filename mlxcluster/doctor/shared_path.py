@@ -62,6 +62,16 @@ def in_sh(script: str) -> str:
     return "sh -c " + shlex.quote(script)
 
 
+def look_over_ssh(inventory, path: str, *, connect_timeout: float,
+                  accept_new_host_keys: bool) -> SharedPathReport:
+    """``find_shared_path`` over paramiko connections of its own, closed after."""
+    from mlxcluster.ssh.remote import ParamikoRunner
+
+    with ParamikoRunner(inventory.ssh_config, connect_timeout=connect_timeout,
+                        accept_new_host_keys=accept_new_host_keys) as runner:
+        return find_shared_path(inventory, path, runner)
+
+
 def find_shared_path(inventory, path: str, runner, *, here: bool = True) -> SharedPathReport:
     """Steps 1-3 above on every inventory host over ``runner`` (a ParamikoRunner),
     and on this machine when ``here`` and ``path`` is a folder here."""

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from mlxcluster import interrupts
+from mlxcluster.doctor.known_errors import Diagnosis, diagnose
 from mlxcluster.errors import EXIT_USAGE, Interrupted, MlxclusterError
 from mlxcluster.jobs import process, stall
 from mlxcluster.jobs.cleanup import LauncherStopNoise
@@ -69,6 +70,11 @@ class RunOutcome:
     def who(self) -> str:
         """Who failed, as messages name it: "rank 1", or "a rank"."""
         return f"rank {self.failed_rank}" if self.failed_rank is not None else "a rank"
+
+    def known_errors(self) -> list[Diagnosis]:
+        """The messages in its lines whose cause is known (docs/errors.md),
+        each once, for the failure to say with its fix."""
+        return diagnose(self.lines)
 
     @property
     def refused_at_start(self) -> bool:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlxcluster import interrupts
+from mlxcluster.doctor.known_errors import Diagnosis, diagnose
 from mlxcluster.errors import EXIT_FAILED, EXIT_OK, EXIT_STALLED, EXIT_UNAVAILABLE, Interrupted
 from mlxcluster.jobs import process, stall
 from mlxcluster.jobs.cleanup import kill_local_group, leftover_advice
@@ -79,6 +80,13 @@ class SmokeReport:
         order = {"failed": 0, "exited": 1, "hung": 2, "stopped": 3}
         return sorted((r for r in self.ranks if r.status != "passed"),
                       key=lambda r: (not r.cause, order.get(r.status, 4), r.rank))
+
+    def known_errors(self) -> list[Diagnosis]:
+        """The messages of the failed ranks (and the launcher's) whose cause
+        is known (docs/errors.md), each once, for the failure to say."""
+        output = [o.detail for o in self.failed_ranks] + [
+            line for o in self.failed_ranks for line in o.stderr_tail.splitlines()]
+        return diagnose(output + self.launcher_stderr.splitlines())
 
 
 def run_plan(plan: LaunchPlan, timeout_s: float = 60.0,
