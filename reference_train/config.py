@@ -12,6 +12,7 @@ checks): `mlxcluster train` parses the trainer's arguments without loading MLX.
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -128,6 +129,9 @@ def coerce(name: str, value, kind: type):
             raise ValueError(f"{value} is not a whole number")
         return kind(value)
     except (TypeError, ValueError) as e:
+        if kind in (int, float) and ("literal" in str(e) or "could not convert" in str(e)):
+            words = "a whole number" if kind is int else "a number"
+            raise ValueError(f"--{name} {value}: not {words}") from None
         raise ValueError(f"{name}: {e}") from None
 
 
@@ -167,7 +171,10 @@ def load_config_file(name_or_path: str) -> dict:
         raise ValueError(f"{path}: field names must be text, got {not_names!r}")
     unknown = sorted(set(values) - set(field_types()))
     if unknown:
-        raise ValueError(f"{path}: unknown fields {unknown}")
+        meant = [f"{name} -> {close[0]}" for name in unknown
+                 for close in [difflib.get_close_matches(name, sorted(field_types()), n=1)] if close]
+        raise ValueError(f"{path}: unknown fields {unknown}"
+                         + (f" (did you mean: {', '.join(meant)}?)" if meant else ""))
     return values
 
 

@@ -16,7 +16,8 @@ def refused(*args: str) -> str:
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output and "launching" not in result.output
     lines = result.output.strip().splitlines()
-    assert lines[-2].startswith("error: ") and lines[-1].startswith("fix: "), result.output
+    assert any(line.startswith("error: ") for line in lines), result.output
+    assert lines[-1].startswith("fix: "), result.output
     return result.output
 
 
@@ -72,3 +73,32 @@ def test_serve_options_after_the_model_are_serve_s(monkeypatch, llama, tmp_path)
     assert isinstance(result.exception, Stop), result.output
     assert seen == {"bind": "127.0.0.1", "port": 9123, "request_timeout": 120.0,
                     "server_args": ("--max-tokens", "64")}
+
+
+def test_a_model_folder_that_does_not_exist_says_so(tmp_path):
+    out = refused("serve", "--local", "2", str(tmp_path / "no-such-model"))
+    assert f"error: {tmp_path / 'no-such-model'} does not exist" in out
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--steps", "abc"], "--steps abc: not a whole number"),
+    (["--lr", "x"], "--lr x: not a number"),
+    (["--dtype", "foo"], "dtype foo: must be one of float32, bfloat16"),
+])
+def test_an_invalid_trainer_value_names_its_flag_and_what_it_takes(flags, said):
+    out = refused("train", "--local", "2", "--", *flags)
+    assert said in out
+
+
+def test_a_misspelled_field_is_answered_with_the_one_meant(tmp_path):
+    from reference_train.config import build_config
+
+    bad = tmp_path / "run.yaml"
+    bad.write_text("stpes: 3\nlr: 0.001\n")
+    with pytest.raises(ValueError, match=r"unknown fields \['stpes'\] \(did you mean: stpes -> "
+                                         r"steps\?\)"):
+        build_config(["--config", str(bad)])
+    inventory = tmp_path / "cluster.yaml"
+    inventory.write_text("cluster: x\npython: /usr/bin/python3\nhosts:\n  - name: a\n    sshh: b\n")
+    out = refused("doctor", "-i", str(inventory))
+    assert f"{inventory.name}:5: hosts[0]: unknown field 'sshh'; did you mean 'ssh'?" in out

@@ -29,7 +29,7 @@ def test_bundled_configs_load_and_override():
 def test_config_errors_name_the_problem(tmp_path):
     with pytest.raises(ValueError, match=r"no config 'nope'.*\['blog', 'demo', 'tiny'\]"):
         build_config(["--config", "nope"])
-    with pytest.raises(ValueError, match="steps: invalid literal"):
+    with pytest.raises(ValueError, match="--steps many: not a whole number"):
         build_config(["--steps", "many"])
     with pytest.raises(ValueError, match="compile: expected true or false"):
         build_config(["--compile", "maybe"])

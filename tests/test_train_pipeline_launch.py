@@ -113,7 +113,7 @@ def test_the_pipeline_flags_reach_the_ranks_and_mlxcluster_reads_them_as_they_do
 
 
 @pytest.mark.parametrize("flags, said", [
-    (("--pipeline", "two"), "pipeline: invalid literal for int() with base 10: 'two'"),
+    (("--pipeline", "two"), "--pipeline two: not a whole number"),
     (("--pipeline", "0"), "pipeline 0: must be at least 1"),
     (("--pipeline", "2", "--pipeline_split", "1,x"), "--pipeline_split 1,x: expected whole numbers"),
     (("--pipeline", "2", "--pipeline_split", "1,1,1"), "names 3 stages, but --pipeline is 2"),

@@ -78,6 +78,11 @@ def command(timeout, pipeline, port, bind, max_restarts, probe_every, probe_time
     """
     flags = launch_flags(**launch)
     one_source("serve", flags.source, example="--local 2 MODEL_DIR")
+    if not Path(model_dir).expanduser().exists():
+        raise InputError(f"{model_dir} does not exist",
+                         "give a model folder: the one mlx-lm downloaded or converted "
+                         "(mlx_lm.convert), e.g. ~/.cache/huggingface/hub/models--ORG--NAME/"
+                         "snapshots/HASH")
     if not (Path(model_dir) / "config.json").is_file():
         raise InputError(f"{model_dir} is not a model folder (no config.json in it)",
                          "give the folder mlx-lm downloaded or converted (mlx_lm.convert), e.g. "

@@ -19,6 +19,7 @@ can smuggle shell syntax into a remote command (callers still quote).
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import os
 import re
@@ -385,7 +386,10 @@ class _Validator:
         out = {}
         for key, key_node, value_node in self.keys(node, label):
             if key not in allowed:
-                self.problem(key_node, f"{label}: unknown field {show(key)} (allowed: {', '.join(sorted(allowed))})")
+                close = difflib.get_close_matches(str(key), sorted(allowed), n=1)
+                meant = f"; did you mean '{close[0]}'?" if close else ""
+                self.problem(key_node, f"{label}: unknown field {show(key)}{meant} "
+                                       f"(allowed: {', '.join(sorted(allowed))})")
                 continue
             out[key] = value_node
         return out
