@@ -102,3 +102,9 @@ def test_a_misspelled_field_is_answered_with_the_one_meant(tmp_path):
     inventory.write_text("cluster: x\npython: /usr/bin/python3\nhosts:\n  - name: a\n    sshh: b\n")
     out = refused("doctor", "-i", str(inventory))
     assert f"{inventory.name}:5: hosts[0]: unknown field 'sshh'; did you mean 'ssh'?" in out
+
+
+def test_serve_open_to_other_machines_without_a_key_is_refused(llama):
+    out = refused("serve", str(llama), "--local", "2", "--bind", "0.0.0.0")
+    assert "error: --bind 0.0.0.0 lets other machines reach the model, and no API key is set" in out
+    assert "--no-auth" in out

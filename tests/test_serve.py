@@ -165,10 +165,13 @@ def test_a_long_answer_is_delivered_once_and_a_hang_during_one_is_still_found(ll
     model = chat_model(llama, tmp_path / "tiny-chat")
     eos = Tokenizer.from_file(str(model / "tokenizer.json")).token_to_id("<|endoftext|>")
     port = free_port_block(1)
+    key = "k-" + os.urandom(8).hex()  # issue 47's key, from the environment: never in a log
     serving = Serving(["--local", "2", "--no-preflight", "--port", str(port), "--probe-every", "1s",
-                       "--probe-timeout", f"{LONG_PROBE_TIMEOUT_S}s", str(model)], cwd=tmp_path)
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0,
+                       "--probe-timeout", f"{LONG_PROBE_TIMEOUT_S}s", str(model)],
+                      env={**os.environ, "MLXCLUSTER_API_KEY": key}, cwd=tmp_path)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0,
                            timeout=SERVE_AGAIN_S)
+    authorized = f"Authorization: Bearer {key}\r\n".encode()
     try:
         serving.wait_for(r"serving \S+ at http://", SERVE_UP_S)
         run_id = re.search(r"run (mlxserve-[0-9a-f]+)", serving.output()).group(1)
@@ -192,14 +195,19 @@ def test_a_long_answer_is_delivered_once_and_a_hang_during_one_is_still_found(ll
         body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "stream": True,
                            "max_tokens": LONG_TOKENS, "logit_bias": {str(eos): -100}}).encode()
         with socket.create_connection(("127.0.0.1", port), timeout=60) as leaving:
-            leaving.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                            b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            leaving.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + authorized +
+                            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                            % (len(body), body))
             assert leaving.recv(100).startswith(b"HTTP/1.1 200")
         malformed = http.client.HTTPConnection("127.0.0.1", port, timeout=SERVE_AGAIN_S)
         malformed.request("POST", "/v1/chat/completions", body=b'{"messages": [oops',
-                          headers={"Content-Type": "application/json"})
+                          headers={"Content-Type": "application/json",
+                                   "Authorization": f"Bearer {key}"})
         assert malformed.getresponse().status == 400
         malformed.close()
+        with pytest.raises(openai.AuthenticationError):  # no key, or another: 401
+            openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="not-it",
+                          max_retries=0).models.list()
         waits.poll_until(lambda: "BrokenPipeError" in rank0_log.read_text(), SERVE_AGAIN_S,
                          "mlx-lm's traceback for the client that left, in rank 0's log")
         said = serving.output()
@@ -226,6 +234,9 @@ def test_a_long_answer_is_delivered_once_and_a_hang_during_one_is_still_found(ll
         code = serving.stop()
     assert code == 0, serving.output()
     assert processes_with(run_id) == []
+    logs = [serving.output()] + [f.read_text() for f in (tmp_path / "runs" / run_id).iterdir()
+                                 if f.is_file()]
+    assert not any(key in text for text in logs)
 
 
 def _status_of(ask, *args) -> tuple[int, str]:

@@ -329,3 +329,50 @@ def test_the_probe_thread_brings_the_backend_up(upstream):
         assert backend.state()[0] == upstream
     finally:
         watch.stop()
+
+
+def test_with_a_key_every_route_but_health_needs_it(upstream):
+    import openai
+
+    backend = Backend()
+    backend.up(upstream)
+    with Front("127.0.0.1", 0, backend, api_key="s3cret-key") as front:
+        status, _, body = post(front.port, "/v1/completions", {"prompt": "Hi"})
+        assert status == 401 and b"s3cret" not in body
+        assert "a key is needed" in json.loads(body)["error"]["message"]
+        conn = http.client.HTTPConnection("127.0.0.1", front.port, timeout=10)
+        conn.request("GET", "/health")  # open: load balancers and watchdogs hold no key
+        assert conn.getresponse().status != 401
+        conn.close()
+        for headers in ({"Authorization": "Bearer s3cret-key"}, {"x-api-key": "s3cret-key"}):
+            conn = http.client.HTTPConnection("127.0.0.1", front.port, timeout=10)
+            conn.request("POST", "/v1/completions", body=json.dumps({"prompt": "Hi"}),
+                         headers={"Content-Type": "application/json", **headers})
+            assert conn.getresponse().status == 200, headers
+            conn.close()
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{front.port}/v1", api_key="wrong",
+                               max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            client.completions.create(model="m", prompt="Hi")
+
+
+def test_the_key_comes_from_one_place_and_an_open_bind_needs_one(tmp_path):
+    from mlxcluster.errors import InputError
+    from mlxcluster.serve.access import KEY_ENV, ApiKey, api_key_from, check_exposure
+
+    key_file = tmp_path / "key"
+    key_file.write_text("from-file\n")
+    assert api_key_from(None, str(key_file), {KEY_ENV: "from-env"}) == "from-file"
+    assert api_key_from("given", None, {KEY_ENV: "from-env"}) == "given"
+    assert api_key_from(None, None, {KEY_ENV: "from-env"}) == "from-env"
+    assert api_key_from(None, None, {}) is None
+    for given, file, env in (("a", str(key_file), {}), (None, None, {KEY_ENV: " "}),
+                             (None, str(tmp_path / "none"), {})):
+        with pytest.raises(InputError):
+            api_key_from(given, file, env)
+    check_exposure("127.0.0.1", None, False)
+    check_exposure("0.0.0.0", "k", False)
+    check_exposure("0.0.0.0", None, True)
+    with pytest.raises(InputError, match="--bind 0.0.0.0 lets other machines reach the model"):
+        check_exposure("0.0.0.0", None, False)
+    assert "k3y" not in repr(ApiKey("k3y"))

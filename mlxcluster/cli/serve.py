@@ -17,6 +17,7 @@ from mlxcluster.jobs.restarts import Restarts
 from mlxcluster.jobs.run_output import open_rank_logs
 from mlxcluster.launch.job_source import one_source
 from mlxcluster.launch.session import launch_session
+from mlxcluster.serve.access import KEY_ENV, api_key_from, check_exposure
 from mlxcluster.serve.front import Backend, Front
 from mlxcluster.serve.journal import ServeJournal, up_line
 from mlxcluster.serve.server_lines import ServerLines
@@ -55,6 +56,14 @@ from mlxcluster.serve.serving import (
 @click.option("--start-timeout", type=Duration(1), default="15m", show_default=True,
               help="The server must answer its first probe within this long of each launch "
                    "(loading the model).")
+@click.option("--api-key-file", type=click.Path(dir_okay=False), default=None,
+              help="Ask every client for the key on this file's first line (Authorization: "
+                   "Bearer KEY, or x-api-key); also $MLXCLUSTER_API_KEY. /health stays open.")
+@click.option("--api-key", default=None,
+              help="The key itself (seen by other users in the process list: prefer "
+                   "--api-key-file or $MLXCLUSTER_API_KEY).")
+@click.option("--no-auth", is_flag=True,
+              help="Serve on a --bind other machines reach without a key (refused otherwise).")
 @click.option("--concurrent", is_flag=True,
               help="Pass requests on as they come; by default one at a time (mlx-lm's "
                    "distributed server fails on two at once: mlx-lm #1737).")
@@ -65,8 +74,8 @@ from mlxcluster.serve.serving import (
               help="Folder for one log file per rank and serve.log (default: ./runs/RUN_ID).")
 @click.argument("model_dir", type=click.Path(file_okay=False))
 def command(timeout, pipeline, port, bind, max_restarts, probe_every, probe_timeout,
-            request_timeout, start_timeout, concurrent, no_sync_model, logs_dir, model_dir,
-            server_args, **launch):
+            request_timeout, start_timeout, api_key_file, api_key, no_auth, concurrent,
+            no_sync_model, logs_dir, model_dir, server_args, **launch):
     """Serve MODEL_DIR with mlx-lm's server split over every host, at one address here.
 
     e.g. `mlxcluster serve ~/models/Qwen3-4B-4bit -i cluster.yaml --port 9000`:
@@ -93,16 +102,18 @@ def command(timeout, pipeline, port, bind, max_restarts, probe_every, probe_time
     spec = ServeSpec(absolute_model(model_dir), pipeline, probe_every, probe_timeout,
                      start_timeout, server_args,
                      request_timeout=None if request_timeout == "off" else request_timeout)
+    key = api_key_from(api_key, api_key_file, dict(os.environ))
+    check_exposure(bind, key, no_auth)
     backend_state = Backend(concurrent=concurrent)
     try:  # first: a taken port is said before anything is checked, sent or launched
         front = Front(bind, port, backend_state, request_timeout=spec.request_timeout,
-                      server_args=spec.server_args)
+                      server_args=spec.server_args, api_key=key)
     except OSError as err:
         raise InputError(f"cannot listen on {bind}:{port}: {err.strerror}",
                          "give another --port (or stop what listens there)") from None
     click.get_current_context().with_resource(front)
 
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k != KEY_ENV}  # the key stays here
     view = EventView("serve")
     request = serving_request(spec, flags, send_model=not no_sync_model)
     prepared = click.get_current_context().with_resource(launch_session(request, env, view))

@@ -13,7 +13,9 @@ restarts, so the address never changes, whichever host rank 0 is on:
 - however long an answer takes, the front waits for it: whether the server
   is alive is the probe's to judge (``probe.py``), not one answer's time. A
   request's own limit is ``request_timeout`` (serve's --request-timeout,
-  off by default); past it the client gets 504 saying so.
+  off by default); past it the client gets 504 saying so;
+- with a key (``access.ApiKey``), every request but ``/health`` carries it
+  or gets 401.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from mlxcluster.serve.access import ApiKey
 
 RETRY_AFTER_S = 5
 CHUNK = 64 * 1024
@@ -139,6 +143,10 @@ class Handler(BaseHTTPRequestHandler):
     def forward(self) -> None:
         backend = self.server.backend
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if not self.server.keys.admits(self.path, self.headers):
+            self.refuse(401, "a key is needed: send 'Authorization: Bearer KEY' (or Anthropic's "
+                             "'x-api-key: KEY'), the key serve was started with", "unauthorized")
+            return
         port, why = backend.state()
         if port is None:
             self.unavailable(why)
@@ -247,9 +255,9 @@ class FrontServer(ThreadingHTTPServer):
         pass  # a client that went away mid-answer: nothing to tell on serve's terminal
 
     def __init__(self, address: tuple[str, int], backend: Backend,
-                 request_timeout: float | None, server_args: tuple[str, ...]):
+                 request_timeout: float | None, server_args: tuple[str, ...], keys: ApiKey):
         super().__init__(address, Handler)
-        self.backend = backend
+        self.backend, self.keys = backend, keys
         self.request_timeout = request_timeout  # one request's limit (None: none)
         self.server_args = server_args  # mlx_lm.server's own flags (``served_alone``)
 
@@ -258,8 +266,10 @@ class Front:
     """The front server running in a thread of its own."""
 
     def __init__(self, bind: str, port: int, backend: Backend, *,
-                 request_timeout: float | None = None, server_args: tuple[str, ...] = ()):
-        self.server = FrontServer((bind, port), backend, request_timeout, server_args)
+                 request_timeout: float | None = None, server_args: tuple[str, ...] = (),
+                 api_key: str | None = None):
+        self.server = FrontServer((bind, port), backend, request_timeout, server_args,
+                                  ApiKey(api_key))
         self.thread = threading.Thread(target=self.server.serve_forever, name="serve-front",
                                        daemon=True)
 
