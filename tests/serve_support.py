@@ -134,3 +134,17 @@ def generated_alone(model: Path, prompt: str = PROMPT) -> str:
     done = subprocess.run([sys.executable, "-c", GENERATE, str(model), prompt, str(MAX_TOKENS)],
                           capture_output=True, text=True, timeout=300, check=True)
     return done.stdout
+
+
+def scrape(port: int, key: str | None = None) -> dict[tuple[str, tuple], float]:
+    """/metrics read with prometheus_client's own parser: (name, labels) -> value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {key}"} if key else {})
+    answer = conn.getresponse()
+    assert answer.status == 200
+    text = answer.read().decode()
+    conn.close()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}

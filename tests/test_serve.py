@@ -24,7 +24,7 @@ from mlxcluster.jobs.plan import free_port_block
 from mlxcluster.jobs.rank_wrapper import STACKS_ROOT
 from tests import waits
 from tests.interrupt_helpers import processes_with
-from tests.serve_support import Serving, chat_model, chat_text, generated_alone
+from tests.serve_support import Serving, chat_model, chat_text, generated_alone, scrape
 from tests.waits import SERVE_AGAIN_S, SERVE_PROBE_TIMEOUT_S, SERVE_STOP_S, SERVE_UP_S
 
 
@@ -227,9 +227,26 @@ def test_a_long_answer_is_delivered_once_and_a_hang_during_one_is_still_found(ll
         os.kill(pid, signal.SIGSTOP)
         restart = serving.wait_for(r"^restart 1/3 after: (.*)", SERVE_AGAIN_S, after=seen).group(1)
         assert "probe" in restart and "rank 1 on local-1 is stopped" in restart, restart
+        ready = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        ready.request("GET", "/ready", headers={"Authorization": f"Bearer {key}"})
+        assert ready.getresponse().status == 503  # restarting: not ready
+        ready.close()
         asking.join(SERVE_AGAIN_S)
         assert answers and answers[0][0] == 503 and "restarting" in answers[0][1], answers
         serving.wait_for(r"serving .* again \(restart 1", SERVE_AGAIN_S, after=seen)
+
+        # What the front saw, read with prometheus_client's own parser.
+        seen_metrics = scrape(port, key)
+        requests = "mlxcluster_serve_requests_total"
+        chat = (("route", "/v1/chat/completions"), ("status", "200"))
+        assert seen_metrics[(requests, chat)] == 3  # the long answer, the stream, the one that left
+        assert seen_metrics[(requests, (("route", "/v1/chat/completions"), ("status", "400")))] == 1
+        assert seen_metrics[(requests, (("route", "/v1/models"), ("status", "401")))] == 1
+        assert seen_metrics[(requests, (("route", "/v1/chat/completions"), ("status", "503")))] == 1
+        assert seen_metrics[("mlxcluster_serve_completion_tokens_total", ())] >= LONG_TOKENS
+        assert seen_metrics[("mlxcluster_serve_restarts_total", (("kind", "hang"),))] == 1
+        assert seen_metrics[("mlxcluster_serve_launches_total", ())] == 2
+        assert seen_metrics[("mlxcluster_serve_rank_info", (("host", "local-1"), ("rank", "1")))] == 1
     finally:
         code = serving.stop()
     assert code == 0, serving.output()

@@ -14,6 +14,7 @@ import pytest
 
 from mlxcluster.serve.front import RETRY_AFTER_S, Backend, Front, served_alone
 from mlxcluster.serve.probe import ProbeResult, ProbeWatch, probe_once
+from tests.serve_support import scrape
 from tests.waits import poll_until
 
 
@@ -376,3 +377,48 @@ def test_the_key_comes_from_one_place_and_an_open_bind_needs_one(tmp_path):
     with pytest.raises(InputError, match="--bind 0.0.0.0 lets other machines reach the model"):
         check_exposure("0.0.0.0", None, False)
     assert "k3y" not in repr(ApiKey("k3y"))
+
+
+def test_metrics_count_what_the_front_answered_and_ready_follows_the_probe(upstream):
+    backend = Backend()
+    with Front("127.0.0.1", 0, backend) as front:
+        assert post(front.port, "/v1/completions", {"prompt": "Hi"})[0] == 503  # not up yet
+        conn = http.client.HTTPConnection("127.0.0.1", front.port, timeout=10)
+        conn.request("GET", "/ready")
+        assert conn.getresponse().status == 503
+        conn.close()
+        backend.up(upstream)
+        backend.metrics.mark_ready(True)  # the probe's first answer
+        for _ in range(3):
+            assert post(front.port, "/v1/completions", {"prompt": "Hi"})[0] == 200
+        assert post(front.port, "/v1/chat/completions", {"stream": True})[0] == 200
+        conn = http.client.HTTPConnection("127.0.0.1", front.port, timeout=10)
+        conn.request("GET", "/ready")
+        assert conn.getresponse().status == 200
+        conn.close()
+        seen = scrape(front.port)
+    requests = "mlxcluster_serve_requests_total"
+    assert seen[(requests, (("route", "/v1/completions"), ("status", "503")))] == 1
+    assert seen[(requests, (("route", "/v1/completions"), ("status", "200")))] == 3
+    assert seen[(requests, (("route", "/v1/chat/completions"), ("status", "200")))] == 1
+    assert seen[(requests, (("route", "/ready"), ("status", "503")))] == 1
+    latency = "mlxcluster_serve_request_seconds_count"
+    assert seen[(latency, (("route", "/v1/completions"),))] == 3
+    assert seen[("mlxcluster_serve_up", ())] == 1 and seen[("mlxcluster_serve_ready", ())] == 1
+    assert seen[("mlxcluster_serve_in_flight_requests", ())] == 0
+
+
+def test_tokens_are_read_from_an_answer_s_usage_json_or_streamed():
+    from mlxcluster.serve.metrics import ServeMetrics
+
+    metrics = ServeMetrics()
+    metrics.usage_in(json.dumps({"choices": [], "usage": {"prompt_tokens": 7,
+                                                          "completion_tokens": 11}}).encode())
+    stream = (b'data: {"choices": [{"delta": {"content": "a"}}]}\n\n'
+              b'data: {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}\n\n'
+              b"data: [DONE]\n\n")
+    metrics.usage_in(stream)
+    metrics.usage_in(b'data: {"choices": []}\n\ndata: [DONE]\n\n')  # no usage asked: none counted
+    text = metrics.text().decode()
+    assert "mlxcluster_serve_prompt_tokens_total 10.0" in text
+    assert "mlxcluster_serve_completion_tokens_total 13.0" in text

@@ -29,9 +29,11 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from mlxcluster.serve.access import ApiKey
+from mlxcluster.serve.metrics import CONTENT_TYPE, ServeMetrics, route_of
 
 RETRY_AFTER_S = 5
 CHUNK = 64 * 1024
+USAGE_TAIL = 256 * 1024  # an answer's last bytes kept for its usage (a JSON answer: whole)
 # Headers that belong to one hop (RFC 9110 7.6.1) and are not passed on; the
 # answer is sent with Connection: close, its end marked by the close.
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
@@ -81,9 +83,11 @@ class Backend:
     """Where rank 0's server is now (None while down), one request at a
     time unless ``concurrent``, and the requests in flight."""
 
-    def __init__(self, concurrent: bool = False, clock=time.monotonic):
+    def __init__(self, concurrent: bool = False, clock=time.monotonic,
+                 metrics: ServeMetrics | None = None):
         self.clock = clock
         self.concurrent = concurrent
+        self.metrics = metrics or ServeMetrics()
         self.turn = threading.Lock()  # held by the request (or probe) talking to rank 0
         self._lock = threading.Lock()
         self._port: int | None = None
@@ -93,12 +97,15 @@ class Backend:
     def up(self, port: int) -> None:
         with self._lock:
             self._port = port
+        self.metrics.up.set(1)
 
     def down(self, why: str) -> None:
         """No more requests to rank 0; the ones in flight are cut, told ``why``."""
         with self._lock:
             self._port, self._why_down = None, why
             flights = list(self._flights)
+        self.metrics.up.set(0)
+        self.metrics.mark_ready(False)
         for flight in flights:
             flight.end(why)
 
@@ -110,11 +117,15 @@ class Backend:
         flight = Flight(self.clock(), alone, streaming)
         with self._lock:
             self._flights.add(flight)
+        self.metrics.in_flight.inc()
         return flight
 
     def finish(self, flight: Flight) -> None:
         with self._lock:
+            if flight not in self._flights:
+                return
             self._flights.discard(flight)
+        self.metrics.in_flight.dec()
 
     def got_bytes(self, flight: Flight) -> None:
         flight.last_byte = self.clock()
@@ -147,6 +158,8 @@ class Handler(BaseHTTPRequestHandler):
             self.refuse(401, "a key is needed: send 'Authorization: Bearer KEY' (or Anthropic's "
                              "'x-api-key: KEY'), the key serve was started with", "unauthorized")
             return
+        if self.command == "GET" and self.answer_here():
+            return
         port, why = backend.state()
         if port is None:
             self.unavailable(why)
@@ -154,12 +167,41 @@ class Handler(BaseHTTPRequestHandler):
         if backend.concurrent:
             self.relay(port, body)
             return
+        backend.metrics.waiting.inc()
         with backend.turn:
+            backend.metrics.waiting.dec()
             port, why = backend.state()  # it may have gone down while this one waited
             if port is None:
                 self.unavailable(why)
             else:
                 self.relay(port, body)
+
+    def answer_here(self) -> bool:
+        """The front's own routes: /health (the front is up), /ready (the
+        model answered its last probe), /metrics (Prometheus)."""
+        route, metrics = route_of(self.path), self.server.backend.metrics
+        if route == "/health":
+            self.send_bytes(200, json.dumps({"status": "ok"}).encode(), "application/json")
+        elif route == "/ready":
+            port, why = self.server.backend.state()
+            status = 200 if metrics.is_ready and port is not None else 503
+            said = {"ready": status == 200, **({} if status == 200 else {"why": why})}
+            self.send_bytes(status, json.dumps(said).encode(), "application/json")
+        elif route == "/metrics":
+            self.send_bytes(200, metrics.text(), CONTENT_TYPE)
+        else:
+            return False
+        return True
+
+    def send_bytes(self, status: int, payload: bytes, content_type: str) -> None:
+        self.server.backend.metrics.answered(self.path, status)
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(payload)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(payload)
+        self.close_connection = True
 
     def relay(self, port: int, body: bytes) -> None:
         backend, limit = self.server.backend, self.server.request_timeout
@@ -184,6 +226,7 @@ class Handler(BaseHTTPRequestHandler):
                     raise ConnectionAbortedError
                 if timer is not None:
                     timer.start()
+                sent_at = backend.clock()
                 conn.request(self.command, self.path, body=body, headers=headers)
                 answer = conn.getresponse()
             except OSError as err:
@@ -192,6 +235,10 @@ class Handler(BaseHTTPRequestHandler):
                 else:
                     self.unavailable(flight.cut or f"rank 0's server did not answer ({err})")
                 return
+            route, metrics = route_of(self.path), backend.metrics
+            metrics.answered(self.path, answer.status)
+            tail = b""  # the answer's end, for its usage
+            first = True
             try:
                 self.send_response(answer.status, answer.reason)
                 for key, value in answer.getheaders():
@@ -204,10 +251,16 @@ class Handler(BaseHTTPRequestHandler):
                     if not piece:
                         break
                     backend.got_bytes(flight)
+                    if first:
+                        metrics.first_byte.labels(route).observe(backend.clock() - sent_at)
+                        first = False
+                    tail = (tail + piece)[-USAGE_TAIL:]
                     self.wfile.write(piece)
                     self.wfile.flush()
             except OSError:
                 pass  # cut, or the client went away: the answer ends here
+            metrics.latency.labels(route).observe(backend.clock() - sent_at)
+            metrics.usage_in(tail)
         finally:
             if timer is not None:
                 timer.cancel()
@@ -224,6 +277,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def refuse(self, status: int, message: str, kind: str, retry: bool = False) -> None:
         payload = json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
+        self.server.backend.metrics.answered(self.path, status)
         try:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")

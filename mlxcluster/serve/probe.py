@@ -135,6 +135,7 @@ class ProbeWatch(StallWatch):
     def _until_up(self) -> None:
         got = self.probe(self.timeout)
         if got.ok:
+            self.backend.metrics.mark_ready(True)
             self.up_at = self.clock()
             self.last_progress = self.up_at
             self.backend.up(self.port)
@@ -155,6 +156,7 @@ class ProbeWatch(StallWatch):
             if held:
                 self.backend.turn.release()
         now = self.clock()
+        self.backend.metrics.mark_ready(got.ok)
         if got.ok:
             self.last_progress = now
         elif self.backend.in_flight() and self.prefill_at is not None \

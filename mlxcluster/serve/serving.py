@@ -176,9 +176,15 @@ def journaled(journal: ServeJournal, then: Callable) -> Callable:
 
 
 def _serve(job, spec, backend, restarts, env, run_id, logs_dir, on_line, on_event, on_up) -> None:
+    metrics = backend.metrics
+    ended: list[str] = []  # how the last launch ended: "hang" or "exit"
 
     def launch(job: Job) -> RunOutcome:
         k = launch_number(job)
+        if k and ended:
+            metrics.restarts.labels(ended[-1]).inc()
+        metrics.launches.inc()
+        metrics.ranks([h.name for h in job.hosts])
         rank0 = job.hosts[0]
         port = free_port_on(rank0, env)
         job = replace(job, program=server_program(spec, port))
@@ -191,9 +197,11 @@ def _serve(job, spec, backend, restarts, env, run_id, logs_dir, on_line, on_even
                            start_timeout=spec.start_timeout,
                            on_up=lambda s: on_up(ServeUp(k, s, rank0.name)))
         watch.start()
+        ended.append("hang")  # unless the launch returns: a stall is raised
         try:
             outcome = run_job(job, on_line, env=env, report_dir=logs_dir, run_id=run_id,
                               watch=watch)
+            ended[-1] = "exit"
         finally:
             backend.down("the server is restarting")
             watch.stop()
