@@ -5,6 +5,7 @@ the any-line stall watch."""
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import replace
 
 import pytest
@@ -156,3 +157,17 @@ def test_any_line_is_progress_for_a_run():
     assert not watch.stalled()
     now[0] = 42.0
     assert watch.stalled()
+
+
+def test_a_port_block_handed_out_is_not_handed_out_again_while_claimed(tmp_path, monkeypatch):
+    """Two runs of one machine choosing ports at the same moment: the second
+    does not get the first's block, though both are free until bound."""
+    import mlxcluster.jobs.plan as plan
+
+    monkeypatch.setattr(plan, "PORT_CLAIMS", tmp_path / "claims")
+    monkeypatch.setattr(plan.secrets, "randbelow", lambda n: 7)  # both start at the same block
+    first = plan.free_port_block(2)
+    second = plan.free_port_block(2)
+    assert second != first and (tmp_path / "claims" / str(first)).exists()
+    assert not plan.claim_port(first)
+    assert plan.claim_port(first, now=time.time() + plan.CLAIM_S + 1)  # an old claim lapses

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -422,3 +423,37 @@ def test_tokens_are_read_from_an_answer_s_usage_json_or_streamed():
     text = metrics.text().decode()
     assert "mlxcluster_serve_prompt_tokens_total 10.0" in text
     assert "mlxcluster_serve_completion_tokens_total 13.0" in text
+
+
+def test_a_port_that_answers_no_http_is_someone_else_s_and_a_failure_not_a_dead_probe():
+    """Seen in CI: rank 0's port, free when chosen, was taken by another job's
+    ring, which answered the probe with its own bytes. The probe says so and
+    the launch fails (a restart takes another port); nothing kills the probe's
+    thread, which would hide every hang after it."""
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+
+        def speak_no_http():
+            conn, _ = other.accept()
+            conn.recv(4096)
+            conn.sendall(b"\x00\x17\xe3\x9a not http at all\r\n\r\n")
+            conn.close()
+
+        threading.Thread(target=speak_no_http, daemon=True).start()
+        got = probe_once(port, timeout=5)
+    assert not got.ok and got.foreign and f"another program holds port {port}" in got.error
+    clock, backend = Clock(), Backend()
+    watch, _ = watch_with([got], backend, clock)
+    watch._until_up()
+    assert watch.stalled() and "rank 0's port gave an answer that is not HTTP" in watch.why()
+
+    def broken(timeout):
+        raise ValueError("a bug")
+
+    crashing = ProbeWatch(broken, Backend(), 1, every=0.1, timeout=1, start_timeout=60,
+                          on_up=lambda s: None).start()
+    poll_until(lambda: crashing.failure, 10, "the probe's failure said")
+    assert crashing.stalled() and "the probe itself failed (ValueError: a bug)" in crashing.why()
+    crashing.stop()

@@ -23,6 +23,8 @@ import secrets
 import shutil
 import socket
 import sys
+import tempfile
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -82,15 +84,44 @@ def mlx_launch_path(python: str = sys.executable) -> str:
     return found
 
 
+PORT_CLAIMS = Path(tempfile.gettempdir()) / "mlxcluster-ports"
+CLAIM_S = 120.0  # a port handed out is not handed out again here for this long
+
+
 def free_port_block(count: int, start: int = 20000, stop: int = 60000) -> int:
     """First port of ``count`` consecutive ports free on this machine (local runs
-    share one host, and other runs may hold mlx.launch's default ports)."""
+    share one host, and other runs may hold mlx.launch's default ports).
+
+    A port free now may be taken before its job binds it; so that two runs of
+    this machine choosing at the same moment do not both take it (seen in CI:
+    a server's port that was another run's ring port), each block handed out
+    is claimed for ``CLAIM_S`` in ``PORT_CLAIMS`` and skipped meanwhile."""
     base = start + secrets.randbelow((stop - start) // 64) * 64
     for offset in range(0, stop - start, 64):
         first = start + (base - start + offset) % (stop - start - count)
-        if all(port_is_free(first + i) for i in range(count)):
+        if all(port_is_free(first + i) for i in range(count)) and claim_port(first):
             return first
     raise InputError(f"no {count} consecutive free TCP ports on this machine")
+
+
+def claim_port(port: int, now: float | None = None) -> bool:
+    """Claim ``port`` for this run unless another claimed it within ``CLAIM_S``."""
+    now = time.time() if now is None else now
+    claim = PORT_CLAIMS / str(port)
+    try:
+        PORT_CLAIMS.mkdir(exist_ok=True)
+        for _ in range(2):
+            try:  # O_EXCL: of two runs claiming at once, one gets it
+                os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+                os.utime(claim, (now, now))
+                return True
+            except FileExistsError:
+                if now - claim.stat().st_mtime < CLAIM_S:
+                    return False
+                claim.unlink(missing_ok=True)  # an old claim: its run has bound or gone
+    except OSError:
+        pass  # no claims folder to share (a read-only tmp): the port check alone
+    return True
 
 
 def port_is_free(port: int) -> bool:

@@ -44,6 +44,7 @@ class ProbeResult:
     ok: bool
     seconds: float
     error: str = ""  # why not, when not ok
+    foreign: bool = False  # what answered is no HTTP server: not mlx-lm's, whatever it is
 
 
 def probe_once(port: int, timeout: float) -> ProbeResult:
@@ -59,6 +60,10 @@ def probe_once(port: int, timeout: float) -> ProbeResult:
         return ProbeResult(False, time.monotonic() - started, f"no answer within {timeout:.0f} s")
     except OSError as err:
         return ProbeResult(False, time.monotonic() - started, f"cannot connect ({err.strerror or err})")
+    except http.client.HTTPException as err:  # something answered, not an HTTP server
+        return ProbeResult(False, time.monotonic() - started,
+                           f"an answer that is not HTTP ({type(err).__name__}): another program "
+                           f"holds port {port}?", foreign=True)
     finally:
         conn.close()
     seconds = time.monotonic() - started
@@ -126,14 +131,21 @@ class ProbeWatch(StallWatch):
 
     def _loop(self) -> None:
         while not self._stop.is_set() and self.failure is None:
-            if self.up_at is None:
-                self._until_up()
-            else:
-                self._check()
+            try:
+                if self.up_at is None:
+                    self._until_up()
+                else:
+                    self._check()
+            except Exception as err:  # noqa: BLE001 (a dead probe thread would hide any hang)
+                self._failed(f"the probe itself failed ({type(err).__name__}: {err})")
+                return
             self._stop.wait(self.every if self.up_at is not None else 1.0)
 
     def _until_up(self) -> None:
         got = self.probe(self.timeout)
+        if got.foreign:  # rank 0's port is someone else's: launch again on another
+            self._failed(f"rank 0's port gave {got.error}")
+            return
         if got.ok:
             self.backend.metrics.mark_ready(True)
             self.up_at = self.clock()
