@@ -24,7 +24,15 @@ from mlxcluster.jobs.plan import free_port_block
 from mlxcluster.jobs.rank_wrapper import STACKS_ROOT
 from tests import waits
 from tests.interrupt_helpers import processes_with
-from tests.serve_support import Serving, chat_model, chat_text, generated_alone, scrape
+from tests.serve_support import (
+    MAX_TOKENS,
+    PROMPT,
+    Serving,
+    chat_model,
+    chat_text,
+    generated_alone,
+    scrape,
+)
 from tests.waits import SERVE_AGAIN_S, SERVE_PROBE_TIMEOUT_S, SERVE_STOP_S, SERVE_UP_S
 
 
@@ -191,6 +199,25 @@ def test_a_long_answer_is_delivered_once_and_a_hang_during_one_is_still_found(ll
             whole.choices[0].message.content
         assert "restart" not in serving.output(), serving.output()
 
+        # Anthropic's Messages API, with Anthropic's own client (its key header:
+        # x-api-key): the text of the chat route's greedy answer, streamed too.
+        import anthropic
+
+        claude = anthropic.Anthropic(base_url=f"http://127.0.0.1:{port}", api_key=key,
+                                     max_retries=0, timeout=SERVE_AGAIN_S)
+        # (no temperature: this SDK sends none; mlx_lm.server's default, --temp 0, is greedy)
+        short = dict(max_tokens=MAX_TOKENS, messages=[{"role": "user", "content": PROMPT}])
+        said_by_chat = client.chat.completions.create(
+            model="default_model", messages=short["messages"], max_tokens=MAX_TOKENS,
+            temperature=0.0).choices[0].message.content
+        message = claude.messages.create(model="tiny-chat", **short)
+        assert message.content[0].text == said_by_chat and message.model == "tiny-chat"
+        assert message.stop_reason in ("max_tokens", "end_turn")
+        assert message.usage.output_tokens == MAX_TOKENS or message.stop_reason == "end_turn"
+        with claude.messages.stream(model="tiny-chat", **short) as streamed:
+            assert "".join(streamed.text_stream) == said_by_chat
+            assert streamed.get_final_message().stop_reason == message.stop_reason
+
         # A client that leaves mid-stream, and a malformed body: no traceback here.
         body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "stream": True,
                            "max_tokens": LONG_TOKENS, "logit_bias": {str(eos): -100}}).encode()
@@ -239,7 +266,9 @@ def test_a_long_answer_is_delivered_once_and_a_hang_during_one_is_still_found(ll
         seen_metrics = scrape(port, key)
         requests = "mlxcluster_serve_requests_total"
         chat = (("route", "/v1/chat/completions"), ("status", "200"))
-        assert seen_metrics[(requests, chat)] == 3  # the long answer, the stream, the one that left
+        assert seen_metrics[(requests, chat)] == 4  # the long answer, the stream, the short one,
+        # the one that left
+        assert seen_metrics[(requests, (("route", "/v1/messages"), ("status", "200")))] == 2
         assert seen_metrics[(requests, (("route", "/v1/chat/completions"), ("status", "400")))] == 1
         assert seen_metrics[(requests, (("route", "/v1/models"), ("status", "401")))] == 1
         assert seen_metrics[(requests, (("route", "/v1/chat/completions"), ("status", "503")))] == 1

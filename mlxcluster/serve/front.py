@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from mlxcluster.serve.access import ApiKey
+from mlxcluster.serve.anthropic import MessagesError, error_body, translator_for
 from mlxcluster.serve.metrics import CONTENT_TYPE, ServeMetrics, route_of
 
 RETRY_AFTER_S = 5
@@ -160,12 +161,20 @@ class Handler(BaseHTTPRequestHandler):
             return
         if self.command == "GET" and self.answer_here():
             return
+        path, translator = self.path, None
+        if self.command == "POST" and route_of(self.path) == "/v1/messages":
+            try:  # Anthropic's Messages API, on mlx-lm's chat completions
+                body, translator = translator_for(body)
+            except MessagesError as err:
+                self.send_bytes(400, error_body(400, str(err)), "application/json")
+                return
+            path = "/v1/chat/completions"
         port, why = backend.state()
         if port is None:
             self.unavailable(why)
             return
         if backend.concurrent:
-            self.relay(port, body)
+            self.relay(port, body, path, translator)
             return
         backend.metrics.waiting.inc()
         with backend.turn:
@@ -174,7 +183,7 @@ class Handler(BaseHTTPRequestHandler):
             if port is None:
                 self.unavailable(why)
             else:
-                self.relay(port, body)
+                self.relay(port, body, path, translator)
 
     def answer_here(self) -> bool:
         """The front's own routes: /health (the front is up), /ready (the
@@ -203,10 +212,15 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(payload)
         self.close_connection = True
 
-    def relay(self, port: int, body: bytes) -> None:
+    def relay(self, port: int, body: bytes, path: str | None = None, translator=None) -> None:
+        """Pass the request on to rank 0 (at ``path``, by default its own) and
+        its answer back as it comes, through ``translator`` when given (feed
+        each piece, then end: anthropic.py)."""
         backend, limit = self.server.backend, self.server.request_timeout
         headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
         headers["Content-Length"] = str(len(body))
+        if translator is not None:
+            headers["Content-Type"] = "application/json"
         flight = backend.begin(alone=served_alone(body, self.server.server_args),
                                streaming=bool(_json_object(body).get("stream")))
         # No read limit: the answer may take long to start (mlx-lm sends nothing
@@ -227,7 +241,7 @@ class Handler(BaseHTTPRequestHandler):
                 if timer is not None:
                     timer.start()
                 sent_at = backend.clock()
-                conn.request(self.command, self.path, body=body, headers=headers)
+                conn.request(self.command, path or self.path, body=body, headers=headers)
                 answer = conn.getresponse()
             except OSError as err:
                 if flight.cut is not None and flight.cut.startswith("took longer"):
@@ -239,11 +253,16 @@ class Handler(BaseHTTPRequestHandler):
             metrics.answered(self.path, answer.status)
             tail = b""  # the answer's end, for its usage
             first = True
+            if answer.status != 200:
+                translator = None  # an error is passed on as it is
             try:
                 self.send_response(answer.status, answer.reason)
                 for key, value in answer.getheaders():
-                    if key.lower() not in HOP_BY_HOP:
+                    if key.lower() not in HOP_BY_HOP and not (
+                            translator is not None and key.lower() == "content-type"):
                         self.send_header(key, value)
+                if translator is not None:
+                    self.send_header("Content-Type", translator.content_type)
                 self.send_header("Connection", "close")
                 self.end_headers()
                 while True:
@@ -255,7 +274,12 @@ class Handler(BaseHTTPRequestHandler):
                         metrics.first_byte.labels(route).observe(backend.clock() - sent_at)
                         first = False
                     tail = (tail + piece)[-USAGE_TAIL:]
-                    self.wfile.write(piece)
+                    out = piece if translator is None else translator.feed(piece)
+                    if out:
+                        self.wfile.write(out)
+                        self.wfile.flush()
+                if translator is not None:
+                    self.wfile.write(translator.end())
                     self.wfile.flush()
             except OSError:
                 pass  # cut, or the client went away: the answer ends here
