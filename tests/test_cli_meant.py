@@ -72,7 +72,7 @@ def test_serve_options_after_the_model_are_serve_s(monkeypatch, llama, tmp_path)
                                       "--request-timeout", "2m", "--", "--max-tokens", "64"])
     assert isinstance(result.exception, Stop), result.output
     assert seen == {"bind": "127.0.0.1", "port": 9123, "request_timeout": 120.0,
-                    "server_args": ("--max-tokens", "64")}
+                    "server_args": ("--max-tokens", "64"), "api_key": None}
 
 
 def test_a_model_folder_that_does_not_exist_says_so(tmp_path):

@@ -457,3 +457,20 @@ def test_a_port_that_answers_no_http_is_someone_else_s_and_a_failure_not_a_dead_
     poll_until(lambda: crashing.failure, 10, "the probe's failure said")
     assert crashing.stalled() and "the probe itself failed (ValueError: a bug)" in crashing.why()
     crashing.stop()
+
+
+def test_a_server_gone_is_left_to_the_launcher_for_one_probe_limit():
+    """Rank 0 killed: the probe finds no server listening before the launcher
+    reports the exit (seen in CI); the exit, named, is the better cause. So
+    a refused connection is a failure only when it lasts a probe limit."""
+    clock, backend = Clock(), Backend()
+    gone = ProbeResult(False, 0.0, "cannot connect (Connection refused)", refused=True)
+    watch, _ = watch_with([ProbeResult(True, 0.1), gone, gone, gone], backend, clock)
+    watch._until_up()
+    watch._check()
+    clock.now += 4
+    watch._check()
+    assert not watch.stalled()
+    clock.now += 2  # 6 s since first found gone, limit 5
+    watch._check()
+    assert watch.stalled() and "cannot connect" in watch.why()

@@ -45,6 +45,7 @@ class ProbeResult:
     seconds: float
     error: str = ""  # why not, when not ok
     foreign: bool = False  # what answered is no HTTP server: not mlx-lm's, whatever it is
+    refused: bool = False  # no connection: the server is gone (not hung)
 
 
 def probe_once(port: int, timeout: float) -> ProbeResult:
@@ -59,7 +60,8 @@ def probe_once(port: int, timeout: float) -> ProbeResult:
     except TimeoutError:
         return ProbeResult(False, time.monotonic() - started, f"no answer within {timeout:.0f} s")
     except OSError as err:
-        return ProbeResult(False, time.monotonic() - started, f"cannot connect ({err.strerror or err})")
+        return ProbeResult(False, time.monotonic() - started, f"cannot connect ({err.strerror or err})",
+                           refused=True)
     except http.client.HTTPException as err:  # something answered, not an HTTP server
         return ProbeResult(False, time.monotonic() - started,
                            f"an answer that is not HTTP ({type(err).__name__}): another program "
@@ -89,6 +91,7 @@ class ProbeWatch(StallWatch):
         self.up_at: float | None = None
         self.failure: str | None = None  # why the server is taken as hung
         self.prefill_at: float | None = None  # mlx-lm's last "Prompt processing progress" line
+        self.gone_since: float | None = None  # the probe first found no server listening
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="serve-probe", daemon=True)
 
@@ -169,8 +172,11 @@ class ProbeWatch(StallWatch):
                 self.backend.turn.release()
         now = self.clock()
         self.backend.metrics.mark_ready(got.ok)
+        self.gone_since = None if not got.refused else (self.gone_since or now)
         if got.ok:
             self.last_progress = now
+        elif got.refused and now - self.gone_since <= self.timeout:
+            pass  # rank 0's server is gone, not hung: its exit is the launcher's to report
         elif self.backend.in_flight() and self.prefill_at is not None \
                 and now - self.prefill_at <= self.timeout:
             self.last_progress = now  # a long prompt is being processed: the probe waits behind it

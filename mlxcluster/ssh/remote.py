@@ -390,7 +390,17 @@ class ParamikoRunner:
         client = self.connect(alias, user, port)
         limit = timeout or self.command_timeout
         started = time.monotonic()
-        channel = client.get_transport().open_session(timeout=self.connect_timeout)
+        try:
+            channel = client.get_transport().open_session(timeout=self.connect_timeout)
+        except (paramiko.SSHException, EOFError, OSError):
+            # The cached connection died since its last command (seen in CI: sshd
+            # dropped it after a command that ended while its input was sent):
+            # one new connection, once.
+            with self._lock:
+                self._clients.pop((alias, user, port), None)
+            client.close()
+            client = self.connect(alias, user, port)
+            channel = client.get_transport().open_session(timeout=self.connect_timeout)
         try:
             channel.settimeout(limit)
             exec_bounded(channel, command, started + limit - time.monotonic(), alias, limit)
