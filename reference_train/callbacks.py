@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .metrics import print_heartbeat, print_progress, save_record, start_record
+from .metrics import print_heartbeat, print_progress, replay_records, save_record, start_record
 
 
 class TrainingCallback:
@@ -102,6 +102,27 @@ class Heartbeats(TrainingCallback):
         print_heartbeat(self.rank, "done")
 
 
+class RecentRecords(TrainingCallback):
+    """Every rank's copy of the records logged since the last checkpoint (each
+    rank computes them: the loss is all-reduced), kept in the next checkpoint's
+    state.json. Lines in flight when a job stops never reach mlxcluster's
+    record (mlx.launch stops reading a dying job's ranks: seen in CI, step 2's
+    loss missing after a resume from another host's checkpoint); a resume
+    from that checkpoint replays them (Report)."""
+
+    def __init__(self):
+        self.records: list[dict] = []
+
+    def on_log(self, record: dict) -> None:
+        self.records.append(dict(record))  # the loop adds val_loss to its dict afterwards
+
+    def on_eval(self, step: int, val_loss: float) -> None:
+        self.records.append({"step": step, "val_loss": val_loss})
+
+    def on_checkpoint(self, step: int) -> None:
+        self.records.clear()
+
+
 class ProgressBar(TrainingCallback):
     """A bar redrawn after each step (on a terminal), cleared before each log line."""
 
@@ -119,11 +140,14 @@ class Report(TrainingCallback):
     """The run's log lines and its metrics record (--out/metrics.jsonl, or
     mlxcluster's record when it keeps one): rank 0's."""
 
-    def __init__(self, log, metrics_path: Path, steps: int, ranks: int):
+    def __init__(self, log, metrics_path: Path, steps: int, ranks: int,
+                 replay: list[dict] | None = None):
         self.log, self.path, self.steps, self.ranks = log, metrics_path, steps, ranks
+        self.replay = replay or []  # the resumed checkpoint's records (RecentRecords)
 
     def on_train_start(self, step: int) -> None:
         start_record(self.path, step, self.ranks)
+        replay_records(self.path, self.replay)
 
     def on_log(self, record: dict) -> None:
         self.log(log_line(record, self.steps))

@@ -6,6 +6,7 @@
                                                         "data": {"epoch": 0, "step_in_epoch": 10, "seed": 0},
                                                         "rng_key": [0, 1], "config": {...},
                                                         "model_args": {...}, "world_size": 2,
+                                                        "records": [{"step": 9, "loss": ...}, ...],
                                                         "hashes": {"model.safetensors": "<sha256>",
                                                                    "optimizer.safetensors": "<sha256>"}}
     OUT/checkpoints/latest                             "step_000010"

@@ -39,6 +39,8 @@ STOP_ENV = "MLXCLUSTER_STOP_CHECK"
 # record in base64 pieces, so that it also lands where mlxcluster runs.
 FILE_EVENT = "file"
 FILE_PIECE_BYTES = 512 << 10
+# A record sent again from a resumed checkpoint (replay_records): kept only where missing.
+REPLAYED = "replayed"
 
 
 def _switched_on(name: str) -> bool:
@@ -94,6 +96,35 @@ def save_record(path: Path, record: dict) -> None:
         emit_record(record)
     else:
         append_metrics(path, record)
+
+
+def replay_records(path: Path, records: list[dict]) -> None:
+    """A resumed checkpoint's records (callbacks.RecentRecords), each marked
+    "replayed": to mlxcluster's record, which keeps those it lacks, or
+    appended to `path` where it lacks them."""
+    replayed = [{**r, REPLAYED: True} for r in records]
+    if recording():
+        for record in replayed:
+            emit_record(record)
+        return
+    have = logged_keys(path)
+    for record in replayed:
+        if record_key(record) not in have:
+            append_metrics(path, record)
+
+
+def record_key(record: dict) -> tuple[int, str] | None:
+    """What a record logs once per run: (step, "loss" or "val_loss"); None for events."""
+    kind = next((k for k in ("loss", "val_loss") if k in record), None)
+    return None if kind is None else (int(record.get("step", 0)), kind)
+
+
+def logged_keys(path: Path) -> set[tuple[int, str] | None]:
+    """The record keys a metrics file holds (none when it is not there)."""
+    if not path.exists():
+        return set()
+    return {record_key(json.loads(line)) for line in path.read_text().splitlines()
+            if line.strip()}
 
 
 def emit_folder(folder: Path, name: str) -> None:

@@ -46,7 +46,14 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from . import compile_cache, kernels, lora
-from .callbacks import Callbacks, Heartbeats, ProgressBar, Report, TrainingCallback
+from .callbacks import (
+    Callbacks,
+    Heartbeats,
+    ProgressBar,
+    RecentRecords,
+    Report,
+    TrainingCallback,
+)
 from .checkpoint import (
     checkpoint_name,
     content_hash,
@@ -224,6 +231,8 @@ class Trainer:
         self.key = mx.random.key(cfg.seed + 1)
         self.step = 0
         self.heartbeat = heartbeat_wanted()
+        self.recent = RecentRecords()  # kept in each checkpoint, replayed on resume
+        self.replay: list[dict] = []  # the resumed checkpoint's (Report sends them again)
         self.stop = StopRequest(group)  # SIGUSR2: checkpoint and stop (stopping.py)
         self.room = RoomWatch()  # room for the next checkpoint on this host (disk_room.py)
 
@@ -268,12 +277,14 @@ class Trainer:
         """What this rank does with what the loop measures: heartbeats (when a
         launcher watches them); on rank 0 also the progress bar (on a terminal),
         the log lines and the metrics record."""
-        callbacks: list[TrainingCallback] = [Heartbeats(self.rank)] if self.heartbeat else []
+        callbacks: list[TrainingCallback] = [self.recent]
+        if self.heartbeat:
+            callbacks.append(Heartbeats(self.rank))
         if self.rank == 0:
             if self.cfg.progress and sys.stdout.isatty():
                 callbacks.append(ProgressBar(last))
             callbacks.append(Report(self.log, self.out / "metrics.jsonl", self.cfg.steps,
-                                    self.size))
+                                    self.size, replay=self.replay))
         return Callbacks(*callbacks)
 
     def resume(self) -> None:
@@ -295,6 +306,7 @@ class Trainer:
             state, digest, where = self.load_resplit(*found)
         check_loaded(self.data_group, self.writers, state["step"], digest)
         self.step = state["step"]
+        self.replay = state.get("records", [])
         self.key = mx.array(state["rng_key"], dtype=mx.uint32)
         if self.lora and "global_rng_key" in state:  # LoRA's dropout draws from it
             hi, lo = state["global_rng_key"]
@@ -418,7 +430,8 @@ class Trainer:
                 print(f"warning: {warning}", file=sys.stderr, flush=True)
         state = {"data": self.train_data.position(self.step),
                  "rng_key": np.array(self.key).tolist(), "config": asdict(self.cfg),
-                 "model_args": asdict(self.args), "world_size": self.size}
+                 "model_args": asdict(self.args), "world_size": self.size,
+                 "records": self.recent.records}
         if self.pipe is not None:  # its place, and every stage's host (resplit.py names them)
             state["pipeline"] = {**stage_state(self.stage_plan),
                                  "hosts": self.layout.hosts[:self.pipe.stages]}

@@ -145,3 +145,33 @@ def test_a_folder_is_read_from_a_host_whole_and_only_its_files(tmp_path):
     with pytest.raises(OSError, match="mac1: "):
         fetch_folder(host, tmp_path / "none")
     assert not (tmp_path / "none").exists()
+
+
+def test_replayed_records_are_kept_only_where_the_record_lacks_them(tmp_path, monkeypatch):
+    """A resume sends again the records logged since the checkpoint before
+    (reference_train/callbacks.RecentRecords): mlxcluster's record keeps the
+    ones whose lines were lost, and so does the trainer's own metrics.jsonl."""
+    from reference_train.metrics import RECORD_ENV, replay_records
+
+    out = tmp_path / "run"
+    rec = RunRecord(out)
+    for step in (1, 2):
+        rec.feed(f'@@mlxcluster-record {{"step": {step}, "loss": {5 - step}}}')
+    rec.feed('@@mlxcluster-record {"step": 2, "val_loss": 3.5}')
+    rec.feed('@@mlxcluster-record {"event": "start", "step": 4, "ranks": 2}')
+    for line in ('{"step": 2, "loss": 9, "replayed": true}', '{"step": 3, "loss": 2, "replayed": true}',
+                 '{"step": 4, "val_loss": 1.5, "replayed": true}', '{"step": 4, "loss": 1, "replayed": true}',
+                 '{"step": 5, "loss": 0.5}'):
+        rec.feed(f"@@mlxcluster-record {line}")
+    rec.close()
+    kept = [(r["step"], r.get("loss"), r.get("val_loss")) for r in records(out) if "event" not in r]
+    assert kept == [(1, 4, None), (2, 3, None), (2, None, 3.5), (3, 2, None), (4, None, 1.5),
+                    (4, 1, None), (5, 0.5, None)]
+
+    monkeypatch.delenv(RECORD_ENV, raising=False)  # the trainer alone writes its own file
+    own = tmp_path / "own" / "metrics.jsonl"
+    own.parent.mkdir()
+    own.write_text('{"step": 1, "loss": 4}\n')
+    replay_records(own, [{"step": 1, "loss": 9}, {"step": 2, "loss": 3}])
+    assert [json.loads(line) for line in own.read_text().splitlines()] == [
+        {"step": 1, "loss": 4}, {"step": 2, "loss": 3, "replayed": True}]

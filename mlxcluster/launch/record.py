@@ -18,6 +18,9 @@ the same --out path:
 
 A start at step N (a resume) drops the records of later steps, so a resumed
 run does not log steps twice, as the trainer does for its own metrics.jsonl.
+Then the trainer sends again the records logged since the checkpoint before
+the one it resumed from, marked "replayed": those whose lines were lost when
+the job stopped are kept, the rest dropped (each step's loss once).
 """
 
 from __future__ import annotations
@@ -31,7 +34,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from reference_train.metrics import FILE_EVENT, RECORD_ENV, RECORD_MARK, truncate_metrics
+from reference_train.metrics import (
+    FILE_EVENT,
+    RECORD_ENV,
+    RECORD_MARK,
+    REPLAYED,
+    logged_keys,
+    record_key,
+    truncate_metrics,
+)
 
 __all__ = ["RECORD_ENV", "RunRecord"]
 
@@ -52,6 +63,7 @@ class RunRecord:
         self._pieces: dict[str, list[bytes]] = {}  # path -> the pieces so far
         self.fetched_from: str | None = None  # the host a folder was read from instead
         self.stopped_at: int | None = None  # the launch's ranks stopped when asked, at this step
+        self._logged: set | None = None  # the record's (step, kind)s, for replayed records
 
     def start_launch(self, what: str) -> None:
         self.stopped_at = None
@@ -76,8 +88,14 @@ class RunRecord:
             return None
         if record.get("event") == "start":
             truncate_metrics(self.metrics, int(record.get("step", 0)))
+            self._logged = None
         if record.get("event") == "stopped":  # reference_train/stopping.py
             self.stopped_at = int(record.get("step", 0))
+        if record.get(REPLAYED):
+            if self._logged is None:  # read once per launch, when the first replay comes
+                self._logged = logged_keys(self.metrics)
+            if record_key(record) in self._logged:
+                return None  # it arrived the first time
         self.add(record)
         return None
 
