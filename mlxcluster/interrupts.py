@@ -18,7 +18,7 @@ import os
 import signal
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -77,6 +77,42 @@ def deferred() -> Iterator[list[int]]:
     try:
         yield arrived
     finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+@contextmanager
+def first_signal_calls(then: Callable[[int], None]) -> Iterator[Callable[[int], None]]:
+    """Within: the first handled signal calls ``then(signum)`` (in the main
+    thread: it must return soon) instead of raising; a later one raises
+    ``Stop`` as usual (a second Ctrl-C stops at once). Yields ``stop_now``:
+    from any thread, raise ``Stop(signum)`` in the main thread (by sending
+    the signal again), while within. (Elsewhere than the main thread: as
+    ``signals_raise``, and ``stop_now`` does nothing.)"""
+    if not _in_main_thread():
+        yield lambda signum: None
+        return
+    first, active = [True], [True]
+    lock = threading.Lock()
+
+    def handle(signum, _frame) -> None:
+        if first[0]:
+            first[0] = False
+            then(signum)
+            return
+        raise Stop(signum)
+
+    def stop_now(signum: int) -> None:
+        with lock:
+            if active[0]:
+                os.kill(os.getpid(), signum)
+
+    previous = {s: signal.signal(s, handle) for s in HANDLED}
+    try:
+        yield stop_now
+    finally:
+        with lock:
+            active[0] = False
         for s, handler in previous.items():
             signal.signal(s, handler)
 

@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from mlxcluster.serve.admission import Admission, QueueFull
 from mlxcluster.serve.front import RETRY_AFTER_S, Backend, Front, served_alone
 from mlxcluster.serve.probe import ProbeResult, ProbeWatch, probe_once
 from tests.serve_support import scrape
@@ -131,10 +132,10 @@ def test_requests_and_streams_are_passed_on_whole(upstream):
     assert "".join(words) == "Once upon a time" and body.endswith(b"data: [DONE]\n\n")
 
 
-@pytest.mark.parametrize("concurrent,most", [(False, 1), (True, 4)])
-def test_requests_reach_rank_0_one_at_a_time_unless_concurrent(upstream, concurrent, most):
+@pytest.mark.parametrize("max_in_flight", [1, 4])
+def test_requests_reach_rank_0_at_most_max_in_flight_at_once(upstream, max_in_flight):
     Upstream.delay = 0.3
-    backend = Backend(concurrent=concurrent)
+    backend = Backend(Admission(max_in_flight, queue=8))
     backend.up(upstream)
     with Front("127.0.0.1", 0, backend) as front:
         results = []
@@ -145,7 +146,79 @@ def test_requests_reach_rank_0_one_at_a_time_unless_concurrent(upstream, concurr
         for t in threads:
             t.join()
     assert results == [200] * 4
-    assert Upstream.most_at_once == most
+    assert Upstream.most_at_once == max_in_flight
+    assert backend.admission.counts() == (0, 0)
+
+
+def test_past_the_queue_a_request_gets_429_at_once_and_the_line_is_served_in_order(upstream):
+    """One in flight, two waiting (--queue 2): the fourth is refused at once
+    with Retry-After; the waiting ones are answered in the order they came."""
+    Upstream.delay = 1.0
+    backend = Backend(Admission(1, queue=2))
+    backend.up(upstream)
+    answered: list[tuple[int, int]] = []
+    with Front("127.0.0.1", 0, backend) as front:
+        def ask(i: int) -> None:
+            status, _, body = post(front.port, "/v1/completions", {"n": i}, timeout=30)
+            answered.append((i, status))
+        threads = []
+        for i in range(3):
+            threads.append(threading.Thread(target=ask, args=(i,)))
+            threads[-1].start()
+            poll_until(lambda i=i: sum(backend.admission.counts()) == i + 1, 10, f"request {i} in")
+        started = time.monotonic()
+        status, headers, body = post(front.port, "/v1/completions", {"n": 3})
+        took = time.monotonic() - started
+        for t in threads:
+            t.join()
+        seen = scrape(front.port)
+    assert status == 429 and headers["Retry-After"] == str(RETRY_AFTER_S), body
+    said = json.loads(body)["error"]
+    assert said["type"] == "rate_limit" and "1 request(s) in flight and 2 waiting" in said["message"]
+    assert took < 0.9  # at once: not after the answer in flight (1 s)
+    assert answered == [(0, 200), (1, 200), (2, 200)]
+    assert seen[("mlxcluster_serve_requests_total",
+                 (("route", "/v1/completions"), ("status", "429")))] == 1
+
+
+def test_a_client_that_goes_away_while_waiting_gives_up_its_place(upstream):
+    Upstream.delay = 1.5
+    backend = Backend(Admission(1, queue=4))
+    backend.up(upstream)
+    with Front("127.0.0.1", 0, backend) as front:
+        first = threading.Thread(target=post, args=(front.port, "/v1/completions", {"n": 0}))
+        first.start()
+        poll_until(lambda: backend.admission.counts() == (1, 0), 10, "the first in flight")
+        gone = socket.create_connection(("127.0.0.1", front.port))
+        payload = json.dumps({"n": 1}).encode()
+        gone.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                     b"\r\nContent-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+        poll_until(lambda: backend.admission.counts() == (1, 1), 10, "the second waiting")
+        gone.close()
+        poll_until(lambda: backend.admission.counts() == (1, 0), 5, "its place given up")
+        first.join()
+    assert Upstream.most_at_once == 1
+    assert backend.admission.counts() == (0, 0)
+
+
+def test_a_drain_refuses_new_requests_and_lets_the_admitted_finish(upstream):
+    Upstream.delay = 1.0
+    backend = Backend(Admission(1, queue=4))
+    backend.up(upstream)
+    got: list[int] = []
+    with Front("127.0.0.1", 0, backend) as front:
+        threads = [threading.Thread(target=lambda i=i: got.append(
+            post(front.port, "/v1/completions", {"n": i}, timeout=30)[0])) for i in range(2)]
+        for i, t in enumerate(threads):
+            t.start()
+            poll_until(lambda i=i: sum(backend.admission.counts()) == i + 1, 10, f"request {i} in")
+        backend.drain("serve is stopping (SIGTERM)")
+        status, headers, body = post(front.port, "/v1/completions", {"n": 2})
+        assert not backend.idle()
+        for t in threads:
+            t.join()
+    assert status == 503 and "serve is stopping (SIGTERM)" in json.loads(body)["error"]["message"]
+    assert got == [200, 200] and backend.idle()
 
 
 def test_the_probe_answers_and_fails_within_its_timeout(upstream):
@@ -210,7 +283,7 @@ def test_beside_a_long_answer_the_probe_decides_alive_or_hung():
     watch, _ = watch_with([ProbeResult(True, 0.1), ProbeResult(True, 0.2),
                            ProbeResult(False, 5.0, "no answer within 5 s")], backend, clock)
     watch._until_up()
-    backend.turn.acquire()  # a user's request holds the turn
+    assert backend.admission.enter()  # a user's request holds the one slot
     try:
         flight = backend.begin(alone=False, streaming=False)
         clock.now += 60  # a minute without a byte of that answer
@@ -221,7 +294,7 @@ def test_beside_a_long_answer_the_probe_decides_alive_or_hung():
         assert watch.stalled() and "the probe (a one-token completion) got no answer" in watch.why()
         assert flight.cut is not None and "restarting" in flight.cut  # told at once, not left hanging
     finally:
-        backend.turn.release()
+        backend.admission.leave()
 
 
 def test_a_long_prompt_being_processed_is_alive_while_the_probe_waits_behind_it():
@@ -474,3 +547,25 @@ def test_a_server_gone_is_left_to_the_launcher_for_one_probe_limit():
     clock.now += 2  # 6 s since first found gone, limit 5
     watch._check()
     assert watch.stalled() and "cannot connect" in watch.why()
+
+
+def test_admission_takes_slots_then_a_line_then_refuses_and_the_probe_never_waits():
+    line = Admission(2, queue=1)
+    assert line.enter() and line.enter()
+    assert not line.try_enter()  # the probe: every slot taken, it goes beside
+    waiter_in: list[bool] = []
+    waiter = threading.Thread(target=lambda: waiter_in.append(line.enter()))
+    waiter.start()
+    poll_until(lambda: line.counts() == (2, 1), 5, "one waiting")
+    with pytest.raises(QueueFull) as full:
+        line.enter()
+    assert (full.value.waiting, full.value.max_in_flight) == (2 - 1, 2)
+    line.leave()
+    waiter.join(5)
+    assert waiter_in == [True] and line.counts() == (2, 0)
+    line.leave()
+    line.leave()
+    assert line.try_enter() and line.counts() == (1, 0)
+    gave_up = line.enter(given_up=lambda: True)  # a free slot: taken before any give-up check
+    assert gave_up and line.counts() == (2, 0)
+    assert line.enter(given_up=lambda: True) is False and line.counts() == (2, 0)

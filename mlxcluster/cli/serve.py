@@ -18,6 +18,7 @@ from mlxcluster.jobs.run_output import open_rank_logs
 from mlxcluster.launch.job_source import one_source
 from mlxcluster.launch.session import launch_session
 from mlxcluster.serve.access import KEY_ENV, api_key_from, check_exposure
+from mlxcluster.serve.admission import Admission
 from mlxcluster.serve.front import Backend, Front
 from mlxcluster.serve.journal import ServeJournal, up_line
 from mlxcluster.serve.server_lines import ServerLines
@@ -64,9 +65,16 @@ from mlxcluster.serve.serving import (
                    "--api-key-file or $MLXCLUSTER_API_KEY).")
 @click.option("--no-auth", is_flag=True,
               help="Serve on a --bind other machines reach without a key (refused otherwise).")
-@click.option("--concurrent", is_flag=True,
-              help="Pass requests on as they come; by default one at a time (mlx-lm's "
-                   "distributed server fails on two at once: mlx-lm #1737).")
+@click.option("--max-in-flight", type=click.IntRange(1, 256), default=1, show_default=True,
+              help="Requests passed on to rank 0 at once (mlx-lm batches them); 1: one at a "
+                   "time, as mlx-lm's distributed server fails on two at once on JACCL "
+                   "(mlx-lm #1737; docs/serve.md has what was measured on ring and MPI).")
+@click.option("--queue", type=click.IntRange(0, 10000), default=16, show_default=True,
+              help="Requests that may wait for their turn, in order; one more gets 429 with "
+                   "Retry-After at once.")
+@click.option("--drain-timeout", type=Duration(0), default="30s", show_default=True,
+              help="At Ctrl-C or SIGTERM: new requests get 503 and the ones admitted may "
+                   "finish within this long; then every rank stops (a second Ctrl-C: at once).")
 @click.option("--no-sync-model", is_flag=True,
               help="Do not check the model folder on every host (sha256) nor send it where it "
                    "is missing or different.")
@@ -74,15 +82,16 @@ from mlxcluster.serve.serving import (
               help="Folder for one log file per rank and serve.log (default: ./runs/RUN_ID).")
 @click.argument("model_dir", type=click.Path(file_okay=False))
 def command(timeout, pipeline, port, bind, max_restarts, probe_every, probe_timeout,
-            request_timeout, start_timeout, api_key_file, api_key, no_auth, concurrent,
-            no_sync_model, logs_dir, model_dir, server_args, **launch):
+            request_timeout, start_timeout, api_key_file, api_key, no_auth, max_in_flight,
+            queue, drain_timeout, no_sync_model, logs_dir, model_dir, server_args, **launch):
     """Serve MODEL_DIR with mlx-lm's server split over every host, at one address here.
 
     e.g. `mlxcluster serve ~/models/Qwen3-4B-4bit -i cluster.yaml --port 9000`:
     serve's options go before or after MODEL_DIR. Arguments after `--` go to
     mlx_lm.server (not --model, --host, --port, --pipeline:
     serve sets those; its own options say where). Runs until Ctrl-C; every rank on every
-    host is then stopped (exit 0). Exit 2: bad input or a model that cannot
+    host is then stopped (exit 0), once the requests admitted are answered
+    (--drain-timeout). Exit 2: bad input or a model that cannot
     be split so; 4: the restarts are spent (docs/serve.md).
     """
     flags = launch_flags(**launch)
@@ -101,10 +110,11 @@ def command(timeout, pipeline, port, bind, max_restarts, probe_every, probe_time
                          "stop it with Ctrl-C or 'kill' (SIGTERM)")
     spec = ServeSpec(absolute_model(model_dir), pipeline, probe_every, probe_timeout,
                      start_timeout, server_args,
-                     request_timeout=None if request_timeout == "off" else request_timeout)
+                     request_timeout=None if request_timeout == "off" else request_timeout,
+                     drain_timeout=drain_timeout)
     key = api_key_from(api_key, api_key_file, dict(os.environ))
     check_exposure(bind, key, no_auth)
-    backend_state = Backend(concurrent=concurrent)
+    backend_state = Backend(Admission(max_in_flight, queue))
     try:  # first: a taken port is said before anything is checked, sent or launched
         front = Front(bind, port, backend_state, request_timeout=spec.request_timeout,
                       server_args=spec.server_args, api_key=key)

@@ -8,8 +8,11 @@ restarts, so the address never changes, whichever host rank 0 is on:
 - while the cluster is down (starting, restarting) a request gets 503 with
   ``Retry-After`` at once, never a hang; a request in flight when the probe
   finds a hang is cut at once and told why (503);
-- requests reach rank 0 one at a time: mlx-lm's distributed server crashes
-  on two at once (mlx-lm #1737). ``concurrent`` lifts that;
+- requests reach rank 0 as ``admission.Admission`` lets them: one at a
+  time by default (mlx-lm's distributed server crashes on two at once,
+  mlx-lm #1737), a bounded line behind, 429 at once past it;
+- stopping drains: new requests get 503, the ones admitted finish
+  (``Backend.drain``; serve's --drain-timeout bounds the wait);
 - however long an answer takes, the front waits for it: whether the server
   is alive is the probe's to judge (``probe.py``), not one answer's time. A
   request's own limit is ``request_timeout`` (serve's --request-timeout,
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import select
 import socket
 import threading
 import time
@@ -29,6 +33,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from mlxcluster.serve.access import ApiKey
+from mlxcluster.serve.admission import Admission, QueueFull
 from mlxcluster.serve.anthropic import MessagesError, error_body, translator_for
 from mlxcluster.serve.metrics import CONTENT_TYPE, ServeMetrics, route_of
 
@@ -81,19 +86,19 @@ class Flight:
 
 
 class Backend:
-    """Where rank 0's server is now (None while down), one request at a
-    time unless ``concurrent``, and the requests in flight."""
+    """Where rank 0's server is now (None while down), who may talk to it
+    (``admission``), the requests in flight, and whether serve is stopping."""
 
-    def __init__(self, concurrent: bool = False, clock=time.monotonic,
+    def __init__(self, admission: Admission | None = None, clock=time.monotonic,
                  metrics: ServeMetrics | None = None):
         self.clock = clock
-        self.concurrent = concurrent
+        self.admission = admission or Admission()
         self.metrics = metrics or ServeMetrics()
-        self.turn = threading.Lock()  # held by the request (or probe) talking to rank 0
         self._lock = threading.Lock()
         self._port: int | None = None
         self._why_down = "starting"
         self._flights: set[Flight] = set()
+        self.stopping: str | None = None  # why new requests are refused for good (a drain)
 
     def up(self, port: int) -> None:
         with self._lock:
@@ -135,6 +140,16 @@ class Backend:
         with self._lock:
             return list(self._flights)
 
+    def drain(self, why: str) -> None:
+        """Refuse new requests (503, ``why``); the ones admitted or waiting go on."""
+        self.stopping = why
+        self.metrics.mark_ready(False)
+
+    def idle(self) -> bool:
+        """No request in flight nor waiting (a drain's end)."""
+        busy, waiting = self.admission.counts()
+        return busy == 0 and waiting == 0 and not self.in_flight()
+
 
 class Handler(BaseHTTPRequestHandler):
     server: FrontServer
@@ -170,20 +185,39 @@ class Handler(BaseHTTPRequestHandler):
                 return
             path = "/v1/chat/completions"
         port, why = backend.state()
-        if port is None:
-            self.unavailable(why)
-            return
-        if backend.concurrent:
-            self.relay(port, body, path, translator)
+        if backend.stopping is not None or port is None:
+            self.unavailable(backend.stopping or why)
             return
         backend.metrics.waiting.inc()
-        with backend.turn:
+        try:
+            admitted = backend.admission.enter(given_up=self.client_gone)
+        except QueueFull as full:
+            self.refuse(429, f"serve is busy: {full} (--max-in-flight "
+                             f"{full.max_in_flight}, --queue {full.waiting}); retry in "
+                             f"{RETRY_AFTER_S} s", "rate_limit", retry=True)
+            return
+        finally:
             backend.metrics.waiting.dec()
+        if not admitted:  # the client went away while it waited
+            self.close_connection = True
+            return
+        try:
             port, why = backend.state()  # it may have gone down while this one waited
             if port is None:
                 self.unavailable(why)
             else:
                 self.relay(port, body, path, translator)
+        finally:
+            backend.admission.leave()
+
+    def client_gone(self) -> bool:
+        """Whether the client closed its connection (its whole request was read:
+        a readable socket with nothing to read is a close)."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
 
     def answer_here(self) -> bool:
         """The front's own routes: /health (the front is up), /ready (the

@@ -164,12 +164,12 @@ class ProbeWatch(StallWatch):
         # Idle: the probe takes its turn as a request does. A request holding the
         # turn: the probe goes beside it, into mlx-lm's queue, and is batched with
         # it; however long that answer takes, the probe's one token comes.
-        held = not self.backend.concurrent and self.backend.turn.acquire(timeout=1.0)
+        held = self.backend.admission.try_enter()
         try:
             got = self.probe(self.timeout)
         finally:
             if held:
-                self.backend.turn.release()
+                self.backend.admission.leave()
         now = self.clock()
         self.backend.metrics.mark_ready(got.ok)
         self.gone_since = None if not got.refused else (self.gone_since or now)

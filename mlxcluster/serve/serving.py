@@ -8,19 +8,22 @@ jobs layer diagnose and stop every rank, then launches again
 (``restarts.launch_until_done``), up to the restart budget. The front
 (``front.py``), opened by the caller, keeps the one address meanwhile.
 
-It returns only when the restarts are spent (``ServeFailed``); Ctrl-C or
-SIGTERM ends it as they end any job (``errors.Interrupted``, every rank
-stopped on every host).
+It returns only when the restarts are spent (``ServeFailed``). Ctrl-C or
+SIGTERM first drains (``Drain``): new requests get 503, the ones admitted
+finish within --drain-timeout; then, or at a second signal, every rank is
+stopped on every host as any job is (``errors.Interrupted``).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
+from mlxcluster import interrupts
 from mlxcluster.errors import EXIT_STALLED, InputError, Interrupted, MlxclusterError
 from mlxcluster.fit.split import SplitVerdict
 from mlxcluster.fit.split_check import check_split, refusal
@@ -80,6 +83,7 @@ class ServeSpec:
     start_timeout: float = 900.0
     server_args: tuple[str, ...] = ()  # after `--`: passed on to mlx_lm.server
     request_timeout: float | None = None  # one request's limit at the front (None: none)
+    drain_timeout: float = 30.0  # at Ctrl-C/SIGTERM: how long the admitted requests may finish
 
     def __post_init__(self) -> None:
         refuse_owned_args(self.server_args)
@@ -155,13 +159,47 @@ def serve_until_stopped(job: Job, spec: ServeSpec, backend: Backend, restarts: R
     are spent (raises ``ServeFailed``, or the last stall), or `mlxcluster stop`
     ends the run (returns); each launch, restart, time up and the stop written
     to ``journal`` (serve.log)."""
+    on_event = journaled(journal, on_event)
+    drain = Drain(backend, spec.drain_timeout, on_event)
     try:
-        _serve(job, spec, backend, restarts, env, run_id, logs_dir, on_line,
-               journaled(journal, on_event), journaled(journal, on_up))
+        with interrupts.first_signal_calls(drain.start) as stop_now:
+            drain.stop_now = stop_now
+            _serve(job, spec, backend, restarts, env, run_id, logs_dir, on_line, on_event,
+                   journaled(journal, on_up))
     except Interrupted as stop:
         journal.stopped(stop)
         raise
     journal.stopped(f"asked ('mlxcluster stop {run_id}'): every rank ended")
+
+
+class Drain:
+    """The first Ctrl-C or SIGTERM: new requests refused (503), the admitted
+    ones finish, within ``timeout`` seconds; then the ranks are stopped as
+    at any interrupt (``stop_now``: the signal again, in the main thread)."""
+
+    def __init__(self, backend: Backend, timeout: float, on_event: OnEvent):
+        self.backend, self.timeout, self.on_event = backend, timeout, on_event
+        self.stop_now: Callable[[int], None] = lambda signum: None
+
+    def start(self, signum: int) -> None:
+        name = interrupts.signal_name(signum)
+        self.backend.drain(f"serve is stopping ({name})")
+        busy, waiting = self.backend.admission.counts()
+        self.on_event(Note(f"{name}: draining, no new requests; {busy} in flight and {waiting} "
+                           f"waiting may finish within {self.timeout:.0f} s (--drain-timeout); "
+                           f"{name} again stops at once"))
+        threading.Thread(target=self._wait, args=(signum,), name="serve-drain",
+                         daemon=True).start()
+
+    def _wait(self, signum: int) -> None:
+        deadline = self.backend.clock() + self.timeout
+        while not self.backend.idle() and self.backend.clock() < deadline:
+            threading.Event().wait(0.1)
+        if not self.backend.idle():
+            busy, waiting = self.backend.admission.counts()
+            self.on_event(Note(f"drain: {busy} request(s) still in flight and {waiting} waiting "
+                               f"after {self.timeout:.0f} s: cut"))
+        self.stop_now(signum)
 
 
 def journaled(journal: ServeJournal, then: Callable) -> Callable:
