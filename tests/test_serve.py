@@ -56,6 +56,8 @@ def test_serve_answers_as_one_process_and_ctrl_c_leaves_nothing(llama, tmp_path)
     said = [line.split(" ", 2)[2] for line in journal]  # after the date and time
     assert said[0].startswith(f"launching 2 rank(s) on ring, run {run_id}: mlx-lm's server")
     assert said[1:] == [f"serving {model.name} at http://127.0.0.1:{port}/v1 (2 ranks, tensor)",
+                        "SIGINT: draining, no new requests; 0 in flight and 0 waiting may finish "
+                        "within 30 s (--drain-timeout); SIGINT again stops at once",
                         "stopped: interrupted (SIGINT): the job was stopped on every rank"], journal
 
 
@@ -153,11 +155,11 @@ LONG_PROBE_TIMEOUT_S = SERVE_PROBE_TIMEOUT_S
 LONG_TOKENS = 1200
 
 
-def long_chat(client, eos: int, **kw):
-    """A chat request that generates LONG_TOKENS, end-of-sequence banned."""
+def long_chat(client, eos: int, tokens: int = LONG_TOKENS, **kw):
+    """A chat request that generates ``tokens``, end-of-sequence banned."""
     return client.chat.completions.create(
         model="default_model", messages=[{"role": "user", "content": "Once upon a time"}],
-        max_tokens=LONG_TOKENS, temperature=0.0, logit_bias={str(eos): -100}, **kw)
+        max_tokens=tokens, temperature=0.0, logit_bias={str(eos): -100}, **kw)
 
 
 def test_a_long_answer_is_delivered_once_and_a_hang_during_one_is_still_found(llama, tmp_path):
@@ -283,6 +285,94 @@ def test_a_long_answer_is_delivered_once_and_a_hang_during_one_is_still_found(ll
     logs = [serving.output()] + [f.read_text() for f in (tmp_path / "runs" / run_id).iterdir()
                                  if f.is_file()]
     assert not any(key in text for text in logs)
+
+
+def test_many_clients_are_answered_or_refused_at_once_and_sigterm_drains(llama, tmp_path):
+    """Issue 47, items 1 and 6, with the official openai client on two real
+    ring ranks (`--max-in-flight 2 --queue 2`): a client that leaves mid-stream
+    frees its slot; two long answers streaming and eight more clients at once:
+    two wait their turn, six get 429 at once, none hangs; SIGTERM then: no new
+    request (503), the two streams and the two waiting complete, exit 0,
+    nothing left."""
+    import openai
+    from tokenizers import Tokenizer
+
+    model = chat_model(llama, tmp_path / "tiny-chat")
+    eos = Tokenizer.from_file(str(model / "tokenizer.json")).token_to_id("<|endoftext|>")
+    port = free_port_block(1)
+    serving = Serving(["--local", "2", "--no-preflight", "--port", str(port), "--probe-every", "2s",
+                       "--probe-timeout", f"{LONG_PROBE_TIMEOUT_S}s", "--max-in-flight", "2",
+                       "--queue", "2", "--drain-timeout", f"{SERVE_AGAIN_S}s", str(model)],
+                      cwd=tmp_path)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0,
+                           timeout=SERVE_AGAIN_S)
+    in_flight = ("mlxcluster_serve_in_flight_requests", ())
+    try:
+        serving.wait_for(r"serving \S+ at http://", SERVE_UP_S)
+        run_id = re.search(r"run (mlxserve-[0-9a-f]+)", serving.output()).group(1)
+
+        # A client that leaves mid-stream gives its slot back.
+        body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "stream": True,
+                           "max_tokens": LONG_TOKENS, "logit_bias": {str(eos): -100}}).encode()
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as leaving:
+            leaving.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                            % (len(body), body))
+            assert leaving.recv(100).startswith(b"HTTP/1.1 200")
+        waits.poll_until(lambda: scrape(port)[in_flight] == 0, SERVE_AGAIN_S,
+                         "the slot of the client that left given back", interval=0.2)
+
+        # Two long answers streaming, then eight clients at once.
+        streamed: dict[int, str] = {}
+
+        def stream(i: int) -> None:
+            chunks = list(long_chat(client, eos, LONG_TOKENS // 4, stream=True))
+            assert chunks[-1].choices[0].finish_reason == "length"
+            streamed[i] = "".join(c.choices[0].delta.content or "" for c in chunks)
+
+        long_ones = [threading.Thread(target=stream, args=(i,)) for i in range(2)]
+        for t in long_ones:
+            t.start()
+        waits.poll_until(lambda: scrape(port)[in_flight] == 2, SERVE_AGAIN_S,
+                         "both long answers streaming", interval=0.1)
+        short: list[tuple[int, float, str]] = []
+
+        def ask() -> None:
+            started = time.monotonic()
+            status, said = _status_of(lambda: client.chat.completions.create(
+                model="default_model", messages=[{"role": "user", "content": PROMPT}],
+                max_tokens=MAX_TOKENS, temperature=0.0))
+            short.append((status, time.monotonic() - started, said))
+
+        many = [threading.Thread(target=ask) for _ in range(8)]
+        for t in many:
+            t.start()
+        waits.poll_until(lambda: sum(1 for s in short if s[0] == 429) == 6, SERVE_AGAIN_S,
+                         "six refused", interval=0.1)
+        assert scrape(port)[("mlxcluster_serve_waiting_requests", ())] == 2
+        assert all(took < 10 for status, took, _ in short if status == 429), short  # at once
+        assert "--max-in-flight 2, --queue 2" in next(s for s in short if s[0] == 429)[2]
+
+        # SIGTERM while both stream and two wait: they all complete; the next gets 503.
+        seen = len(serving.lines)
+        serving.proc.send_signal(signal.SIGTERM)
+        serving.wait_for(r"SIGTERM: draining, no new requests; 2 in flight and 2 waiting",
+                         SERVE_AGAIN_S, after=seen)
+        refused = _status_of(lambda: client.models.list())
+        assert refused[0] == 503 and "serve is stopping (SIGTERM)" in refused[1], refused
+        for t in [*long_ones, *many]:
+            t.join(SERVE_AGAIN_S)
+        code = serving.proc.wait(timeout=SERVE_STOP_S)
+    finally:
+        serving.stop()
+    assert code == 0, serving.output()
+    assert len(streamed) == 2 and streamed[0] == streamed[1] and streamed[0], streamed
+    statuses = sorted(s[0] for s in short)
+    assert statuses == [200, 200] + [429] * 6, short
+    said = serving.output()
+    assert "still in flight" not in said and "restart" not in said, said
+    assert f"every rank of run {run_id} was stopped" in serving.output()
+    assert processes_with(run_id) == []
 
 
 def _status_of(ask, *args) -> tuple[int, str]:

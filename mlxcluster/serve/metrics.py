@@ -58,7 +58,7 @@ class ServeMetrics:
                                  "From a request passed on to rank 0 to its answer's end.",
                                  ["route"], buckets=SECONDS, registry=r)
         self.waiting = Gauge("mlxcluster_serve_waiting_requests",
-                             "Requests waiting for their turn (one at a time to rank 0).",
+                             "Requests waiting in line for a slot (--max-in-flight, --queue).",
                              registry=r)
         self.in_flight = Gauge("mlxcluster_serve_in_flight_requests",
                                "Requests passed on to rank 0, not yet answered.", registry=r)

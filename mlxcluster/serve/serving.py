@@ -184,8 +184,9 @@ class Drain:
     def start(self, signum: int) -> None:
         name = interrupts.signal_name(signum)
         self.backend.drain(f"serve is stopping ({name})")
-        busy, waiting = self.backend.admission.counts()
-        self.on_event(Note(f"{name}: draining, no new requests; {busy} in flight and {waiting} "
+        waiting = self.backend.admission.counts()[1]
+        flights = len(self.backend.in_flight())  # requests: the probe is not one
+        self.on_event(Note(f"{name}: draining, no new requests; {flights} in flight and {waiting} "
                            f"waiting may finish within {self.timeout:.0f} s (--drain-timeout); "
                            f"{name} again stops at once"))
         threading.Thread(target=self._wait, args=(signum,), name="serve-drain",
@@ -196,8 +197,9 @@ class Drain:
         while not self.backend.idle() and self.backend.clock() < deadline:
             threading.Event().wait(0.1)
         if not self.backend.idle():
-            busy, waiting = self.backend.admission.counts()
-            self.on_event(Note(f"drain: {busy} request(s) still in flight and {waiting} waiting "
+            waiting = self.backend.admission.counts()[1]
+            self.on_event(Note(f"drain: {len(self.backend.in_flight())} request(s) still in "
+                               f"flight and {waiting} waiting "
                                f"after {self.timeout:.0f} s: cut"))
         self.stop_now(signum)
 
