@@ -50,6 +50,29 @@ def test_handled_signals_raise_stop_and_deferred_ones_are_only_recorded():
     assert {s: signal.getsignal(s) for s in before} == before
 
 
+def test_the_first_signal_calls_back_and_the_next_or_stop_now_raises():
+    """serve's drain (serve/serving.py Drain): the first Ctrl-C or SIGTERM is
+    a call, not a raise; a second one raises, and so does ``stop_now`` from
+    another thread once the drain is done."""
+    import threading
+
+    called: list[int] = []
+    with interrupts.first_signal_calls(called.append) as stop_now:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)
+        assert called == [signal.SIGTERM]  # called, nothing raised
+        with pytest.raises(interrupts.Stop) as raised:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+        assert raised.value.signum == signal.SIGINT
+        with pytest.raises(interrupts.Stop) as raised:
+            threading.Thread(target=stop_now, args=(signal.SIGTERM,)).start()
+            time.sleep(1)
+        assert raised.value.signum == signal.SIGTERM
+    stop_now(signal.SIGTERM)  # outside: nothing is sent
+    assert called == [signal.SIGTERM]
+
+
 @pytest.mark.parametrize("raised, code, said", [
     (KeyboardInterrupt(), 130, "interrupted (SIGINT)"),
     (interrupts.Stop(signal.SIGHUP), 129, "interrupted (SIGHUP)"),

@@ -569,3 +569,33 @@ def test_admission_takes_slots_then_a_line_then_refuses_and_the_probe_never_wait
     gave_up = line.enter(given_up=lambda: True)  # a free slot: taken before any give-up check
     assert gave_up and line.counts() == (2, 0)
     assert line.enter(given_up=lambda: True) is False and line.counts() == (2, 0)
+
+
+def test_a_drain_past_its_limit_says_what_it_cuts_then_stops():
+    """serve/serving.py's Drain: nothing in flight, it stops at once; a
+    request still in flight at the limit is named as cut, then it stops."""
+    from mlxcluster.serve.serving import Drain
+
+    said, stops = [], []
+    backend = Backend()
+    drain = Drain(backend, 0.5, said.append)
+    drain.stop_now = stops.append
+    drain.start(15)  # SIGTERM
+    poll_until(lambda: stops, 5, "an idle drain stopped at once")
+    assert stops == [15] and backend.stopping == "serve is stopping (SIGTERM)"
+    assert [n.text for n in said] == ["SIGTERM: draining, no new requests; 0 in flight and 0 waiting "
+                                      "may finish within 0.5 s (--drain-timeout); SIGTERM again stops "
+                                      "at once"]
+    said.clear()
+    stops.clear()
+    backend = Backend()
+    assert backend.admission.enter()
+    backend.begin(alone=False, streaming=True)
+    drain = Drain(backend, 0.5, said.append)
+    drain.stop_now = stops.append
+    started = time.monotonic()
+    drain.start(2)  # SIGINT
+    poll_until(lambda: stops, 5, "the drain stopped at its limit")
+    assert time.monotonic() - started >= 0.5
+    assert "1 in flight" in said[0].text
+    assert said[1].text == "drain: 1 request(s) still in flight and 0 waiting after 0.5 s: cut"

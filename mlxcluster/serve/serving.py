@@ -187,7 +187,7 @@ class Drain:
         waiting = self.backend.admission.counts()[1]
         flights = len(self.backend.in_flight())  # requests: the probe is not one
         self.on_event(Note(f"{name}: draining, no new requests; {flights} in flight and {waiting} "
-                           f"waiting may finish within {self.timeout:.0f} s (--drain-timeout); "
+                           f"waiting may finish within {self.timeout:g} s (--drain-timeout); "
                            f"{name} again stops at once"))
         threading.Thread(target=self._wait, args=(signum,), name="serve-drain",
                          daemon=True).start()
@@ -200,7 +200,7 @@ class Drain:
             waiting = self.backend.admission.counts()[1]
             self.on_event(Note(f"drain: {len(self.backend.in_flight())} request(s) still in "
                                f"flight and {waiting} waiting "
-                               f"after {self.timeout:.0f} s: cut"))
+                               f"after {self.timeout:g} s: cut"))
         self.stop_now(signum)
 
 

@@ -1,0 +1,248 @@
+"""serve's figures (issue 47, item 7): what the front costs, what batching
+gives, whether batched answers are the answers, and how long a hang takes.
+
+    python bench/serve.py                          # --local 2, ring, 3 rounds
+    python bench/serve.py --backend mpi --rounds 2 --tokens 64
+
+Three servers of the same model on the same two local ranks, started one at
+a time (an idle distributed mlx-lm server keeps mlx.launch's busy loop and
+rank 1 busy: two at once would share the cores) and alternated in rounds, so
+that each sees the machine as the others do:
+
+- bare: `mlx.launch -n 2 --backend B -- python -m mlx_lm server` (what a
+  user runs without mlxcluster), rank 0's port asked directly;
+- serve-1: `mlxcluster serve --local 2` as it ships (one request at a time);
+- serve-8: the same with `--max-in-flight 8` (mlx-lm batches up to 8).
+
+Each round, on each server: eight greedy streamed requests of --tokens
+tokens (end-of-sequence banned, so every answer is that long), one prompt
+each, one after another: tokens/s of each answer and its time to first token
+(the overhead figures); then 4 and 8 clients at once (aggregate tokens/s),
+each answer compared with the same prompt's answer alone on that server.
+On serve-1, last: rank 1 stopped (SIGSTOP) and the seconds until a request
+is answered again (the probe finds it, the ranks are launched again).
+
+The model: a random Llama of --hidden/--layers (mlx-lm's classes) with a BPE
+tokenizer trained here (tests/hf_support.py); no download. Figures:
+docs/performance.md, "serve".
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from mlxcluster.jobs.plan import free_port_block  # noqa: E402
+from mlxcluster.jobs.rank_wrapper import STACKS_ROOT  # noqa: E402
+
+PROMPTS = ["Once upon a time", "The little dog", "She opened the door", "In the garden",
+           "A long time ago", "The sun was", "He liked to", "One day the"]
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant:{% endif %}")
+UP_S, ANSWER_S = 300, 600
+
+
+def make_model(folder: Path, hidden: int, layers: int) -> tuple[Path, int]:
+    """The model folder and its end-of-sequence token id."""
+    from tests.hf_support import EOS, LLAMA3_CONFIG, make_llama_folder, train_tokenizer
+
+    config = {**LLAMA3_CONFIG, "hidden_size": hidden, "num_hidden_layers": layers,
+              "intermediate_size": hidden * 3 // 2, "num_attention_heads": 8,
+              "num_key_value_heads": 4, "max_position_embeddings": 4096}
+    make_llama_folder(folder, config, tokenizer=train_tokenizer())
+    tok_config = folder / "tokenizer_config.json"
+    tok_config.write_text(json.dumps({**json.loads(tok_config.read_text()),
+                                      "chat_template": CHAT_TEMPLATE}))
+    eos = json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"][EOS]
+    return folder, eos
+
+
+class Server:
+    """One server of the three, in a session of its own."""
+
+    def __init__(self, name: str, argv: list[str], port: int, cwd: Path):
+        self.name, self.port = name, port
+        self.log = open(cwd / f"{name}.log", "a")
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + UP_S
+        while not self.answers():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"{name} did not come up: see {self.log.name}")
+            time.sleep(0.5)
+
+    def answers(self) -> bool:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+            conn.request("GET", "/v1/models")
+            ok = conn.getresponse().status == 200
+            conn.close()
+            return ok
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGINT)
+        try:
+            self.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.log.close()
+
+
+def ask(port: int, prompt: str, tokens: int, eos: int) -> dict:
+    """One greedy streamed chat request: its text, time to first token, seconds, tokens."""
+    body = json.dumps({"messages": [{"role": "user", "content": prompt}], "max_tokens": tokens,
+                       "temperature": 0.0, "stream": True, "logit_bias": {str(eos): -100},
+                       "stream_options": {"include_usage": True}})
+    started = time.monotonic()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=ANSWER_S)
+    conn.request("POST", "/v1/chat/completions", body=body,
+                 headers={"Content-Type": "application/json"})
+    answer = conn.getresponse()
+    if answer.status != 200:
+        raise RuntimeError(f"HTTP {answer.status}: {answer.read()[:300]!r}")
+    text, first, used = [], None, None
+    for raw in answer:
+        line = raw.decode().strip()
+        if not line.startswith("data: {"):
+            continue
+        event = json.loads(line[6:])
+        for choice in event.get("choices") or ():
+            piece = (choice.get("delta") or {}).get("content")
+            if piece:
+                first = first or time.monotonic()
+                text.append(piece)
+        used = event.get("usage") or used
+    took = time.monotonic() - started
+    conn.close()
+    return {"text": "".join(text), "ttft": (first or time.monotonic()) - started,
+            "seconds": took, "tokens": (used or {}).get("completion_tokens", 0)}
+
+
+def at_once(port: int, prompts: list[str], tokens: int, eos: int) -> tuple[float, list[dict]]:
+    """``prompts`` sent together: (aggregate tokens/s, the answers in prompt order)."""
+    got: list[dict | None] = [None] * len(prompts)
+
+    def one(i: int) -> None:
+        got[i] = ask(port, prompts[i], tokens, eos)
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(ANSWER_S)
+    took = time.monotonic() - started
+    if any(g is None for g in got):
+        raise RuntimeError("a request at once got no answer")
+    return sum(g["tokens"] for g in got) / took, got
+
+
+def hang_to_answer(server: Server, tokens: int, eos: int) -> float:
+    """SIGSTOP rank 1 of a serve run; seconds until a request is answered again."""
+    run_id = next(line.split("run ")[1].split(":")[0] for line in
+                  Path(server.log.name).read_text().splitlines() if "launching 2 rank(s)" in line)
+    pid = int((Path(STACKS_ROOT) / run_id / "rank1.pid").read_text().split()[0])
+    os.kill(pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    while True:
+        try:
+            ask(server.port, PROMPTS[0], 4, eos)
+            return time.monotonic() - stopped
+        except (OSError, RuntimeError):
+            if time.monotonic() - stopped > UP_S:
+                raise
+            time.sleep(0.5)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backend", choices=("ring", "mpi"), default="ring")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tokens", type=int, default=96)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-serve."))
+    model, eos = make_model(work / "model", args.hidden, args.layers)
+    launcher = shutil.which("mlx.launch", path=str(Path(sys.executable).parent))
+
+    def start(name: str) -> Server:
+        port = free_port_block(1)
+        if name == "bare":
+            argv = [launcher, "-n", "2", "--backend", args.backend, "--starting-port",
+                    str(free_port_block(2)), "--python", sys.executable, "--", "-m", "mlx_lm",
+                    "server", "--model", str(model), "--port", str(port)]
+        else:
+            argv = [sys.executable, "-m", "mlxcluster", "serve", "--local", "2", "--backend",
+                    args.backend, "--no-preflight", "--port", str(port), "--queue", "16",
+                    "--max-in-flight", name.split("-")[1], str(model)]  # probe: serve's defaults
+        return Server(name, argv, port, work)
+
+    names = ["bare", "serve-1", "serve-8"]
+    single: dict[str, list[dict]] = {n: [] for n in names}
+    rates: dict[tuple[str, int], list[float]] = {}
+    mismatches: dict[str, list[int]] = {n: [0, 0] for n in names}  # differing, compared
+    hangs: list[float] = []
+    print(f"bench/serve.py: {args.backend}, {args.rounds} rounds, {args.tokens} tokens, model "
+          f"hidden {args.hidden} x {args.layers} layers; {work}", flush=True)
+    for r in range(args.rounds):
+        order = names if r % 2 == 0 else names[::-1]
+        for name in order:
+            server = start(name)
+            try:
+                alone = [ask(server.port, p, args.tokens, eos) for p in PROMPTS]
+                single[name].extend(alone)
+                for clients in (4, 8):
+                    rate, got = at_once(server.port, PROMPTS[:clients], args.tokens, eos)
+                    rates.setdefault((name, clients), []).append(rate)
+                    for g, a in zip(got, alone[:clients], strict=True):
+                        mismatches[name][0] += g["text"] != a["text"]
+                        mismatches[name][1] += 1
+                if name == "serve-1":
+                    hangs.append(hang_to_answer(server, args.tokens, eos))
+            finally:
+                server.stop()
+            print(f"round {r + 1} {name}: {statistics.median(a['tokens'] / a['seconds'] for a in alone):.1f} "
+                  f"tok/s alone", flush=True)
+
+    print("\n| server | tok/s, one client (median of answers) | time to first token (median) "
+          "| aggregate tok/s, 4 clients | 8 clients | batched answers equal to alone |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name in names:
+        answers = single[name]
+        tps = statistics.median(a["tokens"] / a["seconds"] for a in answers)
+        ttft = statistics.median(a["ttft"] for a in answers)
+        differing, compared = mismatches[name]
+        print(f"| {name} | {tps:.1f} | {ttft * 1000:.0f} ms | "
+              f"{statistics.median(rates[(name, 4)]):.1f} | {statistics.median(rates[(name, 8)]):.1f} "
+              f"| {compared - differing}/{compared} |")
+    bare = statistics.median(a["tokens"] / a["seconds"] for a in single["bare"])
+    served = statistics.median(a["tokens"] / a["seconds"] for a in single["serve-1"])
+    print(f"\nserve-1 / bare, one client: {served / bare:.3f}")
+    print(f"hang (SIGSTOP of rank 1) to answering again: "
+          f"{', '.join(f'{h:.1f}' for h in hangs)} s (serve's defaults: --probe-every 10s "
+          "--probe-timeout 30s)")
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
