@@ -97,7 +97,7 @@ class Server:
             return False
 
     def stop(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGINT)
+        os.killpg(self.proc.pid, signal.SIGTERM)  # serve drains, then stops every rank
         try:
             self.proc.wait(timeout=120)
         except subprocess.TimeoutExpired:
@@ -180,6 +180,9 @@ def main() -> int:
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     args = parser.parse_args()
+    # Started in the background by a script, this process ignores SIGINT, and so would
+    # every launcher it starts (mlx.launch then never stops its ranks on a signal).
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     work = Path(tempfile.mkdtemp(prefix="bench-serve."))
     model, eos = make_model(work / "model", args.hidden, args.layers)
     launcher = shutil.which("mlx.launch", path=str(Path(sys.executable).parent))

@@ -80,10 +80,10 @@ class _Pipe:
             self.events.append(event)
 
 
-def render(page: Path, png: Path, width: int = 1200, from_id: str | None = None,
+def render(page: Path | str, png: Path, width: int = 1200, from_id: str | None = None,
            height: int | None = None) -> Rendered:
-    """Open ``page`` in headless chromium; screenshot the whole page to
-    ``png`` (or ``height`` pixels of it, from the element ``from_id``)."""
+    """Open ``page`` (a file, or an http:// URL) in headless chromium; screenshot the
+    whole page to ``png`` (or ``height`` pixels of it, from the element ``from_id``)."""
     started = time.monotonic()
     to_browser_r, to_browser_w = os.pipe()
     from_browser_r, from_browser_w = os.pipe()
@@ -114,7 +114,8 @@ def render(page: Path, png: Path, width: int = 1200, from_id: str | None = None,
                   {"width": width, "height": 900, "deviceScaleFactor": 1, "mobile": False},
                   session=session)
         pipe.events.clear()  # what about:blank did is not the page's
-        pipe.call("Page.navigate", {"url": page.resolve().as_uri()}, session=session)
+        url = page if isinstance(page, str) else page.resolve().as_uri()
+        pipe.call("Page.navigate", {"url": url}, session=session)
         pipe.wait_for("Page.loadEventFired")
 
         def evaluate(expression: str):

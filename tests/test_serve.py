@@ -321,6 +321,7 @@ def test_many_clients_are_answered_or_refused_at_once_and_sigterm_drains(llama, 
             assert leaving.recv(100).startswith(b"HTTP/1.1 200")
         waits.poll_until(lambda: scrape(port)[in_flight] == 0, SERVE_AGAIN_S,
                          "the slot of the client that left given back", interval=0.2)
+        assert_status_page_matches_metrics(port, tmp_path / "status.png")
 
         # Two long answers streaming, then eight clients at once.
         streamed: dict[int, str] = {}
@@ -373,6 +374,32 @@ def test_many_clients_are_answered_or_refused_at_once_and_sigterm_drains(llama, 
     assert "still in flight" not in said and "restart" not in said, said
     assert f"every rank of run {run_id} was stopped" in serving.output()
     assert processes_with(run_id) == []
+
+
+def assert_status_page_matches_metrics(port: int, png: Path) -> None:
+    """The status page in Chromium, screenshot to ``png``: self-contained, and
+    its counts those /metrics gives (read with prometheus_client's parser)
+    at the same quiet moment (nothing in flight)."""
+    from tests.browser import CHROMIUM, render
+    from tests.conftest import require
+
+    require(CHROMIUM is not None, "chromium is needed for the status page test (make system-deps)")
+    url = f"http://127.0.0.1:{port}/status"
+    shown = render(url, png)
+    seen = scrape(port)
+    assert shown.console == [] and set(shown.requests) == {url}, (shown.console, shown.requests)
+    text = shown.text
+    answered = sum(v for (name, labels), v in seen.items()
+                   if name == "mlxcluster_serve_requests_total" and dict(labels)["route"].startswith("/v1/"))
+    tokens = int(seen[("mlxcluster_serve_completion_tokens_total", ())])
+    assert re.search(rf"requests answered\s+{int(answered)}\s", text), (answered, text)
+    assert re.search(rf"tokens generated\s+{tokens}\s", text), (tokens, text)
+    assert re.search(r"in flight\s+0\s+at most 2 at once", text), text
+    assert re.search(r"waiting\s+0\s+at most 2; more get 429", text), text
+    assert re.search(r"launches\s+1\s", text) and "tensor split over 2 rank(s)" in text, text
+    assert "local-0" in text and "local-1" in text and "ready" in text, text
+    assert re.search(r"Last probe\s+answered in [\d.]+ s", text), text
+    assert png.stat().st_size > 10_000
 
 
 def _status_of(ask, *args) -> tuple[int, str]:

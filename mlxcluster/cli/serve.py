@@ -125,7 +125,7 @@ def command(timeout, pipeline, port, bind, max_restarts, probe_every, probe_time
 
     env = {k: v for k, v in os.environ.items() if k != KEY_ENV}  # the key stays here
     view = EventView("serve")
-    request = serving_request(spec, flags, send_model=not no_sync_model)
+    request = serving_request(spec, flags, send_model=not no_sync_model, backend=backend_state)
     prepared = click.get_current_context().with_resource(launch_session(request, env, view))
     job, run_id = prepared.job, prepared.run_id
     logs_path, logs = open_rank_logs(logs_dir, run_id)
@@ -133,6 +133,8 @@ def command(timeout, pipeline, port, bind, max_restarts, probe_every, probe_time
     served = (f"{os.path.basename(spec.model.rstrip('/'))} at {address} ({len(job.hosts)} ranks, "
               f"{spec.split})")
     journal = ServeJournal(logs_path / "serve.log", served)
+    backend_state.status.describe(model=os.path.basename(spec.model.rstrip("/")), split=spec.split,
+                                  address=address, run_id=run_id)
 
     terminal = ServerLines()
 

@@ -13,8 +13,10 @@ from __future__ import annotations
 import hmac
 import ipaddress
 from pathlib import Path
+from urllib.parse import parse_qsl
 
 from mlxcluster.errors import InputError
+from mlxcluster.serve.status import PATHS as PAGE_PATHS  # opened in a browser: ?key=KEY
 
 KEY_ENV = "MLXCLUSTER_API_KEY"
 
@@ -34,9 +36,12 @@ class ApiKey:
         return self._key is not None
 
     def admits(self, path: str, headers) -> bool:
-        if self._key is None or path.split("?", 1)[0] in OPEN_PATHS:
+        route, _, query = path.partition("?")
+        if self._key is None or route in OPEN_PATHS:
             return True
         given = headers.get("x-api-key") or ""
+        if route in PAGE_PATHS:  # a browser sends no header: the page's own URL may carry it
+            given = given or next((v for k, v in parse_qsl(query) if k == "key"), "")
         bearer = headers.get("Authorization") or ""
         if bearer[:7].lower() == "bearer ":
             given = given or bearer[7:].strip()

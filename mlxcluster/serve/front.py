@@ -36,6 +36,9 @@ from mlxcluster.serve.access import ApiKey
 from mlxcluster.serve.admission import Admission, QueueFull
 from mlxcluster.serve.anthropic import MessagesError, error_body, translator_for
 from mlxcluster.serve.metrics import CONTENT_TYPE, ServeMetrics, route_of
+from mlxcluster.serve.status import PATHS as STATUS_PATHS
+from mlxcluster.serve.status import ServeStatus, StatusView
+from mlxcluster.serve.status_page import render
 
 RETRY_AFTER_S = 5
 CHUNK = 64 * 1024
@@ -94,6 +97,7 @@ class Backend:
         self.clock = clock
         self.admission = admission or Admission()
         self.metrics = metrics or ServeMetrics()
+        self.status = ServeStatus()  # what the status page adds to the counters
         self._lock = threading.Lock()
         self._port: int | None = None
         self._why_down = "starting"
@@ -221,7 +225,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def answer_here(self) -> bool:
         """The front's own routes: /health (the front is up), /ready (the
-        model answered its last probe), /metrics (Prometheus)."""
+        model answered its last probe), /metrics (Prometheus), / and /status
+        (the status page)."""
         route, metrics = route_of(self.path), self.server.backend.metrics
         if route == "/health":
             self.send_bytes(200, json.dumps({"status": "ok"}).encode(), "application/json")
@@ -232,6 +237,9 @@ class Handler(BaseHTTPRequestHandler):
             self.send_bytes(status, json.dumps(said).encode(), "application/json")
         elif route == "/metrics":
             self.send_bytes(200, metrics.text(), CONTENT_TYPE)
+        elif self.path.split("?", 1)[0] in STATUS_PATHS:
+            self.send_bytes(200, render(status_view(self.server.backend)),
+                            "text/html; charset=utf-8")
         else:
             return False
         return True
@@ -306,6 +314,7 @@ class Handler(BaseHTTPRequestHandler):
                     backend.got_bytes(flight)
                     if first:
                         metrics.first_byte.labels(route).observe(backend.clock() - sent_at)
+                        backend.status.first_byte(backend.clock() - sent_at)
                         first = False
                     tail = (tail + piece)[-USAGE_TAIL:]
                     out = piece if translator is None else translator.feed(piece)
@@ -318,7 +327,7 @@ class Handler(BaseHTTPRequestHandler):
             except OSError:
                 pass  # cut, or the client went away: the answer ends here
             metrics.latency.labels(route).observe(backend.clock() - sent_at)
-            metrics.usage_in(tail)
+            backend.status.answered(metrics.usage_in(tail))
         finally:
             if timer is not None:
                 timer.cancel()
@@ -348,6 +357,39 @@ class Handler(BaseHTTPRequestHandler):
         except OSError:
             pass  # the client went away first
         self.close_connection = True
+
+
+def status_view(backend: Backend) -> StatusView:
+    """The page's numbers, read now from ``backend``, its counters and its status."""
+    metrics, status = backend.metrics, backend.status
+    by_status: dict[str, int] = {}
+    for family in metrics.requests.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_total") and sample.labels["route"].startswith("/v1/"):
+                code = sample.labels["status"]  # the model's routes: not /metrics, not this page
+                by_status[code] = by_status.get(code, 0) + int(sample.value)
+    port, why = backend.state()
+    busy, waiting = backend.admission.counts()
+    per_s, tokens_per_s, ttft, restarts = status.recent()
+    return StatusView(
+        model=status.about["model"], split=status.about["split"],
+        address=status.about["address"], run_id=status.about["run_id"],
+        ranks=status.ranks, hosts=status.hosts, up=port is not None,
+        ready=metrics.is_ready and port is not None, why_down=why, stopping=backend.stopping,
+        requests=sum(by_status.values()), by_status=tuple(sorted(by_status.items())),
+        completion_tokens=int(_value(metrics.completion_tokens)),
+        in_flight=len(backend.in_flight()), waiting=waiting,
+        max_in_flight=backend.admission.max_in_flight, queue=backend.admission.queue,
+        requests_per_s=per_s, tokens_per_s=tokens_per_s, ttft_median_s=ttft,
+        launches=int(_value(metrics.launches)), restarts=restarts, probe=status.probe)
+
+
+def _value(counter) -> float:
+    for family in counter.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                return sample.value
+    return 0.0
 
 
 def _json_object(body: bytes) -> dict:

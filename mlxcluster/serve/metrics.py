@@ -29,7 +29,7 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 # Routes counted by name; any other path is "other" (a label per path would
 # let any client grow the metrics without bound).
 ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/messages", "/health",
-          "/ready", "/metrics")
+          "/ready", "/metrics", "/", "/status")
 SECONDS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
@@ -85,13 +85,15 @@ class ServeMetrics:
     def answered(self, path: str, status: int) -> None:
         self.requests.labels(route_of(path), str(status)).inc()
 
-    def usage_in(self, body: bytes) -> None:
+    def usage_in(self, body: bytes) -> int:
         """Count the tokens of an answer's ``usage``: a JSON body's, or the
-        last server-sent event carrying one."""
+        last server-sent event carrying one; returns its completion tokens."""
         for usage in _usages(body):
+            generated = max(0, int(usage.get("completion_tokens") or 0))
             self.prompt_tokens.inc(max(0, int(usage.get("prompt_tokens") or 0)))
-            self.completion_tokens.inc(max(0, int(usage.get("completion_tokens") or 0)))
-            return
+            self.completion_tokens.inc(generated)
+            return generated
+        return 0
 
     def ranks(self, hosts: list[str]) -> None:
         self.rank_info.clear()

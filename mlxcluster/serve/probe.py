@@ -146,6 +146,7 @@ class ProbeWatch(StallWatch):
 
     def _until_up(self) -> None:
         got = self.probe(self.timeout)
+        self.backend.status.probed(got.ok, got.seconds, got.error)
         if got.foreign:  # rank 0's port is someone else's: launch again on another
             self._failed(f"rank 0's port gave {got.error}")
             return
@@ -171,6 +172,7 @@ class ProbeWatch(StallWatch):
             if held:
                 self.backend.admission.leave()
         now = self.clock()
+        self.backend.status.probed(got.ok, got.seconds, got.error)
         self.backend.metrics.mark_ready(got.ok)
         self.gone_since = None if not got.refused else (self.gone_since or now)
         if got.ok:

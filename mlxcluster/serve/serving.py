@@ -27,7 +27,7 @@ from mlxcluster import interrupts
 from mlxcluster.errors import EXIT_STALLED, InputError, Interrupted, MlxclusterError
 from mlxcluster.fit.split import SplitVerdict
 from mlxcluster.fit.split_check import check_split, refusal
-from mlxcluster.jobs.events import Note, OnEvent
+from mlxcluster.jobs.events import Note, OnEvent, Restarting
 from mlxcluster.jobs.job import Job
 from mlxcluster.jobs.preflight import probe_facts
 from mlxcluster.jobs.restarts import Restarts, launch_until_done
@@ -131,23 +131,27 @@ def check_job_split(job: Job, model_dir: str | Path, *, pipeline: bool,
 
 
 def split_fits(job: Job, env: dict[str, str], on_event: OnEvent, *, model_dir: str | Path,
-               pipeline: bool) -> None:
+               pipeline: bool, backend: Backend | None = None) -> None:
     """serve's check in its launch session (launch/session.py ``HostCheck``),
     once the python is found, before anything is sent or launched: the refusal
     (exit 2) when the model cannot be split so over ``job``'s ranks, else
-    the split said as a ``Note``."""
+    the split said as a ``Note`` (and each host's line kept for the status page)."""
     verdict = check_job_split(job, model_dir, pipeline=pipeline, env=env)
     if not verdict.ok:
         raise refusal(verdict)
+    if backend is not None:
+        backend.status.split_judged([f"{h.host}: {h.line()}" for h in verdict.hosts])
     on_event(Note(f"split: {verdict.summary()}"))
 
 
-def serving_request(spec: ServeSpec, flags: LaunchFlags, *, send_model: bool) -> LaunchRequest:
+def serving_request(spec: ServeSpec, flags: LaunchFlags, *, send_model: bool,
+                    backend: Backend | None = None) -> LaunchRequest:
     """The launch session's request for `mlxcluster serve`: the server on
     every rank, the split judged before anything is sent (``split_fits``), and
     unless not ``send_model`` the model folder on every host."""
     return LaunchRequest(flags, SERVE_PREFIX, program=partial(server_job, spec=spec),
-                         check=partial(split_fits, model_dir=spec.model, pipeline=spec.pipeline),
+                         check=partial(split_fits, model_dir=spec.model, pipeline=spec.pipeline,
+                                       backend=backend),
                          models=(spec.model,) if send_model else (), model_flag=SERVED_MODEL)
 
 
@@ -159,7 +163,7 @@ def serve_until_stopped(job: Job, spec: ServeSpec, backend: Backend, restarts: R
     are spent (raises ``ServeFailed``, or the last stall), or `mlxcluster stop`
     ends the run (returns); each launch, restart, time up and the stop written
     to ``journal`` (serve.log)."""
-    on_event = journaled(journal, on_event)
+    on_event = journaled(journal, kept(backend, on_event))
     drain = Drain(backend, spec.drain_timeout, on_event)
     try:
         with interrupts.first_signal_calls(drain.start) as stop_now:
@@ -204,6 +208,15 @@ class Drain:
         self.stop_now(signum)
 
 
+def kept(backend: Backend, then: OnEvent) -> OnEvent:
+    """``then``, each restart's cause kept for the status page first."""
+    def keep(event: object) -> None:
+        if isinstance(event, Restarting):
+            backend.status.restarted(event.cause)
+        then(event)
+    return keep
+
+
 def journaled(journal: ServeJournal, then: Callable) -> Callable:
     """``then``, each event or ServeUp written to ``journal`` first."""
     def both(what) -> None:
@@ -225,6 +238,7 @@ def _serve(job, spec, backend, restarts, env, run_id, logs_dir, on_line, on_even
             metrics.restarts.labels(ended[-1]).inc()
         metrics.launches.inc()
         metrics.ranks([h.name for h in job.hosts])
+        backend.status.launched([h.name for h in job.hosts])
         rank0 = job.hosts[0]
         port = free_port_on(rank0, env)
         job = replace(job, program=server_program(spec, port))
