@@ -148,3 +148,33 @@ def scrape(port: int, key: str | None = None) -> dict[tuple[str, tuple], float]:
     conn.close()
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def official_clients_agree(port: int, alone: str) -> None:
+    """The official `openai` and `anthropic` clients (no retries) against serve
+    at ``port``: the chat answer, streamed or not, and the Messages API's,
+    streamed or not, are each ``alone`` (one process's greedy answer); the
+    completions route answers; models.list names the served model."""
+    import anthropic
+    import openai
+
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0,
+                           timeout=120)
+    messages = [{"role": "user", "content": PROMPT}]
+    said = client.chat.completions.create(model="default_model", messages=messages,
+                                          max_tokens=MAX_TOKENS, temperature=0.0)
+    assert said.choices[0].message.content == alone
+    streamed = client.chat.completions.create(model="default_model", messages=messages,
+                                              max_tokens=MAX_TOKENS, temperature=0.0, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == alone
+    completed = client.completions.create(model="default_model", prompt=PROMPT,
+                                          max_tokens=MAX_TOKENS, temperature=0.0)
+    assert completed.choices[0].text and completed.usage.completion_tokens <= MAX_TOKENS
+    assert [m.id for m in client.models.list().data]
+    claude = anthropic.Anthropic(base_url=f"http://127.0.0.1:{port}", api_key="none",
+                                 max_retries=0, timeout=120)
+    # (no temperature: this SDK sends none; mlx_lm.server's default, --temp 0, is greedy)
+    message = claude.messages.create(model="served", max_tokens=MAX_TOKENS, messages=messages)
+    assert message.content[0].text == alone
+    with claude.messages.stream(model="served", max_tokens=MAX_TOKENS, messages=messages) as stream:
+        assert "".join(stream.text_stream) == alone

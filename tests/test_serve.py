@@ -22,11 +22,13 @@ from click.testing import CliRunner
 from mlxcluster.cli import main as cli
 from mlxcluster.jobs.plan import free_port_block
 from mlxcluster.jobs.rank_wrapper import STACKS_ROOT
+from mlxcluster.serve.announce import announced
 from tests import waits
 from tests.interrupt_helpers import processes_with
 from tests.serve_support import (
     MAX_TOKENS,
     PROMPT,
+    REPO,
     Serving,
     chat_model,
     chat_text,
@@ -323,6 +325,14 @@ def test_many_clients_are_answered_or_refused_at_once_and_sigterm_drains(llama, 
                          "the slot of the client that left given back", interval=0.2)
         assert_status_page_matches_metrics(port, tmp_path / "status.png")
 
+        def jobs_says() -> str | None:  # `mlxcluster jobs`: the run, its address and counts
+            listed = waits.run([sys.executable, "-m", "mlxcluster", "jobs", "--local"],
+                               "mlxcluster jobs", env={**os.environ, "PYTHONPATH": str(REPO)},
+                               cwd=tmp_path)
+            return listed.stdout if "1 request(s), 0 token(s)" in listed.stdout else None
+        listed = waits.poll_until(jobs_says, SERVE_AGAIN_S, "jobs showing the serve run's counts")
+        assert run_id in listed and f"serving at http://127.0.0.1:{port}/v1: 1 request(s)" in listed
+
         # Two long answers streaming, then eight clients at once.
         streamed: dict[int, str] = {}
 
@@ -374,6 +384,7 @@ def test_many_clients_are_answered_or_refused_at_once_and_sigterm_drains(llama, 
     assert "still in flight" not in said and "restart" not in said, said
     assert f"every rank of run {run_id} was stopped" in serving.output()
     assert processes_with(run_id) == []
+    assert run_id not in announced()  # its file for `jobs` went with it
 
 
 def assert_status_page_matches_metrics(port: int, png: Path) -> None:

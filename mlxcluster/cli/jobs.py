@@ -1,4 +1,5 @@
-"""`mlxcluster jobs`: what runs on the hosts now (train and run jobs, by run id)."""
+"""`mlxcluster jobs`: what runs on the hosts now (train, run and serve jobs, by run id;
+a serve run of this machine with its address, requests and tokens)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from mlxcluster.cli.job_launch import EventView
 from mlxcluster.cli.params import inventory_option
 from mlxcluster.jobs.running import RunningJob, list_running
 from mlxcluster.launch.job_source import JobSource, choose_job, one_source
+from mlxcluster.serve.announce import Announced, announced
 
 
 def host_options(command):
@@ -28,9 +30,13 @@ def chosen_hosts(name: str, hostfile, inventory_path, local):
     return job.hosts
 
 
-def job_rows(jobs: list[RunningJob]) -> list[list[str]]:
+def job_rows(jobs: list[RunningJob], serving: dict[str, Announced] | None = None) -> list[list[str]]:
+    """One row per job; a serve run of this machine says its address, requests and tokens."""
+    serving = serving or {}
     return [[j.run_id, j.started.strftime("%Y-%m-%d %H:%M:%S") if j.started else "?",
-             f"{len(j.ranks)} on {', '.join(j.hosts)}", j.command] for j in jobs]
+             f"{len(j.ranks)} on {', '.join(j.hosts)}",
+             j.command + (f"\n{serving[j.run_id].line()}" if j.run_id in serving else "")]
+            for j in jobs]
 
 
 @click.command("jobs")
@@ -42,7 +48,8 @@ def command(hostfile, inventory_path, local):
     hosts = chosen_hosts("jobs", hostfile, inventory_path, local)
     jobs, unanswered = list_running(hosts)
     if jobs:
-        click.echo(tabulate(job_rows(jobs), headers=["run id", "since", "ranks alive", "command"]))
+        click.echo(tabulate(job_rows(jobs, announced()),
+                            headers=["run id", "since", "ranks alive", "command"]))
     else:
         click.echo(f"no job runs on {', '.join(dict.fromkeys(h.name for h in hosts))}")
     for result in unanswered:

@@ -19,7 +19,8 @@ from mlxcluster.launch.job_source import one_source
 from mlxcluster.launch.session import launch_session
 from mlxcluster.serve.access import KEY_ENV, api_key_from, check_exposure
 from mlxcluster.serve.admission import Admission
-from mlxcluster.serve.front import Backend, Front
+from mlxcluster.serve.announce import announcing
+from mlxcluster.serve.front import Backend, Front, served_counts
 from mlxcluster.serve.journal import ServeJournal, up_line
 from mlxcluster.serve.server_lines import ServerLines
 from mlxcluster.serve.serving import (
@@ -135,6 +136,8 @@ def command(timeout, pipeline, port, bind, max_restarts, probe_every, probe_time
     journal = ServeJournal(logs_path / "serve.log", served)
     backend_state.status.describe(model=os.path.basename(spec.model.rstrip("/")), split=spec.split,
                                   address=address, run_id=run_id)
+    click.get_current_context().with_resource(
+        announcing(run_id, address, lambda: served_counts(backend_state)))  # for `mlxcluster jobs`
 
     terminal = ServerLines()
 

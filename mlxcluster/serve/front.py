@@ -384,6 +384,12 @@ def status_view(backend: Backend) -> StatusView:
         launches=int(_value(metrics.launches)), restarts=restarts, probe=status.probe)
 
 
+def served_counts(backend: Backend) -> tuple[int, int]:
+    """(requests answered on the model's routes, tokens generated): `mlxcluster jobs`'s."""
+    view = status_view(backend)
+    return view.requests, view.completion_tokens
+
+
 def _value(counter) -> float:
     for family in counter.collect():
         for sample in family.samples:

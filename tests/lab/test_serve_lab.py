@@ -16,7 +16,14 @@ import pytest
 from mlxcluster.jobs.plan import free_port_block
 from mlxcluster.jobs.rank_wrapper import STACKS_ROOT
 from tests.lab.jobs import assert_nothing_left, training_setup
-from tests.serve_support import Serving, chat, chat_model, chat_text, generated_alone
+from tests.serve_support import (
+    Serving,
+    chat,
+    chat_model,
+    chat_text,
+    generated_alone,
+    official_clients_agree,
+)
 from tests.waits import SERVE_AGAIN_S, SERVE_PROBE_EVERY_S, SERVE_PROBE_TIMEOUT_S, SERVE_UP_S
 
 pytestmark = pytest.mark.lab
@@ -57,6 +64,7 @@ def test_serve_over_two_hosts_answers_survives_a_hang_and_a_kill(lab3, llama, tm
             assert sha256(there / "model.safetensors") == sha256(model / "model.safetensors")
         alone = generated_alone(model)
         assert alone and chat_text(port) == alone
+        official_clients_agree(port, alone)  # issue 47: openai's and anthropic's own clients
 
         # Rank 1 hung: the probe gets no answer; named, stopped, launched again.
         seen = len(serving.lines)
