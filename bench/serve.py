@@ -2,7 +2,7 @@
 gives, whether batched answers are the answers, and how long a hang takes.
 
     python bench/serve.py                          # --local 2, ring, 3 rounds
-    python bench/serve.py --backend mpi --rounds 2 --tokens 64
+    python bench/serve.py --backend mpi --rounds 2 --tokens 32
 
 Three servers of the same model on the same two local ranks, started one at
 a time (an idle distributed mlx-lm server keeps mlx.launch's busy loop and
@@ -157,8 +157,9 @@ def at_once(port: int, prompts: list[str], tokens: int, eos: int) -> tuple[float
 
 def hang_to_answer(server: Server, tokens: int, eos: int) -> float:
     """SIGSTOP rank 1 of a serve run; seconds until a request is answered again."""
-    run_id = next(line.split("run ")[1].split(":")[0] for line in
-                  Path(server.log.name).read_text().splitlines() if "launching 2 rank(s)" in line)
+    server.log.flush()
+    run_id = [line.split("run ")[1].split(":")[0] for line in  # this round's: the log is appended to
+              Path(server.log.name).read_text().splitlines() if "launching 2 rank(s)" in line][-1]
     pid = int((Path(STACKS_ROOT) / run_id / "rank1.pid").read_text().split()[0])
     os.kill(pid, signal.SIGSTOP)
     stopped = time.monotonic()
@@ -176,7 +177,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", choices=("ring", "mpi"), default="ring")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--tokens", type=int, default=96)
+    parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     args = parser.parse_args()

@@ -25,12 +25,17 @@ MODEL_CONFIG = {
 }
 
 
+def chat_rows(n: int) -> list[dict]:
+    """``n`` such rows, as mlx-lm's chat JSONL holds them (the same every call)."""
+    rng = random.Random(0)
+    return [{"messages": [{"role": "user", "content": " ".join(rng.choices(WORDS, k=N_WORDS))},
+                          {"role": "assistant", "content": ANSWER}]} for _ in range(n)]
+
+
 def learning_data(folder: Path, out: Path, mask: bool, n: int = 192) -> Path:
     """``n`` such rows tokenized with ``folder``'s tokenizer into ``out`` (every 8th row
     for validation); ``mask``: --mask_prompt, so only the answer trains."""
-    rng = random.Random(0)
-    rows = [{"messages": [{"role": "user", "content": " ".join(rng.choices(WORDS, k=N_WORDS))},
-                          {"role": "assistant", "content": ANSWER}]} for _ in range(n)]
+    rows = chat_rows(n)
     src = write_jsonl(out.parent / f"{out.name}.jsonl", rows)
     args = ["--out", str(out), "--jsonl", str(src), "--tokenizer", str(folder), "--val-every", "8"]
     assert prepare_main(args + (["--mask_prompt"] if mask else [])) == 0
