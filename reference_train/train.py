@@ -261,6 +261,19 @@ class Trainer:
         summed = mx.distributed.all_sum(mx.array(mine, dtype=mx.int64), group=self.pipe.pipeline)
         return tuple(int(v) for v in summed.tolist())
 
+    def eval_every(self) -> int:
+        """--eval_every, or 0 when the validation split holds less than one
+        global batch: its loss would be over no rows (it was logged as nan)."""
+        cfg, rows = self.cfg, self.val_split.n_sequences
+        if cfg.eval_every and rows < cfg.global_batch:
+            if self.rank == 0:
+                self.log(f"validation: off: the validation split has {rows} row(s), fewer than "
+                         f"one global batch ({cfg.global_batch}); give more (a longer "
+                         f"valid.jsonl, or a smaller --val-every in prepare) or a smaller "
+                         f"--global_batch")
+            return 0
+        return cfg.eval_every
+
     def evaluate(self):
         """The validation loss (loop.py's evaluate): through the pipeline with one."""
         cfg = self.cfg
@@ -595,7 +608,7 @@ class Trainer:
             self.resume()
         last = min(cfg.steps, cfg.stop_after) if cfg.stop_after else cfg.steps
         plan = LoopPlan(start=self.step, last=last, log_every=cfg.log_every,
-                        eval_every=cfg.eval_every, checkpoint_every=cfg.checkpoint_every,
+                        eval_every=self.eval_every(), checkpoint_every=cfg.checkpoint_every,
                         flops_per_token=self.flops_per_token, peak_flops=self.peak,
                         dtype=cfg.dtype)
         callback = self.callback(last)
