@@ -150,7 +150,7 @@ def scrape(port: int, key: str | None = None) -> dict[tuple[str, tuple], float]:
             for family in text_string_to_metric_families(text) for s in family.samples}
 
 
-def official_clients_agree(port: int, alone: str) -> None:
+def official_clients_agree(port: int, alone: str, model_path: str) -> None:
     """The official `openai` and `anthropic` clients (no retries) against serve
     at ``port``: the chat answer, streamed or not, and the Messages API's,
     streamed or not, are each ``alone`` (one process's greedy answer); the
@@ -170,7 +170,8 @@ def official_clients_agree(port: int, alone: str) -> None:
     completed = client.completions.create(model="default_model", prompt=PROMPT,
                                           max_tokens=MAX_TOKENS, temperature=0.0)
     assert completed.choices[0].text and completed.usage.completion_tokens <= MAX_TOKENS
-    assert [m.id for m in client.models.list().data]
+    # the served folder (mlx-lm's own /v1/models fails on a host without a Hugging Face cache)
+    assert [m.id for m in client.models.list().data] == [model_path]
     claude = anthropic.Anthropic(base_url=f"http://127.0.0.1:{port}", api_key="none",
                                  max_retries=0, timeout=120)
     # (no temperature: this SDK sends none; mlx_lm.server's default, --temp 0, is greedy)

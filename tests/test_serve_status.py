@@ -5,6 +5,7 @@ page in Chromium against real ranks is in tests/test_serve.py."""
 from __future__ import annotations
 
 import http.client
+import json
 
 from mlxcluster.serve.front import Backend, Front, status_view
 from mlxcluster.serve.status import ServeStatus, StatusView
@@ -66,7 +67,7 @@ def test_the_page_shows_every_number_and_escapes_what_it_did_not_write():
 def test_the_front_serves_the_page_with_the_key_in_its_url_or_header():
     backend = Backend()
     backend.status.describe(model="tiny", split="tensor", address="http://127.0.0.1:1/v1",
-                            run_id="mlxserve-x")
+                            run_id="mlxserve-x", model_path="/models/tiny")
     backend.status.probed(False, 30.0, "no answer within 30 s")
     with Front("127.0.0.1", 0, backend, api_key="sekrit") as front:
         def get(path: str, headers: dict | None = None) -> tuple[int, str]:
@@ -84,6 +85,9 @@ def test_the_front_serves_the_page_with_the_key_in_its_url_or_header():
         assert status == 200 and "tiny" in page and "not answered (no answer within 30 s)" in page
         assert "starting" in page  # not up yet: why
         assert get("/status", {"Authorization": "Bearer sekrit"})[0] == 200
+        # /v1/models from the front: mlx-lm's fails on a host with no Hugging Face cache
+        status, listed = get("/v1/models", {"Authorization": "Bearer sekrit"})
+        assert status == 200 and [m["id"] for m in json.loads(listed)["data"]] == ["/models/tiny"]
     shown = status_view(backend)
     # the model's routes only (/v1/...): the refused /v1/models, not the page's own requests
-    assert (shown.requests, shown.by_status, shown.in_flight) == (1, (("401", 1),), 0)
+    assert (shown.requests, shown.by_status, shown.in_flight) == (2, (("200", 1), ("401", 1)), 0)

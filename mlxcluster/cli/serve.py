@@ -135,7 +135,7 @@ def command(timeout, pipeline, port, bind, max_restarts, probe_every, probe_time
               f"{spec.split})")
     journal = ServeJournal(logs_path / "serve.log", served)
     backend_state.status.describe(model=os.path.basename(spec.model.rstrip("/")), split=spec.split,
-                                  address=address, run_id=run_id)
+                                  address=address, run_id=run_id, model_path=spec.model)
     click.get_current_context().with_resource(
         announcing(run_id, address, lambda: served_counts(backend_state)))  # for `mlxcluster jobs`
 

@@ -226,7 +226,7 @@ class Handler(BaseHTTPRequestHandler):
     def answer_here(self) -> bool:
         """The front's own routes: /health (the front is up), /ready (the
         model answered its last probe), /metrics (Prometheus), / and /status
-        (the status page)."""
+        (the status page), /v1/models (``models_list``)."""
         route, metrics = route_of(self.path), self.server.backend.metrics
         if route == "/health":
             self.send_bytes(200, json.dumps({"status": "ok"}).encode(), "application/json")
@@ -237,6 +237,8 @@ class Handler(BaseHTTPRequestHandler):
             self.send_bytes(status, json.dumps(said).encode(), "application/json")
         elif route == "/metrics":
             self.send_bytes(200, metrics.text(), CONTENT_TYPE)
+        elif route == "/v1/models" and "model_path" in self.server.backend.status.about:
+            self.send_bytes(200, models_list(self.server.backend.status), "application/json")
         elif self.path.split("?", 1)[0] in STATUS_PATHS:
             self.send_bytes(200, render(status_view(self.server.backend)),
                             "text/html; charset=utf-8")
@@ -382,6 +384,17 @@ def status_view(backend: Backend) -> StatusView:
         max_in_flight=backend.admission.max_in_flight, queue=backend.admission.queue,
         requests_per_s=per_s, tokens_per_s=tokens_per_s, ttft_median_s=ttft,
         launches=int(_value(metrics.launches)), restarts=restarts, probe=status.probe)
+
+
+def models_list(status: ServeStatus) -> bytes:
+    """/v1/models, answered here: the model served, as mlx-lm names it (its
+    folder's absolute path, the same on every host). mlx-lm's own answer
+    scans the Hugging Face cache first and fails when a host has none (a
+    model folder serve sent there: seen on the lab; mlx-lm 0.32.2
+    ``handle_models_request``), sending a 200 with an empty body."""
+    return json.dumps({"object": "list", "data": [
+        {"id": status.about["model_path"], "object": "model", "created": int(status.started)}]}
+    ).encode()
 
 
 def served_counts(backend: Backend) -> tuple[int, int]:

@@ -66,6 +66,7 @@ class ServeStatus:
         self.clock = clock
         self._lock = threading.Lock()
         self.about: dict[str, str] = {"model": "?", "split": "?", "address": "?", "run_id": "?"}
+        self.started = clock()
         self.hosts: tuple[str, ...] = ()
         self.ranks: tuple[tuple[int, str], ...] = ()
         self._answers: deque[tuple[float, int]] = deque()  # (time, completion tokens)

@@ -64,7 +64,7 @@ def test_serve_over_two_hosts_answers_survives_a_hang_and_a_kill(lab3, llama, tm
             assert sha256(there / "model.safetensors") == sha256(model / "model.safetensors")
         alone = generated_alone(model)
         assert alone and chat_text(port) == alone
-        official_clients_agree(port, alone)  # issue 47: openai's and anthropic's own clients
+        official_clients_agree(port, alone, str(model))  # issue 47: openai's and anthropic's own clients
 
         # Rank 1 hung: the probe gets no answer; named, stopped, launched again.
         seen = len(serving.lines)
