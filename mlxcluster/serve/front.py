@@ -237,7 +237,8 @@ class Handler(BaseHTTPRequestHandler):
             self.send_bytes(status, json.dumps(said).encode(), "application/json")
         elif route == "/metrics":
             self.send_bytes(200, metrics.text(), CONTENT_TYPE)
-        elif route == "/v1/models" and "model_path" in self.server.backend.status.about:
+        elif route == "/v1/models" and "model_path" in self.server.backend.status.about \
+                and self.server.backend.stopping is None:  # draining: a model route's 503
             self.send_bytes(200, models_list(self.server.backend.status), "application/json")
         elif self.path.split("?", 1)[0] in STATUS_PATHS:
             self.send_bytes(200, render(status_view(self.server.backend)),
