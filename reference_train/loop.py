@@ -179,6 +179,9 @@ def train_loop(model: nn.Module, optimizer, data: TrainData, step: StepFunction,
             callback.on_checkpoint(done)
         if interval_steps == 0 and done < plan.last and stop():
             save(done)  # every rank at this logged step (stopping.py)
+            if size > 1:  # every copy written before any rank ends: rank 0's exit (143) makes
+                # mlx.launch end the others, mid-write (seen in CI: labhost2 left without one)
+                mx.eval(mx.distributed.all_sum(mx.array(1), group=group, stream=mx.cpu))
             raise Stopped(done)
         if interval_steps == 0:
             t0 = time.perf_counter()  # time only training, not logging or evaluation
