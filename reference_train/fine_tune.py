@@ -14,6 +14,9 @@ from __future__ import annotations
 
 FINE_TUNES = ("full", "lora", "dora")
 ADAPTERS = ("lora", "dora")  # the fine-tunes that train adapters on a frozen base
+# OUT/adapters as mlx-lm reads it (lora.write_adapters writes both): one without the other
+# is no adapters folder (mlx_lm.fuse and load(adapter_path=) fail).
+ADAPTER_FILES = ("adapters.safetensors", "adapter_config.json")
 NAMES = {"lora": "LoRA", "dora": "DoRA"}  # as the log says them
 # mlx-lm's names of a Llama block's linear layers (all of them: mlx-lm's default keys).
 KEYS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",

@@ -54,7 +54,7 @@ from mlxcluster.launch.program import detached_note
 from mlxcluster.launch.record import RECORD_ENV, RunRecord
 from mlxcluster.launch.session import LaunchFlags, LaunchRequest
 from reference_train.config import TrainConfig, build_config
-from reference_train.fine_tune import trains_adapters
+from reference_train.fine_tune import ADAPTER_FILES, trains_adapters
 from reference_train.metrics import STOP_ENV, plot_metrics
 
 TRAINER_MODULE = "reference_train.train"
@@ -363,9 +363,9 @@ class TrainerRun:
         whole (launch/fetch.py says why), read from the first host of ``job`` that has
         them (rank 0's first)."""
         cfg = self.args.config
-        name = "adapters/adapters.safetensors"
-        if not trains_adapters(cfg.fine_tune) or self.record.arrived(name):
-            return []
+        if not trains_adapters(cfg.fine_tune) or all(
+                self.record.arrived(f"adapters/{name}") for name in ADAPTER_FILES):
+            return []  # both: a cut line may lose adapter_config.json alone (a piece of its own)
         tried = []
         for host in dict.fromkeys(h for h in job.hosts if not h.is_local):
             try:

@@ -155,15 +155,18 @@ class Typed:
 
 
 def run_page(page: Path, cwd: Path, env: dict[str, str], names: dict[str, str], *,
-             timeout: float, up_timeout: float, record: bool = False) -> list[Typed]:
-    """Every console step of ``page`` in order, each with its exit code (the
-    caller judges them); raises AssertionError naming the step whose output
-    lacks a line the page shows. ``record``: print what each step printed,
-    the lab's names put as the page has them, to write the page from."""
+             timeout: float, up_timeout: float, exits: dict[int, int] | None = None,
+             record: bool = False) -> list[Typed]:
+    """Every console step of ``page`` in order, each with its exit code;
+    raises AssertionError naming the step whose output lacks a line the page
+    shows, or that exited otherwise than ``exits`` says (step index -> code;
+    0 for the others). ``record``: print what each step printed, the lab's
+    names put as the page has them, to write the page from."""
+    exits = exits or {}
     done: list[Typed] = []
     running: Terminal | None = None
     try:
-        for step in steps_of(console_blocks(page.read_text())):
+        for index, step in enumerate(steps_of(console_blocks(page.read_text()))):
             if step.command is None:  # ^C to the running terminal
                 assert running is not None, "^C with nothing running"
                 before = len(running.output)
@@ -184,6 +187,8 @@ def run_page(page: Path, cwd: Path, env: dict[str, str], names: dict[str, str], 
             if record:
                 print(f"$ {step.command or '^C'}   (exit {typed.code})")
                 print("\n".join(shape_keep_numbers(line, names) for line in typed.output.splitlines()))
+            assert typed.code in (None, exits.get(index, 0)), (
+                f"'$ {step.command or '^C'}' exited {typed.code}:\n{typed.output[-6000:]}")
             missing = missing_lines(step.shown, typed.output, names)
             assert not missing, (f"'$ {step.command or '^C'}' printed none of {missing} "
                                  f"(exit {typed.code}):\n{typed.output[-6000:]}")
