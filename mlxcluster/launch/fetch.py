@@ -12,6 +12,7 @@ files only, each checked by sha256 and written whole (temporary file, then renam
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from mlxcluster.jobs.hosts import RankHost, host_link
@@ -24,8 +25,12 @@ def fetch_folder(host: RankHost, folder: str | Path, env: dict[str, str] | None 
     """Copy the regular files of ``folder`` on ``host`` into ``folder`` here; returns them.
     Raises OSError (with what the host said) when the host has no such folder or the
     stream is cut or stalls for ``timeout``; nothing half-written is left here."""
+    # The ranks start in the directory mlxcluster runs in: a relative folder is
+    # that directory's on the host too, not its ssh session's HOME (seen in CI:
+    # `train -- --out runs/x` then found no adapters on the host).
+    remote = os.path.abspath(folder)
     try:
-        got = fetch(host_link(host, env), str(folder), folder, timeout)
+        got = fetch(host_link(host, env), remote, folder, timeout)
     except TransferError as err:
         raise OSError(err.message) from None
     return [Path(folder) / name for name in got.names]
