@@ -18,9 +18,11 @@ import pytest
 from mlxcluster.jobs.cleanup import (
     LauncherStopNoise,
     bracketed,
+    launcher_env,
     lost_host,
     marked_program,
     new_run_id,
+    run_pattern,
     stop_script,
 )
 from mlxcluster.jobs.rank_wrapper import STACKS_ROOT
@@ -118,6 +120,29 @@ def test_the_stop_script_stops_every_rank_of_the_run_and_nothing_else(shell, tmp
         assert other.poll() is None
     finally:
         for proc in (*ranks, other):
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def test_the_sweep_stops_ranks_and_open_mpis_daemons_of_the_run_not_a_command_naming_it():
+    """The sweep's pattern (``run_pattern``) in a real shell: a rank
+    (``-X mlxcluster_run=RUN_ID``) and a daemon as Open MPI 5 starts it from
+    the launcher's environment (``--prtemca mlxcluster_run RUN_ID``, the form
+    a real prted carried in the lab: tests/lab/test_run_lab.py) are stopped;
+    ``mlxcluster stop RUN_ID`` on the same machine is not."""
+    run_id = new_run_id()
+    assert launcher_env(run_id) == {"PRTE_MCA_mlxcluster_run": run_id}
+    sleep = ["-c", "import time; time.sleep(120)"]
+    rank = subprocess.Popen([sys.executable, *marked_program(run_id, sleep)])
+    daemon = subprocess.Popen([sys.executable, *sleep, "--prtemca", "mlxcluster_run", run_id])
+    naming = subprocess.Popen([sys.executable, *sleep, "stop", run_id])
+    try:
+        done = waits.run(["sh", "-c", stop_script(run_id, run_pattern(run_id))])
+        assert done.returncode == 0, done.stderr
+        assert [rank.wait(timeout=10), daemon.wait(timeout=10)] == [-signal.SIGTERM] * 2
+        assert naming.poll() is None
+    finally:
+        for proc in (rank, daemon, naming):
             proc.kill()
             proc.wait(timeout=10)
 

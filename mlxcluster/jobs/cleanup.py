@@ -9,6 +9,14 @@ job ended, a launcher killed by SIGKILL) can be found by ``pkill -f`` on every
 host afterwards, as smoke does with its run ids (``mlxsmoke-<hex>``).
 ``pkill -f`` gets a bracketed pattern (``[m]lxtrain-...``) so that it never
 matches the shell that runs it.
+
+Open MPI's daemons (``prted``) are no ranks, but one can outlive a job that
+failed to start: a host refusing ssh ended mpirun with 255 while the daemon
+it had just started on another host lived on, daemonized (seen in CI). Open
+MPI 5 hands every ``PRTE_MCA_*`` variable of mpirun's environment to its
+daemons as ``--prtemca NAME VALUE`` (checked with 5.0.11), so the launcher's
+environment carries the run id too (``launcher_env``) and the sweep's pattern
+matches ``mlxcluster_run RUN_ID`` as well as ``mlxcluster_run=RUN_ID``.
 """
 
 from __future__ import annotations
@@ -40,6 +48,13 @@ def new_run_id(prefix: str = "mlxtrain") -> str:
 def marked_program(run_id: str, program: list[str]) -> list[str]:
     """The python arguments of every rank, carrying the run id."""
     return ["-X", f"{RUN_MARK}={run_id}", *program]
+
+
+def launcher_env(run_id: str) -> dict[str, str]:
+    """What the launcher's environment adds so that Open MPI's daemons carry
+    the run id on their command line (``--prtemca mlxcluster_run RUN_ID``);
+    Open MPI 4 and mlx.launch ignore it."""
+    return {f"PRTE_MCA_{RUN_MARK}": run_id}
 
 
 def stop_script(run_id: str, pattern: str | None = None) -> str:
@@ -76,10 +91,11 @@ def remove_dirs(parent: str, pattern: str) -> str:
 def run_pattern(run_id: str) -> str:
     """A ``pkill -f`` regex for the processes of a train or run job: the
     marker ``mlxcluster_run=RUN_ID`` on their command line (the ranks, their
-    launcher, the shells that start them), not any command naming the run
+    launcher, the shells that start them) or ``mlxcluster_run RUN_ID`` (Open
+    MPI's daemons, ``launcher_env``), not any command naming the run
     (``mlxcluster stop RUN_ID`` on the same machine: --local, or the lab's
     hosts, which share this machine's process table)."""
-    return bracketed(f"{RUN_MARK}={run_id}")
+    return bracketed(f"{RUN_MARK}[= ]{run_id}")
 
 
 def sweep(hosts: tuple[RankHost, ...], run_id: str,

@@ -41,7 +41,7 @@ from mlxcluster.hostfile import jaccl_plan
 from mlxcluster.hostfile.hostfile import JACCL_BACKENDS, HostEntry, MlxHostfile
 from mlxcluster.hostfile.hostfile_generate import generate_mpi
 from mlxcluster.inventory.inventory import Host, Inventory
-from mlxcluster.jobs.cleanup import marked_program
+from mlxcluster.jobs.cleanup import launcher_env, marked_program
 from mlxcluster.jobs.hosts import RankHost, single_python
 from mlxcluster.jobs.job import Job, rank_env, rank_program, split_mpi_args
 
@@ -243,7 +243,7 @@ def plan_mpirun(hosts: tuple[RankHost, ...], program: list[str], envs: tuple[str
     argv = [mpirun, *(["--allow-run-as-root"] if root else []),
             "--hostfile", hostfile_path, "-np", str(n), "--prefix", prefix, "--bind-to", "none",
             *mca, *mpi_args, single_python(hosts), *program]
-    env = {**environ, **root_env(root)}
+    env = {**environ, **root_env(root), **launcher_env(run_id)}
     ports = tuple((h.ip, MPI_BTL_PORT) for h in hosts)
     return LaunchPlan("mpi", run_id, argv, env, hosts, run_dir, ports, {hostfile_path: hostfile},
                       ssh_config)
@@ -324,6 +324,7 @@ def plan_job(job: Job, run_id: str, run_dir: str, environ: dict[str, str]) -> La
         all_local = all(h.is_local for h in job.hosts)
         port = free_port_block(len(job.hosts) * job.connections_per_ip) if all_local \
             else job.starting_port
-    return LaunchPlan(job.backend, run_id, launcher_argv(job, hostfile, program, port), dict(environ),
+    return LaunchPlan(job.backend, run_id, launcher_argv(job, hostfile, program, port),
+                      {**environ, **launcher_env(run_id)},
                       job.hosts, run_dir, tuple((h.ip, port) for h in job.hosts),
                       {str(hostfile): hostfile_text(job)}, job.ssh_config)

@@ -13,6 +13,7 @@ import uuid
 
 import pytest
 
+from mlxcluster.jobs.cleanup import run_pattern
 from tests import waits
 from tests.lab.jobs import ALLSUM, FAILS, REPO, bracketed, left_on_hosts, training_setup
 from tests.waits import FAILED_RANK_BUDGET_S
@@ -31,6 +32,22 @@ if g.rank() == 1:
     sys.exit(3)
 while True:
     mx.eval(mx.distributed.all_sum(mx.ones((1024,))))
+"""
+
+
+# Every rank lists, on its own host, the Open MPI daemons the sweep's pattern
+# finds (the lab's hosts share this machine's process table: each sees every
+# host's, two processes per host with Open MPI 5.0.11's --daemonize).
+# The hosts hold only the ranks' side of mlxcluster: the pattern comes in the text.
+LISTS_MARKED_DAEMONS = """
+import subprocess, sys
+import mlx.core as mx
+g = mx.distributed.init(strict=True, backend="any")
+pattern = PATTERN.replace("@RUN@", sys._xoptions["mlxcluster_run"])
+found = subprocess.run(["pgrep", "-af", pattern], capture_output=True, text=True).stdout.splitlines()
+daemons = [line for line in found if line.split()[1].endswith("prted")]
+print(f"rank {g.rank()}: {len(daemons)} daemon(s) carry the run id")
+mx.eval(mx.distributed.all_sum(mx.array([1.0])))
 """
 
 
@@ -124,6 +141,20 @@ def test_a_rank_that_never_starts_ends_the_run(lab3, tmp_path, backend):
     assert "run failed: the ssh connection to" in proc.stderr, out[-3000:]
     assert "[2] rank 2" not in proc.stdout
     assert run_id and left_on_hosts(lab3, bracketed(run_id)) == {}
+
+
+def test_open_mpis_daemons_carry_the_run_id_so_the_sweep_finds_them(lab3, tmp_path):
+    """A daemon mpirun had started could outlive a run that failed to start
+    (the test above, seen in CI: a prted left on labhost2): they carry the
+    run id from the launcher's environment, so the sweep ends them."""
+    script = f"PATTERN = {run_pattern('@RUN@')!r}\n{LISTS_MARKED_DAEMONS}"
+    proc, run_id, _ = run_on_lab(lab3, tmp_path, "mpi", script, "--no-preflight")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    seen = [int(n) for n in re.findall(r"^\[\d\] rank \d: (\d+) daemon\(s\) carry the run id$",
+                                       proc.stdout, re.M)]
+    assert len(seen) == 3 and min(seen) >= 3, out[-3000:]  # one host's at least each
+    assert left_on_hosts(lab3, bracketed(run_id)) == {}
 
 
 def test_a_host_that_refuses_ssh_is_named_before_the_script_is_sent(lab3, tmp_path):
