@@ -13,7 +13,12 @@ from mlx._distributed_utils.common import Hostfile
 from mlxcluster.cli import main
 from mlxcluster.errors import BackendUnavailable, HostfileError, RemoteError
 from mlxcluster.facts.capture import load_capture_dir
-from mlxcluster.hostfile.hostfile import load_hostfile, parse_mlx_hostfile, parse_mpi_hostfile
+from mlxcluster.hostfile.hostfile import (
+    check_against_cluster,
+    load_hostfile,
+    parse_mlx_hostfile,
+    parse_mpi_hostfile,
+)
 from mlxcluster.hostfile.hostfile_generate import generate_mlx_hostfile
 from mlxcluster.hostfile.ipplan import apply_ip_plan, plan_ips
 from mlxcluster.inventory.inventory import parse_inventory
@@ -354,3 +359,31 @@ def test_hosts_without_ifconfig_are_checked_against_the_probes_interfaces():
     bad = parse_mlx_hostfile(_json.dumps({"hosts": [{"ssh": "lab1", "ips": ["10.0.0.9"]}]}))
     assert check_against_cluster(bad, captures=captures).problems == [
         "lab1: IP 10.0.0.9 is not on any interface of lab1"]
+
+
+def test_generated_hostfiles_log_in_as_the_inventorys_users(tmp_path):
+    """The inventory's ``user:`` (cluster default, host override) is in every
+    generated hostfile and the printed mpirun line reads it from there: a
+    hostfile used with mlx.launch or mpirun by hand logs in as that user
+    (``user@host`` in an Open MPI 5 hostfile reaches ssh as is: checked with
+    5.0.11), and ``hostfile check -i`` accepts what generate wrote."""
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(INVENTORY.replace("hosts:", "user: me\nhosts:").replace(
+        "ips: [10.0.0.2]}", "ips: [10.0.0.2], user: admin}"))
+    ring, mpi_json, mpi = tmp_path / "ring.json", tmp_path / "mpi.json", tmp_path / "hosts"
+    assert cli("generate", "-i", str(inv), "--backend", "ring", "-o", str(ring)).exit_code == 0
+    assert [h[0] for h in mlx_load(ring)[2]] == ["me@mbp.local", "admin@studio.local"]
+    assert cli("generate", "-i", str(inv), "--backend", "mpi", "--format", "mlx",
+               "--mpi-libname", "/v/lib/libmpi.so.40", "-o", str(mpi_json)).exit_code == 0
+    assert [h[0] for h in mlx_load(mpi_json)[2]] == ["me@mbp.local", "admin@studio.local"]
+    r = cli("generate", "-i", str(inv), "--backend", "mpi", "--mpi-libname", "/v/lib/libmpi.so.40",
+            "-o", str(mpi))
+    assert r.exit_code == 0, r.output
+    assert mpi.read_text() == "me@mbp.local slots=1\nadmin@studio.local slots=1\n"
+    assert f"--hostfile {mpi} -np 2" in r.output.splitlines()[-1]
+    inventory = parse_inventory(inv.read_text(), str(inv))
+    for path in (ring, mpi_json, mpi):  # every host is the inventory's (no capture: nothing probed)
+        assert check_against_cluster(load_hostfile(path), inventory).problems == []
+    other = parse_inventory(INVENTORY.replace("mbp.local", "mbp2.local"), "other.yaml")
+    assert check_against_cluster(load_hostfile(ring), other).problems == [
+        "me@mbp.local: not a host of inventory other.yaml"]  # the user names no other host

@@ -23,14 +23,21 @@ def test_minimal_form_loads_exactly():
     )
 
 
-def test_example_documents_every_field_and_loads():
+def test_example_documents_every_field_and_loads(tmp_path):
     inv = load_inventory(REPO / "inventory" / "example.yaml")
     assert inv.names == ["studio-1", "studio-2", "mini-1"]
     s2 = inv.host("studio-2")
     assert s2.user == "admin" and s2.port == 2222 and s2.ips == ("192.168.1.22", "10.0.0.2")
     m1 = inv.host("mini-1")
-    assert m1.python == "/Users/me/venv/bin/python"
+    assert m1.python == "/opt/venv/bin/python" and m1.ips == ("192.168.1.23",)
     assert m1.env == {"MLX_METAL_FAST_SYNCH": "0", "MLX_IBV_DEVICES": "/Users/me/ibv.json"}
+    # A per-host python is documented commented out (launches refuse it); as written, it loads.
+    text = (REPO / "inventory" / "example.yaml").read_text()
+    commented = "    # python: /Users/me/venv/bin/python"
+    assert commented in text
+    path = tmp_path / "python.yaml"
+    path.write_text(text.replace(commented, commented.replace("# ", "", 1)))
+    assert load_inventory(path).host("mini-1").python == "/Users/me/venv/bin/python"
 
 
 def test_every_problem_reported_at_once_with_lines():

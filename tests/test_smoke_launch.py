@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from mlxcluster.jobs import hosts as job_hosts
 from mlxcluster.jobs import plan as job_plan
 from mlxcluster.jobs.cleanup import bracketed
 from mlxcluster.jobs.hosts import RankHost
+from mlxcluster.jobs.rank_wrapper import RANK_ENV_VAR, apply_rank_env
 from mlxcluster.jobs.watch import parse_launcher_exit
 from mlxcluster.smoke import launch, remote
 from mlxcluster.smoke.launch import WorkerOptions
@@ -26,6 +28,19 @@ from tests.conftest import require
 
 LAB = tuple(RankHost(f"labhost{i}", f"10.77.5.{10 + i}", (f"10.77.5.{10 + i}",), "/venv/bin/python",
                      user="root") for i in (1, 2, 3))
+
+
+def test_a_ring_with_uneven_ip_counts_takes_each_hosts_first_ip():
+    """MLX's ring fails at init when hosts list different numbers of IPs
+    (inventory/example.yaml: one host with Ethernet and Thunderbolt IPs)."""
+    two = replace(LAB[1], ips=(LAB[1].ips[0], "10.0.0.2"))
+    plan = launch.plan_mlx_launch("ring", (LAB[0], two, LAB[2]), WorkerOptions(), {}, run_id="mlxsmoke-ab")
+    hostfile = json.loads(plan.files["/tmp/mlxsmoke-ab/hostfile.json"])
+    assert [h["ips"] for h in hostfile["hosts"]] == [[h.ips[0]] for h in LAB]
+    even = tuple(replace(h, ips=(h.ips[0], f"10.0.0.{i}")) for i, h in enumerate(LAB))
+    plan = launch.plan_mlx_launch("ring", even, WorkerOptions(), {}, run_id="mlxsmoke-ac")
+    assert [h["ips"] for h in json.loads(plan.files["/tmp/mlxsmoke-ac/hostfile.json"])["hosts"]] == \
+        [list(h.ips) for h in even]  # as many each: every link is used
 
 
 def test_mpirun_plan_works_with_open_mpi_4_and_5(tmp_path):
@@ -51,9 +66,11 @@ def test_mpirun_plan_works_with_open_mpi_4_and_5(tmp_path):
     program = argv[argv.index("/venv/bin/python") + 1:]
     assert program[:5] == ["-X", "mlxcluster_run=mlxsmoke-0123456789", "-m",
                            "mlxcluster.jobs.rank_wrapper", "/tmp/mlxsmoke-0123456789/worker.py"]
+    # Each host as the inventory logs in to it (user@, as in the JSON hostfile below)
     assert plan.files == {"/tmp/mlxsmoke-0123456789/mpi_hosts":
-                          "10.77.5.11 slots=1\n10.77.5.12 slots=1\n10.77.5.13 slots=1\n"}
+                          "root@10.77.5.11 slots=1\nroot@10.77.5.12 slots=1\nroot@10.77.5.13 slots=1\n"}
     assert "mlxsmoke-0123456789" in argv  # the marker cleanup looks for
+    assert plan.env["PRTE_MCA_mlxcluster_run"] == "mlxsmoke-0123456789"  # and Open MPI's daemons carry
     assert plan.data_ports == tuple((h.ips[0], job_plan.MPI_BTL_PORT) for h in LAB)
     not_root = launch.plan_mpirun(LAB, WorkerOptions(), {}, mpirun=str(prefix / "bin" / "mpirun"),
                                   is_root=False)
@@ -224,9 +241,19 @@ def test_inventory_env_reaches_every_rank(tmp_path):
     assert [a for a in plan.argv if a.startswith("--env=")] == [
         "--env=MLXCLUSTER_SMOKE_HANG_RANK=0", "--env=MLX_METAL_FAST_SYNCH=1",
         f"--env=PYTHONPATH={plan.run_dir}"]
-    odd = (hosts[0], RankHost("c", "10.0.0.3", ("10.0.0.3",), "/venv/bin/python", env=(("X", "1"),)))
-    with pytest.raises(InputError, match="another env"):
-        launch.plan_mlx_launch("ring", odd, WorkerOptions(), {})
+    # A host's own env goes to its rank through the rank wrapper; a loader
+    # variable cannot (it is read before the wrapper runs): refused, named.
+    odd = (RankHost("a", "10.0.0.1", ("10.0.0.1",), "/venv/bin/python", env=(("X", "0"),)),
+           RankHost("c", "10.0.0.3", ("10.0.0.3",), "/venv/bin/python", env=(("X", "1"), ("Y", "2"))))
+    plan = launch.plan_mlx_launch("ring", odd, WorkerOptions(), {})
+    env = dict(a.removeprefix("--env=").split("=", 1) for a in plan.argv if a.startswith("--env="))
+    assert "X" not in env and "Y" not in env
+    for rank, expected in enumerate(({"X": "0"}, {"X": "1", "Y": "2"})):
+        environ = {RANK_ENV_VAR: env[RANK_ENV_VAR]}
+        assert apply_rank_env(environ, str(rank)) == expected and environ == expected
+    loader = (odd[0], replace(odd[1], env=(("LD_LIBRARY_PATH", "/other/lib"),)))
+    with pytest.raises(InputError, match="LD_LIBRARY_PATH differs between hosts \\(c\\)"):
+        launch.plan_mlx_launch("ring", loader, WorkerOptions(), {})
 
 
 def test_user_mpi_args_override_the_plans_mca_parameters(tmp_path):

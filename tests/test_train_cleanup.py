@@ -187,3 +187,33 @@ def test_the_launchers_ssh_adds_keepalive_batchmode_and_the_inventory_config(tmp
     # a wrapper first on PATH is never taken for the real ssh (no loop)
     assert WRAPPER_MARK in (tmp_path / "bin" / "ssh").read_text()
     assert real_ssh(env["PATH"]) == str(fake)
+
+
+@pytest.mark.parametrize("inventory_config", [True, False])
+def test_the_launchers_ssh_gives_each_host_its_inventory_port(tmp_path, inventory_config):
+    """Neither launcher can say a port: the wrapper's config does, per target
+    (the ssh name mlx.launch uses and the data IP an Open MPI hostfile names),
+    and the rest of the user's config still applies. Asked of the real
+    OpenSSH client (``ssh -G`` prints what it would use, connecting nowhere)."""
+    config = tmp_path / "cluster_config"
+    config.write_text("Host studio-2 10.0.0.2\n    Port 22\n    User bob\nHost *\n    Compression yes\n")
+    env = launcher_environment({"PATH": os.environ["PATH"]}, tmp_path / "bin",
+                               str(config) if inventory_config else None,
+                               ports={"studio-2": 2222, "10.0.0.2": 2222, "mini-1": 2200})
+    wrapper = tmp_path / "bin" / "ssh"
+
+    def resolved(target: str) -> dict[str, str]:
+        out = subprocess.run([str(wrapper), "-G", target], env=env, capture_output=True, text=True,
+                             timeout=30, check=True).stdout
+        return dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
+
+    assert resolved("admin@studio-2")["port"] == "2222"
+    assert resolved("10.0.0.2")["port"] == "2222"
+    assert resolved("mini-1")["port"] == "2200"
+    assert resolved("studio-1")["port"] == "22"
+    if inventory_config:  # the inventory's config is read after the ports
+        assert resolved("studio-2")["user"] == "bob"
+        assert resolved("studio-1")["compression"] == "yes"
+    # without ports, no config is written: the launcher reads what it read before
+    launcher_environment({"PATH": os.environ["PATH"]}, tmp_path / "bin2", None)
+    assert not (tmp_path / "bin2" / "ssh_config").exists()

@@ -22,9 +22,10 @@ from mlxcluster.errors import BackendUnavailable, InputError
 from mlxcluster.facts.mpi import find_mpirun
 from mlxcluster.inventory.inventory import parse_inventory
 from mlxcluster.jobs.hosts import RankHost
-from mlxcluster.jobs.job import job_from_hostfile, job_from_inventory, job_local
+from mlxcluster.jobs.job import job_from_hostfile, job_from_inventory, job_local, rank_env
 from mlxcluster.jobs.plan import launcher_argv, write_hostfile
 from mlxcluster.jobs.preflight import HostProbe, check_probes, common_openblas, openblas_env
+from mlxcluster.jobs.rank_wrapper import RANK_ENV_VAR
 from mlxcluster.jobs.watch import failed_rank, launcher_error, run_streaming
 from mlxcluster.launch.trainer import check_batch_split
 from reference_train.config import build_config
@@ -59,9 +60,12 @@ def test_hosts_with_different_pythons_or_env_are_refused():
     text = INVENTORY + "    python: /other/python\n"
     with pytest.raises(InputError, match="different python paths"):
         job_from_inventory(parse_inventory(text), "ring")
-    text = INVENTORY + "    env: {MLX_MPI_LIBNAME: /x/libmpi.so}\n"
-    with pytest.raises(InputError, match="different env values"):
-        job_from_inventory(parse_inventory(text), "ring")
+    text = INVENTORY + "    env: {MLX_MPI_LIBNAME: /x/libmpi.so}\n"  # the last host's own: per rank
+    job = job_from_inventory(parse_inventory(text), "ring")
+    assert "MLX_MPI_LIBNAME" not in job.env and RANK_ENV_VAR in rank_env(job)
+    text = INVENTORY + "    env: {DYLD_LIBRARY_PATH: /x}\n"  # read before a rank could set it
+    with pytest.raises(InputError, match="DYLD_LIBRARY_PATH differs between hosts"):
+        rank_env(job_from_inventory(parse_inventory(text), "ring"))
     shared = INVENTORY.replace("hosts:", "env: {MLX_MPI_LIBNAME: /x/libmpi.so}\nhosts:")
     job = job_from_inventory(parse_inventory(shared), "mpi")
     assert job.env == {"MLX_MPI_LIBNAME": "/x/libmpi.so"}

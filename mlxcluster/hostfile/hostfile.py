@@ -369,6 +369,9 @@ def check_against_cluster(hf: MlxHostfile | tuple[MpiHost, ...], inventory=None,
             names.setdefault(host.name, host.name)
             for ip in host.ips:
                 names.setdefault(ip, host.name)
+        # A hostfile's user@ (generate writes the inventory's user) names no other host.
+        names.update({e.ssh: names[e.ssh.rpartition("@")[2]] for e in entries
+                      if e.ssh.rpartition("@")[2] in names})
         for e in entries:
             if e.ssh not in names:
                 problems.append(f"{e.ssh}: not a host of inventory {inventory.path or inventory.cluster}")

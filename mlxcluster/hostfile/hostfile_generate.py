@@ -179,7 +179,7 @@ def _mlx_hostfile(inventory, backend: str, topology: Topology | None,
         raise InputError(f"--backend {backend} needs the Thunderbolt topology",
                          "pass --from DIR (captures from 'doctor --collect DIR')")
     if topology is None or (backend in ("ring", "nccl") and not topology.links):
-        hosts = [HostEntry(h.ssh, tuple(_first_ip(h))) for h in inventory.hosts]
+        hosts = [HostEntry(h.ssh_target, tuple(_first_ip(h))) for h in inventory.hosts]
         if backend == "ring":
             missing = [h.name for h in inventory.hosts if not _first_ip(h)]
             if missing:
@@ -190,7 +190,7 @@ def _mlx_hostfile(inventory, backend: str, topology: Topology | None,
         return MlxHostfile(backend, envs, tuple(hosts))
     _require_topology_hosts(inventory, topology)
     if backend == "nccl":
-        return MlxHostfile(backend, envs, tuple(HostEntry(h.ssh, tuple(_first_ip(h)))
+        return MlxHostfile(backend, envs, tuple(HostEntry(h.ssh_target, tuple(_first_ip(h)))
                                                 for h in inventory.hosts))
     if backend == "ring":
         ring, count = _ring_hops(topology)
@@ -198,7 +198,7 @@ def _mlx_hostfile(inventory, backend: str, topology: Topology | None,
         for i, name in enumerate(ring):
             prev = ring[i - 1]
             links = topology.links_between(name, prev)[:count]
-            hosts.append(HostEntry(by_name[name].ssh,
+            hosts.append(HostEntry(by_name[name].ssh_target,
                                    tuple(_link_ip(topology, plan, name, lk) for lk in links)))
         return MlxHostfile("ring", envs, tuple(hosts))
     if backend == "jaccl":
@@ -224,7 +224,7 @@ def _mlx_hostfile(inventory, backend: str, topology: Topology | None,
             devs = tuple(f"rdma_{lk.interface_of(name)}"
                          for lk in rdma_links(topology, name, other)[:count])
             row.append(devs[0] if len(devs) == 1 else devs)
-        hosts.append(HostEntry(by_name[name].ssh, tuple(_first_ip(by_name[name])), tuple(row)))
+        hosts.append(HostEntry(by_name[name].ssh_target, tuple(_first_ip(by_name[name])), tuple(row)))
     return MlxHostfile(backend, envs, tuple(hosts))
 
 
@@ -247,7 +247,7 @@ def rdma_port_notes(inventory, topology: Topology | None, hf: MlxHostfile) -> li
     shows it PORT_DOWN, one sentence each (empty without ibv_devinfo captures)."""
     if topology is None or hf.backend not in JACCL_BACKENDS:
         return []
-    names = {h.ssh: h.name for h in inventory.hosts}
+    names = {h.ssh_target: h.name for h in inventory.hosts}
     order = [names.get(h.ssh, h.ssh) for h in hf.hosts]
     notes = []
     for i, entry in enumerate(hf.hosts):
@@ -308,7 +308,7 @@ def generate_mpi(inventory, envs: tuple[str, ...] = (), tcp_links: int = DEFAULT
     """Open MPI hostfile (one slot per host) and the tuned mpirun arguments."""
     if tcp_links < 1:
         raise InputError(f"--tcp-links must be at least 1, got {tcp_links}")
-    hosts = tuple(MpiHost(h.ssh, 1) for h in inventory.hosts)
+    hosts = tuple(MpiHost(h.ssh_target, 1) for h in inventory.hosts)
     data_path = _mpi_data_path(inventory, if_include, plan)
     args: list[str] = ["--mca", "btl", "tcp,self", "--mca", "btl_tcp_links", str(tcp_links)]
     # Every daemon started from mpirun's machine: no host-to-host SSH needed (see mlxcluster/facts/mpi.py).
@@ -351,5 +351,5 @@ def generate_mpi_json(inventory, envs: tuple[str, ...] = (), tcp_links: int = DE
     env = _mpi_env(envs, libmpi) + [f"OMPI_MCA_btl_tcp_links={tcp_links}"]
     if data_path:
         env.append(f"OMPI_MCA_btl_tcp_if_include={data_path}")
-    hosts = tuple(HostEntry(h.ssh, tuple(_first_ip(h))) for h in inventory.hosts)
+    hosts = tuple(HostEntry(h.ssh_target, tuple(_first_ip(h))) for h in inventory.hosts)
     return _works(MlxHostfile("mpi", tuple(env), hosts), inventory)

@@ -166,6 +166,13 @@ class Host:
         """The first data-path IP, else the ssh target (which may be a name)."""
         return self.ips[0] if self.ips else self.ssh
 
+    @property
+    def ssh_target(self) -> str:
+        """``user@ssh`` when the inventory sets a user (on the host or the
+        cluster), as a hostfile names the host: mlx.launch and mpirun log in
+        as that user only when the target says so."""
+        return f"{self.user}@{self.ssh}" if self.user else self.ssh
+
 
 @dataclass(frozen=True)
 class Inventory:

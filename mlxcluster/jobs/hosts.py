@@ -41,6 +41,7 @@ class RankHost:
     ssh_options: tuple[str, ...] = ()  # e.g. ("-F", "/path/ssh_config", "-p", "2222") from the inventory
     user: str | None = None
     env: tuple[tuple[str, str], ...] = ()  # the inventory's env for this host (cluster + host)
+    port: int | None = None  # the inventory's ssh port (also in ssh_options, for our own calls)
 
     @property
     def is_local(self) -> bool:
@@ -57,6 +58,13 @@ class RankHost:
         return self.ips[0] if self.ips else self.ssh
 
 
+def launcher_ports(hosts: tuple[RankHost, ...]) -> dict[str, int]:
+    """The ssh port of every remote host that has one, under each name a
+    launcher may ssh to it by: its ssh target (mlx.launch) and its data IP
+    (an Open MPI hostfile names it)."""
+    return {name: h.port for h in remote_hosts(hosts) if h.port for name in (h.ssh, h.ip)}
+
+
 def hosts_from_inventory(inv) -> tuple[RankHost, ...]:
     """One rank per inventory host (``mlxcluster.inventory.inventory.Inventory``), in
     inventory order: its name, ssh target, data IPs, python and ssh options."""
@@ -64,7 +72,7 @@ def hosts_from_inventory(inv) -> tuple[RankHost, ...]:
     return tuple(
         RankHost(h.name, h.ssh, tuple(h.ips) or (h.ssh,), h.python,
                  ssh_options=options + (("-p", str(h.port)) if h.port else ()), user=h.user,
-                 env=tuple(sorted(h.env.items())))
+                 env=tuple(sorted(h.env.items())), port=h.port)
         for h in inv.hosts)
 
 

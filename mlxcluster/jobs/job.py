@@ -20,7 +20,7 @@ from mlxcluster.hostfile.hostfile import BACKENDS as MLX_BACKENDS
 from mlxcluster.hostfile.hostfile import MlxHostfile, load_launch_hostfile
 from mlxcluster.inventory.inventory import Inventory, local_inventory
 from mlxcluster.jobs.hosts import RankHost, hosts_from_inventory, require_python_here
-from mlxcluster.jobs.rank_wrapper import DETACH_VAR
+from mlxcluster.jobs.rank_wrapper import DETACH_VAR, RANK_ENV_VAR, encode_rank_envs
 from reference_train.metrics import HEARTBEAT_ENV  # the protocol's one copy (no mlx)
 
 BACKENDS = ("ring", "mpi", "jaccl", "jaccl-ring")  # what train and run launch
@@ -89,13 +89,9 @@ def job_from_inventory(inv: Inventory, backend: str, mpi_args: tuple[str, ...] =
         raise InputError(f"hosts use different python paths {pythons}; mlx.launch and mpirun "
                          "start the same path everywhere",
                          "install the same venv at one path on every host")
-    envs = {tuple(sorted(h.env.items())) for h in inv.hosts}
-    if len(envs) > 1:
-        raise InputError("hosts set different env values; mlx.launch and mpirun give every "
-                         "rank one environment", "give every host the same env (the top-level env: applies to all)")
-    return Job(hosts=hosts_from_inventory(inv), backend=backend, python=pythons[0],
-               ssh_config=inv.ssh_config, mpi_args=mpi_args,
-               env=dict(envs.pop()))
+    hosts = hosts_from_inventory(inv)
+    return Job(hosts=hosts, backend=backend, python=pythons[0],
+               ssh_config=inv.ssh_config, mpi_args=mpi_args, env=common_env(hosts))
 
 
 def job_from_hostfile(path: str | Path, backend: str | None, python: str,
@@ -154,12 +150,44 @@ def plan_jaccl_job(job: Job, inventory: Inventory | None, environ: dict[str, str
     return replace(job, hosts=hosts, env=env, mlx_hostfile=hostfile)
 
 
+# Read by the dynamic loader when a process starts, before the rank wrapper
+# could set them: a host's own value would never take effect.
+LOADER_VARS = ("LD_LIBRARY_PATH", "LD_PRELOAD", "DYLD_LIBRARY_PATH", "DYLD_FALLBACK_LIBRARY_PATH",
+               "DYLD_INSERT_LIBRARIES", "DYLD_FRAMEWORK_PATH", "PYTHONPATH", "PYTHONHOME")
+
+
+def common_env(hosts) -> dict[str, str]:
+    """The variables every host's inventory env gives the same value (what
+    the launcher sets for all); the others go per rank (``per_rank_env``)."""
+    envs = [dict(h.env) for h in hosts]
+    if not envs:
+        return {}
+    return {k: v for k, v in envs[0].items() if all(e.get(k) == v for e in envs[1:])}
+
+
+def per_rank_env(hosts) -> dict[str, str]:
+    """RANK_ENV_VAR for ranks on ``hosts`` (rank order) whose inventory env
+    differs by host, else nothing. InputError for a loader variable that
+    differs: it is read before the rank wrapper runs."""
+    common = common_env(hosts)
+    own = [{k: v for k, v in dict(h.env).items() if common.get(k) != v} for h in hosts]
+    if not any(own):
+        return {}
+    differ = sorted({k for e in own for k in e if k in LOADER_VARS})
+    if differ:
+        names = ", ".join(h.name for h, e in zip(hosts, own, strict=True) if set(e) & set(differ))
+        raise InputError(f"{', '.join(differ)} differs between hosts ({names}): the loader reads it "
+                         "when a rank starts, before a host's own value could be set",
+                         "give it one value for every host (the top-level env), e.g. the same venv path")
+    return {RANK_ENV_VAR: encode_rank_envs(own)}
+
+
 def rank_env(job: Job) -> dict[str, str]:
     """Variables every rank gets: PYTHONPATH to reference_train (and
     mlxcluster.jobs.rank_wrapper: ``code_paths``, else this checkout) ahead of
     the job's own PYTHONPATH, heartbeat lines on, rank-tagged output for
-    ``tag_output``, plus the job's env."""
-    env = {HEARTBEAT_ENV: "1", **job.env}
+    ``tag_output``, plus the job's env, and each host's own env (per_rank_env)."""
+    env = {HEARTBEAT_ENV: "1", **job.env, **per_rank_env(job.hosts)}
     code = job.code_paths or (str(package_root()),)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (*code, job.env.get("PYTHONPATH")) if p)
     if job.tag_output:

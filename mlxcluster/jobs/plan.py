@@ -157,6 +157,8 @@ def plan_mlx_launch(backend: str, hosts: tuple[RankHost, ...], program: list[str
     if any(not h.ips for h in hosts) and backend == "ring":
         raise InputError("the ring backend needs a data-path IP for every host",
                          'give each host "ips" in the hostfile or inventory')
+    if backend == "ring":
+        hosts = even_ring_ips(hosts)
     n = len(hosts)
     all_local = all(h.is_local for h in hosts)
     per_rank = max(len(h.ips) for h in hosts) * connections_per_ip  # ports per rank
@@ -181,6 +183,18 @@ def inventory_of(hosts: tuple[RankHost, ...]) -> Inventory:
     """The ranks as an inventory, for the shared hostfile generator."""
     return Inventory(cluster="smoke", python=hosts[0].python, hosts=tuple(
         Host(h.name, h.ssh, h.ips, h.user, h.python) for h in hosts))
+
+
+def even_ring_ips(hosts: tuple[RankHost, ...]) -> tuple[RankHost, ...]:
+    """``hosts``, each with its first data IP only unless every host lists
+    as many: MLX's ring connects to each neighbour once per IP of the host to
+    its right and fails at init when the counts differ ("as many connections
+    to the left as to the right"; seen with inventory/example.yaml, one host
+    with Ethernet and Thunderbolt IPs). ``hostfile generate`` and train's
+    ring hostfile take the first IP too."""
+    if len({len(h.ips) for h in hosts}) <= 1:
+        return hosts
+    return tuple(replace(h, ips=h.ips[:1]) for h in hosts)
 
 
 def local_mpi_args(n: int, tcp_links: int, libmpi: str, envs: tuple[str, ...]) -> tuple[str, list[str]]:

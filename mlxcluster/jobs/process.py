@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlxcluster.jobs.hosts import remote_hosts
+from mlxcluster.jobs.hosts import launcher_ports, remote_hosts
 from mlxcluster.jobs.plan import LaunchPlan
 from mlxcluster.ssh.launcher_ssh import launcher_environment
 from mlxcluster.ssh.shared import shared_in
@@ -120,5 +120,6 @@ def start_plan(plan: LaunchPlan) -> Running:
     plan.write_files()
     remote = remote_hosts(plan.hosts)
     sharing = shared_in(remote[0].ssh_options) if remote else ()
-    env = launcher_environment(plan.env, Path(plan.run_dir) / "bin", plan.ssh_config, sharing)
+    env = launcher_environment(plan.env, Path(plan.run_dir) / "bin", plan.ssh_config, sharing,
+                               launcher_ports(plan.hosts))
     return start(plan.argv, env)

@@ -32,6 +32,13 @@ buffered, so lines leave as they are printed, as on a terminal. At exit the
 rank closes its ends and waits (up to ``DRAIN_WAIT_S``) for the helper to
 write the last lines, so that the launcher sees them before the rank ends.
 
+``MLXCLUSTER_RANK_ENV`` carries the inventory's per-host ``env:`` (one
+mapping per rank, in rank order; base64 JSON, so that no launcher's quoting
+touches it): mlx.launch's ``--env`` and mpirun's ``-x`` give every rank one
+environment, so the rank sets its own host's variables before the program
+starts (``apply_rank_env``). The dynamic loader's variables are read before
+that and may not differ between hosts (``mlxcluster.jobs.job``).
+
 A program that fails (an uncaught exception, or ``sys.exit`` with a non-zero
 code) ends its process at once with that code (1 for an exception), after
 its traceback and output are written: ``os._exit``, skipping interpreter
@@ -77,6 +84,7 @@ the rank that failed first, and its own code.
 from __future__ import annotations
 
 import atexit
+import base64
 import contextlib
 import faulthandler
 import json
@@ -104,6 +112,7 @@ DEFAULT_LEASE_GRACE_S = 60.0
 STOP_SIGNAL = signal.SIGUSR2  # "checkpoint and stop": the reference trainer's handler
 DETACH_VAR = "MLXCLUSTER_DETACH"
 RELAY_POLL_S = 0.05  # how soon the relay passes on a line the rank wrote
+RANK_ENV_VAR = "MLXCLUSTER_RANK_ENV"
 USAGE = "usage: python -m mlxcluster.jobs.rank_wrapper (-m MODULE | SCRIPT) [ARGS...]"
 
 
@@ -114,6 +123,23 @@ def rank_of(environ) -> str:
         if value.isdigit():
             return value
     return f"pid{os.getpid()}"
+
+
+def encode_rank_envs(envs: list[dict[str, str]]) -> str:
+    """The value of RANK_ENV_VAR for ``envs`` (one mapping per rank, rank order)."""
+    return base64.urlsafe_b64encode(json.dumps(envs).encode()).decode()
+
+
+def apply_rank_env(environ, rank: str) -> dict[str, str]:
+    """Set this rank's own variables from RANK_ENV_VAR (then removed, as a
+    program's children need not see it); returns what was set."""
+    raw = environ.pop(RANK_ENV_VAR, "")
+    if not raw or not rank.isdigit():
+        return {}
+    envs = json.loads(base64.urlsafe_b64decode(raw.encode()))
+    mine = envs[int(rank)] if int(rank) < len(envs) else {}
+    environ.update(mine)
+    return mine
 
 
 def stacks_dir(environ, run_id: str | None) -> str:
@@ -463,6 +489,7 @@ def main(argv: list[str] | None = None) -> None:
     run_id = getattr(sys, "_xoptions", {}).get(RUN_MARK)
     run_id = run_id if isinstance(run_id, str) else None
     rank = rank_of(os.environ)
+    apply_rank_env(os.environ, rank)
     directory = stacks_dir(os.environ, run_id)
     exit_file = None
     if os.environ.get(DETACH_VAR) == "1":

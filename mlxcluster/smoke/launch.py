@@ -25,7 +25,7 @@ from mlxcluster.hostfile.hostfile import JACCL_BACKENDS
 from mlxcluster.jobs import cleanup
 from mlxcluster.jobs import plan as job_plan
 from mlxcluster.jobs.hosts import RankHost, inventory_ssh_config
-from mlxcluster.jobs.job import RANK_WRAPPER_FILES, package_root
+from mlxcluster.jobs.job import RANK_WRAPPER_FILES, common_env, package_root, per_rank_env
 from mlxcluster.jobs.plan import LaunchPlan
 
 WORKER_SOURCE = Path(__file__).with_name("worker.py")
@@ -61,17 +61,10 @@ def forwarded_env(environ: dict[str, str]) -> dict[str, str]:
 
 
 def rank_env(hosts: tuple[RankHost, ...], environ: dict[str, str], run_dir: str) -> tuple[str, ...]:
-    """"K=V" for every rank: the inventory's env, then the test hooks, and
-    ``run_dir`` (the staged rank wrapper) first on PYTHONPATH.
-
-    ``mlx.launch --env`` and ``mpirun -x`` set one environment for all ranks,
-    so hosts whose inventory env differs are refused."""
-    envs = {h.env for h in hosts}
-    if len(envs) > 1:
-        names = ", ".join(h.name for h in hosts if h.env != hosts[0].env)
-        raise InputError(f"the inventory gives {names} another env than {hosts[0].name}",
-                         "smoke sets one environment for every rank: move env to the cluster level")
-    merged = dict(hosts[0].env) if hosts else {}
+    """"K=V" for every rank: the inventory's env (what differs by host
+    through the rank wrapper: jobs.job.per_rank_env), then the test hooks,
+    and ``run_dir`` (the staged rank wrapper) first on PYTHONPATH."""
+    merged = {**common_env(hosts), **per_rank_env(hosts)}
     merged.update(forwarded_env(environ))
     merged["PYTHONPATH"] = os.pathsep.join(p for p in (run_dir, merged.get("PYTHONPATH")) if p)
     return tuple(f"{k}={v}" for k, v in sorted(merged.items()))

@@ -13,7 +13,12 @@ launch; and not the inventory's ``ssh_config``. For a job we put a small
 - ``StrictHostKeyChecking=yes``: an unknown or changed host key fails, even
   where the user's config says ``no`` or ``accept-new``;
 - ``ConnectTimeout``: a dead host also fails the launcher's own stop calls;
-- ``-F <inventory ssh_config>`` when the inventory names one.
+- ``-F <inventory ssh_config>`` when the inventory names one;
+- the inventory's ``port:`` of each host: neither launcher can say a port
+  (an mlx.launch hostfile names ``[user@]host``, an Open MPI one the host),
+  so the wrapper reads a config written for the job (``ports_config``):
+  ``Host`` blocks with those ports first (ssh keeps the first value it
+  reads), then ``Include`` of what ssh would have read without ``-F``.
 
 Options given on the command line win over the config files, and the
 launchers' own arguments follow ours.
@@ -25,7 +30,7 @@ import os
 import shlex
 import shutil
 import stat
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from mlxcluster.errors import InputError
@@ -67,12 +72,35 @@ def real_ssh(path_env: str) -> str:
     return found
 
 
+USER_CONFIGS = ("~/.ssh/config", "/etc/ssh/ssh_config")  # what ssh reads without -F, in order
+
+
+def ports_config(ports: Mapping[str, int], ssh_config: str | None) -> str:
+    """An OpenSSH config giving each target in ``ports`` (the names and IPs
+    the launchers ssh to) its port, then reading ``ssh_config`` (else the
+    user's and the system's config) for everything else. ``Match all``
+    closes the last ``Host`` block, so the ``Include`` applies to every host."""
+    by_port: dict[int, list[str]] = {}
+    for target, port in ports.items():
+        by_port.setdefault(port, []).append(target)
+    blocks = "".join(f"Host {' '.join(targets)}\n    Port {port}\n" for port, targets in by_port.items())
+    includes = (os.path.abspath(os.path.expanduser(ssh_config)),) if ssh_config else USER_CONFIGS
+    return ("# written by mlxcluster for one job: the inventory's ssh ports, then the config "
+            "ssh reads otherwise\n" + blocks + "Match all\n"
+            + "".join(f"Include {path}\n" for path in includes))
+
+
 def write_wrapper(directory: Path, ssh_config: str | None, path_env: str,
-                  shared: Sequence[str] = ()) -> Path:
+                  shared: Sequence[str] = (), ports: Mapping[str, int] | None = None) -> Path:
     """Write ``directory/ssh`` (executable); returns the directory.
     ``shared``: the job's connection-sharing options (ssh.shared), so that
-    the launcher's calls ride on the job's one connection per host."""
+    the launcher's calls ride on the job's one connection per host;
+    ``ports``: target -> the inventory's ssh port (``ports_config``)."""
     directory.mkdir(parents=True, exist_ok=True)
+    if ports:
+        config = directory / "ssh_config"
+        config.write_text(ports_config(ports, ssh_config))
+        ssh_config = str(config)
     argv = [real_ssh(path_env), *ssh_options(ssh_config), *shared]
     script = f"#!/bin/sh\n{WRAPPER_MARK}\nexec {shlex.join(argv)} \"$@\"\n"
     wrapper = directory / "ssh"
@@ -82,8 +110,9 @@ def write_wrapper(directory: Path, ssh_config: str | None, path_env: str,
 
 
 def launcher_environment(env: dict[str, str], directory: Path, ssh_config: str | None,
-                         shared: Sequence[str] = ()) -> dict[str, str]:
+                         shared: Sequence[str] = (),
+                         ports: Mapping[str, int] | None = None) -> dict[str, str]:
     """``env`` with a wrapper written to ``directory`` first on PATH."""
     path_env = env.get("PATH", os.defpath)
-    write_wrapper(directory, ssh_config, path_env, shared)
+    write_wrapper(directory, ssh_config, path_env, shared, ports)
     return {**env, "PATH": f"{directory}{os.pathsep}{path_env}"}

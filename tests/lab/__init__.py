@@ -52,6 +52,10 @@ STATE_ROOT = Path("/tmp")
 STATE_PREFIX = "mlxcluster-lab-"
 NAME_PREFIX = "mlxc"  # namespaces, bridge and veths all start with this
 SSHD = "/usr/sbin/sshd"
+# Every host's sshd listens on 22 and on this port too, so that a test can
+# firewall 22 and reach the host only on another port, as a Mac whose
+# inventory says ``port:`` (its known_hosts line is ``[ip]:port``).
+SECOND_SSH_PORT = 2222
 # MLX's compiled CPU kernels, one folder for this machine and every lab host
 # (see Lab.share_kernels); MLXCLUSTER_LAB_OWN_KERNELS=1 gives each host its own
 # again, as before (bench/lab_kernels.py measures the two).
@@ -611,6 +615,7 @@ class Lab:
         conf = self.state / f"sshd_{h.name}.conf"
         conf.write_text(
             f"ListenAddress {h.ip}\n"
+            f"Port 22\nPort {SECOND_SSH_PORT}\n"
             f"HostKey {self.host_key}\n"
             f"AuthorizedKeysFile {self.state}/authorized_keys{' .ssh/authorized_keys' if self.own_ssh else ''}\n"
             "PasswordAuthentication no\n"
@@ -759,7 +764,7 @@ class Lab:
 
     def _write_known_hosts(self, exclude: set[str] = frozenset()) -> None:
         pub = Path(f"{self.host_key}.pub").read_text().split()
-        lines = [f"{h.ip},{h.name} {pub[0]} {pub[1]}" for h in self.hosts
+        lines = [f"{h.ip},{h.name},[{h.ip}]:{SECOND_SSH_PORT} {pub[0]} {pub[1]}" for h in self.hosts
                  if h.ip not in exclude and h.name not in exclude]
         self.known_hosts.write_text("\n".join(lines) + ("\n" if lines else ""))
 
