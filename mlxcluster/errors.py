@@ -4,7 +4,8 @@ once, at the boundary, into a message, a fix hint and an exit code.
 Exit codes (documented in README.md):
   0  success
   1  a check or run failed (doctor found a failing check, a smoke rank failed)
-  2  usage or input error (bad flags, inventory, hostfile)
+  2  usage or input error (bad flags, inventory, hostfile; a program a flag
+     needs is not installed here: topology --png without graphviz)
   3  backend unavailable on this cluster (jaccl without TB5/RDMA, nccl without CUDA)
   4  stalled: a job made no progress for its stall timeout (smoke: a rank within its
      phase's or soak iteration's deadline); it was diagnosed and stopped
@@ -58,6 +59,12 @@ class InventoryError(InputError):
 
 class HostfileError(InputError):
     """A hostfile is malformed or does not match the cluster."""
+
+
+class ToolMissing(InputError):
+    """A program an option needs is not installed on this machine (graphviz's
+    ``dot`` for ``topology --png``): the user's choice, not the cluster's
+    backend (exit 3), so exit 2 with what to install or use instead."""
 
 
 class RemoteError(MlxclusterError):

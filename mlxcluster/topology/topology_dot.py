@@ -12,7 +12,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from mlxcluster.errors import BackendUnavailable, MlxclusterError
+from mlxcluster.errors import MlxclusterError, ToolMissing
 from mlxcluster.outputs import check_output_path
 from mlxcluster.topology.topology import Topology
 
@@ -67,7 +67,7 @@ def to_dot(topology: Topology) -> str:
 def _dot_program() -> str:
     dot = shutil.which("dot")
     if dot is None:
-        raise BackendUnavailable(
+        raise ToolMissing(
             "graphviz 'dot' is not installed, so no PNG can be drawn",
             "install graphviz (brew install graphviz / apt-get install graphviz), "
             "or use --dot and render the text elsewhere",
