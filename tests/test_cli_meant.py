@@ -108,3 +108,33 @@ def test_serve_open_to_other_machines_without_a_key_is_refused(llama):
     out = refused("serve", str(llama), "--local", "2", "--bind", "0.0.0.0")
     assert "error: --bind 0.0.0.0 lets other machines reach the model, and no API key is set" in out
     assert "--no-auth" in out
+
+
+def test_help_lists_the_commands_in_start_here_order_each_with_an_example_that_parses():
+    """``mlxcluster --help`` lists the commands in the order a newcomer uses
+    them; each command's --help ends with an example whose options are that
+    command's own (the trainer's, after ``--``, are the trainer's)."""
+    import shlex
+
+    import click
+
+    from mlxcluster.cli import COMMAND_MODULES, EXAMPLES
+
+    top = CliRunner().invoke(cli, ["--help"])
+    listed = [line.split()[0] for line in top.output.split("Commands:\n", 1)[1].splitlines() if line.strip()]
+    assert listed == list(COMMAND_MODULES) and listed[:2] == ["discover", "doctor"]
+    assert set(EXAMPLES) == set(COMMAND_MODULES)
+    ctx = click.Context(cli)
+    for name in COMMAND_MODULES:
+        shown = CliRunner().invoke(cli, [name, "--help"]).output
+        assert "Example:" in shown and EXAMPLES[name].split("  (")[0] in shown, name
+        words = shlex.split(EXAMPLES[name].split("  (")[0])
+        assert words[:2] == ["mlxcluster", name]
+        command = cli.get_command(ctx, name)
+        words = words[2:]
+        if isinstance(command, click.Group):  # hostfile generate ...
+            command, words = command.get_command(ctx, words[0]), words[1:]
+        ours = words[:words.index("--")] if "--" in words else words
+        known = {opt for param in command.params for opt in (*param.opts, *param.secondary_opts)}
+        flags = [w for w in ours if w.startswith("-")]
+        assert set(flags) <= known, (name, set(flags) - known)

@@ -310,3 +310,17 @@ def test_local_mpi_doctor_agrees_with_smoke_using_the_venvs_open_mpi(tmp_path):
     table = run_cli("doctor", "--local", "--backend", "mpi")
     row = next(line for line in table.stdout.splitlines() if line.startswith("local-0 "))
     assert " mpi,ring " in row, row
+
+
+def test_skipped_checks_are_one_line_unless_verbose():
+    """What could not run here (SSH hosts, Thunderbolt, another backend) is
+    counted on one line; -v lists each with its reason."""
+    short = CliRunner().invoke(main, ["doctor", "--local"])
+    assert "    skipped: " not in short.output, short.output
+    counted = [ln for ln in short.output.splitlines() if ln.startswith("[-] ")]
+    assert len(counted) == 1 and counted[0].endswith("skipped: not needed or not possible here "
+                                                     "(-v lists each and why)"), short.output
+    skipped = int(counted[0].split()[1])
+    verbose = CliRunner().invoke(main, ["doctor", "--local", "-v"])
+    assert verbose.output.count("    skipped: ") == skipped > 0
+    assert short.exit_code == verbose.exit_code

@@ -19,22 +19,42 @@ import click
 from mlxcluster import __version__, interrupts
 from mlxcluster.errors import Interrupted, MlxclusterError
 
+# In the order a newcomer uses them (``mlxcluster --help`` lists them so).
 COMMAND_MODULES: tuple[str, ...] = (
-    "demo",
     "discover",
     "doctor",
     "topology",
     "hostfile",
     "smoke",
+    "tune",
+    "serve",
     "train",
     "run",
-    "serve",
     "jobs",
     "attach",
     "stop",
     "report",
-    "tune",
+    "demo",
 )
+
+# One typical line per command, shown at the end of its --help.
+EXAMPLES: dict[str, str] = {
+    "discover": "mlxcluster discover --write cluster.yaml --python /opt/venv/bin/python",
+    "doctor": "mlxcluster doctor            (then: mlxcluster doctor --fix)",
+    "topology": "mlxcluster topology --png cables.png",
+    "hostfile": "mlxcluster hostfile generate --backend ring -o hosts.json",
+    "smoke": "mlxcluster smoke --backend ring --bench",
+    "tune": "mlxcluster tune --budget 5m",
+    "serve": "mlxcluster serve ~/models/Qwen3-4B-4bit --port 8080",
+    "train": "mlxcluster train -- --init_from ~/models/Llama-3.2-1B-Instruct-4bit --fine_tune lora "
+             "--data data/chat-tokens --out runs/lora",
+    "run": "mlxcluster run -- python my_script.py --epochs 2",
+    "jobs": "mlxcluster jobs -i cluster.yaml",
+    "attach": "mlxcluster attach mlxtrain-1a2b3c4d5e",
+    "stop": "mlxcluster stop mlxtrain-1a2b3c4d5e",
+    "report": "mlxcluster report bug/ -o report.html",
+    "demo": "mlxcluster demo",
+}
 
 
 class _Group(click.Group):
@@ -44,11 +64,14 @@ class _Group(click.Group):
     short run's start-up, bench/run_overhead.py); ``--help`` imports them all."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(set(COMMAND_MODULES) | set(self.commands))
+        return [*COMMAND_MODULES, *sorted(set(self.commands) - set(COMMAND_MODULES))]
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name not in self.commands and name in COMMAND_MODULES:
-            self.add_command(importlib.import_module(f"mlxcluster.cli.{name}").command)
+            command = importlib.import_module(f"mlxcluster.cli.{name}").command
+            if name in EXAMPLES and not command.epilog:
+                command.epilog = f"Example:\n\n\b\n  {EXAMPLES[name]}"
+            self.add_command(command)
         return super().get_command(ctx, name)
 
     def resolve_command(self, ctx: click.Context, args: list[str]):
@@ -109,7 +132,16 @@ def report_interrupt(stop: KeyboardInterrupt) -> int:
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="mlxcluster")
 def main() -> None:
-    """Set up, check and benchmark MLX distributed clusters of Macs."""
+    """Run one MLX job across several Macs: serve a model bigger than one
+    Mac, fine-tune across them, and set up and check the cluster first.
+
+    \b
+    Start here (docs/quickstart.md):
+      mlxcluster discover --write cluster.yaml --python /opt/venv/bin/python
+      mlxcluster doctor --fix
+      mlxcluster smoke --backend ring
+      mlxcluster serve ~/models/MODEL
+    """
 
 
 def run() -> None:

@@ -181,9 +181,15 @@ def render(report: DoctorReport, verbose: bool) -> None:
     if ignored:
         click.echo(f"ignored (not hosts): {ignored_text(ignored)}")
     click.echo("")
+    skipped = [r for r in report.results if r.status is Status.SKIP]
     for result in report.results:
+        if result.status is Status.SKIP and not verbose:
+            continue  # what could not run here says nothing about the cluster: counted below
         for text, colour in render_check(result, verbose):
             click.secho(text, fg=colour)
+    if skipped and not verbose:
+        click.echo(f"[-] {len(skipped)} check(s) skipped: not needed or not possible here "
+                   "(-v lists each and why)")
     click.echo("")
     click.echo(facts_table(report.facts))
     click.echo("")

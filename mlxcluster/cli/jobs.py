@@ -42,7 +42,7 @@ def job_rows(jobs: list[RunningJob], serving: dict[str, Announced] | None = None
 @click.command("jobs")
 @host_options
 def command(hostfile, inventory_path, local):
-    """List the train and run jobs running on the hosts: run id, since when,
+    """List the train, run and serve jobs running on the hosts: run id, since when,
     the ranks alive and where, and the command. Exit 0; 1 when a host did
     not answer (named)."""
     hosts = chosen_hosts("jobs", hostfile, inventory_path, local)

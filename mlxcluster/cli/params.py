@@ -120,7 +120,7 @@ def launch_options(backends: tuple[str, ...]):
     preflight and OpenBLAS switches, and the timeout."""
     options = [
         click.option("--hostfile", type=click.Path(exists=True, dir_okay=False),
-                     help="An mlx.launch hostfile (JSON)."),
+                     help="A hostfile: mlx.launch's JSON or an Open MPI one (host slots=N)."),
         inventory_option("An mlxcluster inventory (YAML). Used when no --hostfile or --local is "
                          "given; default: $MLXCLUSTER_INVENTORY, else ./cluster.yaml, else "
                          "~/.config/mlxcluster/cluster.yaml."),
