@@ -106,7 +106,7 @@ def tune_run(lab, inventory: Path, args) -> dict:
     started = time.time()
     proc = subprocess.run(
         [sys.executable, "-m", "mlxcluster", "tune", "-i", str(inventory), "--sizes", "16M:32M",
-         "--iters", "3", "--rounds", str(args.rounds), "--budget", args.budget, "--timeout", args.timeout,
+         "--iters", "3", "--rounds", str(args.rounds), "--budget", args.budget, "--phase-timeout", args.timeout,
          "-o", "-", "--json"],
         env=lab.env(), capture_output=True, text=True, timeout=4 * 3600, cwd=REPO)
     sampler.stop_flag.set()
@@ -181,7 +181,7 @@ def main() -> None:
     parser.add_argument("--rate", default="200mbit")
     parser.add_argument("--budget", default="15m")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--timeout", default="2m")
+    parser.add_argument("--phase-timeout", dest="timeout", default="2m")
     parser.add_argument("--mpi-rounds", type=int, default=2)
     parser.add_argument("--skip-tune", action="store_true", help="leave out step 1")
     parser.add_argument("--skip-algorithms", action="store_true", help="leave out step 2")

@@ -103,7 +103,7 @@ def test_demo_reports_a_failing_step(tmp_path, monkeypatch):
 def test_nan_is_refused_for_every_duration_flag():
     """click's FloatRange accepts 'nan', and a NaN deadline never expires."""
     runner = CliRunner()
-    for args in (["smoke", "--local", "2", "--timeout", "nan"],
+    for args in (["smoke", "--local", "2", "--phase-timeout", "nan"],
                  ["doctor", "--local", "--connect-timeout", "nan"],
                  ["train", "--local", "2", "--timeout", "nan"],
                  ["discover", "--timeout", "nan"],

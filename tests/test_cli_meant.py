@@ -36,6 +36,10 @@ def refused(*args: str) -> str:
     (["doctr"], "error: No such command 'doctr'. Did you mean 'doctor'?"),
     (["doctor", "--invnetory", "x.yaml"], "error: No such option '--invnetory'. Did you mean "
                                          "'--inventory'?"),
+    # --timeout bounds a whole run (train, run); smoke's and tune's deadline is per phase
+    (["smoke", "--local", "--timeout", "60"], "error: No such option '--timeout'. Did you mean "
+                                              "'--phase-timeout'?"),
+    (["tune", "--timeout", "2m"], "error: No such option '--timeout'. Did you mean '--phase-timeout'?"),
 ])
 def test_a_mistyped_flag_or_command_is_refused_with_what_was_meant(args, said):
     out = refused(*args)
@@ -138,3 +142,29 @@ def test_help_lists_the_commands_in_start_here_order_each_with_an_example_that_p
         known = {opt for param in command.params for opt in (*param.opts, *param.secondary_opts)}
         flags = [w for w in ours if w.startswith("-")]
         assert set(flags) <= known, (name, set(flags) - known)
+
+
+@pytest.mark.parametrize(("args", "runs_ranks", "read"), [
+    (["--local", "3", "--backend", "ring"], True, ["--local", "3", "--backend", "ring"]),
+    (["--local", "--backend", "ring"], True, ["--local", "2", "--backend", "ring"]),
+    (["--local", "models/x", "--port", "9"], True, ["--local", "2", "models/x", "--port", "9"]),
+    (["--local=4", "--", "--local", "7"], True, ["--local", "4", "--", "--local", "7"]),
+    (["mlxtrain-ab", "--local", "2"], False, ["mlxtrain-ab", "--local"]),
+    (["--local", "mlxtrain-ab"], False, ["--local", "mlxtrain-ab"]),
+    (["--local=2", "-v"], False, ["--local", "-v"]),
+])
+def test_local_means_this_machine_on_every_command_with_or_without_n(args, runs_ranks, read):
+    from mlxcluster.cli.params import local_spelled_one_way
+
+    assert local_spelled_one_way(args, runs_ranks=runs_ranks) == read
+
+
+def test_attach_and_stop_take_the_local_n_a_job_was_started_with():
+    """`attach RUN --local 2`, as stop's own hint spells it, looks on this
+    machine (was: click's "Got unexpected extra argument (2)")."""
+    for command in (["attach", "mlxtrain-0123456789", "--local", "2"],
+                    ["stop", "--local", "2", "mlxtrain-0123456789"],
+                    ["jobs", "--local", "2"]):
+        result = CliRunner().invoke(cli, command)
+        assert "unexpected extra argument" not in result.output, result.output
+        assert "local-0" in result.output, result.output  # looked on this machine

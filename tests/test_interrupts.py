@@ -28,7 +28,7 @@ from tests.interrupt_helpers import (
 )
 
 MLXCLUSTER = [sys.executable, "-m", "mlxcluster"]
-LONG_SMOKE = ["--bench", "--sizes", "1K:64M", "--timeout", "120"]
+LONG_SMOKE = ["--bench", "--sizes", "1K:64M", "--phase-timeout", "120"]
 
 
 # ---- the signal plumbing ------------------------------------------------------------

@@ -115,7 +115,7 @@ def test_mpi_three_ranks_bench_and_plot(tmp_path):
 
 @pytest.mark.parametrize("backend", ["ring", "mpi"])
 def test_failing_rank_is_named_and_stopped(backend):
-    code, report, elapsed = smoke("--backend", backend, "--local", "3", *SMALL, "--timeout", "20",
+    code, report, elapsed = smoke("--backend", backend, "--local", "3", *SMALL, "--phase-timeout", "20",
                                   env={"MLXCLUSTER_SMOKE_FAIL_RANK": "1"})
     run = report["backends"][0]
     assert code == 1 and run["status"] == "failed"
@@ -136,7 +136,7 @@ HANG_LINE = next(i for i, line in enumerate(
 def test_hung_rank_hits_the_deadline(tmp_path):
     # 12 s: two ranks' ring init took 5-9 s on this 2-core machine under load (a
     # 5 s deadline then ended the run in phase init, before the hook ran).
-    code, report, elapsed = smoke("--backend", "ring", "--local", "2", *SMALL, "--timeout", "12",
+    code, report, elapsed = smoke("--backend", "ring", "--local", "2", *SMALL, "--phase-timeout", "12",
                                   "--stall-dir", str(tmp_path),
                                   env={"MLXCLUSTER_SMOKE_HANG_RANK": "0"})
     run = report["backends"][0]
@@ -164,7 +164,7 @@ def test_a_hung_rank_in_text_output_says_stalled_and_exits_4(tmp_path):
     run keeps its logs in ./runs/RUN_ID (it was ./stall-RUN_ID)."""
     assert Path.cwd() == tmp_path and not (tmp_path / "runs").exists()
     result = CliRunner().invoke(main, ["smoke", "--backend", "ring", "--local", "2", *SMALL,
-                                       "--timeout", "12"],
+                                       "--phase-timeout", "12"],
                                 env={"MLXCLUSTER_SMOKE_HANG_RANK": "0"})
     assert result.exit_code == 4, result.output
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception

@@ -143,7 +143,7 @@ def test_the_worker_is_told_the_soak_and_its_seed():
     (["--soak", "0.5s"], "below the minimum of 1 s"),
     (["--soak", "30s", "--bench"], "--soak and --bench are two runs"),
     (["--seed", "5"], "--seed chooses a soak's sizes"),
-    (["--timeout", "2h"], "above the maximum of 3600 s"),  # a duration too, as people write it
+    (["--phase-timeout", "2h"], "above the maximum of 3600 s"),  # a duration too, as people write it
 ])
 def test_bad_soak_flags_are_refused_before_anything_runs(flags, said):
     result = CliRunner().invoke(main, ["smoke", "--local", "2", *flags])
@@ -173,7 +173,7 @@ def test_ctrl_c_during_a_soak_stops_every_rank_and_prints_the_summary_so_far(tmp
     try:
         run = interrupt_when([sys.executable, "-m", "mlxcluster", "smoke", "--local", "2", "--backend",
                               "ring", "--soak", "10m", "--seed", "5", "--sizes", "1K:16K",
-                              "--dtypes", "float32", "--timeout", "60"],
+                              "--dtypes", "float32", "--phase-timeout", "60"],
                              soaking, signal.SIGINT, cwd=str(tmp_path), ready_timeout=240)
         left, alive = processes_with(workers.run_id), workers.family_alive()  # before any help
     finally:  # a failed test must not leave its ranks: the launcher has a session of its own

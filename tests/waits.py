@@ -58,7 +58,7 @@ ELASTIC_STALL_TIMEOUT_S = 30
 LOCAL_STALL_TIMEOUT_S = 8
 
 # ---- smoke: per-iteration deadlines ---------------------------------------------------
-# `smoke --soak --timeout` on the lab: a loaded 2-core machine starts 3 ranks
+# `smoke --soak --phase-timeout` on the lab: a loaded 2-core machine starts 3 ranks
 # slowly, and init has this deadline too.
 SOAK_ITERATION_TIMEOUT_S = 20
 # After the per-iteration deadline: up to ~1 s until the last soak event

@@ -9,13 +9,14 @@ import click
 
 from mlxcluster.cli.job_launch import EventView, exit_code_of, say_failure
 from mlxcluster.cli.jobs import host_options
+from mlxcluster.cli.params import LocalMeansHere
 from mlxcluster.errors import InputError, Interrupted
 from mlxcluster.jobs.attach import find_detached, follow_to_end
 from mlxcluster.jobs.running import RUN_ID, list_running
 from mlxcluster.launch.job_source import JobSource, choose_job, one_source
 
 
-@click.command("attach")
+@click.command("attach", cls=LocalMeansHere)
 @host_options
 @click.option("--python", "python", default=None,
               help="The hosts' python (default: the inventory's, else this one).")

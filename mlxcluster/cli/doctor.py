@@ -34,7 +34,7 @@ import click
 from tabulate import tabulate
 
 from mlxcluster.cli.doctor_fix import check_fix_flags, run_fix, run_undo
-from mlxcluster.cli.params import Seconds, inventory_option, load_chosen_inventory
+from mlxcluster.cli.params import LocalMeansHere, Seconds, inventory_option, load_chosen_inventory
 from mlxcluster.cli.report import check_html_path, emit_page, html_option
 from mlxcluster.doctor.checks.base import CheckResult, Status
 from mlxcluster.doctor.checks.mpi import mpi_available
@@ -197,7 +197,7 @@ def render(report: DoctorReport, verbose: bool) -> None:
     click.secho(text, fg=colour, bold=True)
 
 
-@click.command("doctor")
+@click.command("doctor", cls=LocalMeansHere)
 @inventory_option("Inventory YAML (default: $MLXCLUSTER_INVENTORY, else ./cluster.yaml, else "
                   "~/.config/mlxcluster/cluster.yaml; with --from only when given).")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report only.")
@@ -207,7 +207,7 @@ def render(report: DoctorReport, verbose: bool) -> None:
 @click.option("--from", "from_dir", type=click.Path(file_okay=False),
               help="Replay a folder written by --collect (no live host needed).")
 @click.option("--local", "local", is_flag=True,
-              help="Check this machine, where local ranks (smoke/train --local N) run; no SSH.")
+              help="Check this machine, where --local N ranks run (N may be given, as to train); no SSH.")
 @click.option("--accept-new-host-keys", is_flag=True,
               help="Trust unknown host keys on first use and save them to known_hosts.")
 @click.option("--backend", type=click.Choice(BACKENDS), default=None,

@@ -7,7 +7,7 @@ import click
 from tabulate import tabulate
 
 from mlxcluster.cli.job_launch import EventView
-from mlxcluster.cli.params import inventory_option
+from mlxcluster.cli.params import LocalMeansHere, inventory_option
 from mlxcluster.jobs.running import RunningJob, list_running
 from mlxcluster.launch.job_source import JobSource, choose_job, one_source
 from mlxcluster.serve.announce import Announced, announced
@@ -16,7 +16,7 @@ from mlxcluster.serve.announce import Announced, announced
 def host_options(command):
     """Where to look: the usual -i / --hostfile / --local of `run` and `train`."""
     command = click.option("--local", "local", is_flag=True,
-                           help="Look on this machine (jobs started with --local N).")(command)
+                           help="Look on this machine (jobs started with --local N; N may be given).")(command)
     command = inventory_option("An mlxcluster inventory (YAML); default: $MLXCLUSTER_INVENTORY, "
                                "else ./cluster.yaml, else ~/.config/mlxcluster/cluster.yaml.")(command)
     return click.option("--hostfile", type=click.Path(exists=True, dir_okay=False),
@@ -39,7 +39,7 @@ def job_rows(jobs: list[RunningJob], serving: dict[str, Announced] | None = None
             for j in jobs]
 
 
-@click.command("jobs")
+@click.command("jobs", cls=LocalMeansHere)
 @host_options
 def command(hostfile, inventory_path, local):
     """List the train, run and serve jobs running on the hosts: run id, since when,

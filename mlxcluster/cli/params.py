@@ -124,8 +124,8 @@ def launch_options(backends: tuple[str, ...]):
         inventory_option("An mlxcluster inventory (YAML). Used when no --hostfile or --local is "
                          "given; default: $MLXCLUSTER_INVENTORY, else ./cluster.yaml, else "
                          "~/.config/mlxcluster/cluster.yaml."),
-        click.option("--local", "local_ranks", type=click.IntRange(1, 64),
-                     help="Run N ranks on this machine instead."),
+        click.option("--local", "local_ranks", type=click.IntRange(1, 64), metavar="[N]",
+                     help=f"Run N ranks on this machine instead (--local alone: {LOCAL_RANKS_DEFAULT})."),
         click.option("--backend", type=click.Choice(backends), default=None,
                      help="Distributed backend (default: the hostfile's, else ring)."),
         click.option("--python", "python", default=None,
@@ -165,7 +165,54 @@ def launch_flags(hostfile, inventory_path, local_ranks, backend, python, mpi_arg
                        send_code=not no_sync_code)
 
 
-class ProgramAfterDashDash(click.Command):
+LOCAL_RANKS_DEFAULT = 2  # `--local` without N, where a command runs ranks
+
+
+def local_spelled_one_way(args: list[str], *, runs_ranks: bool) -> list[str]:
+    """``--local [N]`` means "on this machine" on every command: ``N`` ranks
+    where the command runs ranks (smoke, train, run, serve; ``--local`` alone
+    is LOCAL_RANKS_DEFAULT), and where it only looks there (doctor, jobs,
+    attach, stop) the N a job was started with is taken and not needed. N is
+    the word after ``--local`` only when it is a number, so ``stop --local
+    RUN_ID`` and ``serve --local MODEL`` read as typed. What follows ``--``
+    is the program's and is left alone."""
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        word = args[i]
+        if word == "--":
+            return out + args[i:]
+        if word == "--local" or word.startswith("--local="):
+            given = word.partition("=")[2] if "=" in word else None
+            if given is None and i + 1 < len(args) and args[i + 1].isdigit():
+                given, i = args[i + 1], i + 1
+            if runs_ranks:
+                out += ["--local", given or str(LOCAL_RANKS_DEFAULT)]
+            else:
+                if given is not None and not given.isdigit():
+                    raise click.BadParameter(f"{given!r} is not a number of ranks",
+                                             param_hint="'--local'")
+                out.append("--local")
+            i += 1
+            continue
+        out.append(word)
+        i += 1
+    return out
+
+
+class LocalMeansHere(click.Command):
+    """A command whose ``--local [N]`` is read as ``local_spelled_one_way``
+    says; ``runs_ranks``: whether N is its rank count."""
+
+    def __init__(self, *args, runs_ranks: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.runs_ranks = runs_ranks
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, local_spelled_one_way(args, runs_ranks=self.runs_ranks))
+
+
+class ProgramAfterDashDash(LocalMeansHere):
     """A command that hands a program its arguments (train's trainer, run's
     script, serve's mlx_lm.server): what follows the first `--`, and only
     that, is the program's (the parameter ``program_param``). Before `--`,
@@ -175,7 +222,7 @@ class ProgramAfterDashDash(click.Command):
 
     def __init__(self, *args, program_param: str, program: str, example: str,
                  program_flags: Callable[[], set[str]] = set, **kwargs):
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, runs_ranks=True, **kwargs)
         self.program_param, self.program, self.example = program_param, program, example
         self.program_flags = program_flags  # the program's own options, when known here
 
@@ -183,7 +230,7 @@ class ProgramAfterDashDash(click.Command):
         own, theirs = (args[:args.index("--")], args[args.index("--") + 1:]) if "--" in args \
             else (args, [])
         try:
-            rest = super().parse_args(ctx, own)
+            rest = super().parse_args(ctx, own)  # --local read first (LocalMeansHere)
         except click.NoSuchOption as err:
             theirs = self.program_flags()
             close = difflib.get_close_matches(err.option_name, sorted(theirs), n=1)

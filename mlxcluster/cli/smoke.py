@@ -24,7 +24,7 @@ from pathlib import Path
 import click
 from tabulate import tabulate
 
-from mlxcluster.cli.params import Duration, inventory_option, load_chosen_inventory
+from mlxcluster.cli.params import Duration, LocalMeansHere, inventory_option, load_chosen_inventory
 from mlxcluster.cli.report import check_html_path, emit_page, html_option
 from mlxcluster.errors import (
     EXIT_FAILED,
@@ -148,22 +148,23 @@ def soak_progress_line(backend: str, soak: SoakSummary) -> str:
     return f"soak {backend}: {soak.elapsed_s:.0f}/{soak.duration_s:.0f} s, {counts}"
 
 
-@click.command("smoke")
+@click.command("smoke", cls=LocalMeansHere, runs_ranks=True)
 @click.option("--backend", type=click.Choice([*BACKENDS, "any"]), default=None,
               help="Backend to test; 'any' or none tries every backend the hosts support.")
 @click.option("--hostfile", type=click.Path(dir_okay=False), help="MLX JSON hostfile.")
 @inventory_option("Cluster inventory (YAML). Used when no --hostfile or --local is given; default: "
                   "$MLXCLUSTER_INVENTORY, else ./cluster.yaml, else ~/.config/mlxcluster/cluster.yaml.")
-@click.option("--local", "local_n", type=click.IntRange(2, 64), help="Run N ranks on this machine.")
+@click.option("--local", "local_n", type=click.IntRange(2, 64), metavar="[N]",
+              help="Run N ranks on this machine (--local alone: 2).")
 @click.option("--python", help="Python on the hosts (default: the inventory's, else this one).")
 @click.option("--bench", is_flag=True, help="Also time every op at power-of-two sizes.")
 @click.option("--sizes", default="1K:16M", show_default=True,
               help="LO:HI bytes: the benchmark sweep, and the correctness sizes (1 element, "
                    "one near LO, one above HI).")
 @click.option("--dtypes", default=",".join(DTYPE_CHOICES), show_default=True)
-@click.option("--timeout", "timeout_s", type=Duration(1, 3600), default=60.0, show_default=True,
+@click.option("--phase-timeout", "timeout_s", type=Duration(1, 3600), default=60.0, show_default=True,
               help="Per-phase deadline (init, correctness, bench; a soak: per iteration): "
-                   "60, 90s, 2m.")
+                   "60, 90s, 2m. (--timeout, on train, run and serve, bounds a whole run.)")
 @click.option("--connections-per-ip", type=click.IntRange(1, MAX_CONNECTIONS), default=None,
               help="ring: mlx.launch --connections-per-ip (default: the --hostfile's .args, as "
                    "'mlxcluster tune' wrote it, else 1).")
@@ -172,7 +173,7 @@ def soak_progress_line(backend: str, soak: SoakSummary) -> str:
 @click.option("--soak", "soak_s", type=Duration(1, 7 * 86400), default=None,
               help="Instead of the fixed checks: all_sum / all_gather / send-recv again and "
                    "again at random sizes within --sizes for this long (60s, 30m, 2h), every "
-                   "result checked, --timeout per iteration.")
+                   "result checked, --phase-timeout per iteration.")
 @click.option("--seed", type=click.IntRange(0), default=None,
               help="The soak's random sizes (default: a new one, printed; give it to replay).")
 @click.option("--stall-dir", type=click.Path(file_okay=False), default="runs", show_default=True,

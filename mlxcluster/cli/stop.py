@@ -5,13 +5,13 @@ from __future__ import annotations
 import click
 
 from mlxcluster.cli.jobs import chosen_hosts, host_options
-from mlxcluster.cli.params import Duration
+from mlxcluster.cli.params import Duration, LocalMeansHere
 from mlxcluster.errors import InputError
 from mlxcluster.jobs.cleanup import leftover_advice
 from mlxcluster.jobs.running import RUN_ID, list_running, stop_run
 
 
-@click.command("stop")
+@click.command("stop", cls=LocalMeansHere)
 @host_options
 @click.option("--grace", type=Duration(1), default="60s", show_default=True,
               help="How long the ranks have to write a last checkpoint and end before they "

@@ -114,7 +114,7 @@ def render(result: TuneResult) -> str:
               help="At most this many rounds of every candidate.")
 @click.option("--iters", type=click.IntRange(1, 1000), default=5, show_default=True,
               help="Timed iterations per size in each run (after one warm-up).")
-@click.option("--timeout", "timeout_s", type=Duration(1, 3600), default="2m", show_default=True,
+@click.option("--phase-timeout", "timeout_s", type=Duration(1, 3600), default="2m", show_default=True,
               help="Per-phase deadline of each smoke run (a hung candidate fails).")
 @click.option("--python", help="Python on the hosts (default: the inventory's).")
 @click.option("-o", "--output", default=None,

@@ -10,7 +10,7 @@ instead of a crash or a silent group of 1.
 * nccl: every host's python sees CUDA (``mx.cuda.is_available()``).
 * every backend: each remote host's login shell parses the command line the
   launcher sends it over ssh (``facts.shell``: under fish mlx.launch and
-  mpirun hang until --timeout, measured in the lab). Asked with one ssh
+  mpirun hang until --phase-timeout, measured in the lab). Asked with one ssh
   command, ``echo "$SHELL"; uname -s``, which every login shell that can
   fail this parses; jaccl reads it from the probe it runs anyway. A host
   that does not answer is left to the launch, which names it.

@@ -167,7 +167,7 @@ def diagnose_hang(plan: LaunchPlan, blamed: list[RankOutcome], timeout_s: float,
     gets its process state and place ('its process is stopped (state T,
     ...)', 'sleeping (...), in run_rank at worker.py:425')."""
     header = (f"smoke {plan.backend} run {plan.run_id}: no progress for {timeout_s:g} s "
-              f"(--timeout); blamed: " + ", ".join(f"rank {o.rank} on {o.host}" for o in blamed))
+              f"(--phase-timeout); blamed: " + ", ".join(f"rank {o.rank} on {o.host}" for o in blamed))
     found = stall.examine(
         list(plan.hosts), plan.run_id,
         run_script=lambda h, script: run_script(h, script, env=plan.env),

@@ -139,7 +139,7 @@ class Watch:
             self.bench.setdefault(key, {})[state.rank] = list(event["times"])
         elif kind == "soak":
             # A soak stays in one phase: each reported iteration restarts the
-            # deadline, so --timeout bounds one iteration, not the whole soak.
+            # deadline, so --phase-timeout bounds one iteration, not the whole soak.
             self.soak.add(event)
             state.steps += 1
             state.phase_since = now

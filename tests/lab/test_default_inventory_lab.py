@@ -56,7 +56,7 @@ def test_doctor_generate_and_smoke_as_typed(lab3, folder):
     assert again.returncode == 2 and "already exists" in again.stderr
 
     smoke = mlxcluster("smoke", "--backend", "ring", "--sizes", "1K:2K", "--dtypes", "float32",
-                       "--timeout", "90", cwd=work, env=env)
+                       "--phase-timeout", "90", cwd=work, env=env)
     assert "inventory: ./cluster.yaml (current directory)" in smoke.stderr
     assert smoke.returncode == 0, smoke.stdout[-2000:] + smoke.stderr[-2000:]
     assert "smoke passed" in smoke.stdout and "3/3" in smoke.stdout

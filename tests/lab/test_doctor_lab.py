@@ -338,7 +338,7 @@ def smoke_mpi(lab, lab_inventory: Path) -> dict:
     import subprocess
 
     proc = subprocess.run([sys.executable, "-m", "mlxcluster", "smoke", "-i", str(lab_inventory), "--backend", "mpi",
-                           "--sizes", "1K:2K", "--dtypes", "float32", "--timeout", "30", "--json"],
+                           "--sizes", "1K:2K", "--dtypes", "float32", "--phase-timeout", "30", "--json"],
                           env=lab.env(), capture_output=True, text=True, timeout=120,
                           cwd=lab_inventory.parent)  # a hang's report: ./runs/, not the checkout
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -34,7 +34,7 @@ VENV = Path(sys.executable).parent.parent
 # The shared `lab_inventory` fixture's env: block: the documented fixes for
 # reference-blas and libmpi, with which a healthy lab passes.
 INVENTORY_ENV = {**OPENBLAS_ENV, **MPI_ENV}
-SMALL = ["--sizes", "1K:2K", "--dtypes", "float32", "--timeout", "60"]
+SMALL = ["--sizes", "1K:2K", "--dtypes", "float32", "--phase-timeout", "60"]
 
 
 @pytest.fixture

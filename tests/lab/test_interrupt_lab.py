@@ -33,7 +33,7 @@ def on_the_hosts(lab, marker: str) -> list[str]:
 def test_ctrl_c_stops_a_smoke_run_on_every_host(lab3, tmp_path):
     inventory = lab3.write_inventory(tmp_path / "lab.yaml")
     run = interrupt_when([*MLXCLUSTER, "smoke", "-i", str(inventory), "--backend", "ring",
-                          "--bench", "--sizes", "1K:64M", "--timeout", "120"],
+                          "--bench", "--sizes", "1K:64M", "--phase-timeout", "120"],
                          SmokeWorkersRunning(3), signal.SIGINT, env=lab3.env(), cwd=str(tmp_path))
     assert run.returncode == 130, run.stderr
     assert "interrupted (SIGINT): smoke ring run" in run.stderr

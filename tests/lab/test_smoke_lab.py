@@ -55,7 +55,7 @@ def test_three_hosts_pass_with_bench(lab3_own_tmp, lab_inventory, backend):
 
 @pytest.mark.parametrize("backend", ["ring", "mpi"])
 def test_failing_rank_names_its_host(lab3_own_tmp, lab_inventory, backend):
-    code, run, elapsed = smoke(lab3_own_tmp, lab_inventory, "--backend", backend, *SMALL, "--timeout", "20",
+    code, run, elapsed = smoke(lab3_own_tmp, lab_inventory, "--backend", backend, *SMALL, "--phase-timeout", "20",
                                env={"MLXCLUSTER_SMOKE_FAIL_RANK": "2"})
     # The deadline bounds each phase; staging and cleanup over ssh come on top.
     assert code == 1 and elapsed < 20 + 10
@@ -72,7 +72,7 @@ def test_dropped_data_port_names_its_host(lab3_own_tmp, lab_inventory, backend, 
     lab3_own_tmp.drop_port(lab3_own_tmp.hosts[2], port)
     try:
         code, run, elapsed = smoke(lab3_own_tmp, lab_inventory, "--backend", backend, *SMALL,
-                                   "--timeout", "8", "--stall-dir", str(tmp_path))
+                                   "--phase-timeout", "8", "--stall-dir", str(tmp_path))
     finally:
         lab3_own_tmp.heal(lab3_own_tmp.hosts[2])
     assert code == 4  # no progress within the deadline: a stall (docs/smoke.md, exit codes)
@@ -105,7 +105,7 @@ def test_a_host_lost_mid_run_is_named_and_the_rest_stopped(lab3_own_tmp, lab_inv
     the others, and names labhost3 as a host it could not clean up."""
     ready = SmokeWorkersRunning(3)
     proc = subprocess.Popen([sys.executable, "-m", "mlxcluster", "smoke", "-i", str(lab_inventory),
-                             "--backend", "ring", "--bench", "--sizes", "1K:64M", "--timeout", "30",
+                             "--backend", "ring", "--bench", "--sizes", "1K:64M", "--phase-timeout", "30",
                              "--json"], env=lab3_own_tmp.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
@@ -139,13 +139,13 @@ def test_a_host_lost_mid_run_is_named_and_the_rest_stopped(lab3_own_tmp, lab_inv
 def test_a_fish_login_shell_is_named_before_anything_is_launched(lab3_own_tmp, lab_inventory, backend):
     """labhost2's login shell is fish, which parses neither mlx.launch's nor
     mpirun's command line (measured: both hang, tests/lab/test_lab.py); smoke
-    waited for its --timeout, then called the rank not started. Now its
+    waited for its --phase-timeout, then called the rank not started. Now its
     preflight asks every host's login shell: exit 3 at once, labhost2 and the
     fix named, nothing staged or started anywhere."""
     lab3_own_tmp.set_login_shell(lab3_own_tmp.hosts[1], "fish")
     try:
         code, run, elapsed = smoke(lab3_own_tmp, lab_inventory, "--backend", backend, *SMALL,
-                                   "--timeout", "30")
+                                   "--phase-timeout", "30")
     finally:
         lab3_own_tmp.heal(lab3_own_tmp.hosts[1])
     launcher = "mpirun" if backend == "mpi" else "mlx.launch"

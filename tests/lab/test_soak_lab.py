@@ -32,7 +32,7 @@ SIZES = ["--sizes", "1K:256K", "--dtypes", "float32,int32"]
 def start_soak(lab, lab_inventory, cwd, backend, seconds) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "mlxcluster", "smoke", "-i", str(lab_inventory), "--backend", backend,
-         "--soak", f"{seconds}s", "--seed", "1234", *SIZES, "--timeout", str(SOAK_ITERATION_TIMEOUT_S),
+         "--soak", f"{seconds}s", "--seed", "1234", *SIZES, "--phase-timeout", str(SOAK_ITERATION_TIMEOUT_S),
          "--json"], env=lab.env(), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, start_new_session=True)
 
