@@ -5,6 +5,7 @@ launched. (Over hosts on their own disks, with restarts: tests/lab/test_serve_la
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -437,3 +438,61 @@ def test_a_server_that_refuses_its_arguments_is_not_restarted(llama, tmp_path):
                      r"first answer \(a usage error\): unrecognized arguments: --no-such-flag; every "
                      r"rank was stopped, none restarted", said), said
     assert "fix: correct the arguments after '--'" in said
+
+
+def test_a_server_that_hangs_during_a_drain_ends_serve_and_is_not_launched_again(llama, tmp_path):
+    """Rank 1 stopped (SIGSTOP) while a long answer streams, and SIGTERM at
+    once, which starts the drain: the probe finds the hang and cuts the
+    answer; serve stops (exit 0), launches nothing again (--max-restarts 2
+    notwithstanding), and leaves nothing."""
+    import openai
+    from tokenizers import Tokenizer
+
+    model = chat_model(llama, tmp_path / "tiny-chat")
+    eos = Tokenizer.from_file(str(model / "tokenizer.json")).token_to_id("<|endoftext|>")
+    port = free_port_block(1)
+    serving = Serving(["--local", "2", "--no-preflight", "--port", str(port), "--max-restarts", "2",
+                       "--probe-every", "2s", "--probe-timeout", f"{SERVE_PROBE_TIMEOUT_S}s",
+                       "--drain-timeout", f"{SERVE_AGAIN_S}s", str(model)], cwd=tmp_path)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0,
+                           timeout=SERVE_AGAIN_S)
+    ended: list[str] = []
+
+    def stream() -> None:
+        try:
+            for _ in long_chat(client, eos, LONG_TOKENS * 4, stream=True):
+                pass
+            ended.append("whole")
+        except Exception as err:  # noqa: BLE001 - cut by the stop: what the test expects
+            ended.append(type(err).__name__)
+
+    pid = None
+    try:
+        serving.wait_for(r"serving \S+ at http://", SERVE_UP_S)
+        run_id = re.search(r"run (mlxserve-[0-9a-f]+)", serving.output()).group(1)
+        streaming = threading.Thread(target=stream)
+        streaming.start()
+        waits.poll_until(lambda: scrape(port)[("mlxcluster_serve_in_flight_requests", ())] == 1,
+                         SERVE_AGAIN_S, "the long answer streaming", interval=0.1)
+        # Rank 1 stopped, then at once SIGTERM: the drain starts with the answer in
+        # flight, well before the probe (--probe-timeout) calls it a hang.
+        pid = int((Path(STACKS_ROOT) / run_id / "rank1.pid").read_text().split()[0])
+        os.kill(pid, signal.SIGSTOP)
+        seen = len(serving.lines)
+        serving.proc.send_signal(signal.SIGTERM)
+        serving.wait_for(r"SIGTERM: draining, no new requests; 1 in flight", SERVE_AGAIN_S, after=seen)
+        code = serving.proc.wait(timeout=SERVE_AGAIN_S)
+        streaming.join(SERVE_AGAIN_S)
+    finally:
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        serving.stop()
+    out = serving.output()
+    assert code == 0, out
+    # Measured: the probe's 503 cuts the answer, the drain is then idle and
+    # stops first; Drain.server_ended covers a launch that ends before its
+    # look (tests/test_serve_front.py).
+    assert "(restart" not in out and ended, (ended, out)  # the client's stream ended
+    assert "stopped: interrupted (SIGTERM)" in (tmp_path / "runs" / run_id / "serve.log").read_text()
+    assert processes_with(run_id) == []

@@ -599,3 +599,22 @@ def test_a_drain_past_its_limit_says_what_it_cuts_then_stops():
     assert time.monotonic() - started >= 0.5
     assert "1 in flight" in said[0].text
     assert said[1].text == "drain: 1 request(s) still in flight and 0 waiting after 0.5 s: cut"
+
+
+def test_a_server_that_ends_during_a_drain_stops_serve_not_a_restart():
+    """Drain.server_ended: before a drain it does nothing (the restart loop
+    decides); during one it says so and stops as at a second signal."""
+    from mlxcluster.serve.serving import Drain
+
+    said, stops = [], []
+    backend = Backend()
+    assert backend.admission.enter()
+    backend.begin(alone=False, streaming=True)  # in flight: the drain waits
+    drain = Drain(backend, 30, said.append)
+    drain.stop_now = stops.append
+    drain.server_ended("rank 1 exited with code -9")
+    assert stops == [] and said == []
+    drain.start(15)
+    drain.server_ended("rank 1 exited with code -9")
+    assert stops == [15]
+    assert said[-1].text == "drain: rank 1 exited with code -9 during the drain: not launched again, stopping"

@@ -32,6 +32,7 @@ from mlxcluster.jobs.job import Job
 from mlxcluster.jobs.preflight import probe_facts
 from mlxcluster.jobs.restarts import Restarts, launch_until_done
 from mlxcluster.jobs.run import run_job
+from mlxcluster.jobs.stall import Stalled
 from mlxcluster.jobs.watch import RunOutcome
 from mlxcluster.launch.program import launch_number, numbered, program_job
 from mlxcluster.launch.session import LaunchFlags, LaunchRequest
@@ -169,7 +170,7 @@ def serve_until_stopped(job: Job, spec: ServeSpec, backend: Backend, restarts: R
         with interrupts.first_signal_calls(drain.start) as stop_now:
             drain.stop_now = stop_now
             _serve(job, spec, backend, restarts, env, run_id, logs_dir, on_line, on_event,
-                   journaled(journal, on_up))
+                   journaled(journal, on_up), drain)
     except Interrupted as stop:
         journal.stopped(stop)
         raise
@@ -184,8 +185,19 @@ class Drain:
     def __init__(self, backend: Backend, timeout: float, on_event: OnEvent):
         self.backend, self.timeout, self.on_event = backend, timeout, on_event
         self.stop_now: Callable[[int], None] = lambda signum: None
+        self.signum: int | None = None  # the signal that started the drain
+
+    def server_ended(self, who: str) -> None:
+        """The server ended while draining (``who``: which rank, how): what
+        was admitted cannot finish, and serve is stopping anyway, so stop as
+        at a second signal instead of launching the server again."""
+        if self.signum is None:
+            return
+        self.on_event(Note(f"drain: {who} during the drain: not launched again, stopping"))
+        self.stop_now(self.signum)
 
     def start(self, signum: int) -> None:
+        self.signum = signum
         name = interrupts.signal_name(signum)
         self.backend.drain(f"serve is stopping ({name})")
         waiting = self.backend.admission.counts()[1]
@@ -228,7 +240,8 @@ def journaled(journal: ServeJournal, then: Callable) -> Callable:
     return both
 
 
-def _serve(job, spec, backend, restarts, env, run_id, logs_dir, on_line, on_event, on_up) -> None:
+def _serve(job, spec, backend, restarts, env, run_id, logs_dir, on_line, on_event, on_up,
+           drain: Drain) -> None:
     metrics = backend.metrics
     ended: list[str] = []  # how the last launch ended: "hang" or "exit"
 
@@ -256,12 +269,18 @@ def _serve(job, spec, backend, restarts, env, run_id, logs_dir, on_line, on_even
             outcome = run_job(job, on_line, env=env, report_dir=logs_dir, run_id=run_id,
                               watch=watch)
             ended[-1] = "exit"
+        except Stalled:
+            if backend.stopping is not None:  # draining: no restart either
+                drain.server_ended("the server hung")
+            raise
         finally:
             backend.down("the server is restarting")
             watch.stop()
             tunnel.close()
         if outcome.exit_code == 0:  # a server that ends on its own has failed all the same
             outcome = replace(outcome, exit_code=1)
+        if backend.stopping is not None:  # draining: stop, no restart (raises in this thread)
+            drain.server_ended(f"{outcome.who} exited with code {outcome.exit_code}")
         return outcome
 
     job, outcome = launch_until_done(numbered(job, 0)[0], launch, restarts, env, again=numbered,
