@@ -48,7 +48,7 @@ def test_tune_measures_real_candidates_and_writes_the_winner(lab3, tmp_path):
         assert json.loads(out.read_text())["hosts"][0]["ips"] == [lab3.hosts[0].ip]
         assert args == ["--connections-per-ip", str(doc["winner"]["connections_per_ip"])]
     else:
-        assert out.read_text().splitlines()[0] == f"{lab3.hosts[0].ip} slots=1"
+        assert out.read_text().splitlines()[0] == f"root@{lab3.hosts[0].ip} slots=1"  # its user:
         assert args[args.index("btl_tcp_links") + 1] == "4"
     # Nothing of any run (smoke workers, MPI daemons, TCP stream ends) is left
     # inside the lab's hosts: only their sshd listeners run there.
@@ -113,7 +113,7 @@ def test_run_launches_with_the_ring_setting_tune_wrote(lab3, tmp_path):
 def test_run_launches_with_the_mpi_setting_tune_wrote(lab3, tmp_path):
     out, ran, ranks = tune_then_run(lab3, tmp_path, "mpi", ["--tcp-links", "2", "--mpi-allreduce", "default"],
                                     "tuned-mpi.txt")
-    assert out.read_text().splitlines() == [f"{h.ip} slots=1" for h in lab3.hosts]
+    assert out.read_text().splitlines() == [f"root@{h.ip} slots=1" for h in lab3.hosts]
     assert f"tuned: --mca btl_tcp_links 2 (from {out}.args" in ran.stderr
     # The value each rank's process got from the real mpirun.
     assert ranks == [f"{r} size=3 sum=3 setting=2" for r in range(3)]
@@ -140,7 +140,7 @@ def test_tune_picks_the_fast_one_of_two_data_interfaces(make_lab, tmp_path):
         assert label in text
     decision = next(line for line in text.splitlines() if line.startswith("decision"))
     assert "winner: ring x1/ip ip#2" in decision, text
-    assert json.loads(out.read_text())["hosts"] == [{"ssh": h.ip, "ips": [h.ip], "rdma": []}
+    assert json.loads(out.read_text())["hosts"] == [{"ssh": f"root@{h.ip}", "ips": [h.ip], "rdma": []}
                                                     for h in lab.hosts]
 
 
