@@ -1,5 +1,6 @@
-"""The unit tests' stand-in for the SSH runner (mlxcluster.ssh.remote.ParamikoRunner):
-``FakeSsh``, which records every command it is asked to run and answers it one of two ways.
+"""The unit tests' stand-ins: ``Clock``, a clock a test moves by hand (at the end), and
+``FakeSsh`` for the SSH runner (mlxcluster.ssh.remote.ParamikoRunner), which records every
+command it is asked to run and answers it one of two ways.
 
 - Scripted (``FakeSsh(replies, default=...)``): a reply per command, or per host and
   command, else ``default`` (exit 0, no output, unless told otherwise; None: no command
@@ -108,3 +109,14 @@ class FakeSsh:
         done = subprocess.run(command, shell=True, env=env, input=data, capture_output=True,
                               timeout=timeout or LOCAL_TIMEOUT)
         return CommandResult(done.stdout.decode(), done.stderr.decode(), done.returncode, 0.0)
+
+
+class Clock:
+    """A clock a test moves by hand (``clock.now += 30``): what a watch, a
+    stall check or a status page reads instead of ``time.monotonic``."""
+
+    def __init__(self, start: float = 100.0):
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now

@@ -16,6 +16,7 @@ import pytest
 from mlxcluster.serve.admission import Admission, QueueFull
 from mlxcluster.serve.front import RETRY_AFTER_S, Backend, Front, served_alone
 from mlxcluster.serve.probe import ProbeResult, ProbeWatch, probe_once
+from tests.fakes import Clock
 from tests.serve_support import scrape
 from tests.waits import poll_until
 
@@ -230,13 +231,6 @@ def test_the_probe_answers_and_fails_within_its_timeout(upstream):
     assert not got.ok and "no answer within 1 s" in got.error
     assert time.monotonic() - started < 4
 
-
-class Clock:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self):
-        return self.now
 
 
 def watch_with(results, backend, clock, **kw):

@@ -10,18 +10,11 @@ import json
 from mlxcluster.serve.front import Backend, Front, status_view
 from mlxcluster.serve.status import ServeStatus, StatusView
 from mlxcluster.serve.status_page import render
-
-
-class Clock:
-    def __init__(self):
-        self.now = 1_800_000_000.0
-
-    def __call__(self):
-        return self.now
+from tests.fakes import Clock
 
 
 def test_the_recent_window_keeps_a_minute_and_restarts_newest_first():
-    clock = Clock()
+    clock = Clock(1_800_000_000.0)
     status = ServeStatus(clock)
     status.answered(60)
     status.first_byte(0.5)

@@ -11,14 +11,7 @@ from mlxcluster.jobs.hosts import local_hosts
 from mlxcluster.smoke.launch import WorkerOptions, plan_mlx_launch
 from mlxcluster.smoke.run import SmokeReport, exit_code_for
 from mlxcluster.smoke.watch import Watch, blame_hang, outcomes
-
-
-class Clock:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self):
-        return self.now
+from tests.fakes import Clock
 
 
 def watch_of(n: int) -> tuple[Watch, Clock, object]:

@@ -22,14 +22,7 @@ from mlxcluster.jobs.stall import (
     split_threads,
 )
 from tests import waits
-
-
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
+from tests.fakes import Clock
 
 
 def test_heartbeat_marker_matches_the_trainers():
@@ -42,7 +35,7 @@ def test_heartbeat_marker_matches_the_trainers():
 
 
 def test_fixed_timeout_stalls_only_after_that_long_without_progress():
-    clock = Clock()
+    clock = Clock(1000.0)
     watch = StallWatch(20.0, clock=clock, startup_grace=300)
     watch.beat(0, 1)
     clock.now += 19.9
@@ -55,7 +48,7 @@ def test_fixed_timeout_stalls_only_after_that_long_without_progress():
 
 
 def test_before_the_first_step_the_startup_grace_applies():
-    clock = Clock()
+    clock = Clock(1000.0)
     watch = StallWatch(20.0, clock=clock, startup_grace=300)
     clock.now += 299
     assert not watch.stalled() and watch.limit() == 300
@@ -64,7 +57,7 @@ def test_before_the_first_step_the_startup_grace_applies():
 
 
 def test_auto_limit_is_ten_median_steps_with_a_floor_of_60_s():
-    clock = Clock()
+    clock = Clock(1000.0)
     watch = StallWatch(None, clock=clock)
     for step in range(1, 6):  # 1 s steps: 10 x 1 s is below the floor
         watch.beat(0, step)
@@ -82,7 +75,7 @@ def test_auto_limit_is_ten_median_steps_with_a_floor_of_60_s():
 
 
 def test_every_ranks_beats_count_once_per_step_for_the_median():
-    clock = Clock()
+    clock = Clock(1000.0)
     watch = StallWatch(None, clock=clock, factor=10, floor=0)
     for step in (1, 2, 3):
         for rank in (0, 1, 2):
@@ -94,7 +87,7 @@ def test_every_ranks_beats_count_once_per_step_for_the_median():
 
 
 def test_done_ends_the_watch():
-    clock = Clock()
+    clock = Clock(1000.0)
     watch = StallWatch(5.0, clock=clock)
     watch.beat(0, 3)
     watch.beat(0, "done")
@@ -109,7 +102,7 @@ def test_done_ends_the_watch():
     ("step     10/100 | loss 2.1000", "step     10/100 | loss 2.1000", None),
 ])
 def test_feed_hides_heartbeats_and_passes_everything_else(line, shown, beat):
-    watch = StallWatch(5.0, clock=Clock())
+    watch = StallWatch(5.0, clock=Clock(1000.0))
     assert watch.feed(line) == shown
     assert watch.armed is (beat is not None)
     if beat:
