@@ -506,6 +506,27 @@ class Lab:
                 found.append(cmdline)
         return sorted(found)
 
+    def end_orphaned_sessions(self, host) -> list[str]:
+        """End the host's sshd sessions whose command has ended but whose
+        client went with a cut link: sshd keeps each until TCP gives up on
+        the lost peer (its next retransmission after the link is back, up to
+        a minute or more), which is sshd's, not what a test is about. A
+        session still running a command has a child and is left alone.
+        Returns the command lines ended."""
+        h = self.host(host)
+        ended = []
+        for pid in _run(["ip", "netns", "pids", h.netns], check=False).stdout.split():
+            if h.sshd is not None and int(pid) == h.sshd.pid:
+                continue
+            try:
+                proc = psutil.Process(int(pid))
+                if proc.cmdline()[:1] and proc.cmdline()[0].startswith("sshd: ") and not proc.children():
+                    ended.append(" ".join(proc.cmdline()))
+                    proc.kill()
+            except psutil.Error:  # gone meanwhile
+                continue
+        return ended
+
     def kill_host_processes(self) -> None:
         """Kill everything running on the hosts but their sshd listeners."""
         for h in self.hosts:
