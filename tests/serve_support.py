@@ -38,6 +38,60 @@ def chat_model(llama: Path, folder: Path) -> Path:
     return folder
 
 
+# A tool call as the json_tools format (Qwen 2.5, Hermes) writes it between
+# <tool_call> and </tool_call>, and the token that ends a prompt offered tools.
+TOOL = {"name": "get_weather", "description": "The weather in a city.",
+        "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}
+TOOL_CALL = {"name": "get_weather", "arguments": {"city": "Paris"}}
+TOOLS_OFFERED = "<tools>"
+
+
+def tool_chat_model(llama: Path, folder: Path) -> Path:
+    """``chat_model`` that calls a tool when offered one, as a real model does,
+    through mlx-lm's own tool parsing (json_tools).
+
+    Its tokenizer gains four tokens, TOOLS_OFFERED, <tool_call>, TOOL_CALL's
+    JSON as one token, and </tool_call>; its template ends a prompt with
+    TOOLS_OFFERED when the request has tools. Each of those tokens predicts the
+    next, then end of text: its embedding is large on a coordinate of its own
+    that no other token's embedding and no layer's output writes (those rows
+    of o_proj and down_proj are zero), and lm_head reads that coordinate. Every
+    other prompt goes through the random layers as before, on the model's
+    other 60 coordinates, so answers without tools stay a real model's.
+    """
+    import mlx.core as mx
+    from tokenizers import AddedToken, Tokenizer
+
+    chat_model(llama, folder)
+    chain = [TOOLS_OFFERED, "<tool_call>", json.dumps(TOOL_CALL), "</tool_call>"]
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in chain])
+    tokenizer.save(str(folder / "tokenizer.json"))
+    config_path = folder / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    template = CHAT_TEMPLATE.replace("assistant:{% endif %}",
+                                     "assistant:{% if tools %}" + TOOLS_OFFERED + "{% endif %}{% endif %}")
+    config_path.write_text(json.dumps({**config, "chat_template": template,
+                                       "tool_parser_type": "json_tools"}, indent=1))
+    ids = [tokenizer.token_to_id(t) for t in chain]
+    follows = ids[1:] + [tokenizer.token_to_id(config["eos_token"])]
+    weights = mx.load(str(folder / "model.safetensors"))
+    embed, head = weights["model.embed_tokens.weight"], weights["lm_head.weight"]
+    assert max(ids) < embed.shape[0], "the tiny model's vocabulary has no room for the tool tokens"
+    own = list(range(embed.shape[1] - len(chain), embed.shape[1]))  # a coordinate per token
+    embed[:, own] = 0
+    head[:, own] = 0
+    for name, weight in weights.items():
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            weight[own, :] = 0
+    for coordinate, token, after in zip(own, ids, follows, strict=True):
+        embed[token] = 0
+        embed[token, coordinate] = 1000.0
+        head[after, coordinate] = 10.0
+    mx.save_safetensors(str(folder / "model.safetensors"), weights, metadata={"format": "mlx"})
+    return folder
+
+
 class Serving:
     """`mlxcluster serve ARGS` in a session of its own, its lines read as they come."""
 
@@ -179,3 +233,32 @@ def official_clients_agree(port: int, alone: str, model_path: str) -> None:
     assert message.content[0].text == alone
     with claude.messages.stream(model="served", max_tokens=MAX_TOKENS, messages=messages) as stream:
         assert "".join(stream.text_stream) == alone
+    tools_agree(client, claude)
+
+
+def tools_agree(client, claude) -> None:
+    """A tool offered (a ``tool_chat_model``): mlx-lm's server calls it on the chat
+    route, and the Messages API, streamed or not, gives the same call as a
+    ``tool_use`` block; the tool's result sent back is taken."""
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    function = {"type": "function", "function": {"name": TOOL["name"], "description": TOOL["description"],
+                                                  "parameters": TOOL["input_schema"]}}
+    said = client.chat.completions.create(model="default_model", messages=messages, tools=[function],
+                                          max_tokens=MAX_TOKENS, temperature=0.0)
+    assert said.choices[0].finish_reason == "tool_calls", said
+    call = said.choices[0].message.tool_calls[0].function
+    assert (call.name, json.loads(call.arguments)) == (TOOL_CALL["name"], TOOL_CALL["arguments"])
+    message = claude.messages.create(model="served", max_tokens=MAX_TOKENS, messages=messages,
+                                     tools=[TOOL])
+    assert message.stop_reason == "tool_use", message
+    (use,) = [block for block in message.content if block.type == "tool_use"]
+    assert (use.name, use.input) == (call.name, json.loads(call.arguments))
+    with claude.messages.stream(model="served", max_tokens=MAX_TOKENS, messages=messages,
+                                tools=[TOOL]) as stream:
+        streamed = stream.get_final_message()
+    assert streamed.stop_reason == "tool_use", streamed
+    assert [(b.name, b.input) for b in streamed.content if b.type == "tool_use"] == [(use.name, use.input)]
+    answered = claude.messages.create(model="served", max_tokens=MAX_TOKENS, tools=[TOOL], messages=[
+        *messages, {"role": "assistant", "content": [use.model_dump()]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "sunny"}]}])
+    assert answered.stop_reason == "tool_use"  # the tiny model calls again: the turn was taken

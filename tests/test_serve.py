@@ -34,13 +34,15 @@ from tests.serve_support import (
     chat_model,
     chat_text,
     generated_alone,
+    official_clients_agree,
     scrape,
+    tool_chat_model,
 )
 from tests.waits import SERVE_AGAIN_S, SERVE_PROBE_TIMEOUT_S, SERVE_STOP_S, SERVE_UP_S
 
 
 def test_serve_answers_as_one_process_and_ctrl_c_leaves_nothing(llama, tmp_path):
-    model = chat_model(llama, tmp_path / "tiny-chat")
+    model = tool_chat_model(llama, tmp_path / "tiny-chat")
     port = free_port_block(1)
     serving = Serving(["--local", "2", "--no-preflight", "--port", str(port), "--probe-every", "2s",
                        str(model)], cwd=tmp_path)
@@ -50,6 +52,7 @@ def test_serve_answers_as_one_process_and_ctrl_c_leaves_nothing(llama, tmp_path)
         run_id = re.search(r"run (mlxserve-[0-9a-f]+)", serving.output()).group(1)
         answer = chat_text(port)
         assert answer and answer == generated_alone(model)
+        official_clients_agree(port, answer, str(model))  # openai's and anthropic's own, tools too
     finally:
         code = serving.stop()
     assert code == 0, serving.output()

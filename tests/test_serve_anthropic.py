@@ -49,7 +49,6 @@ def test_system_turns_blocks_tools_and_sampling_are_translated():
     ({"messages": [], "max_tokens": 0}, "max_tokens"),
     ({"messages": [{"role": "system", "content": "x"}], "max_tokens": 5}, "role 'system'"),
     ({"messages": [{"role": "user", "content": [{"type": "image"}]}], "max_tokens": 5}, "'image'"),
-    ({"messages": [], "max_tokens": 5, "stream": True, "tools": [{"name": "t"}]}, "streamed"),
 ])
 def test_what_cannot_be_translated_is_said(body, said):
     with pytest.raises(MessagesError, match=said):
@@ -87,3 +86,31 @@ def test_a_stream_becomes_anthropic_s_events_whatever_the_pieces():
         "Once upon"
     assert events[5][1]["delta"]["stop_reason"] == "max_tokens"
     assert events[5][1]["usage"] == {"output_tokens": 2}
+
+
+def test_a_streamed_tool_call_is_a_tool_use_block_after_the_text():
+    """mlx-lm sends a call whole in one chunk; others send its arguments in
+    pieces under one index: both become one tool_use block, the next index."""
+    whole = {"index": 0, "id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    chunks = [{"choices": [{"delta": {"content": "Let me look."}}]},
+              {"choices": [{"delta": {"tool_calls": [whole]}}]},
+              {"choices": [{"delta": {"tool_calls": [{"index": 1, "id": "call_2", "function": {
+                  "name": "get_time", "arguments": '{"tz": '}}]}}]},
+              {"choices": [{"delta": {"tool_calls": [{"index": 1, "function": {"arguments": '"CET"}'}}]},
+                            "finish_reason": "tool_calls"}]}]
+    raw = b"".join(f"data: {json.dumps(c)}\n\n".encode() for c in chunks) + b"data: [DONE]\n\n"
+    translator = StreamTranslator("m")
+    out = translator.feed(raw) + translator.end()
+    events = [(block.split("\n")[0][7:], json.loads(block.split("\n")[1][6:]))
+              for block in out.decode().strip().split("\n\n")]
+    assert [(k, e.get("index")) for k, e in events] == [
+        ("message_start", None), ("content_block_start", 0), ("content_block_delta", 0),
+        ("content_block_stop", 0), ("content_block_start", 1), ("content_block_delta", 1),
+        ("content_block_stop", 1), ("content_block_start", 2), ("content_block_delta", 2),
+        ("content_block_delta", 2), ("content_block_stop", 2), ("message_delta", None),
+        ("message_stop", None)]
+    assert events[4][1]["content_block"] == {"type": "tool_use", "id": "call_1", "name": "get_weather",
+                                             "input": {}}
+    assert "".join(e["delta"]["partial_json"] for k, e in events[8:10]) == '{"tz": "CET"}'
+    assert events[11][1]["delta"]["stop_reason"] == "tool_use"

@@ -19,8 +19,12 @@ translates each request to `/v1/chat/completions` and each answer back:
   ``message_start``, ``content_block_start``, ``content_block_delta``
   (``text_delta``)..., ``content_block_stop``, ``message_delta`` (the stop
   reason and the output tokens: the front asks mlx-lm for the stream's usage),
-  ``message_stop``. Tool calls are not streamed as ``input_json_delta``
-  yet: a streamed request with tools is refused with 400, saying so.
+  ``message_stop``. A tool call in the stream (mlx-lm sends each whole, in
+  one chunk, when its ``</tool_call>`` is generated; other servers send the
+  arguments in pieces under one ``index``) becomes its own block:
+  ``content_block_start`` (``tool_use``: id, name, empty input), its
+  arguments as ``input_json_delta``, ``content_block_stop``; each block
+  has the next index.
 
 An example, the request::
 
@@ -100,9 +104,6 @@ def to_chat_request(body: dict) -> dict:
     if body.get("stop_sequences"):
         chat["stop"] = list(body["stop_sequences"])
     if body.get("tools"):
-        if stream:
-            raise MessagesError("a streamed request with tools is not served yet: send it "
-                                "without stream")
         chat["tools"] = [{"type": "function", "function": {
             "name": tool.get("name", ""), "description": tool.get("description", ""),
             "parameters": tool.get("input_schema") or {"type": "object"}}}
@@ -175,7 +176,11 @@ class StreamTranslator:
     def __init__(self, model: str):
         self.model = model
         self._buffer = b""
-        self._started = self._block_open = self._ended = False
+        self._started = self._ended = False
+        # The block being written: None, "text", or ("tool", OpenAI's call index);
+        # blocks are numbered in the order they start.
+        self._open: str | tuple[str, int] | None = None
+        self._blocks = 0
         self._stop = "end_turn"
         self._output_tokens = 0
         self._input_tokens = 0
@@ -203,16 +208,44 @@ class StreamTranslator:
             self._input_tokens = int(usage.get("prompt_tokens") or 0)
             self._output_tokens = int(usage.get("completion_tokens") or 0)
         for choice in chunk.get("choices") or []:
-            text = (choice.get("delta") or {}).get("content")
+            delta = choice.get("delta") or {}
+            text = delta.get("content")
             if text:
-                if not self._block_open:
-                    out += event("content_block_start",
-                                 {"index": 0, "content_block": {"type": "text", "text": ""}})
-                    self._block_open = True
+                out += self._open_block("text", {"type": "text", "text": ""})
                 out += event("content_block_delta",
-                             {"index": 0, "delta": {"type": "text_delta", "text": text}})
+                             {"index": self._blocks - 1, "delta": {"type": "text_delta", "text": text}})
+            for position, call in enumerate(delta.get("tool_calls") or []):
+                out += self._tool_call(call, position)
             if choice.get("finish_reason"):
                 self._stop = STOP_REASONS.get(choice["finish_reason"], "end_turn")
+        return out
+
+    def _open_block(self, which: str | tuple[str, int], block: dict) -> bytes:
+        """Start ``block`` unless it is the one being written (closing that first)."""
+        if self._open == which:
+            return b""
+        out = self._close_block()
+        out += event("content_block_start", {"index": self._blocks, "content_block": block})
+        self._open, self._blocks = which, self._blocks + 1
+        return out
+
+    def _close_block(self) -> bytes:
+        if self._open is None:
+            return b""
+        self._open = None
+        return event("content_block_stop", {"index": self._blocks - 1})
+
+    def _tool_call(self, call: dict, position: int) -> bytes:
+        """One OpenAI tool-call delta: a new call opens a ``tool_use`` block, its
+        arguments (whole, or a piece of them) follow as ``input_json_delta``."""
+        function = call.get("function") or {}
+        index = call.get("index", position)
+        out = self._open_block(("tool", index), {
+            "type": "tool_use", "id": call.get("id") or f"toolu_{uuid.uuid4().hex[:24]}",
+            "name": function.get("name", ""), "input": {}})
+        if function.get("arguments"):
+            out += event("content_block_delta", {"index": self._blocks - 1, "delta": {
+                "type": "input_json_delta", "partial_json": function["arguments"]}})
         return out
 
     def _start(self) -> bytes:
@@ -226,7 +259,7 @@ class StreamTranslator:
         if self._ended:
             return b""
         self._ended = True
-        out = event("content_block_stop", {"index": 0}) if self._block_open else b""
+        out = self._close_block()
         out += event("message_delta", {"delta": {"stop_reason": self._stop, "stop_sequence": None},
                                        "usage": {"output_tokens": self._output_tokens}})
         return out + event("message_stop", {})

@@ -23,6 +23,7 @@ from tests.serve_support import (
     chat_text,
     generated_alone,
     official_clients_agree,
+    tool_chat_model,
 )
 from tests.waits import SERVE_AGAIN_S, SERVE_PROBE_EVERY_S, SERVE_PROBE_TIMEOUT_S, SERVE_UP_S
 
@@ -44,7 +45,7 @@ def rank_pid(lab, host, run_id: str, rank: int) -> int:
 def test_serve_over_two_hosts_answers_survives_a_hang_and_a_kill(lab3, llama, tmp_path):
     lab = lab3
     two = lab.hosts[:2]
-    model = chat_model(llama, lab.disk / f"tiny-chat-{uuid.uuid4().hex[:8]}")  # here only
+    model = tool_chat_model(llama, lab.disk / f"tiny-chat-{uuid.uuid4().hex[:8]}")  # here only
     for h in two:
         assert not lab.host_exists(h, model / "config.json")
     _, env = training_setup(lab, tmp_path)
@@ -64,7 +65,7 @@ def test_serve_over_two_hosts_answers_survives_a_hang_and_a_kill(lab3, llama, tm
             assert sha256(there / "model.safetensors") == sha256(model / "model.safetensors")
         alone = generated_alone(model)
         assert alone and chat_text(port) == alone
-        official_clients_agree(port, alone, str(model))  # issue 47: openai's and anthropic's own clients
+        official_clients_agree(port, alone, str(model))  # openai's and anthropic's own, tools too
 
         # Rank 1 hung: the probe gets no answer; named, stopped, launched again.
         seen = len(serving.lines)
