@@ -16,7 +16,7 @@ import threading
 import time
 from pathlib import Path
 
-from tests.waits import SERVE_STOP_S
+from tests.waits import SERVE_PROBE_TIMEOUT_S, SERVE_STOP_S
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPT = "Once upon a time"
@@ -147,6 +147,21 @@ class Serving:
             self.proc.kill()
             raise AssertionError(f"serve did not stop within {SERVE_STOP_S} s of "
                                  f"{signal.Signals(sig).name}:\n{self.output()[-4000:]}") from None
+
+
+# The probe's limit that holds at CI's load (tests/waits.py): beside a long
+# answer the probe's one token waits for mlx-lm's batch to take it in (1-5 s
+# measured at a load of ~8, 0.2 s quiet), and an answer of 1200 tokens takes
+# ~27 s quiet on 2 ranks here, minutes at that load: several probe limits.
+LONG_PROBE_TIMEOUT_S = SERVE_PROBE_TIMEOUT_S
+LONG_TOKENS = 1200
+
+
+def long_chat(client, eos: int, tokens: int = LONG_TOKENS, **kw):
+    """A chat request that generates ``tokens``, end-of-sequence banned."""
+    return client.chat.completions.create(
+        model="default_model", messages=[{"role": "user", "content": "Once upon a time"}],
+        max_tokens=tokens, temperature=0.0, logit_bias={str(eos): -100}, **kw)
 
 
 def chat(port: int, prompt: str = PROMPT, timeout: float = 60) -> tuple[int, dict]:

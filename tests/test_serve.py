@@ -27,6 +27,8 @@ from mlxcluster.serve.announce import announced
 from tests import waits
 from tests.interrupt_helpers import processes_with
 from tests.serve_support import (
+    LONG_PROBE_TIMEOUT_S,
+    LONG_TOKENS,
     MAX_TOKENS,
     PROMPT,
     REPO,
@@ -34,6 +36,7 @@ from tests.serve_support import (
     chat_model,
     chat_text,
     generated_alone,
+    long_chat,
     official_clients_agree,
     scrape,
     tool_chat_model,
@@ -151,21 +154,6 @@ def test_mlxcluster_stop_ends_serve_and_it_does_not_restart(llama, tmp_path):
     assert not Path(f"{STACKS_ROOT}/{run_id}.stopped").exists()
     journal = (tmp_path / "runs" / run_id / "serve.log").read_text().splitlines()
     assert journal[-1].endswith(f"stopped: asked ('mlxcluster stop {run_id}'): every rank ended")
-
-
-# The probe's limit that holds at CI's load (tests/waits.py): beside a long
-# answer the probe's one token waits for mlx-lm's batch to take it in (1-5 s
-# measured at a load of ~8, 0.2 s quiet), and an answer of 1200 tokens takes
-# ~27 s quiet on 2 ranks here, minutes at that load: several probe limits.
-LONG_PROBE_TIMEOUT_S = SERVE_PROBE_TIMEOUT_S
-LONG_TOKENS = 1200
-
-
-def long_chat(client, eos: int, tokens: int = LONG_TOKENS, **kw):
-    """A chat request that generates ``tokens``, end-of-sequence banned."""
-    return client.chat.completions.create(
-        model="default_model", messages=[{"role": "user", "content": "Once upon a time"}],
-        max_tokens=tokens, temperature=0.0, logit_bias={str(eos): -100}, **kw)
 
 
 def test_a_long_answer_is_delivered_once_and_a_hang_during_one_is_still_found(llama, tmp_path):

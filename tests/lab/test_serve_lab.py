@@ -3,12 +3,15 @@ folder only on this machine: the model is sent to both hosts; the chat
 answer at 127.0.0.1:PORT here is one process's greedy answer; rank 1 hung
 (SIGSTOP) and then rank 0 killed are each named with their host, every rank
 stopped, the server launched again and the same address answers again;
-Ctrl-C leaves nothing on any host."""
+openai's and anthropic's clients, a tool call included; SIGTERM while two
+answers stream drains them whole and leaves nothing on any host."""
 
 from __future__ import annotations
 
 import hashlib
 import re
+import signal
+import threading
 import uuid
 
 import pytest
@@ -17,15 +20,24 @@ from mlxcluster.jobs.plan import free_port_block
 from mlxcluster.jobs.rank_wrapper import STACKS_ROOT
 from tests.lab.jobs import assert_nothing_left, training_setup
 from tests.serve_support import (
+    LONG_TOKENS,
     Serving,
     chat,
     chat_model,
     chat_text,
     generated_alone,
+    long_chat,
     official_clients_agree,
+    scrape,
     tool_chat_model,
 )
-from tests.waits import SERVE_AGAIN_S, SERVE_PROBE_EVERY_S, SERVE_PROBE_TIMEOUT_S, SERVE_UP_S
+from tests.waits import (
+    SERVE_AGAIN_S,
+    SERVE_PROBE_EVERY_S,
+    SERVE_PROBE_TIMEOUT_S,
+    SERVE_UP_S,
+    poll_until,
+)
 
 pytestmark = pytest.mark.lab
 
@@ -52,6 +64,7 @@ def test_serve_over_two_hosts_answers_survives_a_hang_and_a_kill(lab3, llama, tm
     inventory = lab.write_inventory(tmp_path / "two.yaml", hosts=list(two))
     port = free_port_block(1)
     serving = Serving(["-i", str(inventory), "--backend", "ring", "--no-preflight", "--port", str(port),
+                       "--max-in-flight", "2", "--drain-timeout", f"{SERVE_AGAIN_S}s",
                        "--probe-every", f"{SERVE_PROBE_EVERY_S}s",
                        "--probe-timeout", f"{SERVE_PROBE_TIMEOUT_S}s", str(model)],
                       env=env, cwd=tmp_path)
@@ -87,14 +100,55 @@ def test_serve_over_two_hosts_answers_survives_a_hang_and_a_kill(lab3, llama, tm
         assert re.search(rf"rank 0 exited with code \S+ \(on {two[0].name}\)", restart), restart
         serving.wait_for(r"serving .* again \(restart 2", SERVE_AGAIN_S, after=seen)
         assert chat_text(port) == alone
+
+        # SIGTERM while two answers stream: no new request (503), both complete, exit 0.
+        streamed = drain_while_two_stream(serving, port, model)
     finally:
-        code = serving.stop()
+        code = serving.stop()  # the drain's own exit code when it ended
     assert code == 0, serving.output()
+    assert len(streamed) == 2 and streamed[0] == streamed[1] and streamed[0], streamed
+    assert "still in flight" not in serving.output()
     assert f"every rank of run {run_id} was stopped on every host" in serving.output()
     assert_nothing_left(lab, {"run_id": run_id, "cleanup_problems": []})
     journal = (tmp_path / "runs" / run_id / "serve.log").read_text()
     assert re.search(r"restart 1/3: .*rank 1 on " + two[1].name, journal), journal
     assert "restart 2/3: rank 0 exited with code" in journal and two[0].name in journal, journal
+
+
+def drain_while_two_stream(serving: Serving, port: int, model) -> dict[int, str]:
+    """SIGTERM to serve while two long answers stream from the lab's ranks:
+    the drain is said with both in flight, a new request gets 503, both
+    answers complete in full; serve's exit is left for the caller to read.
+    What each stream said, by its number."""
+    import openai
+    from tokenizers import Tokenizer
+
+    eos = Tokenizer.from_file(str(model / "tokenizer.json")).token_to_id("<|endoftext|>")
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0,
+                           timeout=SERVE_AGAIN_S)
+    streamed: dict[int, str] = {}
+
+    def stream(i: int) -> None:
+        chunks = list(long_chat(client, eos, LONG_TOKENS // 4, stream=True))
+        assert chunks[-1].choices[0].finish_reason == "length"
+        streamed[i] = "".join(c.choices[0].delta.content or "" for c in chunks)
+
+    streams = [threading.Thread(target=stream, args=(i,)) for i in range(2)]
+    for t in streams:
+        t.start()
+    in_flight = ("mlxcluster_serve_in_flight_requests", ())
+    poll_until(lambda: scrape(port)[in_flight] == 2, SERVE_AGAIN_S, "both answers streaming",
+               interval=0.1)
+    seen = len(serving.lines)
+    serving.proc.send_signal(signal.SIGTERM)
+    serving.wait_for(r"SIGTERM: draining, no new requests; 2 in flight and 0 waiting", SERVE_AGAIN_S,
+                     after=seen)
+    status, answer = chat(port)
+    assert status == 503 and "serve is stopping (SIGTERM)" in answer["error"]["message"], answer
+    for t in streams:
+        t.join(SERVE_AGAIN_S)
+    serving.proc.wait(timeout=SERVE_AGAIN_S)
+    return streamed
 
 
 def test_a_model_that_does_not_split_over_three_hosts_is_refused_before_anything_is_sent(lab3, llama, tmp_path):
