@@ -19,8 +19,13 @@ tokens (end-of-sequence banned, so every answer is that long), one prompt
 each, one after another: tokens/s of each answer and its time to first token
 (the overhead figures); then 4 and 8 clients at once (aggregate tokens/s),
 each answer compared with the same prompt's answer alone on that server.
-On serve-1, last: rank 1 stopped (SIGSTOP) and the seconds until a request
-is answered again (the probe finds it, the ranks are launched again).
+On serve-1, also: each prompt asked once through the front and once of rank
+0's own mlx-lm server (its port read from rank 0's command line), in turns,
+first one then the other: pairs a moment apart on the same ranks, so the
+ratio front / direct is the front's own cost with the machine's drift taken
+out (the bare server's rounds cannot do that: they are minutes apart). Last:
+rank 1 stopped (SIGSTOP) and the seconds until a request is answered again
+(the probe finds it, the ranks are launched again).
 
 The model: a random Llama of --hidden/--layers (mlx-lm's classes) with a BPE
 tokenizer trained here (tests/hf_support.py); no download. Figures:
@@ -30,6 +35,7 @@ docs/performance.md, "serve".
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -155,6 +161,34 @@ def at_once(port: int, prompts: list[str], tokens: int, eos: int) -> tuple[float
     return sum(g["tokens"] for g in got) / took, got
 
 
+def rank0_port(server: Server) -> int:
+    """The port rank 0's mlx-lm server listens on, behind serve's front: read
+    from the command line of serve's ranks (the same --port on every rank;
+    only rank 0 listens)."""
+    import psutil
+
+    for child in psutil.Process(server.proc.pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            argv = child.cmdline()
+            if "mlx_lm" in " ".join(argv) and "--port" in argv:
+                port = int(argv[argv.index("--port") + 1])
+                if port != server.port:
+                    return port
+    raise RuntimeError(f"no rank of {server.name} names its --port")
+
+
+def front_and_direct(server: Server, tokens: int, eos: int) -> list[tuple[dict, dict]]:
+    """Each prompt through the front and straight to rank 0, in turns (which
+    goes first alternates): (through the front, direct) per prompt."""
+    direct_port = rank0_port(server)
+    pairs = []
+    for i, prompt in enumerate(PROMPTS):
+        ports = (server.port, direct_port) if i % 2 == 0 else (direct_port, server.port)
+        got = {port: ask(port, prompt, tokens, eos) for port in ports}
+        pairs.append((got[server.port], got[direct_port]))
+    return pairs
+
+
 def hang_to_answer(server: Server, tokens: int, eos: int) -> float:
     """SIGSTOP rank 1 of a serve run; seconds until a request is answered again."""
     server.log.flush()
@@ -205,6 +239,7 @@ def main() -> int:
     rates: dict[tuple[str, int], list[float]] = {}
     mismatches: dict[str, list[int]] = {n: [0, 0] for n in names}  # differing, compared
     hangs: list[float] = []
+    pairs: list[tuple[dict, dict]] = []  # serve-1's (through the front, straight to rank 0)
     print(f"bench/serve.py: {args.backend}, {args.rounds} rounds, {args.tokens} tokens, model "
           f"hidden {args.hidden} x {args.layers} layers; {work}", flush=True)
     for r in range(args.rounds):
@@ -221,6 +256,7 @@ def main() -> int:
                         mismatches[name][0] += g["text"] != a["text"]
                         mismatches[name][1] += 1
                 if name == "serve-1":
+                    pairs.extend(front_and_direct(server, args.tokens, eos))
                     hangs.append(hang_to_answer(server, args.tokens, eos))
             finally:
                 server.stop()
@@ -241,6 +277,17 @@ def main() -> int:
     bare = statistics.median(a["tokens"] / a["seconds"] for a in single["bare"])
     served = statistics.median(a["tokens"] / a["seconds"] for a in single["serve-1"])
     print(f"\nserve-1 / bare, one client: {served / bare:.3f}")
+
+    def rate(answer: dict) -> float:
+        return answer["tokens"] / answer["seconds"]
+    ratios = [rate(front) / rate(direct) for front, direct in pairs]
+    print(f"through serve-1's front / straight to its rank 0, {len(pairs)} pairs: tok/s median of "
+          f"pair ratios {statistics.median(ratios):.3f} (quartiles "
+          f"{' '.join(f'{q:.3f}' for q in statistics.quantiles(ratios, n=4))}); medians "
+          f"{statistics.median(rate(f) for f, _ in pairs):.1f} and "
+          f"{statistics.median(rate(d) for _, d in pairs):.1f} tok/s; time to first token "
+          f"{statistics.median(f['ttft'] for f, _ in pairs) * 1000:.0f} and "
+          f"{statistics.median(d['ttft'] for _, d in pairs) * 1000:.0f} ms")
     print(f"hang (SIGSTOP of rank 1) to answering again: "
           f"{', '.join(f'{h:.1f}' for h in hangs)} s (serve's defaults: --probe-every 10s "
           "--probe-timeout 30s)")
