@@ -44,7 +44,7 @@ POLL_S = 0.2
 LAB_STALL_TIMEOUT_S = 20
 # After the stall timeout: up to 1 s until the watch looks, ~1 s of SIGUSR1 and
 # state collection over ssh, the sweep (0.5 s + ssh), the launcher's stop and a
-# final sweep. Measured on the lab: 5.5-10.6 s over 7 runs (docs/training.md).
+# final sweep. Measured on the lab: 5.5-10.6 s over 7 runs (docs/training-cluster.md).
 STALL_DETECTION_BOUND_S = 25
 # The same after the automatic limit's 60 s floor, which the test measures as
 # the product has it (no knob lowers it): 5.7 s over the floor with a full test

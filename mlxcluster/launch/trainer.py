@@ -115,7 +115,7 @@ def parse_trainer_args(args: tuple[str, ...]) -> TrainerArgs | TrainerHelp:
                          "python -m reference_train.train --help lists every --field") from None
     except ValueError as err:  # a config file's problem, a type or a value out of range
         raise InputError(f"trainer arguments rejected: {err}",
-                         "configs are tiny, demo, blog or a YAML file; docs/training.md lists "
+                         "configs are tiny, demo, blog or a YAML file; docs/training-reference.md lists "
                          "every field, its type and its allowed values") from None
 
 
