@@ -20,7 +20,7 @@ from mlxcluster.errors import BackendUnavailable
 # Open MPI 5 (PRRTE) starts its daemons as a tree when tree spawn is on (the
 # default): mpirun ssh's to the first ROUTED_RADIX hosts and each of those
 # daemons ssh's onward to the next ones, with ITS keys. Measured in the lab
-# (docs/doctor.md, host-to-host-ssh) with no host-to-host trust: with the
+# (docs/doctor-checks.md, host-to-host-ssh) with no host-to-host trust: with the
 # default radix (64) every daemon of 2-8 hosts came from mpirun's machine and
 # the jobs ran; with the radix forced to 2, hosts 1 and 2 ssh'd onward and
 # mpirun exited 255 within 1.5 s printing nothing. With this flag every
