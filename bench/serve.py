@@ -24,7 +24,7 @@ is answered again (the probe finds it, the ranks are launched again).
 
 The model: a random Llama of --hidden/--layers (mlx-lm's classes) with a BPE
 tokenizer trained here (tests/hf_support.py); no download. Figures:
-docs/performance.md, "serve".
+docs/performance-runs.md, "serve".
 """
 
 from __future__ import annotations

@@ -83,7 +83,7 @@ JACCL_UNAVAILABLE_BUDGET_S = 60
 # MLXCLUSTER_LEASE_S in the tests that kill or cut off the controller: short,
 # so that the test waits little, and 6 renewals per lease, each one ssh call
 # on the job's shared connection (0.03-0.06 s on the lab at load 8,
-# docs/performance.md) or a local touch: a loaded machine does not miss six.
+# docs/performance-history.md) or a local touch: a loaded machine does not miss six.
 LEASE_TEST_S = 6
 # From the controller's end until no process of the job is left: the lease,
 # the watchdog's poll (<= 1 s), the step the ranks agree to stop at (the

@@ -189,7 +189,7 @@ def training_request(args: TrainerArgs, flags: LaunchFlags, *, detached: bool,
 
 
 # With restarts on and no checkpoint_every, a checkpoint every steps/20 steps: a
-# restart redoes at most 5% of the run. Its cost: docs/performance.md.
+# restart redoes at most 5% of the run. Its cost: docs/performance-runs.md.
 RESTART_CHECKPOINTS_PER_RUN = 20
 
 
