@@ -113,7 +113,7 @@ def main() -> None:
     for n in sizes:
         with start_lab(n) as lab, tempfile.TemporaryDirectory() as tmp:
             path = lab.write_inventory(Path(tmp) / "lab.yaml")
-            with path.open("a") as f:  # a healthy Linux lab: optimised BLAS (see docs/doctor.md)
+            with path.open("a") as f:  # a healthy Linux lab: optimised BLAS (see docs/doctor-checks.md, reference-blas)
                 f.write("env:\n  LD_PRELOAD: /usr/lib/x86_64-linux-gnu/libopenblas.so.0\n")
             inventory = load_inventory(path)
             times = {"doctor": statistics.median(time_doctor(inventory, lab) for _ in range(args.repeat))}

@@ -21,7 +21,7 @@ alternating in rounds so that each sees the same load:
 Reports, per way: the launcher's CPU seconds (user + system, sampled every
 0.1 s until it ends) per second of the job, rank 0's median step time and
 wall time. Every run's ranks must all print their result. The figures and
-why mlxcluster keeps the plain launcher: docs/performance.md, "mlx.launch's
+why mlxcluster keeps the plain launcher: docs/performance-runs.md, "mlx.launch's
 busy loop".
 """
 

@@ -29,7 +29,7 @@ rank 1 stopped (SIGSTOP) and the seconds until a request is answered again
 
 The model: a random Llama of --hidden/--layers (mlx-lm's classes) with a BPE
 tokenizer trained here (tests/hf_support.py); no download. Figures:
-docs/performance.md, "serve".
+docs/performance-runs.md, "serve".
 """
 
 from __future__ import annotations

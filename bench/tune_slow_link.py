@@ -1,6 +1,6 @@
 """`mlxcluster tune` on a slow lab link, twice (the repeat-run check), then
 what limits MPI's all_sum there: CPU per rank, syscalls of one rank, and
-Open MPI's allreduce algorithms (docs/performance.md, "tune on a slow link").
+Open MPI's allreduce algorithms (docs/performance-runs.md, "tune on a slow link").
 
     python bench/tune_slow_link.py --budget 15m --out /tmp/tune-bench.json   # root: a 3-host lab
 

@@ -71,7 +71,7 @@ def read_rows(path: Path) -> Iterator[tuple[int, dict, str]]:
         if this is None:
             raise DataError(f"{where}: no 'text' field, nor 'prompt' and 'completion', "
                             f"nor 'messages' (keys: {', '.join(sorted(row)) or 'none'})",
-                            "rows in mlx-lm's formats: see docs/training.md, JSONL data")
+                            "rows in mlx-lm's formats: see docs/training-reference.md, JSONL data")
         fmt = fmt or this
         if this != fmt:
             raise DataError(f"{where}: a {this} row in a file of {fmt} rows "

@@ -1,6 +1,6 @@
 """Token files on disk and the sharded, memory-mapped batches every rank reads.
 
-Format (written once by `python -m reference_train.prepare`, see docs/training.md):
+Format (written once by `python -m reference_train.prepare`, see docs/training-reference.md):
 
     DIR/meta.json     {"format": "reference_train.tokens/1", "dtype": "uint16",
                        "vocab_size": 257, "eos_id": 256,

@@ -155,7 +155,7 @@ def attention(q: mx.array, k: mx.array, v: mx.array, scale: float,
     the gradient the two took the same time (10.9 against 10.4 ms). With
     MLX's, the LoRA bench's peak went from 153.3 to 152.0 MiB (mlx-lm 153.0)
     and the full fine-tuning step stayed faster than mlx-lm's
-    (docs/performance.md)."""
+    (docs/performance-runs.md, LoRA and QLoRA)."""
     plain_mask = mask is None or (isinstance(mask, str) and mask == "causal")
     if not (applies(q) and plain_mask and q.shape[2] == k.shape[2]):
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)

@@ -23,7 +23,7 @@ from pathlib import Path
 import mlx.core as mx
 
 # Backends with a reduce-scatter, from the mlx release that added it
-# (docs/training.md has the table and its sources). Ring raises
+# (docs/training-reference.md has the table and its sources). Ring raises
 # "[ring] sum_scatter not supported" (on macOS the error can hang every rank
 # instead, ml-explore/mlx#4285) and MPI "[mpi] sum_scatter not yet
 # implemented": the backend is read from the launch, never tried.

@@ -7,7 +7,7 @@ mlxcluster/train_record.py read them, and hold copies of the marks):
 - heartbeats: every rank prints "@@mlxcluster-heartbeat RANK STEP" after each
   step, evaluation and checkpoint, and "... RANK done" when training ends; the
   launcher watches these lines to find a stalled job (and does not show them).
-  One short flushed line per step: measured cost in docs/performance.md.
+  One short flushed line per step: measured cost in docs/performance-runs.md.
 - the record: kept on the machine running mlxcluster, not on rank 0's host
   (Macs have their own disks): rank 0 prints each metrics record as
   "@@mlxcluster-record {json}" instead of writing --out/metrics.jsonl, and a

@@ -54,7 +54,8 @@ def collective_stream(device: mx.Device | None = None):
     peer until it times out (kIOGPUCommandBufferCallbackErrorTimeout,
     ml-explore/mlx-examples#1185, fixed in #1200 with stream=mx.cpu). mlx 0.32's ring,
     JACCL and MPI groups already pick the CPU stream when none is given; naming it keeps
-    that choice if a release changes the default. See docs/training.md."""
+    that choice if a release changes the default. See docs/training-reference.md,
+    "Collectives on a Mac's GPU"."""
     device = mx.default_device() if device is None else device
     return mx.cpu if device == mx.gpu else None
 

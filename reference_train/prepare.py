@@ -23,7 +23,7 @@ holding train.jsonl (and valid.jsonl, test.jsonl) or one .jsonl file (every
 (reference_train/chat.py), one sequence per row ("reference_train.rows/1");
 --mask_prompt trains only the completion / last assistant turn. `--jsonl FILE...
 --text-field FIELD` reads that field as documents, packed like text files.
-The output format is described in reference_train/data.py and docs/training.md.
+The output format is described in reference_train/data.py and docs/training-reference.md.
 A run without --data trains on the offline corpus, tokenized here on first use
 in each host's cache (`default_data_dir`).
 """

@@ -36,7 +36,7 @@ _BLOCK = re.compile(r"model\.layers\.(\d+)\.")
 _EMBEDDING = "model.embed_tokens."
 _HEAD = ("model.norm.", "lm_head.")
 # Backends whose groups split (Group.split), so that a world of N x R ranks could
-# hold R pipelines of N stages (docs/training.md, the collectives table).
+# hold R pipelines of N stages (docs/training-pipeline.md, "Pipelines x replicas").
 SPLITTABLE_BACKENDS = ("mpi", "nccl")
 
 

@@ -1,6 +1,6 @@
 """bench/pipeline.py --quick runs: the tiny model in one process and as a pipeline of 2
 local ranks (ring), each rank's report (the bytes it holds, its peaks, its steps'
-waits) read back. The figures themselves: docs/performance.md "Pipeline parallelism"."""
+waits) read back. The figures themselves: docs/performance-runs.md "Pipeline parallelism"."""
 
 from __future__ import annotations
 

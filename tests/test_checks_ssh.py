@@ -31,7 +31,7 @@ from mlxcluster.ssh.remote import (
     classify,
 )
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "doctor.md"
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "doctor-checks.md"
 
 
 def policy_of(config: Path | None, host: str) -> Outcome:
@@ -72,8 +72,8 @@ def test_ssh_g_output_is_parsed_first_value_wins():
 
 
 def test_every_check_has_its_section_in_the_docs():
-    """docs/doctor.md ('### id') and docs/doctor-topology.md ('## id') say what
-    each check is, why, and how to fix it."""
+    """docs/doctor-checks.md ('### id') and docs/doctor-topology.md ('## id') say
+    what each check is, why, and how to fix it."""
     for module in (*CHECK_MODULES, *OPTIONAL_CHECK_MODULES):  # what doctor registers
         importlib.import_module(module)
     sections = set(re.findall(r"^### (\S+)$", DOCS.read_text(), re.M))

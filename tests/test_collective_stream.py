@@ -1,4 +1,4 @@
-"""Where the collectives run (reference_train.precision.collective_stream, docs/training.md
+"""Where the collectives run (reference_train.precision.collective_stream, docs/training-reference.md
 "Collectives on a Mac's GPU"): on the CPU stream when the passes run on the GPU, the
 backend's default otherwise; naming the CPU stream changes no loss. A Mac is not run here."""
 

@@ -69,7 +69,7 @@ def _values(argv, name: str) -> list[str]:
 ])
 def test_generated_mpirun_starts_every_daemon_from_this_machine(tmp_path, user_args, expected):
     """hostfile generate (generate_mpi), smoke (plan_mpirun) and train
-    (launcher_argv) turn tree spawn off, so no host ever has to ssh to another (docs/doctor.md)."""
+    (launcher_argv) turn tree spawn off, so no host ever has to ssh to another (docs/doctor-checks.md, host-to-host-ssh)."""
     from mlxcluster.hostfile.hostfile_generate import generate_mpi
     from mlxcluster.inventory.inventory import parse_inventory
     from mlxcluster.jobs.hosts import RankHost

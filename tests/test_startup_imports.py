@@ -1,6 +1,6 @@
 """What `mlxcluster run` imports before it launches anything.
 
-A short job pays for every module the command imports (docs/performance.md,
+A short job pays for every module the command imports (docs/performance-runs.md,
 run over bare mlx.launch: the goal is within 0.5 s of bare mlx.launch).
 The preflight's modules (paramiko, doctor, the HTML report, the smoke
 launcher) are imported only when a preflight runs. Checked in a fresh

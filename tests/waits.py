@@ -44,7 +44,7 @@ POLL_S = 0.2
 LAB_STALL_TIMEOUT_S = 20
 # After the stall timeout: up to 1 s until the watch looks, ~1 s of SIGUSR1 and
 # state collection over ssh, the sweep (0.5 s + ssh), the launcher's stop and a
-# final sweep. Measured on the lab: 5.5-10.6 s over 7 runs (docs/training.md).
+# final sweep. Measured on the lab: 5.5-10.6 s over 7 runs (docs/training-cluster.md).
 STALL_DETECTION_BOUND_S = 25
 # The same after the automatic limit's 60 s floor, which the test measures as
 # the product has it (no knob lowers it): 5.7 s over the floor with a full test
@@ -83,7 +83,7 @@ JACCL_UNAVAILABLE_BUDGET_S = 60
 # MLXCLUSTER_LEASE_S in the tests that kill or cut off the controller: short,
 # so that the test waits little, and 6 renewals per lease, each one ssh call
 # on the job's shared connection (0.03-0.06 s on the lab at load 8,
-# docs/performance.md) or a local touch: a loaded machine does not miss six.
+# docs/performance-history.md) or a local touch: a loaded machine does not miss six.
 LEASE_TEST_S = 6
 # From the controller's end until no process of the job is left: the lease,
 # the watchdog's poll (<= 1 s), the step the ranks agree to stop at (the

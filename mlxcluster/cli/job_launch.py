@@ -8,7 +8,7 @@ Kept light on purpose: `run --no-preflight` imports only this, the launch
 session, the jobs layer and the inventory. The preflight (doctor's checks,
 the smoke all_sum, their reports) is imported when it runs: those imports
 (paramiko, the doctor, jinja2's report) were a third of run's start-up
-(docs/performance.md, run over bare mlx.launch).
+(docs/performance-history.md, run over bare mlx.launch).
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ def command(timeout, config, stall_timeout, max_restarts, no_sync_data, elastic,
     Arguments after `--` go to the trainer, e.g.
     `mlxcluster train --local 2 --config tiny -- --steps 5 --out runs/t`.
     Exits with the failing rank's exit code when a rank fails, 4 when the job
-    stalled (no progress for --stall-timeout; see docs/training.md).
+    stalled (no progress for --stall-timeout; see docs/training-cluster.md).
     """
     # A --config after `--` is the trainer's own and wins (as it did when it came last);
     # ours is then left out so the launch line shows the one config the ranks build.

@@ -58,7 +58,7 @@ class DoctorReport:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        """The ``doctor --json`` document (docs/doctor.md)."""
+        """The ``doctor --json`` document (docs/doctor-reference.md, Output)."""
         return {
             "verdict": self.verdict,
             "hosts": {name: facts_to_json(f) for name, f in self.facts.items()},

@@ -20,7 +20,7 @@ from mlxcluster.errors import BackendUnavailable
 # Open MPI 5 (PRRTE) starts its daemons as a tree when tree spawn is on (the
 # default): mpirun ssh's to the first ROUTED_RADIX hosts and each of those
 # daemons ssh's onward to the next ones, with ITS keys. Measured in the lab
-# (docs/doctor.md, host-to-host-ssh) with no host-to-host trust: with the
+# (docs/doctor-checks.md, host-to-host-ssh) with no host-to-host trust: with the
 # default radix (64) every daemon of 2-8 hosts came from mpirun's machine and
 # the jobs ran; with the radix forced to 2, hosts 1 and 2 ssh'd onward and
 # mpirun exited 255 within 1.5 s printing nothing. With this flag every
@@ -35,7 +35,7 @@ _TREE_SPAWN_PARAMS = (NO_TREE_SPAWN_PARAM, "plm_rsh_no_tree_spawn")
 # Open MPI's allreduce algorithms (coll tuned; `ompi_info --param coll tuned
 # --level 9`). A forced algorithm is read only with the dynamic rules on:
 # alone, coll_tuned_allreduce_algorithm is silently ignored. Measured on a
-# 200 Mbit/s lab link at 3 ranks (docs/performance.md): the default decision
+# 200 Mbit/s lab link at 3 ranks (docs/performance-runs.md): the default decision
 # rules send 2.6x the payload from rank 0, the ring (4) 2(n-1)/n of it from
 # every host, and ran 1.5-2.3x faster.
 DYNAMIC_RULES_PARAM = "coll_tuned_use_dynamic_rules"

@@ -3,7 +3,7 @@
 sshd runs every remote command with the user's login shell, so the shell
 parses what the launchers send: mlx.launch (ring, jaccl, nccl) bash text
 (`cmd=(...)`, `[[ -d ... ]]`), mpirun and mlxcluster's own chores POSIX sh.
-Measured in the lab (docs/doctor.md, login-shell): under fish mlx.launch
+Measured in the lab (docs/doctor-checks.md, login-shell): under fish mlx.launch
 and mpirun hang, rank 0 waiting for a rank that never started; under dash
 mlx.launch's rank there exits 2 and mpirun runs.
 """

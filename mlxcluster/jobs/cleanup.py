@@ -63,7 +63,7 @@ def stop_script(run_id: str, pattern: str | None = None) -> str:
     stopped (SIGSTOP) rank handles its TERM. The grace before KILL is only
     waited when TERM found a process (pkill exits 1 when none matched): after
     a job that ended cleanly, the usual case, the sweep costs one ssh round
-    trip, not half a second more (docs/performance.md, run overhead). Then
+    trip, not half a second more (docs/performance-history.md, run overhead). Then
     the run's stack dumps (mlxcluster.jobs.rank_wrapper) are removed
     (``remove_dirs``). ``pattern``: what ``pkill -f`` matches, default the
     bracketed run id."""

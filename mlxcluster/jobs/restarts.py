@@ -12,7 +12,7 @@ Data-parallel training keeps its math on fewer ranks when the global batch
 stays the same: ``accumulation_for`` finds the smallest gradient
 accumulation that splits it over the ranks left in micro-batches no larger
 than before, so every rank's memory still fits (the trainer's losses then
-equal the uninterrupted run's, docs/training.md).
+equal the uninterrupted run's, docs/training-cluster.md).
 
 ``launch_until_done`` is the loop itself, for `train` and `run` alike: what
 changes between launches (the trainer's resume, `run`'s MLXCLUSTER_RESTART,

@@ -4,7 +4,7 @@ backend. Every verdict is reported as it comes (jobs/events.py), nothing is
 printed.
 
 Imported only when a preflight runs: its imports (paramiko, the doctor, the
-smoke worker's launch) were a third of `run`'s start-up (docs/performance.md,
+smoke worker's launch) were a third of `run`'s start-up (docs/performance-history.md,
 run over bare mlx.launch); `run --no-preflight` never loads them.
 """
 

@@ -64,7 +64,7 @@ options, ``view``: an event renderer, ``env``: the environment)::
 
 Light on purpose: `run --no-preflight` imports this, the jobs layer and the
 inventory only; the preflight, the folder sending and the code sending are
-imported when they run (docs/performance.md, run over bare mlx.launch).
+imported when they run (docs/performance-history.md, run over bare mlx.launch).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ damaged source is refused, not spread.
 Storage several of them see (a NAS, a network home) is found by a token
 each in the folder (``mark_here``, ``mark_host``, the check looking for the
 others'): a host that sees this machine's folder, or the folder of a host
-before it, is sent nothing (docs/training.md, "Shared storage").
+before it, is sent nothing (docs/training-cluster.md, "Shared storage").
 
 ``sync_data``, ``sync_model`` and ``sync_script`` (and launch/code.py's
 ``sync_code``, for what ranks import of this project) do all of it for a job's

@@ -115,7 +115,7 @@ def parse_trainer_args(args: tuple[str, ...]) -> TrainerArgs | TrainerHelp:
                          "python -m reference_train.train --help lists every --field") from None
     except ValueError as err:  # a config file's problem, a type or a value out of range
         raise InputError(f"trainer arguments rejected: {err}",
-                         "configs are tiny, demo, blog or a YAML file; docs/training.md lists "
+                         "configs are tiny, demo, blog or a YAML file; docs/training-reference.md lists "
                          "every field, its type and its allowed values") from None
 
 
@@ -189,7 +189,7 @@ def training_request(args: TrainerArgs, flags: LaunchFlags, *, detached: bool,
 
 
 # With restarts on and no checkpoint_every, a checkpoint every steps/20 steps: a
-# restart redoes at most 5% of the run. Its cost: docs/performance.md.
+# restart redoes at most 5% of the run. Its cost: docs/performance-runs.md.
 RESTART_CHECKPOINTS_PER_RUN = 20
 
 

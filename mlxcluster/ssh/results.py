@@ -4,7 +4,7 @@ outcome in a parallel run, an SSH failure.
 
 Apart from remote.py so that modules that only run OpenSSH (the jobs
 layer, the ip plan) do not import paramiko, the largest import of a
-`mlxcluster run` start-up (docs/performance.md, run over bare mlx.launch).
+`mlxcluster run` start-up (docs/performance-history.md, run over bare mlx.launch).
 """
 
 from __future__ import annotations

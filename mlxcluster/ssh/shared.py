@@ -7,7 +7,7 @@ probe, the launcher's start of each rank (``mlx.launch`` and ``mpirun`` run
 and on a stall the state of every rank. Each new connection pays a key
 exchange and a login: measured on the lab, 0.37-0.76 s per ``ssh HOST true``
 at load 8 (OpenSSH 9.2's default post-quantum key exchange is most of the
-client's CPU, docs/performance.md), against 0.03-0.06 s for a call on a
+client's CPU, docs/performance-history.md), against 0.03-0.06 s for a call on a
 shared connection. With these options the first call opens a background
 master connection (its own session: a Ctrl-C in the terminal does not reach
 it) and every later call of the job rides on it.
@@ -90,7 +90,7 @@ def close(folder: str, env: dict[str, str] | None = None) -> None:
     """End every master connection whose socket is in ``folder`` (none when
     no call was made: nothing is run then), and remove the folder. The
     masters are asked all at once, so closing costs one local round trip
-    however many hosts the job had (docs/performance.md, run over bare
+    however many hosts the job had (docs/performance-runs.md, run over bare
     mlx.launch)."""
     try:
         sockets = sorted(os.listdir(folder))

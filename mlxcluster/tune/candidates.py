@@ -16,7 +16,7 @@ TUNABLE_BACKENDS = ("ring", "mpi")  # TCP backends; jaccl/nccl have no such knob
 # Open MPI's allreduce: "default" leaves its decision rules alone; "ring"
 # forces its ring algorithm (coll_tuned_allreduce_algorithm 4). Only the ring
 # is a candidate: on the lab's slow link it was the one forced algorithm
-# faster than the default (2, 3 and 6 were not; docs/performance.md).
+# faster than the default (2, 3 and 6 were not; docs/performance-runs.md).
 MPI_ALLREDUCE = ("default", "ring")
 # The btl_tcp_links values the ring allreduce is tried with (those of them in
 # --tcp-links). Not the whole sweep, which would double the MPI candidates:

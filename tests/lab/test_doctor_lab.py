@@ -256,7 +256,7 @@ def test_twelve_hosts_pass_within_sshd_default_session_limits(make_lab, tmp_path
     refusal. 12 hosts' 132 logins on 2 cores at load 17 took over doctor's 19 s
     BatchMode limit (connect timeout + 15 s) in a cold CI run (issue 50), so this test
     gives a connect timeout of TWELVE_CONNECT_TIMEOUT_S. How long doctor takes on 12
-    hosts is bench/doctor_hops_cost.py's to measure (docs/performance.md), not a timed
+    hosts is bench/doctor_hops_cost.py's to measure (docs/performance-runs.md), not a timed
     test's."""
     lab = make_lab(12)
     path = lab.write_inventory(tmp_path / "lab12.yaml", env={**OPENBLAS_ENV, **MPI_ENV})

@@ -24,7 +24,7 @@ from tests.waits import ELASTIC_STALL_TIMEOUT_S
 pytestmark = pytest.mark.lab
 
 STEPS = 150
-PARITY = 1.1e-6  # one process against 3 local ranks over 400 steps (docs/training.md)
+PARITY = 1.1e-6  # one process against 3 local ranks over 400 steps (docs/training-cluster.md)
 
 
 def common(data) -> list[str]:
@@ -43,7 +43,7 @@ def reference(lab_data, tmp_path_factory) -> dict[int, float]:
 
 # shared-out: --out on a folder every host sees (tmp_path: outside lab.disk),
 # as on a NAS: the checkpoints are written once, by one writer for them all
-# (docs/training.md, "Shared storage"), before and after the drop.
+# (docs/training-cluster.md, "Shared storage"), before and after the drop.
 @pytest.mark.parametrize("lost,shared", [(2, False), (0, False), (2, True)],
                          ids=["labhost3", "labhost1-rank0", "labhost3-shared-out"])
 def test_a_lost_host_is_dropped_and_the_run_ends_with_the_reference_losses(

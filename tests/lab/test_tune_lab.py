@@ -238,7 +238,7 @@ def test_tune_runs_the_ring_allreduce_and_run_uses_it_as_open_mpi_did(lab3, tmp_
     assert all(line.endswith("sum=3 dynamic=None algorithm=0") for line in default_ranks.values()), default_ranks
     # 4 all_sums of 33.6 MB: the ring sends 2(n-1)/n of it from every host
     # (4 x 44.7 MB); the default rules ~88 MB per all_sum from rank 0, ~35 from
-    # the others (docs/performance.md). Rank 0 is the hostfile's first host.
+    # the others (docs/performance-runs.md). Rank 0 is the hostfile's first host.
     rank0 = ranks["0"].split()[0].split("=")[1]
     assert rank0 == lab3.hosts[0].name
     others = [mb for name, mb in default_sent.items() if name != rank0]

@@ -80,7 +80,7 @@ REGISTRY: dict[str, CheckSpec] = {}
 
 
 def check(check_id: str, title: str, *, live: bool = False, fix: Any = None) -> Callable[[CheckFn], CheckFn]:
-    """Register a check under a unique id (kebab-case, documented in docs/doctor.md),
+    """Register a check under a unique id (kebab-case, documented in docs/doctor-checks.md),
     with its fix if it has one (``doctor --fix``)."""
 
     def register(fn: CheckFn) -> CheckFn:

@@ -2,7 +2,7 @@
 
 Every rank of ring (and MPI's TCP transport) listens on a port that the other
 hosts connect to; the application firewall judges the program that listens.
-What is sourced (docs/doctor.md "macos-firewall"): a python listed as "Block
+What is sourced (docs/doctor-checks.md "macos-firewall"): a python listed as "Block
 incoming connections" has every inbound connection cut (a public incident
 write-up: ``OSError: [Errno 57] Socket is not connected`` on the first read,
 loopback unaffected); "block all incoming connections" blocks all but basic

@@ -140,7 +140,7 @@ def data_ip_routes(ctx: CheckContext) -> Verdict:
 # ---- data-ip-kinds ------------------------------------------------------------------
 
 WIFI, LAN, THUNDERBOLT = "Wi-Fi", "LAN", "Thunderbolt"
-# What the field measured (docs/doctor.md, data-ip-kinds).
+# What the field measured (docs/doctor-checks.md, data-ip-kinds).
 KIND_COST = ("ring hostfiles that mix Wi-Fi/LAN and Thunderbolt addresses fail with '[ring] Couldn't connect "
              "(error: 60)' or crawl (exo #2309, #2295); measured: JACCL 25.4 tok/s vs ring over Wi-Fi "
              "8.7 tok/s, MPI over Wi-Fi 274 s vs 11 s over Thunderbolt (mlx #1210)")

@@ -154,7 +154,7 @@ _FLAG = " ".join(NO_TREE_SPAWN)
 def host_to_host(ctx: CheckContext) -> Verdict:
     """Only mpi is judged, and only as a warning: the mpirun mlxcluster runs or
     prints starts every daemon from its own machine (no tree spawn), which the
-    lab showed to work with no SSH trust between hosts (docs/doctor.md).
+    lab showed to work with no SSH trust between hosts (docs/doctor-checks.md).
     Every pair is judged: an mpirun may be started on any host, and with tree
     spawn a daemon on any host ssh's onward (the lab saw labhost2 -> labhost4).
     Evidence is keyed by the host that could not be reached."""
