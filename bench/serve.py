@@ -80,8 +80,8 @@ def make_model(folder: Path, hidden: int, layers: int) -> tuple[Path, int]:
 class Server:
     """One server of the three, in a session of its own."""
 
-    def __init__(self, name: str, argv: list[str], port: int, cwd: Path):
-        self.name, self.port = name, port
+    def __init__(self, name: str, argv: list[str], port: int, cwd: Path, ready: str = "/v1/models"):
+        self.name, self.port, self.ready = name, port, ready  # ready: answers 200 once it serves
         self.log = open(cwd / f"{name}.log", "a")
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=self.log,
@@ -95,7 +95,7 @@ class Server:
     def answers(self) -> bool:
         try:
             conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
-            conn.request("GET", "/v1/models")
+            conn.request("GET", self.ready)
             ok = conn.getresponse().status == 200
             conn.close()
             return ok
@@ -232,7 +232,8 @@ def main() -> int:
             argv = [sys.executable, "-m", "mlxcluster", "serve", "--local", "2", "--backend",
                     args.backend, "--no-preflight", "--port", str(port), "--queue", "16",
                     "--max-in-flight", name.split("-")[1], str(model)]  # probe: serve's defaults
-        return Server(name, argv, port, work)
+        # serve's front answers /v1/models while its ranks start; /ready once the probe answered
+        return Server(name, argv, port, work, ready="/v1/models" if name == "bare" else "/ready")
 
     names = ["bare", "serve-1", "serve-8"]
     single: dict[str, list[dict]] = {n: [] for n in names}

@@ -182,3 +182,97 @@ def test_an_ssh_failure_is_exit_255_naming_the_host():
     assert failed.value.exit_code == 255
     assert failed.value.message == ("the ssh connection to mac1 failed: ssh: connect to host "
                                     "mac1 port 22: Connection refused")
+
+
+def test_a_stream_cut_off_resumes_at_the_byte_and_only_a_whole_file_is_taken(home, model, tmp_path):
+    """The link cut mid-file (here: only the first 200,000 bytes of the stream
+    reach the host): what arrived stays on the host, its check says how much,
+    and the next send sends the rest only, each file then verified whole."""
+    cut = ProcessLink("mac1", sys.executable, bash_in(home))
+    there = replace(folder_manifest(model), folder=str(home / "m"), source=str(model))
+    order = sorted(there.files, key=lambda f: f.name)  # the stream's order: the tokenizer first
+    first = order[0].bytes
+    cut_at = first + 200_000
+
+    class CutLink(ProcessLink):  # the bytes past ``cut_at`` never arrive: a link that went down
+        def run(self, script, *, stdin=None, timeout):
+            if stdin is None:  # the check
+                return super().run(script, timeout=timeout)
+
+            class Cut:
+                sent = 0
+
+                def read(self, n=-1):
+                    if self.sent >= cut_at:
+                        return b""
+                    data = stdin.read(min(n if n > 0 else 1 << 20, cut_at - self.sent))
+                    self.sent += len(data)
+                    return data
+            return super().run(script, stdin=Cut(), timeout=timeout)
+
+    link = CutLink(cut.name, cut.python, cut.argv)
+    with pytest.raises(TransferError, match="the stream ended 100000 bytes before the end of "
+                                            "weights.safetensors") as err:
+        send(there, check(link, there), lambda n: None, use_rsync=False)
+    assert "the next send resumes what arrived" in err.value.hint
+    assert not (home / "m" / "weights.safetensors").exists()  # never taken for whole
+    copy = check(cut, there)
+    assert copy.partial == {"tokenizer/tokenizer.json": first, "weights.safetensors": 200_000}
+    assert copy.summary(there) == "missing"
+    sent = send(there, copy, lambda n: None, use_rsync=True)  # a part there: the stream all the same
+    assert (sent.via, sent.bytes, sent.resumed) == ("ssh stream", 100_000, first + 200_000)
+    assert files_under(home / "m") == {k: v for k, v in files_under(model).items() if k != ".cache"}
+    assert check(cut, there).summary(there) == "whole" and check(cut, there).partial == {}
+
+
+def test_a_part_with_wrong_bytes_is_dropped_never_installed(home, model):
+    """What a cut send left is hashed with what follows: a part whose bytes
+    are not the file's (a disk error, another version) is removed and the
+    send fails, naming the file; the next send starts it from its first byte."""
+    link = ProcessLink("mac1", sys.executable, bash_in(home))
+    there = replace(folder_manifest(model), folder=str(home / "m"), source=str(model))
+    weights = next(f for f in there.files if f.name == "weights.safetensors")
+    parts = home / "m" / ".mlxcluster-partial"
+    parts.mkdir(parents=True)
+    (parts / f"{weights.sha256}.cut").write_bytes(b"\0" * 1000)
+    copy = check(link, there)
+    assert copy.partial == {"weights.safetensors": 1000}
+    with pytest.raises(TransferError, match="weights.safetensors arrived with sha256"):
+        send(there, copy, lambda n: None, use_rsync=False)
+    assert not list(parts.iterdir()) and not (home / "m" / "weights.safetensors").exists()
+    copy = check(link, there)
+    assert copy.partial == {}
+    assert copy.summary(there) == "weights.safetensors missing"  # the tokenizer was whole: in place
+    assert send(there, copy, lambda n: None, use_rsync=False).bytes == weights.bytes
+    assert check(link, there).summary(there) == "whole"
+
+
+def test_an_agent_of_the_cut_send_still_writing_does_not_touch_the_resumed_copy(tmp_path):
+    """After a link drop the cut send's agent may live on, its connection not
+    yet found dead: the next send copies the part's bytes into a part of its
+    own and removes the old, so whatever the old agent still writes goes
+    nowhere."""
+    import hashlib
+
+    agent = tmp_path / "agent.py"
+    agent.write_text(AGENT_SOURCE())
+    data = os.urandom(5000)
+    sha = hashlib.sha256(data).hexdigest()
+    folder = tmp_path / "m"
+    parts = folder / ".mlxcluster-partial"
+    parts.mkdir(parents=True)
+    (parts / f"{sha}.111-old").write_bytes(data[:1000])
+
+    def receive(start: int, into: Path) -> subprocess.CompletedProcess:
+        spec = {"dir": str(into), "resumable": True,
+                "files": [{"name": "w.bin", "bytes": 5000, "sha256": sha, "from": start}]}
+        return subprocess.run([sys.executable, "-S", str(agent), "receive", json.dumps(spec)],
+                              input=data[start:], capture_output=True, timeout=60)
+
+    with open(parts / f"{sha}.111-old", "ab", buffering=0) as still_writing:
+        resumed = receive(1000, folder)
+        still_writing.write(b"late bytes of the cut send")
+    assert resumed.returncode == 0, resumed.stderr
+    assert (folder / "w.bin").read_bytes() == data and not parts.exists()
+    gone = receive(1000, folder)  # nothing left to resume from: said, nothing installed
+    assert gone.returncode == 1 and b"the 1000 bytes a cut send left are no longer here" in gone.stderr

@@ -225,14 +225,17 @@ def send_where_needed(job: Job, manifest: Manifest, what: str, env: dict[str, st
             done[name] = "whole there"
             continue
         lacking = copy.lacking(manifest)
-        need = sum(f.bytes for f in lacking)
+        there = sum(copy.already_there(f) for f in lacking)
+        need = sum(f.bytes for f in lacking) - there
+        resuming = f" (resuming: {human_bytes(there)} of it arrived in a send cut off)" if there else ""
         on_event(Note(f"{what}: {copy.host.name}: {shown} {state}: sending "
-                      f"{len(lacking)} file(s), {human_bytes(need)}"))
+                      f"{len(lacking)} file(s), {human_bytes(need)}{resuming}"))
         name = copy.host.name
         on_event(Sending(name, need))
         try:
+            # A model's files are large: sent so that a cut send resumes (transfer/send.py).
             sent = send(manifest, copy, lambda n, name=name: on_event(SendProgress(name, n)),
-                        way_round=by_hand(manifest))
+                        resumable=what == "model", way_round=by_hand(manifest))
         finally:
             on_event(SendEnded(name))
         on_event(Note(f"{what}: {name}: sent {human_bytes(sent.bytes)} in {sent.seconds:.1f} s "

@@ -7,12 +7,14 @@ a host sends (mlxcluster.transfer.fetch): one check of what arrives, both ways.
     check   {"dir": D, "files": [{"name", "bytes", "sha256"}, ...],
              "tokens": [T, ...], "here": T0 (optional)}
             -> {"files": {name: "ok" | "missing" | "size" | "different"},
+                "partial": {name: bytes of it already received, kept from a send cut off},
                 "free": bytes free where D is (or would be made), "rsync": bool,
                 "dir": D as this host names it,
                 "sees": [the tokens found in D/.mlxcluster-storage], "same_as_here": bool}
                (D holding this machine's token T0 is this machine's folder: not hashed again)
     unmark  {"dir": D, "token": T}  -> {}  (the token removed, and its folder when empty)
-    receive {"dir": D, "files": [...]}, the files' bytes one after another on stdin
+    receive {"dir": D, "files": [{..., "from": OFFSET}, ...], "resumable": bool}, the
+            files' bytes from their OFFSET (0 when left out) one after another on stdin
             -> {"installed": [names]}  (each verified, then renamed into D)
     install {"dir": D, "files": [...], "from": D/.incoming.rsync.<random>}
             -> the same, for files rsync left in "from"
@@ -25,9 +27,22 @@ to a folder inside D first and is renamed into place only once its sha256 is
 the one asked for, meta.json last: a copy cut off half way is never taken
 for whole (the next check finds it and sends what is missing). A name that
 would leave D (absolute, or with ``..``) is refused.
+
+A file streamed ``resumable`` is written, as it arrives and unbuffered, to a
+part of its own, D/.mlxcluster-partial/<its sha256>.<random> (the folder
+removed once empty): a send cut off (link down, host asleep, Ctrl-C) leaves
+there what arrived, ``check`` reports the longest part's length, and the
+next send starts that file where it stopped (its ``from``): the new agent
+copies that many bytes of the part into a part of its own, hashing them,
+removes the old one and appends what follows. An agent of the cut send
+still waiting on its dead connection (sshd may not notice for hours) thus
+never writes into the new part. A whole that is not the sha256 asked for is
+removed, never installed. At most the one chunk being read when the agent
+was killed is lost.
 Failures: one line on stderr, exit 1.
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -37,6 +52,7 @@ import tempfile
 
 CHUNK = 1 << 20
 STORAGE_DIR = ".mlxcluster-storage"  # as reference_train/storage.py names it
+PARTIAL_DIR = ".mlxcluster-partial"  # files being received, by sha256: a cut send resumes
 
 
 def sha256_of(path):
@@ -73,10 +89,36 @@ def token_path(spec, token):
     return os.path.join(spec["dir"], STORAGE_DIR, token)
 
 
+def parts_of(folder, want):
+    """The parts of ``want`` cut sends left in ``folder``, longest first:
+    [(bytes, path)], none longer than the file."""
+    sha256 = want["sha256"]
+    if not sha256 or any(c not in "0123456789abcdef" for c in sha256):
+        raise ValueError(f"refused the sha256 {sha256!r}")
+    found = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(os.path.join(folder, PARTIAL_DIR)):
+            if entry.name.startswith(sha256 + "."):
+                with contextlib.suppress(OSError):
+                    size = entry.stat(follow_symlinks=False).st_size
+                    if size <= want["bytes"]:
+                        found.append((size, entry.path))
+    return sorted(found, reverse=True)
+
+
+def partial_bytes(folder, want):
+    """How much of ``want`` a send cut off left here (0: nothing usable)."""
+    parts = parts_of(folder, want)
+    return parts[0][0] if parts else 0
+
+
 def check(spec):
     here = spec.get("here")
     same = bool(here) and os.path.exists(token_path(spec, here))
-    return {"files": {f["name"]: "ok" if same else status_of(spec["dir"], f) for f in spec["files"]},
+    files = {f["name"]: "ok" if same else status_of(spec["dir"], f) for f in spec["files"]}
+    partial = {f["name"]: partial_bytes(spec["dir"], f) for f in spec["files"]
+               if files[f["name"]] != "ok"}
+    return {"files": files, "partial": {name: n for name, n in partial.items() if n},
             "free": shutil.disk_usage(existing_parent(spec["dir"])).free,
             "rsync": shutil.which("rsync") is not None, "dir": spec["dir"],
             "sees": [t for t in spec.get("tokens", ()) if os.path.exists(token_path(spec, t))],
@@ -101,11 +143,21 @@ def unmark(spec):
 def install(spec, incoming, digests=None):
     """Verify each file in ``incoming`` (by ``digests`` taken as it arrived,
     else read again) and rename it into the folder (meta.json last)."""
+    return put_in_place(spec, {f["name"]: inside(incoming, f["name"]) for f in spec["files"]},
+                        digests)
+
+
+def put_in_place(spec, paths, digests=None):
+    """Each file at ``paths[name]`` verified (``digests`` or read again) and
+    renamed into the folder, meta.json last; one with other bytes is removed
+    (never resumed from, never installed) and named."""
     names = []
     for f in sorted(spec["files"], key=lambda f: f["name"] == "meta.json"):
-        path = inside(incoming, f["name"])
+        path = paths[f["name"]]
         got = digests[f["name"]] if digests else sha256_of(path)
         if got != f["sha256"]:
+            with contextlib.suppress(OSError):
+                os.remove(path)
             raise ValueError(f"{f['name']} arrived with sha256 {got[:12]}, not {f['sha256'][:12]}")
         target = inside(spec["dir"], f["name"])
         os.makedirs(os.path.dirname(target), exist_ok=True)  # tokenizer/...
@@ -116,20 +168,53 @@ def install(spec, incoming, digests=None):
 
 def receive(spec, stream=None):
     """The files of ``spec``, read one after another from ``stream`` (stdin
-    on a host), each hashed as it arrives, then installed."""
+    on a host), each hashed as it arrives (``resumable``: from its ``from``,
+    kept as it comes in PARTIAL_DIR), then installed."""
     stream = sys.stdin.buffer if stream is None else stream
     os.makedirs(spec["dir"], exist_ok=True)
     incoming = tempfile.mkdtemp(prefix=".incoming.", dir=spec["dir"])
+    resumable = bool(spec.get("resumable"))
+    if resumable:
+        os.makedirs(os.path.join(spec["dir"], PARTIAL_DIR), exist_ok=True)
     try:
-        digests = {}
+        digests, paths = {}, {}
         for f in spec["files"]:
-            path = inside(incoming, f["name"])
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "wb") as out:
-                digests[f["name"]] = copy_bytes(stream, out, f["bytes"], f["name"])
-        return install(spec, incoming, digests)
+            paths[f["name"]], digests[f["name"]] = receive_file(spec["dir"], incoming, f, stream,
+                                                                resumable)
+        installed = put_in_place(spec, paths, digests)
+        if resumable:
+            with contextlib.suppress(OSError):  # empty once every file is in place
+                os.rmdir(os.path.join(spec["dir"], PARTIAL_DIR))
+        return installed
     finally:
         shutil.rmtree(incoming, ignore_errors=True)
+
+
+def receive_file(folder, incoming, want, stream, resumable):
+    """One file from ``stream``: when ``resumable``, into a part of its own
+    (PARTIAL_DIR), the first ``want["from"]`` bytes taken from a cut send's
+    part, then what arrives, kept as it comes; else into ``incoming`` (dropped
+    with it when cut). (Where it now is, its sha256.)"""
+    if not resumable:
+        path = inside(incoming, want["name"])
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as out:
+            return path, copy_bytes(stream, out, want["bytes"], want["name"])
+    start = int(want.get("from", 0))
+    parts = parts_of(folder, want)  # before ours exists
+    path = os.path.join(folder, PARTIAL_DIR, f"{want['sha256']}.{os.getpid()}-{os.urandom(4).hex()}")
+    h = hashlib.sha256()
+    with open(path, "xb", buffering=0) as out:  # every chunk on disk as it comes
+        if start:
+            source = next((p for size, p in parts if size >= start), None)
+            if source is None:
+                raise ValueError(f"{want['name']}: the {start} bytes a cut send left are no longer "
+                                 "here: send again")
+            with open(source, "rb") as before:
+                copy_bytes(before, out, start, want["name"], h)
+            with contextlib.suppress(OSError):
+                os.remove(source)  # ours holds them now
+        return path, copy_bytes(stream, out, want["bytes"] - start, want["name"], h)
 
 
 def send(spec, out):
@@ -147,10 +232,11 @@ def send(spec, out):
     out.flush()
 
 
-def copy_bytes(source, out, count, name):
+def copy_bytes(source, out, count, name, h=None):
     """Exactly ``count`` bytes of the file ``name`` from ``source`` to ``out``
-    (None: only hashed); their sha256. The one hash on the host."""
-    h = hashlib.sha256()
+    (None: only hashed); their sha256 (with what ``h`` hashed before). The one
+    hash on the host."""
+    h = hashlib.sha256() if h is None else h
     while count:
         chunk = source.read(min(CHUNK, count))
         if not chunk:

@@ -8,6 +8,13 @@ as one stream of bytes into the agent, which hashes as it receives. The
 host renames a file into place only once its sha256 is the manifest's: a
 send cut off half way is never taken for whole. Both return one result
 type, ``Transferred``, as fetching does (transfer/fetch.py).
+
+The stream resumes: what a cut stream delivered stays on the host (the
+agent's PARTIAL_DIR), its check says how much, and the next stream sends
+each file from there. A host holding such a part is sent by stream, rsync
+or not; a caller sending large files (a model: launch/sync.py) asks for the
+stream from the start (``resumable``), since rsync's staging folder is
+dropped with a cut send.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import shlex
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from mlxcluster.ssh.openssh import SSH_FAILED
@@ -46,9 +53,14 @@ class HostCopy:
     folder: str = ""  # the folder as the host resolved it (~ expanded there)
     sees: tuple[str, ...] = ()  # the other hosts' tokens found in it (one folder with theirs)
     same_as_here: bool = False  # this machine's token found in it: the folder here
+    partial: dict[str, int] = field(default_factory=dict)  # name -> bytes a cut send left there
 
     def lacking(self, manifest: Manifest) -> tuple[DataFile, ...]:
         return tuple(f for f in manifest.files if self.status.get(f.name) != "ok")
+
+    def already_there(self, f: DataFile) -> int:
+        """Bytes of ``f`` a cut send left on the host: the next send starts there."""
+        return min(self.partial.get(f.name, 0), f.bytes)
 
     def summary(self, manifest: Manifest) -> str:
         """'missing' / 'train.bin different' / 'whole'."""
@@ -69,6 +81,7 @@ class Transferred:
     bytes: int
     seconds: float
     via: str  # "rsync" or "ssh stream"
+    resumed: int = 0  # bytes a cut send had left there, not sent again
 
     @property
     def rate(self) -> float:
@@ -106,7 +119,8 @@ def check(link: Link, manifest: Manifest, *, what: str = "", way_round: str = ""
     answer = json.loads(result.stdout.strip().splitlines()[-1])
     return HostCopy(link, answer["files"], int(answer["free"]), bool(answer["rsync"]),
                     answer.get("dir") or manifest.folder, tuple(answer.get("sees", ())),
-                    bool(answer.get("same_as_here")))
+                    bool(answer.get("same_as_here")),
+                    {name: int(n) for name, n in (answer.get("partial") or {}).items()})
 
 
 def mark(link: Link, folder: str, token: str, op: str = "mark") -> bool:
@@ -121,30 +135,37 @@ def mark(link: Link, folder: str, token: str, op: str = "mark") -> bool:
 
 
 def send(manifest: Manifest, copy: HostCopy, progress: Progress, *,
-         use_rsync: bool | None = None, timeout: float = CHECK_TIMEOUT_S,
-         way_round: str = "") -> Transferred:
+         use_rsync: bool | None = None, resumable: bool = False,
+         timeout: float = CHECK_TIMEOUT_S, way_round: str = "") -> Transferred:
     """Send what ``copy`` lacks of ``manifest`` into the folder as its host
     named it, over the link it was checked by; the host verifies each file
     before renaming it into place.
     rsync when both ends have it and the link is ssh (``use_rsync`` None),
-    else a stream of bytes. ``timeout``: how long the host may take to
-    verify and install once the bytes are there. Raises TransferError."""
+    unless the send is to be ``resumable`` or the host holds part of a file
+    from a cut send: then the stream, each file from where the host's part
+    ends. ``timeout``: how long the host may take to verify and install once
+    the bytes are there. Raises TransferError."""
     link, files = copy.host, copy.lacking(manifest)
     manifest = replace(manifest, folder=copy.folder or manifest.folder)  # as the host names it
+    resumed = {f.name: copy.already_there(f) for f in files if copy.already_there(f)}
     if use_rsync is None:
-        use_rsync = copy.rsync and can_rsync(link)
+        use_rsync = copy.rsync and can_rsync(link) and not resumable
+    use_rsync = use_rsync and not resumed  # rsync would send those files whole again
     start = time.monotonic()
     try:
         if use_rsync:
             _send_rsync(link, manifest, files, progress, timeout)
         else:
-            _send_stream(link, manifest, files, progress, timeout)
+            _send_stream(link, manifest, files, resumed, progress, timeout)
     except TransferError as err:
+        kept = "" if use_rsync else ", and the next send resumes what arrived"
         raise TransferError(f"sending {manifest.folder} to {link.name} failed: {err.message}",
                             "check the host's disk and ssh; nothing half-sent is used (the next "
-                            "check finds what is missing)" + way_round) from None
-    return Transferred(link.name, tuple(f.name for f in files), sum(f.bytes for f in files),
-                       time.monotonic() - start, "rsync" if use_rsync else "ssh stream")
+                            f"check finds what is missing{kept})" + way_round) from None
+    return Transferred(link.name, tuple(f.name for f in files),
+                       sum(f.bytes - resumed.get(f.name, 0) for f in files),
+                       time.monotonic() - start, "rsync" if use_rsync else "ssh stream",
+                       sum(resumed.values()))
 
 
 def can_rsync(link: Link) -> bool:
@@ -152,11 +173,15 @@ def can_rsync(link: Link) -> bool:
     return isinstance(link, ProcessLink) and bool(link.ssh) and shutil.which("rsync") is not None
 
 
-def _send_stream(link: Link, manifest: Manifest, files: Sequence[DataFile], progress: Progress,
-                 timeout: float) -> None:
-    with FileChain([manifest.path_here(f) for f in files], progress) as stream:
-        result = link.run(agent_command(link.python, "receive", manifest.spec(files)),
-                          stdin=stream, timeout=timeout)
+def _send_stream(link: Link, manifest: Manifest, files: Sequence[DataFile],
+                 resumed: dict[str, int], progress: Progress, timeout: float) -> None:
+    spec = manifest.spec(files, resumable=True)
+    for f in spec["files"]:
+        if resumed.get(f["name"]):
+            f["from"] = resumed[f["name"]]
+    with FileChain([(manifest.path_here(f), resumed.get(f.name, 0)) for f in files],
+                   progress) as stream:
+        result = link.run(agent_command(link.python, "receive", spec), stdin=stream, timeout=timeout)
     _require_ok(result)
 
 
@@ -186,15 +211,17 @@ def last_line(text: str) -> str:
 
 class FileChain:
     """Files read one after another as one binary stream (the agent's
-    stdin), ``progress`` told the bytes read so far."""
+    stdin), each from its offset, ``progress`` told the bytes read so far."""
 
-    def __init__(self, paths: Sequence[str], progress: Progress):
+    def __init__(self, paths: Sequence[tuple[str, int]], progress: Progress):
         self.paths, self.progress, self.file, self.sent = list(paths), progress, None, 0
 
     def read(self, n: int = -1) -> bytes:
         while self.paths or self.file:
             if self.file is None:
-                self.file = open(self.paths.pop(0), "rb")
+                path, offset = self.paths.pop(0)
+                self.file = open(path, "rb")
+                self.file.seek(offset)
             data = self.file.read(n)
             if data:
                 self.sent += len(data)

@@ -109,3 +109,77 @@ def test_a_host_without_room_for_the_data_is_refused_before_anything_is_sent(lab
            f"{data} and has 16.4 KB free (nothing was sent)" in said, said[-2000:]
     assert "Traceback" not in said and "launching" not in said
     assert left == {"labhost1": [], "labhost2": [], "labhost3": []}  # nothing was sent anywhere
+
+
+# A model sent as serve and train send one (launch/sync.py), by a process of its
+# own that a test can kill as a closed laptop lid or Ctrl-C would.
+SEND_MODEL = """
+import os, sys
+from types import SimpleNamespace
+from mlxcluster.inventory.inventory import load_inventory
+from mlxcluster.jobs.hosts import hosts_from_inventory
+from mlxcluster.launch.sync import send_where_needed
+from mlxcluster.transfer.manifest import folder_manifest
+hosts = hosts_from_inventory(load_inventory(sys.argv[1]))
+send_where_needed(SimpleNamespace(hosts=hosts), folder_manifest(sys.argv[2]), "model",
+                  dict(os.environ), lambda e: print(getattr(e, "text", ""), flush=True))
+"""
+CHUNK = 1 << 20  # the agent's read (mlxcluster/transfer/agent.py): at most this is lost
+
+
+def test_a_model_send_cut_mid_file_resumes_at_the_byte(lab3, tmp_path):
+    """The link to a host taken down mid-file and the sender killed with it:
+    the next send of the model sends only the rest (the host's own interface
+    counter says how many bytes it received), the copy there is whole and
+    its sha256 the model's. The cut send's agent on the host, still waiting
+    on its dead connection, writes into nothing the new send uses."""
+    lab = lab3
+    host = lab.hosts[2]
+    inventory, env = training_setup(lab, tmp_path, hosts=[host])
+    model = lab.disk / f"resume-{uuid.uuid4().hex[:8]}"  # this machine's disk only
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "llama"}')
+    (model / "model.safetensors").write_bytes(os.urandom(24 << 20))
+    weights = sha(model / "model.safetensors")
+    there = lab.host_disk(host) / model.relative_to(lab.disk)
+    parts = there / ".mlxcluster-partial"
+    script = tmp_path / "send_model.py"
+    script.write_text(SEND_MODEL)
+
+    def received() -> int:
+        return int(lab.netns_exec(host, ["cat", "/sys/class/net/eth0/statistics/rx_bytes"]).stdout)
+
+    def part_bytes() -> int:
+        return max((p.stat().st_size for p in parts.glob(f"{weights}.*")), default=0)
+
+    # The bytes towards the host slowed (the lab end of its cable) so that the cut lands mid-file.
+    shaped = ["tc", "qdisc", "replace", "dev", host.veth, "root", "tbf", "rate", "40mbit",
+              "burst", "32kbit", "latency", "400ms"]
+    subprocess.run(shaped, check=True, timeout=30)
+    try:
+        sender = subprocess.Popen([sys.executable, str(script), str(inventory), str(model)], env=env,
+                                  cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True)
+        waits.poll_until(lambda: part_bytes() >= 8 << 20, 120, "8 MB of the model on the host",
+                         interval=0.05)
+        lab.link_down(host)
+        sender.kill()
+        first = sender.communicate(timeout=60)[0]
+        lab.heal(host)
+    finally:
+        subprocess.run(["tc", "qdisc", "del", "dev", host.veth, "root"], check=False, timeout=30)
+    left = part_bytes()
+    assert 8 << 20 <= left < 24 << 20, (left, first)
+    assert not (there / "model.safetensors").exists()  # a part is never taken for whole
+
+    before = received()
+    again = waits.run([sys.executable, str(script), str(inventory), str(model)], "the send again",
+                      env=env, cwd=tmp_path)
+    took = received() - before
+    assert again.returncode == 0, again.stdout + again.stderr
+    rest = (24 << 20) - left + len('{"model_type": "llama"}')
+    assert "sending 2 file(s)" in again.stdout and "resuming: " in again.stdout, again.stdout
+    assert "by ssh stream, sha256 verified there" in again.stdout, again.stdout
+    # TCP/IP and ssh framing (~4%), the check and the agent's source (~50 KB a call)
+    assert took <= 1.06 * (rest + CHUNK) + 300_000, (took, rest, again.stdout)
+    assert sha(there / "model.safetensors") == weights and not parts.exists()
