@@ -27,6 +27,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "hostfile",
     "smoke",
     "tune",
+    "pull",
     "serve",
     "train",
     "run",
@@ -45,6 +46,7 @@ EXAMPLES: dict[str, str] = {
     "hostfile": "mlxcluster hostfile generate --backend ring -o hosts.json",
     "smoke": "mlxcluster smoke --backend ring --bench",
     "tune": "mlxcluster tune --budget 5m",
+    "pull": "mlxcluster pull mlx-community/Qwen3-4B-4bit",
     "serve": "mlxcluster serve ~/models/Qwen3-4B-4bit --port 8080",
     "train": "mlxcluster train -- --init_from ~/models/Llama-3.2-1B-Instruct-4bit --fine_tune lora "
              "--data data/chat-tokens --out runs/lora",

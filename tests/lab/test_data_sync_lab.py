@@ -17,6 +17,7 @@ import pytest
 
 from reference_train.prepare import prepare_offline
 from tests import waits
+from tests.hub_cache_support import cache_model
 from tests.lab.jobs import training_setup
 
 pytestmark = pytest.mark.lab
@@ -183,3 +184,31 @@ def test_a_model_send_cut_mid_file_resumes_at_the_byte(lab3, tmp_path):
     # TCP/IP and ssh framing (~4%), the check and the agent's source (~50 KB a call)
     assert took <= 1.06 * (rest + CHUNK) + 300_000, (took, rest, again.stdout)
     assert sha(there / "model.safetensors") == weights and not parts.exists()
+
+
+def test_pull_puts_a_cached_hugging_face_id_on_every_host(lab3, tmp_path):
+    """`HF_HUB_OFFLINE=1 mlxcluster pull ORG/NAME` with the model in this
+    machine's hub cache (huggingface_hub's layout: blobs, snapshots, refs):
+    the snapshot folder on every host's own disk at the same path, each
+    file's bytes the blob's (links followed, regular files there)."""
+    lab = lab3
+    inventory, env = training_setup(lab, tmp_path)
+    files = {"config.json": b'{"model_type": "llama"}', "model.safetensors": os.urandom(300_000),
+             "tokenizer/tokenizer.json": b"{}"}
+    snapshot = cache_model(lab.disk / f"hub-{uuid.uuid4().hex[:8]}", "mlx-community/Tiny-4bit", files)
+    for h in lab.hosts:
+        assert not lab.host_exists(h, snapshot)
+    env.update(HF_HUB_CACHE=str(snapshot.parents[2]), HF_HUB_OFFLINE="1")
+    done = waits.run([sys.executable, "-m", "mlxcluster", "pull", "-i", str(inventory),
+                      "mlx-community/Tiny-4bit"], "mlxcluster pull", env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    names = ", ".join(h.name for h in lab.hosts)
+    assert done.stdout.splitlines()[-1] == f"mlx-community/Tiny-4bit is at {snapshot} here and on {names}"
+    for h in lab.hosts:
+        there = lab.host_disk(h) / snapshot.relative_to(lab.disk)
+        assert {n: (there / n).read_bytes() for n in files} == files
+        assert not any((there / n).is_symlink() for n in files)
+    again = waits.run([sys.executable, "-m", "mlxcluster", "pull", "-i", str(inventory),
+                       "mlx-community/Tiny-4bit"], "mlxcluster pull again", env=env, cwd=tmp_path)
+    assert again.returncode == 0 and "sending" not in again.stdout, again.stdout
+    assert again.stdout.count("sha256 checked") == len(lab.hosts), again.stdout

@@ -1,0 +1,105 @@
+"""A model by its name on every host: `mlxcluster pull MODEL`.
+
+A name is a folder on this machine, or a Hugging Face id ``ORG/NAME``,
+optionally ``ORG/NAME@REVISION`` (a branch, a tag or a commit). An id is
+resolved by huggingface_hub as mlx-lm resolves it: its cache here
+(``HF_HUB_CACHE``, ``HF_HOME``), its token (``HF_TOKEN`` or
+``huggingface-cli login``), ``HF_HUB_OFFLINE=1`` honoured (the cache only, no
+network), its own progress bar while it downloads. The folder that names
+(the cache's snapshot folder, for an id) is then sent to every remote host
+at the same path, as serve and train send a model (launch/sync.py: each
+file's sha256 checked there, only what a host lacks sent, a send cut off
+resumed where it stopped).
+
+    $ mlxcluster pull mlx-community/Qwen3-4B-4bit
+    model: mac2: /Users/me/.cache/huggingface/hub/models--mlx-community--Qwen3-4B-4bit/snapshots/ab12.../ missing: sending 7 file(s), 2.3 GB
+    ...
+    mlx-community/Qwen3-4B-4bit is at /Users/me/.cache/huggingface/hub/... on mac1, mac2
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlxcluster.errors import InputError, ToolMissing
+from mlxcluster.jobs.events import OnEvent
+from mlxcluster.jobs.hosts import remote_hosts
+from mlxcluster.jobs.job import Job
+from mlxcluster.launch.sync import sync_model
+
+# Hugging Face's repository names: letters, digits, '-', '_', '.' (huggingface_hub's
+# validate_repo_id), one '/' between the owner and the name.
+HF_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+@dataclass(frozen=True)
+class Pulled:
+    """Where a model is now, on this machine and on every host of the job."""
+
+    name: str  # as given
+    folder: str  # the same path on every host
+    remote: tuple[str, ...]  # the hosts it was checked or sent to (this machine's own copy aside)
+
+
+def resolve_model(name: str) -> Path:
+    """The folder here that ``name`` names: itself when it is a folder, else
+    the snapshot folder of the Hugging Face id (downloaded when it is not in
+    the cache and the network may be used). InputError when neither."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return path.resolve()
+    repo_id, _, revision = name.partition("@")
+    looks_like_a_path = Path(repo_id.split("/")[0]).expanduser().is_dir()  # models/Qwen mistyped
+    if not HF_ID.fullmatch(repo_id) or ".." in repo_id or path.exists() or looks_like_a_path:
+        raise InputError(f"{name}: no such folder here, nor a Hugging Face id (ORG/NAME[@REVISION])",
+                         "give the model's folder on this machine, or an id such as "
+                         "mlx-community/Qwen3-4B-4bit")
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import (
+            GatedRepoError,
+            HfHubHTTPError,
+            LocalEntryNotFoundError,
+            RepositoryNotFoundError,
+            RevisionNotFoundError,
+        )
+    except ImportError:
+        raise ToolMissing(f"{name} is a Hugging Face id, and huggingface_hub is not installed here",
+                          "python -m pip install huggingface_hub (mlx-lm brings it: "
+                          "pip install -e '.[serve]'), or give the model's folder") from None
+    asked = f"{repo_id}@{revision}" if revision else repo_id
+    try:
+        return Path(snapshot_download(repo_id, revision=revision or None))
+    except LocalEntryNotFoundError:  # not in the cache, and the hub not asked or not reached
+        from huggingface_hub import constants
+
+        why = ("HF_HUB_OFFLINE is set: the hub is not asked" if constants.HF_HUB_OFFLINE
+               else "the hub could not be reached")
+        raise InputError(f"{asked} is not in the Hugging Face cache here ({constants.HF_HUB_CACHE}), "
+                         f"and {why}",
+                         "download it once where the hub can be reached (without HF_HUB_OFFLINE), "
+                         "or give the model's folder") from None
+    except GatedRepoError:
+        raise InputError(f"{asked} is gated: the hub wants your token and the model's terms accepted",
+                         "accept them on huggingface.co, then set HF_TOKEN (or huggingface-cli "
+                         "login)") from None
+    except RevisionNotFoundError:
+        raise InputError(f"{asked}: the hub has no revision {revision!r} of {repo_id}",
+                         "give a branch, tag or commit the repository has (or none: main)") from None
+    except RepositoryNotFoundError:
+        raise InputError(f"{asked}: no such model on the hub (or it is private)",
+                         "check the id's spelling; for a private one set HF_TOKEN") from None
+    except (HfHubHTTPError, OSError) as err:
+        raise InputError(f"{asked} could not be downloaded: {err}",
+                         "check the network and the room on this machine's disk, then pull "
+                         "again (what arrived is kept)") from None
+
+
+def pull(job: Job, name: str, env: dict[str, str], on_event: OnEvent) -> Pulled:
+    """``name`` resolved to its folder here and that folder on every remote
+    host of ``job``, at the same path."""
+    folder = resolve_model(name)
+    sync_model(job, str(folder), env, on_event, flag="the model")
+    return Pulled(name, str(folder), tuple(dict.fromkeys(h.name for h in remote_hosts(job.hosts))))

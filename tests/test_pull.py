@@ -1,0 +1,61 @@
+"""`mlxcluster pull MODEL` on this machine: a folder, or a Hugging Face id found
+in huggingface_hub's real cache layout (HF_HUB_OFFLINE=1: no network), by
+branch or commit; what is neither is refused with exit 2, naming it. Sent to
+other hosts: tests/lab/test_data_sync_lab.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.hub_cache_support import COMMIT, cache_model
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def pull(args: list[str], cache: Path, cwd: Path, offline: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_CACHE": str(cache), "PYTHONPATH": str(REPO)}
+    env["HF_HUB_OFFLINE"] = "1" if offline else "0"
+    env["HF_ENDPOINT"] = "http://127.0.0.1:9"  # a hub that is not there, on any machine
+    return subprocess.run([sys.executable, "-m", "mlxcluster", "pull", *args, "--local"], env=env,
+                          cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def test_an_id_in_the_cache_is_its_snapshot_folder_by_branch_or_commit(tmp_path):
+    snapshot = cache_model(tmp_path / "hub", "mlx-community/Tiny-4bit",
+                           {"config.json": b"{}", "model.safetensors": b"\0" * 64,
+                            "tokenizer/tokenizer.json": b"{}"})
+    for name in ("mlx-community/Tiny-4bit", f"mlx-community/Tiny-4bit@{COMMIT}",
+                 "mlx-community/Tiny-4bit@main"):
+        done = pull([name], tmp_path / "hub", tmp_path)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines()[-1] == f"{name} is at {snapshot} here (no other host)"
+
+
+def test_a_folder_is_itself(tmp_path):
+    (tmp_path / "models" / "mine").mkdir(parents=True)
+    done = pull(["models/mine"], tmp_path / "hub", tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1].startswith(f"models/mine is at {tmp_path}/models/mine here")
+
+
+@pytest.mark.parametrize("name, offline, said", [
+    ("mlx-community/Other-4bit", True, "mlx-community/Other-4bit is not in the Hugging Face cache "
+                                       "here ({hub}), and HF_HUB_OFFLINE is set: the hub is not asked"),
+    ("mlx-community/Tiny-4bit@v9", True, "mlx-community/Tiny-4bit@v9 is not in the Hugging Face cache"),
+    ("models/Tiny-4bit", True, "models/Tiny-4bit: no such folder here, nor a Hugging Face id"),
+    ("./Tiny-4bit", True, "./Tiny-4bit: no such folder here, nor a Hugging Face id"),
+    # online, the hub not reached (HF_ENDPOINT: a port where nothing listens): said as such
+    ("mlx-community/Other-4bit", False, "and the hub could not be reached"),
+])
+def test_what_is_neither_a_folder_nor_a_cached_id_is_exit_2_naming_it(tmp_path, name, offline, said):
+    cache_model(tmp_path / "hub", "mlx-community/Tiny-4bit", {"config.json": b"{}"})
+    (tmp_path / "models").mkdir()
+    done = pull([name], tmp_path / "hub", tmp_path, offline=offline)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert said.format(hub=tmp_path / "hub") in done.stderr and "Traceback" not in done.stderr
+    assert "fix: " in done.stderr
