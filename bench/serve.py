@@ -83,7 +83,9 @@ class Server:
     def __init__(self, name: str, argv: list[str], port: int, cwd: Path, ready: str = "/v1/models"):
         self.name, self.port, self.ready = name, port, ready  # ready: answers 200 once it serves
         self.log = open(cwd / f"{name}.log", "a")
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        # this python's bin first: mlx.launch finds mpirun (Open MPI's wheel) by PATH
+        env = {**os.environ, "PYTHONPATH": str(REPO),
+               "PATH": os.pathsep.join((str(Path(sys.executable).parent), os.environ.get("PATH", "")))}
         self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=self.log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + UP_S
