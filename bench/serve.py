@@ -85,7 +85,9 @@ class Server:
         self.log = open(cwd / f"{name}.log", "a")
         # this python's bin first: mlx.launch finds mpirun (Open MPI's wheel) by PATH
         env = {**os.environ, "PYTHONPATH": str(REPO),
-               "PATH": os.pathsep.join((str(Path(sys.executable).parent), os.environ.get("PATH", "")))}
+               "PATH": os.pathsep.join((str(Path(sys.executable).parent), os.environ.get("PATH", ""))),
+               # Open MPI refuses root unless told (this machine's tests run as root)
+               "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
         self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=self.log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + UP_S
