@@ -52,6 +52,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from mlxcluster.facts.mpi import find_libmpi, libmpi_env  # noqa: E402
 from mlxcluster.jobs.plan import free_port_block  # noqa: E402
 from mlxcluster.jobs.rank_wrapper import STACKS_ROOT  # noqa: E402
 
@@ -228,7 +229,14 @@ def main() -> int:
 
     def start(name: str) -> Server:
         port = free_port_block(1)
-        if name == "bare":
+        if name == "bare" and args.backend == "mpi":
+            # mlx.launch names MLX's libmpi only on macOS (otool): on Linux, without these,
+            # each rank would run alone. The command is run as it is (no --python).
+            libmpi = find_libmpi(python=sys.executable)
+            argv = [launcher, "-n", "2", "--backend", "mpi",
+                    *(f"--env={k}={v}" for k, v in libmpi_env(libmpi).items()), "--",
+                    sys.executable, "-m", "mlx_lm", "server", "--model", str(model), "--port", str(port)]
+        elif name == "bare":
             argv = [launcher, "-n", "2", "--backend", args.backend, "--starting-port",
                     str(free_port_block(2)), "--python", sys.executable, "--", "-m", "mlx_lm",
                     "server", "--model", str(model), "--port", str(port)]
