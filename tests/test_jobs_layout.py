@@ -35,6 +35,8 @@ OTHER_PROCESSES = {
     "serve/tunnel.py": "the ssh port forward to rank 0's server, running as long as one launch; "
                        "nothing to read from it",
     "transfer/rsync.py": "a copy sent to a host by rsync, its progress read, under the same watchdog",
+    "transfer/fanout.py": "a host's offer of its copy to the others, alive as long as their takes; "
+                          "its first line read, then ended by closing its stdin",
 }
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -36,6 +37,8 @@ from mlxcluster.errors import InputError
 from mlxcluster.jobs.events import Note, OnEvent, SendEnded, Sending, SendProgress
 from mlxcluster.jobs.hosts import RankHost, for_each_host, host_link, remote_hosts
 from mlxcluster.jobs.job import Job
+from mlxcluster.transfer.fanout import offering, take
+from mlxcluster.transfer.link import ProcessLink, TransferError
 from mlxcluster.transfer.manifest import DataFile, Manifest, file_manifest, folder_manifest
 from mlxcluster.transfer.send import CHECK_TIMEOUT_S, HostCopy, check, mark, send
 from reference_train.data import load_meta
@@ -208,40 +211,96 @@ def send_where_needed(job: Job, manifest: Manifest, what: str, env: dict[str, st
     shown = manifest.folder if len(manifest.files) > 1 else \
         f"{manifest.folder}/{manifest.files[0].name}"
     done: dict[str, str] = {}  # host -> what became of its folder: whole there, or sent
+    lacking: list[HostCopy] = []
     for copy in copies:
         name = copy.host.name
         if copy.same_as_here:
             on_event(Note(f"{what}: {name} sees {shown} here, one folder with this machine's "
                           "(shared storage): nothing sent"))
-            continue
-        if name in same:
-            on_event(Note(f"{what}: {name} sees the same {shown} as {same[name]}, one folder "
-                          f"(shared storage): {done.get(same[name], 'checked there')}, nothing "
-                          "sent again"))
-            continue
-        state = copy.summary(manifest)
-        if state == "whole":
+        elif name in same:
+            pass  # said once the host it shares the folder with is done
+        elif copy.summary(manifest) == "whole":
             on_event(Note(f"{what}: {copy.host.name} has {shown} ({size}, sha256 checked)"))
             done[name] = "whole there"
+        else:
+            lacking.append(copy)
+    by_name = {h.name: h for h in hosts}
+    # A model to several hosts crosses this machine's link once: the first host gets it
+    # from here, the others take it from that host over the hosts' own link (fanout.py).
+    fan_out = what == "model" and len(lacking) > 1 and isinstance(lacking[0].host, ProcessLink) \
+        and bool(lacking[0].host.ssh)
+    if fan_out:
+        first, ip = lacking[0], by_name[lacking[0].host.name].ip
+        on_event(Note(f"{what}: plan: here -> {first.host.name} over this machine's link, then "
+                      f"{first.host.name} -> {', '.join(c.host.name for c in lacking[1:])} over "
+                      f"{ip} ({first.host.name}'s data IP), at once"))
+        send_from_here(manifest, first, what, shown, on_event)
+        lacking = take_from(manifest, first, ip, lacking[1:], what, shown, on_event)
+    for copy in lacking:
+        send_from_here(manifest, copy, what, shown, on_event)
+    done.update({c.host.name: "sent there" for c in copies if c.host.name not in done})
+    here_too = {c.host.name for c in copies if c.same_as_here}
+    for name, other in same.items():
+        if name in here_too:
             continue
-        lacking = copy.lacking(manifest)
-        there = sum(copy.already_there(f) for f in lacking)
-        need = sum(f.bytes for f in lacking) - there
-        resuming = f" (resuming: {human_bytes(there)} of it arrived in a send cut off)" if there else ""
-        on_event(Note(f"{what}: {copy.host.name}: {shown} {state}: sending "
-                      f"{len(lacking)} file(s), {human_bytes(need)}{resuming}"))
-        name = copy.host.name
-        on_event(Sending(name, need))
-        try:
-            # A model's files are large: sent so that a cut send resumes (transfer/send.py).
-            sent = send(manifest, copy, lambda n, name=name: on_event(SendProgress(name, n)),
-                        resumable=what == "model", way_round=by_hand(manifest))
-        finally:
-            on_event(SendEnded(name))
-        on_event(Note(f"{what}: {name}: sent {human_bytes(sent.bytes)} in {sent.seconds:.1f} s "
-                      f"({human_bytes(sent.rate)}/s) by {sent.via}, sha256 verified there"))
-        done[name] = "sent there"
+        on_event(Note(f"{what}: {name} sees the same {shown} as {other}, one folder "
+                      f"(shared storage): {done.get(other, 'checked there')}, nothing sent again"))
     return copies
+
+
+def send_from_here(manifest: Manifest, copy: HostCopy, what: str, shown: str,
+                   on_event: OnEvent) -> None:
+    """What ``copy``'s host lacks sent from this machine, said as it goes."""
+    lacking = copy.lacking(manifest)
+    there = sum(copy.already_there(f) for f in lacking)
+    need = sum(f.bytes for f in lacking) - there
+    resuming = f" (resuming: {human_bytes(there)} of it arrived in a send cut off)" if there else ""
+    name = copy.host.name
+    on_event(Note(f"{what}: {name}: {shown} {copy.summary(manifest)}: sending "
+                  f"{len(lacking)} file(s), {human_bytes(need)}{resuming}"))
+    on_event(Sending(name, need))
+    try:
+        # A model's files are large: sent so that a cut send resumes (transfer/send.py).
+        sent = send(manifest, copy, lambda n: on_event(SendProgress(name, n)),
+                    resumable=what == "model", way_round=by_hand(manifest))
+    finally:
+        on_event(SendEnded(name))
+    on_event(Note(f"{what}: {name}: sent {human_bytes(sent.bytes)} in {sent.seconds:.1f} s "
+                  f"({human_bytes(sent.rate)}/s) by {sent.via}, sha256 verified there"))
+
+
+def take_from(manifest: Manifest, source: HostCopy, ip: str, takers: Sequence[HostCopy],
+              what: str, shown: str, on_event: OnEvent) -> list[HostCopy]:
+    """Each of ``takers`` takes what it lacks from ``source``'s host at once,
+    over ``ip``; returns those that could not (to be sent from here, each
+    resuming what arrived), each said with why."""
+    failed: list[HostCopy] = []
+
+    def one(copy: HostCopy) -> None:
+        files = copy.lacking(manifest)
+        need = sum(f.bytes - copy.already_there(f) for f in files)
+        on_event(Note(f"{what}: {copy.host.name}: {shown} {copy.summary(manifest)}: taking "
+                      f"{len(files)} file(s), {human_bytes(need)} from {source.host.name}"))
+        try:
+            got = take(copy.host, manifest, copy, at, token, source.host.name)
+        except TransferError as err:
+            on_event(Note(f"{what}: {copy.host.name}: {err.message}: sending it from here"))
+            failed.append(copy)
+            return
+        on_event(Note(f"{what}: {got.host}: took {human_bytes(got.bytes)} in {got.seconds:.1f} s "
+                      f"({human_bytes(got.rate)}/s) over {got.via}, sha256 verified there"))
+
+    try:
+        with offering(source.host, manifest, source, ip) as (at, token):
+            threads = [threading.Thread(target=one, args=(c,)) for c in takers]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+    except TransferError as err:
+        on_event(Note(f"{what}: {err.message}: sending from here"))
+        return list(takers)
+    return [c for c in takers if c in failed]
 
 
 def by_hand(manifest: Manifest) -> str:

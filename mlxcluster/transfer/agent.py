@@ -20,6 +20,13 @@ a host sends (mlxcluster.transfer.fetch): one check of what arrives, both ways.
             -> the same, for files rsync left in "from"
     send    {"dir": D}  -> on stdout, one line {"dir": D, "files": [...]} (D's regular files,
             not its dot files, links or folders), then their bytes one after another
+    offer   {"dir": D, "files": [...], "bind": IP, "token": T, "seconds": S}
+            -> on stdout, one line {"port": P} at once; then D's files are given, each
+               from the byte asked, to whoever connects to IP:P and sends T first,
+               until stdin ends (the ssh session that started it) or S seconds pass
+    take    {"dir": D, "files": [{..., "from": OFFSET}, ...], "at": "IP:P", "token": T}
+            -> the files from an ``offer`` on another host: received as ``receive``
+               does (resumable, verified, installed); {"installed": [names]}
 
 A D starting with ``~`` is the host's own home (the cache of the code ranks
 import: mlxcluster.launch.code; the doctor's wheels). A received file goes
@@ -44,11 +51,13 @@ Failures: one line on stderr, exit 1.
 
 import contextlib
 import hashlib
+import hmac
 import json
 import os
 import shutil
 import sys
 import tempfile
+import time
 
 CHUNK = 1 << 20
 STORAGE_DIR = ".mlxcluster-storage"  # as reference_train/storage.py names it
@@ -261,6 +270,10 @@ def main(argv):
             answer = (mark if what == "mark" else unmark)(spec)
         elif what == "receive":
             answer = receive(spec)
+        elif what == "offer":
+            answer = offer(spec)
+        elif what == "take":
+            answer = take(spec)
         else:
             try:
                 answer = install(spec, spec["from"])
@@ -271,6 +284,59 @@ def main(argv):
         return 1
     print(json.dumps(answer))
     return 0
+
+
+def offer(spec):
+    """Give the folder's files to the hosts that connect with the token (one
+    thread each), until stdin ends or the time is up: a copy one host has
+    goes to the next over the hosts' own link (mlxcluster.transfer.fanout)."""
+    import socket
+    import threading
+
+    listener = socket.create_server((spec["bind"], 0))
+    listener.settimeout(1.0)
+    print(json.dumps({"port": listener.getsockname()[1]}), flush=True)
+    files = {f["name"]: f for f in spec["files"]}
+    done = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.buffer.read(), done.set()), daemon=True).start()
+    deadline = time.monotonic() + float(spec["seconds"])
+
+    def give(conn):
+        with conn, conn.makefile("rb") as asked, conn.makefile("wb") as out:
+            conn.settimeout(60)
+            request = json.loads(asked.readline(1 << 20) or b"{}")
+            if not hmac.compare_digest(str(request.get("token", "")), spec["token"]):
+                return
+            for want in request.get("files", []):
+                f = files[want["name"]]
+                with open(inside(spec["dir"], f["name"]), "rb") as source:
+                    source.seek(int(want.get("from", 0)))
+                    copy_bytes(source, out, f["bytes"] - int(want.get("from", 0)), f["name"])
+            out.flush()
+
+    while not done.is_set() and time.monotonic() < deadline:
+        try:
+            conn, _ = listener.accept()
+        except OSError:  # socket.timeout (not TimeoutError before Python 3.10)
+            continue
+        threading.Thread(target=give, args=(conn,), daemon=True).start()
+    return {}
+
+
+def take(spec):
+    """The files of ``spec`` from another host's ``offer`` (its IP:port and
+    token), each from its ``from``: received, verified and installed as
+    ``receive`` does."""
+    import socket
+
+    host, _, port = spec["at"].rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=30) as conn:
+        conn.settimeout(60)  # a source that stops giving: given up, what arrived kept
+        request = {"token": spec["token"],
+                   "files": [{"name": f["name"], "from": int(f.get("from", 0))} for f in spec["files"]]}
+        conn.sendall(json.dumps(request).encode() + b"\n")
+        with conn.makefile("rb") as stream:
+            return receive({**spec, "resumable": True}, stream)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -212,3 +213,51 @@ def test_pull_puts_a_cached_hugging_face_id_on_every_host(lab3, tmp_path):
                        "mlx-community/Tiny-4bit"], "mlxcluster pull again", env=env, cwd=tmp_path)
     assert again.returncode == 0 and "sending" not in again.stdout, again.stdout
     assert again.stdout.count("sha256 checked") == len(lab.hosts), again.stdout
+
+
+def sharded_model(folder: Path, shards: int, shard_bytes: int) -> Path:
+    """A model folder as mlx-lm writes a big one: config, an index, shards."""
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "llama"}')
+    names = [f"model-{i + 1:05d}-of-{shards:05d}.safetensors" for i in range(shards)]
+    for name in names:
+        (folder / name).write_bytes(os.urandom(shard_bytes))
+    (folder / "model.safetensors.index.json").write_text(
+        '{"weight_map": {' + ", ".join(f'"model.layers.{i}.w": "{n}"' for i, n in enumerate(names)) + "}}")
+    return folder
+
+
+def test_a_model_to_three_hosts_crosses_this_machines_link_once(lab3, tmp_path):
+    """`mlxcluster pull DIR` to three hosts: the first gets the model from
+    here, the other two take it from the first over the hosts' own link at
+    once; the bytes this machine sends (its side of the lab's network) are
+    one copy's, not three; every copy's sha256 is the model's. The time it
+    takes against one host: bench/pull_fanout.py."""
+    lab = lab3
+    inventory, env = training_setup(lab, tmp_path)
+    model = sharded_model(lab.disk / f"fan-{uuid.uuid4().hex[:8]}", 4, 6 << 20)
+    files = {p.name: sha(p) for p in model.iterdir()}
+    total = sum(p.stat().st_size for p in model.iterdir())
+
+    def sent_from_here() -> int:
+        return int(Path(f"/sys/class/net/{lab.bridge}/statistics/tx_bytes").read_text())
+
+    before = sent_from_here()
+    done = waits.run([sys.executable, "-m", "mlxcluster", "pull", "-i", str(inventory), str(model)],
+                     "mlxcluster pull", env=env, cwd=tmp_path)
+    crossed = sent_from_here() - before
+    assert done.returncode == 0, done.stdout + done.stderr
+    first, *others = [h.name for h in lab.hosts]
+    assert (f"model: plan: here -> {first} over this machine's link, then {first} -> "
+            f"{', '.join(others)} over {lab.hosts[0].ip} ({first}'s data IP), at once") in done.stdout
+    for name in others:
+        assert re.search(rf"model: {name}: took 25\.\d MB in [\d.]+ s \(.*\) over the hosts' link "
+                         rf"from {first} \({re.escape(lab.hosts[0].ip)}\), sha256 verified there",
+                         done.stdout), done.stdout
+    for h in lab.hosts:
+        there = lab.host_disk(h) / model.relative_to(lab.disk)
+        assert {p.name: sha(p) for p in there.iterdir() if not p.name.startswith(".")} == files
+    # one copy and its ssh, TCP and IP framing (~4%), the checks and the agents' source;
+    # three copies would be 3x
+    assert crossed < 1.2 * total, (crossed, total)
+    assert lab.host_processes(lab.hosts[0]) == [], "the offer ended with the pull"

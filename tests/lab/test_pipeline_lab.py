@@ -16,6 +16,7 @@ Uncompiled and on MLX's own kernels, as tests/lab/test_lora_lab.py says why."""
 from __future__ import annotations
 
 import json
+import re
 import struct
 import subprocess
 import sys
@@ -103,7 +104,8 @@ def test_lora_pipeline_over_two_hosts_gives_one_process_and_its_adapters_here(la
     for i, h in enumerate(two):  # each stage judged on its host's real MemAvailable
         assert f"pipeline: stage {i + 1} of 2 on {h.name}: " in said, said[-4000:]
         assert "(MemAvailable): fits" in said
-        assert f"model: {h.name}: {model} missing: sending" in said
+        # the first host sent from here, the others taking it from that host (fanout.py)
+        assert re.search(rf"model: {h.name}: {re.escape(str(model))} missing: (sending|taking)", said), said[-3000:]
     assert max(losses(records(out / "metrics.jsonl"))) == STOP  # the record, here
     # each host its own disk: each stage's checkpoints mirrored on the other's (mirror.py)
     for i in range(2):
