@@ -391,3 +391,40 @@ def test_parsing_the_trainers_arguments_loads_no_mlx():
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["no", "mlx"]
+
+
+def code_strings(source: str) -> list[str]:
+    """The string constants of ``source`` that are not docstrings (what the
+    code says or matches, not what its prose explains)."""
+    tree = ast.parse(source)
+    docs = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                docs.add(id(body[0].value))
+    return [node.value for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and id(node) not in docs]
+
+
+# What only a program, or the commands above jobs/, know: the trainer's
+# module and its --out, and the launching commands' run-id prefixes (each
+# registers its own: jobs/running.py register_run_kind).
+PROGRAM_WORDS = ("reference_train.train", "--out", "mlxtrain", "mlxrun", "mlxserve")
+
+
+def test_jobs_knows_no_program():
+    """The jobs layer runs one program on every rank, whichever it is: no
+    string in its code names the trainer, its --out, or a command's run ids
+    (attach's record-following lives in launch/attach.py)."""
+    found = sorted(f"{path.relative_to(PACKAGE.parent)}: {text!r}"
+                   for path in sorted((PACKAGE / "jobs").rglob("*.py"))
+                   for text in code_strings(path.read_text(encoding="utf-8"))
+                   if any(word in text for word in PROGRAM_WORDS))
+    assert found == []
+
+
+def test_a_program_word_in_code_is_found_and_one_in_a_docstring_is_not():
+    source = '"""Runs -m reference_train.train."""\nX = "mlxtrain"\n'
+    assert code_strings(source) == ["mlxtrain"]

@@ -20,7 +20,6 @@ them, then stops whatever is left (TERM, KILL) and removes the run's folder.
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import time
@@ -28,14 +27,62 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from mlxcluster.errors import InputError
 from mlxcluster.jobs.cleanup import bracketed, remove_dirs
 from mlxcluster.jobs.hosts import HostResult, RankHost, distinct_hosts, for_each_host, run_script
 from mlxcluster.jobs.rank_wrapper import STACKS_ROOT
 
 RANK_LINE = re.compile(r"^@@rank (\S+) (\d+) (\d+)\s*$")
-RUN_ID = re.compile(r"^mlx(train|run|serve)-[0-9a-f]{10}$")
+RUN_ID_HEX = 10  # the hex digits after the prefix (jobs/cleanup.py new_run_id)
 STOP_POLL_S = 0.5
 STOP_ASKED = "@@stop-asked"
+
+
+@dataclass(frozen=True)
+class RunKind:
+    """A command whose runs `jobs` lists, `stop` stops (and, when
+    ``detachable``, `attach` follows): its run ids' prefix."""
+
+    prefix: str  # mlxrun, mlxtrain...: the run id is PREFIX-<10 hex digits>
+    command: str  # the command that launches them: run, train...
+    detachable: bool = False  # --detach: `mlxcluster attach` follows it again
+
+
+# Registered by each launching command's module (``register_run_kind``): this
+# layer knows no command's prefix; smoke's runs (mlxsmoke-...) are not listed.
+RUN_KINDS: dict[str, RunKind] = {}
+
+
+def register_run_kind(prefix: str, command: str, *, detachable: bool = False) -> str:
+    """Make ``prefix``'s runs known to `jobs`, `stop` (and `attach` when
+    ``detachable``); returns ``prefix``, for the command's constant."""
+    RUN_KINDS[prefix] = RunKind(prefix, command, detachable)
+    return prefix
+
+
+def run_kind(run_id: str) -> RunKind | None:
+    """The registered kind ``run_id`` is of (PREFIX-<10 hex digits>), else None."""
+    prefix, _, digits = run_id.rpartition("-")
+    if len(digits) != RUN_ID_HEX or not all(c in "0123456789abcdef" for c in digits):
+        return None
+    return RUN_KINDS.get(prefix)
+
+
+def run_id_shapes(*, detachable: bool = False) -> str:
+    """The run ids known, as messages name them: "mlxtrain-<10 hex digits>
+    or mlxrun-<10 hex digits>"."""
+    kinds = [k for k in RUN_KINDS.values() if k.detachable or not detachable]
+    return " or ".join(f"{k.prefix}-<{RUN_ID_HEX} hex digits>" for k in kinds)
+
+
+def check_run_id(run_id: str, *, detachable: bool = False) -> RunKind:
+    """``run_id``'s kind, or InputError naming the run ids known (``detachable``:
+    of the commands that detach)."""
+    kind = run_kind(run_id)
+    if kind is None or (detachable and not kind.detachable):
+        raise InputError(f"{run_id!r} is not a run id ({run_id_shapes(detachable=detachable)})",
+                         "mlxcluster jobs lists the runs and their ids")
+    return kind
 
 
 @dataclass(frozen=True)
@@ -46,12 +93,6 @@ class RunningRank:
     pid: int
     started: datetime | None
     command: str  # the program as the user gave it, after the rank wrapper
-
-    @property
-    def out(self) -> str | None:
-        """The trainer's --out, when the command has one (the last wins)."""
-        found = re.findall(r"--out(?:=|\s+)(\S+)", self.command)
-        return found[-1] if found else None
 
 
 @dataclass(frozen=True)
@@ -113,7 +154,7 @@ def parse_listing(host: str, text: str, now: datetime | None = None) -> list[Run
     ranks, lines = [], text.splitlines()
     for i, line in enumerate(lines):
         found = RANK_LINE.match(line)
-        if not found or not RUN_ID.match(found.group(1)):
+        if not found or run_kind(found.group(1)) is None:
             continue
         ps = lines[i + 1].strip() if i + 1 < len(lines) else ""
         started, command = None, ""
@@ -145,18 +186,6 @@ def list_running(hosts: Sequence[RankHost],
     results = for_each_host(asked, lambda h: run_script(h, listing_script(), env=env))
     ranks = [rank for r in results if r.ok for rank in parse_listing(r.host, r.output)]
     return group_jobs(ranks), [r for r in results if not r.ok]
-
-
-def same_run(jobs: Sequence[RunningJob], out: str) -> RunningJob | None:
-    """The running job that trains into ``out`` (the trainer's --out), if
-    any: the same path as given, or the same absolute path from here (ranks
-    start in the directory mlxcluster runs in)."""
-    wanted = {os.path.normpath(out), os.path.abspath(out)}
-    for job in jobs:
-        for rank in job.ranks:
-            if rank.out and {os.path.normpath(rank.out), os.path.abspath(rank.out)} & wanted:
-                return job
-    return None
 
 
 def signal_ranks_script(run_id: str, *signals: str, pause_s: float = 0.5) -> str:
@@ -192,7 +221,7 @@ def asked_to_stop(hosts: Sequence[RankHost], run_id: str,
                   env: dict[str, str] | None = None) -> bool:
     """Whether `mlxcluster stop` asked ``run_id`` to stop on any of ``hosts``
     (one ssh call each; a host that does not answer says nothing)."""
-    if not RUN_ID.match(run_id):
+    if run_kind(run_id) is None:
         return False
     results = for_each_host(distinct_hosts(hosts), lambda h: run_script(h, asked_script(run_id),
                                                                         env=env))
@@ -205,7 +234,7 @@ def stop_run(hosts: Sequence[RankHost], run_id: str, grace_s: float,
     up to ``grace_s`` for them to end, then stop what is left (TERM, KILL).
     Returns (whether every rank ended when asked, the hosts that could not
     be reached)."""
-    if not RUN_ID.match(run_id):
+    if run_kind(run_id) is None:
         raise ValueError(f"not a run id: {run_id!r}")
     asked = distinct_hosts(hosts)
     mark = f"mkdir -p {STACKS_ROOT} && touch {shlex.quote(stop_mark(run_id))}; "

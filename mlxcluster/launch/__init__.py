@@ -14,6 +14,8 @@
     sync.py        data and model folders, and run's script, on every host
                    (through mlxcluster.transfer; code.py: what ranks import)
     fetch.py       a folder a rank wrote on its host (LoRA's adapters), brought here
+    attach.py      following a detached run again: a training run's stall watch
+                   and its record here made whole (jobs/attach.py follows the lines)
 
 Every step is reported as an event (jobs/events.py); nothing here prints.
 """

@@ -21,11 +21,12 @@ from mlxcluster.jobs.events import Note, OnEvent
 from mlxcluster.jobs.job import Job, program_command, program_imports, script_path
 from mlxcluster.jobs.restarts import Restarts, launch_until_done
 from mlxcluster.jobs.run import run_job
+from mlxcluster.jobs.running import register_run_kind
 from mlxcluster.jobs.watch import RunOutcome
 from mlxcluster.launch.session import LaunchFlags, LaunchRequest
 
 RESTART_ENV = "MLXCLUSTER_RESTART"  # which launch of the job this is: 0, then 1, 2... (--max-restarts)
-RUN_PREFIX = "mlxrun"  # `mlxcluster run`'s run ids (jobs/cleanup.py new_run_id)
+RUN_PREFIX = register_run_kind("mlxrun", "run", detachable=True)  # its run ids
 
 
 def program_job(job: Job, argv: tuple[str, ...]) -> Job:

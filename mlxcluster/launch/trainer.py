@@ -23,7 +23,7 @@ import os
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +40,7 @@ from mlxcluster.jobs.restarts import (
     without_hosts,
 )
 from mlxcluster.jobs.run import run_job
+from mlxcluster.jobs.running import RunningJob, register_run_kind
 from mlxcluster.jobs.watch import RunOutcome
 from mlxcluster.launch.fetch import fetch_folder
 from mlxcluster.launch.pipeline_launch import (
@@ -58,7 +59,7 @@ from reference_train.fine_tune import ADAPTER_FILES, trains_adapters
 from reference_train.metrics import STOP_ENV, plot_metrics
 
 TRAINER_MODULE = "reference_train.train"
-TRAIN_PREFIX = "mlxtrain"  # `mlxcluster train`'s run ids (jobs/cleanup.py new_run_id)
+TRAIN_PREFIX = register_run_kind("mlxtrain", "train", detachable=True)  # its run ids
 # How to go on after a failed or stalled run, in every message that says so.
 RESUME_THEN = ", then rerun with '-- --resume auto' to continue from the last checkpoint"
 
@@ -251,11 +252,36 @@ def check_out_here(out: str) -> None:
     os.rmdir(probe)
 
 
+def trainer_out(program: Sequence[str]) -> str | None:
+    """The trainer's --out in ``program`` (its arguments), the last one given
+    (argparse's rule), or None when it gives none."""
+    found = None
+    for i, arg in enumerate(program):
+        if arg == "--out" and i + 1 < len(program):
+            found = program[i + 1]
+        elif arg.startswith("--out="):
+            found = arg[len("--out="):]
+    return found
+
+
+def same_run(jobs: Sequence[RunningJob], out: str) -> RunningJob | None:
+    """The running job that trains into ``out`` (the trainer's --out), if
+    any: the same path as given, or the same absolute path from here (ranks
+    start in the directory mlxcluster runs in)."""
+    wanted = {os.path.normpath(out), os.path.abspath(out)}
+    for job in jobs:
+        for rank in job.ranks:
+            theirs = trainer_out(rank.command.split())
+            if theirs and {os.path.normpath(theirs), os.path.abspath(theirs)} & wanted:
+                return job
+    return None
+
+
 def check_not_running(job: Job, out: str, env: dict[str, str]) -> None:
     """InputError when a job training into ``out`` still runs on the hosts:
     a second copy would write the same checkpoints (seen, issue 39: orphans
     of a killed controller and a relaunch). One ssh call per host."""
-    from mlxcluster.jobs.running import list_running, same_run  # a train-only chore
+    from mlxcluster.jobs.running import list_running  # a train-only chore
 
     jobs, _ = list_running(job.hosts, env)
     running = same_run(jobs, out)

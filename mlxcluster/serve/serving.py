@@ -32,6 +32,7 @@ from mlxcluster.jobs.job import Job
 from mlxcluster.jobs.preflight import probe_facts
 from mlxcluster.jobs.restarts import Restarts, launch_until_done
 from mlxcluster.jobs.run import run_job
+from mlxcluster.jobs.running import register_run_kind
 from mlxcluster.jobs.stall import Stalled
 from mlxcluster.jobs.watch import RunOutcome
 from mlxcluster.launch.program import launch_number, numbered, program_job
@@ -43,7 +44,7 @@ from mlxcluster.serve.probe import ProbeWatch, probe_once
 from mlxcluster.serve.tunnel import free_port_on, open_tunnel
 
 SERVER_MODULE = ("-m", "mlx_lm", "server")  # mlx-lm's entry point (`-m mlx_lm.server` is deprecated)
-SERVE_PREFIX = "mlxserve"  # `mlxcluster serve`'s run ids (jobs/cleanup.py new_run_id)
+SERVE_PREFIX = register_run_kind("mlxserve", "serve")  # its run ids
 
 
 # mlx_lm.server's flags that serve sets on every rank itself, and what to
