@@ -428,3 +428,23 @@ def test_jobs_knows_no_program():
 def test_a_program_word_in_code_is_found_and_one_in_a_docstring_is_not():
     source = '"""Runs -m reference_train.train."""\nX = "mlxtrain"\n'
     assert code_strings(source) == ["mlxtrain"]
+
+
+# A job's outcome, read to decide what to say (launch/supervisor.py ``ending``
+# reads them once, for run, train, serve and attach).
+OUTCOME_LADDER = ("asked_to_stop", "refusal", "lost_host", "failed_rank", "refused_at_start",
+                  "signalled_host", "usage_words")
+
+
+def test_no_cli_module_says_a_job_outcome_itself():
+    """One function says any job's end (launch/supervisor.py ``ending``) and
+    one renders it (cli/job_launch.py ``render_ending``): no cli module reads
+    the outcome's ladder or names the exit code of a stop asked for."""
+    found = []
+    for path in sorted((PACKAGE / "cli").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            name = node.attr if isinstance(node, ast.Attribute) else \
+                node.id if isinstance(node, ast.Name) else None
+            if name in OUTCOME_LADDER or name == "EXIT_STOPPED_WHEN_ASKED":
+                found.append(f"{path.name}:{node.lineno} {name}")
+    assert found == []

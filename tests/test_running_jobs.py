@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from mlxcluster.cli.jobs import known_run_kinds
 from mlxcluster.errors import InputError
 from mlxcluster.jobs.hosts import local_hosts
 from mlxcluster.jobs.job import Job
@@ -27,6 +28,7 @@ from mlxcluster.jobs.running import (
 from mlxcluster.launch.trainer import check_not_running, same_run, trainer_out
 from tests.waits import poll_until
 
+known_run_kinds()  # every launching command's run ids known, as `jobs` and `stop` make them
 NOW = datetime(2026, 11, 26, 21, 0, 0)
 TRAIN = ("/opt/venv/bin/python -X mlxcluster_run=mlxtrain-1a2b3c4d5e -m mlxcluster.jobs.rank_wrapper "
          "-m reference_train.train --progress false --config tiny --out runs/a --steps 9")

@@ -6,13 +6,13 @@ import os
 
 import click
 
-from mlxcluster.cli.job_launch import EventView, exit_code_of, say_failure
+from mlxcluster.cli.job_launch import EventView, render_ending
 from mlxcluster.cli.jobs import host_options, known_run_kinds
 from mlxcluster.cli.params import LocalMeansHere
-from mlxcluster.errors import Interrupted
 from mlxcluster.jobs.running import check_run_id
 from mlxcluster.launch.attach import find_to_attach, follow_attached
 from mlxcluster.launch.job_source import JobSource, choose_job, one_source
+from mlxcluster.launch.supervisor import ending
 
 
 @click.command("attach", cls=LocalMeansHere)
@@ -39,13 +39,4 @@ def command(hostfile, inventory_path, local, python, run_id):
     def show(stream: str, line: str) -> None:
         click.echo(line, err=stream == "stderr")
 
-    try:
-        outcome = follow_attached(job, run, env, show, view)
-    except Interrupted:
-        click.echo(f"left {run_id} running: 'mlxcluster attach {run_id}' again, or "
-                   f"'mlxcluster stop {run_id}'", err=True)
-        return
-    if outcome.exit_code != 0:
-        say_failure("attach", outcome, None)
-        click.get_current_context().exit(exit_code_of(outcome))
-    click.echo(f"{run_id} finished: every rank ended well")
+    render_ending(ending(follow_attached(job, run, env, show, view)))

@@ -8,15 +8,16 @@ from pathlib import Path
 
 import click
 
-from mlxcluster.cli.job_launch import EventView
+from mlxcluster.cli.job_launch import EventView, render_ending
 from mlxcluster.cli.params import Duration, ProgramAfterDashDash, launch_flags, launch_options
-from mlxcluster.errors import EXIT_STOPPED_WHEN_ASKED, InputError, Interrupted
+from mlxcluster.errors import InputError
 from mlxcluster.jobs.events import Note
 from mlxcluster.jobs.job import BACKENDS
 from mlxcluster.jobs.restarts import Restarts
 from mlxcluster.jobs.run_output import open_rank_logs
 from mlxcluster.launch.job_source import one_source
 from mlxcluster.launch.session import launch_session
+from mlxcluster.launch.supervisor import ending
 from mlxcluster.serve.access import KEY_ENV, api_key_from, check_exposure
 from mlxcluster.serve.admission import Admission
 from mlxcluster.serve.announce import announcing
@@ -151,16 +152,10 @@ def command(timeout, pipeline, port, bind, max_restarts, probe_every, probe_time
 
     view(Note(f"logs: {logs_path}/rank<R>.log, {logs_path}/serve.log"))
     try:
-        serve_until_stopped(job, spec, backend_state, Restarts(max_restarts), env, run_id=run_id,
-                            logs_dir=logs_path, journal=journal, on_line=show, on_event=view,
-                            on_up=on_up)
-    except Interrupted:
-        click.echo(f"stopped: every rank of run {run_id} was stopped on every host; logs: {logs_path}")
-        return
-    else:  # `mlxcluster stop RUN_ID`: an end, not a failure to restart
-        click.echo(f"serve stopped when asked ('mlxcluster stop {run_id}'): every rank ended; "
-                   f"logs: {logs_path}", err=True)
-        click.get_current_context().exit(EXIT_STOPPED_WHEN_ASKED)
+        done = serve_until_stopped(job, spec, backend_state, Restarts(max_restarts), env,
+                                   run_id=run_id, logs_dir=logs_path, journal=journal,
+                                   on_line=show, on_event=view, on_up=on_up)
     finally:
         logs.close()
         journal.close()
+    render_ending(ending(done))

@@ -5,6 +5,9 @@
                    order (choose, plan, python, check, send, preflight), a
                    job ready to launch
     program.py     the user's program hand-off (`run`), launched with restarts
+    supervisor.py  the half after launch, once for run, train, serve and attach:
+                   launch, watch, restart, finish; one JobResult; how any
+                   job's end is said, with its exit code (ending)
     preflight.py   the probe, doctor's checks, OpenBLAS, the smoke all_sum
                    (imported only when a preflight runs)
     trainer.py     the trainer hand-off: its arguments parsed once, the job's

@@ -22,7 +22,6 @@ import json
 import os
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +35,6 @@ from mlxcluster.jobs.restarts import (
     Dropped,
     Restarts,
     accumulation_for,
-    launch_until_done,
     without_hosts,
 )
 from mlxcluster.jobs.run import run_job
@@ -51,9 +49,9 @@ from mlxcluster.launch.pipeline_launch import (
     pipeline_of,
     resplit,
 )
-from mlxcluster.launch.program import detached_note
 from mlxcluster.launch.record import RECORD_ENV, RunRecord
 from mlxcluster.launch.session import LaunchFlags, LaunchRequest
+from mlxcluster.launch.supervisor import JobResult, Words, supervise
 from reference_train.config import TrainConfig, build_config
 from reference_train.fine_tune import ADAPTER_FILES, trains_adapters
 from reference_train.metrics import STOP_ENV, plot_metrics
@@ -62,6 +60,8 @@ TRAINER_MODULE = "reference_train.train"
 TRAIN_PREFIX = register_run_kind("mlxtrain", "train", detachable=True)  # its run ids
 # How to go on after a failed or stalled run, in every message that says so.
 RESUME_THEN = ", then rerun with '-- --resume auto' to continue from the last checkpoint"
+# --detach without --max-restarts: how a detached run that failed goes on.
+RESUME_AFTER_DETACHED = " (a detached job that fails: rerun with -- --resume auto)"
 
 
 @dataclass(frozen=True)
@@ -469,53 +469,44 @@ def close_record(record: RunRecord) -> list[Note | Warned]:
     return said
 
 
-@dataclass(frozen=True)
-class TrainerResult:
-    job: Job  # the last one launched (fewer hosts after an elastic drop)
-    outcome: RunOutcome
-    restarts: int
-    seconds: float  # the whole run's, restarts included
-    stopped_at: int | None = None  # the step the ranks stopped at when asked (mlxcluster stop)
+# How a training run's end is worded (launch/supervisor.py ``ending``): a stop
+# asked for may come from the lease too, and every rank checkpoints first.
+TRAIN_WORDS = Words("train", asked_by="mlxcluster stop, or the lease of the machine running "
+                    "mlxcluster ran out",
+                    stop_done="wrote its checkpoint at that step; go on with '-- --resume auto'")
 
 
 def run_trainer(job: Job, args: TrainerArgs, restarts: Restarts, env: dict[str, str], *,
                 timeout: float | None, stall_timeout: float | str | None,
-                on_line, on_event: OnEvent, run_id: str | None = None) -> TrainerResult:
+                on_line, on_event: OnEvent, run_id: str | None = None) -> JobResult:
     """Run the trainer on ``job``'s ranks until it ends well or the restarts
-    are spent, with the record kept at --out here. ``on_line(stream, line)``
-    gets the job's lines (record lines kept out), ``on_event`` every step."""
+    are spent (launch/supervisor.py ``supervise``), with the record kept at
+    --out here. ``on_line(stream, line)`` gets the job's lines (record lines
+    kept out), ``on_event`` every step."""
     run_id = run_id or new_run_id(TRAIN_PREFIX)
-    if job.detached:
-        on_event(detached_note(run_id))
     run = TrainerRun(args, len(job.hosts), env)
-    noted = run.noted(on_event)
 
     def show(stream: str, line: str) -> None:
         shown = run.record.feed(line)
         if shown is not None:
             on_line(stream, shown)
 
-    def launch(job: Job) -> RunOutcome:
-        said = (f"launching {len(job.hosts)} rank(s) on {job.backend}, run {run_id}: "
-                f"{program_command(job)}")
-        on_event(Note(said))
-        run.record.start_launch(said)
+    def launch_one(job: Job, k: int, say) -> RunOutcome:
+        run.record.start_launch(say(job, program_command(job)))
         outcome = run_job(job, show, env=env, timeout=timeout, stall_timeout=stall_timeout,
                           run_id=run_id, report_dir=Path(args.config.out))
         if outcome.exit_code and run.record.stopped_at is not None:  # asked: not restarted
             outcome = dataclasses.replace(outcome, asked_to_stop=True)
         return outcome
 
-    started = time.monotonic()
+    words = dataclasses.replace(TRAIN_WORDS, record=args.config.out)
     try:
-        job, outcome = launch_until_done(run.job(job), launch, restarts, env, again=run.resume,
-                                         drop=run.drop,
-                                         on_event=noted)
-        if outcome.exit_code == 0:
-            for said in [*run.bring_adapters(job, env), *run.bring_model(job)]:
+        result = supervise(run.job(job), launch_one, restarts, env, run_id=run_id, words=words,
+                           on_event=run.noted(on_event), again=run.resume, drop=run.drop)
+        if result.outcome.exit_code == 0 and not result.interrupted:
+            for said in [*run.bring_adapters(result.job, env), *run.bring_model(result.job)]:
                 on_event(said)
     finally:
         for said in run.close():
             on_event(said)
-    took = outcome.seconds if not restarts.done else time.monotonic() - started
-    return TrainerResult(job, outcome, restarts.done, took, run.record.stopped_at)
+    return dataclasses.replace(result, stopped_at=run.record.stopped_at)
