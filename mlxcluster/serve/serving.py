@@ -308,5 +308,15 @@ def _serve(job, spec, backend, restarts, env, run_id, logs_dir, on_line, on_even
 
 
 def absolute_model(folder: str) -> str:
-    """The model folder as every host will have it: absolute, as here."""
+    """The model folder as every host will have it: absolute, as here;
+    InputError (exit 2) when it is missing or holds no config.json."""
+    if not Path(folder).expanduser().exists():
+        raise InputError(f"{folder} does not exist",
+                         "give a model folder: the one mlx-lm downloaded or converted "
+                         "(mlx_lm.convert), e.g. ~/.cache/huggingface/hub/models--ORG--NAME/"
+                         "snapshots/HASH")
+    if not (Path(folder).expanduser() / "config.json").is_file():
+        raise InputError(f"{folder} is not a model folder (no config.json in it)",
+                         "give the folder mlx-lm downloaded or converted (mlx_lm.convert), e.g. "
+                         "~/.cache/huggingface/hub/models--ORG--NAME/snapshots/HASH")
     return os.path.abspath(os.path.expanduser(folder))
