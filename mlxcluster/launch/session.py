@@ -53,9 +53,8 @@ options, ``view``: an event renderer, ``env``: the environment)::
                             program=partial(program_job, argv=("-m", "mlx_lm", "server", ...)),
                             check=split_fits, models=(model_dir,))
     with launch_session(request, env, view) as prepared:
-        done = serve_until_stopped(prepared.job, spec, backend, Restarts(3), env,
-                                   run_id=prepared.run_id, logs_dir=Path("runs") / prepared.run_id,
-                                   journal=journal, on_line=show, on_event=view, on_up=say_up)
+        served = ServedModel(spec, front, prepared, logs_dir=None)  # serve/session.py
+        done = served.serve(Restarts(3), env, on_line=show, on_event=view, on_up=say_up)
 
 (``program_request``, ``program_job``, ``run_program``: launch/program.py;
 ``training_request``, ``run_trainer``: launch/trainer.py; serve's request is

@@ -159,14 +159,29 @@ def serving_request(spec: ServeSpec, flags: LaunchFlags, *, send_model: bool,
                          models=(spec.model,) if send_model else (), model_flag=SERVED_MODEL)
 
 
-def serve_until_stopped(job: Job, spec: ServeSpec, backend: Backend, restarts: Restarts,
-                        env: dict[str, str], *, run_id: str, logs_dir: Path,
-                        journal: ServeJournal, on_line: Callable[[str, str], None],
-                        on_event: OnEvent, on_up: Callable[[ServeUp], None]) -> JobResult:
+@dataclass(frozen=True)
+class ServeRun:
+    """A prepared serve job and what it keeps here (serve/session.py builds
+    it): the front's backend (admission, status, metrics), the logs folder
+    (a stall's report) and serve.log."""
+
+    job: Job
+    spec: ServeSpec
+    backend: Backend
+    run_id: str
+    logs_dir: Path
+    journal: ServeJournal
+
+
+def serve_until_stopped(run: ServeRun, restarts: Restarts, env: dict[str, str], *,
+                        on_line: Callable[[str, str], None], on_event: OnEvent,
+                        on_up: Callable[[ServeUp], None]) -> JobResult:
     """Serve until interrupted (the result ``interrupted``: every rank
     stopped), the restarts are spent (raises ``ServeFailed``, or the last
     stall), or `mlxcluster stop` ends the run (its ``asked_to_stop``); each
-    launch, restart, time up and the stop written to ``journal`` (serve.log)."""
+    launch, restart, time up and the stop written to ``run.journal`` (serve.log)."""
+    job, spec, backend, run_id = run.job, run.spec, run.backend, run.run_id
+    logs_dir, journal = run.logs_dir, run.journal
     on_event = journaled(journal, kept(backend, on_event))
     drain = Drain(backend, spec.drain_timeout, on_event)
     try:

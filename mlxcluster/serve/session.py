@@ -30,7 +30,7 @@ from mlxcluster.serve.announce import announcing
 from mlxcluster.serve.front import Backend, Front, served_counts
 from mlxcluster.serve.journal import ServeJournal, up_line
 from mlxcluster.serve.server_lines import ServerLines
-from mlxcluster.serve.serving import ServeSpec, serve_until_stopped
+from mlxcluster.serve.serving import ServeRun, ServeSpec, serve_until_stopped
 
 
 @dataclass(frozen=True)
@@ -107,8 +107,8 @@ class ServedModel:
         prepared = self.prepared
         with self.announced():
             return serve_until_stopped(
-                prepared.job, self.spec, self.front.backend, restarts, env,
-                run_id=prepared.run_id, logs_dir=self.logs_path, journal=self.journal,
+                ServeRun(prepared.job, self.spec, self.front.backend, prepared.run_id,
+                         self.logs_path, self.journal), restarts, env,
                 on_line=show, on_event=on_event,
                 on_up=lambda up: on_up(up_line(self.served, up.launch, up.seconds)))
 
