@@ -411,9 +411,9 @@ def code_strings(source: str) -> list[str]:
 
 
 # What only a program, or the commands above jobs/, know: the trainer's
-# module and its --out, and the launching commands' run-id prefixes (each
+# module, its --out and --progress, and the launching commands' run-id prefixes (each
 # registers its own: jobs/running.py register_run_kind).
-PROGRAM_WORDS = ("reference_train.train", "--out", "mlxtrain", "mlxrun", "mlxserve")
+PROGRAM_WORDS = ("reference_train.train", "--out", "--progress", "mlxtrain", "mlxrun", "mlxserve")
 
 
 def test_jobs_knows_no_program():

@@ -46,6 +46,9 @@ class RunKind:
     prefix: str  # mlxrun, mlxtrain...: the run id is PREFIX-<10 hex digits>
     command: str  # the command that launches them: run, train...
     detachable: bool = False  # --detach: `mlxcluster attach` follows it again
+    # What the command adds to its program that the user did not type, left
+    # out where the program is shown (the trainer hand-off's progress bar off).
+    added: tuple[str, ...] = ()
 
 
 # Registered by each launching command's module (``register_run_kind``): this
@@ -53,10 +56,12 @@ class RunKind:
 RUN_KINDS: dict[str, RunKind] = {}
 
 
-def register_run_kind(prefix: str, command: str, *, detachable: bool = False) -> str:
+def register_run_kind(prefix: str, command: str, *, detachable: bool = False,
+                      added: tuple[str, ...] = ()) -> str:
     """Make ``prefix``'s runs known to `jobs`, `stop` (and `attach` when
-    ``detachable``); returns ``prefix``, for the command's constant."""
-    RUN_KINDS[prefix] = RunKind(prefix, command, detachable)
+    ``detachable``); ``added``: arguments the command adds to its program,
+    not shown. Returns ``prefix``, for the command's constant."""
+    RUN_KINDS[prefix] = RunKind(prefix, command, detachable, added)
     return prefix
 
 
@@ -125,13 +130,15 @@ def listing_script() -> str:
     return f"bash -c {shlex.quote(inner)}"
 
 
-def program_of(args: str) -> str:
+def program_of(args: str, kind: RunKind | None = None) -> str:
     """The program a rank runs, from its command line: what follows the rank
-    wrapper's module (``-m mlxcluster.jobs.rank_wrapper``), the trainer's
-    ``--progress false`` (the hand-off's) dropped."""
+    wrapper's module (``-m mlxcluster.jobs.rank_wrapper``), without what its
+    ``kind``'s command added (``RunKind.added``)."""
     _, found, rest = args.partition("mlxcluster.jobs.rank_wrapper ")
     program = rest if found else args
-    return program.replace("--progress false ", "", 1)
+    if kind is not None and kind.added:
+        program = program.replace(shlex.join(kind.added) + " ", "", 1)
+    return program
 
 
 def elapsed_seconds(etime: str) -> int | None:
@@ -165,7 +172,7 @@ def parse_listing(host: str, text: str, now: datetime | None = None) -> list[Run
         if found.group(1) not in command:  # the pid was reused by another process
             continue
         ranks.append(RunningRank(found.group(1), int(found.group(2)), host, int(found.group(3)),
-                                 started, program_of(command)))
+                                 started, program_of(command, run_kind(found.group(1)))))
     return ranks
 
 

@@ -57,7 +57,10 @@ from reference_train.fine_tune import ADAPTER_FILES, trains_adapters
 from reference_train.metrics import STOP_ENV, plot_metrics
 
 TRAINER_MODULE = "reference_train.train"
-TRAIN_PREFIX = register_run_kind("mlxtrain", "train", detachable=True)  # its run ids
+# The trainer's progress bar off (output arrives line by line): added, not typed.
+PROGRESS_OFF = ("--progress", "false")
+TRAIN_PREFIX = register_run_kind("mlxtrain", "train", detachable=True,
+                                 added=PROGRESS_OFF)  # its run ids
 # How to go on after a failed or stalled run, in every message that says so.
 RESUME_THEN = ", then rerun with '-- --resume auto' to continue from the last checkpoint"
 # --detach without --max-restarts: how a detached run that failed goes on.
@@ -143,7 +146,7 @@ def trainer_job(job: Job, args: TrainerArgs) -> Job:
     checks every host imports it (and what its data needs: ``data_modules``);
     its metrics records come to this machine."""
     return dataclasses.replace(
-        job, program=("-m", TRAINER_MODULE, "--progress", "false", *args.argv()),
+        job, program=("-m", TRAINER_MODULE, *PROGRESS_OFF, *args.argv()),
         shown_program=("-m", TRAINER_MODULE, *args.argv()),
         imports=(TRAINER_MODULE, *data_modules(args.config.data)),
         title="training", then=RESUME_THEN, env={**job.env, RECORD_ENV: "1", STOP_ENV: "1"})
