@@ -290,7 +290,7 @@ def inventory(inventory_file):
 def doctor_asked(tmp_path, monkeypatch):
     """An inventory, and what run_doctor is asked for (its trainer_modules) by doctor and
     doctor --fix, run_doctor standing in for the hosts (no command reaches one)."""
-    from mlxcluster.cli import doctor as doctor_cli
+    from mlxcluster.doctor import request as doctor_request
     from mlxcluster.doctor.doctor import DoctorReport
     from mlxcluster.doctor.fixes import session
     from tests.fakes import FakeSsh
@@ -303,7 +303,7 @@ def doctor_asked(tmp_path, monkeypatch):
         asked.append(kwargs.get("trainer_modules"))
         return DoctorReport("pass", [], {}, {}, True, 0.1, "c")
 
-    monkeypatch.setattr(doctor_cli, "run_doctor", run_doctor)
+    monkeypatch.setattr(doctor_request, "run_doctor", run_doctor)
     monkeypatch.setattr(session, "run_doctor", run_doctor)
     monkeypatch.setattr(session, "open_runner", lambda *a, **k: FakeSsh(default=None))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))

@@ -67,7 +67,7 @@ def no_probe(monkeypatch):
     """doctor --local must not run: the input is refused before any host is probed."""
     def probed(**kwargs):
         raise AssertionError("a host was probed before the --collect folder was checked")
-    monkeypatch.setattr("mlxcluster.cli.doctor.run_local_doctor", probed)
+    monkeypatch.setattr("mlxcluster.doctor.request.run_local_doctor", probed)
 
 
 @pytest.mark.parametrize("make, message", [
@@ -111,7 +111,7 @@ def _fake_run(tmp_path, in_the_way):
 def test_a_failed_save_is_an_error_after_the_report(tmp_path, monkeypatch, in_the_way, why):
     """Was: a traceback (FileExistsError / IsADirectoryError) and no report at all."""
     target = tmp_path / "cap"
-    monkeypatch.setattr("mlxcluster.cli.doctor.run_local_doctor", _fake_run(tmp_path, lambda: in_the_way(target)))
+    monkeypatch.setattr("mlxcluster.doctor.request.run_local_doctor", _fake_run(tmp_path, lambda: in_the_way(target)))
     result = invoke("doctor", "--local", "--collect", str(target))
     assert result.exit_code == 1, result.output
     assert "mlxcluster doctor:" in result.output and "[hostnames-unique]" in result.output  # the report

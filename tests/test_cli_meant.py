@@ -60,7 +60,7 @@ def test_serve_options_after_the_model_are_serve_s(monkeypatch, llama, tmp_path)
     """`serve MODEL -i cluster.yaml --port N`, typed as `vllm serve MODEL
     --port N` is: serve's own options, not mlx_lm.server's (what follows `--`
     is)."""
-    import mlxcluster.cli.serve as serve_cli
+    import mlxcluster.serve.session as serve_session
 
     seen = {}
 
@@ -71,7 +71,7 @@ def test_serve_options_after_the_model_are_serve_s(monkeypatch, llama, tmp_path)
         seen.update(bind=bind, port=port, **kw)
         raise Stop
 
-    monkeypatch.setattr(serve_cli, "Front", front)
+    monkeypatch.setattr(serve_session, "Front", front)
     result = CliRunner().invoke(cli, ["serve", str(llama), "--local", "2", "--port", "9123",
                                       "--request-timeout", "2m", "--", "--max-tokens", "64"])
     assert isinstance(result.exception, Stop), result.output

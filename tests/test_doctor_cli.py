@@ -258,7 +258,7 @@ def test_bad_hostfile_is_an_input_error_before_probing(tmp_path, monkeypatch, co
     """Was: a failing hostfile-matches-topology check, exit 1, after the whole probe."""
     def probed(**kwargs):
         raise AssertionError("probed before the hostfile was checked")
-    monkeypatch.setattr("mlxcluster.cli.doctor.run_local_doctor", probed)
+    monkeypatch.setattr("mlxcluster.doctor.request.run_local_doctor", probed)
     path = tmp_path / "hostfile.json"
     if content is not None:
         path.write_bytes(content)

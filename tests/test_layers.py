@@ -256,7 +256,9 @@ def test_the_cli_only_renders():
     graph = import_graph()
     reaching = sorted(f"{module} imports {target}" for module, targets in graph.items()
                       if module.startswith("mlxcluster.cli") for target in targets
-                      if target.startswith(("mlxcluster.ssh", "mlxcluster.doctor.known_errors")))
+                      if target.startswith(("mlxcluster.ssh", "mlxcluster.doctor.known_errors",
+                                            # libmpi found, the IP plan applied: the library's
+                                            "mlxcluster.facts.mpi", "mlxcluster.hostfile.ipplan")))
     assert reaching == []
 
 
@@ -391,3 +393,60 @@ def test_parsing_the_trainers_arguments_loads_no_mlx():
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["no", "mlx"]
+
+
+def code_strings(source: str) -> list[str]:
+    """The string constants of ``source`` that are not docstrings (what the
+    code says or matches, not what its prose explains)."""
+    tree = ast.parse(source)
+    docs = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                docs.add(id(body[0].value))
+    return [node.value for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and id(node) not in docs]
+
+
+# What only a program, or the commands above jobs/, know: the trainer's
+# module, its --out and --progress, and the launching commands' run-id prefixes (each
+# registers its own: jobs/running.py register_run_kind).
+PROGRAM_WORDS = ("reference_train.train", "--out", "--progress", "mlxtrain", "mlxrun", "mlxserve")
+
+
+def test_jobs_knows_no_program():
+    """The jobs layer runs one program on every rank, whichever it is: no
+    string in its code names the trainer, its --out, or a command's run ids
+    (attach's record-following lives in launch/attach.py)."""
+    found = sorted(f"{path.relative_to(PACKAGE.parent)}: {text!r}"
+                   for path in sorted((PACKAGE / "jobs").rglob("*.py"))
+                   for text in code_strings(path.read_text(encoding="utf-8"))
+                   if any(word in text for word in PROGRAM_WORDS))
+    assert found == []
+
+
+def test_a_program_word_in_code_is_found_and_one_in_a_docstring_is_not():
+    source = '"""Runs -m reference_train.train."""\nX = "mlxtrain"\n'
+    assert code_strings(source) == ["mlxtrain"]
+
+
+# A job's outcome, read to decide what to say (launch/supervisor.py ``ending``
+# reads them once, for run, train, serve and attach).
+OUTCOME_LADDER = ("asked_to_stop", "refusal", "lost_host", "failed_rank", "refused_at_start",
+                  "signalled_host", "usage_words")
+
+
+def test_no_cli_module_says_a_job_outcome_itself():
+    """One function says any job's end (launch/supervisor.py ``ending``) and
+    one renders it (cli/job_launch.py ``render_ending``): no cli module reads
+    the outcome's ladder or names the exit code of a stop asked for."""
+    found = []
+    for path in sorted((PACKAGE / "cli").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            name = node.attr if isinstance(node, ast.Attribute) else \
+                node.id if isinstance(node, ast.Name) else None
+            if name in OUTCOME_LADDER or name == "EXIT_STOPPED_WHEN_ASKED":
+                found.append(f"{path.name}:{node.lineno} {name}")
+    assert found == []

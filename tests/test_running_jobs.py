@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from mlxcluster.cli.jobs import known_run_kinds
 from mlxcluster.errors import InputError
 from mlxcluster.jobs.hosts import local_hosts
 from mlxcluster.jobs.job import Job
@@ -22,12 +23,12 @@ from mlxcluster.jobs.running import (
     group_jobs,
     list_running,
     parse_listing,
-    same_run,
     stop_run,
 )
-from mlxcluster.launch.trainer import check_not_running
+from mlxcluster.launch.trainer import check_not_running, same_run, trainer_out
 from tests.waits import poll_until
 
+known_run_kinds()  # every launching command's run ids known, as `jobs` and `stop` make them
 NOW = datetime(2026, 11, 26, 21, 0, 0)
 TRAIN = ("/opt/venv/bin/python -X mlxcluster_run=mlxtrain-1a2b3c4d5e -m mlxcluster.jobs.rank_wrapper "
          "-m reference_train.train --progress false --config tiny --out runs/a --steps 9")
@@ -49,7 +50,8 @@ def test_the_listing_names_each_live_rank_its_age_and_its_program():
     assert ranks[0].started == NOW - timedelta(hours=1, minutes=2, seconds=3)
     assert ranks[1].started == NOW - timedelta(days=2, seconds=5)
     assert ranks[0].command == "-m reference_train.train --config tiny --out runs/a --steps 9"
-    assert ranks[0].out == "runs/a" and ranks[1].out is None
+    assert trainer_out(ranks[0].command.split()) == "runs/a"
+    assert trainer_out(ranks[1].command.split()) is None
     # a pid file whose pid is now another program's (vim) is not a rank
 
 

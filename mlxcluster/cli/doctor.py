@@ -33,26 +33,18 @@ import json
 import click
 from tabulate import tabulate
 
-from mlxcluster.cli.doctor_fix import check_fix_flags, run_fix, run_undo
+from mlxcluster.cli import doctor_fix
+from mlxcluster.cli.doctor_fix import run_fix, run_undo
 from mlxcluster.cli.params import LocalMeansHere, Seconds, inventory_option, load_chosen_inventory
 from mlxcluster.cli.report import check_html_path, emit_page, html_option
 from mlxcluster.doctor.checks.base import CheckResult, Status
 from mlxcluster.doctor.checks.mpi import mpi_available
-from mlxcluster.doctor.checks.software import check_imports
-from mlxcluster.doctor.doctor import (
-    BACKENDS,
-    DoctorReport,
-    replay_doctor,
-    run_doctor,
-    run_local_doctor,
-)
-from mlxcluster.doctor.fixes import mlx_version as mlx_version_fix
+from mlxcluster.doctor.doctor import BACKENDS, DoctorReport
+from mlxcluster.doctor.request import doctor_request, examine
 from mlxcluster.doctor.shared_path import HERE, SharedPathReport, look_over_ssh
-from mlxcluster.errors import EXIT_FAILED, EXIT_OK, InputError
-from mlxcluster.facts.capture import prepare_capture_dir, read_capture_dir, save_capture_dir
+from mlxcluster.errors import EXIT_FAILED, EXIT_OK
+from mlxcluster.facts.capture import save_capture_dir
 from mlxcluster.facts.facts import HostFacts
-from mlxcluster.fit.model_folder import read_model_folder
-from mlxcluster.hostfile.hostfile import load_hostfile
 from mlxcluster.inventory.inventory import load_inventory
 from mlxcluster.report import Report
 from mlxcluster.topology.topology import build_topology
@@ -244,93 +236,46 @@ def render(report: DoctorReport, verbose: bool) -> None:
               help="Only say which hosts (and this machine) see the same DIR, e.g. a NAS where "
                    "train's --out goes: a token written by each, looked for by the others.")
 @html_option("the report")
-def command(inventory_path, as_json, strict, collect_dir, from_dir, local, accept_new_host_keys, backend,
-            connect_timeout, no_data_path, hostfile, verbose, fix, dry_run, yes, fix_timeout, mlx_version,
-            train_data, imports, model, pipeline, undo_path, shared_path, html_path):
+def command(**flags):
     """Check every host of the cluster and say how to fix what is wrong."""
-    if shared_path is not None:
-        others = {"--fix": fix, "--undo": bool(undo_path), "--from": bool(from_dir), "--local": local,
-                  "--collect": bool(collect_dir), "--html": bool(html_path),
-                  "--train-data": bool(train_data), "--imports": bool(imports), "--model": bool(model)}
-        given = [flag for flag, on in others.items() if on]
-        if given:
-            raise InputError(f"--shared-path asks the hosts one question; it excludes {', '.join(given)}",
-                             "run doctor without --shared-path for the other checks")
-        inventory = load_chosen_inventory(inventory_path)
-        click.get_current_context().exit(run_shared_path(inventory, shared_path, as_json, connect_timeout,
-                                                         accept_new_host_keys))
-    check_fix_flags(fix=fix, dry_run=dry_run, yes=yes, undo=undo_path, mlx_version=mlx_version,
-                    others={"--json": as_json, "--collect": bool(collect_dir), "--from": bool(from_dir),
-                            "--local": local, **({"--train-data": bool(train_data), "--imports": bool(imports),
-                                                  "--model": bool(model)} if undo_path else {}),
-                            **({"-i": bool(inventory_path), "--hostfile": bool(hostfile),
-                                "--html": bool(html_path)} if undo_path else {})})
-    if undo_path:
-        click.get_current_context().exit(run_undo(undo_path, connect_timeout))
-    if from_dir and collect_dir:
-        raise InputError("--from and --collect exclude each other",
-                         "--collect saves a live run; --from replays a saved one")
-    if local and (from_dir or inventory_path):
-        raise InputError("--local checks this machine; it excludes -i and --from")
-    for flag, given in (("--train-data", train_data), ("--imports", imports)):
-        if given and (local or from_dir):
-            raise InputError(f"{flag} goes with a live check of the inventory's hosts",
-                             f"drop --local / --from, or {flag}")
-    if pipeline and not model:
-        raise InputError("--pipeline goes with --model", "mlxcluster doctor --model DIR --pipeline")
-    if model and local:
-        raise InputError("--model judges the inventory's hosts; --local has none",
-                         "drop --local (serve --local N checks the split on this machine itself)")
-    if model:
-        read_model_folder(model)  # not a model folder: exit 2 before any host is probed
-    trainer_modules = check_imports(imports)
-    if train_data:
-        # The trainer's config module imports mlx: only when asked.
-        from mlxcluster.launch.trainer import data_modules
-
-        trainer_modules = (*data_modules(train_data), *trainer_modules)
+    request = doctor_request(data_modules=train_data_modules, can_ask=doctor_fix.can_ask(), **flags)
+    ctx = click.get_current_context()
+    if request.mode == "shared-path":
+        inventory = load_chosen_inventory(request.inventory_path)
+        ctx.exit(run_shared_path(inventory, request.shared_path, request.as_json,
+                                 request.connect_timeout, request.accept_new_host_keys))
+    if request.mode == "undo":
+        ctx.exit(run_undo(request.undo_path, request.connect_timeout))
     # A replay names its hosts by folder, so it uses an inventory only when given one.
-    if from_dir:
-        inventory = load_inventory(inventory_path) if inventory_path else None
-    elif local:
+    if request.from_dir:
+        inventory = load_inventory(request.inventory_path) if request.inventory_path else None
+    elif request.local:
         inventory = None
     else:
-        inventory = load_chosen_inventory(inventory_path, other_sources="--from DIR to replay captures, or --local")
-    # Input problems stop doctor before any host is probed (exit 2), not after the run.
-    if hostfile:
-        load_hostfile(hostfile)
-    if collect_dir:
-        prepare_capture_dir(collect_dir)
-    check_html_path(html_path)
-    if mlx_version:
-        mlx_version_fix.check_mlx_version(mlx_version)  # an unknown version: exit 2 before any host is probed
-    if fix:
-        click.get_current_context().exit(run_fix(
-            inventory, backend=backend, connect_timeout=connect_timeout,
-            accept_new_host_keys=accept_new_host_keys, data_path=not no_data_path, hostfile=hostfile,
-            verbose=verbose, dry_run=dry_run, yes=yes, strict=strict, fix_timeout=fix_timeout, render=render,
-            html_path=html_path, mlx_version=mlx_version, trainer_modules=trainer_modules, model=model,
-            pipeline=pipeline))
-    if local:
-        report = run_local_doctor(backend=backend)
-    elif from_dir:
-        folder = read_capture_dir(from_dir)
-        report = replay_doctor(folder.captures, inventory=inventory, backend=backend, hostfile=hostfile,
-                               model=model, pipeline=pipeline)
-        report.extra["ignored"] = folder.ignored
-    else:
-        report = run_doctor(inventory, backend=backend, connect_timeout=connect_timeout,
-                            accept_new_host_keys=accept_new_host_keys, data_path=not no_data_path,
-                            hostfile=hostfile, trainer_modules=trainer_modules, model=model, pipeline=pipeline)
-    if as_json:
+        inventory = load_chosen_inventory(request.inventory_path,
+                                          other_sources="--from DIR to replay captures, or --local")
+    check_html_path(request.html_path)
+    if request.mode == "fix":
+        ctx.exit(run_fix(inventory, request, render=render))
+    report = examine(request, inventory)
+    if request.as_json:
         click.echo(json.dumps(report.to_json(), indent=2, sort_keys=False))
     else:
-        render(report, verbose)
-    if html_path:
-        emit_page(Report(doctor=report, topology=build_topology(report.captures)), html_path, err=as_json)
-    if collect_dir:
+        render(report, request.verbose)
+    if request.html_path:
+        emit_page(Report(doctor=report, topology=build_topology(report.captures)), request.html_path,
+                  err=request.as_json)
+    if request.collect_dir:
         # After the report is printed: a failed write (an error, exit 1) does not lose it.
-        save_capture_dir(report.captures, collect_dir)
-        if not as_json:
-            click.echo(f"raw outputs saved under {collect_dir}/<host>/")
-    click.get_current_context().exit(exit_code(report, strict))
+        save_capture_dir(report.captures, request.collect_dir)
+        if not request.as_json:
+            click.echo(f"raw outputs saved under {request.collect_dir}/<host>/")
+    ctx.exit(exit_code(report, request.strict))
+
+
+def train_data_modules(data: str) -> tuple[str, ...]:
+    """What the ranks import for --train-data DIR (the trainer hand-off's
+    rule; its config module imports mlx: only when asked)."""
+    from mlxcluster.launch.trainer import data_modules
+
+    return data_modules(data)

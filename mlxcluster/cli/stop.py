@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import click
 
-from mlxcluster.cli.jobs import chosen_hosts, host_options
+from mlxcluster.cli.jobs import chosen_hosts, host_options, known_run_kinds
 from mlxcluster.cli.params import Duration, LocalMeansHere
 from mlxcluster.errors import InputError
 from mlxcluster.jobs.cleanup import leftover_advice
-from mlxcluster.jobs.running import RUN_ID, list_running, stop_run
+from mlxcluster.jobs.running import check_run_id, list_running, stop_run
 
 
 @click.command("stop", cls=LocalMeansHere)
@@ -22,9 +22,8 @@ def command(hostfile, inventory_path, local, grace, run_id):
     is asked to stop (the reference trainer writes a checkpoint at its next
     logged step; another program ends), then whatever is left after --grace
     is killed. Exit 0 when the run is stopped, 2 when no such run runs there."""
-    if not RUN_ID.match(run_id):
-        raise InputError(f"{run_id!r} is not a run id (mlxtrain-<10 hex digits> or "
-                         "mlxrun-... or mlxserve-...)", "mlxcluster jobs lists the runs and their ids")
+    known_run_kinds()
+    check_run_id(run_id)
     hosts = chosen_hosts("stop", hostfile, inventory_path, local)
     jobs, _ = list_running(hosts)
     found = next((j for j in jobs if j.run_id == run_id), None)

@@ -7,16 +7,17 @@ from pathlib import Path
 
 import click
 
-from mlxcluster.cli.job_launch import EventView, exit_code_of, say_failure, say_refusal
+from mlxcluster.cli.job_launch import EventView, render_ending
 from mlxcluster.cli.params import Duration, ProgramAfterDashDash, launch_flags, launch_options
 from mlxcluster.cli.report import check_html_path, emit_page, html_option
-from mlxcluster.errors import EXIT_STOPPED_WHEN_ASKED, InputError, Interrupted
+from mlxcluster.errors import InputError
 from mlxcluster.jobs.job import BACKENDS
 from mlxcluster.jobs.restarts import Restarts
 from mlxcluster.launch.job_source import one_source
 from mlxcluster.launch.session import launch_session
+from mlxcluster.launch.supervisor import ending, refuse_detached_restarts
 from mlxcluster.launch.trainer import (
-    RESUME_THEN,
+    RESUME_AFTER_DETACHED,
     TrainerHelp,
     check_out_here,
     parse_trainer_args,
@@ -79,10 +80,7 @@ def command(timeout, config, stall_timeout, max_restarts, no_sync_data, elastic,
     if elastic and not max_restarts:
         raise InputError("--elastic goes on without a lost host when the job is launched again: "
                          "it needs --max-restarts N", "add --max-restarts 2 (or more)")
-    if detach and max_restarts:
-        raise InputError("--detach and --max-restarts do not go together: restarts are run from "
-                         "this machine, and a detached job runs on without it",
-                         "leave one out (a detached job that fails: rerun with -- --resume auto)")
+    refuse_detached_restarts(detach, max_restarts, then=RESUME_AFTER_DETACHED)
     args = with_restart_checkpoints(parsed, max_restarts)
     cfg = args.config
     check_out_here(cfg.out)  # the run's record is kept here, at --out (launch/record.py)
@@ -96,44 +94,16 @@ def command(timeout, config, stall_timeout, max_restarts, no_sync_data, elastic,
     def show(stream: str, line: str) -> None:
         click.echo(line, err=stream == "stderr")
 
-    restarts = Restarts(max_restarts, elastic=elastic, min_hosts=min_hosts)
-    run_id = prepared.run_id
-    try:
-        done = run_trainer(prepared.job, args, restarts, env, timeout=timeout,
-                           stall_timeout=None if stall_timeout == "off" else stall_timeout,
-                           on_line=show, on_event=view, run_id=run_id)
-    except Interrupted:
-        if not detach:
-            raise
-        click.echo(f"left {run_id} running on the hosts: 'mlxcluster attach {run_id}' follows it "
-                   f"again and makes the record at {cfg.out} whole; 'mlxcluster stop {run_id}' "
-                   "stops it", err=True)
-        return
-    outcome = done.outcome
-    if detach and outcome.lost_host:  # cut off from a host: a detached job may run on there
-        click.echo(f"lost the ssh connection to {outcome.lost_host}: {done.job.title} of run "
-                   f"{outcome.run_id} may go on there ('mlxcluster jobs' shows it, 'mlxcluster "
-                   f"attach {outcome.run_id}' follows it again when the host answers)", err=True)
-    if outcome.refusal:
-        say_refusal("train", done.job, outcome)
-    if outcome.asked_to_stop:
-        at = f" at step {done.stopped_at}" if done.stopped_at is not None else ""
-        said = f"stopped{at} when asked"
-        click.echo(f"train {said} (mlxcluster stop, or the lease of the machine running "
-                   "mlxcluster ran out): every rank wrote its checkpoint at that step; go on "
-                   "with '-- --resume auto'", err=True)
-        if html_path:
-            write_run_page(cfg.out, html_path, failed=said)
-        click.get_current_context().exit(EXIT_STOPPED_WHEN_ASKED)
-    if outcome.exit_code != 0:
-        who = say_failure("train", outcome, prepared.mlx_version, then=RESUME_THEN)
-        if html_path:  # what the run logged before it stopped
-            write_run_page(cfg.out, html_path, failed=f"{who} exited with code {outcome.exit_code}")
-        click.get_current_context().exit(exit_code_of(outcome))
-    again = f" after {done.restarts} restart(s)" if done.restarts else ""
-    click.echo(f"train finished on {len(done.job.hosts)} rank(s) in {done.seconds:.1f} s{again}")
-    if html_path:
-        write_run_page(cfg.out, html_path)
+    done = run_trainer(prepared.job, args, Restarts(max_restarts, elastic=elastic,
+                                                    min_hosts=min_hosts), env,
+                       timeout=timeout, stall_timeout=None if stall_timeout == "off" else stall_timeout,
+                       on_line=show, on_event=view, run_id=prepared.run_id)
+
+    def page(end) -> None:  # what the run logged, also when it stopped early
+        if html_path and end.kind in ("stopped", "failed", "finished"):
+            write_run_page(cfg.out, html_path, failed=end.why)
+
+    render_ending(ending(done, prepared.mlx_version), then=page)
 
 
 def write_run_page(out, html_path: str, failed: str | None = None) -> None:

@@ -35,21 +35,6 @@ class DetachedRun:
     hosts: tuple[RankHost, ...]  # the hosts holding its files, one each
     program: tuple[str, ...]
 
-    @property
-    def out(self) -> str | None:
-        """The trainer's --out (the last one given), when it has one."""
-        found = None
-        for i, arg in enumerate(self.program):
-            if arg == "--out" and i + 1 < len(self.program):
-                found = self.program[i + 1]
-            elif arg.startswith("--out="):
-                found = arg[len("--out="):]
-        return found
-
-    @property
-    def is_training(self) -> bool:
-        return "reference_train.train" in self.program
-
 
 def run_dir(run_id: str) -> str:
     return f"{STACKS_ROOT}/{run_id}"
@@ -113,14 +98,14 @@ def start_following(run: DetachedRun, python: str, env: dict[str, str] | None = 
 
 
 def follow_to_end(job: Job, run: DetachedRun, env: dict[str, str], on_line,
-                  report_dir: Path) -> RunOutcome:
+                  report_dir: Path, *, watch_stalls: bool = False) -> RunOutcome:
     """Follow ``run`` on ``job``'s hosts (with ``job.python``) to its end,
-    watched for stalls as train is when it trains (the trainer's heartbeats:
-    a stall is diagnosed, every rank stopped, stall.Stalled raised, its
+    with ``watch_stalls`` watched for stalls as train is (heartbeats: a
+    stall is diagnosed, every rank stopped, stall.Stalled raised, its
     report under ``report_dir``), then sweep its folders from every host.
     ``on_line(stream, line)`` gets every line. Interrupted propagates with
     the run left running (nothing swept)."""
-    watch = stall.StallWatch(None) if run.is_training else None
+    watch = stall.StallWatch(None) if watch_stalls else None
     outcome = watch_launcher(
         start_following(run, job.python, env), on_line, time.monotonic(), watch=watch,
         on_stall=lambda: stop_stalled(job, run.run_id, watch, report_dir, env))

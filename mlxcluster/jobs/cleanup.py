@@ -40,8 +40,9 @@ SSH_LOST = SSH_FAILED  # ssh's own exit code: the connection failed or was lost
 _MPI_REMOTE_HOST = re.compile(r"^\s*Remote host:\s+(\S+)\s*$")
 
 
-def new_run_id(prefix: str = "mlxtrain") -> str:
-    """A unique run id (``mlxtrain-<hex>``; `mlxcluster run` uses ``mlxrun``)."""
+def new_run_id(prefix: str = "mlxjob") -> str:
+    """A unique run id, ``PREFIX-<10 hex digits>``: each launching command
+    gives its own prefix (jobs/running.py ``register_run_kind``)."""
     return f"{prefix}-{secrets.token_hex(5)}"
 
 

@@ -14,10 +14,11 @@ accumulation that splits it over the ranks left in micro-batches no larger
 than before, so every rank's memory still fits (the trainer's losses then
 equal the uninterrupted run's, docs/training-cluster.md).
 
-``launch_until_done`` is the loop itself, for `train` and `run` alike: what
-changes between launches (the trainer's resume, `run`'s MLXCLUSTER_RESTART,
-a dropped host's batch) is the caller's ``again`` and ``drop``; every step
-is reported as an event (jobs/events.py), never printed.
+``launch_until_done`` is the loop itself, for `train`, `run` and `serve`
+alike (through launch/supervisor.py ``supervise``): what changes between
+launches (the trainer's resume, `run`'s MLXCLUSTER_RESTART, a dropped host's
+batch) is the caller's ``again`` and ``drop``; every step is reported as an
+event (jobs/events.py), never printed.
 """
 
 from __future__ import annotations

@@ -20,7 +20,6 @@ them, then stops whatever is left (TERM, KILL) and removes the run's folder.
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import time
@@ -28,14 +27,67 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from mlxcluster.errors import InputError
 from mlxcluster.jobs.cleanup import bracketed, remove_dirs
 from mlxcluster.jobs.hosts import HostResult, RankHost, distinct_hosts, for_each_host, run_script
 from mlxcluster.jobs.rank_wrapper import STACKS_ROOT
 
 RANK_LINE = re.compile(r"^@@rank (\S+) (\d+) (\d+)\s*$")
-RUN_ID = re.compile(r"^mlx(train|run|serve)-[0-9a-f]{10}$")
+RUN_ID_HEX = 10  # the hex digits after the prefix (jobs/cleanup.py new_run_id)
 STOP_POLL_S = 0.5
 STOP_ASKED = "@@stop-asked"
+
+
+@dataclass(frozen=True)
+class RunKind:
+    """A command whose runs `jobs` lists, `stop` stops (and, when
+    ``detachable``, `attach` follows): its run ids' prefix."""
+
+    prefix: str  # mlxrun, mlxtrain...: the run id is PREFIX-<10 hex digits>
+    command: str  # the command that launches them: run, train...
+    detachable: bool = False  # --detach: `mlxcluster attach` follows it again
+    # What the command adds to its program that the user did not type, left
+    # out where the program is shown (the trainer hand-off's progress bar off).
+    added: tuple[str, ...] = ()
+
+
+# Registered by each launching command's module (``register_run_kind``): this
+# layer knows no command's prefix; smoke's runs (mlxsmoke-...) are not listed.
+RUN_KINDS: dict[str, RunKind] = {}
+
+
+def register_run_kind(prefix: str, command: str, *, detachable: bool = False,
+                      added: tuple[str, ...] = ()) -> str:
+    """Make ``prefix``'s runs known to `jobs`, `stop` (and `attach` when
+    ``detachable``); ``added``: arguments the command adds to its program,
+    not shown. Returns ``prefix``, for the command's constant."""
+    RUN_KINDS[prefix] = RunKind(prefix, command, detachable, added)
+    return prefix
+
+
+def run_kind(run_id: str) -> RunKind | None:
+    """The registered kind ``run_id`` is of (PREFIX-<10 hex digits>), else None."""
+    prefix, _, digits = run_id.rpartition("-")
+    if len(digits) != RUN_ID_HEX or not all(c in "0123456789abcdef" for c in digits):
+        return None
+    return RUN_KINDS.get(prefix)
+
+
+def run_id_shapes(*, detachable: bool = False) -> str:
+    """The run ids known, as messages name them: "mlxtrain-<10 hex digits>
+    or mlxrun-<10 hex digits>"."""
+    kinds = [k for k in RUN_KINDS.values() if k.detachable or not detachable]
+    return " or ".join(f"{k.prefix}-<{RUN_ID_HEX} hex digits>" for k in kinds)
+
+
+def check_run_id(run_id: str, *, detachable: bool = False) -> RunKind:
+    """``run_id``'s kind, or InputError naming the run ids known (``detachable``:
+    of the commands that detach)."""
+    kind = run_kind(run_id)
+    if kind is None or (detachable and not kind.detachable):
+        raise InputError(f"{run_id!r} is not a run id ({run_id_shapes(detachable=detachable)})",
+                         "mlxcluster jobs lists the runs and their ids")
+    return kind
 
 
 @dataclass(frozen=True)
@@ -46,12 +98,6 @@ class RunningRank:
     pid: int
     started: datetime | None
     command: str  # the program as the user gave it, after the rank wrapper
-
-    @property
-    def out(self) -> str | None:
-        """The trainer's --out, when the command has one (the last wins)."""
-        found = re.findall(r"--out(?:=|\s+)(\S+)", self.command)
-        return found[-1] if found else None
 
 
 @dataclass(frozen=True)
@@ -84,13 +130,15 @@ def listing_script() -> str:
     return f"bash -c {shlex.quote(inner)}"
 
 
-def program_of(args: str) -> str:
+def program_of(args: str, kind: RunKind | None = None) -> str:
     """The program a rank runs, from its command line: what follows the rank
-    wrapper's module (``-m mlxcluster.jobs.rank_wrapper``), the trainer's
-    ``--progress false`` (the hand-off's) dropped."""
+    wrapper's module (``-m mlxcluster.jobs.rank_wrapper``), without what its
+    ``kind``'s command added (``RunKind.added``)."""
     _, found, rest = args.partition("mlxcluster.jobs.rank_wrapper ")
     program = rest if found else args
-    return program.replace("--progress false ", "", 1)
+    if kind is not None and kind.added:
+        program = program.replace(shlex.join(kind.added) + " ", "", 1)
+    return program
 
 
 def elapsed_seconds(etime: str) -> int | None:
@@ -113,7 +161,7 @@ def parse_listing(host: str, text: str, now: datetime | None = None) -> list[Run
     ranks, lines = [], text.splitlines()
     for i, line in enumerate(lines):
         found = RANK_LINE.match(line)
-        if not found or not RUN_ID.match(found.group(1)):
+        if not found or run_kind(found.group(1)) is None:
             continue
         ps = lines[i + 1].strip() if i + 1 < len(lines) else ""
         started, command = None, ""
@@ -124,7 +172,7 @@ def parse_listing(host: str, text: str, now: datetime | None = None) -> list[Run
         if found.group(1) not in command:  # the pid was reused by another process
             continue
         ranks.append(RunningRank(found.group(1), int(found.group(2)), host, int(found.group(3)),
-                                 started, program_of(command)))
+                                 started, program_of(command, run_kind(found.group(1)))))
     return ranks
 
 
@@ -145,18 +193,6 @@ def list_running(hosts: Sequence[RankHost],
     results = for_each_host(asked, lambda h: run_script(h, listing_script(), env=env))
     ranks = [rank for r in results if r.ok for rank in parse_listing(r.host, r.output)]
     return group_jobs(ranks), [r for r in results if not r.ok]
-
-
-def same_run(jobs: Sequence[RunningJob], out: str) -> RunningJob | None:
-    """The running job that trains into ``out`` (the trainer's --out), if
-    any: the same path as given, or the same absolute path from here (ranks
-    start in the directory mlxcluster runs in)."""
-    wanted = {os.path.normpath(out), os.path.abspath(out)}
-    for job in jobs:
-        for rank in job.ranks:
-            if rank.out and {os.path.normpath(rank.out), os.path.abspath(rank.out)} & wanted:
-                return job
-    return None
 
 
 def signal_ranks_script(run_id: str, *signals: str, pause_s: float = 0.5) -> str:
@@ -192,7 +228,7 @@ def asked_to_stop(hosts: Sequence[RankHost], run_id: str,
                   env: dict[str, str] | None = None) -> bool:
     """Whether `mlxcluster stop` asked ``run_id`` to stop on any of ``hosts``
     (one ssh call each; a host that does not answer says nothing)."""
-    if not RUN_ID.match(run_id):
+    if run_kind(run_id) is None:
         return False
     results = for_each_host(distinct_hosts(hosts), lambda h: run_script(h, asked_script(run_id),
                                                                         env=env))
@@ -205,7 +241,7 @@ def stop_run(hosts: Sequence[RankHost], run_id: str, grace_s: float,
     up to ``grace_s`` for them to end, then stop what is left (TERM, KILL).
     Returns (whether every rank ended when asked, the hosts that could not
     be reached)."""
-    if not RUN_ID.match(run_id):
+    if run_kind(run_id) is None:
         raise ValueError(f"not a run id: {run_id!r}")
     asked = distinct_hosts(hosts)
     mark = f"mkdir -p {STACKS_ROOT} && touch {shlex.quote(stop_mark(run_id))}; "

@@ -6,26 +6,28 @@ launch session's request for it, launch/session.py). The program learns
 which launch it is from ``MLXCLUSTER_RESTART`` (0 first, then 1, 2... with
 ``--max-restarts``) and resumes on its own: mlxcluster knows nothing of its
 checkpoints. ``run_program`` launches it until it ends well or the restarts
-are spent.
+are spent (launch/supervisor.py), each rank's lines kept in its log.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
-from pathlib import Path
 
 from mlxcluster.errors import InputError
 from mlxcluster.jobs.events import Note, OnEvent
 from mlxcluster.jobs.job import Job, program_command, program_imports, script_path
-from mlxcluster.jobs.restarts import Restarts, launch_until_done
+from mlxcluster.jobs.restarts import Restarts
 from mlxcluster.jobs.run import run_job
+from mlxcluster.jobs.run_output import open_rank_logs
+from mlxcluster.jobs.running import register_run_kind
 from mlxcluster.jobs.watch import RunOutcome
 from mlxcluster.launch.session import LaunchFlags, LaunchRequest
+from mlxcluster.launch.supervisor import JobResult, Words, supervise
 
 RESTART_ENV = "MLXCLUSTER_RESTART"  # which launch of the job this is: 0, then 1, 2... (--max-restarts)
-RUN_PREFIX = "mlxrun"  # `mlxcluster run`'s run ids (jobs/cleanup.py new_run_id)
+RUN_PREFIX = register_run_kind("mlxrun", "run", detachable=True)  # its run ids
 
 
 def program_job(job: Job, argv: tuple[str, ...]) -> Job:
@@ -50,48 +52,45 @@ def program_request(argv: tuple[str, ...], flags: LaunchFlags, *, detached: bool
                          detached=detached, send_script=send_script)
 
 
-def detached_note(run_id: str) -> Note:
-    """What a detached job's launch says first: how to find it again."""
-    return Note(f"detached: run {run_id} goes on if this machine goes away; 'mlxcluster attach "
-                f"{run_id}' follows it again, 'mlxcluster stop {run_id}' stops it")
-
-
 def numbered(job: Job, k: int) -> tuple[Job, list]:
     """The job for launch ``k`` (0 first): the program reads it from
     MLXCLUSTER_RESTART and resumes on its own."""
     return replace(job, env={**job.env, RESTART_ENV: str(k)}), []
 
 
-def launch_number(job: Job) -> int:
-    """Which launch ``job`` is (0: the first)."""
-    return int(job.env.get(RESTART_ENV, "0"))
-
-
-@dataclass(frozen=True)
-class ProgramResult:
-    job: Job  # as last launched
-    outcome: RunOutcome
-    restarts: int
-
-
-def run_program(job: Job, restarts: Restarts, env: dict[str, str], *, run_id: str, logs_dir: Path,
-                timeout: float | None, stall_timeout: float | None, on_line, on_event: OnEvent) -> ProgramResult:
+def run_program(job: Job, restarts: Restarts, env: dict[str, str], *, run_id: str,
+                logs_dir: str | None, timeout: float | None, stall_timeout: float | None,
+                rank0_only: bool, on_line, on_event: OnEvent) -> JobResult:
     """Run the program on ``job``'s ranks until it ends well or the restarts
-    are spent; every line goes to ``on_line(stream, line)``, a stall's
-    report into ``logs_dir``."""
-    if job.detached:
-        on_event(detached_note(run_id))
+    are spent (launch/supervisor.py ``supervise``). Every line is kept in its
+    rank's log in ``logs_dir`` (default ./runs/RUN_ID; a stall's report goes
+    there too) and goes to ``on_line(stream, line)``, with ``rank0_only``
+    only rank 0's and the launcher's; a failing rank whose lines were not
+    shown has its last ones said with the failure."""
+    logs_path, logs = open_rank_logs(logs_dir, run_id)
 
-    def launch(job: Job) -> RunOutcome:
-        k = launch_number(job)
-        note = f" (restart {k})" if k else ""
-        on_event(Note(f"launching {len(job.hosts)} rank(s) on {job.backend}, run {run_id}{note}: "
-                      f"{program_command(job)}"))
+    def show(stream: str, line: str) -> None:
+        rank, _ = logs.write(line)
+        if not rank0_only or rank in (0, None):
+            on_line(stream, line)
+
+    def launch_one(job: Job, k: int, say) -> RunOutcome:
+        say(job, program_command(job))
         if not k:
-            on_event(Note(f"logs: {logs_dir}/rank<R>.log"))
-        return run_job(job, on_line, env=env, timeout=timeout, stall_timeout=stall_timeout,
-                       report_dir=logs_dir, run_id=run_id, any_line_progress=True)
+            on_event(Note(f"logs: {logs_path}/rank<R>.log"))
+        return run_job(job, show, env=env, timeout=timeout, stall_timeout=stall_timeout,
+                       report_dir=logs_path, run_id=run_id, any_line_progress=True)
 
-    job, outcome = launch_until_done(numbered(job, 0)[0], launch, restarts, env, again=numbered,
-                                     on_event=on_event)
-    return ProgramResult(job, outcome, launch_number(job))
+    try:
+        result = supervise(numbered(job, 0)[0], launch_one, restarts, env, run_id=run_id,
+                           words=Words("run", logs=logs_path), on_event=on_event, again=numbered)
+    finally:
+        logs.close()
+    failed = result.outcome.failed_rank
+    if result.outcome.exit_code and rank0_only and failed not in (None, 0):  # not shown
+        hidden = logs.tail(failed)
+        if hidden:
+            more = (f"last lines of rank {failed} ({logs_path / f'rank{failed}.log'}):",
+                    *(f"[{failed}] {line}" for line in hidden))
+            result = replace(result, words=replace(result.words, more_on_failure=more))
+    return result

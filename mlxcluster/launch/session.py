@@ -35,8 +35,8 @@ options, ``view``: an event renderer, ``env``: the environment)::
     request = program_request(argv, flags, detached=False, send_script=True)
     with launch_session(request, env, view) as prepared:
         done = run_program(prepared.job, Restarts(0), env, run_id=prepared.run_id,
-                           logs_dir=Path("runs") / prepared.run_id, timeout=None,
-                           stall_timeout=None, on_line=show, on_event=view)
+                           logs_dir=None, timeout=None, stall_timeout=None,
+                           rank0_only=False, on_line=show, on_event=view)
 
     # mlxcluster train -- --data D --init_from M --out O
     request = training_request(args, flags, detached=False, send_folders=True)
@@ -53,14 +53,14 @@ options, ``view``: an event renderer, ``env``: the environment)::
                             program=partial(program_job, argv=("-m", "mlx_lm", "server", ...)),
                             check=split_fits, models=(model_dir,))
     with launch_session(request, env, view) as prepared:
-        serve_until_stopped(prepared.job, spec, backend, Restarts(3), env,
-                            run_id=prepared.run_id, logs_dir=Path("runs") / prepared.run_id,
-                            on_line=show, on_event=view, on_up=say_up)
+        served = ServedModel(spec, front, prepared, logs_dir=None)  # serve/session.py
+        done = served.serve(Restarts(3), env, on_line=show, on_event=view, on_up=say_up)
 
 (``program_request``, ``program_job``, ``run_program``: launch/program.py;
 ``training_request``, ``run_trainer``: launch/trainer.py; serve's request is
-``serve/serving.py`` ``serving_request``, its ``check``
-``fit/split_check.py`` ``split_fits``.)
+``serve/serving.py`` ``serving_request``, its ``check`` ``split_fits``
+there.) Each ``done`` is a ``JobResult`` (launch/supervisor.py: the half after
+launch, written once), said by ``ending(done)``.
 
 Light on purpose: `run --no-preflight` imports this, the jobs layer and the
 inventory only; the preflight, the folder sending and the code sending are

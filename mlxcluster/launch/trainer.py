@@ -22,8 +22,7 @@ import json
 import os
 import subprocess
 import tempfile
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,10 +35,10 @@ from mlxcluster.jobs.restarts import (
     Dropped,
     Restarts,
     accumulation_for,
-    launch_until_done,
     without_hosts,
 )
 from mlxcluster.jobs.run import run_job
+from mlxcluster.jobs.running import RunningJob, register_run_kind
 from mlxcluster.jobs.watch import RunOutcome
 from mlxcluster.launch.fetch import fetch_folder
 from mlxcluster.launch.pipeline_launch import (
@@ -50,17 +49,22 @@ from mlxcluster.launch.pipeline_launch import (
     pipeline_of,
     resplit,
 )
-from mlxcluster.launch.program import detached_note
 from mlxcluster.launch.record import RECORD_ENV, RunRecord
 from mlxcluster.launch.session import LaunchFlags, LaunchRequest
+from mlxcluster.launch.supervisor import JobResult, Words, supervise
 from reference_train.config import TrainConfig, build_config
 from reference_train.fine_tune import ADAPTER_FILES, trains_adapters
 from reference_train.metrics import STOP_ENV, plot_metrics
 
 TRAINER_MODULE = "reference_train.train"
-TRAIN_PREFIX = "mlxtrain"  # `mlxcluster train`'s run ids (jobs/cleanup.py new_run_id)
+# The trainer's progress bar off (output arrives line by line): added, not typed.
+PROGRESS_OFF = ("--progress", "false")
+TRAIN_PREFIX = register_run_kind("mlxtrain", "train", detachable=True,
+                                 added=PROGRESS_OFF)  # its run ids
 # How to go on after a failed or stalled run, in every message that says so.
 RESUME_THEN = ", then rerun with '-- --resume auto' to continue from the last checkpoint"
+# --detach without --max-restarts: how a detached run that failed goes on.
+RESUME_AFTER_DETACHED = " (a detached job that fails: rerun with -- --resume auto)"
 
 
 @dataclass(frozen=True)
@@ -142,7 +146,7 @@ def trainer_job(job: Job, args: TrainerArgs) -> Job:
     checks every host imports it (and what its data needs: ``data_modules``);
     its metrics records come to this machine."""
     return dataclasses.replace(
-        job, program=("-m", TRAINER_MODULE, "--progress", "false", *args.argv()),
+        job, program=("-m", TRAINER_MODULE, *PROGRESS_OFF, *args.argv()),
         shown_program=("-m", TRAINER_MODULE, *args.argv()),
         imports=(TRAINER_MODULE, *data_modules(args.config.data)),
         title="training", then=RESUME_THEN, env={**job.env, RECORD_ENV: "1", STOP_ENV: "1"})
@@ -251,11 +255,36 @@ def check_out_here(out: str) -> None:
     os.rmdir(probe)
 
 
+def trainer_out(program: Sequence[str]) -> str | None:
+    """The trainer's --out in ``program`` (its arguments), the last one given
+    (argparse's rule), or None when it gives none."""
+    found = None
+    for i, arg in enumerate(program):
+        if arg == "--out" and i + 1 < len(program):
+            found = program[i + 1]
+        elif arg.startswith("--out="):
+            found = arg[len("--out="):]
+    return found
+
+
+def same_run(jobs: Sequence[RunningJob], out: str) -> RunningJob | None:
+    """The running job that trains into ``out`` (the trainer's --out), if
+    any: the same path as given, or the same absolute path from here (ranks
+    start in the directory mlxcluster runs in)."""
+    wanted = {os.path.normpath(out), os.path.abspath(out)}
+    for job in jobs:
+        for rank in job.ranks:
+            theirs = trainer_out(rank.command.split())
+            if theirs and {os.path.normpath(theirs), os.path.abspath(theirs)} & wanted:
+                return job
+    return None
+
+
 def check_not_running(job: Job, out: str, env: dict[str, str]) -> None:
     """InputError when a job training into ``out`` still runs on the hosts:
     a second copy would write the same checkpoints (seen, issue 39: orphans
     of a killed controller and a relaunch). One ssh call per host."""
-    from mlxcluster.jobs.running import list_running, same_run  # a train-only chore
+    from mlxcluster.jobs.running import list_running  # a train-only chore
 
     jobs, _ = list_running(job.hosts, env)
     running = same_run(jobs, out)
@@ -443,53 +472,44 @@ def close_record(record: RunRecord) -> list[Note | Warned]:
     return said
 
 
-@dataclass(frozen=True)
-class TrainerResult:
-    job: Job  # the last one launched (fewer hosts after an elastic drop)
-    outcome: RunOutcome
-    restarts: int
-    seconds: float  # the whole run's, restarts included
-    stopped_at: int | None = None  # the step the ranks stopped at when asked (mlxcluster stop)
+# How a training run's end is worded (launch/supervisor.py ``ending``): a stop
+# asked for may come from the lease too, and every rank checkpoints first.
+TRAIN_WORDS = Words("train", asked_by="mlxcluster stop, or the lease of the machine running "
+                    "mlxcluster ran out",
+                    stop_done="wrote its checkpoint at that step; go on with '-- --resume auto'")
 
 
 def run_trainer(job: Job, args: TrainerArgs, restarts: Restarts, env: dict[str, str], *,
                 timeout: float | None, stall_timeout: float | str | None,
-                on_line, on_event: OnEvent, run_id: str | None = None) -> TrainerResult:
+                on_line, on_event: OnEvent, run_id: str | None = None) -> JobResult:
     """Run the trainer on ``job``'s ranks until it ends well or the restarts
-    are spent, with the record kept at --out here. ``on_line(stream, line)``
-    gets the job's lines (record lines kept out), ``on_event`` every step."""
+    are spent (launch/supervisor.py ``supervise``), with the record kept at
+    --out here. ``on_line(stream, line)`` gets the job's lines (record lines
+    kept out), ``on_event`` every step."""
     run_id = run_id or new_run_id(TRAIN_PREFIX)
-    if job.detached:
-        on_event(detached_note(run_id))
     run = TrainerRun(args, len(job.hosts), env)
-    noted = run.noted(on_event)
 
     def show(stream: str, line: str) -> None:
         shown = run.record.feed(line)
         if shown is not None:
             on_line(stream, shown)
 
-    def launch(job: Job) -> RunOutcome:
-        said = (f"launching {len(job.hosts)} rank(s) on {job.backend}, run {run_id}: "
-                f"{program_command(job)}")
-        on_event(Note(said))
-        run.record.start_launch(said)
+    def launch_one(job: Job, k: int, say) -> RunOutcome:
+        run.record.start_launch(say(job, program_command(job)))
         outcome = run_job(job, show, env=env, timeout=timeout, stall_timeout=stall_timeout,
                           run_id=run_id, report_dir=Path(args.config.out))
         if outcome.exit_code and run.record.stopped_at is not None:  # asked: not restarted
             outcome = dataclasses.replace(outcome, asked_to_stop=True)
         return outcome
 
-    started = time.monotonic()
+    words = dataclasses.replace(TRAIN_WORDS, record=args.config.out)
     try:
-        job, outcome = launch_until_done(run.job(job), launch, restarts, env, again=run.resume,
-                                         drop=run.drop,
-                                         on_event=noted)
-        if outcome.exit_code == 0:
-            for said in [*run.bring_adapters(job, env), *run.bring_model(job)]:
+        result = supervise(run.job(job), launch_one, restarts, env, run_id=run_id, words=words,
+                           on_event=run.noted(on_event), again=run.resume, drop=run.drop)
+        if result.outcome.exit_code == 0 and not result.interrupted:
+            for said in [*run.bring_adapters(result.job, env), *run.bring_model(result.job)]:
                 on_event(said)
     finally:
         for said in run.close():
             on_event(said)
-    took = outcome.seconds if not restarts.done else time.monotonic() - started
-    return TrainerResult(job, outcome, restarts.done, took, run.record.stopped_at)
+    return dataclasses.replace(result, stopped_at=run.record.stopped_at)

@@ -442,6 +442,7 @@ class Front:
     def __init__(self, bind: str, port: int, backend: Backend, *,
                  request_timeout: float | None = None, server_args: tuple[str, ...] = (),
                  api_key: str | None = None):
+        self.bind, self.backend = bind, backend
         self.server = FrontServer((bind, port), backend, request_timeout, server_args,
                                   ApiKey(api_key))
         self.thread = threading.Thread(target=self.server.serve_forever, name="serve-front",

@@ -5,13 +5,14 @@ of a prepared job (the jobs layer: rank wrapper, lease, sweep), opens the
 way to rank 0's port (``tunnel.py``), watches it with the probe
 (``probe.py``) and, when a rank exits or the probe gets no answer, lets the
 jobs layer diagnose and stop every rank, then launches again
-(``restarts.launch_until_done``), up to the restart budget. The front
+(launch/supervisor.py ``supervise``), up to the restart budget. The front
 (``front.py``), opened by the caller, keeps the one address meanwhile.
 
-It returns only when the restarts are spent (``ServeFailed``). Ctrl-C or
-SIGTERM first drains (``Drain``): new requests get 503, the ones admitted
-finish within --drain-timeout; then, or at a second signal, every rank is
-stopped on every host as any job is (``errors.Interrupted``).
+It ends when the restarts are spent (``ServeFailed``), or returns how it
+ended (a ``JobResult``: `mlxcluster stop`, or a signal). Ctrl-C or SIGTERM
+first drains (``Drain``): new requests get 503, the ones admitted finish
+within --drain-timeout; then, or at a second signal, every rank is stopped
+on every host as any job is.
 """
 
 from __future__ import annotations
@@ -30,12 +31,14 @@ from mlxcluster.fit.split_check import check_split, refusal
 from mlxcluster.jobs.events import Note, OnEvent, Restarting
 from mlxcluster.jobs.job import Job
 from mlxcluster.jobs.preflight import probe_facts
-from mlxcluster.jobs.restarts import Restarts, launch_until_done
+from mlxcluster.jobs.restarts import Restarts
 from mlxcluster.jobs.run import run_job
+from mlxcluster.jobs.running import register_run_kind
 from mlxcluster.jobs.stall import Stalled
 from mlxcluster.jobs.watch import RunOutcome
-from mlxcluster.launch.program import launch_number, numbered, program_job
+from mlxcluster.launch.program import numbered, program_job
 from mlxcluster.launch.session import LaunchFlags, LaunchRequest
+from mlxcluster.launch.supervisor import JobResult, Words, supervise
 from mlxcluster.launch.sync import SERVED_MODEL
 from mlxcluster.serve.front import Backend
 from mlxcluster.serve.journal import ServeJournal
@@ -43,7 +46,7 @@ from mlxcluster.serve.probe import ProbeWatch, probe_once
 from mlxcluster.serve.tunnel import free_port_on, open_tunnel
 
 SERVER_MODULE = ("-m", "mlx_lm", "server")  # mlx-lm's entry point (`-m mlx_lm.server` is deprecated)
-SERVE_PREFIX = "mlxserve"  # `mlxcluster serve`'s run ids (jobs/cleanup.py new_run_id)
+SERVE_PREFIX = register_run_kind("mlxserve", "serve")  # its run ids
 
 
 # mlx_lm.server's flags that serve sets on every rank itself, and what to
@@ -156,25 +159,45 @@ def serving_request(spec: ServeSpec, flags: LaunchFlags, *, send_model: bool,
                          models=(spec.model,) if send_model else (), model_flag=SERVED_MODEL)
 
 
-def serve_until_stopped(job: Job, spec: ServeSpec, backend: Backend, restarts: Restarts,
-                        env: dict[str, str], *, run_id: str, logs_dir: Path,
-                        journal: ServeJournal, on_line: Callable[[str, str], None],
-                        on_event: OnEvent, on_up: Callable[[ServeUp], None]) -> None:
-    """Serve until interrupted (raises ``errors.Interrupted``), the restarts
-    are spent (raises ``ServeFailed``, or the last stall), or `mlxcluster stop`
-    ends the run (returns); each launch, restart, time up and the stop written
-    to ``journal`` (serve.log)."""
+@dataclass(frozen=True)
+class ServeRun:
+    """A prepared serve job and what it keeps here (serve/session.py builds
+    it): the front's backend (admission, status, metrics), the logs folder
+    (a stall's report) and serve.log."""
+
+    job: Job
+    spec: ServeSpec
+    backend: Backend
+    run_id: str
+    logs_dir: Path
+    journal: ServeJournal
+
+
+def serve_until_stopped(run: ServeRun, restarts: Restarts, env: dict[str, str], *,
+                        on_line: Callable[[str, str], None], on_event: OnEvent,
+                        on_up: Callable[[ServeUp], None]) -> JobResult:
+    """Serve until interrupted (the result ``interrupted``: every rank
+    stopped), the restarts are spent (raises ``ServeFailed``, or the last
+    stall), or `mlxcluster stop` ends the run (its ``asked_to_stop``); each
+    launch, restart, time up and the stop written to ``run.journal`` (serve.log)."""
+    job, spec, backend, run_id = run.job, run.spec, run.backend, run.run_id
+    logs_dir, journal = run.logs_dir, run.journal
     on_event = journaled(journal, kept(backend, on_event))
     drain = Drain(backend, spec.drain_timeout, on_event)
     try:
         with interrupts.first_signal_calls(drain.start) as stop_now:
             drain.stop_now = stop_now
-            _serve(job, spec, backend, restarts, env, run_id, logs_dir, on_line, on_event,
-                   journaled(journal, on_up), drain)
-    except Interrupted as stop:
-        journal.stopped(stop)
-        raise
+            result = _serve(job, spec, backend, restarts, env, run_id, logs_dir, on_line,
+                            on_event, journaled(journal, on_up), drain)
+    except (Interrupted, interrupts.Stop) as stop:
+        # Stop: a signal while no rank ran (the drain's end after the server hung or
+        # exited: every rank already stopped), not raised through run_job's sweep.
+        journal.stopped(stop if isinstance(stop, Interrupted) else
+                        f"interrupted ({interrupts.signal_name(stop.signum)})")
+        return JobResult(job, RunOutcome(0, run_id=run_id), Words("serve", logs=logs_dir),
+                         restarts.done, interrupted=True)
     journal.stopped(f"asked ('mlxcluster stop {run_id}'): every rank ended")
+    return result
 
 
 class Drain:
@@ -241,12 +264,11 @@ def journaled(journal: ServeJournal, then: Callable) -> Callable:
 
 
 def _serve(job, spec, backend, restarts, env, run_id, logs_dir, on_line, on_event, on_up,
-           drain: Drain) -> None:
+           drain: Drain) -> JobResult:
     metrics = backend.metrics
     ended: list[str] = []  # how the last launch ended: "hang" or "exit"
 
-    def launch(job: Job) -> RunOutcome:
-        k = launch_number(job)
+    def launch_one(job: Job, k: int, say) -> RunOutcome:
         if k and ended:
             metrics.restarts.labels(ended[-1]).inc()
         metrics.launches.inc()
@@ -255,9 +277,7 @@ def _serve(job, spec, backend, restarts, env, run_id, logs_dir, on_line, on_even
         rank0 = job.hosts[0]
         port = free_port_on(rank0, env)
         job = replace(job, program=server_program(spec, port))
-        on_event(Note(f"launching {len(job.hosts)} rank(s) on {job.backend}, run {run_id}"
-                      f"{f' (restart {k})' if k else ''}: mlx-lm's server, rank 0 on {rank0.name} "
-                      f"at its 127.0.0.1:{port}"))
+        say(job, f"mlx-lm's server, rank 0 on {rank0.name} at its 127.0.0.1:{port}")
         tunnel = open_tunnel(rank0, port, env)
         watch = ProbeWatch(lambda t: probe_once(tunnel.port, t), backend, tunnel.port,
                            every=spec.probe_every, timeout=spec.probe_timeout,
@@ -283,10 +303,11 @@ def _serve(job, spec, backend, restarts, env, run_id, logs_dir, on_line, on_even
             drain.server_ended(f"{outcome.who} exited with code {outcome.exit_code}")
         return outcome
 
-    job, outcome = launch_until_done(numbered(job, 0)[0], launch, restarts, env, again=numbered,
-                                     on_event=on_event)
+    result = supervise(numbered(job, 0)[0], launch_one, restarts, env, run_id=run_id,
+                       words=Words("serve", logs=logs_dir), on_event=on_event, again=numbered)
+    outcome = result.outcome
     if outcome.asked_to_stop:
-        return
+        return result
     if outcome.refused_at_start:
         words = outcome.usage_words()
         raise InputError(f"the server refused to start: {outcome.who} exited with code 2 before "
@@ -302,5 +323,15 @@ def _serve(job, spec, backend, restarts, env, run_id, logs_dir, on_line, on_even
 
 
 def absolute_model(folder: str) -> str:
-    """The model folder as every host will have it: absolute, as here."""
+    """The model folder as every host will have it: absolute, as here;
+    InputError (exit 2) when it is missing or holds no config.json."""
+    if not Path(folder).expanduser().exists():
+        raise InputError(f"{folder} does not exist",
+                         "give a model folder: the one mlx-lm downloaded or converted "
+                         "(mlx_lm.convert), e.g. ~/.cache/huggingface/hub/models--ORG--NAME/"
+                         "snapshots/HASH")
+    if not (Path(folder).expanduser() / "config.json").is_file():
+        raise InputError(f"{folder} is not a model folder (no config.json in it)",
+                         "give the folder mlx-lm downloaded or converted (mlx_lm.convert), e.g. "
+                         "~/.cache/huggingface/hub/models--ORG--NAME/snapshots/HASH")
     return os.path.abspath(os.path.expanduser(folder))
