@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.hub_cache_support import COMMIT, cache_model
+from tests.waits import SERVE_UP_S
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -59,3 +60,44 @@ def test_what_is_neither_a_folder_nor_a_cached_id_is_exit_2_naming_it(tmp_path, 
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert said.format(hub=tmp_path / "hub") in done.stderr and "Traceback" not in done.stderr
     assert "fix: " in done.stderr
+
+
+def test_train_takes_an_id_for_init_from_and_gives_the_ranks_its_folder(tmp_path):
+    """`train -- --init_from ORG/NAME`: the launch resolves the id as pull
+    does and hands every rank (and every host's copy) the cache's folder."""
+    snapshot = cache_model(tmp_path / "hub", "mlx-community/Tiny-4bit", {"config.json": b"{}"})
+    code = ("from mlxcluster.launch.trainer import parse_trainer_args, with_model_folder\n"
+            "args = with_model_folder(parse_trainer_args(('--config', 'tiny', '--init_from', "
+            "'mlx-community/Tiny-4bit')))\n"
+            "print(args.config.init_from); print(' '.join(args.argv()))\n")
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    folder, argv = done.stdout.splitlines()
+    assert folder == str(snapshot) and argv.endswith(f"--init_from {snapshot}"), done.stdout
+
+
+def test_serve_takes_an_id_and_serves_the_cached_folder(llama, tmp_path):
+    """`HF_HUB_OFFLINE=1 mlxcluster serve ORG/NAME --local 2`: the model found
+    in the hub cache is served, and answers as one process of it does."""
+    from tests.serve_support import Serving, chat_model, chat_text, generated_alone
+
+    here = chat_model(llama, tmp_path / "tiny-chat")
+    snapshot = cache_model(tmp_path / "hub", "mlx-community/Tiny-chat",
+                           {p.relative_to(here).as_posix(): p.read_bytes()
+                            for p in here.rglob("*") if p.is_file()})
+    from mlxcluster.jobs.plan import free_port_block
+
+    port = free_port_block(1)
+    serving = Serving(["--local", "2", "--no-preflight", "--port", str(port), "mlx-community/Tiny-chat"],
+                      env={**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"},
+                      cwd=tmp_path)
+    try:
+        serving.wait_for(r"serving \S+ at http://", SERVE_UP_S)
+        assert chat_text(port) == generated_alone(snapshot)
+    finally:
+        code = serving.stop()
+    assert code == 0, serving.output()
+    assert str(snapshot) in serving.output()

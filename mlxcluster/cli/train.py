@@ -23,6 +23,7 @@ from mlxcluster.launch.trainer import (
     parse_trainer_args,
     run_trainer,
     training_request,
+    with_model_folder,
     with_restart_checkpoints,
 )
 from mlxcluster.report import Report
@@ -81,7 +82,7 @@ def command(timeout, config, stall_timeout, max_restarts, no_sync_data, elastic,
         raise InputError("--elastic goes on without a lost host when the job is launched again: "
                          "it needs --max-restarts N", "add --max-restarts 2 (or more)")
     refuse_detached_restarts(detach, max_restarts, then=RESUME_AFTER_DETACHED)
-    args = with_restart_checkpoints(parsed, max_restarts)
+    args = with_restart_checkpoints(with_model_folder(parsed), max_restarts)
     cfg = args.config
     check_out_here(cfg.out)  # the run's record is kept here, at --out (launch/record.py)
     check_html_path(html_path)

@@ -51,8 +51,7 @@ def resolve_model(name: str) -> Path:
     if path.is_dir():
         return path.resolve()
     repo_id, _, revision = name.partition("@")
-    looks_like_a_path = Path(repo_id.split("/")[0]).expanduser().is_dir()  # models/Qwen mistyped
-    if not HF_ID.fullmatch(repo_id) or ".." in repo_id or path.exists() or looks_like_a_path:
+    if not is_hub_id(name) or ".." in repo_id:  # models/Qwen mistyped is no id
         raise InputError(f"{name}: no such folder here, nor a Hugging Face id (ORG/NAME[@REVISION])",
                          "give the model's folder on this machine, or an id such as "
                          "mlx-community/Qwen3-4B-4bit")
@@ -95,6 +94,14 @@ def resolve_model(name: str) -> Path:
         raise InputError(f"{asked} could not be downloaded: {err}",
                          "check the network and the room on this machine's disk, then pull "
                          "again (what arrived is kept)") from None
+
+
+def is_hub_id(name: str) -> bool:
+    """``name`` names no path here and reads as ORG/NAME[@REVISION]: serve's
+    MODEL and train's --init_from take it as a Hugging Face id."""
+    path = Path(name).expanduser()
+    return not path.exists() and bool(HF_ID.fullmatch(name.partition("@")[0])) \
+        and not Path(name.split("/")[0]).expanduser().is_dir()
 
 
 def pull(job: Job, name: str, env: dict[str, str], on_event: OnEvent) -> Pulled:

@@ -202,6 +202,18 @@ def restart_checkpoint_every(steps: int) -> int:
     return max(1, -(-steps // RESTART_CHECKPOINTS_PER_RUN))
 
 
+def with_model_folder(args: TrainerArgs) -> TrainerArgs:
+    """--init_from given as a Hugging Face id: its folder in huggingface_hub's
+    cache here (downloaded there when missing: launch/pull.py), which every
+    rank is then given and every host sent."""
+    from mlxcluster.launch.pull import is_hub_id, resolve_model
+
+    init_from = args.config.init_from
+    if init_from and is_hub_id(init_from):
+        return args.with_flags(init_from=str(resolve_model(init_from)))
+    return args
+
+
 def with_restart_checkpoints(args: TrainerArgs, max_restarts: int) -> TrainerArgs:
     """With restarts on, a checkpoint interval when the run set none: a
     restart then loses at most 1/20 of the run."""

@@ -323,8 +323,14 @@ def _serve(job, spec, backend, restarts, env, run_id, logs_dir, on_line, on_even
 
 
 def absolute_model(folder: str) -> str:
-    """The model folder as every host will have it: absolute, as here;
-    InputError (exit 2) when it is missing or holds no config.json."""
+    """The model folder as every host will have it: absolute, as here (a
+    Hugging Face id: its folder in huggingface_hub's cache, downloaded there
+    when missing: launch/pull.py); InputError (exit 2) when it is missing or
+    holds no config.json."""
+    from mlxcluster.launch.pull import is_hub_id, resolve_model
+
+    if is_hub_id(folder):
+        folder = str(resolve_model(folder))
     if not Path(folder).expanduser().exists():
         raise InputError(f"{folder} does not exist",
                          "give a model folder: the one mlx-lm downloaded or converted "
