@@ -11,7 +11,7 @@ that each sees the machine as the others do:
 
 - bare: `mlx.launch -n 2 --backend B -- python -m mlx_lm server` (what a
   user runs without mlxcluster), rank 0's port asked directly;
-- serve-1: `mlxcluster serve --local 2` as it ships (one request at a time);
+- serve-1: `mlxcluster serve --local 2 --max-in-flight 1` (one request at a time);
 - serve-8: the same with `--max-in-flight 8` (mlx-lm batches up to 8).
 
 Each round, on each server: eight greedy streamed requests of --tokens

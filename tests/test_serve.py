@@ -56,6 +56,10 @@ def test_serve_answers_as_one_process_and_ctrl_c_leaves_nothing(llama, tmp_path)
         answer = chat_text(port)
         assert answer and answer == generated_alone(model)
         official_clients_agree(port, answer, str(model))  # openai's and anthropic's own, tools too
+        status_page = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        status_page.request("GET", "/status")
+        assert "at most 8 at once" in status_page.getresponse().read().decode()  # ring's default
+        status_page.close()
     finally:
         code = serving.stop()
     assert code == 0, serving.output()

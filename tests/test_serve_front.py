@@ -612,3 +612,17 @@ def test_a_server_that_ends_during_a_drain_stops_serve_not_a_restart():
     drain.server_ended("rank 1 exited with code -9")
     assert stops == [15]
     assert said[-1].text == "drain: rank 1 exited with code -9 during the drain: not launched again, stopping"
+
+
+def test_left_out_max_in_flight_follows_the_backend_given_it_stays():
+    """--max-in-flight left out: one until the backend is known, then 8 on ring
+    and MPI (batched answers measured equal), 1 on JACCL (mlx-lm #1737) and
+    NCCL; a value given is kept whatever the backend."""
+    for backend, slots in (("ring", 8), ("mpi", 8), ("jaccl", 1), ("nccl", 1)):
+        admission = Admission(None, 16)
+        assert admission.max_in_flight == 1
+        admission.settle(backend)
+        assert admission.max_in_flight == slots, backend
+    given = Admission(2, 16)
+    given.settle("ring")
+    assert given.max_in_flight == 2

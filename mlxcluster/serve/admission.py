@@ -33,16 +33,37 @@ class QueueFull(Exception):
         self.waiting, self.max_in_flight = waiting, max_in_flight
 
 
-class Admission:
-    """Slots to rank 0 (``max_in_flight``) and an ordered line of ``queue``."""
+# Requests passed on at once when --max-in-flight is not given, by backend: 8 where
+# mlx-lm's batched answers were measured equal, token for token, to the same requests
+# one at a time (ring and MPI: 72 and 48 of them, docs/performance-runs.md, "serve");
+# one at a time on JACCL, where two at once kill both ranks (mlx-lm #1737), and on
+# NCCL, not measured.
+BATCHED_IN_FLIGHT = {"ring": 8, "mpi": 8}
 
-    def __init__(self, max_in_flight: int = 1, queue: int = 16):
-        if max_in_flight < 1 or queue < 0:
+
+def default_in_flight(backend: str) -> int:
+    return BATCHED_IN_FLIGHT.get(backend, 1)
+
+
+class Admission:
+    """Slots to rank 0 (``max_in_flight``) and an ordered line of ``queue``.
+    ``max_in_flight`` None: one until ``settle`` names the backend."""
+
+    def __init__(self, max_in_flight: int | None = 1, queue: int = 16):
+        if (max_in_flight is not None and max_in_flight < 1) or queue < 0:
             raise ValueError("max_in_flight >= 1 and queue >= 0")
-        self.max_in_flight, self.queue = max_in_flight, queue
+        self.given = max_in_flight is not None
+        self.max_in_flight, self.queue = max_in_flight or 1, queue
         self._cond = threading.Condition()
         self._busy = 0  # slots taken (requests, or the probe while idle)
         self._line: deque[object] = deque()  # the waiting requests' tickets, in order
+
+    def settle(self, backend: str) -> None:
+        """The slots for ``backend`` (``default_in_flight``) unless given."""
+        if not self.given:
+            with self._cond:
+                self.max_in_flight = default_in_flight(backend)
+                self._cond.notify_all()
 
     def enter(self, given_up: Callable[[], bool] = lambda: False) -> bool:
         """Take a slot, waiting in line for it: True once taken (``leave``

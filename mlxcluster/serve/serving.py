@@ -182,6 +182,7 @@ def serve_until_stopped(run: ServeRun, restarts: Restarts, env: dict[str, str], 
     launch, restart, time up and the stop written to ``run.journal`` (serve.log)."""
     job, spec, backend, run_id = run.job, run.spec, run.backend, run.run_id
     logs_dir, journal = run.logs_dir, run.journal
+    backend.admission.settle(job.backend)  # --max-in-flight left out: by the backend
     on_event = journaled(journal, kept(backend, on_event))
     drain = Drain(backend, spec.drain_timeout, on_event)
     try:

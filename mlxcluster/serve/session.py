@@ -41,7 +41,7 @@ class FrontSpec:
     port: int = 8080
     api_key: str | None = None
     no_auth: bool = False
-    max_in_flight: int = 1
+    max_in_flight: int | None = None  # None: by the backend (admission.default_in_flight)
     queue: int = 16
 
 
