@@ -26,7 +26,9 @@ Modules, each importing only those listed before it (no circles):
     compile_cache.py      whether MLX compiles its CPU kernels from nothing (the log says so)
     model.py              ModelArgs, Llama, the loss, sampling
     hf_io.py              Hugging Face / mlx-lm Llama folders: read (--init_from), written
-    precision.py          --dtype / --comm_dtype bfloat16: compute copy, gradient all-reduce
+    precision.py          --dtype / --comm_dtype bfloat16: the compute copy, float32 gradients
+    collectives.py        every collective (all_sum, all_gather, send, recv, the gradient
+                          average, a pipeline's Exchange) on the stream the precision rule names
     lora.py               --fine_tune lora or dora: LoRALinear, DoRALinear, adapters on a frozen
                           (or quantized) base, OUT/adapters in mlx-lm's format
     stages.py             --pipeline: which blocks each stage holds, balanced by bytes (from

@@ -22,10 +22,11 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 from mlx.utils import tree_map
 
+from .collectives import all_sum, average_gradients
 from .data import split_batch, validation_batches
 from .loop import Batch, StepResult
 from .model import loss_fn
-from .precision import average_gradients, refresh, to_float32
+from .precision import refresh, to_float32
 from .sharded_optimizer import ShardedOptimizer
 
 
@@ -174,7 +175,7 @@ def validation(split, global_batch: int, group, batches: int,
         if n == 0:
             return float("nan")
         if group.size() > 1:
-            total = mx.distributed.all_sum(total, group=group)
+            total = all_sum(total, group)
         return (total / (n * group.size())).item()
 
     return evaluate

@@ -82,6 +82,7 @@ import mlx.nn as nn
 import numpy as np
 
 from .callbacks import TrainingCallback
+from .collectives import all_gather, all_sum
 from .stopping import Stopped
 
 Batch = tuple[np.ndarray, ...]  # (x, y, *weights): this rank's rows of one global batch
@@ -131,7 +132,7 @@ def peak_memory_mb() -> tuple[float, float]:
 def gather_memory(group) -> tuple[list[float], list[float]]:
     """Every rank's (MLX peak, RSS peak) in MiB, gathered on all ranks."""
     mine = mx.array([peak_memory_mb()], dtype=mx.float32)
-    every = mx.distributed.all_gather(mine, group=group) if group.size() > 1 else mine
+    every = all_gather(mine, group) if group.size() > 1 else mine
     every = np.array(every).reshape(-1, 2)
     return [round(float(v), 1) for v in every[:, 0]], [round(float(v), 1) for v in every[:, 1]]
 
@@ -157,7 +158,7 @@ def train_loop(model: nn.Module, optimizer, data: TrainData, step: StepFunction,
         interval_steps += 1
         if done % plan.log_every == 0 or done == plan.last:
             elapsed = time.perf_counter() - t0
-            loss = (mx.distributed.all_sum(loss_sum, group=group) / (size * interval_steps)).item()
+            loss = (all_sum(loss_sum, group) / (size * interval_steps)).item()
             mem, rss = gather_memory(group)
             record = {"step": done, "loss": loss,
                       "tokens_per_s": round(interval_tokens / elapsed, 1),
@@ -181,7 +182,7 @@ def train_loop(model: nn.Module, optimizer, data: TrainData, step: StepFunction,
             save(done)  # every rank at this logged step (stopping.py)
             if size > 1:  # every copy written before any rank ends: rank 0's exit (143) makes
                 # mlx.launch end the others, mid-write (seen in CI: labhost2 left without one)
-                mx.eval(mx.distributed.all_sum(mx.array(1), group=group, stream=mx.cpu))
+                mx.eval(all_sum(mx.array(1), group))
             raise Stopped(done)
         if interval_steps == 0:
             t0 = time.perf_counter()  # time only training, not logging or evaluation

@@ -51,10 +51,11 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
 from . import kernels
+from .collectives import Exchange, all_sum, average_gradients, recv_like, send
 from .errors import DataError
 from .loop import Batch, StepResult
 from .model import Llama, head_logits, run_blocks
-from .precision import average_gradients, collective_stream, refresh
+from .precision import refresh
 from .sharded_optimizer import clip_grad_norm_over
 from .stages import StagePlan, check_micro_batches, check_schedule, schedule
 
@@ -105,41 +106,6 @@ class SingleReplica:
 
     def size(self) -> int:
         return 1
-
-
-class Exchange:
-    """Sends and receives between neighbouring stages, each on a CPU stream of its own
-    (collectives run on the CPU: precision.collective_stream). A send is waited for in
-    the next evaluation, beside whatever is waited for then (a receive, or compute):
-    two neighbours sending to each other at once never wait for each other. On one
-    stream they would, as soon as the tensors outgrow the sockets' buffers: measured on
-    ring, 64 MiB each way at once hangs on one stream and completes on two
-    (tests/test_pipeline.py)."""
-
-    def __init__(self, group):
-        self.group = group
-        self.sending, self.receiving = mx.new_stream(mx.cpu), mx.new_stream(mx.cpu)
-        self.outbox: list[mx.array] = []
-        self.waited = 0.0  # seconds spent waiting for a receive
-
-    def send(self, value: mx.array, to: int) -> None:
-        """Send `value` to rank `to`, waited for in the next evaluation."""
-        self.outbox.append(mx.distributed.send(value, to, group=self.group, stream=self.sending))
-
-    def receive(self, shape, dtype: mx.Dtype, source: int) -> mx.array:
-        """What rank `source` sends next, lazily: received when evaluated."""
-        return mx.distributed.recv(shape, dtype, source, group=self.group, stream=self.receiving)
-
-    def evaluate(self, *arrays: mx.array) -> None:
-        """Evaluate `arrays` and every send not yet waited for."""
-        mx.eval(*arrays, *self.outbox)
-        self.outbox = []
-
-    def wait_for(self, received: mx.array) -> mx.array:
-        start = time.perf_counter()
-        self.evaluate(received)
-        self.waited += time.perf_counter() - start
-        return received
 
 
 class PipelineStep:
@@ -264,14 +230,13 @@ class PipelineStep:
         stage that holds its parameter (a tied matrix's on the first stage, both uses
         summed). Every stage calls it."""
         loss, grads = self.gradients(x, y, weights)
-        plan, group, stream = self.plan, self.group, collective_stream()
+        plan, group = self.plan, self.group
         if self.exchange_tied and plan.last:  # the copy's gradient to the matrix's owner
-            mx.eval(mx.distributed.send(grads.pop(self.copy), 0, group=group, stream=stream))
+            mx.eval(send(grads.pop(self.copy), 0, group))
         elif self.exchange_tied and plan.first:
-            grads[TIED] = grads[TIED] + mx.distributed.recv_like(
-                grads[TIED], plan.count - 1, group=group, stream=stream)
+            grads[TIED] = grads[TIED] + recv_like(grads[TIED], plan.count - 1, group)
         if plan.count > 1:
-            loss = mx.distributed.all_sum(loss, group=group, stream=stream)
+            loss = all_sum(loss, group)
         if self.replicas is not None:  # the copies of this stage: one gradient
             nested = tree_unflatten(list(grads.items()))  # the tree nn.average_gradients takes
             grads = dict(tree_flatten(average_gradients(nested, self.replicas, self.comm_dtype)))
@@ -291,7 +256,7 @@ class PipelineStep:
         start = time.perf_counter()
         loss, grads = self.step_gradients(x, y, weights[0] if weights else None)
         reduced = time.perf_counter()
-        plan, group, stream = self.plan, self.group, collective_stream()
+        plan, group = self.plan, self.group
         if self.grad_clip > 0:
             grads, norm = clip_grad_norm_over(grads, self.grad_clip, group)
         else:
@@ -300,11 +265,9 @@ class PipelineStep:
         mx.eval(norm, self.stage.parameters(), self.optimizer.state)
         updated = time.perf_counter()
         if self.exchange_tied and plan.first:  # the updated matrix to the last stage's copy
-            mx.eval(mx.distributed.send(self.stage.tok_embeddings.weight, plan.count - 1,
-                                        group=group, stream=stream))
+            mx.eval(send(self.stage.tok_embeddings.weight, plan.count - 1, group))
         elif self.exchange_tied and plan.last:
-            copy = mx.distributed.recv_like(self.stage.tok_embeddings.weight, 0, group=group,
-                                            stream=stream)
+            copy = recv_like(self.stage.tok_embeddings.weight, 0, group)
             self.stage.update(tree_unflatten([(TIED, copy)]))
             mx.eval(self.stage.parameters())
         done = time.perf_counter()
@@ -343,6 +306,6 @@ class PipelineStep:
                 link.evaluate(out)
         link.evaluate()
         if plan.count > 1:
-            total = mx.distributed.all_sum(total, group=self.group, stream=collective_stream())
+            total = all_sum(total, self.group)
         mx.eval(total)
         return total

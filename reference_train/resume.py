@@ -47,13 +47,13 @@ from .checkpoint import (
     install_checkpoint,
     resolve_checkpoint,
 )
+from .collectives import all_gather, all_gather_bytes, barrier, broadcast_bytes
 from .disk_room import said_when_full
 from .errors import DataError
 from .files import file_sha256
 from .storage import STORAGE_DIR, TOKEN_BYTES, storage_groups
 
 NAME_BYTES = 64  # a hostname, padded, as exchanged between ranks
-CHUNK_BYTES = 64 << 20  # bytes per all_sum when sending a checkpoint file
 
 
 class ResumeError(DataError):
@@ -110,10 +110,6 @@ def host_layout(group) -> HostLayout:
     every = np.array(all_gather_bytes(mine, group)).reshape(group.size(), NAME_BYTES)
     names = [bytes(row).rstrip(b"\0").decode(errors="replace") for row in every]
     return HostLayout(names, group.rank())
-
-
-def all_gather_bytes(data: bytes, group) -> mx.array:
-    return mx.distributed.all_gather(mx.array(np.frombuffer(data, dtype=np.uint8)), group=group)
 
 
 def newest_whole(root: Path, only: int | None = None,
@@ -250,23 +246,6 @@ def send_checkpoint(group, layout: HostLayout, root: Path, step: int, source: in
     return total
 
 
-def broadcast_bytes(data: bytes, group) -> bytes:
-    """The source's bytes on every rank: every other rank passes zeros of the same
-    length, so the uint8 sum is exact."""
-    out = bytearray()
-    for start in range(0, max(len(data), 1), CHUNK_BYTES):
-        chunk = np.frombuffer(data[start:start + CHUNK_BYTES], dtype=np.uint8)
-        if chunk.size == 0:
-            break
-        summed = mx.distributed.all_sum(mx.array(chunk), group=group)
-        out += np.array(summed, dtype=np.uint8).tobytes()
-    return bytes(out)
-
-
-def barrier(group) -> None:
-    mx.eval(mx.distributed.all_sum(mx.array([1], dtype=mx.int32), group=group))
-
-
 def check_loaded(group, layout: HostLayout, step: int, digest: str) -> None:
     """Step 4: every rank loaded the same step and the same arrays, or a ResumeError."""
     every = exchange(Holding(step, digest), group)
@@ -306,7 +285,7 @@ def find_storage(group, layout: HostLayout, out: Path, what: str = "--out",
             theirs = bytes(tokens[r])
             if r != rank and any(theirs) and (folder / theirs.hex()).exists():
                 row[r] = 1
-    sees = np.array(mx.distributed.all_gather(mx.array(row), group=group)).reshape(size, size)
+    sees = np.array(all_gather(mx.array(row), group)).reshape(size, size)
     if looks and failed is None:
         (folder / token.hex()).unlink(missing_ok=True)
         try:

@@ -61,6 +61,7 @@ from .checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from .collectives import all_sum, gather_json, gather_tensors, refuse_together
 from .config import TrainConfig, build_config, model_args
 from .data import ShardedBatches, load_meta, open_split, split_batch
 from .data_parallel import DataParallelStep, validation
@@ -76,16 +77,7 @@ from .mfu import flops_per_token, peak_flops
 from .mirror import describe_mirrors, mirror_checkpoint, mirrored_stages
 from .model import Llama, args_match, count_parameters, generate
 from .pipeline import PipelineStep
-from .pipeline_outputs import (
-    STAGE_DIR,
-    check_stage_state,
-    gather_json,
-    gather_tensors,
-    other_layout,
-    refuse_together,
-    stage_dir,
-    stage_state,
-)
+from .pipeline_outputs import STAGE_DIR, check_stage_state, other_layout, stage_dir, stage_state
 from .pipeline_setup import (
     build_stage,
     micro_batches_of,
@@ -258,7 +250,7 @@ class Trainer:
         if self.pipe is None:
             return count_parameters(self.model), lora.trainable_count(self.model)
         mine = [sum(v.size for v in own_tensors(self.model, t).values()) for t in (False, True)]
-        summed = mx.distributed.all_sum(mx.array(mine, dtype=mx.int64), group=self.pipe.pipeline)
+        summed = all_sum(mx.array(mine, dtype=mx.int64), self.pipe.pipeline)
         return tuple(int(v) for v in summed.tolist())
 
     def eval_every(self) -> int:
@@ -593,8 +585,7 @@ class Trainer:
         cold = int(compile_cache.compiles_cold(cfg.compile or (cfg.kernels == "auto"
                                                                and sys.platform == "linux")))
         if self.size > 1:  # every host has its own cache; rank 0 says how many are cold
-            cold = int(mx.distributed.all_sum(mx.array(cold), group=self.group,
-                                              stream=mx.cpu).item())
+            cold = int(all_sum(mx.array(cold), self.group).item())
         if self.rank == 0:
             make_out_dir(self.out)
             self.describe(cold)
