@@ -76,7 +76,7 @@ from .metrics import emit_folder, heartbeat_wanted, plot_metrics, record_line, r
 from .mfu import flops_per_token, peak_flops
 from .mirror import describe_mirrors, mirror_checkpoint, mirrored_stages
 from .model import Llama, args_match, count_parameters, generate
-from .pipeline import PipelineStep
+from .pipeline import PipelineStep, owned_parameters
 from .pipeline_outputs import STAGE_DIR, check_stage_state, other_layout, stage_dir, stage_state
 from .pipeline_setup import (
     build_stage,
@@ -141,7 +141,8 @@ def make_optimizer(cfg: TrainConfig, model: Llama, group, reduce_scatter: bool):
     """AdamW on the trainable parameters, or each rank's share of it (--shard_optimizer)."""
     optimizer = optim.AdamW(learning_rate=schedule(cfg), betas=[cfg.beta1, cfg.beta2],
                             weight_decay=cfg.weight_decay)
-    if cfg.pipeline > 1:  # pipeline.PipelineStep initialises it for the stage's own parameters
+    if cfg.pipeline > 1:  # a stage's own parameters (the last stage's tied copy is the first's)
+        optimizer.init(owned_parameters(model))
         return optimizer
     if cfg.shard_optimizer:  # each rank keeps its share of the state (sharded_optimizer.py)
         return ShardedOptimizer(optimizer, model, group, reduce_scatter=reduce_scatter)
@@ -234,7 +235,7 @@ class Trainer:
         cfg = self.cfg
         compute = None if self.compute is self.model else self.compute
         if self.pipe is not None:
-            return PipelineStep(self.model, self.optimizer, self.pipe.pipeline,
+            return PipelineStep(self.model, self.pipe.pipeline,
                                 self.micro_batches, cfg.grad_clip, compute, self.compute_dtype,
                                 cfg.pipeline_schedule, replicas=self.pipe.replicas,
                                 comm_dtype=dtype_of(cfg.comm_dtype))
@@ -269,7 +270,7 @@ class Trainer:
     def evaluate(self):
         """The validation loss (loop.py's evaluate): through the pipeline with one."""
         cfg = self.cfg
-        loss = None if self.pipe is None else (lambda model, batch: self.step_fn.loss(batch))
+        loss = None if self.pipe is None else self.step_fn.loss
         return validation(self.val_split, cfg.global_batch, self.data_group, cfg.eval_batches,
                           loss)
 
