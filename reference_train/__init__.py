@@ -51,18 +51,24 @@ Modules, each importing only those listed before it (no circles):
                           evaluations, checkpoints) and who listens: heartbeats, the progress
                           bar, the log lines and the metrics record (no mlx)
     loop.py               train_loop, handed the model, optimizer, data, a step function and a
-                          callback; the step function's contract (StepFunction, StepResult)
+                          callback; the step function's contract (StepFunction, StepResult);
+                          the validation loss (validation)
     pipeline.py           a pipeline stage (Stage) and its step function (PipelineStep, 1F1B or
                           GPipe): micro-batches, send/recv between stages, the tied embedding
                           kept whole, the validation loss through the stages
     stage_load.py         each rank builds its stage only, reading only its tensors
-    pipeline_setup.py     --pipeline N: the pipeline (and copies') groups, this rank's stage
     mirror.py             each stage's checkpoints mirrored on the next stage's host (sent
                           in chunks), unless they share a disk or the pipeline has copies
     resplit.py            a pipeline's checkpoints resumed over another --pipeline: the pieces
                           each disk holds, the layout, step and sources chosen, the re-cut
     data_parallel.py      the data-parallel step function (gradients averaged over every rank)
-                          and the validation loss
-    train.py              the Trainer (the parts, resume, checkpoints, export) and main:
-                          `python -m reference_train.train` (data-parallel, or --pipeline N)
+                          and the run's part (DataParallel: the whole model on every rank)
+    pipeline_setup.py     --pipeline N: the pipeline (and copies') groups, this rank's stage,
+                          and the run's part (Pipeline: a stage's model, step, checkpoints,
+                          resume and export)
+    parallelism.py        the part the Trainer holds (Parallelism: data-parallel or a
+                          pipeline) and the choice of it
+    train.py              the Trainer (the data, the loop, resume, checkpoints, the log) and
+                          main: `python -m reference_train.train`; it never asks which
+                          parallelism it holds
 """

@@ -66,6 +66,10 @@ It returns `StepResult`:
 - ``phases``: {} when not timed; when timed the seconds of "compute_s",
   "comm_s" (gradient communication) and "optimizer_s" (the log line shows the
   three), and any other phase it measures (the record keeps them).
+
+A step function also has ``loss(model, batch) -> mx.array``: the mean loss of
+``batch``'s rows, forwards only (a pipeline's through its stages: every stage
+calls it), from which `validation` makes the loop's ``evaluate``.
 """
 
 from __future__ import annotations
@@ -83,6 +87,7 @@ import numpy as np
 
 from .callbacks import TrainingCallback
 from .collectives import all_gather, all_sum
+from .data import validation_batches
 from .stopping import Stopped
 
 Batch = tuple[np.ndarray, ...]  # (x, y, *weights): this rank's rows of one global batch
@@ -99,6 +104,8 @@ class StepResult:
 
 class StepFunction(Protocol):
     def __call__(self, model: nn.Module, optimizer, batch: Batch, timed: bool) -> StepResult: ...
+
+    def loss(self, model: nn.Module, batch: Batch) -> mx.array: ...
 
 
 class TrainData(Protocol):
@@ -187,3 +194,27 @@ def train_loop(model: nn.Module, optimizer, data: TrainData, step: StepFunction,
         if interval_steps == 0:
             t0 = time.perf_counter()  # time only training, not logging or evaluation
     return record
+
+
+def validation(split, global_batch: int, group, batches: int,
+               loss: Callable[[nn.Module, Batch], mx.array]) -> Callable[[nn.Module], float]:
+    """evaluate(model): the validation loss averaged over every rank's share of
+    ``batches`` global batches of ``split`` (the same on every rank: a collective).
+    ``group``: the ranks sharing each batch's rows; ``loss(model, rows)``: one share's
+    mean loss (the step function's ``loss``)."""
+
+    def evaluate(model: nn.Module) -> float:
+        total, n = mx.array(0.0), 0
+        model.eval()  # no dropout (LoRA's)
+        for batch in validation_batches(split, global_batch, group, batches):
+            total = total + loss(model, batch)
+            n += 1
+        mx.eval(total)
+        model.train()
+        if n == 0:
+            return float("nan")
+        if group.size() > 1:
+            total = all_sum(total, group)
+        return (total / (n * group.size())).item()
+
+    return evaluate

@@ -303,7 +303,7 @@ class PipelineStep:
     def loss(self, stage: Stage, batch: Batch) -> mx.array:
         """The loss of `batch` (this replica's rows) on `stage`'s master weights, forwards
         only, in micro-batches as a step runs them: the same on every stage (a collective
-        of the pipeline: every stage calls it with the same rows). data_parallel.validation's
+        of the pipeline: every stage calls it with the same rows). loop.validation's
         `loss(model, batch)`."""
         x, y, *weights = batch
         trained = weights[0] if weights else None

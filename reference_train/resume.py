@@ -45,12 +45,15 @@ from .checkpoint import (
     checkpoint_steps,
     content_hash,
     install_checkpoint,
+    load_checkpoint,
     resolve_checkpoint,
 )
 from .collectives import all_gather, all_gather_bytes, barrier, broadcast_bytes
 from .disk_room import said_when_full
 from .errors import DataError
 from .files import file_sha256
+from .fine_tune import ADAPTER_FIELDS
+from .model import args_match
 from .storage import STORAGE_DIR, TOKEN_BYTES, storage_groups
 
 NAME_BYTES = 64  # a hostname, padded, as exchanged between ranks
@@ -244,6 +247,50 @@ def send_checkpoint(group, layout: HostLayout, root: Path, step: int, source: in
             shutil.rmtree(tmp, ignore_errors=True)
     barrier(group)  # the other ranks of a receiving host read what its writer installed
     return total
+
+
+@dataclass
+class Loaded:
+    """A resumed checkpoint: its state.json, a hash of its arrays (check_loaded), where it
+    came from (for the log), and its folder (None: re-cut from another layout's pieces)."""
+
+    state: dict
+    digest: str
+    where: str
+    folder: Path | None = None
+
+
+def check_trained_alike(saved: dict, where, args, cfg, adapters: bool) -> None:
+    """A DataError unless checkpoint `where`'s state.json (`saved`) is of a model of
+    shape `args` fine-tuned as `cfg` asks (`adapters`: LoRA's or DoRA's settings too)."""
+    saved_args = saved["model_args"]
+    if not args_match(saved_args, args):
+        raise DataError(f"{where} holds a different model: {saved_args}",
+                        "resume with the same model settings")
+    tuning = ("fine_tune", *ADAPTER_FIELDS) if adapters else ("fine_tune",)
+    theirs = {k: saved.get("config", {}).get(k, "full" if k == "fine_tune" else None)
+              for k in tuning}
+    ours = {k: getattr(cfg, k) for k in tuning}
+    if theirs != ours:
+        raise DataError(f"{where} was trained with {theirs}, this run asks for {ours}",
+                        "resume with the checkpoint's --fine_tune and --lora_* settings")
+
+
+def load_folder(path: Path, model, optimizer, trainable_only: bool, check) -> Loaded:
+    """Checkpoint `path` loaded in place, once `check(its state.json, path)` passed."""
+    with open(path / "state.json") as f:
+        check(json.load(f), path)
+    state = load_checkpoint(path, model, optimizer, trainable_only=trainable_only)
+    return Loaded(state, content_hash(path), str(path), path)
+
+
+def say_notes(own_notes: list[str], notes: list[str], log) -> None:
+    """agree_on_checkpoint's notes: about this host's disk, said by the rank that saw it;
+    the others in the log."""
+    for note in own_notes:
+        print(f"note: {note}", flush=True)
+    for note in notes:
+        log(note)
 
 
 def check_loaded(group, layout: HostLayout, step: int, digest: str) -> None:
