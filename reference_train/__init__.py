@@ -38,12 +38,15 @@ Modules, each importing only those listed before it (no circles):
     checkpoint.py         atomic checkpoints and their hashes
     storage.py            which hosts see the same --out (a token each): one writer for them (no mlx)
     resume.py             one checkpoint writer per host; the ranks agree on what to resume from;
-                          find_storage, the collective that finds who shares --out
-    export.py             `python -m reference_train.export`: a checkpoint as an mlx-lm folder
+                          find_storage, the collective that finds who shares --out; a
+                          checkpoint checked against the run and loaded (load_folder)
+    export.py             `python -m reference_train.export`: a checkpoint as an mlx-lm folder;
+                          OUT/adapters written (export_adapters)
     launch_env.py         what the launcher asked for: world size, backend, sum_scatter
     sharded_optimizer.py  --shard_optimizer: each rank's share of the AdamW state
-    pipeline_outputs.py   each stage's checkpoints, their whole steps, OUT/adapters gathered
-                          and OUT/model in shards
+    pipeline_outputs.py   each stage's checkpoint folder and state, their whole steps, the
+                          refusal of the other layout's; the outputs' layout (OUT/adapters
+                          gathered, OUT/model in shards)
     mfu.py                FLOPs per token and the peak they are measured against
     stopping.py           SIGUSR2: every rank checkpoints at one logged step and stops (the
                           lease of mlxcluster's controller ran out, or `mlxcluster stop`)

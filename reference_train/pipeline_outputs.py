@@ -47,7 +47,8 @@ Outputs (the first copy of the pipeline writes them):
 
 On one host (or a disk the hosts share) OUT/model is whole; on several, each
 host holds its stages' shards and `mlxcluster train` brings them together.
-Everything here is collective over the group it is given.
+The writing (and the gathering, collectives.py) is pipeline_setup.Pipeline's; here
+the folders, the stage's state, the whole steps and the refusals, none collective.
 """
 
 from __future__ import annotations
