@@ -47,9 +47,9 @@ Each side's figure is the median of its reports after the first
 both report it. Ratios ours / mlx-lm are per round.
 
 Then the bytes all-reduced per step (issue 29): the trainer averages the
-trainable parameters' gradients, in float32 by default (train.py
-reduction(), precision.average_gradients: --comm_dtype float32; bfloat16
-halves it), so a step all-reduces 4 bytes per trainable parameter: the
+trainable parameters' gradients, in float32 by default (data_parallel.py
+DataParallel.reduction(), collectives.average_gradients: --comm_dtype float32;
+bfloat16 halves it), so a step all-reduces 4 bytes per trainable parameter: the
 adapters with LoRA, every parameter with full fine-tuning. Printed for the
 bench's model (the LoRA count checked against the trainer's own log line
 "LoRA: ... N trainable parameters" and against the tensors in mlx-lm's

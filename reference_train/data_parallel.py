@@ -1,5 +1,7 @@
-"""The data-parallel step: a step function (loop.py's contract) that averages the
-gradients over every rank, and the validation loss averaged over them.
+"""Data-parallel training: its step function (loop.py's contract), which averages the
+gradients over every rank, and the run's part (`DataParallel`, parallelism.py's
+contract: the model, optimizer, step, checkpoints, resume and export of a run whose
+every rank holds the whole model).
 
 Every rank holds the whole model and computes the loss and gradients of its
 rows (--grad_accum micro-batches of them, summed); the gradients are averaged
@@ -14,18 +16,29 @@ compiles its step.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from functools import partial
+from pathlib import Path
+from types import SimpleNamespace
 
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 from mlx.utils import tree_map
 
-from .data import split_batch, validation_batches
+from . import lora
+from .collectives import average_gradients, refuse_together
+from .config import TrainConfig, model_args
+from .data import split_batch
+from .disk_room import said_when_full
+from .export import export_adapters, export_model
+from .fine_tune import trains_adapters
+from .hf_io import model_from_folder
+from .launch_env import has_sum_scatter
 from .loop import Batch, StepResult
-from .model import loss_fn
-from .precision import average_gradients, refresh, to_float32
+from .model import Llama, count_parameters, generate, loss_fn
+from .pipeline_outputs import other_layout
+from .precision import compute_copy, dtype_of, refresh, to_float32
+from .resume import HostLayout, Loaded, agree_on_checkpoint, load_folder, say_notes
 from .sharded_optimizer import ShardedOptimizer
 
 
@@ -148,33 +161,155 @@ class DataParallelStep:
                       "optimizer_s": round(time.perf_counter() - reduced, 6)}
         return StepResult(step_loss, norm, phases)
 
-
-def validation(split, global_batch: int, group, batches: int,
-               loss: Callable[[nn.Module, Batch], mx.array] | None = None
-               ) -> Callable[[nn.Module], float]:
-    """evaluate(model): the validation loss averaged over every rank's share of
-    ``batches`` global batches of ``split`` (the same on every rank: a collective).
-    ``group``: the ranks sharing each batch's rows; ``loss(model, rows)``: one share's
-    mean loss (default the model's own; a pipeline's goes through its stages:
-    pipeline.PipelineStep.loss)."""
-
-    def own_loss(model: nn.Module, batch: Batch) -> mx.array:
+    def loss(self, model: nn.Module, batch: Batch) -> mx.array:
+        """The mean loss of this rank's rows ``batch`` on ``model``, forwards only."""
         return loss_fn(model, *(mx.array(a) for a in batch))
 
-    batch_loss = loss or own_loss
 
-    def evaluate(model: nn.Module) -> float:
-        total, n = mx.array(0.0), 0
-        model.eval()  # no dropout (LoRA's)
-        for batch in validation_batches(split, global_batch, group, batches):
-            total = total + batch_loss(model, batch)
-            n += 1
-        mx.eval(total)
-        model.train()
-        if n == 0:
-            return float("nan")
-        if group.size() > 1:
-            total = mx.distributed.all_sum(total, group=group)
-        return (total / (n * group.size())).item()
+# ---------------------------------------------------------------- the run's part
 
-    return evaluate
+
+def make_model(cfg: TrainConfig, meta: dict, data_dir: Path) -> Llama:
+    """The run's model, from --init_from's folder or drawn from --seed, with its
+    adapters when --fine_tune lora or dora (the base frozen, quantized or not)."""
+    mx.random.seed(cfg.seed)  # every rank draws the same initial weights
+    if cfg.init_from:  # the model's shape and weights from a Llama folder (hf_io.py)
+        model = model_from_folder(cfg.init_from, meta, data_dir, cfg.fine_tune)
+    else:
+        model = Llama(model_args(cfg, meta["vocab_size"]))
+    if trains_adapters(cfg.fine_tune):
+        lora.check_base_dtype(cfg, model)
+        lora.apply_config(model, cfg)
+    return model
+
+
+class DataParallel:
+    """A data-parallel run (parallelism.Parallelism): every rank holds the whole model
+    and reads its share of each global batch; one checkpoint writer per --out folder."""
+
+    no_sample = None  # rank 0 holds the whole model: it samples
+
+    def __init__(self, cfg: TrainConfig, group, backend: str, meta: dict, log):
+        self.cfg, self.group, self.backend, self.meta, self.log = cfg, group, backend, meta, log
+        self.data_group = group  # every rank reads its share of each global batch
+        self.lora = trains_adapters(cfg.fine_tune)
+        self.reduce_scatter = cfg.shard_optimizer and has_sum_scatter(backend, mx.__version__)
+        self.layout: HostLayout | None = None
+
+    def place(self, layout: HostLayout) -> HostLayout:
+        """This rank's checkpoint writers: the world's layout (storage.py)."""
+        self.layout = layout
+        return layout
+
+    def checkpoints(self, root: Path) -> Path:
+        return root
+
+    def build(self, data_dir: Path) -> tuple[nn.Module, nn.Module]:
+        """(the model: float32 master weights, its compute copy: itself, or a bfloat16
+        twin the passes run on)."""
+        cfg = self.cfg
+        model = make_model(cfg, self.meta, data_dir)
+
+        def empty():  # a model of this shape, with its adapters frozen alike
+            twin = Llama(model.args)
+            return lora.apply_config(twin, cfg) if self.lora else twin
+
+        compute = compute_copy(model, empty, dtype_of(cfg.dtype))
+        for m in (model, compute):  # --grad_checkpoint: blocks recomputed (model.py)
+            m.grad_checkpoint = cfg.grad_checkpoint
+        return model, compute
+
+    def init_optimizer(self, optimizer, model):
+        """`optimizer` for `model`'s trainable parameters, or each rank's share of it
+        (--shard_optimizer: sharded_optimizer.py)."""
+        if self.cfg.shard_optimizer:
+            return ShardedOptimizer(optimizer, model, self.group,
+                                    reduce_scatter=self.reduce_scatter)
+        optimizer.init(model.trainable_parameters())
+        return optimizer
+
+    def make_step(self, model: nn.Module, compute: nn.Module) -> DataParallelStep:
+        cfg = self.cfg
+        return DataParallelStep(
+            self.group, global_batch=cfg.global_batch, grad_accum=cfg.grad_accum,
+            grad_clip=cfg.grad_clip, compute=None if compute is model else compute,
+            compute_dtype=dtype_of(cfg.dtype), comm_dtype=dtype_of(cfg.comm_dtype),
+            compile=cfg.compile, random_state=self.lora and cfg.lora_dropout > 0)
+
+    def counts(self, model: nn.Module) -> tuple[int, int]:
+        """(the model's parameters, its trainable ones), a tied matrix counted once."""
+        return count_parameters(model), lora.trainable_count(model)
+
+    # ------------------------------------------------------------ checkpoints
+
+    def saved_optimizer(self, optimizer):
+        """What a checkpoint saves of `optimizer`: a sharded one's state gathered whole
+        (by every rank: a collective)."""
+        if isinstance(optimizer, ShardedOptimizer):
+            return SimpleNamespace(state=optimizer.gathered_state())
+        return optimizer
+
+    def state(self) -> dict:
+        return {}
+
+    def mirror(self, saved: Path) -> None:
+        """Nothing: every host holding the model writes its own copy."""
+
+    def find(self, root: Path, only: int | None, layout_of) -> Path | None:
+        """The checkpoint under `root` every rank loads (collective); `layout_of(root)`:
+        which ranks see it."""
+        cfg = self.cfg
+        path, own_notes, notes = agree_on_checkpoint(self.group, layout_of(root), root, only,
+                                                     cfg.keep_checkpoints, before=cfg.resume_before)
+        say_notes(own_notes, notes, self.log)
+        # none of its own, but a pipeline's pieces there: refused, not started over
+        refuse_together(other_layout(root, "data-parallel") if path is None else None, self.group)
+        return path
+
+    def load(self, found: Path, model, optimizer, check) -> Loaded:
+        return load_folder(found, model, optimizer, self.lora, check)
+
+    def export(self, model, args, saved: Path, data_dir: Path) -> None:
+        """OUT/model (or OUT/adapters) from checkpoint `saved` just written, whose
+        model.safetensors holds the float32 master weights; one writer per --out."""
+        cfg, out, first = self.cfg, Path(self.cfg.out), self.group.rank() == 0
+        if not self.layout.writes:
+            return
+        if self.lora:  # OUT/adapters, for mlx-lm with the --init_from model (lora.py)
+            note = export_adapters(mx.load(str(saved / "model.safetensors")), cfg,
+                                   args.n_layers, out, kept=first)
+        else:
+            with said_when_full(out, "the exported model"):
+                note = export_model(mx.load(str(saved / "model.safetensors")), args,
+                                    out / "model", data_dir=data_dir, init_from=cfg.init_from,
+                                    dtype=cfg.export_dtype, need_tokenizer=False)
+        if first:
+            self.log(note)
+
+    # ------------------------------------------------------------ the log
+
+    def announce(self, model) -> None:
+        """Nothing: every rank holds the same whole model."""
+
+    def describe(self, micro_batch: int) -> tuple[str, list[str]]:
+        """(how the global batch is split, the log's lines of this parallelism)."""
+        return f"{self.group.size()} ranks x {self.cfg.grad_accum} accum x {micro_batch}", []
+
+    def mirrors(self) -> list[str]:
+        return []  # no checkpoint is mirrored
+
+    def sample(self, model: nn.Module, ids: list[int], tokens: int, key: mx.array) -> list[int]:
+        """`tokens` token ids the trained model draws after `ids` (with `key`)."""
+        model.eval()
+        return generate(model, ids, tokens, key, block_size=self.cfg.block_size)
+
+    def reduction(self) -> str:
+        """How the gradients are averaged, for the log."""
+        cfg = self.cfg
+        if not cfg.shard_optimizer:
+            return f"gradients all-reduced in {cfg.comm_dtype}"
+        if self.reduce_scatter:
+            return (f"gradients reduce-scattered in {cfg.comm_dtype} ({self.backend}), "
+                    "optimizer state sharded")
+        return (f"gradients all-reduced in {cfg.comm_dtype}, optimizer state sharded (each rank "
+                f"keeps its share: {self.backend} has no sum_scatter)")

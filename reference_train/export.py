@@ -32,8 +32,9 @@ import mlx.core as mx
 from .checkpoint import checkpoint_problem, resolve_checkpoint
 from .choices import EXPORT_DTYPES
 from .data import load_meta
+from .disk_room import said_when_full
 from .errors import DataError
-from .fine_tune import NAMES, trains_adapters
+from .fine_tune import NAMES, adapter_config, trains_adapters
 from .hf_io import (
     export_folder,
     exported_weights,
@@ -42,6 +43,8 @@ from .hf_io import (
     write_frame,
     write_index,
 )
+from .lora import write_adapters
+from .metrics import emit_folder, recording
 from .prepare import default_data_dir
 from .shape import ModelArgs
 from .tokenizer import byte_tokenizer_json
@@ -112,6 +115,18 @@ class Frame:
 # ---------------------------------------------------------------- a pipeline's model, in shards
 
 SHARD = re.compile(r"model-(\d{5})-of-(\d{5})\.safetensors$")
+
+
+def export_adapters(adapters: dict[str, mx.array], cfg, n_layers: int, out: Path,
+                    kept: bool) -> str:
+    """OUT/adapters, mlx-lm's folder of `adapters` (lora.write_adapters), and the log's
+    line naming it; `kept`: mlxcluster keeps a copy where it runs (rank 0 says so)."""
+    with said_when_full(out, "the adapters"):
+        folder = write_adapters(adapters, adapter_config(cfg, n_layers), out / "adapters")
+    if kept and recording():
+        emit_folder(folder, "adapters")
+    return (f"adapters for mlx-lm: {folder} (mlx_lm.generate --model {cfg.init_from} "
+            f"--adapter-path {folder})")
 
 
 def shard_name(index: int, count: int) -> str:

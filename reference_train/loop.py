@@ -66,6 +66,10 @@ It returns `StepResult`:
 - ``phases``: {} when not timed; when timed the seconds of "compute_s",
   "comm_s" (gradient communication) and "optimizer_s" (the log line shows the
   three), and any other phase it measures (the record keeps them).
+
+A step function also has ``loss(model, batch) -> mx.array``: the mean loss of
+``batch``'s rows, forwards only (a pipeline's through its stages: every stage
+calls it), from which `validation` makes the loop's ``evaluate``.
 """
 
 from __future__ import annotations
@@ -82,6 +86,8 @@ import mlx.nn as nn
 import numpy as np
 
 from .callbacks import TrainingCallback
+from .collectives import all_gather, all_sum
+from .data import validation_batches
 from .stopping import Stopped
 
 Batch = tuple[np.ndarray, ...]  # (x, y, *weights): this rank's rows of one global batch
@@ -98,6 +104,8 @@ class StepResult:
 
 class StepFunction(Protocol):
     def __call__(self, model: nn.Module, optimizer, batch: Batch, timed: bool) -> StepResult: ...
+
+    def loss(self, model: nn.Module, batch: Batch) -> mx.array: ...
 
 
 class TrainData(Protocol):
@@ -131,7 +139,7 @@ def peak_memory_mb() -> tuple[float, float]:
 def gather_memory(group) -> tuple[list[float], list[float]]:
     """Every rank's (MLX peak, RSS peak) in MiB, gathered on all ranks."""
     mine = mx.array([peak_memory_mb()], dtype=mx.float32)
-    every = mx.distributed.all_gather(mine, group=group) if group.size() > 1 else mine
+    every = all_gather(mine, group) if group.size() > 1 else mine
     every = np.array(every).reshape(-1, 2)
     return [round(float(v), 1) for v in every[:, 0]], [round(float(v), 1) for v in every[:, 1]]
 
@@ -157,7 +165,7 @@ def train_loop(model: nn.Module, optimizer, data: TrainData, step: StepFunction,
         interval_steps += 1
         if done % plan.log_every == 0 or done == plan.last:
             elapsed = time.perf_counter() - t0
-            loss = (mx.distributed.all_sum(loss_sum, group=group) / (size * interval_steps)).item()
+            loss = (all_sum(loss_sum, group) / (size * interval_steps)).item()
             mem, rss = gather_memory(group)
             record = {"step": done, "loss": loss,
                       "tokens_per_s": round(interval_tokens / elapsed, 1),
@@ -181,8 +189,32 @@ def train_loop(model: nn.Module, optimizer, data: TrainData, step: StepFunction,
             save(done)  # every rank at this logged step (stopping.py)
             if size > 1:  # every copy written before any rank ends: rank 0's exit (143) makes
                 # mlx.launch end the others, mid-write (seen in CI: labhost2 left without one)
-                mx.eval(mx.distributed.all_sum(mx.array(1), group=group, stream=mx.cpu))
+                mx.eval(all_sum(mx.array(1), group))
             raise Stopped(done)
         if interval_steps == 0:
             t0 = time.perf_counter()  # time only training, not logging or evaluation
     return record
+
+
+def validation(split, global_batch: int, group, batches: int,
+               loss: Callable[[nn.Module, Batch], mx.array]) -> Callable[[nn.Module], float]:
+    """evaluate(model): the validation loss averaged over every rank's share of
+    ``batches`` global batches of ``split`` (the same on every rank: a collective).
+    ``group``: the ranks sharing each batch's rows; ``loss(model, rows)``: one share's
+    mean loss (the step function's ``loss``)."""
+
+    def evaluate(model: nn.Module) -> float:
+        total, n = mx.array(0.0), 0
+        model.eval()  # no dropout (LoRA's)
+        for batch in validation_batches(split, global_batch, group, batches):
+            total = total + loss(model, batch)
+            n += 1
+        mx.eval(total)
+        model.train()
+        if n == 0:
+            return float("nan")
+        if group.size() > 1:
+            total = all_sum(total, group)
+        return (total / (n * group.size())).item()
+
+    return evaluate

@@ -48,7 +48,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from .errors import DataError
 from .files import replace_dir
-from .fine_tune import KEYS, parse_keys  # noqa: F401 (KEYS: where tests look for them)
+from .fine_tune import KEYS, NAMES, parse_keys  # noqa: F401 (KEYS: where tests look for them)
 from .hf_io import hf_from_ours, is_quantized, ours_from_hf  # noqa: F401 (train.py's)
 
 LEAVES = ("lora_a", "lora_b", "m")  # an adapter's parameters (m: DoRA's magnitude)
@@ -222,3 +222,22 @@ def read_adapters(folder: str | Path) -> tuple[dict[str, mx.array], dict]:
                             "or DoRA adapter")
         weights[ours] = w
     return weights, config
+
+
+def check_base_dtype(cfg, model: nn.Module) -> None:
+    """A DataError for --dtype other than float32 on a quantized base: the adapters
+    train in float32 on it."""
+    if cfg.dtype != "float32" and is_quantized(model):
+        raise DataError(f"--dtype {cfg.dtype} with a quantized base ({cfg.init_from}) "
+                        "is not supported", "use --dtype float32 (the adapters train "
+                        "in float32 on the quantized base)")
+
+
+def describe_adapters(cfg, model: nn.Module, trained: int, n_params: int) -> str:
+    """The log's line on the adapters (`trained` of the model's `n_params` parameters)."""
+    blocks = "all" if cfg.lora_layers < 0 else f"the last {cfg.lora_layers}"
+    return (f"{NAMES[cfg.fine_tune]}: rank {cfg.lora_rank}, scale {cfg.lora_scale}, "
+            f"dropout {cfg.lora_dropout} on {blocks} blocks' "
+            f"{', '.join(parse_keys(cfg.lora_keys))}: {trained:,} trainable "
+            f"parameters ({100 * trained / n_params:.2f}%), the "
+            f"base frozen{' and quantized' if is_quantized(model) else ''}")

@@ -18,7 +18,7 @@ one machine, or a disk the hosts share: storage.py) or with replicas (another
 copy of the pipeline holds every stage). Stage k and k + 1 are neighbours, on
 ring too: the files go with send and receive, in chunks (a file is never held
 whole), each rank sending to the next and receiving from the previous at once,
-on two streams (pipeline.Exchange).
+on two streams (collectives.Exchange).
 """
 
 from __future__ import annotations
@@ -34,11 +34,10 @@ import mlx.core as mx
 import numpy as np
 
 from .checkpoint import ARRAY_FILES, CHECKPOINT_FILES, install_checkpoint
+from .collectives import CHUNK_BYTES, Exchange
 from .disk_room import free_bytes, human, is_disk_full, room_verdict, said_when_full
 from .files import file_sha256
-from .pipeline import Exchange
 from .pipeline_outputs import stage_folder
-from .resume import CHUNK_BYTES
 from .storage import Layout
 
 

@@ -51,10 +51,11 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
 from . import kernels
+from .collectives import Exchange, all_sum, average_gradients, recv_like, send
 from .errors import DataError
 from .loop import Batch, StepResult
 from .model import Llama, head_logits, run_blocks
-from .precision import average_gradients, collective_stream, refresh
+from .precision import refresh
 from .sharded_optimizer import clip_grad_norm_over
 from .stages import StagePlan, check_micro_batches, check_schedule, schedule
 
@@ -107,53 +108,38 @@ class SingleReplica:
         return 1
 
 
-class Exchange:
-    """Sends and receives between neighbouring stages, each on a CPU stream of its own
-    (collectives run on the CPU: precision.collective_stream). A send is waited for in
-    the next evaluation, beside whatever is waited for then (a receive, or compute):
-    two neighbours sending to each other at once never wait for each other. On one
-    stream they would, as soon as the tensors outgrow the sockets' buffers: measured on
-    ring, 64 MiB each way at once hangs on one stream and completes on two
-    (tests/test_pipeline.py)."""
+def tied_copy(stage: Stage) -> str | None:
+    """TIED when `stage` holds the last stage's copy of a tied, trained embedding (its
+    gradient goes to the first stage; its value comes from it), else None."""
+    plan = stage.plan
+    trainable = dict(tree_flatten(stage.trainable_parameters()))
+    return TIED if (plan.embedding and not plan.first and TIED in trainable) else None
 
-    def __init__(self, group):
-        self.group = group
-        self.sending, self.receiving = mx.new_stream(mx.cpu), mx.new_stream(mx.cpu)
-        self.outbox: list[mx.array] = []
-        self.waited = 0.0  # seconds spent waiting for a receive
 
-    def send(self, value: mx.array, to: int) -> None:
-        """Send `value` to rank `to`, waited for in the next evaluation."""
-        self.outbox.append(mx.distributed.send(value, to, group=self.group, stream=self.sending))
-
-    def receive(self, shape, dtype: mx.Dtype, source: int) -> mx.array:
-        """What rank `source` sends next, lazily: received when evaluated."""
-        return mx.distributed.recv(shape, dtype, source, group=self.group, stream=self.receiving)
-
-    def evaluate(self, *arrays: mx.array) -> None:
-        """Evaluate `arrays` and every send not yet waited for."""
-        mx.eval(*arrays, *self.outbox)
-        self.outbox = []
-
-    def wait_for(self, received: mx.array) -> mx.array:
-        start = time.perf_counter()
-        self.evaluate(received)
-        self.waited += time.perf_counter() - start
-        return received
+def owned_parameters(stage: Stage) -> dict:
+    """The parameters `stage`'s optimizer updates (the tree `optimizer.init` takes):
+    its trainable ones but the tied copy."""
+    copy = tied_copy(stage)
+    params = dict(tree_flatten(stage.parameters()))
+    trainable = [n for n, _ in tree_flatten(stage.trainable_parameters())]
+    return tree_unflatten([(n, params[n]) for n in trainable if n != copy])
 
 
 class PipelineStep:
     """One optimizer step of one stage (a loop.StepFunction), called by every stage of
     a pipeline with the same rows: its replica's share of the global batch.
 
-    `stage` holds the master (float32) weights the optimizer updates (its state is
-    initialised here, for this stage's own parameters); `compute`, when
-    given, is the stage's bfloat16 copy the passes run on (precision.py), refreshed
-    from the master before each step. `group` is the pipeline: stage i is rank i.
-    `replicas`: the ranks holding the same stage in the other copies of the
-    pipeline (their gradients averaged, in `comm_dtype`); None: one pipeline."""
+    `stage`: this rank's stage, whose plan and parameter names the step is built for;
+    each call steps the stage and optimizer it is handed (loop.py's contract), as
+    data_parallel.DataParallelStep does: the master (float32) weights, and the
+    optimizer initialised for the stage's own parameters (`owned_parameters`).
+    `compute`, when given, is the stage's bfloat16 copy the passes run on
+    (precision.py), refreshed from the master before each step. `group` is the
+    pipeline: stage i is rank i. `replicas`: the ranks holding the same stage in the
+    other copies of the pipeline (their gradients averaged, in `comm_dtype`); None:
+    one pipeline."""
 
-    def __init__(self, stage: Stage, optimizer, group, micro_batches: int,
+    def __init__(self, stage: Stage, group, micro_batches: int,
                  grad_clip: float = 0.0, compute: Stage | None = None,
                  compute_dtype: mx.Dtype = mx.float32, schedule: str = "1f1b",
                  replicas=None, comm_dtype: mx.Dtype = mx.float32):
@@ -163,8 +149,8 @@ class PipelineStep:
                             f"{group.rank()} of {group.size()}",
                             "launch one rank per stage, stage i as rank i")
         check_micro_batches(micro_batches, micro_batches)  # at least 1 (each batch: it divides)
-        self.stage, self.compute = stage, compute if compute is not None else stage
-        self.optimizer, self.group, self.plan = optimizer, group, plan
+        self.stage, self.compute = stage, compute  # compute None: the passes run on the stage
+        self.group, self.plan = group, plan
         self.micro_batches, self.grad_clip = micro_batches, grad_clip
         self.compute_dtype, self.comm_dtype = compute_dtype, comm_dtype
         self.replicas = replicas if replicas is not None and replicas.size() > 1 else None
@@ -173,34 +159,36 @@ class PipelineStep:
         self.link = Exchange(group)
         trainable = [n for n, _ in tree_flatten(stage.trainable_parameters())]
         # The last stage's copy of a tied matrix is differentiated but not updated here.
-        self.copy = TIED if (plan.embedding and not plan.first and TIED in trainable) else None
+        self.copy = tied_copy(stage)
         self.owned = [n for n in trainable if n != self.copy]  # what this stage's optimizer updates
         self.differentiated = self.owned + ([self.copy] if self.copy else [])
         self.exchange_tied = (stage.args.tie_embeddings and plan.count > 1
                               and TIED in trainable)
-        params = dict(tree_flatten(stage.parameters()))
-        optimizer.init(tree_unflatten([(n, params[n]) for n in self.owned]))
         self.computed = 0.0  # when the last step's passes ended
 
     # ------------------------------------------------------------ the schedule
 
-    def gradients(self, x, y, weights=None) -> tuple[mx.array, dict[str, mx.array]]:
+    def gradients(self, x, y, weights=None, stage: Stage | None = None
+                  ) -> tuple[mx.array, dict[str, mx.array]]:
         """(this stage's share of the loss: the loss on the last stage, 0 elsewhere;
         the float32 gradients of its trainable parameters, the tied copy's included),
-        for the global batch (x, y, weights: B rows each). Every stage calls it.
+        for the global batch (x, y, weights: B rows each), on `stage` (default the one
+        it was built for). Every stage calls it.
 
         The stage runs its forwards (F) and backwards (B) in the schedule's order
         (stages.schedule), its activations and gradients moved by an Exchange."""
-        plan, compute, M = self.plan, self.compute, self.micro_batches
+        stage = self.stage if stage is None else stage
+        compute = stage if self.compute is None else self.compute
+        plan, M = self.plan, self.micro_batches
         rows_total, length = x.shape[0], x.shape[1]
         check_micro_batches(M, rows_total)
         rows = rows_total // M
-        if compute is not self.stage:
-            refresh(compute, self.stage, self.compute_dtype)
+        if compute is not stage:
+            refresh(compute, stage, self.compute_dtype)
         params = dict(tree_flatten(compute.parameters()))
         primals = [params[n] for n in self.differentiated]
         k = len(primals)
-        shape = (rows, length, self.stage.args.dim)
+        shape = (rows, length, stage.args.dim)
         link = self.link
         link.waited = 0.0
         loss, in_flight, total = mx.array(0.0), {}, None
@@ -212,7 +200,7 @@ class PipelineStep:
                 # the next stage's gradient: received when the backward needs it, not now
                 cotangent = mx.array(1.0) if plan.last else link.receive(
                     shape, self.compute_dtype, plan.index + 1)
-                forward = self._forward(k, x[part] if plan.first else None,
+                forward = self._forward(compute, k, x[part] if plan.first else None,
                                         y[part] if plan.last else None,
                                         weights[part] if plan.last and weights is not None
                                         else None, rows / rows_total)
@@ -237,11 +225,11 @@ class PipelineStep:
         self.computed = time.perf_counter()
         return loss, dict(zip(self.differentiated, total or [], strict=True))
 
-    def _forward(self, k: int, tokens, targets, trained, share: float):
+    def _forward(self, compute: Stage, k: int, tokens, targets, trained, share: float):
         """The stage's forward of one micro-batch as a function of its k differentiated
         parameters (and, after the first stage, its input): activations to send on, or
         on the last stage the micro-batch's share of the global batch's mean loss."""
-        plan, compute = self.plan, self.compute
+        plan = self.plan
         tokens = None if tokens is None else mx.array(tokens)
         targets = None if targets is None else mx.array(targets)
         trained = None if trained is None else mx.array(trained)
@@ -258,20 +246,20 @@ class PipelineStep:
 
     # ------------------------------------------------------------ the step
 
-    def step_gradients(self, x, y, weights=None) -> tuple[mx.array, dict[str, mx.array]]:
+    def step_gradients(self, x, y, weights=None, stage: Stage | None = None
+                       ) -> tuple[mx.array, dict[str, mx.array]]:
         """(the global batch's loss, on every stage; the gradients of the parameters this
         stage updates, float32, before clipping): one process's gradients, each on the
         stage that holds its parameter (a tied matrix's on the first stage, both uses
         summed). Every stage calls it."""
-        loss, grads = self.gradients(x, y, weights)
-        plan, group, stream = self.plan, self.group, collective_stream()
+        loss, grads = self.gradients(x, y, weights, stage)
+        plan, group = self.plan, self.group
         if self.exchange_tied and plan.last:  # the copy's gradient to the matrix's owner
-            mx.eval(mx.distributed.send(grads.pop(self.copy), 0, group=group, stream=stream))
+            mx.eval(send(grads.pop(self.copy), 0, group))
         elif self.exchange_tied and plan.first:
-            grads[TIED] = grads[TIED] + mx.distributed.recv_like(
-                grads[TIED], plan.count - 1, group=group, stream=stream)
+            grads[TIED] = grads[TIED] + recv_like(grads[TIED], plan.count - 1, group)
         if plan.count > 1:
-            loss = mx.distributed.all_sum(loss, group=group, stream=stream)
+            loss = all_sum(loss, group)
         if self.replicas is not None:  # the copies of this stage: one gradient
             nested = tree_unflatten(list(grads.items()))  # the tree nn.average_gradients takes
             grads = dict(tree_flatten(average_gradients(nested, self.replicas, self.comm_dtype)))
@@ -281,32 +269,28 @@ class PipelineStep:
     def __call__(self, model: nn.Module, optimizer, batch: Batch, timed: bool = False
                  ) -> StepResult:
         """One optimizer step on this replica's rows `batch` (loop.py's contract: `model`
-        and `optimizer` are this step's stage and optimizer). The loss is the replica's
+        and `optimizer`: this rank's stage and the optimizer of its own parameters). The loss is the replica's
         on every stage; the phases: compute_s (forwards and backwards, waits included),
         wait_s (of those, waiting for a neighbour: the bubble and the transfers),
         comm_s (the tied matrix and the collectives), optimizer_s."""
-        if model is not self.stage or optimizer is not self.optimizer:
-            raise ValueError("a PipelineStep steps the stage and optimizer it was built with")
         x, y, *weights = batch
         start = time.perf_counter()
-        loss, grads = self.step_gradients(x, y, weights[0] if weights else None)
+        loss, grads = self.step_gradients(x, y, weights[0] if weights else None, model)
         reduced = time.perf_counter()
-        plan, group, stream = self.plan, self.group, collective_stream()
+        plan, group = self.plan, self.group
         if self.grad_clip > 0:
             grads, norm = clip_grad_norm_over(grads, self.grad_clip, group)
         else:
             norm = mx.array(0.0)
-        self.optimizer.update(self.stage, tree_unflatten(list(grads.items())))
-        mx.eval(norm, self.stage.parameters(), self.optimizer.state)
+        optimizer.update(model, tree_unflatten(list(grads.items())))
+        mx.eval(norm, model.parameters(), optimizer.state)
         updated = time.perf_counter()
         if self.exchange_tied and plan.first:  # the updated matrix to the last stage's copy
-            mx.eval(mx.distributed.send(self.stage.tok_embeddings.weight, plan.count - 1,
-                                        group=group, stream=stream))
+            mx.eval(send(model.tok_embeddings.weight, plan.count - 1, group))
         elif self.exchange_tied and plan.last:
-            copy = mx.distributed.recv_like(self.stage.tok_embeddings.weight, 0, group=group,
-                                            stream=stream)
-            self.stage.update(tree_unflatten([(TIED, copy)]))
-            mx.eval(self.stage.parameters())
+            copy = recv_like(model.tok_embeddings.weight, 0, group)
+            model.update(tree_unflatten([(TIED, copy)]))
+            mx.eval(model.parameters())
         done = time.perf_counter()
         phases = {"compute_s": round(self.computed - start, 6),
                   "wait_s": round(self.link.waited, 6),
@@ -316,13 +300,14 @@ class PipelineStep:
 
     # ------------------------------------------------------------ validation
 
-    def loss(self, batch: Batch) -> mx.array:
-        """The loss of `batch` (this replica's rows) on the master weights, forwards only,
-        in micro-batches as a step runs them: the same on every stage (a collective of
-        the pipeline: every stage calls it with the same rows)."""
+    def loss(self, stage: Stage, batch: Batch) -> mx.array:
+        """The loss of `batch` (this replica's rows) on `stage`'s master weights, forwards
+        only, in micro-batches as a step runs them: the same on every stage (a collective
+        of the pipeline: every stage calls it with the same rows). loop.validation's
+        `loss(model, batch)`."""
         x, y, *weights = batch
         trained = weights[0] if weights else None
-        plan, stage, link = self.plan, self.stage, self.link
+        plan, link = self.plan, self.link
         rows_total, length = x.shape[0], x.shape[1]
         rows = rows_total // self.micro_batches
         shape = (rows, length, stage.args.dim)
@@ -343,6 +328,6 @@ class PipelineStep:
                 link.evaluate(out)
         link.evaluate()
         if plan.count > 1:
-            total = mx.distributed.all_sum(total, group=self.group, stream=collective_stream())
+            total = all_sum(total, self.group)
         mx.eval(total)
         return total

@@ -47,21 +47,16 @@ Outputs (the first copy of the pipeline writes them):
 
 On one host (or a disk the hosts share) OUT/model is whole; on several, each
 host holds its stages' shards and `mlxcluster train` brings them together.
-Everything here is collective over the group it is given.
+The writing (and the gathering, collectives.py) is pipeline_setup.Pipeline's; here
+the folders, the stage's state, the whole steps and the refusals, none collective.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
-import mlx.core as mx
-import numpy as np
-
 from .checkpoint import checkpoint_name, checkpoint_problem, checkpoint_steps
-from .errors import DataError
-from .resume import all_gather_bytes
 from .stages import StagePlan
 
 STAGE_DIR = re.compile(r"stage_(\d+)_of_(\d+)$")
@@ -81,22 +76,6 @@ def stage_state(plan: StagePlan) -> dict:
     """What a stage's state.json says of its place ("pipeline")."""
     return {"stages": plan.count, "stage": plan.index,
             "blocks": [plan.blocks.start, plan.blocks.stop]}
-
-
-# ---------------------------------------------------------------- refusing together
-
-
-def refuse_together(problem: str | None, group, hint: str = "") -> None:
-    """Raise on every rank of `group` when any rank has a problem (its own message, or
-    which ranks refused): a rank that stopped alone would leave the others waiting in
-    their next collective."""
-    flag = mx.array(1 if problem else 0, dtype=mx.int32)
-    refusing = int(mx.distributed.all_sum(flag, group=group).item()) if group.size() > 1 \
-        else int(flag.item())
-    if problem:
-        raise DataError(problem, hint)
-    if refusing:
-        raise DataError(f"{refusing} other rank(s) refused to resume: their messages say why")
 
 
 def other_layout(checkpoints: Path, asked: str) -> str | None:
@@ -150,54 +129,3 @@ def check_stage_state(state: dict, plan: StagePlan, path: Path) -> str | None:
                 f"this run's stage {plan.index + 1} blocks {plan.blocks.start}-"
                 f"{plan.blocks.stop - 1}: resume with the run's --pipeline_split")
     return None
-
-
-# ---------------------------------------------------------------- gathering
-
-
-def gather_json(value, group) -> list:
-    """Every rank's JSON-able `value`, in rank order, on every rank."""
-    data = json.dumps(value).encode()
-    if group.size() == 1:
-        return [value]
-    lengths = np.array(all_gather_bytes(len(data).to_bytes(8, "little"), group))
-    lengths = [int.from_bytes(bytes(row), "little") for row in lengths.reshape(-1, 8)]
-    every = np.array(all_gather_bytes(data.ljust(max(lengths), b" "), group))
-    rows = every.reshape(group.size(), max(lengths))
-    return [json.loads(bytes(row[:n])) for row, n in zip(rows, lengths, strict=True)]
-
-
-def gather_tensors(mine: dict[str, mx.array], group) -> dict[str, mx.array] | None:
-    """Every rank's tensors on rank 0 (None elsewhere), one tensor at a time: for
-    small ones (adapters). Each goes as its bytes in an all_sum where the other ranks
-    add zeros (exact, and any rank reaches any other: ring's send and receive join
-    neighbours only)."""
-    if group.size() == 1:
-        return dict(mine)
-    specs = gather_json(tensor_specs(mine), group)
-    rank, gathered = group.rank(), {}
-    for source, spec in enumerate(specs):
-        for name, (shape, dtype) in spec.items():
-            value = tensor_from(source, mine[name] if rank == source else None, shape, dtype,
-                                group)
-            if rank == 0:
-                gathered[name] = value
-    return gathered if rank == 0 else None
-
-
-def tensor_specs(tensors: dict[str, mx.array]) -> dict[str, list]:
-    """name -> [shape, dtype name] (JSON), in name order: what `tensor_from` needs to know."""
-    return {n: [list(v.shape), str(v.dtype).rsplit(".", 1)[-1]] for n, v in sorted(tensors.items())}
-
-
-def tensor_from(source: int, value: mx.array | None, shape: list[int], dtype: str,
-                group) -> mx.array:
-    """Rank `source`'s tensor (its `value`; None on the other ranks) on every rank of
-    `group` (collective): its bytes in an all_sum where the others add zeros, exact,
-    and any rank reaches any other (ring's send and receive join neighbours only)."""
-    kind = getattr(mx, dtype)
-    if value is None:
-        value = mx.zeros(shape, dtype=kind)
-    summed = mx.distributed.all_sum(value.reshape(-1).view(mx.uint8), group=group)
-    mx.eval(summed)
-    return summed.view(kind).reshape(shape)

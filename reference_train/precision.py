@@ -44,27 +44,3 @@ def refresh(copy: nn.Module, master: nn.Module, dtype: mx.Dtype) -> None:
 
 def to_float32(tree):
     return tree_map(lambda g: g.astype(mx.float32), tree)
-
-
-def collective_stream(device: mx.Device | None = None):
-    """Where the collectives run: ``mx.cpu`` when the passes run on the GPU (a Mac's
-    Metal), else None (the backend's default; on Linux's CPU nothing changes).
-
-    A collective on the GPU stream keeps a Metal command buffer waiting for the slowest
-    peer until it times out (kIOGPUCommandBufferCallbackErrorTimeout,
-    ml-explore/mlx-examples#1185, fixed in #1200 with stream=mx.cpu). mlx 0.32's ring,
-    JACCL and MPI groups already pick the CPU stream when none is given; naming it keeps
-    that choice if a release changes the default. See docs/training-reference.md,
-    "Collectives on a Mac's GPU"."""
-    device = mx.default_device() if device is None else device
-    return mx.cpu if device == mx.gpu else None
-
-
-def average_gradients(grads, group, comm_dtype: mx.Dtype):
-    """The ranks' mean gradient (``nn.average_gradients``), reduced in
-    ``comm_dtype`` on ``collective_stream()`` and returned in float32."""
-    stream = collective_stream()
-    if comm_dtype == mx.float32:
-        return nn.average_gradients(grads, group=group, communication_stream=stream)
-    sent = tree_map(lambda g: g.astype(comm_dtype), grads)
-    return to_float32(nn.average_gradients(sent, group=group, communication_stream=stream))

@@ -43,14 +43,8 @@ from pathlib import Path
 import mlx.core as mx
 
 from .checkpoint import ARRAY_FILES, checkpoint_name, content_hash
-from .pipeline_outputs import (
-    STAGE_DIR,
-    gather_json,
-    stage_folder,
-    tensor_from,
-    tensor_specs,
-    whole_steps,
-)
+from .collectives import gather_json, tensor_from, tensor_specs
+from .pipeline_outputs import STAGE_DIR, stage_folder, whole_steps
 from .resume import ResumeError
 
 

@@ -45,15 +45,18 @@ from .checkpoint import (
     checkpoint_steps,
     content_hash,
     install_checkpoint,
+    load_checkpoint,
     resolve_checkpoint,
 )
+from .collectives import all_gather, all_gather_bytes, barrier, broadcast_bytes
 from .disk_room import said_when_full
 from .errors import DataError
 from .files import file_sha256
+from .fine_tune import ADAPTER_FIELDS
+from .model import args_match
 from .storage import STORAGE_DIR, TOKEN_BYTES, storage_groups
 
 NAME_BYTES = 64  # a hostname, padded, as exchanged between ranks
-CHUNK_BYTES = 64 << 20  # bytes per all_sum when sending a checkpoint file
 
 
 class ResumeError(DataError):
@@ -110,10 +113,6 @@ def host_layout(group) -> HostLayout:
     every = np.array(all_gather_bytes(mine, group)).reshape(group.size(), NAME_BYTES)
     names = [bytes(row).rstrip(b"\0").decode(errors="replace") for row in every]
     return HostLayout(names, group.rank())
-
-
-def all_gather_bytes(data: bytes, group) -> mx.array:
-    return mx.distributed.all_gather(mx.array(np.frombuffer(data, dtype=np.uint8)), group=group)
 
 
 def newest_whole(root: Path, only: int | None = None,
@@ -250,21 +249,48 @@ def send_checkpoint(group, layout: HostLayout, root: Path, step: int, source: in
     return total
 
 
-def broadcast_bytes(data: bytes, group) -> bytes:
-    """The source's bytes on every rank: every other rank passes zeros of the same
-    length, so the uint8 sum is exact."""
-    out = bytearray()
-    for start in range(0, max(len(data), 1), CHUNK_BYTES):
-        chunk = np.frombuffer(data[start:start + CHUNK_BYTES], dtype=np.uint8)
-        if chunk.size == 0:
-            break
-        summed = mx.distributed.all_sum(mx.array(chunk), group=group)
-        out += np.array(summed, dtype=np.uint8).tobytes()
-    return bytes(out)
+@dataclass
+class Loaded:
+    """A resumed checkpoint: its state.json, a hash of its arrays (check_loaded), where it
+    came from (for the log), and its folder (None: re-cut from another layout's pieces)."""
+
+    state: dict
+    digest: str
+    where: str
+    folder: Path | None = None
 
 
-def barrier(group) -> None:
-    mx.eval(mx.distributed.all_sum(mx.array([1], dtype=mx.int32), group=group))
+def check_trained_alike(saved: dict, where, args, cfg, adapters: bool) -> None:
+    """A DataError unless checkpoint `where`'s state.json (`saved`) is of a model of
+    shape `args` fine-tuned as `cfg` asks (`adapters`: LoRA's or DoRA's settings too)."""
+    saved_args = saved["model_args"]
+    if not args_match(saved_args, args):
+        raise DataError(f"{where} holds a different model: {saved_args}",
+                        "resume with the same model settings")
+    tuning = ("fine_tune", *ADAPTER_FIELDS) if adapters else ("fine_tune",)
+    theirs = {k: saved.get("config", {}).get(k, "full" if k == "fine_tune" else None)
+              for k in tuning}
+    ours = {k: getattr(cfg, k) for k in tuning}
+    if theirs != ours:
+        raise DataError(f"{where} was trained with {theirs}, this run asks for {ours}",
+                        "resume with the checkpoint's --fine_tune and --lora_* settings")
+
+
+def load_folder(path: Path, model, optimizer, trainable_only: bool, check) -> Loaded:
+    """Checkpoint `path` loaded in place, once `check(its state.json, path)` passed."""
+    with open(path / "state.json") as f:
+        check(json.load(f), path)
+    state = load_checkpoint(path, model, optimizer, trainable_only=trainable_only)
+    return Loaded(state, content_hash(path), str(path), path)
+
+
+def say_notes(own_notes: list[str], notes: list[str], log) -> None:
+    """agree_on_checkpoint's notes: about this host's disk, said by the rank that saw it;
+    the others in the log."""
+    for note in own_notes:
+        print(f"note: {note}", flush=True)
+    for note in notes:
+        log(note)
 
 
 def check_loaded(group, layout: HostLayout, step: int, digest: str) -> None:
@@ -306,7 +332,7 @@ def find_storage(group, layout: HostLayout, out: Path, what: str = "--out",
             theirs = bytes(tokens[r])
             if r != rank and any(theirs) and (folder / theirs.hex()).exists():
                 row[r] = 1
-    sees = np.array(mx.distributed.all_gather(mx.array(row), group=group)).reshape(size, size)
+    sees = np.array(all_gather(mx.array(row), group)).reshape(size, size)
     if looks and failed is None:
         (folder / token.hex()).unlink(missing_ok=True)
         try:

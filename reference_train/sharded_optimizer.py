@@ -29,7 +29,7 @@ from __future__ import annotations
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 
-from .precision import collective_stream
+from .collectives import all_gather, all_sum, sum_scatter
 
 MOMENTS = ("m", "v")  # AdamW's per-parameter state, each shaped like the parameter
 
@@ -48,7 +48,7 @@ def clip_grad_norm_over(grads: dict[str, mx.array], max_norm: float, group):
     (a sharded optimizer's shares, a pipeline's stages): the global norm from every
     rank's sum of squares (one ``all_sum`` of a scalar). Returns (clipped, norm)."""
     squares = sum((g.square().sum() for g in grads.values()), mx.array(0.0))
-    total = mx.sqrt(mx.distributed.all_sum(squares, group=group, stream=collective_stream())
+    total = mx.sqrt(all_sum(squares, group)
                     if group.size() > 1 else squares)
     normalizer = mx.minimum(max_norm / (total + 1e-6), 1.0)
     return {n: (g * normalizer).astype(g.dtype) for n, g in grads.items()}, total
@@ -96,12 +96,10 @@ class ShardedOptimizer:
         flat = mx.concatenate([self._padded([grads[n] for n in share]) for share in self.shares])
         flat = flat.astype(comm_dtype)
         if self.reduce_scatter:
-            piece = mx.distributed.sum_scatter(flat, group=self.group,
-                                               stream=collective_stream())
+            piece = sum_scatter(flat, self.group)
         else:  # the same piece, the long way: the whole sum, then keep ours
             at = self.rank * self.piece
-            piece = mx.distributed.all_sum(flat, group=self.group,
-                                           stream=collective_stream())[at:at + self.piece]
+            piece = all_sum(flat, self.group)[at:at + self.piece]
         return self._split((piece / self.size).astype(mx.float32), self.mine)
 
     def clip_grad_norm(self, grads: dict[str, mx.array], max_norm: float):
@@ -151,5 +149,4 @@ class ShardedOptimizer:
         mine = self._padded(arrays)
         if self.size == 1:
             return [mine]
-        return mx.split(mx.distributed.all_gather(mine, group=self.group,
-                                                  stream=collective_stream()), self.size)
+        return mx.split(all_gather(mine, self.group), self.size)

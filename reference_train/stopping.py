@@ -26,6 +26,7 @@ import time
 
 import mlx.core as mx
 
+from .collectives import all_sum
 from .metrics import STOP_ENV
 
 STOP_SIGNAL = signal.SIGUSR2  # as mlxcluster.jobs.rank_wrapper.STOP_SIGNAL
@@ -100,8 +101,7 @@ class StopRequest:
         if self.group.size() == 1:
             stopping = self.asked
         else:
-            asked = mx.distributed.all_sum(mx.array(int(self.asked)), group=self.group,
-                                           stream=mx.cpu)
+            asked = all_sum(mx.array(int(self.asked)), self.group)
             stopping = asked.item() > 0
         if stopping:
             outlive_the_launchers_term()

@@ -1,5 +1,5 @@
 """`python -m tests.cpu_stream_standin TRAIN-ARGS`: the trainer with its collectives named on
-the CPU stream, as on a Mac's GPU (reference_train.precision.collective_stream returns
+the CPU stream, as on a Mac's GPU (reference_train.collectives.collective_stream returns
 mx.cpu there, None on Linux's CPU). Only the choice is forced; the rest is the trainer."""
 
 from __future__ import annotations
@@ -8,8 +8,7 @@ import sys
 
 import mlx.core as mx
 
-import reference_train.precision as precision
-import reference_train.sharded_optimizer as sharded_optimizer
+import reference_train.collectives as collectives
 import reference_train.train as train
 
 
@@ -18,6 +17,5 @@ def on_cpu(device=None):
 
 
 if __name__ == "__main__":
-    precision.collective_stream = on_cpu
-    sharded_optimizer.collective_stream = on_cpu
+    collectives.collective_stream = on_cpu  # every collective asks it at its call
     sys.exit(train.main(sys.argv[1:]))

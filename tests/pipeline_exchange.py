@@ -1,4 +1,4 @@
-"""Two ranks sending each other 64 MiB at once through pipeline.Exchange, then each
+"""Two ranks sending each other 64 MiB at once through collectives.Exchange, then each
 checking what it received: run under mlx.launch by tests/test_pipeline.py. One
 stream for the sends and the receives hangs here (each send waits for a reader that
 is itself sending); the Exchange's two streams must not."""
@@ -9,8 +9,8 @@ import sys
 
 import mlx.core as mx
 
+from reference_train.collectives import Exchange
 from reference_train.launch_env import init_group
-from reference_train.pipeline import Exchange
 
 
 def main() -> int:

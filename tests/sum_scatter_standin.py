@@ -17,6 +17,7 @@ import sys
 
 import mlx.core as mx
 
+import reference_train.data_parallel as data_parallel
 import reference_train.train as train
 
 all_sum = mx.distributed.all_sum
@@ -32,5 +33,5 @@ def sum_scatter(x: mx.array, *, group=None, stream=None) -> mx.array:
 
 if __name__ == "__main__":
     mx.distributed.sum_scatter = sum_scatter
-    train.has_sum_scatter = lambda backend, version: True
+    data_parallel.has_sum_scatter = lambda backend, version: True  # DataParallel asks it
     sys.exit(train.main(sys.argv[1:]))
