@@ -164,6 +164,29 @@ def long_chat(client, eos: int, tokens: int = LONG_TOKENS, **kw):
         max_tokens=tokens, temperature=0.0, logit_bias={str(eos): -100}, **kw)
 
 
+def stream_two_long_answers(client, eos: int, port: int, timeout: float) -> tuple[list, dict[int, str]]:
+    """Two long greedy answers (LONG_TOKENS // 4 tokens each) streaming at once
+    through serve at ``port`` (the official openai ``client``), returned once
+    the front counts both in flight: (their threads, what each said, filled
+    as each ends: it must end at its length)."""
+    from tests.waits import poll_until
+
+    streamed: dict[int, str] = {}
+
+    def stream(i: int) -> None:
+        chunks = list(long_chat(client, eos, LONG_TOKENS // 4, stream=True))
+        assert chunks[-1].choices[0].finish_reason == "length"
+        streamed[i] = "".join(c.choices[0].delta.content or "" for c in chunks)
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    in_flight = ("mlxcluster_serve_in_flight_requests", ())
+    poll_until(lambda: scrape(port)[in_flight] == 2, timeout, "both long answers streaming",
+               interval=0.1)
+    return threads, streamed
+
+
 def chat(port: int, prompt: str = PROMPT, timeout: float = 60) -> tuple[int, dict]:
     """An OpenAI chat request at 127.0.0.1:``port``, greedy: (status, the JSON answer)."""
     body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": MAX_TOKENS,

@@ -39,6 +39,7 @@ from tests.serve_support import (
     long_chat,
     official_clients_agree,
     scrape,
+    stream_two_long_answers,
     tool_chat_model,
 )
 from tests.waits import SERVE_AGAIN_S, SERVE_PROBE_TIMEOUT_S, SERVE_STOP_S, SERVE_UP_S
@@ -330,18 +331,7 @@ def test_many_clients_are_answered_or_refused_at_once_and_sigterm_drains(llama, 
         assert run_id in listed and f"serving at http://127.0.0.1:{port}/v1: 1 request(s)" in listed
 
         # Two long answers streaming, then eight clients at once.
-        streamed: dict[int, str] = {}
-
-        def stream(i: int) -> None:
-            chunks = list(long_chat(client, eos, LONG_TOKENS // 4, stream=True))
-            assert chunks[-1].choices[0].finish_reason == "length"
-            streamed[i] = "".join(c.choices[0].delta.content or "" for c in chunks)
-
-        long_ones = [threading.Thread(target=stream, args=(i,)) for i in range(2)]
-        for t in long_ones:
-            t.start()
-        waits.poll_until(lambda: scrape(port)[in_flight] == 2, SERVE_AGAIN_S,
-                         "both long answers streaming", interval=0.1)
+        long_ones, streamed = stream_two_long_answers(client, eos, port, SERVE_AGAIN_S)
         short: list[tuple[int, float, str]] = []
 
         def ask() -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import re
 import signal
-import threading
 import uuid
 
 import pytest
@@ -20,15 +19,13 @@ from mlxcluster.jobs.plan import free_port_block
 from mlxcluster.jobs.rank_wrapper import STACKS_ROOT
 from tests.lab.jobs import assert_nothing_left, training_setup
 from tests.serve_support import (
-    LONG_TOKENS,
     Serving,
     chat,
     chat_model,
     chat_text,
     generated_alone,
-    long_chat,
     official_clients_agree,
-    scrape,
+    stream_two_long_answers,
     tool_chat_model,
 )
 from tests.waits import (
@@ -36,7 +33,6 @@ from tests.waits import (
     SERVE_PROBE_EVERY_S,
     SERVE_PROBE_TIMEOUT_S,
     SERVE_UP_S,
-    poll_until,
 )
 
 pytestmark = pytest.mark.lab
@@ -126,19 +122,7 @@ def drain_while_two_stream(serving: Serving, port: int, model) -> dict[int, str]
     eos = Tokenizer.from_file(str(model / "tokenizer.json")).token_to_id("<|endoftext|>")
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0,
                            timeout=SERVE_AGAIN_S)
-    streamed: dict[int, str] = {}
-
-    def stream(i: int) -> None:
-        chunks = list(long_chat(client, eos, LONG_TOKENS // 4, stream=True))
-        assert chunks[-1].choices[0].finish_reason == "length"
-        streamed[i] = "".join(c.choices[0].delta.content or "" for c in chunks)
-
-    streams = [threading.Thread(target=stream, args=(i,)) for i in range(2)]
-    for t in streams:
-        t.start()
-    in_flight = ("mlxcluster_serve_in_flight_requests", ())
-    poll_until(lambda: scrape(port)[in_flight] == 2, SERVE_AGAIN_S, "both answers streaming",
-               interval=0.1)
+    streams, streamed = stream_two_long_answers(client, eos, port, SERVE_AGAIN_S)
     seen = len(serving.lines)
     serving.proc.send_signal(signal.SIGTERM)
     serving.wait_for(r"SIGTERM: draining, no new requests; 2 in flight and 0 waiting", SERVE_AGAIN_S,
