@@ -108,3 +108,4 @@ def test_qlora_stops_resumes_loses_a_host_and_mlx_lm_opens_the_adapters(lab3, tm
     mx.load(str(out / "adapters" / "adapters.safetensors"))
     lm, _ = load(str(model), adapter_path=str(out / "adapters"))
     assert lm(mx.array([[5, 17, 42]])).shape == (1, 3, CONFIG["vocab_size"])
+    lab3.end_orphaned_sessions(victim)  # sshd's sessions the cut link left (test_dead_host_lab)

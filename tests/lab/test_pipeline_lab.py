@@ -260,6 +260,10 @@ def test_a_lost_hosts_stage_is_re_split_over_the_two_left_with_one_process_losse
         assert mx.abs(ours[name] - value).max().item() <= 1e-3 * mx.abs(value).max().item(), name
     time.sleep(1)
     assert left_on_hosts(lab3, bracketed(f"reference_train.*{out.name}")) == {}
+    # The ranks' sshd sessions on the victim outlive them until TCP gives up on the
+    # client lost with the link (seen in CI: 'sshd: root@pts/0' left on labhost2):
+    # sshd's, not mlxcluster's, so the lab ends them, as test_dead_host_lab does.
+    lab3.end_orphaned_sessions(victim)
     print(f"\n--pipeline 3 -> 2 over the lab: {took:.0f} s, {ELASTIC_STEPS} steps")
 
 
