@@ -283,7 +283,7 @@ def diagnose(states: list[RankState]) -> str:
     """One line: the rank(s) not where the others are, then where the others wait.
 
     'rank 1 on labhost2 is stopped (state T, CPU time not advancing); ranks 0
-    and 2 wait in all_sum at train.py:413 (in evaluate)'. A rank in a bad state (stopped,
+    and 2 wait in all_sum at loop.py:218 (in evaluate)'. A rank in a bad state (stopped,
     zombie, uninterruptible wait, gone) is odd by itself; then the others are
     only placed. Without one, ranks whose main thread stands elsewhere than the
     largest group are the odd ones.
