@@ -5,6 +5,7 @@ other hosts: tests/lab/test_data_sync_lab.py."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from mlxcluster.errors import InputError
 from tests.hub_cache_support import COMMIT, cache_model
 from tests.waits import SERVE_UP_S
 
@@ -101,3 +103,33 @@ def test_serve_takes_an_id_and_serves_the_cached_folder(llama, tmp_path):
         code = serving.stop()
     assert code == 0, serving.output()
     assert str(snapshot) in serving.output()
+
+
+def test_a_host_downloads_into_its_own_cache_and_lists_it_hashed_links_followed(tmp_path):
+    """transfer/hub.py on a host reached by bash (this machine, as a local
+    rank is): the id resolved by the host's huggingface_hub in the cache its
+    env names, offline; the listing hashes the snapshot's files through their
+    links. HF_TOKEN goes on stdin: never on a command line, which `ps` shows."""
+    from mlxcluster.transfer.hub import download, listed
+    from mlxcluster.transfer.link import ProcessLink
+
+    files = {"config.json": b"{}", "model.safetensors": os.urandom(4096),
+             "tokenizer/tokenizer.json": b'{"v": 1}'}
+    snapshot = cache_model(tmp_path / "hub", "mlx-community/Tiny-4bit", files)
+    commands: list[str] = []
+    link = ProcessLink("here", sys.executable,
+                       lambda command: commands.append(command) or ["bash", "-c", command],
+                       env={**os.environ, "HF_HUB_CACHE": str(tmp_path / "elsewhere")})
+    folder = download(link, "mlx-community/Tiny-4bit", None, env={"HF_HUB_CACHE": str(tmp_path / "hub")},
+                      offline=True, token="hf_not_on_the_command_line")
+    assert folder == str(snapshot)
+    assert not any("hf_not_on_the_command_line" in c for c in commands)
+    manifest = listed(link, folder)
+    assert manifest.folder == folder
+    assert {f.name: f.sha256 for f in manifest.files} == {
+        name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
+
+    with pytest.raises(InputError, match=r"--download-on here: mlx-community/Other is not in its "
+                                         r"Hugging Face cache .*HF_HUB_OFFLINE is set"):
+        download(link, "mlx-community/Other", None, env={"HF_HUB_CACHE": str(tmp_path / "hub")},
+                 offline=True, token=None)

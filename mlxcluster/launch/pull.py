@@ -15,6 +15,11 @@ resumed where it stopped).
     model: mac2: /Users/me/.cache/huggingface/hub/models--mlx-community--Qwen3-4B-4bit/snapshots/ab12.../ missing: sending 7 file(s), 2.3 GB
     ...
     mlx-community/Qwen3-4B-4bit is at /Users/me/.cache/huggingface/hub/... on mac1, mac2
+
+With ``--download-on HOST`` (``pull_downloaded_on``) that host downloads the
+id itself, into its own cache (the Mac with the better internet), and the
+others take it from there over the hosts' own link: nothing of the model
+crosses this machine's link, and this machine does not get a copy.
 """
 
 from __future__ import annotations
@@ -24,10 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlxcluster.errors import InputError, ToolMissing
-from mlxcluster.jobs.events import OnEvent
-from mlxcluster.jobs.hosts import remote_hosts
+from mlxcluster.jobs.events import Note, OnEvent
+from mlxcluster.jobs.hosts import for_each_host, host_link, remote_hosts
 from mlxcluster.jobs.job import Job
-from mlxcluster.launch.sync import sync_model
+from mlxcluster.launch.sync import check_copy, check_space, human_bytes, sync_model, take_from
+from mlxcluster.transfer.hub import download, listed
+from mlxcluster.transfer.link import TransferError
 
 # Hugging Face's repository names: letters, digits, '-', '_', '.' (huggingface_hub's
 # validate_repo_id), one '/' between the owner and the name.
@@ -41,6 +48,7 @@ class Pulled:
     name: str  # as given
     folder: str  # the same path on every host
     remote: tuple[str, ...]  # the hosts it was checked or sent to (this machine's own copy aside)
+    downloaded_on: str | None = None  # the host that downloaded it (--download-on): none here
 
 
 def resolve_model(name: str) -> Path:
@@ -110,3 +118,50 @@ def pull(job: Job, name: str, env: dict[str, str], on_event: OnEvent) -> Pulled:
     folder = resolve_model(name)
     sync_model(job, str(folder), env, on_event, flag="the model")
     return Pulled(name, str(folder), tuple(dict.fromkeys(h.name for h in remote_hosts(job.hosts))))
+
+
+def pull_downloaded_on(job: Job, name: str, host_name: str, env: dict[str, str],
+                       on_event: OnEvent) -> Pulled:
+    """The Hugging Face id ``name`` downloaded by ``host_name`` itself, then
+    taken from it by every other host of ``job`` over the hosts' own link
+    (its data IP), each file checked by the sha256 the downloader hashed."""
+    hosts = list({h.name: h for h in job.hosts}.values())
+    source = next((h for h in hosts if h.name == host_name), None)
+    if source is None:
+        raise InputError(f"--download-on {host_name}: no such host in this job",
+                         f"name one of {', '.join(h.name for h in hosts)}")
+    repo_id, _, revision = name.partition("@")
+    if not HF_ID.fullmatch(repo_id) or ".." in repo_id:
+        raise InputError(f"--download-on takes a Hugging Face id (ORG/NAME[@REVISION]), not {name}",
+                         "give an id such as mlx-community/Qwen3-4B-4bit, or pull the folder "
+                         "without --download-on")
+    link = host_link(source, env)
+    on_event(Note(f"model: {source.name} downloads {name} into its own Hugging Face cache"))
+    folder = download(link, repo_id, revision or None, env=dict(source.env),
+                      offline=env.get("HF_HUB_OFFLINE", "") not in ("", "0", "false", "False"),
+                      token=env.get("HF_TOKEN"))
+    manifest = listed(link, folder)
+    size = human_bytes(manifest.total_bytes)
+    on_event(Note(f"model: {source.name} has {folder} ({len(manifest.files)} file(s), {size}, "
+                  "hashed there)"))
+    others = [h for h in hosts if h.name != source.name]
+    copies = for_each_host([source, *others], lambda h: check_copy(manifest, h, env, what="the model"))
+    here, rest = copies[0], copies[1:]
+    check_space(manifest, rest, "model")
+    lacking = []
+    for copy in rest:
+        if copy.summary(manifest) == "whole":
+            on_event(Note(f"model: {copy.host.name} has {folder} ({size}, sha256 checked)"))
+        else:
+            lacking.append(copy)
+    if lacking:
+        on_event(Note(f"model: plan: {source.name} -> {', '.join(c.host.name for c in lacking)} over "
+                      f"{source.ip} ({source.name}'s data IP), at once; nothing through this machine"))
+        failed = take_from(manifest, here, source.ip, lacking, "model", folder, on_event,
+                           then="not pulled there (this machine has no copy to send)")
+        if failed:
+            raise TransferError(f"{', '.join(c.host.name for c in failed)} could not take {name} "
+                                f"from {source.name} (said above)",
+                                "pull again: what arrived is kept; or pull without --download-on")
+    return Pulled(name, folder, tuple(h.name for h in hosts), downloaded_on=source.name)
+

@@ -270,10 +270,11 @@ def send_from_here(manifest: Manifest, copy: HostCopy, what: str, shown: str,
 
 
 def take_from(manifest: Manifest, source: HostCopy, ip: str, takers: Sequence[HostCopy],
-              what: str, shown: str, on_event: OnEvent) -> list[HostCopy]:
+              what: str, shown: str, on_event: OnEvent,
+              then: str = "sending it from here") -> list[HostCopy]:
     """Each of ``takers`` takes what it lacks from ``source``'s host at once,
     over ``ip``; returns those that could not (to be sent from here, each
-    resuming what arrived), each said with why."""
+    resuming what arrived: ``then`` says what becomes of them), each said with why."""
     failed: list[HostCopy] = []
 
     def one(copy: HostCopy) -> None:
@@ -284,7 +285,7 @@ def take_from(manifest: Manifest, source: HostCopy, ip: str, takers: Sequence[Ho
         try:
             got = take(copy.host, manifest, copy, at, token, source.host.name)
         except TransferError as err:
-            on_event(Note(f"{what}: {copy.host.name}: {err.message}: sending it from here"))
+            on_event(Note(f"{what}: {copy.host.name}: {err.message}: {then}"))
             failed.append(copy)
             return
         on_event(Note(f"{what}: {got.host}: took {human_bytes(got.bytes)} in {got.seconds:.1f} s "
@@ -298,7 +299,7 @@ def take_from(manifest: Manifest, source: HostCopy, ip: str, takers: Sequence[Ho
             for t in threads:
                 t.join()
     except TransferError as err:
-        on_event(Note(f"{what}: {err.message}: sending from here"))
+        on_event(Note(f"{what}: {err.message}: {then}"))
         return list(takers)
     return [c for c in takers if c in failed]
 

@@ -27,6 +27,9 @@ a host sends (mlxcluster.transfer.fetch): one check of what arrives, both ways.
     take    {"dir": D, "files": [{..., "from": OFFSET}, ...], "at": "IP:P", "token": T}
             -> the files from an ``offer`` on another host: received as ``receive``
                does (resumable, verified, installed); {"installed": [names]}
+    list    {"dir": D}  -> {"dir": D, "files": [{"name", "bytes", "sha256"}, ...]}: every file
+            below D, links followed (a Hugging Face snapshot is links to its blobs), but dot
+            files and folders: the manifest of a model a host downloaded itself
 
 A D starting with ``~`` is the host's own home (the cache of the code ranks
 import: mlxcluster.launch.code; the doctor's wheels). A received file goes
@@ -241,6 +244,23 @@ def send(spec, out):
     out.flush()
 
 
+def listing(spec):
+    """Every file below D (links followed), by name, size and sha256: what a
+    model this host downloaded holds, for the others to take and check."""
+    root, files = spec["dir"], []
+    for folder, dirs, names in os.walk(root, followlinks=True):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for n in sorted(names):
+            path = os.path.join(folder, n)
+            if n.startswith(".") or not os.path.isfile(path):
+                continue
+            files.append({"name": os.path.relpath(path, root).replace(os.sep, "/"),
+                          "bytes": os.path.getsize(path), "sha256": sha256_of(path)})
+    if not os.path.isdir(root):
+        raise ValueError("no such folder")
+    return {"dir": root, "files": files}
+
+
 def copy_bytes(source, out, count, name, h=None):
     """Exactly ``count`` bytes of the file ``name`` from ``source`` to ``out``
     (None: only hashed); their sha256 (with what ``h`` hashed before). The one
@@ -274,6 +294,8 @@ def main(argv):
             answer = offer(spec)
         elif what == "take":
             answer = take(spec)
+        elif what == "list":
+            answer = listing(spec)
         else:
             try:
                 answer = install(spec, spec["from"])

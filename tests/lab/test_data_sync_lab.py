@@ -261,3 +261,59 @@ def test_a_model_to_three_hosts_crosses_this_machines_link_once(lab3, tmp_path):
     # three copies would be 3x
     assert crossed < 1.2 * total, (crossed, total)
     assert lab.host_processes(lab.hosts[0]) == [], "the offer ended with the pull"
+
+
+def test_pull_download_on_a_host_sends_nothing_of_the_model_through_this_machine(lab3, tmp_path):
+    """`mlxcluster pull --download-on labhost1 ORG/NAME`: labhost1 resolves
+    the id in its own Hugging Face cache (on its own disk; HF_HUB_CACHE from
+    the inventory's env, HF_HUB_OFFLINE=1 from here), hashes it there, and
+    the other two take it from labhost1 over the hosts' link: every copy the
+    snapshot's bytes as regular files, no copy here, and this machine's side
+    of the lab's network sends a small part of one copy (ssh and the agent's
+    source), not the model. A host whose cache lacks the id, or a host not in
+    the job: exit 2, named."""
+    lab = lab3
+    cache = lab.disk / f"hub-{uuid.uuid4().hex[:8]}"
+    inventory = lab.write_inventory(tmp_path / "inventory.yaml", env={"HF_HUB_CACHE": str(cache)})
+    env = {**lab.env(), "HF_HUB_OFFLINE": "1"}
+    env.pop("LD_PRELOAD", None)
+    files = {"config.json": b'{"model_type": "llama"}', "model.safetensors": os.urandom(8 << 20),
+             "tokenizer/tokenizer.json": b"{}"}
+    first, *others = lab.hosts
+    on_first = cache_model(lab.host_disk(first) / cache.relative_to(lab.disk), "mlx-community/Tiny-4bit", files)
+    snapshot = lab.disk / on_first.relative_to(lab.host_disk(first))
+
+    def sent_from_here() -> int:
+        return int(Path(f"/sys/class/net/{lab.bridge}/statistics/tx_bytes").read_text())
+
+    before = sent_from_here()
+    done = waits.run([sys.executable, "-m", "mlxcluster", "pull", "-i", str(inventory),
+                      "--download-on", first.name, "mlx-community/Tiny-4bit"],
+                     "mlxcluster pull --download-on", env=env, cwd=tmp_path)
+    crossed = sent_from_here() - before
+    assert done.returncode == 0, done.stdout + done.stderr
+    names = ", ".join(h.name for h in lab.hosts)
+    assert done.stdout.splitlines()[-1] == (f"mlx-community/Tiny-4bit is at {snapshot} on {names} "
+                                            f"(downloaded on {first.name}; not here)"), done.stdout
+    assert (f"model: plan: {first.name} -> {', '.join(h.name for h in others)} over {first.ip} "
+            f"({first.name}'s data IP), at once; nothing through this machine") in done.stdout
+    for h in others:
+        there = lab.host_disk(h) / snapshot.relative_to(lab.disk)
+        assert {n: (there / n).read_bytes() for n in files} == files
+        assert not any((there / n).is_symlink() for n in files)
+    assert not cache.exists(), "no copy here"
+    total = sum(len(b) for b in files.values())
+    assert crossed < 0.15 * total, (crossed, total)  # ~0.1 MB of ssh and agent source per call
+    assert lab.host_processes(first) == [], "the offer ended with the pull"
+
+    missing = waits.run([sys.executable, "-m", "mlxcluster", "pull", "-i", str(inventory),
+                         "--download-on", others[0].name, "mlx-community/Other-4bit"],
+                        "mlxcluster pull --download-on (not cached)", env=env, cwd=tmp_path)
+    assert missing.returncode == 2, missing.stdout + missing.stderr
+    assert (f"--download-on {others[0].name}: mlx-community/Other-4bit is not in its Hugging Face "
+            f"cache ({cache}), and HF_HUB_OFFLINE is set") in missing.stderr, missing.stderr
+    assert "Traceback" not in missing.stderr
+    nowhere = waits.run([sys.executable, "-m", "mlxcluster", "pull", "-i", str(inventory),
+                         "--download-on", "mac9", "mlx-community/Tiny-4bit"],
+                        "mlxcluster pull --download-on (no such host)", env=env, cwd=tmp_path)
+    assert nowhere.returncode == 2 and f"name one of {names}" in nowhere.stderr, nowhere.stderr
