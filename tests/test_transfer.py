@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from mlxcluster.transfer import link as link_module
+from mlxcluster.transfer.fanout import offering, take
 from mlxcluster.transfer.fetch import fetch
 from mlxcluster.transfer.link import (
     HostUnreachable,
@@ -276,3 +277,25 @@ def test_an_agent_of_the_cut_send_still_writing_does_not_touch_the_resumed_copy(
     assert (folder / "w.bin").read_bytes() == data and not parts.exists()
     gone = receive(1000, folder)  # nothing left to resume from: said, nothing installed
     assert gone.returncode == 1 and b"the 1000 bytes a cut send left are no longer here" in gone.stderr
+
+
+def test_a_take_from_another_hosts_offer_says_its_progress_and_installs_every_file(home, model, tmp_path):
+    """transfer/fanout.py through the real agents: one "host" offers its copy
+    on 127.0.0.1, another takes it, its progress told as the taking host
+    counts it (the bytes never pass here), rising to the whole."""
+    manifest = folder_manifest(model)
+    giver_home = tmp_path / "giver"
+    giver_home.mkdir()
+    giver = ProcessLink("mac1", sys.executable, bash_in(giver_home))
+    source = replace(manifest, folder="~/m", source=str(model))
+    send(source, check(giver, source), lambda n: None, use_rsync=False)
+    taker = ProcessLink("mac2", sys.executable, bash_in(home))
+    there = replace(manifest, folder=str(home / "m"), source=str(model))
+    lacking = check(taker, there)
+    seen: list[int] = []
+    with offering(giver, source, check(giver, source), "127.0.0.1") as (at, token):
+        got = take(taker, there, lacking, at, token, "mac1", seen.append)
+    assert (got.host, got.bytes) == ("mac2", manifest.total_bytes)
+    assert seen and seen == sorted(seen) and seen[-1] == manifest.total_bytes
+    assert files_under(home / "m") == {k: v for k, v in files_under(model).items() if k != ".cache"}
+    assert check(taker, there).summary(there) == "whole"

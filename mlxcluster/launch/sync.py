@@ -276,6 +276,15 @@ def take_from(manifest: Manifest, source: HostCopy, ip: str, takers: Sequence[Ho
     over ``ip``; returns those that could not (to be sent from here, each
     resuming what arrived: ``then`` says what becomes of them), each said with why."""
     failed: list[HostCopy] = []
+    # One bar for all the takes at once (they run together): the bytes every taker has so far.
+    label = ", ".join(c.host.name for c in takers)
+    so_far = {c.host.name: 0 for c in takers}
+    lock = threading.Lock()
+
+    def progress(name: str, done: int) -> None:
+        with lock:
+            so_far[name] = done
+            on_event(SendProgress(label, sum(so_far.values())))
 
     def one(copy: HostCopy) -> None:
         files = copy.lacking(manifest)
@@ -283,7 +292,8 @@ def take_from(manifest: Manifest, source: HostCopy, ip: str, takers: Sequence[Ho
         on_event(Note(f"{what}: {copy.host.name}: {shown} {copy.summary(manifest)}: taking "
                       f"{len(files)} file(s), {human_bytes(need)} from {source.host.name}"))
         try:
-            got = take(copy.host, manifest, copy, at, token, source.host.name)
+            got = take(copy.host, manifest, copy, at, token, source.host.name,
+                       lambda done: progress(copy.host.name, done))
         except TransferError as err:
             on_event(Note(f"{what}: {copy.host.name}: {err.message}: {then}"))
             failed.append(copy)
@@ -293,11 +303,16 @@ def take_from(manifest: Manifest, source: HostCopy, ip: str, takers: Sequence[Ho
 
     try:
         with offering(source.host, manifest, source, ip) as (at, token):
+            on_event(Sending(label, sum(sum(f.bytes - c.already_there(f) for f in c.lacking(manifest))
+                                        for c in takers)))
             threads = [threading.Thread(target=one, args=(c,)) for c in takers]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+            try:
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+            finally:
+                on_event(SendEnded(label))
     except TransferError as err:
         on_event(Note(f"{what}: {err.message}: {then}"))
         return list(takers)

@@ -26,7 +26,9 @@ a host sends (mlxcluster.transfer.fetch): one check of what arrives, both ways.
                until stdin ends (the ssh session that started it) or S seconds pass
     take    {"dir": D, "files": [{..., "from": OFFSET}, ...], "at": "IP:P", "token": T}
             -> the files from an ``offer`` on another host: received as ``receive``
-               does (resumable, verified, installed); {"installed": [names]}
+               does (resumable, verified, installed); while they come, lines
+               {"progress": bytes received so far} (at most 4 a second); last
+               {"installed": [names]}
     list    {"dir": D}  -> {"dir": D, "files": [{"name", "bytes", "sha256"}, ...]}: every file
             below D, links followed (a Hugging Face snapshot is links to its blobs), but dot
             files and folders: the manifest of a model a host downloaded itself
@@ -358,7 +360,35 @@ def take(spec):
                    "files": [{"name": f["name"], "from": int(f.get("from", 0))} for f in spec["files"]]}
         conn.sendall(json.dumps(request).encode() + b"\n")
         with conn.makefile("rb") as stream:
-            return receive({**spec, "resumable": True}, stream)
+            counted = Counted(stream, sys.stdout)
+            installed = receive({**spec, "resumable": True}, counted)
+            counted.say()  # the whole, once every file is in place
+            return installed
+
+
+class Counted:
+    """A stream whose reads are told on ``out``, as {"progress": bytes so far}
+    lines: the taking host's progress, which this machine cannot see (the
+    bytes go from host to host). At least PROGRESS_S apart (a line per
+    1 MiB chunk would be thousands a second), and the whole at the end."""
+
+    PROGRESS_S = 0.25
+
+    def __init__(self, stream, out):
+        self.stream, self.out, self.done, self.said_at = stream, out, 0, 0.0
+
+    def read(self, n=-1):
+        data = self.stream.read(n)
+        self.done += len(data)
+        now = time.monotonic()
+        if now - self.said_at >= self.PROGRESS_S:
+            self.say()
+            self.said_at = now
+        return data
+
+    def say(self):
+        self.out.write(json.dumps({"progress": self.done}) + "\n")
+        self.out.flush()
 
 
 if __name__ == "__main__":

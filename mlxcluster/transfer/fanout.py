@@ -21,12 +21,13 @@ IP's TCP, which the ring backend needs anyway.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 
@@ -36,8 +37,9 @@ from mlxcluster.transfer.send import HostCopy, Transferred, agent_command, last_
 
 OFFER_S = 6 * 3600.0  # an offer never outlives this, whatever happens here
 START_S = 60.0  # the offer says its port within this, or is given up
-TAKE_MIN_RATE = 20e6  # bytes/s a take is allowed at the least (the minimum timeout's basis)
-TAKE_MIN_S = 600.0
+# A take says its progress at least every few seconds while bytes come (agent.Counted);
+# none for this long (no byte from the offering host, or the take's ssh gone quiet) ends it.
+TAKE_QUIET_S = 120.0
 
 
 @contextmanager
@@ -64,10 +66,11 @@ def offering(link: ProcessLink, manifest: Manifest, copy: HostCopy, ip: str) -> 
 
 
 def take(link: ProcessLink, manifest: Manifest, copy: HostCopy, at: str, token: str,
-         source: str) -> Transferred:
+         source: str, on_progress: Callable[[int], None] = lambda done: None) -> Transferred:
     """What ``copy``'s host lacks, taken from the offer at ``at`` (``source``
-    names the host offering); TransferError when it fails (what arrived is
-    kept: a send from here resumes it)."""
+    names the host offering), ``on_progress`` told the bytes received so far
+    as the host says them; TransferError when it fails or goes quiet for
+    TAKE_QUIET_S (what arrived is kept: the next pull resumes it)."""
     files = copy.lacking(manifest)
     there = replace(manifest, folder=copy.folder or manifest.folder)
     spec = there.spec(files, at=at, token=token)
@@ -76,8 +79,13 @@ def take(link: ProcessLink, manifest: Manifest, copy: HostCopy, at: str, token: 
             f["from"] = copy.partial[f["name"]]
     need = sum(f.bytes - copy.already_there(f) for f in files)
     started = time.monotonic()
-    result = link.run(agent_command(link.python, "take", spec),
-                      timeout=max(TAKE_MIN_S, need / TAKE_MIN_RATE))
+
+    def follow(stream) -> None:
+        for line in iter(stream.readline, b""):
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                on_progress(int(json.loads(line)["progress"]))
+
+    result, _ = link.read(agent_command(link.python, "take", spec), follow, timeout=TAKE_QUIET_S)
     if result.exit_status != 0:
         raise TransferError(f"{link.name} could not take {manifest.folder} from {source} ({at}): "
                             f"{last_line(result.stderr) or f'exit code {result.exit_status}'}")
