@@ -253,7 +253,7 @@ def send_from_here(manifest: Manifest, copy: HostCopy, what: str, shown: str,
     """What ``copy``'s host lacks sent from this machine, said as it goes."""
     lacking = copy.lacking(manifest)
     there = sum(copy.already_there(f) for f in lacking)
-    need = sum(f.bytes for f in lacking) - there
+    need = copy.need(manifest)
     resuming = f" (resuming: {human_bytes(there)} of it arrived in a send cut off)" if there else ""
     name = copy.host.name
     on_event(Note(f"{what}: {name}: {shown} {copy.summary(manifest)}: sending "
@@ -287,10 +287,9 @@ def take_from(manifest: Manifest, source: HostCopy, ip: str, takers: Sequence[Ho
             on_event(SendProgress(label, sum(so_far.values())))
 
     def one(copy: HostCopy) -> None:
-        files = copy.lacking(manifest)
-        need = sum(f.bytes - copy.already_there(f) for f in files)
         on_event(Note(f"{what}: {copy.host.name}: {shown} {copy.summary(manifest)}: taking "
-                      f"{len(files)} file(s), {human_bytes(need)} from {source.host.name}"))
+                      f"{len(copy.lacking(manifest))} file(s), {human_bytes(copy.need(manifest))} "
+                      f"from {source.host.name}"))
         try:
             got = take(copy.host, manifest, copy, at, token, source.host.name,
                        lambda done: progress(copy.host.name, done))
@@ -303,8 +302,7 @@ def take_from(manifest: Manifest, source: HostCopy, ip: str, takers: Sequence[Ho
 
     try:
         with offering(source.host, manifest, source, ip) as (at, token):
-            on_event(Sending(label, sum(sum(f.bytes - c.already_there(f) for f in c.lacking(manifest))
-                                        for c in takers)))
+            on_event(Sending(label, sum(c.need(manifest) for c in takers)))
             threads = [threading.Thread(target=one, args=(c,)) for c in takers]
             try:
                 for t in threads:

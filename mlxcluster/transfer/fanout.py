@@ -77,7 +77,7 @@ def take(link: ProcessLink, manifest: Manifest, copy: HostCopy, at: str, token: 
     for f in spec["files"]:
         if copy.already_there(next(d for d in files if d.name == f["name"])):
             f["from"] = copy.partial[f["name"]]
-    need = sum(f.bytes - copy.already_there(f) for f in files)
+    need = copy.need(manifest)
     started = time.monotonic()
 
     def follow(stream) -> None:

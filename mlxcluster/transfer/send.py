@@ -62,6 +62,10 @@ class HostCopy:
         """Bytes of ``f`` a cut send left on the host: the next send starts there."""
         return min(self.partial.get(f.name, 0), f.bytes)
 
+    def need(self, manifest: Manifest) -> int:
+        """The bytes still to cross to this host: what it lacks, less what cut sends left."""
+        return sum(f.bytes - self.already_there(f) for f in self.lacking(manifest))
+
     def summary(self, manifest: Manifest) -> str:
         """'missing' / 'train.bin different' / 'whole'."""
         bad = self.lacking(manifest)
