@@ -104,6 +104,13 @@ def resolve_model(name: str) -> Path:
                          "again (what arrived is kept)") from None
 
 
+def as_folder(name: str) -> str:
+    """A Hugging Face id as its folder here (``resolve_model``: the cache, or
+    downloaded into it); any other name as given, for the caller's own check
+    to name what is wrong with it (serve's MODEL, train's --init_from)."""
+    return str(resolve_model(name)) if is_hub_id(name) else name
+
+
 def is_hub_id(name: str) -> bool:
     """``name`` names no path here and reads as ORG/NAME[@REVISION]: serve's
     MODEL and train's --init_from take it as a Hugging Face id."""

@@ -206,12 +206,11 @@ def with_model_folder(args: TrainerArgs) -> TrainerArgs:
     """--init_from given as a Hugging Face id: its folder in huggingface_hub's
     cache here (downloaded there when missing: launch/pull.py), which every
     rank is then given and every host sent."""
-    from mlxcluster.launch.pull import is_hub_id, resolve_model
+    from mlxcluster.launch.pull import as_folder
 
     init_from = args.config.init_from
-    if init_from and is_hub_id(init_from):
-        return args.with_flags(init_from=str(resolve_model(init_from)))
-    return args
+    folder = as_folder(init_from) if init_from else init_from
+    return args.with_flags(init_from=folder) if folder != init_from else args
 
 
 def with_restart_checkpoints(args: TrainerArgs, max_restarts: int) -> TrainerArgs:

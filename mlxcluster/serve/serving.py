@@ -328,10 +328,9 @@ def absolute_model(folder: str) -> str:
     Hugging Face id: its folder in huggingface_hub's cache, downloaded there
     when missing: launch/pull.py); InputError (exit 2) when it is missing or
     holds no config.json."""
-    from mlxcluster.launch.pull import is_hub_id, resolve_model
+    from mlxcluster.launch.pull import as_folder
 
-    if is_hub_id(folder):
-        folder = str(resolve_model(folder))
+    folder = as_folder(folder)
     if not Path(folder).expanduser().exists():
         raise InputError(f"{folder} does not exist",
                          "give a model folder: the one mlx-lm downloaded or converted "
