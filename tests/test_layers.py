@@ -477,3 +477,41 @@ def test_no_cli_module_says_a_job_outcome_itself():
             if name in OUTCOME_LADDER or name == "EXIT_STOPPED_WHEN_ASKED":
                 found.append(f"{path.name}:{node.lineno} {name}")
     assert found == []
+
+
+# The most parameters a library function may take (*rest and **flags count as one
+# each): today's worst (serve/serving.py's _serve, jobs/plan.py's planners, run_doctor).
+# A CLI command takes what its flags are (click), and hands the library one request
+# (doctor/request.py's DoctorRequest) or a few values: what the library takes is bounded.
+MOST_PARAMETERS = 11
+
+
+def parameter_counts(source: str) -> list[tuple[str, int]]:
+    """(function name, how many parameters it takes) for every function in ``source``."""
+    counts = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            named = len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs)
+            counts.append((node.name, named + bool(a.vararg) + bool(a.kwarg)))
+    return counts
+
+
+def test_no_library_function_takes_more_parameters_than_the_bound():
+    """serve_until_stopped took 12 parameters because the CLI assembled its front,
+    address and journal (issue 45): the CLI was deciding. A library function past the
+    bound fails here; cli/ is not bounded (a command takes its flags)."""
+    over = []
+    for module, path in sorted(module_files().items()):
+        if layer_of(module) == len(LAYERS) - 1:
+            continue
+        over += [f"{module}.{name} takes {n} > {MOST_PARAMETERS}"
+                 for name, n in parameter_counts(path.read_text(encoding="utf-8"))
+                 if n > MOST_PARAMETERS]
+    assert over == []
+
+
+def test_a_function_past_its_bound_is_counted():
+    source = ("def command(a, b, /, c, *rest, d=1, **flags):\n    pass\n"
+              "class Probe:\n    def __init__(self, x):\n        pass\n")
+    assert parameter_counts(source) == [("command", 6), ("__init__", 2)]
