@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import io
+import shlex
 import sys
 
 import pytest
@@ -133,3 +134,20 @@ def test_ranks_on_this_machine_run_through_the_runner_too(hosts_run_by):
     fake = hosts_run_by(FakeSsh({"echo here": result("faked\n")}, default=None))
     assert run_script(job.hosts[0], "echo here").output == "faked\n"
     assert fake.calls == [(job.hosts[0].name, "echo here")]
+
+
+def test_serve_asks_a_rank_hosts_free_port_through_the_fake(hosts_run_by):
+    from mlxcluster.errors import MlxclusterError
+    from mlxcluster.serve.tunnel import FREE_PORT_SCRIPT, free_port_on
+
+    mac1, mac2 = hosts_from_inventory(parse_inventory(TWO_MACS))
+    asked = f"/opt/venv/bin/python -c {shlex.quote(FREE_PORT_SCRIPT)}"
+    refused = result(stderr="ssh: connect to host mac2.local port 22: Connection refused\n",
+                     exit_status=255)
+    fake = hosts_run_by(FakeSsh({("mac1", asked): result("51234\n"), ("mac2", asked): refused},
+                                default=None))
+    assert free_port_on(mac1) == 51234
+    with pytest.raises(MlxclusterError, match="mac2: could not find a free port for the server "
+                                              r"\(ssh: connect to host mac2.local port 22: Connection refused\)"):
+        free_port_on(mac2)
+    assert fake.calls == [("mac1", asked), ("mac2", asked)]
