@@ -287,7 +287,16 @@ def inventory(inventory_file):
 
 
 @pytest.fixture
-def doctor_asked(tmp_path, monkeypatch):
+def hosts_run_by(monkeypatch):
+    """``hosts_run_by(fake)``: every command any layer runs on a host goes to ``fake``
+    (tests/fakes.py's ``run_hosts_by``). Returns ``fake``."""
+    from tests.fakes import run_hosts_by
+
+    return lambda fake: run_hosts_by(monkeypatch, fake)
+
+
+@pytest.fixture
+def doctor_asked(tmp_path, monkeypatch, hosts_run_by):
     """An inventory, and what run_doctor is asked for (its trainer_modules) by doctor and
     doctor --fix, run_doctor standing in for the hosts (no command reaches one)."""
     from mlxcluster.doctor import request as doctor_request
@@ -305,6 +314,6 @@ def doctor_asked(tmp_path, monkeypatch):
 
     monkeypatch.setattr(doctor_request, "run_doctor", run_doctor)
     monkeypatch.setattr(session, "run_doctor", run_doctor)
-    monkeypatch.setattr(session, "open_runner", lambda *a, **k: FakeSsh(default=None))
+    hosts_run_by(FakeSsh(default=None))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     return str(inventory), asked

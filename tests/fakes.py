@@ -1,6 +1,8 @@
 """The unit tests' stand-ins: ``Clock``, a clock a test moves by hand (at the end), and
-``FakeSsh`` for the SSH runner (mlxcluster.ssh.remote.ParamikoRunner), which records every
-command it is asked to run and answers it one of two ways.
+``FakeSsh``, the one fake host runner (mlxcluster/ssh/runner.py's ``HostRunner``, as
+paramiko's, OpenSSH's and a job's rank hosts' runners are), which records every command it
+is asked to run and answers it one of two ways. ``run_hosts_by`` (the ``hosts_run_by``
+fixture) puts it where every layer gets its runner.
 
 - Scripted (``FakeSsh(replies, default=...)``): a reply per command, or per host and
   command, else ``default`` (exit 0, no output, unless told otherwise; None: no command
@@ -100,6 +102,12 @@ class FakeSsh:
     def close(self) -> None:
         pass
 
+    def __enter__(self) -> FakeSsh:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def _run_here(self, host: str, command: str, stdin: BinaryIO | None,
                   timeout: float | None) -> CommandResult:
         data = b""
@@ -109,6 +117,19 @@ class FakeSsh:
         done = subprocess.run(command, shell=True, env=env, input=data, capture_output=True,
                               timeout=timeout or LOCAL_TIMEOUT)
         return CommandResult(done.stdout.decode(), done.stderr.decode(), done.returncode, 0.0)
+
+
+def run_hosts_by(monkeypatch, fake: FakeSsh) -> FakeSsh:
+    """Every command any layer runs on a host goes to ``fake``: the one runner
+    interface (mlxcluster/ssh/runner.py) put where each layer gets its runner, a job's
+    rank hosts (jobs, smoke, launch, serve: ``jobs.hosts.host_runner``) and doctor's
+    and its fixes' connections (``ssh.remote.open_runner``)."""
+    from mlxcluster.jobs import hosts
+    from mlxcluster.ssh import remote
+
+    monkeypatch.setattr(hosts, "host_runner", lambda host, env=None: fake)
+    monkeypatch.setattr(remote, "open_runner", lambda *a, **k: fake)
+    return fake
 
 
 class Clock:

@@ -14,6 +14,7 @@ from mlxcluster.cli import main as cli
 from mlxcluster.jobs.watch import RunOutcome
 from mlxcluster.smoke.run import SmokeReport
 from mlxcluster.smoke.stats import BenchRow
+from tests.fakes import FakeSsh
 
 
 def invoke(*args: str):
@@ -125,9 +126,9 @@ def test_smoke_backend_flag_overrides_the_hostfile_backend(tmp_path, monkeypatch
 # ---- a --python that does not exist here -----------------------------------------------
 
 @pytest.mark.parametrize("command", ["smoke", "train"])
-def test_local_runs_refuse_a_missing_python(command, monkeypatch):
+def test_local_runs_refuse_a_missing_python(command, monkeypatch, hosts_run_by):
     monkeypatch.setattr("mlxcluster.cli.smoke.run_backend", no_run)
-    monkeypatch.setattr("mlxcluster.launch.preflight.probe_hosts", no_run)
+    hosts_run_by(FakeSsh(default=None))  # no host is asked anything
     result = invoke(command, "--local", "2", "--python", "/nonexistent/python")
     assert result.exit_code == 2, result.output
     assert "python not found: /nonexistent/python" in result.output
@@ -144,23 +145,23 @@ def test_local_runs_refuse_a_missing_python(command, monkeypatch):
     (["--config", "tiny", "--", "--global_batch", "0"], "global_batch 0: must be at least 1"),
     (["--config", "tiny", "--", "--steps", "-5"], "steps -5: must be at least 1"),
 ])
-def test_train_refuses_bad_trainer_config_before_launch(args, needle, tmp_path, monkeypatch):
+def test_train_refuses_bad_trainer_config_before_launch(args, needle, tmp_path, monkeypatch, hosts_run_by):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "adir").mkdir()
     (tmp_path / "bad.yaml").write_text("steps: [1\n")
     (tmp_path / "keys.yaml").write_text("{[1]: 2}\n")
-    monkeypatch.setattr("mlxcluster.launch.preflight.probe_hosts", no_run)
+    hosts_run_by(FakeSsh(default=None))  # no host is asked anything
     monkeypatch.setattr("mlxcluster.launch.trainer.run_job", no_run)
     result = invoke("train", "--local", "2", *args)
     assert result.exit_code == 2, result.output
     assert needle in result.output and "Traceback" not in result.output
 
 
-def test_train_config_named_like_a_folder_here_says_which(tmp_path, monkeypatch):
+def test_train_config_named_like_a_folder_here_says_which(tmp_path, monkeypatch, hosts_run_by):
     """`train --config tiny` run in a directory holding a folder 'tiny'."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "tiny").mkdir()
-    monkeypatch.setattr("mlxcluster.launch.preflight.probe_hosts", no_run)
+    hosts_run_by(FakeSsh(default=None))  # no host is asked anything
     result = invoke("train", "--local", "2", "--config", "tiny")
     assert result.exit_code == 2, result.output
     assert "--config tiny is ambiguous" in result.output and "configs/tiny.yaml" in result.output
@@ -170,10 +171,10 @@ def test_train_config_named_like_a_folder_here_says_which(tmp_path, monkeypatch)
 
 @pytest.mark.parametrize("args", [["--local", "2", "--config", "tiny", "--", "--help"],
                                   ["--", "-h"]])
-def test_train_passes_help_to_the_trainer(args, monkeypatch):
+def test_train_passes_help_to_the_trainer(args, monkeypatch, hosts_run_by):
     """`train ... -- --help` printed the trainer's help, then 'error: trainer
     arguments rejected', exit 2."""
-    monkeypatch.setattr("mlxcluster.launch.preflight.probe_hosts", no_run)
+    hosts_run_by(FakeSsh(default=None))  # no host is asked anything
     monkeypatch.setattr("mlxcluster.launch.trainer.run_job", no_run)
     result = invoke("train", *args)
     assert result.exit_code == 0, result.output
@@ -186,10 +187,10 @@ def test_train_passes_help_to_the_trainer(args, monkeypatch):
 @pytest.mark.parametrize("out,needle", [("afile", "--out afile exists and is not a directory"),
                                         ("afile/sub", "afile is not a directory"),
                                         ("/proc/mlxcluster-nope", "cannot be created")])
-def test_train_local_out_checked_before_launch(out, needle, tmp_path, monkeypatch):
+def test_train_local_out_checked_before_launch(out, needle, tmp_path, monkeypatch, hosts_run_by):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "afile").write_text("")
-    monkeypatch.setattr("mlxcluster.launch.preflight.probe_hosts", no_run)
+    hosts_run_by(FakeSsh(default=None))  # no host is asked anything
     monkeypatch.setattr("mlxcluster.launch.trainer.run_job", no_run)
     result = invoke("train", "--local", "2", "--config", "tiny", "--", "--out", out)
     assert result.exit_code == 2, result.output

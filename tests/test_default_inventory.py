@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from mlxcluster.cli import main
+from mlxcluster.doctor.request import DoctorRequest, request_inventory
 from mlxcluster.errors import InputError
 from mlxcluster.inventory.inventory_search import find_inventory, user_config_inventory
 
@@ -55,6 +56,29 @@ def test_search_order(places, monkeypatch, tmp_path):
     monkeypatch.setenv("MLXCLUSTER_INVENTORY", str(env_file))
     assert find_inventory(None).path == env_file
     assert find_inventory("given.yaml").source == "-i"  # -i wins even when it does not exist
+
+
+def test_doctor_chooses_and_loads_its_inventory_in_the_library(places, tmp_path):
+    """doctor's CLI only shows the note; which inventory a request runs on is
+    mlxcluster/doctor/request.py's ``request_inventory``."""
+    work, user = places
+    write(user, "from-user")
+    notes = []
+    assert request_inventory(DoctorRequest(), notes.append).cluster == "from-user"
+    assert notes == [f"inventory: {user} (user config folder)"]
+    given = write(tmp_path / "given.yaml", "given")
+    assert request_inventory(DoctorRequest(inventory_path=str(given)), notes.append).cluster == "given"
+    assert request_inventory(DoctorRequest(shared_path="/nas"), notes.append).cluster == "from-user"
+    for nothing in (DoctorRequest(local=True), DoctorRequest(from_dir="captures"),
+                    DoctorRequest(undo_path="journal.json")):
+        assert request_inventory(nothing, notes.append) is None
+    assert request_inventory(DoctorRequest(from_dir="captures", inventory_path=str(given)),
+                             notes.append).cluster == "given"
+    assert len(notes) == 2  # the default one named each time it was used, -i never
+    user.unlink()
+    with pytest.raises(InputError, match="no inventory") as none:
+        request_inventory(DoctorRequest(), notes.append)
+    assert "--from DIR to replay captures, or --local" in none.value.hint
 
 
 def test_env_naming_a_missing_file_is_an_error_not_a_fallthrough(places, monkeypatch):

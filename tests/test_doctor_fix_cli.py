@@ -15,7 +15,7 @@ from mlxcluster.cli import doctor_fix, main
 from mlxcluster.doctor.checks.base import CheckResult, Status
 from mlxcluster.doctor.doctor import DoctorReport
 from mlxcluster.doctor.fixes import session as session_module
-from tests.fakes import FakeSsh
+from tests.fakes import FakeSsh, run_hosts_by
 
 # The inventory_file fixture's text (tests/conftest.py); the comment must survive the edit.
 INVENTORY = "cluster: lab  # kept\npython: /opt/venv/bin/python\nhosts:\n" \
@@ -42,7 +42,7 @@ class Session:
         self.calls = 0
         self.inventories = []
         monkeypatch.setattr(session_module, "run_doctor", self.run_doctor)
-        monkeypatch.setattr(session_module, "open_runner", lambda *a, **k: FakeSsh(default=None))
+        run_hosts_by(monkeypatch, FakeSsh(default=None))
 
     def run_doctor(self, inventory, **kwargs):
         self.calls += 1

@@ -11,13 +11,12 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-import mlxcluster.ssh.remote as ssh_remote
 from mlxcluster.cli import main
 from mlxcluster.cli.doctor import render_shared_path
 from mlxcluster.doctor.shared_path import HERE, find_shared_path
 from mlxcluster.inventory.inventory import Host, Inventory, parse_inventory
 from reference_train.storage import STORAGE_DIR
-from tests.fakes import FakeSsh, result
+from tests.fakes import FakeSsh, result, run_hosts_by
 from tests.inventory_support import inventory_text
 
 INVENTORY = Inventory("test", "python3", tuple(Host(f"mac{i}", f"10.0.0.{i}") for i in (1, 2, 3)))
@@ -82,29 +81,13 @@ def test_a_host_that_cannot_be_asked_is_named_and_the_others_compared(tmp_path):
     assert lines[-1].startswith("✗ 1 host(s) could not be asked; shared storage: mac1, mac3")
 
 
-class Runner(FakeSsh):
-    """FakeSsh.local in place of the CLI's ParamikoRunner (a context manager there)."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
-
-
 def test_the_command_prints_json_and_exits_1_when_a_host_cannot_be_asked(tmp_path, monkeypatch):
     inventory = tmp_path / "cluster.yaml"
     inventory.write_text(inventory_text(["mac1", "mac2", "mac3"], subnet="10.0.0", data_ips=False))
     hosts = parse_inventory(inventory.read_text(), source=str(inventory))
     nas = tmp_path / "nas"
     nas.mkdir()
-    made = []
-
-    def runner(*args, **kwargs):
-        made.append(Runner.local(tmp_path / f"homes{len(made)}", hosts))
-        return made[-1]
-
-    monkeypatch.setattr(ssh_remote, "ParamikoRunner", runner)  # doctor's own connections
+    run_hosts_by(monkeypatch, FakeSsh.local(tmp_path / "homes0", hosts))  # doctor's own connections
     result = CliRunner().invoke(main, ["doctor", "-i", str(inventory), "--shared-path", str(nas),
                                        "--json"])
     assert result.exit_code == 0, result.output
@@ -112,11 +95,12 @@ def test_the_command_prints_json_and_exits_1_when_a_host_cannot_be_asked(tmp_pat
         "path": str(nas), "folders": [["mac1", "mac2", "mac3", HERE]],
         "shared": [["mac1", "mac2", "mac3", HERE]], "failed": {}}
 
-    monkeypatch.setattr(Runner, "run", OneHostDown.run)
+    run_hosts_by(monkeypatch, OneHostDown.local(tmp_path / "homes1", hosts))
     result = CliRunner().invoke(main, ["doctor", "-i", str(inventory), "--shared-path", str(nas)])
     assert result.exit_code == 1, result.output
     assert "[✗] mac2: not asked: " in result.output
 
+    run_hosts_by(monkeypatch, FakeSsh(default=None))  # refused before any host is asked
     result = CliRunner().invoke(main, ["doctor", "-i", str(inventory), "--shared-path", str(nas),
                                        "--fix"])
     assert result.exit_code == 2

@@ -26,7 +26,7 @@ from mlxcluster.doctor.fixes.apply import ApplyContext, apply_plan, undo_journal
 from mlxcluster.doctor.fixes.journal import Journal, fixes_dir, read_journal
 from mlxcluster.doctor.fixes.plan import build_plan
 from mlxcluster.facts.capture import PROBE, SW_VERS, HostCapture
-from tests.fakes import FakeSsh
+from tests.fakes import FakeSsh, run_hosts_by
 from tests.inventory_support import fix_inventory_text, inventory_of
 
 FIXTURES = Path(__file__).parent / "fixtures" / "macos"
@@ -279,7 +279,7 @@ def test_an_unknown_mlx_version_exits_2_before_any_host_is_probed(tmp_path, monk
     def touched(*a, **k):
         raise AssertionError("a host was reached")
 
-    monkeypatch.setattr(session_module, "open_runner", touched)
+    hosts = run_hosts_by(monkeypatch, FakeSsh(default=None))  # any command fails the test
     monkeypatch.setattr(session_module, "run_doctor", touched)
     monkeypatch.setattr(fix, "available_versions", lambda: ["0.32.4", "0.32.3"])
     result = CliRunner().invoke(main, ["doctor", "-i", str(inventory), "--fix", "--yes", "--mlx-version", "0.99.0"])
@@ -289,6 +289,7 @@ def test_an_unknown_mlx_version_exits_2_before_any_host_is_probed(tmp_path, monk
     assert not list(fixes_dir().glob("*.json"))
     without_fix = CliRunner().invoke(main, ["doctor", "-i", str(inventory), "--mlx-version", "0.32.4"])
     assert without_fix.exit_code == 2 and "--mlx-version goes with --fix" in without_fix.output
+    assert hosts.calls == []
 
 
 def test_the_index_versions_are_read_from_pip_index_versions(monkeypatch):
@@ -298,12 +299,12 @@ def test_the_index_versions_are_read_from_pip_index_versions(monkeypatch):
     fix.check_mlx_version("0.32.3")
 
 
-def test_mlx_version_reaches_the_plan_of_a_dry_run(tmp_path, monkeypatch):
+def test_mlx_version_reaches_the_plan_of_a_dry_run(tmp_path, monkeypatch, hosts_run_by):
     inventory = tmp_path / "cluster.yaml"
     inventory.write_text(fix_inventory_text(["a", "b"]))
     result = check({"a": mac("a", "0.32.4"), "b": mac("b", "0.32.3")})
 
-    monkeypatch.setattr(session_module, "open_runner", lambda *a, **k: FakeSsh(default=None))
+    hosts_run_by(FakeSsh(default=None))
     monkeypatch.setattr(session_module, "run_doctor", lambda *a, **k: DoctorReport("x", [result], {}, {}, True, 0.1, "lab"))
     monkeypatch.setattr(fix, "available_versions", lambda: ["0.32.4", "0.32.3", "0.31.2"])
     out = CliRunner().invoke(main, ["doctor", "-i", str(inventory), "--fix", "--dry-run", "--mlx-version", "0.31.2"])

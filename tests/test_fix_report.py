@@ -21,7 +21,7 @@ from mlxcluster.doctor.doctor import DoctorReport
 from mlxcluster.doctor.fixes import session as session_module
 from tests.browser import CHROMIUM, render
 from tests.conftest import require
-from tests.fakes import SUDO_WANTS_PASSWORD, FakeSsh
+from tests.fakes import SUDO_WANTS_PASSWORD, FakeSsh, run_hosts_by
 from tests.inventory_support import fix_inventory_text
 from tests.report_support import external_references
 
@@ -63,7 +63,7 @@ def session(monkeypatch, inventory_file):
     reports: list[DoctorReport] = []
     runner = FakeSsh({"sudo -n true": SUDO_WANTS_PASSWORD}, default=None)
     monkeypatch.setattr(session_module, "run_doctor", lambda inv, **k: reports.pop(0))
-    monkeypatch.setattr(session_module, "open_runner", lambda *a, **k: runner)
+    run_hosts_by(monkeypatch, runner)
     return inventory_file, reports, runner
 
 

@@ -28,6 +28,7 @@ from mlxcluster.jobs.job import job_from_hostfile, job_from_inventory, job_local
 from mlxcluster.jobs.plan import LaunchPlan, launcher_argv, mlx_launch_path, write_hostfile
 from mlxcluster.launch.preflight import SMOKE_OPTIONS, smoke_ranks
 from mlxcluster.smoke.launch import plan_launch
+from tests.fakes import FakeSsh
 from tests.inventory_support import inventory_text
 from tests.topology_helpers import (
     OSAURUS,
@@ -228,11 +229,12 @@ def test_cli_launches_the_pair_plan_and_warns_only_on_fast_synch(pair, tmp_path,
 
 @pytest.mark.parametrize("command", ["train", "run"])
 def test_cli_with_a_tb4_host_exits_3_naming_it_before_anything(macos_fixtures, tmp_path,
-                                                               monkeypatch, launches, command):
+                                                               monkeypatch, launches, command,
+                                                               hosts_run_by):
     """Preflight on: the topology verdict comes before doctor, the probe and the smoke."""
     tb4 = load_capture_dir(make_capture_dir(macos_fixtures, tmp_path / "tb4", OSAURUS, slow_osaurus))
     monkeypatch.setattr(doctor_collect, "collect_captures", lambda inv: tb4)
-    monkeypatch.setattr("mlxcluster.launch.preflight.probe_hosts", lambda *a, **k: pytest.fail("probed"))
+    hosts_run_by(FakeSsh(default=None))  # no host is probed: any command fails the test
     inv_path = tmp_path / "inv.yaml"
     inv_path.write_text(inventory_text(["local", "peer"]))
     args = [a for a in COMMANDS[command] if a != "--no-preflight"]

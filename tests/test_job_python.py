@@ -3,7 +3,6 @@ real ssh path is tests/lab/test_run_lab.py (a python missing on one host)."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
@@ -11,6 +10,7 @@ import pytest
 from mlxcluster.errors import EXIT_USAGE
 from mlxcluster.jobs.job import job_local
 from mlxcluster.jobs.job_python import is_missing_python, python_not_found, require_job_python
+from tests.fakes import FakeSsh
 
 
 @pytest.mark.parametrize("returncode, stderr, missing", [
@@ -33,10 +33,8 @@ def test_the_error_names_every_host_and_is_bad_input():
     assert err.exit_code == EXIT_USAGE and "same venv at that path on every host" in err.hint
 
 
-def test_ranks_on_this_machine_are_not_asked_over_ssh(monkeypatch):
+def test_ranks_on_this_machine_are_not_asked_over_ssh(hosts_run_by):
     """--local ranks: the python was checked here when the job was built."""
-    def no_run(*args, **kwargs):
-        raise AssertionError("nothing may run")
-
-    monkeypatch.setattr(subprocess, "run", no_run)
+    fake = hosts_run_by(FakeSsh(default=None))  # any command on a host fails the test
     require_job_python(job_local(2, "ring", sys.executable))
+    assert fake.calls == []

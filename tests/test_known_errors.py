@@ -373,19 +373,31 @@ def test_train_prints_cause_and_fix_when_a_rank_fails(monkeypatch, macos_fixture
     assert "ml-explore/mlx #3467" in result.output
 
 
-def test_train_names_the_mlx_release_that_fixes_it(monkeypatch, macos_fixtures, tmp_path):
+def test_train_names_the_mlx_release_that_fixes_it(monkeypatch, macos_fixtures, tmp_path,
+                                                   hosts_run_by):
     monkeypatch.chdir(tmp_path)  # the run's record (default --out runs/reference) goes here
+    import json
+
     from click.testing import CliRunner
 
     import mlxcluster.launch.preflight as preflight
     import mlxcluster.launch.trainer as trainer
     from mlxcluster.cli import main
-    from mlxcluster.jobs.preflight import HostProbe
     from mlxcluster.jobs.watch import RunOutcome
+    from tests.fakes import FakeSsh
+    from tests.fakes import result as reply
+    from tests.probe_support import run_probe
 
     too_big = real_line(macos_fixtures, "Sending to socket 3")  # mlx #4280, fixed in 0.32.1
-    monkeypatch.setattr(preflight, "probe_hosts", lambda job, env=None: [
-        HostProbe(h, {"mlx": "0.32.0", "platform": "darwin", "import_errors": {}}) for h in job.hosts])
+    # The ranks' host answers the job's probe (its python reading the script on stdin:
+    # ``PY -``) as a Mac with mlx 0.32.0 would, and runs no other job.
+    probe = run_probe()
+    probe["platform"], probe["mlx"]["version"] = "darwin", "0.32.0"
+
+    def answer(host, command):
+        return reply(json.dumps(probe) + "\n") if " - --inventory-env" in command else reply()
+
+    hosts = hosts_run_by(FakeSsh(default=answer))
     monkeypatch.setattr(preflight, "check_probes", lambda job, probes: [])
     monkeypatch.setattr(preflight, "smoke_all_sum", lambda job, env=None: (True, "all_sum ok"))
     monkeypatch.setattr(trainer, "run_job", lambda job, on_line, **kwargs: RunOutcome(
@@ -393,3 +405,6 @@ def test_train_names_the_mlx_release_that_fixes_it(monkeypatch, macos_fixtures, 
     result = CliRunner().invoke(main, ["train", "--local", "2", "--config", "tiny", "--no-openblas"])
     assert result.exit_code == 1, result.output
     assert "this cluster runs mlx 0.32.0; mlx 0.32.1 fixes it" in result.output
+    asked = [command for _, command in hosts.calls]
+    assert {host for host, _ in hosts.calls} == {"local-0"}  # both ranks on this machine
+    assert sum(" - --inventory-env" in command for command in asked) == 1  # probed once

@@ -82,9 +82,10 @@ def module_files(package: Path = PACKAGE) -> dict[str, Path]:
     return modules
 
 
-def imported_modules(module: str, source: str, is_package: bool, known: set[str]) -> set[str]:
-    """The mlxcluster modules ``module`` imports (``from X import name`` counts
-    as X.name when that is a module, else as X)."""
+def imported_modules(module: str, source: str, is_package: bool, known: set[str],
+                     root: str = "mlxcluster") -> set[str]:
+    """The modules under ``root`` that ``module`` imports (``from X import
+    name`` counts as X.name when that is a module, else as X)."""
     package = module.split(".") if is_package else module.split(".")[:-1]
     found: set[str] = set()
     for node in ast.walk(ast.parse(source)):
@@ -99,7 +100,7 @@ def imported_modules(module: str, source: str, is_package: bool, known: set[str]
             for alias in node.names:
                 sub = f"{target}.{alias.name}"
                 found.add(sub if sub in known else target)
-    return {m for m in found if m == "mlxcluster" or m.startswith("mlxcluster.")}
+    return {m for m in found if m == root or m.startswith(root + ".")}
 
 
 def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
@@ -265,22 +266,48 @@ def test_the_cli_only_renders():
 TESTS = Path(__file__).resolve().parent
 
 
+def imports_of_test_modules(files: dict[str, Path]) -> list[str]:
+    """Every import, by any module under tests/, of a test module (one named
+    ``test_*.py``) other than itself; conftest and ``*_support`` are for sharing."""
+    known = set(files)
+    offenders = []
+    for module, path in sorted(files.items()):
+        targets = imported_modules(module, path.read_text(encoding="utf-8"),
+                                   path.name == "__init__.py", known, root="tests")
+        offenders.extend(f"{module} imports {target}" for target in sorted(targets)
+                         if target != module and target.split(".")[-1].startswith("test_"))
+    return offenders
+
+
 def test_modules_imported_between_tests():
     """No test module imports another: what tests share lives in a
     ``*_support.py`` module (or conftest), so that running one test file
     never runs, nor depends on, another's module."""
-    offenders = []
-    for path in sorted(TESTS.rglob("test_*.py")):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            names = []
-            if isinstance(node, ast.ImportFrom):
-                names = [node.module or ""] + [alias.name for alias in node.names
-                                               if node.module is None or node.level]
-            elif isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            if any(name.split(".")[-1].startswith("test_") for name in names):
-                offenders.append(f"{path.relative_to(TESTS.parent)}:{node.lineno}")
-    assert offenders == []
+    assert imports_of_test_modules(module_files(TESTS)) == []
+
+
+def test_a_test_module_imported_by_another_is_caught(tmp_path):
+    tests = tmp_path / "tests"
+    (tests / "lab").mkdir(parents=True)
+    for name in ("__init__.py", "lab/__init__.py", "train_support.py", "conftest.py"):
+        (tests / name).write_text("")
+    sources = {
+        "test_train_launch.py": "from .train_support import x\nimport tests.conftest\n",
+        "test_train_pipeline_launch.py": "from tests.test_train_launch import launched\n",
+        "test_resplit.py": "def f():\n    from . import test_pipeline\n",
+        "test_pipeline.py": "",
+        "lab/test_model_split_lab.py": "from tests.lab import test_fix_macos_lab\n",
+        "lab/test_fix_macos_lab.py": "",
+        "lab/macos_support.py": "from ..test_pipeline import helper\n",
+    }
+    for name, source in sources.items():
+        (tests / name).write_text(source)
+    assert imports_of_test_modules(module_files(tests)) == [
+        "tests.lab.macos_support imports tests.test_pipeline",
+        "tests.lab.test_model_split_lab imports tests.lab.test_fix_macos_lab",
+        "tests.test_resplit imports tests.test_pipeline",
+        "tests.test_train_pipeline_launch imports tests.test_train_launch",
+    ]
 
 
 def test_each_package_has_its_own_layer():
@@ -450,3 +477,41 @@ def test_no_cli_module_says_a_job_outcome_itself():
             if name in OUTCOME_LADDER or name == "EXIT_STOPPED_WHEN_ASKED":
                 found.append(f"{path.name}:{node.lineno} {name}")
     assert found == []
+
+
+# The most parameters a library function may take (*rest and **flags count as one
+# each): today's worst (serve/serving.py's _serve, jobs/plan.py's planners, run_doctor).
+# A CLI command takes what its flags are (click), and hands the library one request
+# (doctor/request.py's DoctorRequest) or a few values: what the library takes is bounded.
+MOST_PARAMETERS = 11
+
+
+def parameter_counts(source: str) -> list[tuple[str, int]]:
+    """(function name, how many parameters it takes) for every function in ``source``."""
+    counts = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            named = len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs)
+            counts.append((node.name, named + bool(a.vararg) + bool(a.kwarg)))
+    return counts
+
+
+def test_no_library_function_takes_more_parameters_than_the_bound():
+    """serve_until_stopped took 12 parameters because the CLI assembled its front,
+    address and journal (issue 45): the CLI was deciding. A library function past the
+    bound fails here; cli/ is not bounded (a command takes its flags)."""
+    over = []
+    for module, path in sorted(module_files().items()):
+        if layer_of(module) == len(LAYERS) - 1:
+            continue
+        over += [f"{module}.{name} takes {n} > {MOST_PARAMETERS}"
+                 for name, n in parameter_counts(path.read_text(encoding="utf-8"))
+                 if n > MOST_PARAMETERS]
+    assert over == []
+
+
+def test_a_function_past_its_bound_is_counted():
+    source = ("def command(a, b, /, c, *rest, d=1, **flags):\n    pass\n"
+              "class Probe:\n    def __init__(self, x):\n        pass\n")
+    assert parameter_counts(source) == [("command", 6), ("__init__", 2)]

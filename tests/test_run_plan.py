@@ -25,6 +25,7 @@ from mlxcluster.jobs.preflight import HostProbe, check_probes
 from mlxcluster.jobs.run_output import RankLogs, is_python_word, program_argv, split_rank
 from mlxcluster.jobs.stall import LineWatch
 from mlxcluster.launch.trainer import parse_trainer_args, trainer_job
+from tests.fakes import Clock
 
 INVENTORY = """
 cluster: lab
@@ -146,16 +147,16 @@ def test_rank_tags_and_one_log_per_rank(tmp_path):
 
 
 def test_any_line_is_progress_for_a_run():
-    now = [0.0]
-    watch = LineWatch(20.0, clock=lambda: now[0])
-    now[0] = 19.0
+    clock = Clock(0.0)
+    watch = LineWatch(20.0, clock=clock)
+    clock.now = 19.0
     assert not watch.stalled()
-    now[0] = 21.0
+    clock.now = 21.0
     assert watch.stalled()  # no startup grace: the given limit counts from the launch
     assert watch.feed("[1] still working") == "[1] still working"
-    now[0] = 40.0
+    clock.now = 40.0
     assert not watch.stalled()
-    now[0] = 42.0
+    clock.now = 42.0
     assert watch.stalled()
 
 

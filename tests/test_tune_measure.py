@@ -18,6 +18,7 @@ from mlxcluster.tune.files import winner_files
 from mlxcluster.tune.measure import Plan, StreamError, measure, mpi_args, worker_options
 from mlxcluster.tune.result import to_dict
 from mlxcluster.tune.run import run_tune, tune_sizes
+from tests.fakes import Clock
 
 M32 = 32 << 20
 HOSTS = tuple(RankHost(f"h{i}", f"10.9.0.{i}", (f"10.9.0.{i}",), "/venv/bin/python") for i in (1, 2, 3))
@@ -31,15 +32,12 @@ class FakeCluster:
                  fail_from_call: int = 1, reason: str = "rank 1 on h2: hung"):
         self.busbw, self.seconds, self.fail = busbw, seconds, fail
         self.fail_from_call, self.reason = fail_from_call, reason
-        self.now = 0.0
+        self.clock = Clock(0.0)
         self.calls: list[str] = []
         self.streams: list[int] = []
 
-    def clock(self) -> float:
-        return self.now
-
     def run(self, candidate: Candidate, plan: Plan) -> SmokeReport:
-        self.now += self.seconds
+        self.clock.now += self.seconds
         self.calls.append(candidate.label)
         if candidate.label == self.fail and self.calls.count(candidate.label) >= self.fail_from_call:
             return SmokeReport(candidate.backend, "failed", reason=self.reason)
@@ -51,7 +49,7 @@ class FakeCluster:
         return SmokeReport(candidate.backend, "passed", bench=rows)
 
     def stream(self, streams: int, seconds: float) -> float:
-        self.now += seconds
+        self.clock.now += seconds
         self.streams.append(streams)
         if streams == 8:
             raise StreamError("tcp receiver on h2 did not start")

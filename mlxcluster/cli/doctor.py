@@ -35,17 +35,16 @@ from tabulate import tabulate
 
 from mlxcluster.cli import doctor_fix
 from mlxcluster.cli.doctor_fix import run_fix, run_undo
-from mlxcluster.cli.params import LocalMeansHere, Seconds, inventory_option, load_chosen_inventory
+from mlxcluster.cli.params import LocalMeansHere, Seconds, inventory_option
 from mlxcluster.cli.report import check_html_path, emit_page, html_option
 from mlxcluster.doctor.checks.base import CheckResult, Status
 from mlxcluster.doctor.checks.mpi import mpi_available
 from mlxcluster.doctor.doctor import BACKENDS, DoctorReport
-from mlxcluster.doctor.request import doctor_request, examine
+from mlxcluster.doctor.request import doctor_request, examine, request_inventory
 from mlxcluster.doctor.shared_path import HERE, SharedPathReport, look_over_ssh
 from mlxcluster.errors import EXIT_FAILED, EXIT_OK
 from mlxcluster.facts.capture import save_capture_dir
 from mlxcluster.facts.facts import HostFacts
-from mlxcluster.inventory.inventory import load_inventory
 from mlxcluster.report import Report
 from mlxcluster.topology.topology import build_topology
 
@@ -240,20 +239,12 @@ def command(**flags):
     """Check every host of the cluster and say how to fix what is wrong."""
     request = doctor_request(data_modules=train_data_modules, can_ask=doctor_fix.can_ask(), **flags)
     ctx = click.get_current_context()
-    if request.mode == "shared-path":
-        inventory = load_chosen_inventory(request.inventory_path)
-        ctx.exit(run_shared_path(inventory, request.shared_path, request.as_json,
-                                 request.connect_timeout, request.accept_new_host_keys))
     if request.mode == "undo":
         ctx.exit(run_undo(request.undo_path, request.connect_timeout))
-    # A replay names its hosts by folder, so it uses an inventory only when given one.
-    if request.from_dir:
-        inventory = load_inventory(request.inventory_path) if request.inventory_path else None
-    elif request.local:
-        inventory = None
-    else:
-        inventory = load_chosen_inventory(request.inventory_path,
-                                          other_sources="--from DIR to replay captures, or --local")
+    inventory = request_inventory(request, note=lambda text: click.echo(text, err=True))
+    if request.mode == "shared-path":
+        ctx.exit(run_shared_path(inventory, request.shared_path, request.as_json,
+                                 request.connect_timeout, request.accept_new_host_keys))
     check_html_path(request.html_path)
     if request.mode == "fix":
         ctx.exit(run_fix(inventory, request, render=render))

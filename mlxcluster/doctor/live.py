@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from mlxcluster.doctor.datapath import DataPathReport, check_data_paths
 from mlxcluster.facts.capture import HostCapture
 from mlxcluster.facts.collect import PROBE_TIMEOUT, capture_or_error, probe_host
+from mlxcluster.ssh import remote
 from mlxcluster.ssh.hops import PARALLEL, run_hops
 from mlxcluster.ssh.openssh import OpenSshRunner
 from mlxcluster.ssh.remote import ParamikoRunner, run_parallel
@@ -73,9 +74,9 @@ def collect_live(inventory, *, connect_timeout: float = 5.0, command_timeout: fl
     ``host_to_host`` (only mpirun started on a host needs it) no hop is made.
     """
     own = runner is None
-    runner = runner or ParamikoRunner(inventory.ssh_config, connect_timeout=connect_timeout,
-                                      command_timeout=command_timeout,
-                                      accept_new_host_keys=accept_new_host_keys)
+    runner = runner or remote.open_runner(inventory.ssh_config, connect_timeout=connect_timeout,
+                                          command_timeout=command_timeout,
+                                          accept_new_host_keys=accept_new_host_keys)
     openssh = OpenSshRunner(inventory.ssh_config, connect_timeout=connect_timeout,
                             command_timeout=connect_timeout + 15)
     hosts = {h.name: h for h in inventory.hosts}

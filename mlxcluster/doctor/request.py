@@ -20,6 +20,8 @@ from mlxcluster.errors import InputError
 from mlxcluster.facts.capture import prepare_capture_dir, read_capture_dir
 from mlxcluster.fit.model_folder import read_model_folder
 from mlxcluster.hostfile.hostfile import load_hostfile
+from mlxcluster.inventory.inventory import Inventory, load_inventory
+from mlxcluster.inventory.inventory_search import find_inventory
 
 
 @dataclass(frozen=True)
@@ -164,6 +166,23 @@ def check_options(r: DoctorRequest) -> dict:
     return dict(backend=r.backend, connect_timeout=r.connect_timeout, data_path=not r.no_data_path,
                 hostfile=r.hostfile, trainer_modules=r.trainer_modules, model=r.model,
                 pipeline=r.pipeline)
+
+
+def request_inventory(r: DoctorRequest, note: Callable[[str], None]) -> Inventory | None:
+    """The inventory ``r`` runs on, loaded: -i, else the default one
+    (inventory_search.py), named first through ``note`` (the CLI shows it on
+    stderr, stdout stays clean for --json; before loading, so a default file
+    that does not load is named too). A replay (--from) names its hosts by
+    folder, so it uses one only when -i was given; --local and --undo use none."""
+    if r.mode == "undo" or r.local:
+        return None
+    if r.from_dir:
+        return load_inventory(r.inventory_path) if r.inventory_path else None
+    others = "" if r.mode == "shared-path" else "--from DIR to replay captures, or --local"
+    choice = find_inventory(r.inventory_path, other_sources=others)
+    if not choice.given:
+        note(choice.describe())
+    return load_inventory(choice.path)
 
 
 def examine(r: DoctorRequest, inventory) -> DoctorReport:

@@ -65,10 +65,10 @@ def in_sh(script: str) -> str:
 def look_over_ssh(inventory, path: str, *, connect_timeout: float,
                   accept_new_host_keys: bool) -> SharedPathReport:
     """``find_shared_path`` over paramiko connections of its own, closed after."""
-    from mlxcluster.ssh.remote import ParamikoRunner
+    from mlxcluster.ssh import remote
 
-    with ParamikoRunner(inventory.ssh_config, connect_timeout=connect_timeout,
-                        accept_new_host_keys=accept_new_host_keys) as runner:
+    with remote.open_runner(inventory.ssh_config, connect_timeout=connect_timeout,
+                            accept_new_host_keys=accept_new_host_keys) as runner:
         return find_shared_path(inventory, path, runner)
 
 

@@ -19,6 +19,7 @@ from mlxcluster.facts.capture import CAPTURE_FILES, PROBE, RAW_CAPTURE_FILES, Ho
 from mlxcluster.facts.facts import HostFacts, host_facts
 from mlxcluster.inventory.discovery import DiscoveredHost, inventory_entries, render_inventory
 from mlxcluster.inventory.inventory import parse_inventory
+from mlxcluster.ssh import remote
 from mlxcluster.ssh.remote import ParamikoRunner, run_parallel
 from mlxcluster.ssh.results import CommandResult, Outcome
 
@@ -100,9 +101,9 @@ def collect_captures(inventory, *, runner: ParamikoRunner | None = None, connect
                      accept_new_host_keys: bool = False) -> dict[str, HostCapture]:
     """Probe every inventory host in parallel; unreachable hosts get ``error`` set."""
     own = runner is None
-    runner = runner or ParamikoRunner(inventory.ssh_config, connect_timeout=connect_timeout,
-                                      command_timeout=command_timeout,
-                                      accept_new_host_keys=accept_new_host_keys)
+    runner = runner or remote.open_runner(inventory.ssh_config, connect_timeout=connect_timeout,
+                                          command_timeout=command_timeout,
+                                          accept_new_host_keys=accept_new_host_keys)
     try:
         hosts = {h.name: h for h in inventory.hosts}
         outcomes = run_parallel(hosts, lambda n: probe_host(runner, hosts[n], command_timeout))

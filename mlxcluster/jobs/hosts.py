@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +22,8 @@ from mlxcluster.errors import InputError
 from mlxcluster.hostfile.hostfile import load_launch_hostfile
 from mlxcluster.inventory.inventory import LOCAL_TARGETS, local_inventory
 from mlxcluster.ssh import openssh
+from mlxcluster.ssh.results import CommandResult, SshError
+from mlxcluster.ssh.runner import HostRunner, Input, ProcessRunner
 from mlxcluster.transfer.link import ProcessLink
 
 SSH_TIMEOUT_S = 20
@@ -157,12 +158,30 @@ def ssh_argv(host: RankHost, script: str) -> list[str]:
                             options=host.ssh_options)
 
 
+def host_runner(host: RankHost, env: dict[str, str] | None = None) -> HostRunner:
+    """The one way every layer runs a command on a rank's host
+    (ssh/runner.py): ``host_argv`` run here, with ``env``. The unit tests
+    put their fake (tests/fakes.FakeSsh) here, for every layer at once."""
+    return ProcessRunner(partial(host_argv, host), env=env)
+
+
+def run_on(host: RankHost, command: str, *, stdin: Input | None = None, timeout: float,
+           env: dict[str, str] | None = None) -> CommandResult:
+    """``command`` on ``host`` through its runner (``host_runner``): the
+    result, ssh's exit 255 included; SshError when it did not end in time or
+    the client could not start."""
+    return host_runner(host, env).run(host.name, command, user=None, port=None,
+                                      timeout=timeout, stdin=stdin)
+
+
 def host_link(host: RankHost, env: dict[str, str] | None = None) -> ProcessLink:
     """How a transfer reaches ``host``: ``host_argv`` (bash here for a local
-    rank), and the same ssh, without a target, for rsync's ``-e``."""
+    rank), its plain commands through the host's runner, and the same ssh,
+    without a target, for rsync's ``-e``."""
     ssh = () if host.is_local else tuple(openssh.ssh_client_argv(
         connect_timeout=SSH_CONNECT_TIMEOUT_S, options=host.ssh_options))
-    return ProcessLink(host.name, host.python, partial(host_argv, host), ssh, host.ssh_target, env)
+    return ProcessLink(host.name, host.python, partial(host_argv, host), ssh, host.ssh_target, env,
+                       runner=host_runner(host, env))
 
 
 def host_argv(host: RankHost, script: str) -> list[str]:
@@ -174,17 +193,14 @@ def run_script(host: RankHost, script: str, stdin: str | None = None,
                timeout: float = SSH_TIMEOUT_S, env: dict[str, str] | None = None) -> HostResult:
     """Run a bash script on ``host`` (locally for 127.0.0.1), with a timeout."""
     try:
-        proc = subprocess.run(host_argv(host, script), input=stdin, capture_output=True, text=True,
-                              timeout=timeout, env=env,
-                              stdin=None if stdin is not None else subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return HostResult(host.name, False, "", f"timed out after {timeout:.0f} s")
-    except OSError as err:
-        return HostResult(host.name, False, "", str(err))
-    if proc.returncode != 0:
-        return HostResult(host.name, False, proc.stdout,
-                          (proc.stderr.strip() or f"exit code {proc.returncode}")[-500:])
-    return HostResult(host.name, True, proc.stdout)
+        result = run_on(host, script, stdin=stdin, timeout=timeout, env=env)
+    except SshError as err:
+        why = f"timed out after {timeout:.0f} s" if err.kind == "command-timeout" else err.message
+        return HostResult(host.name, False, "", why)
+    if result.exit_status != 0:
+        return HostResult(host.name, False, result.stdout,
+                          (result.stderr.strip() or f"exit code {result.exit_status}")[-500:])
+    return HostResult(host.name, True, result.stdout)
 
 
 Result = TypeVar("Result")

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import re
 import shlex
-import subprocess
 
 from mlxcluster.errors import InputError
-from mlxcluster.jobs.hosts import RankHost, for_each_host, host_argv, remote_hosts
+from mlxcluster.jobs.hosts import RankHost, for_each_host, remote_hosts, run_on
+from mlxcluster.ssh.results import CommandResult, SshError
 
 # What a shell says when the python path is not there; "exit code 127" is how the probe
 # reports a shell that said nothing.
@@ -46,7 +46,7 @@ def is_missing_python(returncode: int, output: str) -> bool:
 
 
 def python_answers(job, env: dict[str, str] | None = None, timeout: float = CHECK_TIMEOUT_S
-                   ) -> list[tuple[RankHost, subprocess.CompletedProcess | None]]:
+                   ) -> list[tuple[RankHost, CommandResult | None]]:
     """Every remote host of ``job`` (a jobs.job.Job) asked, all at once, to
     run the job's python with nothing to do (``PY -S -c ''``): the cheapest
     question that says both whether the host answers ssh and whether the
@@ -54,12 +54,13 @@ def python_answers(job, env: dict[str, str] | None = None, timeout: float = CHEC
     remote = remote_hosts(job.hosts)
     command = f"{shlex.quote(job.python)} -S -c ''"
 
-    def ask(host) -> subprocess.CompletedProcess | None:
+    def ask(host) -> CommandResult | None:
         try:
-            return subprocess.run(host_argv(host, command), capture_output=True, text=True,
-                                  timeout=timeout, env=env, stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            return None
+            return run_on(host, command, timeout=timeout, env=env)
+        except SshError as err:
+            if err.kind == "command-timeout":
+                return None
+            raise
 
     return list(zip(remote, for_each_host(remote, ask), strict=True))
 
@@ -70,7 +71,7 @@ def require_job_python(job, env: dict[str, str] | None = None,
     remote host of ``job`` (a jobs.job.Job). Ranks on this machine
     are checked where the job is built (jobs.hosts.require_python_here).
     A host that does not answer is not judged here: the launch reports it."""
-    lacking = [h.name for h, proc in python_answers(job, env, timeout)
-               if proc is not None and is_missing_python(proc.returncode, proc.stderr)]
+    lacking = [h.name for h, answer in python_answers(job, env, timeout)
+               if answer is not None and is_missing_python(answer.exit_status, answer.stderr)]
     if lacking:
         raise python_not_found(job.python, lacking)

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import subprocess
-import time
 from dataclasses import dataclass
 
 from mlxcluster.facts.blas import OPENBLAS_CANDIDATES
@@ -21,9 +19,9 @@ from mlxcluster.facts.capture import PROBE, HostCapture
 from mlxcluster.facts.collect import PROBE_TIMEOUT, capture_from_probe, probe_command, probe_source
 from mlxcluster.facts.facts import HostFacts, host_facts
 from mlxcluster.facts.shell import launch_refusal, shell_kind
-from mlxcluster.jobs.hosts import RankHost, distinct_hosts, for_each_host, host_argv
+from mlxcluster.jobs.hosts import RankHost, distinct_hosts, for_each_host, run_on
 from mlxcluster.jobs.job import Job, rank_env, script_path
-from mlxcluster.ssh.results import CommandResult
+from mlxcluster.ssh.results import SshError
 
 RANK_WRAPPER_MODULE = "mlxcluster.jobs.rank_wrapper"
 
@@ -110,15 +108,11 @@ def probe_capture(host: RankHost, python: str, rank_vars: dict[str, str],
     the capture doctor would read (its raw macOS outputs included), or one
     whose ``error`` says why not. Never raises."""
     command = probe_command(python, rank_vars) + "".join(f" {shlex.quote(a)}" for a in arguments)
-    started = time.monotonic()
     try:
-        proc = subprocess.run(host_argv(host, command), input=probe_source(), capture_output=True,
-                              text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return HostCapture(host.name, error=f"no answer within {timeout:.0f} s")
-    except OSError as err:
-        return HostCapture(host.name, error=str(err))
-    result = CommandResult(proc.stdout, proc.stderr, proc.returncode, time.monotonic() - started)
+        result = run_on(host, command, stdin=probe_source(), timeout=timeout, env=env)
+    except SshError as err:
+        why = f"no answer within {timeout:.0f} s" if err.kind == "command-timeout" else err.message
+        return HostCapture(host.name, error=why)
     return capture_from_probe(host.name, result, python)
 
 

@@ -77,8 +77,8 @@ def unreachable_hosts(job: Job, env: dict[str, str] | None = None,
                       timeout: float = CHECK_TIMEOUT_S) -> list[str]:
     """The job's remote hosts that do not answer ssh now (no connection
     within the connect timeout, or no answer at all within ``timeout``)."""
-    return [h.name for h, proc in python_answers(job, env, timeout)
-            if proc is None or proc.returncode == UNREACHABLE]
+    return [h.name for h, answer in python_answers(job, env, timeout)
+            if answer is None or answer.exit_status == UNREACHABLE]
 
 
 def without_hosts(job: Job, names: set[str]) -> Job:

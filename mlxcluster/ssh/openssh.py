@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from collections.abc import Sequence
 
 from mlxcluster.ssh.results import CommandResult, SshError
+from mlxcluster.ssh.runner import SSH_FAILED, Input, ProcessRunner
 
 # Substrings of OpenSSH's stderr -> (kind, cause, fix).
 # A changed key prints both the CHANGED banner and "Host key verification
@@ -36,9 +36,6 @@ _STDERR_CAUSES: tuple[tuple[str, str, str, str], ...] = (
     ("No route to host", "unreachable", "no route to host", "check the link and routes"),
     ("Could not resolve hostname", "dns", "name does not resolve", "fix the ssh target or HostName"),
 )
-
-
-SSH_FAILED = 255  # ssh's own exit code: the connection failed or was lost
 
 
 def ssh_argv(target: str, command: str | None, **client) -> list[str]:
@@ -129,23 +126,23 @@ class OpenSshRunner:
         return parse_ssh_g(proc.stdout)
 
     def run(self, target: str, command: str, *, user: str | None = None, port: int | None = None,
-            timeout: float | None = None) -> CommandResult:
-        """Run ``command`` (already quoted); raise SshError when ssh itself failed (exit 255)."""
-        argv = ssh_argv(target, command, ssh_config=self.ssh_config, connect_timeout=self.connect_timeout,
-                        user=user, port=port, ssh=self.ssh)
-        limit = timeout or self.command_timeout
-        started = time.monotonic()
+            timeout: float | None = None, stdin: Input | None = None) -> CommandResult:
+        """Run ``command`` (already quoted); raise SshError when ssh itself failed (exit 255).
+        A HostRunner (ssh/runner.py), through the one ``ProcessRunner``."""
+        def argv(line: str) -> list[str]:
+            return ssh_argv(target, line, ssh_config=self.ssh_config,
+                            connect_timeout=self.connect_timeout, user=user, port=port, ssh=self.ssh)
+
+        process = ProcessRunner(argv, env=self.env, command_timeout=self.command_timeout)
         try:
-            proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
-                                  timeout=limit, env=self.env)
-        except subprocess.TimeoutExpired as exc:
-            raise SshError("command-timeout", f"ssh {target}: no answer within {limit:.0f} s",
-                           "the host hangs after connecting; check it directly") from exc
-        except FileNotFoundError as exc:
+            result = process.run(target, command, timeout=timeout, stdin=stdin)
+        except SshError as exc:
+            if exc.kind == "command-timeout":
+                limit = timeout or self.command_timeout
+                raise SshError("command-timeout", f"ssh {target}: no answer within {limit:.0f} s",
+                               "the host hangs after connecting; check it directly") from None
             raise SshError("ssh", f"the OpenSSH client '{self.ssh}' is not installed",
-                           "install OpenSSH (mlx.launch and mpirun need it)") from exc
-        stderr = proc.stderr.decode("utf-8", "replace")
-        if proc.returncode == SSH_FAILED:
-            raise explain_failure(target, proc.returncode, stderr)
-        return CommandResult(proc.stdout.decode("utf-8", "replace"), stderr, proc.returncode,
-                             time.monotonic() - started)
+                           "install OpenSSH (mlx.launch and mpirun need it)") from None
+        if result.exit_status == SSH_FAILED:
+            raise explain_failure(target, result.exit_status, result.stderr)
+        return result

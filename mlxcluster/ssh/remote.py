@@ -453,6 +453,16 @@ class ParamikoRunner:
         self.close()
 
 
+def open_runner(ssh_config: str | None, *, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+                command_timeout: float = DEFAULT_COMMAND_TIMEOUT,
+                accept_new_host_keys: bool = False) -> ParamikoRunner:
+    """The runner doctor and its fixes reach the inventory's hosts by (a
+    HostRunner, ssh/runner.py; the caller closes it). Every doctor path opens
+    its runner here, so one fake stands in for all of them in the tests."""
+    return ParamikoRunner(ssh_config, connect_timeout=connect_timeout, command_timeout=command_timeout,
+                          accept_new_host_keys=accept_new_host_keys)
+
+
 def exec_bounded(channel: paramiko.Channel, command: str, seconds: float, alias: str, limit: float) -> None:
     """``channel.exec_command`` that gives up after ``seconds``.
 

@@ -8,7 +8,9 @@ Two kinds of link, one interface (``run``):
   ``StrictHostKeyChecking=yes`` (an unknown or changed host key fails) and a
   connect timeout (``ssh/openssh.py``), as mlx.launch reaches the ranks; for
   this machine, bash. rsync's ``-e`` is the same ssh with the same options
-  (``ssh``). The jobs layer makes one per rank host (``jobs.hosts.host_link``).
+  (``ssh``). The jobs layer makes one per rank host (``jobs.hosts.host_link``);
+  its plain commands go through the host's runner (``ssh/runner.py``), the
+  streamed ones through ``argv`` here, watched.
 - ``RunnerLink``: the doctor's open connections (``ssh/remote.py``'s runner:
   keys only, host keys checked, every command with a timeout), so that the
   wheels a fix sends go the way its install command goes.
@@ -27,8 +29,8 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO, Protocol, TypeVar
 
 from mlxcluster.errors import MlxclusterError
-from mlxcluster.ssh.openssh import SSH_FAILED
-from mlxcluster.ssh.results import CommandResult
+from mlxcluster.ssh.results import CommandResult, SshError
+from mlxcluster.ssh.runner import SSH_FAILED, HostRunner, ProcessRunner
 
 STALL_S = 60.0  # a transfer that moves no byte for this long is given up
 CHUNK = 1 << 20
@@ -71,23 +73,23 @@ class ProcessLink:
     ssh: tuple[str, ...] = ()  # ssh and its options, no target (rsync's -e); () for this machine
     target: str = ""  # user@host, for rsync
     env: dict[str, str] | None = None
+    # What runs a command without input (ssh/runner.py's one way); None: ``argv`` here.
+    runner: HostRunner | None = None
 
     def run(self, command: str, *, timeout: float, stdin: BinaryIO | None = None) -> CommandResult:
-        """Without ``stdin``: ends within ``timeout``. With it: given up when
-        the host takes no byte for ``STALL_S``, or does not end ``timeout``
-        after the last one."""
-        started = time.monotonic()
-        if stdin is not None:
-            out, err, status = self._feed(command, stdin, timeout)
-        else:
+        """Without ``stdin``: ends within ``timeout``, through the host's
+        runner. With it (streamed here, watched): given up when the host takes
+        no byte for ``STALL_S``, or does not end ``timeout`` after the last one."""
+        if stdin is None:
+            runner = self.runner or ProcessRunner(self.argv, env=self.env)
             try:
-                proc = subprocess.run(self.argv(command), capture_output=True, timeout=timeout,
-                                      env=self.env, stdin=subprocess.DEVNULL)
-            except subprocess.TimeoutExpired:
-                raise NoAnswer(f"{self.name} did not answer within {timeout:.0f} s") from None
-            except OSError as exc:  # no ssh here
+                return runner.run(self.name, command, timeout=timeout)
+            except SshError as exc:
+                if exc.kind == "command-timeout":
+                    raise NoAnswer(f"{self.name} did not answer within {timeout:.0f} s") from None
                 raise TransferError(f"{self.name}: {exc}") from None
-            out, err, status = proc.stdout, proc.stderr, proc.returncode
+        started = time.monotonic()
+        out, err, status = self._feed(command, stdin, timeout)
         return CommandResult(out.decode(errors="replace"), err.decode(errors="replace"), status,
                              time.monotonic() - started)
 

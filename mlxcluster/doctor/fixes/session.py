@@ -30,6 +30,7 @@ from mlxcluster.doctor.fixes.journal import Journal, fixes_dir, read_journal
 from mlxcluster.doctor.fixes.outcome import FixOutcome, all_fixed, before_after, problems
 from mlxcluster.doctor.fixes.plan import Action, Lookup, Plan, build_plan
 from mlxcluster.inventory.inventory import load_inventory
+from mlxcluster.ssh import remote
 from mlxcluster.ssh.remote import ParamikoRunner
 
 LOOKUP_TIMEOUT = 20.0
@@ -38,8 +39,9 @@ LOOKUP_TIMEOUT = 20.0
 def open_runner(inventory, *, connect_timeout: float, command_timeout: float,
                 accept_new_host_keys: bool = False) -> ParamikoRunner:
     """The SSH runner of the whole run (the caller closes it)."""
-    return ParamikoRunner(inventory.ssh_config, connect_timeout=connect_timeout,
-                          command_timeout=command_timeout, accept_new_host_keys=accept_new_host_keys)
+    return remote.open_runner(inventory.ssh_config, connect_timeout=connect_timeout,
+                              command_timeout=command_timeout,
+                              accept_new_host_keys=accept_new_host_keys)
 
 
 def lookup_on(runner, inventory, timeout: float = LOOKUP_TIMEOUT) -> Lookup:
