@@ -101,13 +101,19 @@ def test_none_fits_the_refusal_names_the_fewest_hosts_and_the_quantization(llama
     assert not verdict.ok and verdict.split is None
     assert verdict.refusals[0].startswith("mini needs ")
     assert verdict.ways_out[:2] == (
-        "3 hosts: these and 1 more like studio (107.5 GiB), the layers placed by memory",
+        "2 hosts: studio and 1 more like studio (107.5 GiB), the layers placed by memory",
         "the model quantized to 8 bits (about 69.8 GiB; mlx_lm.convert -q --q-bits 8), the layers "
         "placed by memory over these hosts")
     # Two minis: 4 bits is what fits.
     minis = {"mini": mixed["mini"], "mini2": mixed["mini"]}
     four = judge_split(llama_70b["bf16"], BOTH, ["mini", "mini2"], minis, PIPELINE)
     assert any(w.startswith("the model quantized to 4 bits") for w in four.ways_out), four.ways_out
+    # A host too small for any layer is left out of the smallest set that fits.
+    tiny = mac("tiny", "hw.memsize: 8589934592\niogpu.wired_limit_mb: 0\n", 3 * GIB)
+    smallest = judge_split(llama_70b["4bit"], BOTH, ["tiny", "mini"], {"tiny": tiny, "mini": mixed["mini"]},
+                           PIPELINE)
+    assert not smallest.ok
+    assert smallest.ways_out[0] == "2 hosts: mini and 1 more like mini (21.3 GiB), the layers placed by memory"
 
 
 def test_tensor_parallelism_keeps_equal_shares_and_its_refusal_points_to_pipeline(llama_70b, mixed):  # noqa: F811

@@ -481,17 +481,26 @@ def place_by_memory(model: ModelFolder, placement: Sequence[str],
 
 def _pipeline_ways_out(model: ModelFolder, placement: Sequence[str], facts: Mapping[str, HostFacts | None],
                        rooms: Sequence[int], j: _Judgement) -> None:
-    """No split of the layers fits these hosts: the fewest hosts like the
-    largest here, and the quantization, that a split by memory would fit."""
+    """No split of the layers fits these hosts: the smallest set of hosts
+    (the largest of these, and more like the largest) and the quantization
+    that a split by memory would fit."""
     whole, per_layer = layer_bytes(model)
-    largest = max(dict.fromkeys(placement), key=lambda h: budget(facts.get(h)).low or 0)
-    room = budget(facts.get(largest)).low or 0
-    for more in range(1, len(per_layer) - len(placement) + 1):
-        split = memory_split(whole, per_layer, [*rooms, *[room] * more])
-        if split is not None:
-            j.ways_out.append(f"{len(placement) + more} hosts: these and {more} more like {largest} "
-                              f"({gib(room)}), the layers placed by memory")
+    ranked = sorted(range(len(placement)), key=lambda r: -rooms[r])  # these ranks, the roomiest first
+    largest, room = placement[ranked[0]], rooms[ranked[0]]
+    found = None
+    for total in range(1, len(per_layer) + 1):
+        for kept in range(min(total, len(placement)), 0, -1):  # as many of these as will do
+            if memory_split(whole, per_layer, [*(rooms[r] for r in ranked[:kept]),
+                                               *[room] * (total - kept)]) is not None:
+                found = (total, kept)
+                break
+        if found:
             break
+    if found and found[0] > 0:
+        total, kept = found
+        these = ", ".join(dict.fromkeys(placement[r] for r in ranked[:kept]))
+        more = f" and {total - kept} more like {largest} ({gib(room)})" if total > kept else ""
+        j.ways_out.append(f"{total} host{'s' if total > 1 else ''}: {these}{more}, the layers placed by memory")
     bits = _bits_now(model)
     for q in (8, 4):
         ratio = (q + QUANTIZED_EXTRA_BITS) / bits
