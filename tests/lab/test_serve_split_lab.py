@@ -94,8 +94,8 @@ def test_serve_pipeline_splits_by_memory_and_sends_each_host_its_stage(lab3, tmp
         # Each host got only its stage's shards (and the plan said so), whole.
         assert f"{two[0].name} gets only what its stage loads (--pipeline): 2 of 4 weight files" in out
         assert f"{two[1].name} gets only what its stage loads (--pipeline): 3 of 4 weight files" in out
-        wanted = {two[0]: {SHARDS[0], SHARDS[3]}, two[1]: {SHARDS[0], SHARDS[1], SHARDS[2]}}
-        for host, shards in wanted.items():
+        wanted = [(two[0], {SHARDS[0], SHARDS[3]}), (two[1], {SHARDS[0], SHARDS[1], SHARDS[2]})]
+        for host, shards in wanted:
             there = lab.host_disk(host) / model.relative_to(lab.disk)
             assert {p.name for p in there.glob("model-*.safetensors")} == shards
             assert all(sha256(there / s) == sha256(model / s) for s in shards)
@@ -118,14 +118,14 @@ def test_serve_pipeline_splits_by_memory_and_sends_each_host_its_stage(lab3, tmp
         code = serving.stop()
     assert code == 0, serving.output()[-4000:]
     if run_id:
-        assert_nothing_left(lab, run_id, two)
+        assert_nothing_left(lab, {"run_id": run_id, "cleanup_problems": []})
     print(f"\nserve --pipeline by memory over 2 lab hosts: {time.monotonic() - started:.1f} s")
 
 
 def test_a_model_no_split_fits_is_refused_naming_what_would(lab3, tmp_path, monkeypatch):
     lab = lab3
     two = lab.hosts[:2]
-    model = four_shard_model(tmp_path / "four-shards")
+    model = four_shard_model(lab.disk / f"too-big-{uuid.uuid4().hex[:8]}")  # here only
     inventory, env = training_setup(lab, tmp_path, hosts=list(two))
     # 286 KB and 1.4 MB of GPU memory: one layer of 124 KB on the first, 9 on the second, of 12.
     probe = serving.probe_facts
