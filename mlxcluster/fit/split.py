@@ -305,7 +305,11 @@ class SplitVerdict:
 
     def summary(self) -> str:
         each = gib(max(self.rank_bytes)) if self.rank_bytes else "?"
+        if self.split is not None:
+            each = f"{gib(min(self.rank_bytes))} to {each}"
         head = f"{self.model} over {self.ranks} rank(s), {self.mode}: {each} of weights per rank"
+        if self.split is not None:
+            head += " (layers placed by memory)"
         if self.ok:
             return head + (": fits" if all(h.status == FITS for h in self.hosts) else ": not refused")
         return head + ": refused: " + "; ".join(self.refusals)

@@ -119,7 +119,9 @@ def test_serve_pipeline_splits_by_memory_and_sends_each_host_its_stage(lab3, tmp
     assert code == 0, serving.output()[-4000:]
     if run_id:
         assert_nothing_left(lab, {"run_id": run_id, "cleanup_problems": []})
-    print(f"\nserve --pipeline by memory over 2 lab hosts: {time.monotonic() - started:.1f} s")
+    said = [line for line in serving.lines if "split: " in line or "plan: " in line or "pipeline rank" in line]
+    print("\n" + "\n".join(said))
+    print(f"serve --pipeline by memory over 2 lab hosts: {time.monotonic() - started:.1f} s")
 
 
 def test_a_model_no_split_fits_is_refused_naming_what_would(lab3, tmp_path, monkeypatch):
