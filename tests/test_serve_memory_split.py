@@ -25,10 +25,21 @@ from mlxcluster.fit.split import (
 )
 from mlxcluster.fit.stage_files import files_left_out, left_out_per_rank
 from mlxcluster.serve.pipeline_rank import parse_split
-from tests.memory_support import WORKING_SET_32GB, WORKING_SET_128GB, mini_sysctl
-from tests.test_serve_split import llama_70b, mac  # noqa: F401  (a fixture)
+from tests.memory_support import (
+    WORKING_SET_32GB,
+    WORKING_SET_128GB,
+    llama_70b_shapes,
+    mac,
+    mini_sysctl,
+)
 
 BOTH = FamilySupport("llama", "0.32.2", tensor=True, pipeline=True)
+
+
+@pytest.fixture(scope="module")
+def llama_70b():
+    """Llama 3.3 70B's tensors in bfloat16 and in mlx-lm's 4 and 5 bits, shapes only (memory_support)."""
+    return llama_70b_shapes()
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +69,7 @@ def test_when_proportion_overshoots_the_greedy_split_still_fits_and_none_when_no
     assert memory_split(0, [1, 1], [100, 100, 100]) is None  # more ranks than layers
 
 
-def test_a_model_that_fits_only_weighted_is_served_so_and_said(llama_70b, mixed):  # noqa: F811
+def test_a_model_that_fits_only_weighted_is_served_so_and_said(llama_70b, mixed):
     model = llama_70b["5bit"]
     verdict = judge_split(model, BOTH, ["mini", "studio"], mixed, PIPELINE)
     assert verdict.ok and not verdict.even_fits and verdict.split is not None
@@ -75,7 +86,7 @@ def test_a_model_that_fits_only_weighted_is_served_so_and_said(llama_70b, mixed)
     assert line.endswith("mlx-lm's even split (40, 40 layers) does not fit")
 
 
-def test_16_and_32_gb_take_the_layers_about_1_to_2_by_bytes(llama_70b, macos_fixtures):  # noqa: F811
+def test_16_and_32_gb_take_the_layers_about_1_to_2_by_bytes(llama_70b, macos_fixtures):
     hosts = {"m16": mac("m16", "hw.memsize: 17179869184\niogpu.wired_limit_mb: 0\n", 16 * GIB * 2 // 3),
              "m32": mac("m32", mini_sysctl(macos_fixtures), WORKING_SET_32GB)}
     model = llama_70b["4bit"]
@@ -90,13 +101,13 @@ def test_16_and_32_gb_take_the_layers_about_1_to_2_by_bytes(llama_70b, macos_fix
     assert 1.8 < mine[1] / mine[0] < 2.2
 
 
-def test_hosts_alike_keep_mlx_lm_s_even_split(llama_70b, macos_fixtures):  # noqa: F811
+def test_hosts_alike_keep_mlx_lm_s_even_split(llama_70b, macos_fixtures):
     minis = {n: mac(n, mini_sysctl(macos_fixtures), WORKING_SET_32GB) for n in ("a", "b")}
     verdict = judge_split(llama_70b["4bit"], BOTH, ["a", "b"], minis, PIPELINE)
     assert verdict.ok and verdict.split is None and verdict.split_line() is None
 
 
-def test_none_fits_the_refusal_names_the_fewest_hosts_and_the_quantization(llama_70b, mixed):  # noqa: F811
+def test_none_fits_the_refusal_names_the_fewest_hosts_and_the_quantization(llama_70b, mixed):
     verdict = judge_split(llama_70b["bf16"], BOTH, ["mini", "studio"], mixed, PIPELINE)
     assert not verdict.ok and verdict.split is None
     assert verdict.refusals[0].startswith("mini needs ")
@@ -116,7 +127,7 @@ def test_none_fits_the_refusal_names_the_fewest_hosts_and_the_quantization(llama
     assert smallest.ways_out[0] == "2 hosts: mini and 1 more like mini (21.3 GiB), the layers placed by memory"
 
 
-def test_tensor_parallelism_keeps_equal_shares_and_its_refusal_points_to_pipeline(llama_70b, mixed):  # noqa: F811
+def test_tensor_parallelism_keeps_equal_shares_and_its_refusal_points_to_pipeline(llama_70b, mixed):
     verdict = judge_split(llama_70b["5bit"], BOTH, ["mini", "studio"], mixed, TENSOR)
     assert not verdict.ok and verdict.split is None
     assert verdict.rank_bytes[0] == verdict.rank_bytes[1]  # equal shares
