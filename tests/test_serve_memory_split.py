@@ -159,3 +159,21 @@ def test_the_rank_launcher_refuses_a_bad_split(text):
     with pytest.raises(ValueError):
         parse_split(text)
     assert parse_split("10,20") == [10, 20]
+
+
+
+def test_doctor_model_pipeline_says_the_split_by_memory(tmp_path):
+    import mlxcluster.doctor.checks.model_split  # noqa: F401  (registers the check)
+    from mlxcluster.doctor.checks.base import REGISTRY, CheckContext, Status, run_checks
+    from tests.hf_support import QWEN2_CONFIG, make_llama_folder
+    from tests.memory_support import mac_capture
+
+    model = make_llama_folder(tmp_path / "qwen", {**QWEN2_CONFIG, "num_hidden_layers": 6, "max_window_layers": 6})
+    sysctl = "hw.memsize: 17179869184\niogpu.wired_limit_mb: 0\n"
+    captures = {"small": mac_capture("small", sysctl, 4 * GIB), "big": mac_capture("big", sysctl, 8 * GIB)}
+    [result] = run_checks(CheckContext(captures, options={"model": str(model), "pipeline": True}),
+                          [REGISTRY["model-split"]])
+    assert result.status is Status.PASS, result
+    assert result.hosts["split"].startswith("layers placed by each host's memory: rank 0 on small: "
+                                               "layers 4-5 (2, ")
+    assert "rank 1 on big: layers 0-3 (4, " in result.hosts["split"]
