@@ -90,9 +90,9 @@ def test_16_and_32_gb_take_the_layers_about_1_to_2_by_bytes(llama_70b, macos_fix
     hosts = {"m16": mac("m16", "hw.memsize: 17179869184\niogpu.wired_limit_mb: 0\n", 16 * GIB * 2 // 3),
              "m32": mac("m32", mini_sysctl(macos_fixtures), WORKING_SET_32GB)}
     model = llama_70b["4bit"]
-    tiny = judge_split(model, BOTH, ["m16", "m32"], hosts, PIPELINE)
+    whole_model = judge_split(model, BOTH, ["m16", "m32"], hosts, PIPELINE)
     # 37 GiB does not fit 16 + 32 GB Macs: the refusal names what would.
-    assert not tiny.ok
+    assert not whole_model.ok
     whole, per_layer = layer_bytes(model)
     rooms = [16 * GIB * 2 // 3, int(WORKING_SET_32GB)]
     small = [b // 4 for b in per_layer]  # a quarter of the model fits: placed 1:2 by bytes
