@@ -95,10 +95,11 @@ def tool_chat_model(llama: Path, folder: Path) -> Path:
 class Serving:
     """`mlxcluster serve ARGS` in a session of its own, its lines read as they come."""
 
-    def __init__(self, args: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None):
+    def __init__(self, args: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None,
+                 module: str = "mlxcluster"):
         env = dict(os.environ if env is None else env)
         env["PYTHONPATH"] = str(REPO)  # this checkout's mlxcluster, whatever the cwd
-        self.proc = subprocess.Popen([sys.executable, "-m", "mlxcluster", "serve", *args], env=env,
+        self.proc = subprocess.Popen([sys.executable, "-m", module, "serve", *args], env=env,
                                      cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, start_new_session=True)
         self.lines: list[str] = []

@@ -20,7 +20,13 @@ from mlxcluster.jobs.hosts import RankHost
 from mlxcluster.jobs.job import RANK_WRAPPER_FILES, Job, package_root, rank_env
 from mlxcluster.jobs.plan import launcher_argv
 from mlxcluster.launch import code, sync
-from mlxcluster.launch.code import CACHE_ROOT, code_files, code_manifest, sync_code
+from mlxcluster.launch.code import (
+    CACHE_ROOT,
+    SERVE_RANK_FILES,
+    code_files,
+    code_manifest,
+    sync_code,
+)
 from mlxcluster.transfer.link import ProcessLink, TransferError
 
 MAC1 = RankHost(name="mac1", ssh="10.0.0.1", ips=("10.0.0.1",), python=sys.executable)
@@ -79,7 +85,7 @@ def test_the_files_are_the_rank_wrapper_and_reference_train_without_caches():
             "reference_train/configs/tiny.yaml"} <= set(names)
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
     assert not [n for n in names if n.startswith("mlxcluster/")
-                and n not in RANK_WRAPPER_FILES]  # the rest of mlxcluster stays here
+                and n not in RANK_WRAPPER_FILES + SERVE_RANK_FILES]  # the rest of mlxcluster stays here
     assert names == sorted(names)
 
 

@@ -21,7 +21,7 @@ from mlxcluster.errors import InputError
 from mlxcluster.facts.capture import MEMINFO, PROBE, HostCapture
 from mlxcluster.facts.facts import host_facts
 from mlxcluster.fit.family import PIPELINE, TENSOR, FamilySupport, StandInGroup
-from mlxcluster.fit.model_folder import ModelFolder, Tensor, read_model_folder
+from mlxcluster.fit.model_folder import read_model_folder
 from mlxcluster.fit.split import (
     FITS,
     GIB,
@@ -45,22 +45,20 @@ from tests.memory_support import (
     STUDIO_WIRED,
     WORKING_SET_32GB,
     WORKING_SET_128GB,
-    mac_capture,
+    llama_70b_shapes,
+    mac,
     mini_sysctl,
 )
 
-# Llama 3.3 70B Instruct's public config.json (huggingface.co/meta-llama/Llama-3.3-70B-Instruct), the
-# fields mlx-lm's ModelArgs reads.
-LLAMA_70B = {
-    "model_type": "llama", "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
-    "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 128256, "rms_norm_eps": 1e-5,
-    "rope_theta": 500000.0, "max_position_embeddings": 131072, "tie_word_embeddings": False,
-    "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-}
 GEMMA_CONFIG = {"model_type": "gemma", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 96,
                 "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6,
                 "vocab_size": 300}
+
+
+@pytest.fixture(scope="module")
+def llama_70b():
+    """Llama 3.3 70B's tensors in bfloat16 and in mlx-lm's 4 and 5 bits, shapes only (memory_support)."""
+    return llama_70b_shapes()
 
 
 @pytest.fixture(scope="module")
@@ -77,41 +75,10 @@ def families(tmp_path_factory) -> dict[str, Path]:
     return folders
 
 
-def mac(name: str, sysctl: str, working_set: int | None = None, memory: int | None = None):
-    """A Mac's facts as doctor reads them from its capture."""
-    return host_facts(mac_capture(name, sysctl, working_set, memory))
-
-
 @pytest.fixture(scope="module")
 def minis(macos_fixtures):
     """Three M2 Pro Mac minis of 32 GB at the default limit (the captured sysctl), mlx's working set unknown."""
     return {n: mac(n, mini_sysctl(macos_fixtures)) for n in ("m1", "m2", "m3")}
-
-
-def nbytes(array) -> int:
-    """An array's bytes as a checkpoint stores it: floats in bfloat16 (mlx-lm's conversions), else as is."""
-    import mlx.core as mx
-
-    return array.size * 2 if mx.issubdtype(array.dtype, mx.floating) else array.nbytes
-
-
-@pytest.fixture(scope="module")
-def llama_70b():
-    """Llama 3.3 70B in bfloat16 and in mlx-lm's 4 and 5 bits (groups of 64), as folders would hold it: the
-    tensors mlx-lm's own class builds from the public config (lazily: shapes only)."""
-    import mlx.nn as nn
-    import mlx_lm.utils as mu
-    from mlx.utils import tree_flatten
-
-    model_class, args_class = mu._get_classes(LLAMA_70B)
-    shaped = {}
-    for name, bits in (("bf16", None), ("4bit", 4), ("5bit", 5)):
-        model = model_class(args_class.from_dict(LLAMA_70B))
-        if bits:
-            nn.quantize(model, group_size=64, bits=bits)
-        tensors = tuple(Tensor(k, nbytes(v), v.ndim) for k, v in tree_flatten(model.parameters()))
-        shaped[name] = ModelFolder(Path(f"Llama-3.3-70B-{name}"), LLAMA_70B, tensors, True)
-    return shaped
 
 
 # ---- the family and the heads, on real folders ------------------------------------------------------

@@ -9,7 +9,11 @@ heads and the KV heads (mlx-lm divides both by N; 2 KV heads over 4 ranks
 leaves each rank none) and mlx-lm's own split must go through. Every rank
 also holds what is not split (embeddings, norms, the head). ``--pipeline``
 (the family's ``pipeline()``) gives every rank whole layers, as mlx-lm
-splits them (evenly, the low ranks one more), plus the same unsplit rest.
+splits them (evenly, the low ranks one more), plus the same unsplit rest;
+over hosts of unequal memory the layers are placed by each host's memory
+instead (``place_by_memory``: the split mlx-lm's ``pipeline(group, split)``
+takes), and when no split fits, the refusal names the hosts or the
+quantization that would.
 
 Each host must hold the weights of its ranks with a margin: the weights
 may use at most 90% of the memory the GPU can wire (mlx-lm's own line: it
@@ -59,31 +63,123 @@ def layer_of(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def even_split(layers: int, ranks: int) -> tuple[int, ...]:
+    """mlx-lm's own split: evenly, the low ranks one more."""
+    base, extra = divmod(layers, ranks)
+    return tuple(base + (1 if r < extra else 0) for r in range(ranks))
+
+
+def spans_of(split: Sequence[int]) -> list[range]:
+    """The layers each rank runs for ``split`` (each rank's count, mlx-lm's
+    ``pipeline(group, split)``): rank r runs the layers after those of ranks
+    r+1 ... N-1, so rank 0 runs the last ones."""
+    return [range(sum(split[r + 1:]), sum(split[r + 1:]) + split[r]) for r in range(len(split))]
+
+
 def pipeline_layers(layers: int, ranks: int) -> list[range]:
     """The layers each rank runs under ``--pipeline``, as mlx-lm's
     PipelineMixin splits them: evenly, the low ranks one more, rank 0 the last ones."""
-    base, extra = divmod(layers, ranks)
-    split = [base + (1 if r < extra else 0) for r in range(ranks)]
-    return [range(sum(split[r + 1:]), sum(split[r + 1:]) + split[r]) for r in range(ranks)]
+    return spans_of(even_split(layers, ranks))
 
 
-def rank_bytes(model: ModelFolder, ranks: int, mode: str) -> list[int]:
-    """The weights each rank holds. Tensor: each layer's matrices split N
-    ways (its vectors, norms and the rest whole); pipeline: its layers whole,
-    and the rest (embeddings, final norm, head) on every rank."""
-    layers = model.layers
+def layer_bytes(model: ModelFolder) -> tuple[int, list[int]]:
+    """(what every pipeline rank holds whole: embeddings, final norm, head;
+    each layer's bytes, in layer order)."""
     whole = sum(t.nbytes for t in model.tensors if layer_of(t.name) is None)
-    if mode == TENSOR:
-        split = sum(math.ceil(t.nbytes / ranks) if t.ndim >= 2 else t.nbytes
-                    for t in model.tensors if layer_of(t.name) is not None)
-        return [whole + split] * ranks
-    count = layers or 1 + max((layer_of(t.name) or 0 for t in model.tensors), default=0)
+    count = model.layers or 1 + max((layer_of(t.name) or 0 for t in model.tensors), default=0)
     per_layer = [0] * count
     for t in model.tensors:
         i = layer_of(t.name)
         if i is not None and i < count:  # past the last layer: MTP weights mlx-lm drops
             per_layer[i] += t.nbytes
-    return [whole + sum(per_layer[i] for i in span) for span in pipeline_layers(count, ranks)]
+    return whole, per_layer
+
+
+def rank_bytes(model: ModelFolder, ranks: int, mode: str, split: Sequence[int] | None = None) -> list[int]:
+    """The weights each rank holds. Tensor: each layer's matrices split N
+    ways (its vectors, norms and the rest whole); pipeline: its layers whole
+    (``split``: each rank's count; None: mlx-lm's even split), and the rest
+    (embeddings, final norm, head) on every rank."""
+    if mode == TENSOR:
+        whole = sum(t.nbytes for t in model.tensors if layer_of(t.name) is None)
+        split_bytes = sum(math.ceil(t.nbytes / ranks) if t.ndim >= 2 else t.nbytes
+                          for t in model.tensors if layer_of(t.name) is not None)
+        return [whole + split_bytes] * ranks
+    whole, per_layer = layer_bytes(model)
+    spans = spans_of(split) if split is not None else pipeline_layers(len(per_layer), ranks)
+    return [whole + sum(per_layer[i] for i in span) for span in spans]
+
+
+def fits_room(weights: int, room: int) -> bool:
+    """``weights`` with the margin fit ``room`` bytes (``judge_host``'s test)."""
+    return math.ceil(weights / WEIGHTS_SHARE) <= room
+
+
+def memory_split(whole: int, per_layer: Sequence[int], rooms: Sequence[int]) -> tuple[int, ...] | None:
+    """Layers per rank (mlx-lm's split: rank r's count, rank 0 the last
+    layers) such that every rank's weights with the margin fit ``rooms[r]``;
+    None when no contiguous split does.
+
+    First the layers' bytes shared in proportion to what each rank has room
+    for once it holds what every rank holds (``whole``): hosts of 16 and 32
+    GB take them about 1:2, and each fills the same share of its room. Whole
+    layers can overshoot that share; then greedily, in layer order, each rank
+    taking as many layers as fit and leaving one for every rank after it:
+    taking more early never hurts a later rank, so when any split fits, that
+    one does."""
+    ranks, n = len(rooms), len(per_layer)
+    if ranks < 1 or ranks > n:
+        return None
+    order = list(range(ranks - 1, -1, -1))  # the ranks in layer order: N-1 runs the first layers
+    spare = [max(0, int(rooms[r] * WEIGHTS_SHARE) - whole) for r in order]
+    if sum(spare) > 0:
+        proportional = _proportional(per_layer, spare)
+        if _all_fit(whole, per_layer, proportional, [rooms[r] for r in order]):
+            return tuple(reversed(proportional))
+    greedy = _greedy(whole, per_layer, [rooms[r] for r in order])
+    return None if greedy is None else tuple(reversed(greedy))
+
+
+def _proportional(per_layer: Sequence[int], shares: Sequence[int]) -> list[int]:
+    """Counts in layer order whose cut points fall nearest the bytes ``shares`` ask for,
+    every part at least one layer."""
+    total, parts, n = sum(per_layer), len(shares), len(per_layer)
+    cumulative = [0]
+    for b in per_layer:
+        cumulative.append(cumulative[-1] + b)
+    cuts, start = [], 0
+    for k in range(1, parts):
+        target = total * sum(shares[:k]) / sum(shares)
+        lowest, highest = start + 1, n - (parts - k)  # at least one layer each side
+        cut = min(range(lowest, highest + 1), key=lambda i: (abs(cumulative[i] - target), i))
+        cuts.append(cut)
+        start = cut
+    edges = [0, *cuts, n]
+    return [edges[i + 1] - edges[i] for i in range(parts)]
+
+
+def _all_fit(whole: int, per_layer: Sequence[int], counts: Sequence[int], rooms: Sequence[int]) -> bool:
+    start = 0
+    for count, room in zip(counts, rooms, strict=True):
+        if not fits_room(whole + sum(per_layer[start:start + count]), room):
+            return False
+        start += count
+    return True
+
+
+def _greedy(whole: int, per_layer: Sequence[int], rooms: Sequence[int]) -> list[int] | None:
+    parts, n = len(rooms), len(per_layer)
+    counts, start = [], 0
+    for k, room in enumerate(rooms):
+        end = n if k == parts - 1 else start + 1
+        if k < parts - 1:
+            while end + 1 <= n - (parts - 1 - k) and fits_room(whole + sum(per_layer[start:end + 1]), room):
+                end += 1
+        if not fits_room(whole + sum(per_layer[start:end]), room):
+            return None
+        counts.append(end - start)
+        start = end
+    return counts
 
 
 @dataclass(frozen=True)
@@ -182,14 +278,38 @@ class SplitVerdict:
     refusals: tuple[str, ...] = ()
     ways_out: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()  # what was not judged and why; never a refusal
+    # --pipeline over hosts of unequal memory: each rank's layers (mlx-lm's
+    # ``pipeline(group, split)``, rank 0 the last ones) placed by memory; None:
+    # mlx-lm's even split, which the ranks then run unchanged.
+    split: tuple[int, ...] | None = None
+    even_fits: bool = True  # with a split: whether mlx-lm's even split fits too
 
     @property
     def ok(self) -> bool:
         return not self.refusals
 
+    def split_line(self) -> str | None:
+        """With a split by memory, the line that says it: each rank's host, its
+        layers and their bytes, and what mlx-lm's even split would have done."""
+        if self.split is None:
+            return None
+        host_of = {r: h.host for h in self.hosts for r in h.ranks}
+        ranks = [f"rank {r} on {host_of[r]}: layers {span.start}-{span.stop - 1} "
+                 f"({len(span)}, {gib(self.rank_bytes[r])} with the embeddings and head)"
+                 for r, span in enumerate(spans_of(self.split))]
+        even = even_split(sum(self.split), len(self.split))
+        tail = ("mlx-lm's even split" + f" ({', '.join(map(str, even))} layers) "
+                + ("would fit too, but fills the smaller host's memory more" if self.even_fits else
+                   "does not fit"))
+        return "layers placed by each host's memory: " + "; ".join(ranks) + "; " + tail
+
     def summary(self) -> str:
         each = gib(max(self.rank_bytes)) if self.rank_bytes else "?"
+        if self.split is not None:
+            each = f"{gib(min(self.rank_bytes))} to {each}"
         head = f"{self.model} over {self.ranks} rank(s), {self.mode}: {each} of weights per rank"
+        if self.split is not None:
+            head += " (layers placed by memory)"
         if self.ok:
             return head + (": fits" if all(h.status == FITS for h in self.hosts) else ": not refused")
         return head + ": refused: " + "; ".join(self.refusals)
@@ -282,9 +402,10 @@ def _judge_pipeline_layers(model: ModelFolder, ranks: int, j: _Judgement) -> Non
 
 
 def _judge_memory(model: ModelFolder, placement: Sequence[str], facts: Mapping[str, HostFacts | None],
-                  mode: str, family: FamilySupport, j: _Judgement) -> tuple[list[int], list[HostFit]]:
+                  mode: str, family: FamilySupport, j: _Judgement,
+                  split: Sequence[int] | None = None) -> tuple[list[int], list[HostFit]]:
     ranks = len(placement)
-    per_rank = rank_bytes(model, ranks, mode)
+    per_rank = rank_bytes(model, ranks, mode, split)
     hosts = list(dict.fromkeys(placement))
     fits = []
     for host in hosts:
@@ -305,10 +426,107 @@ def _judge_memory(model: ModelFolder, placement: Sequence[str], facts: Mapping[s
                               f"{gib(facts[h.host].memory_bytes)}; until the next reboot; "
                               "or mlxcluster doctor --model DIR --fix)")
     if short:
+        rooms = rank_rooms(placement, facts)
+        if mode == TENSOR and family.pipeline and rooms is not None:
+            by_memory = memory_split(*layer_bytes(model), rooms)
+            if by_memory is not None:
+                j.ways_out.insert(0, "--pipeline: whole layers placed by each host's memory fit these "
+                                     f"hosts ({_counts(placement, by_memory)}; tensor parallelism "
+                                     "gives every rank an equal share, uneven shards are not in MLX)")
+        if mode == PIPELINE and rooms is not None:
+            _pipeline_ways_out(model, placement, facts, rooms, j)
         smallest = min((h.budget.high for h in fits if h.budget.high), default=None)
-        if smallest:
+        if smallest and not (mode == PIPELINE and rooms is not None):  # those said it
             _more_ranks(model, mode, family, ranks, smallest, j)
     return per_rank, fits
+
+
+def _counts(placement: Sequence[str], split: Sequence[int]) -> str:
+    return ", ".join(f"{n} layers on {host}" for host, n in zip(placement, split, strict=True))
+
+
+def rank_rooms(placement: Sequence[str], facts: Mapping[str, HostFacts | None]) -> list[int] | None:
+    """What each rank certainly may fill: its host's budget (``Budget.low``)
+    shared by the host's ranks; None when a host's is not known."""
+    rooms = []
+    for host in placement:
+        low = budget(facts.get(host)).low
+        if low is None:
+            return None
+        rooms.append(low // placement.count(host))
+    return rooms
+
+
+# Hosts whose rooms differ by less than this keep mlx-lm's even split when it
+# fits: the difference is noise (MemAvailable moving), not a smaller Mac.
+UNEQUAL = 1.25
+
+
+def place_by_memory(model: ModelFolder, placement: Sequence[str],
+                    facts: Mapping[str, HostFacts | None]) -> tuple[tuple[int, ...] | None, bool]:
+    """(--pipeline's split by memory, or None for mlx-lm's even split; whether
+    the even split fits). Hosts alike (rooms within ``UNEQUAL``) whose even
+    split fits keep it; otherwise the layers go by each host's room
+    (``memory_split``) when that fits and differs from the even split. None
+    too when a host's memory is not known or no split fits (the memory
+    judgement then refuses the even split and names what would fit)."""
+    rooms = rank_rooms(placement, facts)
+    whole, per_layer = layer_bytes(model)
+    even = even_split(len(per_layer), len(placement))
+    if rooms is None or len(placement) > len(per_layer):
+        return None, True
+    even_fits = all(fits_room(w, room) for w, room in
+                    zip(rank_bytes(model, len(placement), PIPELINE, even), rooms, strict=True))
+    if even_fits and max(rooms) < UNEQUAL * min(rooms):
+        return None, True
+    by_memory = memory_split(whole, per_layer, rooms)
+    return (None if by_memory in (None, even) else by_memory), even_fits
+
+
+def _pipeline_ways_out(model: ModelFolder, placement: Sequence[str], facts: Mapping[str, HostFacts | None],
+                       rooms: Sequence[int], j: _Judgement) -> None:
+    """No split of the layers fits these hosts: the smallest set of hosts
+    (the largest of these, and more like the largest) and the quantization
+    that a split by memory would fit."""
+    whole, per_layer = layer_bytes(model)
+    ranked = sorted(range(len(placement)), key=lambda r: -rooms[r])  # these ranks, the roomiest first
+    largest, room = placement[ranked[0]], rooms[ranked[0]]
+    found = None
+    for total in range(1, len(per_layer) + 1):
+        for kept in range(min(total, len(placement)), 0, -1):  # as many of these as will do
+            if memory_split(whole, per_layer, [*(rooms[r] for r in ranked[:kept]),
+                                               *[room] * (total - kept)]) is not None:
+                found = (total, kept)
+                break
+        if found:
+            break
+    if found and found[0] > 0:
+        total, kept = found
+        these = ", ".join(dict.fromkeys(placement[r] for r in ranked[:kept]))
+        more = f" and {total - kept} more like {largest} ({gib(room)})" if total > kept else ""
+        j.ways_out.append(f"{total} host{'s' if total > 1 else ''}: {these}{more}, the layers placed by memory")
+    bits = _bits_now(model)
+    for q in (8, 4):
+        ratio = (q + QUANTIZED_EXTRA_BITS) / bits
+        if ratio >= 1:
+            continue
+        scaled = [int(b * ratio) for b in per_layer]
+        if memory_split(int(whole * ratio), scaled, rooms) is not None:
+            j.ways_out.append(f"the model quantized to {q} bits (about "
+                              f"{gib((whole + sum(per_layer)) * ratio)}; mlx_lm.convert -q --q-bits {q}), "
+                              "the layers placed by memory over these hosts")
+            break
+
+
+# mlx-lm's quantization stores a scale and a bias (16 bits each) per group of 64: 0.5 bit a weight.
+QUANTIZED_EXTRA_BITS = 0.5
+
+
+def _bits_now(model: ModelFolder) -> float:
+    """Bits a weight in the folder as it is: its quantization's, else 16 (bfloat16 or float16)."""
+    q = model.config.get("quantization") or model.config.get("quantization_config") or {}
+    bits = q.get("bits") if isinstance(q, dict) else None
+    return bits + QUANTIZED_EXTRA_BITS if isinstance(bits, int) else 16
 
 
 def _more_ranks(model: ModelFolder, mode: str, family: FamilySupport, ranks: int, room: int,
@@ -341,17 +559,20 @@ def judge_split(model: ModelFolder, family: FamilySupport, placement: Sequence[s
     if ranks < 1:
         raise ValueError("no rank to place")
     j = _Judgement()
+    split, even_fits = None, True
     if ranks > 1:
         if mode == TENSOR:
             _judge_heads(model, family, ranks, j)
         else:
             _judge_pipeline_layers(model, ranks, j)
+            split, even_fits = place_by_memory(model, placement, facts)
         _judge_family(model, family, ranks, mode, j)
-    per_rank, fits = _judge_memory(model, placement, facts, mode, family, j)
+    per_rank, fits = _judge_memory(model, placement, facts, mode, family, j, split)
     versions = {h: f.mlx_lm_version for h, f in facts.items() if f is not None and f.mlx_lm_version}
     odd = {h: v for h, v in versions.items() if v != family.mlx_lm_version}
     if family.mlx_lm_version and odd:
         listing = ", ".join(f"{h} {v}" for h, v in odd.items())
         j.notes.append(f"judged with {_mlx_lm(family)} (here); the hosts run theirs: {listing}")
     return SplitVerdict(str(model.path), mode, ranks, tuple(per_rank), tuple(fits), family,
-                        tuple(j.refusals), tuple(dict.fromkeys(j.ways_out)), tuple(j.notes))
+                        tuple(j.refusals), tuple(dict.fromkeys(j.ways_out)), tuple(j.notes),
+                        split, even_fits)

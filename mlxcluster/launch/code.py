@@ -3,8 +3,9 @@
 Every rank of `train` and `run` runs under mlxcluster's rank wrapper, and
 `train`'s ranks run ``reference_train``: the hosts need those files, not an
 installed or checked-out mlxcluster. ``code_manifest`` lists them (the
-rank wrapper with its two package ``__init__`` files, every file of
-``reference_train`` but caches) and names their version by a sha256 of
+rank wrapper with its two package ``__init__`` files, serve's
+``pipeline_rank`` with its package's, every file of ``reference_train``
+but caches) and names their version by a sha256 of
 their names and contents; a host keeps each version in a folder of its
 own, ``~/.cache/mlxcluster/code/<version>/`` in its home::
 
@@ -33,6 +34,10 @@ from mlxcluster.transfer.manifest import DataFile, Manifest
 
 CACHE_ROOT = "~/.cache/mlxcluster/code"  # on each host, in its own home
 PACKAGES = ("reference_train",)  # sent whole (but caches): what ranks import besides the wrapper
+# serve's ranks under a split by memory run mlx-lm's server through this module
+# (serve/pipeline_rank.py: standard library and mlx_lm only); its package's
+# __init__ imports nothing.
+SERVE_RANK_FILES = ("mlxcluster/serve/__init__.py", "mlxcluster/serve/pipeline_rank.py")
 
 
 def code_files(root: Path | None = None) -> list[str]:
@@ -40,7 +45,7 @@ def code_files(root: Path | None = None) -> list[str]:
     the rank wrapper's, then every file of ``PACKAGES`` except ``__pycache__``,
     compiled files and dot files."""
     root = package_root() if root is None else root
-    names = set(RANK_WRAPPER_FILES)
+    names = set(RANK_WRAPPER_FILES) | set(SERVE_RANK_FILES)
     for package in PACKAGES:
         for path in (root / package).rglob("*"):
             rel = path.relative_to(root)

@@ -70,7 +70,7 @@ imported when they run (docs/performance-history.md, run over bare mlx.launch).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
@@ -102,8 +102,13 @@ class LaunchFlags:
 # split fits, said as a Note; train: the same run is not running there):
 # called with (job, env, on_event) once the job's python is found on every
 # host (the check may run it there), before anything else is checked, sent
-# or launched. Raises an MlxclusterError (InputError: exit 2).
-HostCheck = Callable[[Job, dict[str, str], OnEvent], None]
+# or launched. Raises an MlxclusterError (InputError: exit 2). Returns the
+# job as the check leaves it (serve's split by memory in its env), or None:
+# unchanged.
+HostCheck = Callable[[Job, dict[str, str], OnEvent], "Job | None"]
+# Which files of a model folder each host goes without (serve --pipeline: the
+# weight files no stage of its ranks loads): (job, folder) -> host name -> names.
+ModelFilesLeftOut = Callable[[Job, str], Mapping[str, frozenset[str]]]
 
 
 @dataclass(frozen=True)
@@ -126,6 +131,7 @@ class LaunchRequest:
     models: tuple[str, ...] = ()
     model_flag: str = "--init_from"  # how messages about ``models`` name them
     data: tuple[str, ...] = ()
+    model_files: ModelFilesLeftOut | None = None  # None: every host gets every file of ``models``
 
 
 @dataclass(frozen=True)
@@ -178,7 +184,7 @@ def prepare_job(job: Job, inventory: Inventory | None, request: LaunchRequest,
     flags = request.flags
     require_job_python(job, env)  # the check, sends and preflight below run on the job's python
     if request.check is not None:
-        request.check(job, env, on_event)
+        job = request.check(job, env, on_event) or job
     remote = bool(remote_hosts(job.hosts))
     if remote and request.send_script and script_path(job):
         job = send_script(job, env, on_event)
@@ -196,7 +202,8 @@ def prepare_job(job: Job, inventory: Inventory | None, request: LaunchRequest,
         from mlxcluster.launch.sync import sync_data, sync_model
 
         for folder in request.models:
-            sync_model(job, folder, env, on_event, flag=request.model_flag)
+            left_out = request.model_files(job, folder) if request.model_files else None
+            sync_model(job, folder, env, on_event, flag=request.model_flag, left_out=left_out)
         for folder in request.data:
             sync_data(job, folder, env, on_event)
     return job, mlx_version

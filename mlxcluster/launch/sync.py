@@ -30,7 +30,8 @@ from __future__ import annotations
 import os
 import secrets
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from mlxcluster.errors import InputError
@@ -170,11 +171,38 @@ def sync_data(job: Job, folder: str, env: dict[str, str], on_event: OnEvent) -> 
 
 
 def sync_model(job: Job, folder: str, env: dict[str, str], on_event: OnEvent, *,
-               flag: str = "--init_from") -> None:
+               flag: str = "--init_from", left_out: Mapping[str, frozenset[str]] | None = None) -> None:
     """A model folder on every remote host, as here: the trainer's
-    --init_from, or what serve serves (``flag``: how messages name it)."""
-    if remote_hosts(job.hosts):
-        send_where_needed(job, folder_manifest(folder), "model", env, on_event, flag=flag)
+    --init_from, or what serve serves (``flag``: how messages name it).
+    ``left_out``: host name -> the files it goes without (serve --pipeline:
+    the weight files no stage of its loads); the hosts needing the same
+    files are sent them together (fanned out), each group in turn."""
+    hosts = remote_hosts(job.hosts)
+    if not hosts:
+        return
+    manifest = folder_manifest(folder)
+    if not left_out or not any(left_out.get(h.name) for h in hosts):
+        send_where_needed(job, manifest, "model", env, on_event, flag=flag)
+        return
+    groups: dict[frozenset[str], list[str]] = {}
+    for h in hosts:
+        groups.setdefault(left_out.get(h.name, frozenset()), []).append(h.name)
+    for skipped, names in groups.items():
+        part = replace(manifest, files=tuple(f for f in manifest.files if f.name not in skipped))
+        on_event(Note(f"model: plan: {', '.join(names)} get{'s' if len(names) == 1 else ''} only "
+                      f"{stage_words(part, manifest, skipped)}"))
+        send_where_needed(replace(job, hosts=tuple(h for h in job.hosts if h.name in names)),
+                          part, "model", env, on_event, flag=flag)
+
+
+def stage_words(part: Manifest, whole: Manifest, skipped: frozenset[str]) -> str:
+    """'what its stage loads: 2 of 4 weight files (a.safetensors, b...), 60.1 MB of 120.2 MB,
+    with the config and tokenizer files'."""
+    weights = [f.name for f in part.files if f.name.endswith(".safetensors")]
+    every = len(weights) + len(skipped)
+    return (f"what its stage loads (--pipeline): {len(weights)} of {every} weight files "
+            f"({', '.join(weights)}), {human_bytes(part.total_bytes)} of "
+            f"{human_bytes(whole.total_bytes)}, with the config and tokenizer files")
 
 
 def sync_script(job: Job, script: str, env: dict[str, str], on_event: OnEvent) -> None:

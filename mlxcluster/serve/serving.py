@@ -26,8 +26,9 @@ from pathlib import Path
 
 from mlxcluster import interrupts
 from mlxcluster.errors import EXIT_STALLED, InputError, Interrupted, MlxclusterError
-from mlxcluster.fit.split import SplitVerdict
+from mlxcluster.fit.split import SplitVerdict, even_split
 from mlxcluster.fit.split_check import check_split, refusal
+from mlxcluster.fit.stage_files import files_left_out, layer_count
 from mlxcluster.jobs.events import Note, OnEvent, Restarting
 from mlxcluster.jobs.job import Job
 from mlxcluster.jobs.preflight import probe_facts
@@ -42,10 +43,13 @@ from mlxcluster.launch.supervisor import JobResult, Words, supervise
 from mlxcluster.launch.sync import SERVED_MODEL
 from mlxcluster.serve.front import Backend
 from mlxcluster.serve.journal import ServeJournal
+from mlxcluster.serve.pipeline_rank import SPLIT_ENV, parse_split
 from mlxcluster.serve.probe import ProbeWatch, probe_once
 from mlxcluster.serve.tunnel import free_port_on, open_tunnel
 
 SERVER_MODULE = ("-m", "mlx_lm", "server")  # mlx-lm's entry point (`-m mlx_lm.server` is deprecated)
+# mlx-lm's server running serve's split by memory (its docstring says why a module of ours)
+PIPELINE_RANK_MODULE = ("-m", "mlxcluster.serve.pipeline_rank")
 SERVE_PREFIX = register_run_kind("mlxserve", "serve")  # its run ids
 
 
@@ -112,10 +116,13 @@ class ServeFailed(MlxclusterError):
     exit_code = EXIT_STALLED
 
 
-def server_program(spec: ServeSpec, port: int) -> tuple[str, ...]:
+def server_program(spec: ServeSpec, port: int, split: str | None = None) -> tuple[str, ...]:
     """What every rank's python runs: mlx-lm's server on rank 0's loopback
-    at ``port`` (only rank 0 listens; the others follow its requests)."""
-    return (*SERVER_MODULE, "--model", spec.model, "--host", "127.0.0.1", "--port", str(port),
+    at ``port`` (only rank 0 listens; the others follow its requests); with
+    a ``split`` by memory (``SPLIT_ENV`` in the job's env), through
+    serve/pipeline_rank.py, which gives mlx-lm's pipeline() that split."""
+    module = PIPELINE_RANK_MODULE if spec.pipeline and split else SERVER_MODULE
+    return (*module, "--model", spec.model, "--host", "127.0.0.1", "--port", str(port),
             *(("--pipeline",) if spec.pipeline else ()), *spec.server_args)
 
 
@@ -135,17 +142,42 @@ def check_job_split(job: Job, model_dir: str | Path, *, pipeline: bool,
 
 
 def split_fits(job: Job, env: dict[str, str], on_event: OnEvent, *, model_dir: str | Path,
-               pipeline: bool, backend: Backend | None = None) -> None:
+               pipeline: bool, backend: Backend | None = None) -> Job:
     """serve's check in its launch session (launch/session.py ``HostCheck``),
     once the python is found, before anything is sent or launched: the refusal
     (exit 2) when the model cannot be split so over ``job``'s ranks, else
-    the split said as a ``Note`` (and each host's line kept for the status page)."""
+    the split said as a ``Note`` (and each host's line kept for the status
+    page). Returns the job, with ``--pipeline``'s split by memory in its env
+    (``SPLIT_ENV``) when the layers go by each host's memory: every launch
+    runs it (``server_program``), and each host is sent its stage's files."""
     verdict = check_job_split(job, model_dir, pipeline=pipeline, env=env)
     if not verdict.ok:
         raise refusal(verdict)
     if backend is not None:
         backend.status.split_judged([f"{h.host}: {h.line()}" for h in verdict.hosts])
     on_event(Note(f"split: {verdict.summary()}"))
+    line = verdict.split_line()
+    if line is None:
+        return job
+    on_event(Note(f"split: {line}"))
+    return replace(job, env={**job.env, SPLIT_ENV: ",".join(map(str, verdict.split))})
+
+
+def split_of(job: Job) -> tuple[int, ...] | None:
+    """The split by memory ``split_fits`` put in the job's env (None: mlx-lm's even split)."""
+    text = job.env.get(SPLIT_ENV)
+    return tuple(parse_split(text)) if text else None
+
+
+def stage_files(job: Job, model_dir: str) -> dict[str, frozenset[str]]:
+    """``--pipeline``: host name -> the weight files of ``model_dir`` none of
+    its ranks' stages loads (fit/stage_files.py): left out of its copy."""
+    split = split_of(job) or even_split(layer_count(model_dir), len(job.hosts))
+    left_out = files_left_out(model_dir, split)
+    hosts: dict[str, frozenset[str]] = {}
+    for rank, host in enumerate(job.hosts):  # a host of two ranks needs both stages' files
+        hosts[host.name] = hosts[host.name] & left_out[rank] if host.name in hosts else left_out[rank]
+    return hosts
 
 
 def serving_request(spec: ServeSpec, flags: LaunchFlags, *, send_model: bool,
@@ -156,7 +188,8 @@ def serving_request(spec: ServeSpec, flags: LaunchFlags, *, send_model: bool,
     return LaunchRequest(flags, SERVE_PREFIX, program=partial(server_job, spec=spec),
                          check=partial(split_fits, model_dir=spec.model, pipeline=spec.pipeline,
                                        backend=backend),
-                         models=(spec.model,) if send_model else (), model_flag=SERVED_MODEL)
+                         models=(spec.model,) if send_model else (), model_flag=SERVED_MODEL,
+                         model_files=stage_files if spec.pipeline else None)
 
 
 @dataclass(frozen=True)
@@ -277,7 +310,7 @@ def _serve(job, spec, backend, restarts, env, run_id, logs_dir, on_line, on_even
         backend.status.launched([h.name for h in job.hosts])
         rank0 = job.hosts[0]
         port = free_port_on(rank0, env)
-        job = replace(job, program=server_program(spec, port))
+        job = replace(job, program=server_program(spec, port, job.env.get(SPLIT_ENV)))
         say(job, f"mlx-lm's server, rank 0 on {rank0.name} at its 127.0.0.1:{port}")
         tunnel = open_tunnel(rank0, port, env)
         watch = ProbeWatch(lambda t: probe_once(tunnel.port, t), backend, tunnel.port,

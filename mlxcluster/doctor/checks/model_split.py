@@ -36,6 +36,8 @@ def model_split(ctx: CheckContext) -> Verdict:
         if h.wired_limit_mb and f is not None:
             fix_data[h.host] = {"wired_limit_mb": h.wired_limit_mb, "before_mb": f.gpu_wired_limit_mb or 0,
                                 "model": name}
+    if verdict.split_line():  # --pipeline over unequal hosts: serve places the layers by memory
+        evidence["split"] = verdict.split_line()
     for i, note in enumerate(verdict.notes):
         evidence[f"note {i + 1}"] = note
     warned = any(h.status == UNKNOWN for h in verdict.hosts) or verdict.family.unknown is not None
