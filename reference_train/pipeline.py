@@ -171,7 +171,13 @@ class PipelineStep:
         self.computed = 0.0  # when the last step's passes ended
         self.compile, self.random_state = compile, random_state
         self._passes: tuple | None = None  # (compute, names, forward_backward, accumulate)
-        self.traced = 0  # times a micro-batch's pass was built in Python (compiled: traced)
+        self._traced = [0]  # times a micro-batch's pass was built in Python (`traced`)
+
+    @property
+    def traced(self) -> int:
+        """How many times a micro-batch's pass was built in Python: compiled, once per
+        traced shape; eager, once per micro-batch."""
+        return self._traced[0]
 
     # ------------------------------------------------------------ the schedule
 
@@ -252,13 +258,16 @@ class PipelineStep:
         pipeline tests would hang if it were)."""
         if self._passes is not None and self._passes[0] is compute:
             return self._passes[1:]
-        plan, k = self.plan, len(self.differentiated)
+        # Nothing below refers to the step itself: MLX keeps a compiled function
+        # until the process exits, and with it whatever it refers to; the step's
+        # groups then outlive MPI (MPI_Comm_free after MPI_Finalize aborts the run).
+        plan, k, dtype, traced = self.plan, len(self.differentiated), self.compute_dtype, self._traced
         names = [n for n, _ in tree_flatten(compute.parameters())]
         slots = {n: i for i, n in enumerate(names)}
         picked = [slots[n] for n in self.differentiated]
 
         def forward_backward(held, received, data, cotangent):
-            self.traced += 1
+            traced[0] += 1
             before = compute.parameters()  # the module is left as it was found
 
             def forward(*args):
@@ -268,7 +277,7 @@ class PipelineStep:
                 compute.update(tree_unflatten(list(zip(names, values, strict=True))))
                 out = compute(data[0] if plan.first else args[k])
                 if not plan.last:
-                    return out.astype(self.compute_dtype)
+                    return out.astype(dtype)
                 targets, share, *trained = data[1:] if plan.first else data
                 logits = out if out.dtype == mx.float32 else out.astype(mx.float32)
                 return kernels.cross_entropy(logits, targets,
