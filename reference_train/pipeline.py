@@ -13,7 +13,12 @@ sent back as its cotangent, and sends the gradient of its input to the previous
 stage. The forward of each micro-batch is built as one mx.vjp whose cotangent
 is a receive not yet evaluated: evaluating the output runs the forward only and
 keeps what the backward needs, so nothing is computed twice (with
---grad_checkpoint only each block's input is kept).
+--grad_checkpoint only each block's input is kept). With --compile (the
+default, as data_parallel.py's step) that forward-and-vjp is one mx.compile'd
+function, traced at the first micro-batch and replayed for every other
+(PipelineStep.passes); the sends and receives stay outside it, on the
+Exchange's streams, and the micro-batches' gradients are summed outside it
+in the backwards' order.
 
 The schedule (stages.schedule, --pipeline_schedule) orders each stage's passes:
 
