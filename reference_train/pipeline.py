@@ -61,7 +61,6 @@ from .errors import DataError
 from .loop import Batch, StepResult
 from .model import Llama, head_logits, run_blocks
 from .precision import refresh
-from .sharded_optimizer import clip_grad_norm_over
 from .stages import StagePlan, check_micro_batches, check_schedule, schedule
 
 TIED = "tok_embeddings.weight"
@@ -176,6 +175,7 @@ class PipelineStep:
         self.computed = 0.0  # when the last step's passes ended
         self.compile, self.random_state = compile, random_state
         self._passes: tuple | None = None  # (compute, names, forward_backward, accumulate)
+        self._update: tuple | None = None  # (model, optimizer, squared, apply)
         self._traced = [0]  # times a micro-batch's pass was built in Python (`traced`)
 
     @property
@@ -340,11 +340,14 @@ class PipelineStep:
         loss, grads = self.step_gradients(x, y, weights[0] if weights else None, model)
         reduced = time.perf_counter()
         plan, group = self.plan, self.group
-        if self.grad_clip > 0:
-            grads, norm = clip_grad_norm_over(grads, self.grad_clip, group)
+        squared, apply = self.updates(model, optimizer)
+        if self.grad_clip > 0:  # clip_grad_norm_over's norm: every stage's sum of squares
+            summed = squared(grads)
+            norm = mx.sqrt(all_sum(summed, group) if group.size() > 1 else summed)
+            apply(grads, norm)
         else:
             norm = mx.array(0.0)
-        optimizer.update(model, tree_unflatten(list(grads.items())))
+            apply(grads)
         mx.eval(norm, model.parameters(), optimizer.state)
         updated = time.perf_counter()
         if self.exchange_tied and plan.first:  # the updated matrix to the last stage's copy
@@ -359,6 +362,35 @@ class PipelineStep:
                   "comm_s": round(reduced - self.computed + done - updated, 6),
                   "optimizer_s": round(updated - reduced, 6)} if timed else {}
         return StepResult(loss.astype(mx.float32), norm, phases)
+
+    def updates(self, model: nn.Module, optimizer):
+        """(squared(grads): the sum of the gradients' squares; apply(grads, norm=None):
+        the gradients clipped by the global `norm` (sharded_optimizer.clip_grad_norm_over's
+        arithmetic), then the optimizer's step on `model`), built for the model and
+        optimizer of the first call (after a resume replaced the optimizer's state), as
+        data_parallel.DataParallelStep builds its update. Compiled (--compile), each is
+        one graph, the model's and optimizer's state captured. The all_sum of the
+        squares over the stages stays outside: a compiled function lives until the
+        process exits, and a group it held would be freed after MPI's finalize."""
+        if self._update is not None and self._update[0] is model and self._update[1] is optimizer:
+            return self._update[2:]
+        clip = self.grad_clip
+
+        def squared(grads):
+            return sum((g.square().sum() for g in grads.values()), mx.array(0.0))
+
+        def apply(grads, norm=None):
+            if norm is not None:
+                normalizer = mx.minimum(clip / (norm + 1e-6), 1.0)
+                grads = {n: (g * normalizer).astype(g.dtype) for n, g in grads.items()}
+            optimizer.update(model, tree_unflatten(list(grads.items())))
+
+        if self.compile:
+            state = [model.state, optimizer.state]
+            squared = mx.compile(squared)
+            apply = mx.compile(apply, inputs=state, outputs=state)
+        self._update = (model, optimizer, squared, apply)
+        return squared, apply
 
     # ------------------------------------------------------------ validation
 

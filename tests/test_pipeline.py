@@ -375,6 +375,21 @@ def test_full_fine_tuning_on_2_stages_resumes_exactly_and_mlx_lm_loads_its_model
     assert train_losses(split) == train_losses(tmp_path / "pp")
 
 
+def test_the_compiled_pipelines_losses_are_the_eager_ones(llama_data, tmp_path):
+    """The trainer's --pipeline 2 run compiled (the default: each micro-batch's pass,
+    the clipping and the optimizer's step) and with --compile false: every logged
+    loss and validation loss within 1e-6, the updates and the tied matrix's copy
+    included."""
+    flags = [*FULL, "--data", str(llama_data)]
+    pipelined(tmp_path / "compiled", flags, 2, "--micro_batches", "4")
+    pipelined(tmp_path / "eager", flags, 2, "--micro_batches", "4", "--compile", "false")
+    for losses in (train_losses, val_losses):
+        compiled, eager = losses(tmp_path / "compiled"), losses(tmp_path / "eager")
+        assert list(compiled) == list(eager) and len(eager) >= 2
+        worst = max(abs(compiled[s] - eager[s]) / eager[s] for s in eager)
+        assert worst <= COMPILED_EAGER, (worst, compiled, eager)
+
+
 def test_full_fine_tuning_losses_on_4_stages(llama_data, full_one, tmp_path):
     """4 ranks, one block each, GPipe (1F1B: the 2-stage tests; the backwards in the
     same order, the same sums)."""
