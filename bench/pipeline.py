@@ -5,12 +5,17 @@ rank, the bubble, and a model that does not fit one rank's memory limit.
     python bench/pipeline.py --part speed --rounds 3
     python bench/pipeline.py --part limit           # the model too big for one rank
     python bench/pipeline.py --quick                # tiny model, one round: a smoke run
+    python bench/pipeline.py --part speed --focus --rounds 5 --steps 12
+                                                    # --pipeline 2 M=8, compiled and eager,
+                                                    # against data-parallel 2 only
 
 Every case is the real trainer on local ranks (mlx.launch --backend ring, or one
 plain process), the same model, data (the offline corpus) and global batch:
 one process, data-parallel over 2 and 4 ranks (`python -m reference_train.train`),
 and `--pipeline 2` / `--pipeline 4` with a few --micro_batches and both schedules
-(PIPELINE_MODULE). Each rank runs inside this script (`--as-rank MODULE ARGS`),
+(PIPELINE_MODULE), the pipeline's step compiled (the default) and, at 2 stages and
+M=8, eager (`--compile false`) beside it; a pipeline's row also says its tokens/s
+against data-parallel 2's (the median of the per-round ratios). Each rank runs inside this script (`--as-rank MODULE ARGS`),
 which runs the trainer's module as `python -m` would and, at its end, reports what
 only the rank knows: the bytes of the weights it holds (its stage's, or the whole
 model's), its MLX peak (mx.get_peak_memory) and peak RSS, and, for a pipeline,
@@ -152,17 +157,20 @@ class Case:
     @property
     def name(self) -> str:
         if self.pipeline:
-            return f"pipeline {self.pipeline}, M={self.micro_batches}, {self.schedule}"
+            return (f"pipeline {self.pipeline}, M={self.micro_batches}, {self.schedule}"
+                    + ("" if self.compile else ", eager"))
         if self.ranks == 1:
             return "1 process" + ("" if self.compile else ", eager")
         return f"data-parallel {self.ranks}"
 
     def argv(self) -> tuple[str, list[str]]:
         """(the trainer's module, this case's own flags)."""
+        eager = [] if self.compile else ["--compile", "false"]
         if self.pipeline:
             return PIPELINE_MODULE, ["--pipeline", str(self.pipeline), "--micro_batches",
-                                     str(self.micro_batches), "--pipeline_schedule", self.schedule]
-        return DATA_PARALLEL_MODULE, [] if self.compile else ["--compile", "false"]
+                                     str(self.micro_batches), "--pipeline_schedule",
+                                     self.schedule, *eager]
+        return DATA_PARALLEL_MODULE, eager
 
 
 @dataclass
@@ -229,11 +237,15 @@ def launch(case: Case, model: list[str], out: Path, limit: int = 0,
 # ---------------------------------------------------------------- part 1: speed, memory, bubble
 
 
-def speed_cases(quick: bool) -> list[Case]:
+def speed_cases(quick: bool, focus: bool = False) -> list[Case]:
+    """quick: a smoke run; focus: issue 49's goal only, `--pipeline 2` at M=8 compiled
+    and eager against data-parallel 2 (and one process, the ratios' base)."""
     if quick:
         return [Case(1), Case(2, 2, 2)]
+    if focus:
+        return [Case(1), Case(2), Case(2, 2, 8), Case(2, 2, 8, compile=False)]
     return [Case(1), Case(1, compile=False), Case(2), Case(4),
-            Case(2, 2, 2), Case(2, 2, 8), Case(2, 2, 8, "gpipe"),
+            Case(2, 2, 2), Case(2, 2, 8), Case(2, 2, 8, compile=False), Case(2, 2, 8, "gpipe"),
             Case(4, 4, 4), Case(4, 4, 8), Case(4, 4, 8, "gpipe")]
 
 
@@ -262,20 +274,22 @@ def mib(values, digits: int = 0) -> str:
     return "/".join(f"{v / 2**20:.{digits}f}" for v in values)
 
 
-def part_speed(model: list[str], rounds: int, warmup: int, quick: bool, tmp: Path) -> dict:
+def part_speed(model: list[str], rounds: int, warmup: int, quick: bool, tmp: Path,
+               focus: bool = False) -> dict:
     from reference_train.stages import bubble_fraction
 
-    cases = speed_cases(quick)
+    cases = speed_cases(quick, focus)
     runs: dict[Case, list[Outcome]] = {c: [] for c in cases}
     for n in range(rounds):
         for case in cases:
             outcome = launch(case, model, tmp / f"speed{n}-{len(runs[case])}-{case.ranks}")
             speed = tokens_per_s(outcome, warmup)
             runs[case].append(outcome)
-            print(f"  round {n + 1}  {case.name:<28} {speed:>8,.0f} tok/s  MLX peak MiB per "
+            print(f"  round {n + 1}  {case.name:<34} {speed:>8,.0f} tok/s  MLX peak MiB per "
                   f"rank {mib(r['mlx_peak'] for r in outcome.ranks)}", flush=True)
     one = runs[cases[0]]
-    print(f"\n{'case':<28}{'tokens/s: median (min-max)':>30}{'x 1 process':>13}"
+    data_parallel = runs.get(Case(2))  # a pipeline's rows also say x data-parallel 2
+    print(f"\n{'case':<34}{'tokens/s: median (min-max)':>30}{'x 1 process':>13}{'x DP 2':>8}"
           f"{'held MiB':>22}{'MLX peak MiB':>16}{'RSS peak MiB':>18}{'bubble: measured':>34}"
           f"{'formula':>9}")
     table = []
@@ -302,8 +316,14 @@ def part_speed(model: list[str], rounds: int, warmup: int, quick: bool, tmp: Pat
             mean = [sum(b) / len(b) for b in per_round]
             waited = f"{spread(mean, '{:.0%}')} [{'/'.join(f'{b:.0%}' for b in per_rank)}]"
             formula = f"{row['bubble_formula']:.0%}"
+        versus_dp = ""
+        if case.pipeline and data_parallel:
+            row["ratio_data_parallel_2"] = statistics.median(
+                s / tokens_per_s(o, warmup) for s, o in zip(speeds, data_parallel, strict=True))
+            versus_dp = f"{row['ratio_data_parallel_2']:.2f}x"
         table.append(row)
-        print(f"{case.name:<28}{spread(speeds):>30}{ratio:>12.2f}x{mib(row['held'], 2):>22}"
+        print(f"{case.name:<34}{spread(speeds):>30}{ratio:>12.2f}x{versus_dp:>8}"
+              f"{mib(row['held'], 2):>22}"
               f"{mib(peaks):>16}{mib(rss):>18}{waited:>34}{formula:>9}")
     print("held: weights each rank holds; bubble: wait_s / compute_s, the mean over ranks "
           "(median over rounds, min-max) [each rank's median]")
@@ -384,6 +404,9 @@ def main() -> int:
     p.add_argument("--limit_steps", type=int, default=3, help="steps per run (part 2)")
     p.add_argument("--limit_mib", type=int, default=600, help="RLIMIT_DATA per rank (part 2)")
     p.add_argument("--quick", action="store_true", help="tiny model, one round, part 1 only")
+    p.add_argument("--focus", action="store_true",
+                   help="part 1 with issue 49's cases only: --pipeline 2 at M=8 compiled and "
+                        "eager, data-parallel 2, one process")
     p.add_argument("--json", help="write the figures here too")
     args = p.parse_args()
     if args.quick:
@@ -402,7 +425,8 @@ def main() -> int:
             model = model_flags(base, args.steps, tmp / "data")
             print(f"\n1. speed, memory and bubble: {' '.join(base)}, {args.steps} steps "
                   f"a run ({args.warmup} untimed), {args.rounds} alternating rounds", flush=True)
-            result["speed"] = part_speed(model, args.rounds, args.warmup, args.quick, tmp)
+            result["speed"] = part_speed(model, args.rounds, args.warmup, args.quick, tmp,
+                                         args.focus)
         if args.part in ("limit", "both"):
             model = model_flags(LIMIT_MODEL, args.limit_steps, tmp / "data")
             print(f"\n2. a per-rank memory limit: {' '.join(LIMIT_MODEL)}, full fine-tuning, "

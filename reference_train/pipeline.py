@@ -13,7 +13,12 @@ sent back as its cotangent, and sends the gradient of its input to the previous
 stage. The forward of each micro-batch is built as one mx.vjp whose cotangent
 is a receive not yet evaluated: evaluating the output runs the forward only and
 keeps what the backward needs, so nothing is computed twice (with
---grad_checkpoint only each block's input is kept).
+--grad_checkpoint only each block's input is kept). With --compile (the
+default, as data_parallel.py's step) that forward-and-vjp is one mx.compile'd
+function, traced at the first micro-batch and replayed for every other
+(PipelineStep.passes); the sends and receives stay outside it, on the
+Exchange's streams, and the micro-batches' gradients are summed outside it
+in the backwards' order.
 
 The schedule (stages.schedule, --pipeline_schedule) orders each stage's passes:
 
@@ -56,7 +61,6 @@ from .errors import DataError
 from .loop import Batch, StepResult
 from .model import Llama, head_logits, run_blocks
 from .precision import refresh
-from .sharded_optimizer import clip_grad_norm_over
 from .stages import StagePlan, check_micro_batches, check_schedule, schedule
 
 TIED = "tok_embeddings.weight"
@@ -137,12 +141,16 @@ class PipelineStep:
     (precision.py), refreshed from the master before each step. `group` is the
     pipeline: stage i is rank i. `replicas`: the ranks holding the same stage in the
     other copies of the pipeline (their gradients averaged, in `comm_dtype`); None:
-    one pipeline."""
+    one pipeline. `compile` (--compile): each micro-batch's forward and backward
+    run as one mx.compile'd function, built at the first call and reused (see
+    `passes`); `random_state`: the passes draw from mlx's global random state
+    (LoRA's dropout), which compiling must then carry."""
 
     def __init__(self, stage: Stage, group, micro_batches: int,
                  grad_clip: float = 0.0, compute: Stage | None = None,
                  compute_dtype: mx.Dtype = mx.float32, schedule: str = "1f1b",
-                 replicas=None, comm_dtype: mx.Dtype = mx.float32):
+                 replicas=None, comm_dtype: mx.Dtype = mx.float32, compile: bool = True,
+                 random_state: bool = False):
         plan = stage.plan
         if group.size() != plan.count or group.rank() != plan.index:
             raise DataError(f"stage {plan.index + 1} of {plan.count} runs as rank "
@@ -165,6 +173,16 @@ class PipelineStep:
         self.exchange_tied = (stage.args.tie_embeddings and plan.count > 1
                               and TIED in trainable)
         self.computed = 0.0  # when the last step's passes ended
+        self.compile, self.random_state = compile, random_state
+        self._passes: tuple | None = None  # (compute, names, forward_backward, accumulate)
+        self._update: tuple | None = None  # (model, optimizer, squared, apply)
+        self._traced = [0]  # times a micro-batch's pass was built in Python (`traced`)
+
+    @property
+    def traced(self) -> int:
+        """How many times a micro-batch's pass was built in Python: compiled, once per
+        traced shape; eager, once per micro-batch."""
+        return self._traced[0]
 
     # ------------------------------------------------------------ the schedule
 
@@ -185,9 +203,10 @@ class PipelineStep:
         rows = rows_total // M
         if compute is not stage:
             refresh(compute, stage, self.compute_dtype)
+        names, forward_backward, accumulate = self.passes(compute)
         params = dict(tree_flatten(compute.parameters()))
-        primals = [params[n] for n in self.differentiated]
-        k = len(primals)
+        held = [params[n] for n in names]  # every array the passes read, in `names`' order
+        share = mx.array(rows / rows_total, dtype=mx.float32)
         shape = (rows, length, stage.args.dim)
         link = self.link
         link.waited = 0.0
@@ -200,11 +219,10 @@ class PipelineStep:
                 # the next stage's gradient: received when the backward needs it, not now
                 cotangent = mx.array(1.0) if plan.last else link.receive(
                     shape, self.compute_dtype, plan.index + 1)
-                forward = self._forward(compute, k, x[part] if plan.first else None,
-                                        y[part] if plan.last else None,
-                                        weights[part] if plan.last and weights is not None
-                                        else None, rows / rows_total)
-                (out,), grads = mx.vjp(forward, [*primals, *received], [cotangent])
+                data = ([mx.array(x[part])] if plan.first else []) + (
+                    [mx.array(y[part]), share] if plan.last else []) + (
+                    [mx.array(weights[part])] if plan.last and weights is not None else [])
+                out, grads = forward_backward(held, received, data, cotangent)
                 link.evaluate(out)  # the forward only: the backward waits for its cotangent
                 if plan.last:
                     loss = loss + out
@@ -215,34 +233,78 @@ class PipelineStep:
                 cotangent, grads = in_flight.pop(m)  # its activations go once its backward ran
                 if not plan.last:
                     link.wait_for(cotangent)
-                mine = [g.astype(mx.float32) for g in grads[:k]]
-                total = mine if total is None else [a + b for a, b in zip(total, mine, strict=True)]
+                total = accumulate(total, grads[0])
                 if not plan.first:
-                    link.send(grads[k], plan.index - 1)
+                    link.send(grads[1][0], plan.index - 1)
                 link.evaluate(*total)
-        compute.update(tree_unflatten(list(zip(self.differentiated, primals, strict=True))))
         link.evaluate(loss)
         self.computed = time.perf_counter()
         return loss, dict(zip(self.differentiated, total or [], strict=True))
 
-    def _forward(self, compute: Stage, k: int, tokens, targets, trained, share: float):
-        """The stage's forward of one micro-batch as a function of its k differentiated
-        parameters (and, after the first stage, its input): activations to send on, or
-        on the last stage the micro-batch's share of the global batch's mean loss."""
-        plan = self.plan
-        tokens = None if tokens is None else mx.array(tokens)
-        targets = None if targets is None else mx.array(targets)
-        trained = None if trained is None else mx.array(trained)
+    def passes(self, compute: Stage):
+        """(the names of every array of `compute` the passes read, `forward_backward`,
+        `accumulate`), built once for `compute` (the stage, or its bfloat16 copy):
 
-        def forward(*args):
-            compute.update(tree_unflatten(list(zip(self.differentiated, args[:k], strict=True))))
-            out = compute(tokens if plan.first else args[k])
-            if not plan.last:
-                return out.astype(self.compute_dtype)
-            logits = out if out.dtype == mx.float32 else out.astype(mx.float32)
-            return kernels.cross_entropy(logits, targets, trained) * share
+            forward_backward(held, received, data, cotangent) -> (out, [grads, [input's]])
+                one micro-batch: its forward (activations to send on, or on the last
+                stage its share of the loss) and the vjp of it with `cotangent`, the
+                gradients of the differentiated parameters and of the input received;
+            accumulate(total, grads) -> the float32 sum, in the backwards' order.
 
-        return forward
+        Compiled (--compile), each is one mx.compile'd graph: traced once (`traced`
+        counts), then replayed for every micro-batch, its elementwise chains fused.
+        The sends and receives stay outside (the Exchange's own streams), and so does
+        the sum over micro-batches: 1F1B runs forwards of later micro-batches before
+        the backwards of earlier ones, so a sum carried through the forward-backward
+        call would add them in another order. Evaluating `out` alone runs the forward
+        only: MLX fuses an elementwise op only with consumers that are all fused
+        with it, and nothing of the backward consumes the output, so the
+        backward's cotangent (a receive not yet sent) is not waited for then (the
+        pipeline tests would hang if it were)."""
+        if self._passes is not None and self._passes[0] is compute:
+            return self._passes[1:]
+        # Nothing below refers to the step itself: MLX keeps a compiled function
+        # until the process exits, and with it whatever it refers to; the step's
+        # groups then outlive MPI (MPI_Comm_free after MPI_Finalize aborts the run).
+        plan, k, dtype, traced = self.plan, len(self.differentiated), self.compute_dtype, self._traced
+        names = [n for n, _ in tree_flatten(compute.parameters())]
+        slots = {n: i for i, n in enumerate(names)}
+        picked = [slots[n] for n in self.differentiated]
+
+        def forward_backward(held, received, data, cotangent):
+            traced[0] += 1
+            before = compute.parameters()  # the module is left as it was found
+
+            def forward(*args):
+                values = list(held)
+                for slot, value in zip(picked, args[:k], strict=True):
+                    values[slot] = value
+                compute.update(tree_unflatten(list(zip(names, values, strict=True))))
+                out = compute(data[0] if plan.first else args[k])
+                if not plan.last:
+                    return out.astype(dtype)
+                targets, share, *trained = data[1:] if plan.first else data
+                logits = out if out.dtype == mx.float32 else out.astype(mx.float32)
+                return kernels.cross_entropy(logits, targets,
+                                             trained[0] if trained else None) * share
+
+            primals = [held[slot] for slot in picked]
+            (out,), grads = mx.vjp(forward, [*primals, *received], [cotangent])
+            compute.update(before)
+            return out, [[g.astype(mx.float32) for g in grads[:k]], grads[k:]]
+
+        def add(total, grads):
+            return [a + b for a, b in zip(total, grads, strict=True)]
+
+        def accumulate(total, grads):
+            return grads if total is None else add(total, grads)
+
+        if self.compile:
+            random = [mx.random.state] if self.random_state else []
+            forward_backward = mx.compile(forward_backward, inputs=random, outputs=random)
+            add = mx.compile(add)
+        self._passes = (compute, names, forward_backward, accumulate)
+        return self._passes[1:]
 
     # ------------------------------------------------------------ the step
 
@@ -278,11 +340,14 @@ class PipelineStep:
         loss, grads = self.step_gradients(x, y, weights[0] if weights else None, model)
         reduced = time.perf_counter()
         plan, group = self.plan, self.group
-        if self.grad_clip > 0:
-            grads, norm = clip_grad_norm_over(grads, self.grad_clip, group)
+        squared, apply = self.updates(model, optimizer)
+        if self.grad_clip > 0:  # clip_grad_norm_over's norm: every stage's sum of squares
+            summed = squared(grads)
+            norm = mx.sqrt(all_sum(summed, group) if group.size() > 1 else summed)
+            apply(grads, norm)
         else:
             norm = mx.array(0.0)
-        optimizer.update(model, tree_unflatten(list(grads.items())))
+            apply(grads)
         mx.eval(norm, model.parameters(), optimizer.state)
         updated = time.perf_counter()
         if self.exchange_tied and plan.first:  # the updated matrix to the last stage's copy
@@ -297,6 +362,35 @@ class PipelineStep:
                   "comm_s": round(reduced - self.computed + done - updated, 6),
                   "optimizer_s": round(updated - reduced, 6)} if timed else {}
         return StepResult(loss.astype(mx.float32), norm, phases)
+
+    def updates(self, model: nn.Module, optimizer):
+        """(squared(grads): the sum of the gradients' squares; apply(grads, norm=None):
+        the gradients clipped by the global `norm` (sharded_optimizer.clip_grad_norm_over's
+        arithmetic), then the optimizer's step on `model`), built for the model and
+        optimizer of the first call (after a resume replaced the optimizer's state), as
+        data_parallel.DataParallelStep builds its update. Compiled (--compile), each is
+        one graph, the model's and optimizer's state captured. The all_sum of the
+        squares over the stages stays outside: a compiled function lives until the
+        process exits, and a group it held would be freed after MPI's finalize."""
+        if self._update is not None and self._update[0] is model and self._update[1] is optimizer:
+            return self._update[2:]
+        clip = self.grad_clip
+
+        def squared(grads):
+            return sum((g.square().sum() for g in grads.values()), mx.array(0.0))
+
+        def apply(grads, norm=None):
+            if norm is not None:
+                normalizer = mx.minimum(clip / (norm + 1e-6), 1.0)
+                grads = {n: (g * normalizer).astype(g.dtype) for n, g in grads.items()}
+            optimizer.update(model, tree_unflatten(list(grads.items())))
+
+        if self.compile:
+            state = [model.state, optimizer.state]
+            squared = mx.compile(squared)
+            apply = mx.compile(apply, inputs=state, outputs=state)
+        self._update = (model, optimizer, squared, apply)
+        return squared, apply
 
     # ------------------------------------------------------------ validation
 

@@ -199,7 +199,8 @@ class Pipeline:
         return PipelineStep(model, pipe.pipeline, self.micro_batches, cfg.grad_clip,
                             None if compute is model else compute, dtype_of(cfg.dtype),
                             cfg.pipeline_schedule, replicas=pipe.replicas,
-                            comm_dtype=dtype_of(cfg.comm_dtype))
+                            comm_dtype=dtype_of(cfg.comm_dtype), compile=cfg.compile,
+                            random_state=self.lora and cfg.lora_dropout > 0)
 
     def counts(self, model: Stage) -> tuple[int, int]:
         """(the model's parameters, its trainable ones): every stage's, summed (a

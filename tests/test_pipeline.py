@@ -269,6 +269,38 @@ def test_a_pipeline_steps_gradients_are_one_process(rows_data, tmp_path):
     assert 0 < worst < 1e-5, worst
 
 
+COMPILED_EAGER = 1e-6  # relative: the compiled step against the eager one (measured ~1e-7)
+
+
+@pytest.mark.parametrize("fine_tune", ["full", "lora_dropout"])
+def test_the_pipeline_step_runs_compiled_and_gives_the_eager_steps_gradients(
+        fine_tune, request, tmp_path):
+    """On 2 ranks (ring), 4 micro-batches, 3 global batches: each stage's pass (one
+    micro-batch's forward and backward) is built in Python once, then replayed
+    compiled for all 12 micro-batches (an eager step builds it 12 times); and the
+    loss and every gradient are the eager step's within 1e-6. Full fine-tuning from
+    scratch on masked rows (the tied matrix's two uses), and LoRA on a Llama folder
+    with dropout (mlx's random state carried through the compiled pass)."""
+    if fine_tune == "full":
+        flags = [*TINY, "--data", str(request.getfixturevalue("rows_data")), "--block_size",
+                 "160"]
+    else:
+        flags = [*TINY, "--init_from", str(request.getfixturevalue("llama")), "--data",
+                 str(request.getfixturevalue("llama_data")), *LORA, "--lora_dropout", "0.1"]
+    proc = run_trainer(["--report", str(tmp_path), "--batches", "3", "--pipeline", "2",
+                        "--micro_batches", "4", "--out", str(tmp_path / "out"), *flags],
+                       ranks=2, module="tests.pipeline_compiled")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in range(2):
+        report = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert report["micro_batches_run"] == 12
+        assert report["traced_compiled"] == 1, report  # traced once, then replayed
+        assert report["traced_eager"] == 12, report
+        assert report["loss"] > 1
+        assert report["worst_loss"] <= COMPILED_EAGER, report
+        assert report["worst_grad"] <= COMPILED_EAGER, report
+
+
 def parity(tmp_path, flags, ranks, extra=(), tolerance=PARITY, expected=None, steps=3):
     """Every logged loss of `--pipeline ranks` against one process's (`expected`, or run
     here): (the pipeline's output, its --out, one process's --out)."""
@@ -341,6 +373,21 @@ def test_full_fine_tuning_on_2_stages_resumes_exactly_and_mlx_lm_loads_its_model
     assert refused.returncode == 2 and "holds the checkpoints of --pipeline 2, and this run " \
         "asks for data-parallel" in refused.stderr and "Traceback" not in refused.stderr
     assert train_losses(split) == train_losses(tmp_path / "pp")
+
+
+def test_the_compiled_pipelines_losses_are_the_eager_ones(llama_data, tmp_path):
+    """The trainer's --pipeline 2 run compiled (the default: each micro-batch's pass,
+    the clipping and the optimizer's step) and with --compile false: every logged
+    loss and validation loss within 1e-6, the updates and the tied matrix's copy
+    included."""
+    flags = [*FULL, "--data", str(llama_data)]
+    pipelined(tmp_path / "compiled", flags, 2, "--micro_batches", "4")
+    pipelined(tmp_path / "eager", flags, 2, "--micro_batches", "4", "--compile", "false")
+    for losses in (train_losses, val_losses):
+        compiled, eager = losses(tmp_path / "compiled"), losses(tmp_path / "eager")
+        assert list(compiled) == list(eager) and len(eager) >= 2
+        worst = max(abs(compiled[s] - eager[s]) / eager[s] for s in eager)
+        assert worst <= COMPILED_EAGER, (worst, compiled, eager)
 
 
 def test_full_fine_tuning_losses_on_4_stages(llama_data, full_one, tmp_path):
