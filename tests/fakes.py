@@ -87,6 +87,26 @@ class FakeSsh:
             raise AssertionError(f"no command on a host was expected here; {host} was asked: {command}")
         return reply(host, command) if callable(reply) else reply
 
+    # A StreamingRunner too (mlxcluster/ssh/runner.py): a transfer's stream runs on
+    # the host's HOME (FakeSsh.local) as its plain commands do; no rsync (no ssh).
+    rsh: tuple[str, ...] = ()
+
+    def argv_for(self, alias: str, command: str) -> list[str]:
+        host = self.names.get(alias, alias)
+        if host not in self.homes:
+            raise AssertionError(f"no stream to a host was expected here; {host} was asked: {command}")
+        return ["env", f"HOME={self.homes[host]}", f"PATH={os.environ['PATH']}", "sh", "-c", command]
+
+    @classmethod
+    def at(cls, homes: Mapping[str, Path]) -> FakeSsh:
+        """Hosts by name, each a HOME of its own here (``homes``: made if missing),
+        every command and stream run there, as FakeSsh.local without an inventory."""
+        fake = cls(default=None)
+        for name, home in homes.items():
+            home.mkdir(parents=True, exist_ok=True)
+            fake.homes[name] = home
+        return fake
+
     def lookup(self, name: str, command: str) -> CommandResult:
         """doctor --fix's planning lookup (a read-only command on a host, by its name)."""
         return self.run(name, command)

@@ -27,7 +27,8 @@ from mlxcluster.launch.code import (
     code_manifest,
     sync_code,
 )
-from mlxcluster.transfer.link import ProcessLink, TransferError
+from mlxcluster.transfer.link import TransferError
+from tests.fakes import FakeSsh
 
 MAC1 = RankHost(name="mac1", ssh="10.0.0.1", ips=("10.0.0.1",), python=sys.executable)
 MAC2 = RankHost(name="mac2", ssh="10.0.0.2", ips=("10.0.0.2",), python=sys.executable)
@@ -49,19 +50,12 @@ def tree(tmp_path) -> Path:
 
 
 @pytest.fixture
-def hosts(tmp_path, monkeypatch) -> dict[str, Path]:
-    """Each remote host a HOME of its own here: its commands run by bash with
-    that HOME (what ssh would run there); rsync is not used (no ssh)."""
+def hosts(tmp_path, hosts_run_by) -> dict[str, Path]:
+    """Each remote host a HOME of its own here (the tests' one fake host,
+    tests/fakes.py): its commands and streams run by sh with that HOME (what
+    ssh would run there); rsync is not used (no ssh). By ssh address."""
     homes = {h.ssh: tmp_path / f"home-{h.name}" for h in (MAC1, MAC2)}
-    for home in homes.values():
-        home.mkdir()
-
-    def host_link(host: RankHost, env: dict[str, str] | None = None) -> ProcessLink:
-        return ProcessLink(host.name, host.python,
-                           lambda script: ["env", f"HOME={homes[host.ssh]}", "bash", "-c", script],
-                           env=env)  # no ssh: no rsync, the stream
-
-    monkeypatch.setattr(sync, "host_link", host_link)
+    hosts_run_by(FakeSsh.at({h.name: homes[h.ssh] for h in (MAC1, MAC2)}))
     return homes
 
 

@@ -18,28 +18,22 @@ import pytest
 from mlxcluster.jobs.events import Note, Sending
 from mlxcluster.jobs.hosts import RankHost
 from mlxcluster.jobs.job import Job
-from mlxcluster.launch import sync
 from mlxcluster.launch.sync import read_manifest, send_where_needed
 from mlxcluster.transfer import agent
-from mlxcluster.transfer.link import ProcessLink
 from mlxcluster.transfer.manifest import folder_manifest
 from reference_train.prepare import prepare_offline
 from reference_train.storage import STORAGE_DIR
+from tests.fakes import FakeSsh
 
 HOSTS = tuple(RankHost(name=f"mac{i}", ssh=f"10.0.0.{i}", ips=(f"10.0.0.{i}",),
                        python=sys.executable) for i in (1, 2, 3))
 
 
 @pytest.fixture
-def homes(tmp_path, monkeypatch) -> dict[str, Path]:
-    """Each host a HOME of its own here; its commands run by bash with that HOME."""
+def homes(tmp_path, hosts_run_by) -> dict[str, Path]:
+    """Each host a HOME of its own here; its commands and streams run by sh with that HOME."""
     homes = {h.name: tmp_path / f"home-{h.name}" for h in HOSTS}
-    by_ssh = {h.ssh: homes[h.name] for h in HOSTS}
-    for home in homes.values():
-        home.mkdir()
-    monkeypatch.setattr(sync, "host_link", lambda host, env=None: ProcessLink(
-        host.name, host.python, lambda script: ["env", f"HOME={by_ssh[host.ssh]}", "bash", "-c", script],
-        env=env))  # no ssh: no rsync, the stream
+    hosts_run_by(FakeSsh.at(homes))  # the tests' one fake host (tests/fakes.py): no ssh, no rsync
     return homes
 
 

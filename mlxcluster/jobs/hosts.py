@@ -23,7 +23,7 @@ from mlxcluster.hostfile.hostfile import load_launch_hostfile
 from mlxcluster.inventory.inventory import LOCAL_TARGETS, local_inventory
 from mlxcluster.ssh import openssh
 from mlxcluster.ssh.results import CommandResult, SshError
-from mlxcluster.ssh.runner import HostRunner, Input, ProcessRunner
+from mlxcluster.ssh.runner import Input, ProcessRunner, StreamingRunner
 from mlxcluster.transfer.link import ProcessLink
 
 SSH_TIMEOUT_S = 20
@@ -158,11 +158,14 @@ def ssh_argv(host: RankHost, script: str) -> list[str]:
                             options=host.ssh_options)
 
 
-def host_runner(host: RankHost, env: dict[str, str] | None = None) -> HostRunner:
+def host_runner(host: RankHost, env: dict[str, str] | None = None) -> StreamingRunner:
     """The one way every layer runs a command on a rank's host
-    (ssh/runner.py): ``host_argv`` run here, with ``env``. The unit tests
+    (ssh/runner.py), streams included: ``host_argv`` run here, with ``env``,
+    and the same ssh, without a target, for rsync's ``-e``. The unit tests
     put their fake (tests/fakes.FakeSsh) here, for every layer at once."""
-    return ProcessRunner(partial(host_argv, host), env=env)
+    rsh = () if host.is_local else tuple(openssh.ssh_client_argv(
+        connect_timeout=SSH_CONNECT_TIMEOUT_S, options=host.ssh_options))
+    return ProcessRunner(partial(host_argv, host), env=env, rsh=rsh)
 
 
 def run_on(host: RankHost, command: str, *, stdin: Input | None = None, timeout: float,
@@ -175,13 +178,12 @@ def run_on(host: RankHost, command: str, *, stdin: Input | None = None, timeout:
 
 
 def host_link(host: RankHost, env: dict[str, str] | None = None) -> ProcessLink:
-    """How a transfer reaches ``host``: ``host_argv`` (bash here for a local
-    rank), its plain commands through the host's runner, and the same ssh,
-    without a target, for rsync's ``-e``."""
-    ssh = () if host.is_local else tuple(openssh.ssh_client_argv(
-        connect_timeout=SSH_CONNECT_TIMEOUT_S, options=host.ssh_options))
-    return ProcessLink(host.name, host.python, partial(host_argv, host), ssh, host.ssh_target, env,
-                       runner=host_runner(host, env))
+    """How a transfer reaches ``host``, all through the host's runner
+    (``host_runner``): its plain commands, the argv its streams run by
+    (``host_argv``: bash here for a local rank), and its ssh for rsync's ``-e``."""
+    runner = host_runner(host, env)
+    return ProcessLink(host.name, host.python, partial(runner.argv_for, host.name), runner.rsh,
+                       host.ssh_target, env, runner=runner)
 
 
 def host_argv(host: RankHost, script: str) -> list[str]:

@@ -17,6 +17,11 @@ The contract:
 - A command that does not end within ``timeout`` raises ``SshError`` of
   kind ``command-timeout``; a client that cannot be started raises
   ``SshError`` of kind ``ssh``.
+- A transfer streams its bytes through a process here (``transfer.link``):
+  a runner that runs a program per command (``ProcessRunner``, and the
+  tests' fake) is also a ``StreamingRunner``, giving that program's argv
+  (``argv_for``) and the ssh words rsync's ``-e`` takes (``rsh``; () when
+  rsync cannot go that way). Doctor's paramiko connections stream nothing.
 - A host that cannot be reached: a runner that connects itself (paramiko)
   raises ``SshError`` naming the cause; one that runs the ``ssh`` program
   gives back ssh's own exit 255 (``SSH_FAILED``) with ssh's message on
@@ -47,6 +52,17 @@ class HostRunner(Protocol):
         """``command`` on the host ``alias`` (as the runner names hosts)."""
 
 
+@runtime_checkable
+class StreamingRunner(HostRunner, Protocol):
+    """A HostRunner whose commands run as a program here, which a transfer
+    starts itself to stream bytes through (transfer/link.py ``ProcessLink``)."""
+
+    rsh: tuple[str, ...]  # ssh and its options, no target (rsync's -e); (): no rsync
+
+    def argv_for(self, alias: str, command: str) -> list[str]:
+        """The argv that runs ``command`` on the host ``alias``, as a process here."""
+
+
 def command_timeout(alias: str, limit: float) -> SshError:
     """What every runner raises for a command that did not end in time."""
     return SshError("command-timeout", f"{alias}: command did not finish within {limit:.0f} s",
@@ -70,10 +86,14 @@ class ProcessRunner:
     (None: this process's)."""
 
     def __init__(self, argv: Callable[[str], list[str]], *, env: dict[str, str] | None = None,
-                 command_timeout: float = 60.0):
+                 command_timeout: float = 60.0, rsh: tuple[str, ...] = ()):
         self.argv = argv
         self.env = env
         self.command_timeout = command_timeout
+        self.rsh = rsh
+
+    def argv_for(self, alias: str, command: str) -> list[str]:
+        return self.argv(command)
 
     def run(self, alias: str, command: str, *, user: str | None = None, port: int | None = None,
             timeout: float | None = None, stdin: Input | None = None) -> CommandResult:
