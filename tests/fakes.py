@@ -10,6 +10,9 @@ fixture) puts it where every layer gets its runner.
 - For real (``FakeSsh.local(root, inventory)``): each inventory host's commands run by
   ``sh`` on this machine with HOME = a folder of its own under ``root``, so a fix's shell
   steps change files a test can look at.
+- Probed (``FakeSsh.probed(inventory, captures)``): each host answers doctor's probe
+  (mlxcluster/facts/collect.py) with a capture: real outputs of real Macs
+  (tests/fixtures/macos), as a `doctor --collect` folder holds them.
 
 Replies are CommandResults (``result`` makes one); a reply may also be a function of the
 host and the command, for an answer computed from what was asked.
@@ -17,14 +20,17 @@ host and the command, for an answer computed from what was asked.
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import subprocess
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
+from mlxcluster.facts.capture import HostCapture
 from mlxcluster.inventory.inventory import Inventory
-from mlxcluster.ssh.results import CommandResult
+from mlxcluster.ssh.results import CommandResult, SshError
 
 Reply = CommandResult | Callable[[str, str], CommandResult]
 
@@ -34,6 +40,13 @@ LOCAL_TIMEOUT = 60.0  # a command run here without a timeout of its own
 def result(stdout: str = "", stderr: str = "", exit_status: int = 0) -> CommandResult:
     """What a quick remote command gives back."""
     return CommandResult(stdout, stderr, exit_status, 0.01)
+
+
+def unreachable(error: str) -> Reply:
+    """A host that cannot be reached: the SshError paramiko's runner raises."""
+    def refuse(host: str, command: str) -> CommandResult:
+        raise SshError("refused", error)
+    return refuse
 
 
 OK = result()
@@ -105,6 +118,34 @@ class FakeSsh:
         for name, home in homes.items():
             home.mkdir(parents=True, exist_ok=True)
             fake.homes[name] = home
+        return fake
+
+    @classmethod
+    def probed(cls, inventory: Inventory, captures: Mapping[str, HostCapture], *,
+               default: Reply | None = None) -> FakeSsh:
+        """Each of the inventory's hosts answers doctor's probe with its capture
+        (by host name): the probe's own output, a JSON line with the raw outputs in
+        it, as ``capture_from_probe`` reads it back; a capture of an error is a host
+        that cannot be reached: SshError ("refused") with that error, as paramiko's
+        runner raises one. The job's python answers (``PY -S -c ''``, what a
+        launch asks first: jobs/job_python.py). Any other command gets ``default``
+        (None: it fails the test)."""
+        from mlxcluster.facts.capture import PROBE
+        from mlxcluster.facts.collect import probe_command
+
+        fake = cls(default=default)
+        for host in inventory.hosts:
+            fake.names[host.ssh] = host.name
+            capture = captures[host.name]
+            if capture.error:
+                answer = unreachable(capture.error)
+            else:
+                facts = json.loads(capture.files.get(PROBE, "{}"))
+                raw = {k: v for k, v in capture.files.items() if k != PROBE}
+                answer = result(json.dumps({**facts, "raw": raw}) + "\n")
+            fake.replies[(host.name, probe_command(host.python, dict(host.env)))] = answer
+            fake.replies[(host.name, f"{shlex.quote(host.python)} -S -c ''")] = \
+                answer if capture.error else OK
         return fake
 
     def lookup(self, name: str, command: str) -> CommandResult:

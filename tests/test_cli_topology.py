@@ -11,7 +11,9 @@ from click.testing import CliRunner
 from mlxcluster.cli import main
 from mlxcluster.facts import capture as C
 from mlxcluster.facts.capture import load_capture_dir
+from mlxcluster.inventory.inventory import parse_inventory
 from tests.conftest import require
+from tests.fakes import FakeSsh
 from tests.topology_helpers import MACCLUSTER, OMLX, make_capture_dir
 
 
@@ -85,16 +87,15 @@ def test_bad_usage(tmp_path):
     assert result.exit_code == 2 and "does not exist" in result.output
 
 
-def test_live_uses_doctor_collector(macos_fixtures, tmp_path, monkeypatch):
+def test_live_uses_doctor_collector(macos_fixtures, tmp_path, hosts_run_by):
+    """The hosts answer doctor's probe with real Macs' outputs (the one fake host)."""
     d = make_capture_dir(macos_fixtures, tmp_path / "c", OMLX)
-    seen = {}
     inv = tmp_path / "cluster.yaml"
     inv.write_text("cluster: c\npython: /usr/bin/python3\nhosts:\n  - {name: mbp, ssh: mbp}\n"
                    "  - {name: studio, ssh: studio}\n")
-    monkeypatch.setattr("mlxcluster.cli.topology.collect_captures",
-                        lambda inventory: seen.setdefault("names", inventory.names) and load_capture_dir(d))
+    fake = hosts_run_by(FakeSsh.probed(parse_inventory(inv.read_text()), load_capture_dir(d)))
     result = run("-i", str(inv), "--json")
-    assert result.exit_code == 0 and seen["names"] == ["mbp", "studio"]
+    assert result.exit_code == 0 and sorted(h for h, _ in fake.calls) == ["mbp", "studio"]
     assert json.loads(result.output)["ring"] == ["mbp", "studio"]
 
 

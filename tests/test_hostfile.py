@@ -23,6 +23,7 @@ from mlxcluster.hostfile.hostfile_generate import generate_mlx_hostfile
 from mlxcluster.hostfile.ipplan import apply_ip_plan, plan_ips
 from mlxcluster.inventory.inventory import parse_inventory
 from mlxcluster.topology.topology import HostTopology, Link, Topology, build_topology
+from tests.fakes import FakeSsh
 from tests.topology_helpers import OMLX, make_capture_dir
 
 INVENTORY = """cluster: t
@@ -280,13 +281,14 @@ def test_generate_errors(inv, tmp_path, macos_fixtures, monkeypatch):
         parse_mlx_hostfile("[]")
 
 
-def test_check_with_inventory_probes_live_hosts(inv, omlx_dir, tmp_path, macos_fixtures, monkeypatch):
+def test_check_with_inventory_probes_live_hosts(inv, omlx_dir, tmp_path, macos_fixtures,
+                                                hosts_run_by):
     good = tmp_path / "good.json"
     cli("generate", "-i", str(inv), "--backend", "jaccl", "--from", str(omlx_dir), "-o", str(good))
     (omlx_dir / "studio" / "ifconfig.txt").write_text(
         (macos_fixtures / "ifconfig_en2_apple_tn3205_thunderbolt_ip_linklocal.txt").read_text())
-    monkeypatch.setattr("mlxcluster.cli.hostfile.collect_captures",
-                        lambda inventory: load_capture_dir(omlx_dir))
+    # the hosts answer doctor's probe with those outputs (the one fake host)
+    hosts_run_by(FakeSsh.probed(parse_inventory(inv.read_text()), load_capture_dir(omlx_dir)))
     r = cli("check", str(good), "-i", str(inv))
     assert r.exit_code == 2 and "studio.local: IP 10.0.0.2 is not on any interface of studio" in r.output
 

@@ -20,6 +20,8 @@ from mlxcluster.hostfile.hostfile import (
     load_mlx_hostfile,
     parse_mpi_hostfile,
 )
+from mlxcluster.inventory.inventory import parse_inventory
+from tests.fakes import FakeSsh
 from tests.topology_helpers import OMLX, make_capture_dir
 
 RING = {"backend": "ring", "hosts": [{"ssh": "a", "ips": ["10.0.0.1"]}, {"ssh": "b", "ips": ["10.0.0.2"]}]}
@@ -143,12 +145,12 @@ def test_check_from_dir_names_the_hosts_it_could_not_check(ring, tmp_path):
     assert r.exit_code == 0 and "it lists no IPs or RDMA devices to compare" in r.output, r.output
 
 
-def test_check_against_live_hosts_that_cannot_be_probed_is_not_ok(ring, monkeypatch):
+def test_check_against_live_hosts_that_cannot_be_probed_is_not_ok(ring, hosts_run_by):
     inv, hf = ring
-    monkeypatch.setattr("mlxcluster.cli.hostfile.collect_captures", lambda inventory: {
+    hosts_run_by(FakeSsh.probed(parse_inventory(inv.read_text()), {
         "mbp": HostCapture("mbp", {"ifconfig.txt": IFCONFIG.format(ip="10.0.0.1")}),
         "studio": HostCapture("studio", error="ssh studio.local: connection refused"),
-    })
+    }))
     r = cli("check", str(hf), "-i", str(inv))
     assert r.exit_code == 1 and "ok:" not in r.output
     assert "studio.local: studio could not be probed: ssh studio.local: connection refused" in r.output

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import mlxcluster.facts.collect as doctor_collect
 from mlxcluster.cli import main
 from mlxcluster.errors import BackendUnavailable, HostfileError, MlxclusterError
 from mlxcluster.facts.capture import load_capture_dir
@@ -28,7 +27,7 @@ from mlxcluster.jobs.job import job_from_hostfile, job_from_inventory, job_local
 from mlxcluster.jobs.plan import LaunchPlan, launcher_argv, mlx_launch_path, write_hostfile
 from mlxcluster.launch.preflight import SMOKE_OPTIONS, smoke_ranks
 from mlxcluster.smoke.launch import plan_launch
-from tests.fakes import FakeSsh
+from tests.fakes import OK, FakeSsh
 from tests.inventory_support import inventory_text
 from tests.topology_helpers import (
     OSAURUS,
@@ -206,13 +205,16 @@ PROGRAMS = {"train": ["--", "--steps", "1"], "run": ["--", "python", "/abs/scrip
 @pytest.mark.parametrize("fast_synch", [None, "1"])
 @pytest.mark.parametrize("command", ["train", "run"])
 def test_cli_launches_the_pair_plan_and_warns_only_on_fast_synch(pair, tmp_path, monkeypatch,
-                                                                 launches, command, fast_synch):
+                                                                 launches, command, fast_synch,
+                                                                 hosts_run_by):
     """Fast synch stays MLX's default (unset) unless the user sets it; set, it
-    is passed on and the deadlock warning printed."""
+    is passed on and the deadlock warning printed. The hosts answer doctor's probe with
+    real Macs' outputs (the one fake host)."""
     monkeypatch.chdir(tmp_path)  # train's record (default --out runs/reference) goes here
     inv_path, captures_dir = pair
     captures = load_capture_dir(captures_dir)
-    monkeypatch.setattr(doctor_collect, "collect_captures", lambda inv: captures)
+    # (the launch's other questions, the runs already there, answered with none)
+    hosts_run_by(FakeSsh.probed(parse_inventory(inv_path.read_text()), captures, default=OK))
     monkeypatch.delenv("MLX_METAL_FAST_SYNCH", raising=False)
     args = [a.replace("LOGS", str(tmp_path / "logs")) for a in COMMANDS[command]]
     result = CliRunner().invoke(main, [*args, "-i", str(inv_path), "--backend", "jaccl",
@@ -233,10 +235,11 @@ def test_cli_with_a_tb4_host_exits_3_naming_it_before_anything(macos_fixtures, t
                                                                hosts_run_by):
     """Preflight on: the topology verdict comes before doctor, the probe and the smoke."""
     tb4 = load_capture_dir(make_capture_dir(macos_fixtures, tmp_path / "tb4", OSAURUS, slow_osaurus))
-    monkeypatch.setattr(doctor_collect, "collect_captures", lambda inv: tb4)
-    hosts_run_by(FakeSsh(default=None))  # no host is probed: any command fails the test
     inv_path = tmp_path / "inv.yaml"
     inv_path.write_text(inventory_text(["local", "peer"]))
+    # the hosts answer doctor's probe with real Macs' outputs; any other command (the
+    # job's probe, doctor's checks, the smoke) fails the test
+    hosts_run_by(FakeSsh.probed(parse_inventory(inv_path.read_text()), tb4))
     args = [a for a in COMMANDS[command] if a != "--no-preflight"]
     args = [a.replace("LOGS", str(tmp_path / "logs")) for a in args]
     result = CliRunner().invoke(main, [*args, "-i", str(inv_path), "--backend", "jaccl",

@@ -15,6 +15,7 @@ from mlxcluster.inventory.inventory import parse_inventory
 from mlxcluster.jobs.hosts import hosts_from_inventory
 from mlxcluster.smoke.jaccl import JacclUnavailable, plan_from_captures, run_jaccl
 from mlxcluster.smoke.launch import WorkerOptions
+from tests.fakes import FakeSsh
 from tests.inventory_support import inventory_text
 from tests.topology_helpers import (
     OMLX,
@@ -113,16 +114,15 @@ def test_linux_and_unreachable_hosts_each_get_their_reasons():
                                  "labhost3": "not probed: connect to 10.9.0.3:22 timed out"}
 
 
-def test_cli_without_rdma_exits_3_with_a_reason_per_host(macos_fixtures, tmp_path, monkeypatch,
+def test_cli_without_rdma_exits_3_with_a_reason_per_host(macos_fixtures, tmp_path, hosts_run_by,
                                                           launched):
-    """No --hostfile needed; nothing launched; text and --json both carry every host's reason."""
-    import mlxcluster.facts.collect as doctor_collect
-
+    """No --hostfile needed; nothing launched; text and --json both carry every host's reason
+    (each host answering doctor's probe with real Macs' outputs: the one fake host)."""
     captures = load_capture_dir(make_capture_dir(macos_fixtures, tmp_path / "cap", OSAURUS,
                                                  slow_osaurus))
-    monkeypatch.setattr(doctor_collect, "collect_captures", lambda inv: captures)
     inv_path = tmp_path / "inv.yaml"
     inv_path.write_text(inventory_text(["local", "peer"]))
+    hosts_run_by(FakeSsh.probed(parse_inventory(inv_path.read_text()), captures))
     result = CliRunner().invoke(main, ["smoke", "--backend", "jaccl", "-i", str(inv_path)])
     assert result.exit_code == 3, result.output
     assert "2 of 2 host(s) cannot take part" in result.output
