@@ -18,8 +18,6 @@ with the adapters off (LoRA, DoRA) or a frozen copy (full fine-tuning).
 
 from __future__ import annotations
 
-import random
-import shutil
 from pathlib import Path
 
 import mlx.core as mx
@@ -31,51 +29,18 @@ from reference_train import fine_tune, lora
 from reference_train.config import build_config
 from reference_train.data import load_meta
 from reference_train.data_parallel import make_model
-from reference_train.prepare import main as prepare_main
 from reference_train.train import schedule
 
-from .chat_support import make_chat_folder, write_jsonl
-from .hf_support import make_llama_folder
-from .learning_support import MODEL_CONFIG, WORDS
+from .preference_support import PAIRS, pairs, preference_folder, prepared
 from .train_support import read_metrics, run_trainer
 
-PAIRS = 16  # one global batch: every step trains on all of them
 STEPS = 6
 RTOL = 1e-4
 
 
-def pairs() -> list[dict]:
-    """Random-word prompts; the chosen answer one fixed sentence, the rejected random words;
-    every fourth row with a system prompt."""
-    rng = random.Random(0)
-    rows = []
-    for i in range(PAIRS):
-        row = {"prompt": " ".join(rng.choices(WORDS, k=rng.randint(2, 5))),
-               "chosen": "I like that very much.",
-               "rejected": " ".join(rng.choices(WORDS, k=rng.randint(1, 6)))}
-        if i % 4 == 0:
-            row["system"] = "Answer kindly."
-        rows.append(row)
-    return rows
-
-
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
-    """The tiny Llama saved by mlx-lm, with a Llama 3 chat tokenizer."""
-    root = tmp_path_factory.mktemp("preference")
-    tokenizer = make_chat_folder(root / "tokenizer", "llama3")
-    model = make_llama_folder(root / "model", MODEL_CONFIG, seed=3)
-    for f in tokenizer.iterdir():
-        shutil.copy(f, model / f.name)
-    return model
-
-
-def prepared(folder: Path, tmp_path: Path, objective: str) -> Path:
-    src = write_jsonl(tmp_path / "pairs.jsonl", pairs())
-    data = tmp_path / "data"
-    assert prepare_main(["--out", str(data), "--jsonl", str(src), "--tokenizer", str(folder),
-                         "--val-every", "0", "--preference_for", objective]) == 0
-    return data
+    return preference_folder(tmp_path_factory.mktemp("preference"))
 
 
 def our_args(folder: Path, data: Path, out: Path, objective: str, tune: str,
