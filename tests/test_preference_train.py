@@ -136,7 +136,9 @@ def test_mlxcluster_train_runs_dpo_on_two_local_ranks(folder, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
     out = tmp_path / "run"
-    proc = waits.run([sys.executable, "-m", "mlxcluster", "train", "--local", "2", "--",
+    page = tmp_path / "report.html"
+    proc = waits.run([sys.executable, "-m", "mlxcluster", "train", "--local", "2", "--html",
+                      str(page), "--",
                       *common(folder, data, "dpo", steps=4), "--out", str(out)],
                      env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -147,9 +149,9 @@ def test_mlxcluster_train_runs_dpo_on_two_local_ranks(folder, tmp_path):
     assert all(set(KEYS) <= set(r) for r in steps)
     assert steps[-1]["reward_margin"] > 0
     assert (out / "adapters" / "adapters.safetensors").is_file()  # sent back with the record
-    report = (out / "report.html")
-    if report.is_file():
-        assert "reward margin" in report.read_text()
+    html = page.read_text()  # the HTML report: the rewards, margin and accuracy, and their plot
+    assert "preference, the last logged step: chosen reward" in html
+    assert "preference: rewards, margin and accuracy" in html
 
 
 def test_objective_and_data_must_match(folder, tmp_path):
