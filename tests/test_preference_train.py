@@ -81,6 +81,13 @@ def test_resume_auto_is_exact(folder, tmp_path):
     assert sorted(a) == sorted(b)
     for name in a:
         assert np.array_equal(np.array(a[name]), np.array(b[name])), name
+    # another objective does not resume from these checkpoints
+    (tmp_path / "orpo").mkdir()
+    data_orpo = prepared(folder, tmp_path / "orpo", "orpo")
+    proc = run_trainer([*common(folder, data_orpo, "orpo"), "--out", str(split), "--resume",
+                        "auto", "--steps", "8"])
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "'objective': 'dpo'" in proc.stderr and "its --objective" in proc.stderr
 
 
 def answer_logps(model, tokenizer, row: dict) -> tuple[float, float]:
