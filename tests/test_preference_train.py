@@ -1,5 +1,5 @@
 """Preference training runs as supervised training does (issue 49): the same losses,
-rewards, margins and accuracies on 2 ranks and with accumulation as in one process; a
+rewards, margins and accuracies on 2 and 3 ranks and with accumulation as in one process; a
 resumed run the same as an uninterrupted one; `mlxcluster train --local 2 -- --objective
 dpo` through the launch path and its record; mlx-lm loads the adapters, and with them the
 chosen answers are more likely than the rejected ones on the training prompts; a mismatch of
@@ -46,20 +46,22 @@ def logged(out: Path) -> list[dict]:
 
 @pytest.mark.parametrize("objective", ["dpo", "orpo"])
 def test_two_ranks_and_accumulation_give_one_process_numbers(folder, tmp_path, objective):
-    """16 pairs, 8 a step: 6 steps cross epochs; every logged number within 1e-5 of one
-    process's (DPO's accuracy from each step's global rewards, not per rank)."""
+    """16 pairs, 12 a step: 6 steps, each of another epoch's order; on 2 and 3 ranks and
+    with 2 micro-batches every logged number within 1e-5 of one process's (DPO's accuracy
+    from each step's global rewards, not per rank)."""
     require(MLX_LAUNCH is not None, "mlx.launch is not installed beside the test python")
     data = prepared(folder, tmp_path, objective)
     runs = {}
-    for name, ranks, extra in (("one", 1, []), ("two", 2, []), ("accum", 1, ["--grad_accum", "2"])):
+    for name, ranks, extra in (("one", 1, []), ("two", 2, []), ("three", 3, []),
+                               ("accum", 1, ["--grad_accum", "2"])):
         out = tmp_path / name
-        proc = run_trainer([*common(folder, data, objective), "--out", str(out), *extra],
-                           ranks=ranks)
+        proc = run_trainer([*common(folder, data, objective), "--global_batch", "12", "--out",
+                            str(out), *extra], ranks=ranks)
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs[name] = logged(out)
     one = runs["one"]
     assert [r["step"] for r in one] == list(range(1, 7))
-    for name in ("two", "accum"):
+    for name in ("two", "three", "accum"):
         for mine, theirs in zip(runs[name], one, strict=True):
             for key in KEYS:
                 assert mine[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-5), \
