@@ -32,10 +32,11 @@ def pairs(n: int = PAIRS) -> list[dict]:
     return rows
 
 
-def preference_folder(root: Path) -> Path:
-    """The tiny Llama saved by mlx-lm under `root`, with a Llama 3 chat tokenizer."""
+def preference_folder(root: Path, quantize: bool = False) -> Path:
+    """The tiny Llama saved by mlx-lm under `root` (`quantize`: by mlx-lm, 4 bits in groups
+    of 32, for QLoRA), with a Llama 3 chat tokenizer."""
     tokenizer = make_chat_folder(root / "tokenizer", "llama3")
-    model = make_llama_folder(root / "model", MODEL_CONFIG, seed=3)
+    model = make_llama_folder(root / "model", MODEL_CONFIG, seed=3, quantize=quantize)
     for f in tokenizer.iterdir():
         shutil.copy(f, model / f.name)
     return model

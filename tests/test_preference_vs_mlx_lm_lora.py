@@ -39,14 +39,17 @@ RTOL = 1e-4
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory) -> Path:
-    return preference_folder(tmp_path_factory.mktemp("preference"))
+def folders(tmp_path_factory) -> dict[str, Path]:
+    """The float32 folder, and the same shape quantized to 4 bits (QLoRA)."""
+    return {quantized: preference_folder(tmp_path_factory.mktemp("preference"), quantized)
+            for quantized in (False, True)}
 
 
 def our_args(folder: Path, data: Path, out: Path, objective: str, tune: str,
              loss_type: str) -> list[str]:
     block = load_meta(data)["splits"]["train"]["max_length"]
     lr = "1e-3" if tune == "full" else "2e-3"
+    tune = "lora" if tune == "qlora" else tune
     return ["--init_from", str(folder), "--data", str(data), "--out", str(out),
             "--objective", objective, "--dpo_loss", loss_type, "--beta", "0.1",
             "--fine_tune", tune, "--lora_rank", "4", "--lora_layers", "-1",
@@ -82,7 +85,7 @@ def their_run(folder: Path, cfg, start: dict[str, mx.array], objective: str, tun
     monkeypatch.setattr(mx, "device_info",
                         lambda: {**device_info(), "max_recommended_working_set_size": 0})
     model, tokenizer = load(str(folder))
-    if tune != "full":
+    if tune != "full":  # (QLoRA: the folder is quantized, mlx-lm's layers wrap QuantizedLinear)
         model.freeze()
         linear_to_lora_layers(model, len(model.layers),
                               {"rank": cfg.lora_rank, "scale": cfg.lora_scale, "dropout": 0.0,
@@ -113,13 +116,15 @@ def their_run(folder: Path, cfg, start: dict[str, mx.array], objective: str, tun
 
 
 CASES = [("dpo", "lora", "sigmoid"), ("orpo", "lora", "sigmoid"), ("dpo", "dora", "sigmoid"),
-         ("dpo", "full", "sigmoid"), ("dpo", "lora", "ipo"), ("dpo", "lora", "hinge")]
+         ("dpo", "full", "sigmoid"), ("dpo", "qlora", "sigmoid"), ("dpo", "lora", "ipo"),
+         ("dpo", "lora", "hinge")]
 
 
 @pytest.mark.parametrize("objective,tune,loss_type", CASES,
                          ids=["-".join(c) for c in CASES])
-def test_every_logged_step_is_mlx_lm_loras(folder, tmp_path, monkeypatch, objective, tune,
+def test_every_logged_step_is_mlx_lm_loras(folders, tmp_path, monkeypatch, objective, tune,
                                            loss_type):
+    folder = folders[tune == "qlora"]
     data = prepared(folder, tmp_path, objective)
     out = tmp_path / "ours"
     args = our_args(folder, data, out, objective, tune, loss_type)
