@@ -169,7 +169,8 @@ def compare(kind: str, folder: Path, data: Path, rows: list[dict], tmp: Path, ar
                             "--sample_tokens", "0", "--warmup_steps", "0", "--grad_clip", "0",
                             "--lr", "1e-5", "--min_lr", "1e-5", "--weight_decay", "0.01",
                             "--beta1", "0.9", "--beta2", "0.999", "--steps", "1000",
-                            "--objective", "dpo", "--beta", str(BETA), *tune])
+                            "--objective", "dpo", "--beta", str(BETA), "--kernels",
+                            args.kernels, *tune])
         made = Trainer(cfg, init_group(), lambda msg: None)
         made.model.train()
         batch = [mx.array(a) for a in made.train_data.batch(0)]
@@ -202,7 +203,7 @@ def compare(kind: str, folder: Path, data: Path, rows: list[dict], tmp: Path, ar
         print(f"  {kind} round {r + 1}: " + ", ".join(
             f"{n} {rounds[-1][n][0] * 1000:,.0f} ms" for n in names)
             + f"  (load {open('/proc/loadavg').read().split()[0]})", flush=True)
-    print(f"\n{kind} DPO: Llama {CONFIG['hidden_size']}x{CONFIG['num_hidden_layers']} blocks "
+    print(f"\n{kind} DPO (ours --kernels {args.kernels}): Llama {CONFIG['hidden_size']}x{CONFIG['num_hidden_layers']} blocks "
           f"float32, batch {args.batch} pairs under {args.block_size} tokens, one process, "
           f"{args.rounds} rounds of {args.steps} steps, blas {'OpenBLAS' if blas else 'default'}")
     print(f"  loss before any step: ours {ours.first_loss:.6f}, mlx-lm-lora "
@@ -229,6 +230,8 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--block-size", type=int, default=128)
+    p.add_argument("--kernels", default="auto", help="our --kernels: auto (kernels.py on "
+                   "Linux's CPU) or mlx (MLX's own, as mlx-lm-lora runs)")
     args = p.parse_args()
     blas = rerun_with_openblas(threads=2)
     with tempfile.TemporaryDirectory() as tmp:
