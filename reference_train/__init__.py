@@ -7,7 +7,8 @@ Modules, each importing only those listed before it (no circles):
 
     errors.py             DataError, the trainer's one error type (a message and a hint)
     files.py              file_sha256, and folders renamed into place whole (replace_dir)
-    choices.py            the values a setting may take (kernels, dtypes), named without mlx
+    choices.py            the values a setting may take (kernels, dtypes, objectives), named
+                          without mlx
     shape.py              ModelArgs, the model's shape (no mlx: config.py checks it)
     fine_tune.py          --fine_tune full, lora or dora: the choices, --lora_keys,
                           adapter_config.json (no mlx)
@@ -30,7 +31,10 @@ Modules, each importing only those listed before it (no circles):
     collectives.py        every collective (all_sum, all_gather, send, recv, the gradient
                           average, a pipeline's Exchange) on the stream the precision rule names
     lora.py               --fine_tune lora or dora: LoRALinear, DoRALinear, adapters on a frozen
-                          (or quantized) base, OUT/adapters in mlx-lm's format
+                          (or quantized) base, OUT/adapters in mlx-lm's format; adapters_off
+    objectives.py         --objective sft, dpo or orpo: the loss a step differentiates (DPO and
+                          ORPO as mlx-lm-lora computes them), the metrics it reports, the
+                          reference model (the adapters off, or a frozen copy)
     stages.py             --pipeline: which blocks each stage holds, balanced by bytes (from
                           the safetensors headers, no mlx), the refusals
     config.py             TrainConfig and build_config: defaults, configs/*.yaml, --field flags;

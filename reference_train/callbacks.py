@@ -161,7 +161,12 @@ class Report(TrainingCallback):
 def log_line(record: dict, steps: int) -> str:
     """A logged record as the log shows it."""
     mem, rss = record["peak_mem_mb"], record["peak_rss_mb"]
-    return (f"step {record['step']:>6}/{steps} | loss {record['loss']:.4f} | lr "
+    preference = ""
+    if "reward_margin" in record:  # --objective dpo or orpo (objectives.py)
+        preference = (f" | rewards {record['chosen_reward']:.3f} chosen, "
+                      f"{record['rejected_reward']:.3f} rejected, margin "
+                      f"{record['reward_margin']:.3f}, acc {record['accuracy']:.3f}")
+    return (f"step {record['step']:>6}/{steps} | loss {record['loss']:.4f}{preference} | lr "
             f"{record['lr']:.2e} | {record['tokens_per_s']:,.0f} tok/s | peak MiB "
             f"per rank {'/'.join(f'{v:.0f}' for v in mem)} (mlx), "
             f"{'/'.join(f'{v:.0f}' for v in rss)} (rss) | mfu "

@@ -6,6 +6,10 @@ must then have the same keys):
     {"text": "..."}                                      TextDataset
     {"prompt": "...", "completion": "..."}               CompletionsDataset (a user/assistant pair)
     {"messages": [{"role": ..., "content": ...}, ...]}   ChatDataset ("tools" too, where present)
+    {"prompt": "...", "chosen": "...", "rejected": "..."} preference pairs (mlx-lm-lora's
+                                                         DPODataset / ORPODataset), "system" too;
+                                                         chosen / rejected may be a list of
+                                                         messages (or {"messages": [...]})
 
 Each row becomes one sequence `ids` and an `offset`: the targets trained are the
 tokens ids[j] with offset <= j < len(ids) (j >= 1: the first token is never a
@@ -36,7 +40,8 @@ from pathlib import Path
 from .data import json_lines
 from .errors import DataError
 
-FORMATS = {"text": ("text",), "completions": ("prompt", "completion"), "chat": ("messages",)}
+FORMATS = {"text": ("text",), "completions": ("prompt", "completion"), "chat": ("messages",),
+           "preference": ("prompt", "chosen", "rejected")}
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
                   "mask_token")
 THINK_PAIRS = (("<think>", "</think>"), ("<longcat_think>", "</longcat_think>"),
@@ -45,7 +50,10 @@ XTML = ("<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>")
 
 
 def row_format(row: dict) -> str | None:
-    """mlx-lm's choice (create_dataset): completions, then chat, then text."""
+    """mlx-lm's choice (create_dataset): completions, then chat, then text; before them
+    preference pairs (mlx-lm-lora's: chosen and rejected)."""
+    if "chosen" in row and "rejected" in row:
+        return "preference"
     if "prompt" in row and "completion" in row:
         return "completions"
     if "messages" in row:
@@ -70,7 +78,7 @@ def read_rows(path: Path) -> Iterator[tuple[int, dict, str]]:
         this = row_format(row)
         if this is None:
             raise DataError(f"{where}: no 'text' field, nor 'prompt' and 'completion', "
-                            f"nor 'messages' (keys: {', '.join(sorted(row)) or 'none'})",
+                            f"nor 'messages', nor 'chosen' and 'rejected' (keys: {', '.join(sorted(row)) or 'none'})",
                             "rows in mlx-lm's formats: see docs/training-reference.md, JSONL data")
         fmt = fmt or this
         if this != fmt:
@@ -81,6 +89,9 @@ def read_rows(path: Path) -> Iterator[tuple[int, dict, str]]:
 
 
 def check_row(row: dict, fmt: str, where: str) -> None:
+    if fmt == "preference":
+        check_preference(row, where)
+        return
     if fmt == "text":
         if not isinstance(row["text"], str):
             raise DataError(f"{where}: 'text' must be a string")
@@ -101,6 +112,56 @@ def check_row(row: dict, fmt: str, where: str) -> None:
     tools = row.get("tools")
     if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
         raise DataError(f"{where}: 'tools' must be a list of objects (JSON schemas)")
+
+
+def check_messages(messages, where: str, what: str) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise DataError(f"{where}: {what} must be a non-empty list of messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise DataError(f"{where}: {what}'s message {i} must be an object with a 'role' string")
+        if not isinstance(m.get("content"), str):
+            raise DataError(f"{where}: {what}'s message {i} must have a 'content' string")
+
+
+def check_preference(row: dict, where: str) -> None:
+    """A preference pair: a prompt string, the chosen and the rejected answer (a string, a
+    list of messages or {"messages": [...]}), an optional system string."""
+    if not isinstance(row.get("prompt"), str):
+        raise DataError(f"{where}: a preference row needs a 'prompt' string",
+                        'rows {"prompt": ..., "chosen": ..., "rejected": ...}: see '
+                        "docs/training-reference.md, preference data")
+    if "system" in row and not isinstance(row["system"], str):
+        raise DataError(f"{where}: 'system' must be a string")
+    for key in ("chosen", "rejected"):
+        answer = row[key]
+        if isinstance(answer, dict):
+            answer = answer.get("messages")
+        if not isinstance(answer, str):
+            check_messages(answer, where, repr(key))
+    score = row.get("preference_score", 1.0)
+    if score != 1.0:  # mlx-lm-lora's ORPO scales the chosen log-probabilities by it
+        raise DataError(f"{where}: 'preference_score' {score!r} is not supported (only 1, the "
+                        "default, is)", "drop the field, or give 1")
+
+
+def answer_messages(answer) -> list[dict]:
+    """A preference row's chosen or rejected answer as the messages after the prompt."""
+    if isinstance(answer, str):
+        return [{"role": "assistant", "content": answer}]
+    return list(answer["messages"] if isinstance(answer, dict) else answer)
+
+
+def preference_tokens(row: dict, template: ChatTemplate) -> list[tuple[list[int], int]]:
+    """[(chosen ids, prompt length), (rejected ids, prompt length)], as mlx-lm-lora's
+    DPODataset makes them (its ORPODataset the same, with `template.thinking` False): the system message (when the row has one) and the prompt as
+    the user's, then the answer, rendered without a generation prompt; the prompt's length
+    is the system and user messages rendered with one. Only the answers' tokens train."""
+    prompt = ([{"role": "system", "content": row["system"]}] if "system" in row else [])
+    prompt.append({"role": "user", "content": row["prompt"]})
+    offset = len(template.encode(prompt, add_generation_prompt=True))
+    return [(template.encode(prompt + answer_messages(row[key])), offset)
+            for key in ("chosen", "rejected")]
 
 
 class ChatTemplate:
@@ -136,6 +197,9 @@ class ChatTemplate:
         self.has_thinking = (any(a in vocab and b in vocab for a, b in THINK_PAIRS)
                              or all(t in vocab for t in XTML))
         self._compiled: dict[str, object] = {}
+        # False: enable_thinking false even where the vocabulary has thinking tokens, as
+        # mlx-lm-lora's ORPODataset renders (its prompt must prefix the answers' tokens)
+        self.thinking = True
 
     def _compile(self, source: str):
         if source not in self._compiled:
@@ -155,7 +219,7 @@ class ChatTemplate:
         """The text transformers' apply_chat_template(tokenize=False) gives, with mlx-lm's
         enable_thinking."""
         chat = [alias_reasoning({k: v for k, v in m.items() if v is not None}) for m in messages]
-        kwargs = {**self.special_tokens, "enable_thinking": self.has_thinking}
+        kwargs = {**self.special_tokens, "enable_thinking": self.has_thinking and self.thinking}
         return self._compile(self._source(tools)).render(
             messages=chat, tools=tools, documents=None,
             add_generation_prompt=add_generation_prompt, **kwargs)

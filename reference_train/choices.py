@@ -9,3 +9,5 @@ from __future__ import annotations
 KERNELS = ("auto", "mlx")  # kernels.py: multiply-adds on Linux's CPU, or MLX's own
 DTYPES = ("float32", "bfloat16")  # precision.py: --dtype and --comm_dtype
 EXPORT_DTYPES = ("float32", "bfloat16", "float16")  # hf_io.py: OUT/model's weights
+OBJECTIVES = ("sft", "dpo", "orpo")  # objectives.py: what a run minimises
+DPO_LOSSES = ("sigmoid", "hinge", "ipo", "dpop")  # objectives.DPO: mlx-lm-lora's loss types

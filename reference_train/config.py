@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from . import fine_tune, stages
-from .choices import DTYPES, EXPORT_DTYPES, KERNELS
+from .choices import DPO_LOSSES, DTYPES, EXPORT_DTYPES, KERNELS, OBJECTIVES
 from .errors import DataError
 from .shape import ModelArgs
 
@@ -58,6 +58,12 @@ class TrainConfig:
     lora_dropout: float = 0.0
     lora_layers: int = 16  # the last N blocks get adapters; -1 = all
     lora_keys: str = ""  # comma-separated mlx-lm names (self_attn.q_proj,...); "" = every linear
+    # what a run minimises (objectives.py): sft = next-token cross-entropy; dpo and orpo
+    # = preference pairs (prepare's prompt/chosen/rejected rows), as mlx-lm-lora computes them
+    objective: str = "sft"
+    beta: float = 0.1  # DPO's temperature, ORPO's weight of the odds ratio (mlx-lm-lora's --beta)
+    dpo_loss: str = "sigmoid"  # sigmoid, hinge, ipo or dpop (mlx-lm-lora's --dpo-loss-type)
+    dpo_delta: float = 50.0  # dpop's penalty weight (mlx-lm-lora's --delta)
     # pipeline parallelism (stages.py, pipeline.py): the model's blocks split over
     # --pipeline ranks (stages), each holding only its own; 1 = off (data-parallel)
     pipeline: int = 1
@@ -201,6 +207,7 @@ RANGES: dict[str, tuple[float | None, float | None, bool]] = {
     "resume_before": (0, None, True), "lora_rank": (1, None, True),
     "lora_scale": (None, None, True), "lora_dropout": (0, 1, True), "lora_layers": (-1, None, True),
     "pipeline": (1, None, True), "micro_batches": (0, None, True),
+    "beta": (0, None, False), "dpo_delta": (0, None, True),
 }
 
 
@@ -225,6 +232,13 @@ def check_config(cfg: TrainConfig) -> None:
             problems.append(f"{name} {getattr(cfg, name)}: must be one of {', '.join(DTYPES)}")
     if cfg.kernels not in KERNELS:
         problems.append(f"kernels {cfg.kernels}: must be one of {', '.join(KERNELS)}")
+    if cfg.objective not in OBJECTIVES:
+        problems.append(f"objective {cfg.objective}: must be one of {', '.join(OBJECTIVES)}")
+    if cfg.dpo_loss not in DPO_LOSSES:
+        problems.append(f"dpo_loss {cfg.dpo_loss}: must be one of {', '.join(DPO_LOSSES)}")
+    if cfg.objective != "sft" and cfg.pipeline > 1:
+        problems.append(f"--objective {cfg.objective} with --pipeline {cfg.pipeline}: preference "
+                        "training runs data-parallel only for now (drop --pipeline)")
     if cfg.export_dtype not in EXPORT_DTYPES:
         problems.append(f"export_dtype {cfg.export_dtype}: must be one of {', '.join(EXPORT_DTYPES)}")
     problems += fine_tune.config_problems(cfg)
@@ -295,6 +309,12 @@ FLAG_HELP: dict[str, tuple[str, str]] = {
     "lora_layers": ("fine-tuning", "the last N blocks get adapters; -1 = all"),
     "lora_keys": ("fine-tuning", "comma-separated mlx-lm layer names (self_attn.q_proj,...); "
                                  "'' = every linear layer"),
+    "objective": ("objective", "sft: next-token cross-entropy; dpo, orpo: preference pairs "
+                               "(prompt/chosen/rejected rows), as mlx-lm-lora computes them"),
+    "beta": ("objective", "dpo: the temperature of the log-probability ratios; orpo: the weight "
+                          "of the odds-ratio term"),
+    "dpo_loss": ("objective", "dpo's loss of the preference logit (mlx-lm-lora's loss types)"),
+    "dpo_delta": ("objective", "dpo_loss dpop: the weight of its penalty"),
     "pipeline": ("parallelism", "ranks per pipeline: the model's blocks split over them, each "
                                 "holding its own; 1 = off (data-parallel)"),
     "pipeline_split": ("parallelism", "blocks per stage, 'a,b,...' in order; '' = balanced by "
@@ -336,10 +356,10 @@ FLAG_HELP: dict[str, tuple[str, str]] = {
     "sample_prompt": ("logging", "the sample's prompt"),
     "progress": ("logging", "a progress bar, when stdout is a terminal (true/false)"),
 }
-GROUPS = ("data", "model", "fine-tuning", "parallelism", "optimization", "checkpoints", "logging")
+GROUPS = ("data", "model", "fine-tuning", "objective", "parallelism", "optimization", "checkpoints", "logging")
 FLAG_CHOICES = {"fine_tune": fine_tune.FINE_TUNES, "pipeline_schedule": stages.SCHEDULES,
                 "dtype": DTYPES, "comm_dtype": DTYPES, "kernels": KERNELS,
-                "export_dtype": EXPORT_DTYPES}
+                "export_dtype": EXPORT_DTYPES, "objective": OBJECTIVES, "dpo_loss": DPO_LOSSES}
 
 
 def flag_help(name: str) -> str:

@@ -42,6 +42,12 @@ targets in the global batch), so the mean of weight x cross-entropy over a
 rank's positions, averaged over ranks and micro-batches, is the mean over the
 global batch's trained targets only (what one process would compute).
 
+Preference pairs (`prepare --jsonl` of {"prompt", "chosen", "rejected"} rows): rows data
+whose meta.json says "preference": true; rows 2i and 2i + 1 are pair i's chosen and
+rejected sequences, each with its prompt's length as offset (`PairSplit`). Sequence i
+of the split is pair i, and a batch is (chosen inputs, targets, mask, rejected inputs,
+targets, mask): the masks 0/1, unscaled (the preference losses are means over pairs).
+
 Sharding: per epoch, the sequence indices are shuffled by (seed, epoch); optimizer
 step s of the epoch uses positions [s*G, (s+1)*G) of that order (G = global
 batch), and rank r of n takes the r-th contiguous slice of G/n of them. So the
@@ -342,6 +348,31 @@ class RowSplit:
         return x, y, mask
 
 
+class PairSplit:
+    """A split of preference pairs (module docstring): pair i is rows 2i (chosen) and 2i + 1
+    (rejected) of a RowSplit; `read` gives both, each as RowSplit.read does."""
+
+    masked = False  # the masks stay 0/1: no weights scaled to the global batch (weighted)
+    pairs = True
+
+    def __init__(self, rows: RowSplit):
+        self.rows, self.block_size, self.cut = rows, rows.block_size, rows.cut
+
+    @property
+    def n_sequences(self) -> int:
+        return self.rows.n_sequences // 2
+
+    def trained_tokens(self, indices) -> int:
+        pairs = 2 * np.asarray(indices, dtype=np.int64)
+        return self.rows.trained_tokens(pairs) + self.rows.trained_tokens(pairs + 1)
+
+    def read(self, indices: Iterable[int]) -> tuple[np.ndarray, ...]:
+        """(chosen inputs, targets, mask, rejected inputs, targets, mask), each
+        (len(indices), block_size)."""
+        pairs = [2 * int(i) for i in indices]
+        return (*self.rows.read(pairs), *self.rows.read([i + 1 for i in pairs]))
+
+
 def weighted(split, rows: tuple, global_indices) -> tuple:
     """A rows batch's mask scaled so that the loss is the mean over the global batch's
     trained targets (module docstring); text batches as they are."""
@@ -371,7 +402,8 @@ def open_split(data_dir: str | Path, split: str, block_size: int) -> TokenSplit 
     meta = load_meta(data_dir)
     info = meta["splits"][split]
     if meta["format"] == ROWS_FORMAT:
-        return RowSplit(Path(data_dir) / info["file"], np.dtype(meta["dtype"]), block_size, info)
+        rows = RowSplit(Path(data_dir) / info["file"], np.dtype(meta["dtype"]), block_size, info)
+        return PairSplit(rows) if meta.get("preference") else rows
     return TokenSplit(Path(data_dir) / info["file"], np.dtype(meta["dtype"]), block_size)
 
 
@@ -472,7 +504,7 @@ class ShardedBatches:
 
     def trained_tokens(self, step: int) -> int:
         """Targets trained in global step `step` (all of them for text data)."""
-        if not getattr(self.split, "masked", False):
+        if not hasattr(self.split, "trained_tokens"):
             return self.global_batch * self.split.block_size
         return self.split.trained_tokens(self.global_indices(step))
 

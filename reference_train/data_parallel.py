@@ -35,7 +35,8 @@ from .fine_tune import trains_adapters
 from .hf_io import model_from_folder
 from .launch_env import has_sum_scatter
 from .loop import Batch, StepResult
-from .model import Llama, count_parameters, generate, loss_fn
+from .model import Llama, count_parameters, generate
+from .objectives import SFT, make_objective
 from .pipeline_outputs import other_layout
 from .precision import compute_copy, dtype_of, refresh, to_float32
 from .resume import HostLayout, Loaded, agree_on_checkpoint, load_folder, say_notes
@@ -51,18 +52,22 @@ class DataParallelStep:
     dtype, ``comm_dtype`` the all-reduce's; ``grad_accum`` micro-batches of a
     rank's rows; ``grad_clip`` 0: no clipping; ``random_state``: the passes draw
     from mlx's global random state (LoRA's dropout), which compiling must then
-    carry. Its compiled functions are built at the first call, for the model and
-    optimizer given then (after any resume replaced the optimizer state).
+    carry; ``objective`` (objectives.py): the loss differentiated, and the metrics it
+    reports with it (preference training's rewards), each summed over micro-batches and
+    averaged like the loss. Its compiled functions are built at the first call, for the
+    model and optimizer given then (after any resume replaced the optimizer state).
     """
 
     def __init__(self, group, *, global_batch: int, grad_accum: int = 1, grad_clip: float = 0.0,
                  compute: nn.Module | None = None, compute_dtype: mx.Dtype = mx.float32,
                  comm_dtype: mx.Dtype = mx.float32, compile: bool = True,
-                 random_state: bool = False):
+                 random_state: bool = False, objective=None):
         self.group, self.grad_accum, self.grad_clip = group, grad_accum, grad_clip
         self.micro_batch = split_batch(global_batch, group.size(), grad_accum)
         self.compute, self.compute_dtype, self.comm_dtype = compute, compute_dtype, comm_dtype
         self.compile, self.random_state = compile, random_state
+        self.objective = objective or SFT()
+        self.with_metrics = bool(self.objective.metrics)  # the loss is (loss, metrics)
         self._built: tuple | None = None  # (model, optimizer, the four functions)
 
     def functions(self, model: nn.Module, optimizer):
@@ -77,17 +82,18 @@ class DataParallelStep:
     def _build(self, model: nn.Module, optimizer):
         group, clip, comm, dtype = self.group, self.grad_clip, self.comm_dtype, self.compute_dtype
         compute = self.compute if self.compute is not None else model
-        loss_and_grad = nn.value_and_grad(compute, loss_fn)
+        loss_and_grad = nn.value_and_grad(compute, self.objective.loss)
         state = [model.state, optimizer.state] + ([compute.state] if compute is not model else [])
+        state += self.objective.state  # a frozen reference model (full fine-tuning's DPO)
         if self.random_state:
             state.append(mx.random.state)  # dropout draws from mlx's global random state
 
-        def grad_step(x, y, *weights):  # weights: rows data's trained targets (data.py)
+        def grad_step(*batch):  # (x, y, *weights), or a preference batch (data.py)
             if compute is model:
-                return loss_and_grad(model, x, y, *weights)
+                return loss_and_grad(model, *batch)
             refresh(compute, model, dtype)  # bfloat16 passes on the float32 master's values
-            loss, grads = loss_and_grad(compute, x, y, *weights)
-            return loss.astype(mx.float32), to_float32(grads)
+            out, grads = loss_and_grad(compute, *batch)  # out: the loss (and the metrics)
+            return tree_map(lambda a: a.astype(mx.float32), out), to_float32(grads)
 
         # Sharded (sharded_optimizer.py): each rank receives, clips and updates its share only.
         sharded = isinstance(optimizer, ShardedOptimizer)
@@ -106,9 +112,9 @@ class DataParallelStep:
             optimizer.update(model, grads)
             return norm
 
-        def whole_step(x, y, *weights):  # the three in one graph, as mlx-lm compiles its step
-            loss, grads = grad_step(x, y, *weights)
-            return loss, update_step(reduce_step(grads))
+        def whole_step(*batch):  # the three in one graph, as mlx-lm compiles its step
+            out, grads = grad_step(*batch)
+            return out, update_step(reduce_step(grads))
 
         if self.compile:
             # value_and_grad writes the parameters back into the model, so the
@@ -127,43 +133,47 @@ class DataParallelStep:
         grad_step, reduce_step, update_step, whole_step = self.functions(model, optimizer)
         accum, rows = self.grad_accum, self.micro_batch
         start = time.perf_counter()
-        x_all, y_all, *w_all = batch  # w_all: rows data's weights
         if accum == 1 and not timed:
-            step_loss, norm = whole_step(mx.array(x_all), mx.array(y_all),
-                                         *(mx.array(w) for w in w_all))
-            mx.eval(model.parameters(), optimizer.state, step_loss, norm)
-            return StepResult(step_loss, norm)
-        step_loss, grads = mx.array(0.0), None
+            out, norm = whole_step(*(mx.array(a) for a in batch))
+            mx.eval(model.parameters(), optimizer.state, out, norm)
+            return self.result(out, norm)
+        step_out, grads = None, None  # the loss (and metrics), summed over micro-batches
         for m in range(accum):
             part = slice(m * rows, (m + 1) * rows)
-            loss, g = grad_step(mx.array(x_all[part]), mx.array(y_all[part]),
-                                *(mx.array(w[part]) for w in w_all))
+            out, g = grad_step(*(mx.array(a[part]) for a in batch))
             grads = g if grads is None else tree_map(mx.add, grads, g)
-            step_loss = step_loss + loss
+            step_out = out if step_out is None else tree_map(mx.add, step_out, out)
             if accum > 1:
-                mx.eval(grads, step_loss)  # bound memory to one micro-batch of activations
+                mx.eval(grads, step_out)  # bound memory to one micro-batch of activations
         if accum > 1:
             grads = tree_map(lambda g: g / accum, grads)
         if timed:
-            mx.eval(grads, step_loss)
+            mx.eval(grads, step_out)
             computed = time.perf_counter()
         grads = reduce_step(grads)
         if timed:
             mx.eval(grads)
             reduced = time.perf_counter()
         norm = update_step(grads)
-        step_loss = step_loss / accum
-        mx.eval(model.parameters(), optimizer.state, step_loss, norm)
+        step_out = tree_map(lambda a: a / accum, step_out)
+        mx.eval(model.parameters(), optimizer.state, step_out, norm)
         phases = {}
         if timed:
             phases = {"compute_s": round(computed - start, 6),
                       "comm_s": round(reduced - computed, 6),
                       "optimizer_s": round(time.perf_counter() - reduced, 6)}
-        return StepResult(step_loss, norm, phases)
+        return self.result(step_out, norm, phases)
+
+    def result(self, out, norm: mx.array, phases: dict | None = None) -> StepResult:
+        """The StepResult of a step whose objective gave `out`: the loss, or (the loss,
+        its metrics)."""
+        loss, metrics = out if self.with_metrics else (out, None)
+        return StepResult(loss, norm, phases or {}, metrics)
 
     def loss(self, model: nn.Module, batch: Batch) -> mx.array:
         """The mean loss of this rank's rows ``batch`` on ``model``, forwards only."""
-        return loss_fn(model, *(mx.array(a) for a in batch))
+        out = self.objective.loss(model, *(mx.array(a) for a in batch))
+        return out[0] if self.with_metrics else out
 
 
 # ---------------------------------------------------------------- the run's part
@@ -193,6 +203,7 @@ class DataParallel:
         self.cfg, self.group, self.backend, self.meta, self.log = cfg, group, backend, meta, log
         self.data_group = group  # every rank reads its share of each global batch
         self.lora = trains_adapters(cfg.fine_tune)
+        self.objective = make_objective(cfg, meta)  # refuses data of the other kind
         self.reduce_scatter = cfg.shard_optimizer and has_sum_scatter(backend, mx.__version__)
         self.layout: HostLayout | None = None
 
@@ -230,11 +241,13 @@ class DataParallel:
 
     def make_step(self, model: nn.Module, compute: nn.Module) -> DataParallelStep:
         cfg = self.cfg
+        self.objective.attach(compute, self.lora)  # its reference model, before compiling
         return DataParallelStep(
             self.group, global_batch=cfg.global_batch, grad_accum=cfg.grad_accum,
             grad_clip=cfg.grad_clip, compute=None if compute is model else compute,
             compute_dtype=dtype_of(cfg.dtype), comm_dtype=dtype_of(cfg.comm_dtype),
-            compile=cfg.compile, random_state=self.lora and cfg.lora_dropout > 0)
+            compile=cfg.compile, random_state=self.lora and cfg.lora_dropout > 0,
+            objective=self.objective)
 
     def counts(self, model: nn.Module) -> tuple[int, int]:
         """(the model's parameters, its trainable ones), a tied matrix counted once."""

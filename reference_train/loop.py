@@ -22,6 +22,8 @@ handed:
 - ``evaluate(model) -> float``: the validation loss, the same on every rank (a
   collective: every rank calls it at the same steps).
 - ``save(i)``: write a checkpoint of step i (collective).
+- ``objective`` (objectives.py): the names of the metrics a step reports besides
+  its loss, and how a logged record summarizes the interval's steps of them.
 - ``stop() -> bool``: whether the ranks agreed to stop now (collective; asked at
   logged steps only, where a resumed run's logged losses stay an uninterrupted
   run's); then the loop saves and raises stopping.Stopped.
@@ -63,6 +65,9 @@ It returns `StepResult`:
 - ``grad_norm``: the global gradient norm before clipping (over every
   parameter, whichever rank holds it), the same on every rank; 0 when
   --grad_clip is 0 (nothing measured it). The record logs rank 0's.
+- ``metrics``: None, or the objective's metrics (a vector, one value per name of
+  ``objective.metrics``), averaged over ranks like the loss: the loop gathers
+  each step's at a logged step and the record has ``objective.summarize`` of them.
 - ``phases``: {} when not timed; when timed the seconds of "compute_s",
   "comm_s" (gradient communication) and "optimizer_s" (the log line shows the
   three), and any other phase it measures (the record keeps them).
@@ -100,6 +105,7 @@ class StepResult:
     loss: mx.array
     grad_norm: mx.array
     phases: dict[str, float] = field(default_factory=dict)
+    metrics: mx.array | None = None  # the objective's, one a name (objectives.py); None: none
 
 
 class StepFunction(Protocol):
@@ -147,7 +153,7 @@ def gather_memory(group) -> tuple[list[float], list[float]]:
 def train_loop(model: nn.Module, optimizer, data: TrainData, step: StepFunction,
                callback: TrainingCallback, *, plan: LoopPlan, group,
                evaluate: Callable[[nn.Module], float], save: Callable[[int], None],
-               stop: Callable[[], bool]) -> dict:
+               stop: Callable[[], bool], objective=None) -> dict:
     """Steps plan.start+1 .. plan.last; the last logged record (see the module's docstring)."""
     size = group.size()
     callback.on_train_start(plan.start)
@@ -155,6 +161,7 @@ def train_loop(model: nn.Module, optimizer, data: TrainData, step: StepFunction,
     done = plan.start
     loss_sum, interval_steps, t0 = mx.array(0.0), 0, time.perf_counter()
     interval_tokens = 0  # trained targets: every position for text data
+    interval_metrics: list[mx.array] = []  # each step's, this rank's (objectives.py)
     while done < plan.last:
         interval_tokens += data.trained_tokens(done)
         logged = (done + 1) % plan.log_every == 0 or done + 1 == plan.last
@@ -162,6 +169,8 @@ def train_loop(model: nn.Module, optimizer, data: TrainData, step: StepFunction,
         done += 1
         callback.on_step(done)
         loss_sum = loss_sum + result.loss
+        if result.metrics is not None:
+            interval_metrics.append(result.metrics)
         interval_steps += 1
         if done % plan.log_every == 0 or done == plan.last:
             elapsed = time.perf_counter() - t0
@@ -174,10 +183,13 @@ def train_loop(model: nn.Module, optimizer, data: TrainData, step: StepFunction,
                       "peak_rss_mb": rss, "ranks": size}
             record["mfu"] = round(plan.flops_per_token * record["tokens_per_s"]
                                   / (plan.peak_flops * size), 6)
+            if interval_metrics:
+                record.update(summarize(objective, interval_metrics, group))
             record.update(result.phases)  # this step's: compute, gradient communication, optimizer
             record["dtype"] = plan.dtype
             callback.on_log(record)
             loss_sum, interval_steps, interval_tokens = mx.array(0.0), 0, 0
+            interval_metrics = []
         if plan.eval_every and (done % plan.eval_every == 0 or done == plan.last):
             val = evaluate(model)
             callback.on_eval(done, val)
@@ -194,6 +206,16 @@ def train_loop(model: nn.Module, optimizer, data: TrainData, step: StepFunction,
         if interval_steps == 0:
             t0 = time.perf_counter()  # time only training, not logging or evaluation
     return record
+
+
+def summarize(objective, per_step: list[mx.array], group) -> dict:
+    """The record's entries of the objective's metrics: each step's averaged over the
+    ranks (one all-sum of them all), then summarized over the interval's steps."""
+    steps = mx.stack(per_step)  # (steps, metrics)
+    if group.size() > 1:
+        steps = all_sum(steps, group)
+    steps = np.array(steps / group.size(), dtype=np.float64)
+    return objective.summarize(dict(zip(objective.metrics, steps.T, strict=True)))
 
 
 def validation(split, global_batch: int, group, batches: int,

@@ -40,6 +40,8 @@ import math
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import mlx.core as mx
@@ -56,6 +58,8 @@ LEAVES = ("lora_a", "lora_b", "m")  # an adapter's parameters (m: DoRA's magnitu
 
 class LoRALinear(nn.Module):
     """mlx-lm's LoRALinear: the same parameters (`linear`, `lora_a`, `lora_b`), the same output."""
+
+    off = False  # True: the base layer's output alone (adapters_off)
 
     @classmethod
     def from_base(cls, linear: nn.Module, r: int = 8, dropout: float = 0.0,
@@ -82,6 +86,8 @@ class LoRALinear(nn.Module):
 
     def __call__(self, x: mx.array) -> mx.array:
         y = self.linear(x)
+        if self.off:
+            return y
         z = (self.dropout(x) @ self.lora_a) @ self.lora_b
         return y + (self.scale * z).astype(x.dtype)
 
@@ -110,6 +116,8 @@ class DoRALinear(LoRALinear):
                              group_size=linear.group_size, bits=linear.bits, mode=linear.mode)
 
     def __call__(self, x: mx.array) -> mx.array:
+        if self.off:
+            return self.linear(x)
         w = self.base_weight()
         y = x @ w.T
         z = (self.dropout(x) @ self.lora_a) @ self.lora_b
@@ -166,6 +174,22 @@ def apply_saved(model: nn.Module, config: dict) -> nn.Module:
     p = config["lora_parameters"]
     return apply_lora(model, config["num_layers"], p["rank"], p["scale"], p["dropout"], p["keys"],
                       dora=config.get("fine_tune_type", "lora") == "dora")
+
+
+@contextmanager
+def adapters_off(model: nn.Module) -> Iterator[None]:
+    """Within it, `model`'s LoRA and DoRA layers give their base layer's output alone: the
+    frozen model they adapt, without a second copy of it (preference training's reference
+    model, objectives.py). Read when a function is traced, so a compiled step computes
+    both the adapted and the base model's passes."""
+    layers = [m for _, m in model.named_modules() if isinstance(m, LoRALinear)]
+    for layer in layers:
+        layer.off = True
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.off = False
 
 
 def trainable_count(model: nn.Module) -> int:

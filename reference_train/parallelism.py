@@ -33,6 +33,7 @@ class Parallelism(Protocol):
     data_group: object  # the ranks that share each global batch's rows
     lora: bool  # --fine_tune lora or dora: only the adapters train (and are saved)
     no_sample: str | None  # why rank 0 cannot sample the trained model, or None
+    objective: object  # what the step minimises (objectives.py), its metrics summarized by the loop
 
     def place(self, layout: HostLayout) -> HostLayout:
         """Given which ranks see the same --out: the layout of this rank's checkpoint

@@ -33,6 +33,7 @@ from .disk_room import said_when_full
 from .export import export_adapters, export_index, export_shard
 from .fine_tune import trains_adapters
 from .mirror import describe_mirrors, mirror_checkpoint, mirrored_stages
+from .objectives import make_objective
 from .pipeline import TIED, PipelineStep, SingleReplica, Stage, owned_parameters
 from .pipeline_outputs import STAGE_DIR, check_stage_state, other_layout, stage_dir, stage_state
 from .precision import compute_copy, dtype_of
@@ -163,6 +164,7 @@ class Pipeline:
         """Its refusals come before anything loads: a split the model's blocks cannot
         take, then a world that is no pipeline."""
         self.cfg, self.group, self.meta, self.log = cfg, group, meta, log
+        self.objective = make_objective(cfg, meta)  # sft: config.py refuses the others here
         self.plans = run_plans(cfg, meta)
         self.pipe = pipe = pipeline_groups(group, cfg.pipeline, backend)
         self.plan = self.plans[pipe.stage]

@@ -21,7 +21,9 @@ holding train.jsonl (and valid.jsonl, test.jsonl) or one .jsonl file (every
 --val-every-th row to validation), rows {"text"}, {"prompt", "completion"} or
 {"messages"} made into the token ids mlx-lm's dataset classes make
 (reference_train/chat.py), one sequence per row ("reference_train.rows/1");
---mask_prompt trains only the completion / last assistant turn. `--jsonl FILE...
+--mask_prompt trains only the completion / last assistant turn. Preference rows
+{"prompt", "chosen", "rejected"} (mlx-lm-lora's, "system" too) become two sequences
+each, chosen then rejected, their answers alone trained, for --objective dpo or orpo. `--jsonl FILE...
 --text-field FIELD` reads that field as documents, packed like text files.
 The output format is described in reference_train/data.py and docs/training-reference.md.
 A run without --data trains on the offline corpus, tokenized here on first use
@@ -35,7 +37,7 @@ import os
 import sys
 from pathlib import Path
 
-from .chat import ChatTemplate, read_rows, row_tokens
+from .chat import ChatTemplate, preference_tokens, read_rows, row_tokens
 from .corpus import offline_corpus
 from .data import (
     load_meta,
@@ -97,6 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mask_prompt", "--mask-prompt", action="store_true",
                    help="JSONL chat / prompt-completion rows: train only the completion "
                         "(the last assistant turn), as mlx-lm's --mask-prompt")
+    p.add_argument("--preference_for", "--preference-for", choices=("dpo", "orpo"), default="dpo",
+                   help="preference rows: render them as mlx-lm-lora's DPO (default) or ORPO "
+                        "data set does; they differ only for a chat template with thinking "
+                        "tokens, which ORPO renders with enable_thinking false")
     p.add_argument("--split", default="train", help="HF dataset split to read")
     p.add_argument("--max-docs", type=int, default=None, help="stop after this many documents (HF)")
     p.add_argument("--tokenizer", default="byte",
@@ -170,29 +176,43 @@ def prepare_rows(args, tokenizer) -> int:
     path = Path(args.jsonl[0])
     splits = jsonl_splits(path, args.val_every)
     formats = {r[3] for rows in splits.values() for r in rows}
+    preference = "preference" in formats
+    if preference and len(formats) > 1:
+        raise DataError(f"{path}: preference rows (chosen, rejected) and "
+                        f"{', '.join(sorted(formats - {'preference'}))} rows in one data set",
+                        "prepare preference pairs apart from supervised rows")
     template = None
     if formats - {"text"}:
         if not hasattr(tokenizer, "folder"):
             raise DataError(f"{', '.join(sorted(formats - {'text'}))} rows need the model's "
                             "chat template", "prepare with --tokenizer MODEL_DIR")
         template = ChatTemplate(tokenizer)
+        template.thinking = not (preference and args.preference_for == "orpo")
     out: dict[str, list] = {}
     for split, rows in splits.items():
         out[split] = []
         for file, lineno, row, fmt in rows:
             try:
-                out[split].append(row_tokens(row, fmt, tokenizer, template, args.mask_prompt))
+                if preference:  # two sequences a row: chosen, then rejected (data.PairSplit)
+                    out[split].extend(preference_tokens(row, template))
+                else:
+                    out[split].append(row_tokens(row, fmt, tokenizer, template, args.mask_prompt))
             except DataError as e:
                 raise DataError(f"{file}:{lineno}: {e.args[0]}", e.hint) from None
             except Exception as e:  # the template's own error (raise_exception, a bad field)
                 raise DataError(f"{file}:{lineno}: the chat template failed: "
                                 f"{type(e).__name__}: {e}") from None
     source = f"JSONL ({', '.join(sorted(formats))} rows): {path}"
-    meta = write_row_files(out, tokenizer, args.out, source, {"mask_prompt": args.mask_prompt})
-    counts = ", ".join(f"{s} {i['rows']} rows, {i['tokens']:,} tokens ({i['trained_tokens']:,} "
-                       f"trained, longest {i['max_length']})" for s, i in meta["splits"].items())
+    extra = {"mask_prompt": args.mask_prompt or preference, "preference": preference}
+    if preference:
+        extra["preference_for"] = args.preference_for
+    meta = write_row_files(out, tokenizer, args.out, source, extra)
+    unit = "pairs" if preference else "rows"
+    counts = ", ".join(f"{s} {i['rows'] // (1 + preference)} {unit}, {i['tokens']:,} tokens "
+                       f"({i['trained_tokens']:,} trained, longest {i['max_length']})"
+                       for s, i in meta["splits"].items())
     print(f"wrote {args.out}: {counts}, {meta['dtype']}, vocab {meta['vocab_size']}, from {source}"
-          f"{', prompts masked' if args.mask_prompt else ''}")
+          f"{', prompts masked' if args.mask_prompt or preference else ''}")
     for split, info in meta["splits"].items():
         if info["untrained_rows"]:
             print(f"warning: {info['untrained_rows']} {split} rows train no token (the prompt "

@@ -267,13 +267,14 @@ def check_trained_alike(saved: dict, where, args, cfg, adapters: bool) -> None:
     if not args_match(saved_args, args):
         raise DataError(f"{where} holds a different model: {saved_args}",
                         "resume with the same model settings")
-    tuning = ("fine_tune", *ADAPTER_FIELDS) if adapters else ("fine_tune",)
-    theirs = {k: saved.get("config", {}).get(k, "full" if k == "fine_tune" else None)
-              for k in tuning}
+    tuning = ("fine_tune", "objective", *(ADAPTER_FIELDS if adapters else ()))
+    before = {"fine_tune": "full", "objective": "sft"}  # a checkpoint from before the field
+    theirs = {k: saved.get("config", {}).get(k, before.get(k)) for k in tuning}
     ours = {k: getattr(cfg, k) for k in tuning}
     if theirs != ours:
         raise DataError(f"{where} was trained with {theirs}, this run asks for {ours}",
-                        "resume with the checkpoint's --fine_tune and --lora_* settings")
+                        "resume with the checkpoint's --fine_tune and --lora_* settings, and "
+                        "its --objective")
 
 
 def load_folder(path: Path, model, optimizer, trainable_only: bool, check) -> Loaded:

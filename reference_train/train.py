@@ -316,7 +316,8 @@ class Trainer:
         record = train_loop(self.model, self.optimizer, self.train_data, self.step_fn, callback,
                             plan=plan, group=self.group,
                             evaluate=self.evaluate(),
-                            save=self.save, stop=self.stop.agreed)
+                            save=self.save, stop=self.stop.agreed,
+                            objective=self.part.objective)
         self.step = last
         self.checkpoint()
         self.export()

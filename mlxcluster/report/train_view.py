@@ -7,6 +7,10 @@ one per evaluation, e.g.::
      "peak_mem_mb": [812.5, 810.1], "peak_rss_mb": [1500.2, 1490.0], "ranks": 2}
     {"step": 10, "val_loss": 3.95}
 
+A preference run (--objective dpo or orpo) adds to each logged step's record::
+
+    {"chosen_reward": 1.53, "rejected_reward": -0.70, "reward_margin": 2.24, "accuracy": 1.0}
+
 Kept by `mlxcluster train`, it also holds the run's events (``time`` in
 seconds since the epoch), shown in order::
 
@@ -50,6 +54,8 @@ class TrainView:
     events: list[tuple[str, str]] = field(default_factory=list)  # (time, what), launches on
     mfu: float | None = None  # median over the logged steps (reference_train/mfu.py)
     split_ms: dict[str, float] = field(default_factory=dict)  # median ms: compute, comm, optimizer
+    preference: dict[str, float] = field(default_factory=dict)  # the last logged rewards, margin...
+    preference_plot: object | None = None
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
@@ -123,6 +129,34 @@ def _memory_plot(mem_rows):
     return figure_svg(fig)
 
 
+PREFERENCE = ("chosen_reward", "rejected_reward", "reward_margin", "accuracy")
+
+
+def _preference_plot(rows):
+    """The rewards and their margin (left axis) and the accuracy (right) of a preference run."""
+    plt = pyplot()
+    from matplotlib.ticker import MaxNLocator
+    fig, ax = plt.subplots(figsize=(6.4, 3.2))
+    steps = [r["step"] for r in rows]
+    for key, label in (("chosen_reward", "chosen reward"), ("rejected_reward", "rejected reward"),
+                       ("reward_margin", "reward margin")):
+        ax.plot(steps, [r[key] for r in rows], label=label)
+    ax.set_title("preference: rewards, margin and accuracy")
+    ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("reward")
+    ax.grid(True, alpha=0.3)
+    right = ax.twinx()
+    right.plot(steps, [r["accuracy"] for r in rows], "k:", label="accuracy")
+    right.set_ylim(-0.05, 1.05)
+    right.set_ylabel("accuracy")
+    lines = ax.get_legend_handles_labels()
+    more = right.get_legend_handles_labels()
+    ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize="small")
+    fig.tight_layout()
+    return figure_svg(fig)
+
+
 def train_view(records: list[dict], name: str) -> TrainView:
     """Summary numbers and the three plots (loss and validation, tokens/s,
     memory per rank) of one run's metrics."""
@@ -159,6 +193,10 @@ def train_view(records: list[dict], name: str) -> TrainView:
         view.speed_plot = _speed_plot(speed)
     if mem_rows:
         view.memory_plot = _memory_plot(mem_rows)
+    preference = [r for r in records if all(k in r for k in PREFERENCE)]
+    if preference:
+        view.preference = {k: preference[-1][k] for k in PREFERENCE}
+        view.preference_plot = _preference_plot(preference)
     return view
 
 

@@ -1,0 +1,183 @@
+"""Preference training runs as supervised training does (issue 49): the same losses,
+rewards, margins and accuracies on 2 and 3 ranks and with accumulation as in one process; a
+resumed run the same as an uninterrupted one; `mlxcluster train --local 2 -- --objective
+dpo` through the launch path and its record; mlx-lm loads the adapters, and with them the
+chosen answers are more likely than the rejected ones on the training prompts; a mismatch of
+objective and data is refused before anything trains."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+
+from reference_train.tokenizer import FolderTokenizer
+from tests import waits
+
+from .conftest import require
+from .preference_support import CHOSEN, pairs, preference_folder, prepared
+from .train_support import MLX_LAUNCH, PYTHON, read_metrics, run_trainer, trainer_env
+
+KEYS = ("loss", "chosen_reward", "rejected_reward", "reward_margin", "accuracy")
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    return preference_folder(tmp_path_factory.mktemp("preference"))
+
+
+def common(folder: Path, data: Path, objective: str, steps: int = 6) -> list[str]:
+    return ["--init_from", str(folder), "--data", str(data), "--objective", objective,
+            "--fine_tune", "lora", "--lora_rank", "4", "--lora_layers", "-1",
+            "--block_size", "80", "--steps", str(steps), "--global_batch", "8",
+            "--log_every", "1", "--eval_every", "0", "--sample_tokens", "0", "--lr", "2e-3",
+            "--warmup_steps", "2"]
+
+
+def logged(out: Path) -> list[dict]:
+    return [{k: r[k] for k in ("step", *KEYS)} for r in read_metrics(out) if "loss" in r]
+
+
+@pytest.mark.parametrize("objective", ["dpo", "orpo"])
+def test_two_ranks_and_accumulation_give_one_process_numbers(folder, tmp_path, objective):
+    """16 pairs, 12 a step: 6 steps, each of another epoch's order; on 2 and 3 ranks and
+    with 2 micro-batches every logged number within 1e-5 of one process's (DPO's accuracy
+    from each step's global rewards, not per rank)."""
+    require(MLX_LAUNCH is not None, "mlx.launch is not installed beside the test python")
+    data = prepared(folder, tmp_path, objective)
+    runs = {}
+    for name, ranks, extra in (("one", 1, []), ("two", 2, []), ("three", 3, []),
+                               ("accum", 1, ["--grad_accum", "2"])):
+        out = tmp_path / name
+        proc = run_trainer([*common(folder, data, objective), "--global_batch", "12", "--out",
+                            str(out), *extra], ranks=ranks)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[name] = logged(out)
+    one = runs["one"]
+    assert [r["step"] for r in one] == list(range(1, 7))
+    for name in ("two", "three", "accum"):
+        for mine, theirs in zip(runs[name], one, strict=True):
+            for key in KEYS:
+                assert mine[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-5), \
+                    (name, mine["step"], key, mine[key], theirs[key])
+    assert one[-1]["loss"] < one[0]["loss"] and one[-1]["reward_margin"] > 0
+
+
+def test_resume_auto_is_exact(folder, tmp_path):
+    data = prepared(folder, tmp_path, "dpo")
+    args = common(folder, data, "dpo")
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    for out, extra in ((straight, []), (split, ["--stop_after", "3"]), (split, ["--resume", "auto"])):
+        proc = run_trainer([*args, "--out", str(out), *extra])
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "resumed from" in proc.stdout and "at step 3" in proc.stdout
+    assert logged(split) == logged(straight)  # every number, bit for bit
+    a = mx.load(str(straight / "adapters/adapters.safetensors"))
+    b = mx.load(str(split / "adapters/adapters.safetensors"))
+    assert sorted(a) == sorted(b)
+    for name in a:
+        assert np.array_equal(np.array(a[name]), np.array(b[name])), name
+    # another objective does not resume from these checkpoints
+    (tmp_path / "orpo").mkdir()
+    data_orpo = prepared(folder, tmp_path / "orpo", "orpo")
+    proc = run_trainer([*common(folder, data_orpo, "orpo"), "--out", str(split), "--resume",
+                        "auto", "--steps", "8"])
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "'objective': 'dpo'" in proc.stderr and "its --objective" in proc.stderr
+
+
+def answer_logps(model, tokenizer, row: dict) -> tuple[float, float]:
+    """log p(chosen answer | prompt), log p(rejected answer | prompt) under `model`, from
+    the ids the chat template gives (the answers' tokens only)."""
+    from mlx_lm_lora.trainer.datasets import DPODataset
+
+    item = DPODataset([row], tokenizer)[0]
+    out = []
+    for key in ("chosen", "rejected"):
+        ids = mx.array(item[key])[None]
+        logits = model(ids[:, :-1]).astype(mx.float32)
+        logps = -nn.losses.cross_entropy(logits, ids[:, 1:], reduction="none")[0]
+        out.append(logps[item[f"{key}_prompt_length"] - 1:].sum().item())
+    return out[0], out[1]
+
+
+def test_mlx_lm_loads_the_adapters_and_prefers_the_chosen_answers(folder, tmp_path):
+    from mlx_lm import load
+
+    data = prepared(folder, tmp_path, "dpo")
+    out = tmp_path / "run"
+    proc = run_trainer([*common(folder, data, "dpo", steps=40), "--out", str(out)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    adapters = out / "adapters"
+    base, tokenizer = load(str(folder))
+    tuned, _ = load(str(folder), adapter_path=str(adapters))
+    prefer_before, prefer_after = [], []
+    for row in pairs():
+        c0, r0 = answer_logps(base, tokenizer, row)
+        c1, r1 = answer_logps(tuned, tokenizer, row)
+        prefer_before.append(c0 > r0)
+        prefer_after.append(c1 > r1)
+        assert c1 - r1 > c0 - r0, row  # DPO widened every pair's preference
+    assert all(prefer_after), prefer_after
+    assert not all(prefer_before)  # the base model did not already prefer them all
+    # the real `mlx_lm generate --adapter-path` opens them: greedy, on a training prompt
+    # (its chat template applied), it answers with the chosen answer; the base does not
+    said = {}
+    for name, extra in (("tuned", ["--adapter-path", str(adapters)]), ("base", [])):
+        gen = waits.run([PYTHON, "-m", "mlx_lm", "generate", "--model", str(folder), *extra,
+                         "--prompt", pairs()[1]["prompt"], "--max-tokens", "12", "--temp", "0"],
+                        cwd=tmp_path, env=trainer_env())
+        assert gen.returncode == 0, gen.stderr[-3000:]
+        said[name] = gen.stdout.split("==========\n")[1].rsplit("\n", 1)[0]
+    assert said["tuned"].startswith(CHOSEN[:11]), said
+    assert not said["base"].startswith(CHOSEN[:11]), said
+
+
+def test_mlxcluster_train_runs_dpo_on_two_local_ranks(folder, tmp_path):
+    require(MLX_LAUNCH is not None, "mlx.launch is not installed beside the test python")
+    data = prepared(folder, tmp_path, "dpo")
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    out = tmp_path / "run"
+    page = tmp_path / "report.html"
+    proc = waits.run([sys.executable, "-m", "mlxcluster", "train", "--local", "2", "--html",
+                      str(page), "--",
+                      *common(folder, data, "dpo", steps=4), "--out", str(out)],
+                     env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "train finished on 2 rank(s)" in proc.stdout
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "loss" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4] and steps[0]["ranks"] == 2
+    assert all(set(KEYS) <= set(r) for r in steps)
+    assert steps[-1]["reward_margin"] > 0
+    assert (out / "adapters" / "adapters.safetensors").is_file()  # sent back with the record
+    html = page.read_text()  # the HTML report: the rewards, margin and accuracy, and their plot
+    assert "preference, the last logged step: chosen reward" in html
+    assert "preference: rewards, margin and accuracy" in html
+
+
+def test_objective_and_data_must_match(folder, tmp_path):
+    data = prepared(folder, tmp_path, "dpo")
+    proc = run_trainer([*common(folder, data, "sft"), "--out", str(tmp_path / "a")])
+    assert proc.returncode == 2
+    assert "holds preference pairs (prompt, chosen, rejected), which --objective sft" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    text = tmp_path / "text"
+    from reference_train.prepare import prepare_offline
+
+    prepare_offline(text, n_stories=50)
+    proc = run_trainer(["--config", "tiny", "--data", str(text), "--objective", "orpo",
+                        "--out", str(tmp_path / "b")])
+    assert proc.returncode == 2
+    assert "--objective orpo trains on preference pairs" in proc.stderr
+    proc = run_trainer([*common(folder, data, "dpo"), "--pipeline", "2", "--out",
+                        str(tmp_path / "c")])
+    assert proc.returncode == 2 and "--objective dpo with --pipeline 2" in proc.stderr
+    assert FolderTokenizer(folder).eos_id is not None
