@@ -381,7 +381,7 @@ def test_the_compiled_pipelines_losses_are_the_eager_ones(llama_data, tmp_path):
     loss and validation loss within 1e-6, the updates and the tied matrix's copy
     included."""
     flags = [*FULL, "--data", str(llama_data)]
-    pipelined(tmp_path / "compiled", flags, 2, "--micro_batches", "4")
+    pipelined(tmp_path / "compiled", flags, 2, "--micro_batches", "4", "--compile", "true")
     pipelined(tmp_path / "eager", flags, 2, "--micro_batches", "4", "--compile", "false")
     for losses in (train_losses, val_losses):
         compiled, eager = losses(tmp_path / "compiled"), losses(tmp_path / "eager")

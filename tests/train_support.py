@@ -95,7 +95,11 @@ def one_process(out, flags) -> dict[int, float]:
 
 
 def pipelined(out, flags, ranks, *extra):
-    proc = run_trainer(["--pipeline", str(ranks), *extra, *flags, "--out", str(out)],
+    # Eager unless the caller names --compile: the compiled pass is the eager one bit for bit
+    # (tests/test_pipeline.py proves it, pass by pass and over the trainer's whole run), and
+    # each parity case compiled would first build MLX kernels of its own (a cold cache).
+    eager = [] if "--compile" in (*extra, *flags) else ["--compile", "false"]
+    proc = run_trainer(["--pipeline", str(ranks), *extra, *flags, *eager, "--out", str(out)],
                        ranks=ranks)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
