@@ -153,12 +153,14 @@ class Case:
     micro_batches: int = 0
     schedule: str = "1f1b"
     compile: bool = True
+    split: str = ""  # --pipeline_split; "" the trainer's own (balanced by bytes)
 
     @property
     def name(self) -> str:
         if self.pipeline:
             return (f"pipeline {self.pipeline}, M={self.micro_batches}, {self.schedule}"
-                    + ("" if self.compile else ", eager"))
+                    + ("" if self.compile else ", eager")
+                    + (f", split {self.split}" if self.split else ""))
         if self.ranks == 1:
             return "1 process" + ("" if self.compile else ", eager")
         return f"data-parallel {self.ranks}"
@@ -169,7 +171,8 @@ class Case:
         if self.pipeline:
             return PIPELINE_MODULE, ["--pipeline", str(self.pipeline), "--micro_batches",
                                      str(self.micro_batches), "--pipeline_schedule",
-                                     self.schedule, *eager]
+                                     self.schedule, *eager,
+                                     *(["--pipeline_split", self.split] if self.split else [])]
         return DATA_PARALLEL_MODULE, eager
 
 
@@ -237,13 +240,15 @@ def launch(case: Case, model: list[str], out: Path, limit: int = 0,
 # ---------------------------------------------------------------- part 1: speed, memory, bubble
 
 
-def speed_cases(quick: bool, focus: bool = False) -> list[Case]:
+def speed_cases(quick: bool, focus: bool = False, split: str = "") -> list[Case]:
     """quick: a smoke run; focus: issue 49's goal only, `--pipeline 2` at M=8 compiled
-    and eager against data-parallel 2 (and one process, the ratios' base)."""
+    and eager against data-parallel 2 (and one process, the ratios' base); `split`:
+    focus's eager case replaced by the compiled one with that --pipeline_split."""
     if quick:
         return [Case(1), Case(2, 2, 2)]
     if focus:
-        return [Case(1), Case(2), Case(2, 2, 8), Case(2, 2, 8, compile=False)]
+        last = Case(2, 2, 8, split=split) if split else Case(2, 2, 8, compile=False)
+        return [Case(1), Case(2), Case(2, 2, 8), last]
     return [Case(1), Case(1, compile=False), Case(2), Case(4),
             Case(2, 2, 2), Case(2, 2, 8), Case(2, 2, 8, compile=False), Case(2, 2, 8, "gpipe"),
             Case(4, 4, 4), Case(4, 4, 8), Case(4, 4, 8, "gpipe")]
@@ -275,10 +280,10 @@ def mib(values, digits: int = 0) -> str:
 
 
 def part_speed(model: list[str], rounds: int, warmup: int, quick: bool, tmp: Path,
-               focus: bool = False) -> dict:
+               focus: bool = False, split: str = "") -> dict:
     from reference_train.stages import bubble_fraction
 
-    cases = speed_cases(quick, focus)
+    cases = speed_cases(quick, focus, split)
     runs: dict[Case, list[Outcome]] = {c: [] for c in cases}
     for n in range(rounds):
         for case in cases:
@@ -383,6 +388,11 @@ def part_limit(model: list[str], limit_mib: int, tmp: Path) -> dict:
 
 
 SPEED_MODEL = ["--config", "demo", "--block_size", "64", "--global_batch", "8"]
+# --size wide: a model whose micro-batches are work, not dispatch (8 blocks of width
+# 256, 128-token rows, 16 a step: M=8 is 2 rows a micro-batch), as a model that
+# needs a pipeline is; the demo model's M=8 micro-batch is one 64-token row.
+WIDE_MODEL = ["--config", "demo", "--dim", "256", "--n_layers", "8", "--n_heads", "4",
+              "--hidden_dim", "768", "--block_size", "128", "--global_batch", "16"]
 LIMIT_MODEL = ["--config", "demo", "--dim", "512", "--n_layers", "8", "--n_heads", "8",
                "--hidden_dim", "1536", "--block_size", "32", "--global_batch", "4"]
 QUICK_MODEL = ["--config", "tiny"]
@@ -407,6 +417,12 @@ def main() -> int:
     p.add_argument("--focus", action="store_true",
                    help="part 1 with issue 49's cases only: --pipeline 2 at M=8 compiled and "
                         "eager, data-parallel 2, one process")
+    p.add_argument("--size", choices=("demo", "wide"), default="demo",
+                   help="part 1's model: the demo model (dispatch-bound at M=8) or a wider "
+                        "one (WIDE_MODEL)")
+    p.add_argument("--split", default="",
+                   help="with --focus: the eager case replaced by --pipeline 2 M=8 with this "
+                        "--pipeline_split (e.g. 3,1)")
     p.add_argument("--json", help="write the figures here too")
     args = p.parse_args()
     if args.quick:
@@ -421,12 +437,13 @@ def main() -> int:
         tmp = Path(name)
         prepare_offline(tmp / "data")
         if args.part in ("speed", "both"):
-            base = QUICK_MODEL if args.quick else SPEED_MODEL
+            base = QUICK_MODEL if args.quick else (WIDE_MODEL if args.size == "wide"
+                                                   else SPEED_MODEL)
             model = model_flags(base, args.steps, tmp / "data")
             print(f"\n1. speed, memory and bubble: {' '.join(base)}, {args.steps} steps "
                   f"a run ({args.warmup} untimed), {args.rounds} alternating rounds", flush=True)
             result["speed"] = part_speed(model, args.rounds, args.warmup, args.quick, tmp,
-                                         args.focus)
+                                         args.focus, args.split)
         if args.part in ("limit", "both"):
             model = model_flags(LIMIT_MODEL, args.limit_steps, tmp / "data")
             print(f"\n2. a per-rank memory limit: {' '.join(LIMIT_MODEL)}, full fine-tuning, "
