@@ -27,9 +27,24 @@ from mlxcluster.fit.stages import fitting_split, judge_stages, more_stages
 from mlxcluster.jobs.events import Note
 from mlxcluster.jobs.job import Job, job_local
 from mlxcluster.jobs.restarts import Dropped
-from mlxcluster.launch.pipeline_launch import Pipeline, check_pipeline, check_stages
-from mlxcluster.launch.trainer import TrainerRun, missing_shards, parse_trainer_args, training_job
-from reference_train.stages import ModelBytes, folder_bytes, plan_stages
+from mlxcluster.launch.job_source import JobSource
+from mlxcluster.launch.pipeline_launch import (
+    Pipeline,
+    check_pipeline,
+    check_stages,
+    stage_files_left_out,
+)
+from mlxcluster.launch.session import LaunchFlags
+from mlxcluster.launch.trainer import (
+    TrainerRun,
+    missing_shards,
+    parse_trainer_args,
+    training_check,
+    training_job,
+    training_request,
+    with_stage_split,
+)
+from reference_train.stages import ModelBytes, folder_bytes, index_map, plan_stages
 from tests import memory_support as memory
 from tests.hf_support import LLAMA3_CONFIG, make_llama_folder
 from tests.train_launch_support import INVENTORY, nothing_may_start  # noqa: F401 (a fixture)
@@ -280,6 +295,59 @@ def test_the_check_hook_refuses_or_says_each_stage(four_blocks, hosts, llama_8b,
     notes.clear()
     check_stages(job, cfg, Pipeline(2), {"localhost": None}, notes.append)
     assert any("not judged" in n.text for n in notes)
+
+
+# ---- what each host is sent: only its stage's weight files ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def four_sharded(tmp_path_factory):
+    """The 4-block Llama saved one tensor a file, with mlx-lm's index."""
+    return make_llama_folder(tmp_path_factory.mktemp("pps") / "llama4", FOUR_BLOCKS, shard=True)
+
+
+def test_each_host_is_sent_only_its_stages_files_and_the_ranks_their_split(four_sharded, four_blocks):
+    """--pipeline over a sharded folder: the split planned here given to the ranks
+    (they hold only their stage's files), each host left without the files of the other
+    stages (a host of two ranks needs both), none left out with --elastic or one file."""
+    args = args_of("--init_from", str(four_sharded), "--fine_tune", "lora", "--pipeline", "2")
+    given = with_stage_split(args, elastic=False)
+    assert given.argv()[-2:] == ("--pipeline_split", "2,2") and given.pipeline.split == (2, 2)
+    assert with_stage_split(args, elastic=True) is args  # --elastic: whole folders, no split
+    assert with_stage_split(given.with_flags(pipeline_split="1,3"), elastic=False).pipeline.split \
+        == (1, 3)  # the user's split stays
+    whole = args_of("--init_from", str(four_blocks), "--pipeline", "2")
+    assert with_stage_split(whole, elastic=False) is whole  # one model.safetensors: nothing to leave
+    index = index_map(four_sharded)
+    left = stage_files_left_out(job_on("a", "b"), given.config, given.pipeline, str(four_sharded))
+    on_a = {f for n, f in index.items() if n.startswith(("model.embed_tokens.", "model.layers.0.",
+                                                         "model.layers.1."))}
+    assert set(index.values()) - left["a"] == on_a  # the embedding and blocks 0-1
+    assert left["a"] == set(index.values()) - on_a and not left["a"] & left["b"]
+    assert "model.norm.weight" in {n for n, f in index.items() if f not in left["b"]}
+    both = stage_files_left_out(job_on("a", "a"), given.config, given.pipeline, str(four_sharded))
+    assert both == {"a": frozenset()}
+    request = training_request(given, LaunchFlags(JobSource()), detached=False, send_folders=True)
+    assert request.model_files(job_on("a", "b"), str(four_sharded)) == left
+    assert training_request(given, LaunchFlags(JobSource()), detached=False, send_folders=True,
+                            elastic=True).model_files is None
+
+
+def test_elastic_says_why_every_host_gets_the_whole_folder(four_sharded, hosts, tmp_path, monkeypatch):
+    args = args_of("--init_from", str(four_sharded), "--fine_tune", "lora", "--pipeline", "2",
+                   "--out", str(tmp_path / "o"))
+    import mlxcluster.jobs.preflight as preflight
+    import mlxcluster.launch.trainer as trainer
+
+    monkeypatch.setattr(trainer, "check_not_running", lambda *a: None)
+    monkeypatch.setattr(preflight, "probe_facts", lambda job, env: {"a": hosts["box"], "b": hosts["box"]})
+    said: list = []
+    training_check(job_on("a", "b"), args, {}, said.append, whole_model=True)
+    assert any(n.text.startswith("model: plan: every host gets the whole --init_from folder") and
+               "--elastic" in n.text for n in said), said
+    said.clear()
+    training_check(job_on("a", "b"), args, {}, said.append)
+    assert not any("whole --init_from" in n.text for n in said)
 
 
 # ---- restarts and --elastic ------------------------------------------------------------------

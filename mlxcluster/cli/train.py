@@ -25,6 +25,7 @@ from mlxcluster.launch.trainer import (
     training_request,
     with_model_folder,
     with_restart_checkpoints,
+    with_stage_split,
 )
 from mlxcluster.report import Report
 from reference_train.config import field_types
@@ -83,12 +84,15 @@ def command(timeout, config, stall_timeout, max_restarts, no_sync_data, elastic,
                          "it needs --max-restarts N", "add --max-restarts 2 (or more)")
     refuse_detached_restarts(detach, max_restarts, then=RESUME_AFTER_DETACHED)
     args = with_restart_checkpoints(with_model_folder(parsed), max_restarts)
+    # --pipeline: each host is sent only its stage's weight files, the ranks told the split
+    args = with_stage_split(args, elastic=elastic)
     cfg = args.config
     check_out_here(cfg.out)  # the run's record is kept here, at --out (launch/record.py)
     check_html_path(html_path)
     env = dict(os.environ)
     view = EventView("train")
-    request = training_request(args, flags, detached=detach, send_folders=not no_sync_data)
+    request = training_request(args, flags, detached=detach, send_folders=not no_sync_data,
+                               elastic=elastic)
     prepared = click.get_current_context().with_resource(launch_session(request, env, view))
     view.mlx_version = prepared.mlx_version  # known errors name the release that fixes them
 

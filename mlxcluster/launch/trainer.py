@@ -48,6 +48,9 @@ from mlxcluster.launch.pipeline_launch import (
     model_sizes,
     pipeline_of,
     resplit,
+    split_files,
+    stage_files_left_out,
+    stage_split,
 )
 from mlxcluster.launch.record import RECORD_ENV, RunRecord
 from mlxcluster.launch.session import LaunchFlags, LaunchRequest
@@ -165,31 +168,56 @@ def training_job(job: Job, args: TrainerArgs) -> Job:
     return trainer_job(job, args)
 
 
-def training_check(job: Job, args: TrainerArgs, env: dict[str, str], on_event: OnEvent) -> None:
+def training_check(job: Job, args: TrainerArgs, env: dict[str, str], on_event: OnEvent,
+                   whole_model: bool = False) -> None:
     """`train`'s check in its launch session, before anything is sent: no run
     training into the same --out on the hosts (``check_not_running``); with
     --pipeline, each stage against its host's memory (``check_stages``, the
-    facts serve's split check asks for)."""
+    facts serve's split check asks for), and, ``whole_model`` (--elastic) with a
+    sharded --init_from, why every host is sent the whole folder."""
     check_not_running(job, args.config.out, env)
     pipeline = args.pipeline
     if pipeline.on:
         from mlxcluster.jobs.preflight import probe_facts  # a pipeline-only chore
 
         check_stages(job, args.config, pipeline, probe_facts(job, env), on_event)
+        if whole_model and split_files(args.config):
+            on_event(Note("model: plan: every host gets the whole --init_from folder, not only "
+                          "its stage's weight files (--elastic: a lost host's blocks may move "
+                          "to any host left)"))
 
 
 def training_request(args: TrainerArgs, flags: LaunchFlags, *, detached: bool,
-                     send_folders: bool) -> LaunchRequest:
+                     send_folders: bool, elastic: bool = False) -> LaunchRequest:
     """The launch session's request for `mlxcluster train`: the trainer on
     every rank, no run training into the same --out on the hosts
     (``check_not_running``), and unless not ``send_folders`` its --init_from
-    (a model) and --data folders on every host."""
-    cfg = args.config
+    (a model) and --data folders on every host: with --pipeline, each host
+    only the weight files of its stages (``stage_files_left_out``), unless
+    ``elastic``."""
+    cfg, pipeline = args.config, args.pipeline
+    only_stages = pipeline.on and not elastic and split_files(cfg)
     return LaunchRequest(
         flags, TRAIN_PREFIX, program=lambda job: training_job(job, args), detached=detached,
-        check=lambda job, env, on_event: training_check(job, args, env, on_event),
+        check=lambda job, env, on_event: training_check(job, args, env, on_event,
+                                                        whole_model=elastic and send_folders),
         models=(cfg.init_from,) if cfg.init_from and send_folders else (),
-        data=(cfg.data,) if cfg.data and send_folders else ())
+        data=(cfg.data,) if cfg.data and send_folders else (),
+        model_files=(lambda job, folder: stage_files_left_out(job, cfg, pipeline, folder))
+        if only_stages else None)
+
+
+def with_stage_split(args: TrainerArgs, *, elastic: bool) -> TrainerArgs:
+    """--pipeline over a sharded --init_from, not --elastic: the split planned
+    here from the whole folder given to the ranks (--pipeline_split), as each
+    host is sent only its stage's weight files (``training_request``) and a
+    rank cannot balance the stages from those (reference_train
+    pipeline_setup.run_plans). A split the user gave stays."""
+    cfg, pipeline = args.config, args.pipeline
+    if not pipeline.on or elastic or pipeline.split is not None or not split_files(cfg):
+        return args
+    split = stage_split(cfg, pipeline)
+    return args if split is None else args.with_flags(pipeline_split=",".join(map(str, split)))
 
 
 # With restarts on and no checkpoint_every, a checkpoint every steps/20 steps: a
