@@ -33,8 +33,9 @@ What each host is sent of a sharded --init_from folder (an index naming the
 file of each tensor): only the weight files its stage reads, with the
 config, tokenizer and index (``stage_files_left_out``; the ranks are given
 the split planned here, ``stage_split``, as they cannot balance it from the
-files they hold). With ``--elastic`` every host is sent the whole folder: a
-lost host's blocks may go to any host left.
+files they hold). With ``--elastic``, a re-split sends each host left the
+files of its new blocks before the relaunch (launch/trainer.py
+``TrainerRun.send_stage_files``).
 """
 
 from __future__ import annotations

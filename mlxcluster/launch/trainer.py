@@ -168,53 +168,45 @@ def training_job(job: Job, args: TrainerArgs) -> Job:
     return trainer_job(job, args)
 
 
-def training_check(job: Job, args: TrainerArgs, env: dict[str, str], on_event: OnEvent,
-                   whole_model: bool = False) -> None:
+def training_check(job: Job, args: TrainerArgs, env: dict[str, str], on_event: OnEvent) -> None:
     """`train`'s check in its launch session, before anything is sent: no run
     training into the same --out on the hosts (``check_not_running``); with
     --pipeline, each stage against its host's memory (``check_stages``, the
-    facts serve's split check asks for), and, ``whole_model`` (--elastic) with a
-    sharded --init_from, why every host is sent the whole folder."""
+    facts serve's split check asks for)."""
     check_not_running(job, args.config.out, env)
     pipeline = args.pipeline
     if pipeline.on:
         from mlxcluster.jobs.preflight import probe_facts  # a pipeline-only chore
 
         check_stages(job, args.config, pipeline, probe_facts(job, env), on_event)
-        if whole_model and split_files(args.config):
-            on_event(Note("model: plan: every host gets the whole --init_from folder, not only "
-                          "its stage's weight files (--elastic: a lost host's blocks may move "
-                          "to any host left)"))
 
 
 def training_request(args: TrainerArgs, flags: LaunchFlags, *, detached: bool,
-                     send_folders: bool, elastic: bool = False) -> LaunchRequest:
+                     send_folders: bool) -> LaunchRequest:
     """The launch session's request for `mlxcluster train`: the trainer on
     every rank, no run training into the same --out on the hosts
     (``check_not_running``), and unless not ``send_folders`` its --init_from
-    (a model) and --data folders on every host: with --pipeline, each host
-    only the weight files of its stages (``stage_files_left_out``), unless
-    ``elastic``."""
+    (a model) and --data folders on every host: with --pipeline over a
+    sharded model, each host only the weight files of its stages
+    (``stage_files_left_out``)."""
     cfg, pipeline = args.config, args.pipeline
-    only_stages = pipeline.on and not elastic and split_files(cfg)
     return LaunchRequest(
         flags, TRAIN_PREFIX, program=lambda job: training_job(job, args), detached=detached,
-        check=lambda job, env, on_event: training_check(job, args, env, on_event,
-                                                        whole_model=elastic and send_folders),
+        check=lambda job, env, on_event: training_check(job, args, env, on_event),
         models=(cfg.init_from,) if cfg.init_from and send_folders else (),
         data=(cfg.data,) if cfg.data and send_folders else (),
         model_files=(lambda job, folder: stage_files_left_out(job, cfg, pipeline, folder))
-        if only_stages else None)
+        if pipeline.on and split_files(cfg) else None)
 
 
-def with_stage_split(args: TrainerArgs, *, elastic: bool) -> TrainerArgs:
-    """--pipeline over a sharded --init_from, not --elastic: the split planned
-    here from the whole folder given to the ranks (--pipeline_split), as each
-    host is sent only its stage's weight files (``training_request``) and a
-    rank cannot balance the stages from those (reference_train
-    pipeline_setup.run_plans). A split the user gave stays."""
+def with_stage_split(args: TrainerArgs) -> TrainerArgs:
+    """--pipeline over a sharded --init_from: the split planned here from the
+    whole folder given to the ranks (--pipeline_split), as each host is sent
+    only its stage's weight files (``training_request``) and a rank cannot
+    balance the stages from those (reference_train pipeline_setup.run_plans).
+    A split the user gave stays."""
     cfg, pipeline = args.config, args.pipeline
-    if not pipeline.on or elastic or pipeline.split is not None or not split_files(cfg):
+    if not pipeline.on or pipeline.split is not None or not split_files(cfg):
         return args
     split = stage_split(cfg, pipeline)
     return args if split is None else args.with_flags(pipeline_split=",".join(map(str, split)))
@@ -343,10 +335,15 @@ class TrainerRun:
     restart or a lost host changes in the trainer's arguments."""
 
     def __init__(self, args: TrainerArgs, ranks: int, env: dict[str, str] | None = None,
-                 facts: Callable[[Job], dict[str, HostFacts | None]] | None = None):
+                 facts: Callable[[Job], dict[str, HostFacts | None]] | None = None,
+                 stage_files: OnEvent | None = None):
         self.args = args
         self.env = env  # how the hosts are reached, to bring their outputs here
         self.ranks = ranks
+        # each host holds only its stages' weight files (sent so, training_request):
+        # after a re-split, the hosts left are sent their new blocks' files, said here
+        self.stage_files = stage_files
+        self.resplit_files = False  # a re-split's files still to send (resume sends them)
         # the hosts' memory facts, asked again when a pipeline re-splits over fewer
         self.facts = facts or self._probe_facts
         self.record = RunRecord(args.config.out)
@@ -363,6 +360,7 @@ class TrainerRun:
         bound = self.record.resume_bound(cfg.log_every, cfg.eval_every)
         flags = {"resume": "auto"} if k == 1 else {}
         self.args = self.args.with_flags(**flags, resume_before=bound)
+        self.send_stage_files(job)
         return self.job(job), [f"resuming from the newest checkpoint every host has before step "
                                f"{bound} (the steps after it are not all in the record yet)"]
 
@@ -410,7 +408,21 @@ class TrainerRun:
                          + (f", --pipeline_split {flags['pipeline_split']}"
                             if "pipeline_split" in flags else " (balanced by bytes)"))
         notes += [f"pipeline: {line}" for line in done.lines]
+        self.resplit_files = self.stage_files is not None
         return self.job(job), notes
+
+    def send_stage_files(self, job: Job) -> None:
+        """After a re-split, before the launch on the hosts left: each is sent
+        the weight files of its new stages it lacks (launch/sync.py: a host's
+        copy checked, only what is missing sent, verified on arrival)."""
+        if not self.resplit_files or self.stage_files is None:
+            return
+        from mlxcluster.launch.sync import sync_model  # a re-split's chore
+
+        self.resplit_files = False
+        cfg = self.args.config
+        sync_model(job, cfg.init_from, self.env or {}, self.stage_files,
+                   left_out=stage_files_left_out(job, cfg, self.args.pipeline, cfg.init_from))
 
     def _probe_facts(self, job: Job) -> dict[str, HostFacts | None]:
         from mlxcluster.jobs.preflight import probe_facts  # a pipeline-only chore
@@ -520,13 +532,17 @@ TRAIN_WORDS = Words("train", asked_by="mlxcluster stop, or the lease of the mach
 
 def run_trainer(job: Job, args: TrainerArgs, restarts: Restarts, env: dict[str, str], *,
                 timeout: float | None, stall_timeout: float | str | None,
-                on_line, on_event: OnEvent, run_id: str | None = None) -> JobResult:
+                on_line, on_event: OnEvent, run_id: str | None = None,
+                stage_files: bool = False) -> JobResult:
     """Run the trainer on ``job``'s ranks until it ends well or the restarts
     are spent (launch/supervisor.py ``supervise``), with the record kept at
     --out here. ``on_line(stream, line)`` gets the job's lines (record lines
-    kept out), ``on_event`` every step."""
+    kept out), ``on_event`` every step. ``stage_files``: each host was sent
+    only its stages' weight files (the request's ``model_files``); a re-split
+    sends the hosts left their new stages' files before the relaunch."""
     run_id = run_id or new_run_id(TRAIN_PREFIX)
-    run = TrainerRun(args, len(job.hosts), env)
+    run = TrainerRun(args, len(job.hosts), env,
+                     stage_files=on_event if stage_files else None)
 
     def show(stream: str, line: str) -> None:
         shown = run.record.feed(line)

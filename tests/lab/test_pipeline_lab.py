@@ -239,14 +239,15 @@ ELASTIC_STEPS, LOST_AFTER = 24, 8
 
 
 def test_a_lost_hosts_stage_is_re_split_over_the_two_left_with_one_process_losses(lab3, tmp_path):
-    """LoRA with --pipeline 3 over the three hosts, each on its own disk; labhost2 (stage 2)
-    loses its link mid-run. train drops it, re-splits the 3 blocks over labhost1 and
-    labhost3 (--pipeline 2, each judged on its real memory facts again), and the trainer
+    """LoRA with --pipeline 3 over the three hosts, each on its own disk holding only its
+    stage's files of the sharded model; labhost2 (stage 2) loses its link mid-run. train
+    drops it, re-splits the 3 blocks over labhost1 and labhost3 (--pipeline 2, each
+    judged on its real memory facts again), sends each the files of its new blocks, and the trainer
     re-cuts the newest checkpoint every stage holds, stage 2's read from the copy on
     labhost3's disk (its neighbour's mirror). The run ends with one process's losses at
     every step and its adapters here; nothing of it is left on any host."""
     model, data, out, inventory, env = two_host_setup(lab3, tmp_path, "ppe", rows=96, hosts=3,
-                                                      blocks=3)
+                                                      blocks=3, shard=True)
     flags = [*trainer_flags(model, data), "--steps", str(ELASTIC_STEPS), "--checkpoint_every", "2"]
     victim = lab3.hosts[1]
     job = subprocess.Popen(
@@ -262,8 +263,25 @@ def test_a_lost_hosts_stage_is_re_split_over_the_two_left_with_one_process_losse
     text = stdout + stderr
     assert job.returncode == 0, text[-5000:]
     assert "Traceback" not in text
-    assert "dropped labhost2 (unreachable over ssh): going on with --pipeline 2 on labhost1, " \
-           "labhost3 (balanced by bytes)" in text, text[-4000:]
+    # the split planned here is given to the ranks (each host holds its stage's files only)
+    assert re.search(r"dropped labhost2 \(unreachable over ssh\): going on with --pipeline 2 on "
+                     r"labhost1, labhost3, --pipeline_split (1,2|2,1)\n", text), text[-4000:]
+    split = [int(n) for n in re.search(r"--pipeline 2 on labhost1, labhost3, --pipeline_split "
+                                       r"(\d),(\d)", text).groups()]
+    # each host was sent its stage's files only; after the re-split, before the relaunch,
+    # the hosts left were sent what their new blocks need (and only that: the rest stays out)
+    index = json.loads((model / "model.safetensors.index.json").read_text())["weight_map"]
+    dropped_at = text.index("dropped labhost2")
+    assert re.search(r"model: plan: labhost1 gets only what its stage loads \(--pipeline\)",
+                     text[dropped_at:]), text[dropped_at:dropped_at + 3000]
+    firsts = (("model.embed_tokens.", "model.layers.0."), ("model.layers.1.",),
+              ("model.layers.2.", "model.norm.", "lm_head."))
+    blocks = [range(0, split[0]), range(split[0], 3)]
+    lasts = [("model.embed_tokens.", *(f"model.layers.{b}." for b in blocks[0])),
+             (*(f"model.layers.{b}." for b in blocks[1]), "model.norm.", "lm_head.")]
+    for host, tensors in ((0, firsts[0] + lasts[0]), (1, firsts[1]), (2, firsts[2] + lasts[1])):
+        held = {q.name for q in on_host(lab3, host, model).glob("*.safetensors")}
+        assert held == {f for n, f in index.items() if n.startswith(tensors)}, (host, sorted(held))
     for i, name in ((0, "labhost1"), (1, "labhost3")):  # judged again on their real facts
         assert f"pipeline: stage {i + 1} of 2 on {name}: " in text and "(MemAvailable): fits" in text
     # the trainer re-cut the newest step every old stage held: stage 2's piece read from
