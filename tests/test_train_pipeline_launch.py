@@ -346,7 +346,7 @@ def test_a_re_split_sends_the_hosts_left_their_new_blocks_files(four_sharded, ho
                                     "--pipeline", "3", "--out", str(tmp_path / "o")))
     assert args.pipeline.split == (1, 2, 1)  # a: block 0, b: blocks 1-2, c: block 3
     run = TrainerRun(args, 3, facts=lambda job: {h.name: hosts["box"] for h in job.hosts},
-                     stage_files=print)
+                     on_stage_files=print)
     job, _ = run.drop(job_on("a", "b", "c"), [Dropped("b", "unreachable over ssh")])
     assert not sent  # sent with the relaunch, after the drop is said
     job, _ = run.resume(job, 1)

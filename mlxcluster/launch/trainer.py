@@ -336,13 +336,13 @@ class TrainerRun:
 
     def __init__(self, args: TrainerArgs, ranks: int, env: dict[str, str] | None = None,
                  facts: Callable[[Job], dict[str, HostFacts | None]] | None = None,
-                 stage_files: OnEvent | None = None):
+                 on_stage_files: OnEvent | None = None):
         self.args = args
         self.env = env  # how the hosts are reached, to bring their outputs here
         self.ranks = ranks
-        # each host holds only its stages' weight files (sent so, training_request):
-        # after a re-split, the hosts left are sent their new blocks' files, said here
-        self.stage_files = stage_files
+        # set when each host holds only its stages' weight files (training_request):
+        # after a re-split, the hosts left are sent their new blocks' files, said there
+        self.on_stage_files = on_stage_files
         self.resplit_files = False  # a re-split's files still to send (resume sends them)
         # the hosts' memory facts, asked again when a pipeline re-splits over fewer
         self.facts = facts or self._probe_facts
@@ -408,20 +408,20 @@ class TrainerRun:
                          + (f", --pipeline_split {flags['pipeline_split']}"
                             if "pipeline_split" in flags else " (balanced by bytes)"))
         notes += [f"pipeline: {line}" for line in done.lines]
-        self.resplit_files = self.stage_files is not None
+        self.resplit_files = self.on_stage_files is not None
         return self.job(job), notes
 
     def send_stage_files(self, job: Job) -> None:
         """After a re-split, before the launch on the hosts left: each is sent
         the weight files of its new stages it lacks (launch/sync.py: a host's
         copy checked, only what is missing sent, verified on arrival)."""
-        if not self.resplit_files or self.stage_files is None:
+        if not self.resplit_files or self.on_stage_files is None:
             return
         from mlxcluster.launch.sync import sync_model  # a re-split's chore
 
         self.resplit_files = False
         cfg = self.args.config
-        sync_model(job, cfg.init_from, self.env or {}, self.stage_files,
+        sync_model(job, cfg.init_from, self.env or {}, self.on_stage_files,
                    left_out=stage_files_left_out(job, cfg, self.args.pipeline, cfg.init_from))
 
     def _probe_facts(self, job: Job) -> dict[str, HostFacts | None]:
@@ -542,7 +542,7 @@ def run_trainer(job: Job, args: TrainerArgs, restarts: Restarts, env: dict[str, 
     sends the hosts left their new stages' files before the relaunch."""
     run_id = run_id or new_run_id(TRAIN_PREFIX)
     run = TrainerRun(args, len(job.hosts), env,
-                     stage_files=on_event if stage_files else None)
+                     on_stage_files=on_event if stage_files else None)
 
     def show(stream: str, line: str) -> None:
         shown = run.record.feed(line)
