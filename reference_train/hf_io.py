@@ -49,6 +49,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import mlx.core as mx
@@ -309,16 +310,31 @@ def config_from_args(args: ModelArgs, base: dict | None = None,
 # ---------------------------------------------------------------- weights in (--init_from)
 
 
-def weight_files(folder: Path) -> list[Path]:
-    """The safetensors files of a folder: those its index lists, else model*.safetensors."""
+def weight_files(folder: Path, wanted: Callable[[str], bool] | None = None) -> list[Path]:
+    """The safetensors files of a folder: those its index lists, else model*.safetensors.
+    `wanted` (a predicate on the tensors' names, a pipeline stage's: stages.stage_tensor):
+    only the index's files holding a tensor it wants; the others may be absent (a pipeline
+    host's copy holds its stage's files only), one it needs may not."""
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
-        except (OSError, ValueError, KeyError) as e:
+            names = {str(f): [] for f in weight_map.values()}
+            for name, f in weight_map.items():
+                names[str(f)].append(str(name))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise DataError(f"{index} cannot be read: {e}") from None
-        files = [folder / f for f in sorted(set(weight_map.values()))]
+        if wanted is not None:
+            names = {f: held for f, held in names.items() if any(map(wanted, held))}
+        files = [folder / f for f in sorted(names)]
         absent = [f.name for f in files if not f.is_file()]
+        if absent and wanted is not None:
+            held = [n for f in absent for n in names[f] if wanted(n)]
+            raise DataError(f"{index} puts tensors this stage holds ({', '.join(held[:3])}"
+                            + (f" and {len(held) - 3} more" if len(held) > 3 else "")
+                            + f") in {', '.join(absent)}, not in {folder}",
+                            "copy the folder whole to this host, or let `mlxcluster train` send "
+                            "each host its stage's files")
         if absent:
             raise DataError(f"{index} lists {', '.join(absent)}, not in {folder}",
                             "download every shard of the checkpoint")
@@ -331,14 +347,29 @@ def weight_files(folder: Path) -> list[Path]:
     return files
 
 
-def load_folder(folder: str | Path) -> tuple[ModelArgs, dict[str, mx.array], dict]:
+def indexed_names(folder: Path) -> set[str] | None:
+    """Every weight's name in the folder's index, ours (None without an index)."""
+    index = folder / "model.safetensors.index.json"
+    if not index.is_file():
+        return None
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return {ours for name in weight_map if (ours := ours_from_hf(str(name))) is not None}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise DataError(f"{index} cannot be read: {e}") from None
+
+
+def load_folder(folder: str | Path, wanted: Callable[[str], bool] | None = None
+                ) -> tuple[ModelArgs, dict[str, mx.array], dict]:
     """(model args, weights under our names, config.json) of a model folder. The weights
     are float32; in a quantized folder, the quantized layers' packed weights stay as
-    they are (uint32) beside their float32 `.scales` and `.biases`."""
+    they are (uint32) beside their float32 `.scales` and `.biases`. `wanted`
+    (weight_files): only the files holding a tensor it wants are opened, the weights
+    then those files' (whether the head is tied then read from the index's names)."""
     folder = Path(folder)
     config = read_config(folder)
     weights: dict[str, mx.array] = {}
-    for f in weight_files(folder):
+    for f in weight_files(folder, wanted):
         try:
             loaded = mx.load(str(f))
         except (OSError, RuntimeError, ValueError) as e:
@@ -346,7 +377,8 @@ def load_folder(folder: str | Path) -> tuple[ModelArgs, dict[str, mx.array], dic
         for name, w in loaded.items():
             if (held := as_held(f, name, w, config)) is not None:
                 weights[held[0]] = held[1]
-    args = args_from_config(config, tied="output.weight" not in weights)
+    every = (indexed_names(folder) if wanted is not None else None) or set(weights)
+    args = args_from_config(config, tied="output.weight" not in every)
     if args.tie_embeddings:
         weights.pop("output.weight", None)  # as mlx-lm does with a tied lm_head
     return args, weights, config
@@ -397,13 +429,19 @@ def load_into(model, weights: dict[str, mx.array], source: str | Path) -> None:
     model.load_weights(list(weights.items()), strict=True)
 
 
-def quantize_like(model: nn.Module, config: dict, weights: dict[str, mx.array]) -> None:
+def quantize_like(model: nn.Module, config: dict, weights: dict[str, mx.array],
+                  names: set[str] | None = None) -> None:
     """Turn `model`'s Linear / Embedding layers into quantized ones where the folder's
     are, as mlx_lm.utils.load_model does: a per-layer setting of config.json's
     `quantization` (False, or {"bits", "group_size", "mode"}) decides for its layer;
     otherwise a layer whose `.scales` the folder holds is quantized, with the bits,
-    group size and mode its packed weight and scales imply."""
+    group size and mode its packed weight and scales imply. `names`: every weight's
+    name in the folder (indexed_names), when `weights` holds one pipeline stage's
+    only: another stage's layer with `.scales` is quantized as config.json says (its
+    arrays are not here to say more; it is never evaluated, but quantizing it keeps
+    mlx's random draws one process's: each quantized layer draws a weight first)."""
     quant = quantization_of(config) or {}
+    names = set(weights) if names is None else names | set(weights)
 
     def predicate(path: str, module: nn.Module):
         if not hasattr(module, "to_quantized"):  # norms, RoPE
@@ -411,8 +449,11 @@ def quantize_like(model: nn.Module, config: dict, weights: dict[str, mx.array]) 
         theirs = hf_from_ours(path + ".weight")[:-len(".weight")]
         if theirs in quant:
             return quant[theirs]
-        if f"{path}.scales" not in weights:
+        if f"{path}.scales" not in names:
             return False
+        if f"{path}.scales" not in weights:  # another stage's layer
+            return {"group_size": quant.get("group_size"), "bits": quant.get("bits"),
+                    "mode": quant.get("mode", "affine")}
         return _packed_as(path, module, weights)
 
     nn.quantize(model, group_size=quant.get("group_size"), bits=quant.get("bits"),

@@ -30,6 +30,7 @@ from .checkpoint import load_arrays
 from .collectives import all_sum, gather_json, gather_tensors, refuse_together
 from .config import TrainConfig, model_args
 from .disk_room import said_when_full
+from .errors import DataError
 from .export import export_adapters, export_index, export_shard
 from .fine_tune import trains_adapters
 from .mirror import describe_mirrors, mirror_checkpoint, mirrored_stages
@@ -51,6 +52,7 @@ from .resume import HostLayout, Loaded, agree_on_checkpoint, load_folder, say_no
 from .stage_load import held_bytes, load_stage, model_bytes, new_stage, shaped_stage
 from .stages import (
     StagePlan,
+    absent_files,
     bubble_fraction,
     check_micro_batches,
     check_world,
@@ -94,7 +96,16 @@ def run_plans(cfg: TrainConfig, meta: dict) -> list[StagePlan]:
     seeding: the skeleton's shapes only). A DataError for a split that cannot be."""
     split = parse_split(cfg.pipeline_split) if cfg.pipeline_split else None
     if cfg.init_from:
-        return plan_stages(folder_bytes(cfg.init_from), cfg.pipeline, split)
+        absent = absent_files(cfg.init_from)
+        if absent and split is None:  # a host's copy of its stage's files: no bytes to balance
+            raise DataError(f"{cfg.init_from} lacks {', '.join(absent)} (its index lists "
+                            "them): the stages are balanced by every file's bytes",
+                            "give --pipeline_split (mlxcluster train gives the split it "
+                            "planned from the whole folder), or copy the folder whole")
+        # with a split given, a file absent counts 0 bytes: only this stage's own bytes
+        # are said (announce), and load_stage refuses a file of its own that is absent
+        return plan_stages(folder_bytes(cfg.init_from, partial=split is not None),
+                           cfg.pipeline, split)
     return plan_stages(model_bytes(model_args(cfg, meta["vocab_size"])), cfg.pipeline, split)
 
 

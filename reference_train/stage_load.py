@@ -29,6 +29,7 @@ from .errors import DataError
 from .hf_io import (
     check_data_fits,
     check_fine_tune,
+    indexed_names,
     load_folder,
     load_into,
     quantization_of,
@@ -37,7 +38,7 @@ from .hf_io import (
 )
 from .model import Llama, ModelArgs
 from .pipeline import Stage
-from .stages import ModelBytes, StagePlan
+from .stages import ModelBytes, StagePlan, stage_tensor
 
 
 def model_bytes(args: ModelArgs) -> ModelBytes:
@@ -107,9 +108,11 @@ def load_stage(folder: str | Path, plan: StagePlan, fine_tune: str = "full",
 
     The folder's files are opened lazily (hf_io.load_folder: mx.load reads a file's
     header, and a tensor's bytes only when it is evaluated): the other stages'
-    tensors are never read, their arrays never evaluated."""
+    tensors are never read, their arrays never evaluated. Only the files holding the
+    stage's tensors are opened (stages.stage_tensor, by the index): a pipeline host's
+    copy of the folder holds no others (mlxcluster train sends it no more)."""
     check_fine_tune(folder, read_config(folder), fine_tune)
-    args, lazy, config = load_folder(folder)
+    args, lazy, config = load_folder(folder, lambda name: stage_tensor(name, plan))
     if meta is not None:
         check_data_fits(meta, data_dir, args, Path(folder))
     if plan.blocks.stop > args.n_layers:
@@ -120,7 +123,8 @@ def load_stage(folder: str | Path, plan: StagePlan, fine_tune: str = "full",
     quantized = quantization_of(config) is not None
     stage = shaped_stage(
         args, plan,
-        quantize=(lambda skeleton: quantize_like(skeleton, config, lazy)) if quantized else None,
+        quantize=(lambda skeleton: quantize_like(skeleton, config, lazy, indexed_names(Path(folder))))
+        if quantized else None,
         fill=lambda stage: load_into(stage, {k: v for k, v in lazy.items() if holds(k)}, folder),
         adapt=adapt)
     mx.eval(stage.parameters())

@@ -35,6 +35,7 @@ _FLOATS = ("F16", "BF16", "F32", "F64")
 _BLOCK = re.compile(r"model\.layers\.(\d+)\.")
 _EMBEDDING = "model.embed_tokens."
 _HEAD = ("model.norm.", "lm_head.")
+INDEX = "model.safetensors.index.json"
 # Backends whose groups split (Group.split), so that a world of N x R ranks could
 # hold R pipelines of N stages (docs/training-pipeline.md, "Pipelines x replicas").
 SPLITTABLE_BACKENDS = ("mpi", "nccl")
@@ -260,19 +261,30 @@ def safetensors_header(path: Path) -> dict:
     return header
 
 
-def tensor_files(folder: str | Path) -> dict[str, Path]:
+def index_map(folder: str | Path) -> dict[str, str] | None:
+    """model.safetensors.index.json's weight map (tensor name -> file name), or None
+    for a folder without an index (its model*.safetensors then hold every tensor)."""
+    index = Path(folder) / INDEX
+    if not index.is_file():
+        return None
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return {str(name): str(f) for name, f in weight_map.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise DataError(f"{index} cannot be read: {e}") from None
+
+
+def tensor_files(folder: str | Path, partial: bool = False) -> dict[str, Path]:
     """Every tensor's name -> the file holding it: from model.safetensors.index.json,
-    else from the headers of model*.safetensors."""
+    else from the headers of model*.safetensors. A file the index lists but the folder
+    lacks is a DataError, unless `partial` (a pipeline host's copy holds only the files
+    of its stage's tensors: mlxcluster train sends it no more)."""
     folder = Path(folder)
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise DataError(f"{index} cannot be read: {e}") from None
+    weight_map = index_map(folder)
+    if weight_map is not None:
         absent = sorted({f for f in weight_map.values() if not (folder / f).is_file()})
-        if absent:
-            raise DataError(f"{index} lists {', '.join(absent)}, not in {folder}",
+        if absent and not partial:
+            raise DataError(f"{folder / INDEX} lists {', '.join(absent)}, not in {folder}",
                             "download every shard of the checkpoint")
         return {name: folder / f for name, f in weight_map.items()}
     files = sorted(folder.glob("model*.safetensors"))
@@ -291,13 +303,18 @@ def held_bytes(spec: dict) -> int:
     return count * (4 if dtype in _FLOATS else _ITEMSIZE.get(dtype, 4))
 
 
-def folder_bytes(folder: str | Path) -> ModelBytes:
-    """The bytes of a model folder's embedding, each block and head, from the headers."""
+def folder_bytes(folder: str | Path, partial: bool = False) -> ModelBytes:
+    """The bytes of a model folder's embedding, each block and head, from the headers.
+    `partial`: the folder may lack files its index lists (a pipeline host's copy,
+    tensor_files); their tensors then count 0 bytes, so plan such a folder's stages
+    with the split given (--pipeline_split: mlxcluster train passes the one it
+    planned from the whole folder), never balanced from these bytes."""
     folder = Path(folder)
-    files = tensor_files(folder)
+    files = tensor_files(folder, partial)
     specs: dict[str, dict] = {}
     for f in sorted(set(files.values())):
-        specs.update(safetensors_header(f))
+        if f.is_file() or not partial:
+            specs.update(safetensors_header(f))
     embedding, head, blocks = 0, 0, {}
     for name in files:
         size = held_bytes(specs[name]) if name in specs else 0
@@ -315,3 +332,32 @@ def folder_bytes(folder: str | Path) -> ModelBytes:
     if tied:  # a tied folder's lm_head, when present, is dropped on loading (hf_io.load_folder)
         head -= sum(held_bytes(specs[n]) for n in files if n.startswith("lm_head.") and n in specs)
     return ModelBytes(embedding, tuple(blocks.get(i, 0) for i in range(len(blocks))), head, tied)
+
+
+def absent_files(folder: str | Path) -> list[str]:
+    """The files the folder's index lists that the folder lacks (none without an index)."""
+    weight_map = index_map(folder) or {}
+    return sorted({f for f in weight_map.values() if not (Path(folder) / f).is_file()})
+
+
+# ---------------------------------------------------------------- a stage's files
+
+
+def stage_tensor(name: str, plan: StagePlan) -> bool:
+    """Whether the stage of `plan` reads tensor `name` (a Hugging Face name) from the
+    folder: a block's tensors its blocks' own, the embedding the first stage's (and
+    the last's, tied), the final norm and head the last's; a tensor of no part (none
+    in a folder we load) every stage's, so that each rank reads it and says so."""
+    if m := _BLOCK.match(name):
+        return int(m.group(1)) in plan.blocks
+    if name.startswith(_EMBEDDING):
+        return plan.embedding
+    if name.startswith(_HEAD):
+        return plan.head
+    return True
+
+
+def stage_files(weight_map: dict[str, str], plan: StagePlan) -> frozenset[str]:
+    """The files of an index's `weight_map` (tensor -> file) holding a tensor the
+    stage of `plan` reads: all a host running that stage needs of the weights."""
+    return frozenset(f for name, f in weight_map.items() if stage_tensor(name, plan))

@@ -141,11 +141,12 @@ def test_a_data_parallel_resume_of_a_pipeline_is_refused_naming_it(tmp_path):
 
 @pytest.fixture(scope="module")
 def deep(tmp_path_factory):
-    """A 4-block Llama saved one tensor a file (an index of shards), and its 4-bit twin."""
+    """A 4-block Llama saved one tensor a file (an index of shards), and its 4-bit twin
+    (saved so too)."""
     config = {**LLAMA3_CONFIG, "num_hidden_layers": 4}
     base = tmp_path_factory.mktemp("deep")
     return (make_llama_folder(base / "f32", config, shard=True),
-            make_llama_folder(base / "q4", config, quantize=True))
+            make_llama_folder(base / "q4", config, quantize=True, shard=True))
 
 
 def adapters(model):
@@ -186,6 +187,91 @@ def test_each_stage_holds_one_process_weights_and_only_its_own(deep, which):
     assert seen == set(expected)
     if which == "full":  # the plan counts every byte once (untied)
         assert sum(p.bytes for p in plans) == sum(v.nbytes for v in expected.values())
+
+
+def stage_copy(folder: Path, plan, to: Path) -> Path:
+    """What mlxcluster train sends a pipeline host of `plan`'s stage: every file of
+    `folder` but the weight files holding none of the stage's tensors."""
+    to.mkdir(parents=True)
+    needed = stages.stage_files(stages.index_map(folder), plan)
+    for f in folder.iterdir():
+        if not f.name.endswith(".safetensors") or f.name in needed:
+            (to / f.name).write_bytes(f.read_bytes())
+    return to
+
+
+def test_each_stage_needs_only_the_files_of_its_tensors(deep):
+    """By the index: a stage's blocks' files, the embedding's for the first stage, the
+    final norm's and head's for the last (untied); nothing of the other stages."""
+    folder = deep[0]
+    index = stages.index_map(folder)
+    plans = stages.plan_stages(stages.folder_bytes(folder), 2, [1, 3])
+    first, last = (stages.stage_files(index, plan) for plan in plans)
+    assert first == {f for n, f in index.items()
+                     if n.startswith(("model.embed_tokens.", "model.layers.0."))}
+    assert last == {f for n, f in index.items()
+                    if n.startswith(("model.norm.", "lm_head.", "model.layers.1.",
+                                     "model.layers.2.", "model.layers.3."))}
+    assert first | last == set(index.values()) and not first & last
+    tied = stages.StagePlan(1, 2, range(1, 4), embedding=True, head=True, bytes=0)
+    assert "model.embed_tokens.weight" in {n for n, f in index.items()
+                                           if f in stages.stage_files(index, tied)}
+    assert stages.index_map(deep[0].parent / "nowhere") is None  # no index: every file
+
+
+@pytest.mark.parametrize("which", ["full", "qlora"])
+def test_a_stage_loads_from_a_copy_holding_only_its_files(deep, which, tmp_path):
+    """Each stage built from a folder holding only its files (the others absent, as on
+    a pipeline host) holds what it holds from the whole folder: one process's weights
+    and adapters (QLoRA's skeleton quantized alike, another stage's layers by the
+    index's names); a whole-model load of that copy is still refused, and so is a
+    stage whose own file is absent, naming the file, the tensors and the fix."""
+    folder = deep[0] if which == "full" else deep[1]
+    fine_tune, adapt = ("full", None) if which == "full" else ("lora", adapters)
+    split = [1, 3]
+    plans = stages.plan_stages(stages.folder_bytes(folder), 2, split)
+    mx.random.seed(3)
+    whole = model_from_weights(*load_folder(folder)[:2], load_folder(folder)[2], folder)
+    if adapt:
+        adapt(whole)
+    expected = dict(tree_flatten(whole.parameters()))
+    for plan in plans:
+        part = stage_copy(folder, plan, tmp_path / f"stage{plan.index}")
+        assert len(list(part.glob("*.safetensors"))) < len(set(stages.index_map(folder).values()))
+        # the ranks plan from the copy with the split given: the same blocks, its own bytes
+        partial = stages.plan_stages(stages.folder_bytes(part, partial=True), 2, split)
+        assert [p.blocks for p in partial] == [p.blocks for p in plans]
+        assert partial[plan.index].bytes == plan.bytes
+        mx.random.seed(3)
+        held = dict(tree_flatten(load_stage(part, plan, fine_tune, adapt).parameters()))
+        assert held and set(held) <= set(expected)
+        assert any(n.startswith("layers.3.") for n in held) == (plan.index == 1)
+        for name, value in held.items():
+            assert mx.array_equal(value, expected[name]).item(), name
+        with pytest.raises(DataError, match="model.safetensors.index.json lists .*, not in "):
+            load_folder(part)  # one process needs every file: strict as before
+        with pytest.raises(DataError, match="not in "):
+            stages.folder_bytes(part)  # balancing needs every file's header
+    part = tmp_path / "stage0"
+    own = sorted(stages.stage_files(stages.index_map(folder), plans[0]))[0]
+    (part / own).unlink()
+    with pytest.raises(DataError) as refused:
+        load_stage(part, plans[0], fine_tune, adapt)
+    said = str(refused.value)
+    assert "puts tensors this stage holds (" in said and f") in {own}, not in {part}" in said
+    assert "let `mlxcluster train` send each host its stage's files" in refused.value.hint
+
+
+def test_a_rank_with_a_partial_copy_and_no_split_is_refused(deep, llama_data, tmp_path, capsys):
+    """Without --pipeline_split the stages are balanced by every file's bytes: a copy
+    lacking some is exit 2 naming the files and the fix, before anything trains."""
+    plan = stages.plan_stages(stages.folder_bytes(deep[0]), 2, [1, 3])[0]
+    part = stage_copy(deep[0], plan, tmp_path / "part")
+    code = train_main([*TINY, "--init_from", str(part), "--data", str(llama_data), *LORA,
+                       "--pipeline", "2", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and "lacks model-" in err and "give --pipeline_split" in err, err
+    assert "Traceback" not in err and not (tmp_path / "out").exists()
 
 
 # ---------------------------------------------------------------- real ranks

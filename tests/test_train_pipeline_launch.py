@@ -27,9 +27,23 @@ from mlxcluster.fit.stages import fitting_split, judge_stages, more_stages
 from mlxcluster.jobs.events import Note
 from mlxcluster.jobs.job import Job, job_local
 from mlxcluster.jobs.restarts import Dropped
-from mlxcluster.launch.pipeline_launch import Pipeline, check_pipeline, check_stages
-from mlxcluster.launch.trainer import TrainerRun, missing_shards, parse_trainer_args, training_job
-from reference_train.stages import ModelBytes, folder_bytes, plan_stages
+from mlxcluster.launch.job_source import JobSource
+from mlxcluster.launch.pipeline_launch import (
+    Pipeline,
+    check_pipeline,
+    check_stages,
+    stage_files_left_out,
+)
+from mlxcluster.launch.session import LaunchFlags
+from mlxcluster.launch.trainer import (
+    TrainerRun,
+    missing_shards,
+    parse_trainer_args,
+    training_job,
+    training_request,
+    with_stage_split,
+)
+from reference_train.stages import ModelBytes, folder_bytes, index_map, plan_stages
 from tests import memory_support as memory
 from tests.hf_support import LLAMA3_CONFIG, make_llama_folder
 from tests.train_launch_support import INVENTORY, nothing_may_start  # noqa: F401 (a fixture)
@@ -280,6 +294,75 @@ def test_the_check_hook_refuses_or_says_each_stage(four_blocks, hosts, llama_8b,
     notes.clear()
     check_stages(job, cfg, Pipeline(2), {"localhost": None}, notes.append)
     assert any("not judged" in n.text for n in notes)
+
+
+# ---- what each host is sent: only its stage's weight files ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def four_sharded(tmp_path_factory):
+    """The 4-block Llama saved one tensor a file, with mlx-lm's index."""
+    return make_llama_folder(tmp_path_factory.mktemp("pps") / "llama4", FOUR_BLOCKS, shard=True)
+
+
+def test_each_host_is_sent_only_its_stages_files_and_the_ranks_their_split(four_sharded, four_blocks):
+    """--pipeline over a sharded folder: the split planned here given to the ranks
+    (they hold only their stage's files), each host left without the files of the other
+    stages (a host of two ranks needs both); a folder of one file: nothing left out."""
+    args = args_of("--init_from", str(four_sharded), "--fine_tune", "lora", "--pipeline", "2")
+    given = with_stage_split(args)
+    assert given.argv()[-2:] == ("--pipeline_split", "2,2") and given.pipeline.split == (2, 2)
+    assert with_stage_split(given.with_flags(pipeline_split="1,3")).pipeline.split \
+        == (1, 3)  # the user's split stays
+    whole = args_of("--init_from", str(four_blocks), "--pipeline", "2")
+    assert with_stage_split(whole) is whole  # one model.safetensors: nothing to leave out
+    assert with_stage_split(args_of("--init_from", str(four_sharded))).pipeline.split is None
+    index = index_map(four_sharded)
+    left = stage_files_left_out(job_on("a", "b"), given.config, given.pipeline, str(four_sharded))
+    on_a = {f for n, f in index.items() if n.startswith(("model.embed_tokens.", "model.layers.0.",
+                                                         "model.layers.1."))}
+    assert set(index.values()) - left["a"] == on_a  # the embedding and blocks 0-1
+    assert left["a"] == set(index.values()) - on_a and not left["a"] & left["b"]
+    assert "model.norm.weight" in {n for n, f in index.items() if f not in left["b"]}
+    both = stage_files_left_out(job_on("a", "a"), given.config, given.pipeline, str(four_sharded))
+    assert both == {"a": frozenset()}
+    request = training_request(given, LaunchFlags(JobSource()), detached=False, send_folders=True)
+    assert request.model_files(job_on("a", "b"), str(four_sharded)) == left
+    assert training_request(whole, LaunchFlags(JobSource()), detached=False,
+                            send_folders=True).model_files is None
+
+
+def test_a_re_split_sends_the_hosts_left_their_new_blocks_files(four_sharded, hosts, tmp_path,
+                                                                  monkeypatch):
+    """--elastic over hosts holding their stages' files only: after a host is lost and the
+    stages re-split, the relaunch first sends each host left the files of its new stage
+    (launch/sync.py sends what a host lacks); without stage files, nothing is sent."""
+    import mlxcluster.launch.sync as sync
+
+    sent: list = []
+    monkeypatch.setattr(sync, "sync_model", lambda job, folder, env, on_event, left_out: sent.append(
+        (tuple(h.name for h in job.hosts), folder, left_out)))
+    args = with_stage_split(args_of("--init_from", str(four_sharded), "--fine_tune", "lora",
+                                    "--pipeline", "3", "--out", str(tmp_path / "o")))
+    assert args.pipeline.split == (1, 2, 1)  # a: block 0, b: blocks 1-2, c: block 3
+    run = TrainerRun(args, 3, facts=lambda job: {h.name: hosts["box"] for h in job.hosts},
+                     on_stage_files=print)
+    job, _ = run.drop(job_on("a", "b", "c"), [Dropped("b", "unreachable over ssh")])
+    assert not sent  # sent with the relaunch, after the drop is said
+    job, _ = run.resume(job, 1)
+    assert run.args.pipeline.split == (2, 2)
+    (names, folder, left_out), = sent
+    assert names == ("a", "c") and folder == str(four_sharded)
+    index = index_map(four_sharded)
+    needed_c = {f for n, f in index.items()
+                if n.startswith(("model.layers.2.", "model.layers.3.", "model.norm.", "lm_head."))}
+    assert left_out["c"] == set(index.values()) - needed_c  # blocks 2-3 now: block 2's files sent
+    assert not {f for n, f in index.items() if n.startswith("model.layers.1.")} & left_out["a"]
+    run.resume(job, 2)
+    assert len(sent) == 1  # a restart on the same hosts moves no block
+    quiet = TrainerRun(args, 3, facts=lambda job: {h.name: hosts["box"] for h in job.hosts})
+    quiet.resume(quiet.drop(job_on("a", "b", "c"), [Dropped("b", "gone")])[0], 1)
+    assert len(sent) == 1  # --no-sync-data, or whole folders: nothing of ours to send
 
 
 # ---- restarts and --elastic ------------------------------------------------------------------

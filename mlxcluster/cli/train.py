@@ -25,6 +25,7 @@ from mlxcluster.launch.trainer import (
     training_request,
     with_model_folder,
     with_restart_checkpoints,
+    with_stage_split,
 )
 from mlxcluster.report import Report
 from reference_train.config import field_types
@@ -83,6 +84,8 @@ def command(timeout, config, stall_timeout, max_restarts, no_sync_data, elastic,
                          "it needs --max-restarts N", "add --max-restarts 2 (or more)")
     refuse_detached_restarts(detach, max_restarts, then=RESUME_AFTER_DETACHED)
     args = with_restart_checkpoints(with_model_folder(parsed), max_restarts)
+    # --pipeline: each host is sent only its stage's weight files, the ranks told the split
+    args = with_stage_split(args)
     cfg = args.config
     check_out_here(cfg.out)  # the run's record is kept here, at --out (launch/record.py)
     check_html_path(html_path)
@@ -98,7 +101,8 @@ def command(timeout, config, stall_timeout, max_restarts, no_sync_data, elastic,
     done = run_trainer(prepared.job, args, Restarts(max_restarts, elastic=elastic,
                                                     min_hosts=min_hosts), env,
                        timeout=timeout, stall_timeout=None if stall_timeout == "off" else stall_timeout,
-                       on_line=show, on_event=view, run_id=prepared.run_id)
+                       on_line=show, on_event=view, run_id=prepared.run_id,
+                       stage_files=request.model_files is not None and bool(request.models))
 
     def page(end) -> None:  # what the run logged, also when it stopped early
         if html_path and end.kind in ("stopped", "failed", "finished"):

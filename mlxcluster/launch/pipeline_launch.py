@@ -28,6 +28,14 @@ asked again; the trainer re-cuts the newest checkpoint every old stage holds
 reference_train/resplit.py). When no split of the blocks fits the hosts
 left, when one host is left, or with copies of the pipeline (N x R ranks),
 the run stops naming why (``no_resplit``).
+
+What each host is sent of a sharded --init_from folder (an index naming the
+file of each tensor): only the weight files its stage reads, with the
+config, tokenizer and index (``stage_files_left_out``; the ranks are given
+the split planned here, ``stage_split``, as they cannot balance it from the
+files they hold). With ``--elastic``, a re-split sends each host left the
+files of its new blocks before the relaunch (launch/trainer.py
+``TrainerRun.send_stage_files``).
 """
 
 from __future__ import annotations
@@ -126,6 +134,50 @@ def check_pipeline(cfg: TrainConfig, pipeline: Pipeline, ranks: int, backend: st
         plans.check_micro_batches(pipeline.micro_batches_for(rows), rows)
     except DataError as err:
         raise input_error(err) from None
+
+
+# --- what each host is sent of --init_from: its stages' weight files only
+
+
+def split_files(cfg: TrainConfig) -> bool:
+    """Whether --init_from's weights are split over files by an index (mlx-lm's
+    shards), so that a pipeline host can be sent only its stage's."""
+    if not cfg.init_from:
+        return False
+    try:
+        return len(set((plans.index_map(cfg.init_from) or {}).values())) > 1
+    except DataError:
+        return False  # the ranks' own load says what is wrong with the index
+
+
+def stage_split(cfg: TrainConfig, pipeline: Pipeline) -> tuple[int, ...] | None:
+    """The blocks per stage the ranks will run (``plan_for``, from the whole
+    folder here), or None when this machine cannot plan them (``check_pipeline``
+    then says why, in its turn)."""
+    try:
+        return tuple(len(p.blocks) for p in plan_for(cfg, pipeline))
+    except InputError:
+        return None
+
+
+def stage_files_left_out(job: Job, cfg: TrainConfig, pipeline: Pipeline,
+                         folder: str) -> dict[str, frozenset[str]]:
+    """Host name -> the weight files of ``folder`` (--init_from) that none of its
+    ranks' stages reads (rank r runs stage r % N): left out of its copy. A
+    stage reads the files holding its blocks' tensors, the first stage the
+    embedding's, the last the final norm's and head's (and the embedding's when
+    tied): ``reference_train.stages.stage_files``, by the folder's index, as
+    each rank opens them (stage_load.load_stage)."""
+    weight_map = plans.index_map(folder) or {}
+    if not weight_map:
+        return {}
+    stages = plan_for(cfg, pipeline)
+    every = frozenset(weight_map.values())
+    hosts: dict[str, frozenset[str]] = {}
+    for rank, host in enumerate(job.hosts):  # a host of several ranks needs each stage's files
+        left = every - plans.stage_files(weight_map, stages[rank % pipeline.stages])
+        hosts[host.name] = hosts[host.name] & left if host.name in hosts else left
+    return hosts
 
 
 # --- on the hosts, before anything is sent: each stage against its host's memory

@@ -48,6 +48,9 @@ from mlxcluster.launch.pipeline_launch import (
     model_sizes,
     pipeline_of,
     resplit,
+    split_files,
+    stage_files_left_out,
+    stage_split,
 )
 from mlxcluster.launch.record import RECORD_ENV, RunRecord
 from mlxcluster.launch.session import LaunchFlags, LaunchRequest
@@ -183,13 +186,30 @@ def training_request(args: TrainerArgs, flags: LaunchFlags, *, detached: bool,
     """The launch session's request for `mlxcluster train`: the trainer on
     every rank, no run training into the same --out on the hosts
     (``check_not_running``), and unless not ``send_folders`` its --init_from
-    (a model) and --data folders on every host."""
-    cfg = args.config
+    (a model) and --data folders on every host: with --pipeline over a
+    sharded model, each host only the weight files of its stages
+    (``stage_files_left_out``)."""
+    cfg, pipeline = args.config, args.pipeline
     return LaunchRequest(
         flags, TRAIN_PREFIX, program=lambda job: training_job(job, args), detached=detached,
         check=lambda job, env, on_event: training_check(job, args, env, on_event),
         models=(cfg.init_from,) if cfg.init_from and send_folders else (),
-        data=(cfg.data,) if cfg.data and send_folders else ())
+        data=(cfg.data,) if cfg.data and send_folders else (),
+        model_files=(lambda job, folder: stage_files_left_out(job, cfg, pipeline, folder))
+        if pipeline.on and split_files(cfg) else None)
+
+
+def with_stage_split(args: TrainerArgs) -> TrainerArgs:
+    """--pipeline over a sharded --init_from: the split planned here from the
+    whole folder given to the ranks (--pipeline_split), as each host is sent
+    only its stage's weight files (``training_request``) and a rank cannot
+    balance the stages from those (reference_train pipeline_setup.run_plans).
+    A split the user gave stays."""
+    cfg, pipeline = args.config, args.pipeline
+    if not pipeline.on or pipeline.split is not None or not split_files(cfg):
+        return args
+    split = stage_split(cfg, pipeline)
+    return args if split is None else args.with_flags(pipeline_split=",".join(map(str, split)))
 
 
 # With restarts on and no checkpoint_every, a checkpoint every steps/20 steps: a
@@ -315,10 +335,15 @@ class TrainerRun:
     restart or a lost host changes in the trainer's arguments."""
 
     def __init__(self, args: TrainerArgs, ranks: int, env: dict[str, str] | None = None,
-                 facts: Callable[[Job], dict[str, HostFacts | None]] | None = None):
+                 facts: Callable[[Job], dict[str, HostFacts | None]] | None = None,
+                 on_stage_files: OnEvent | None = None):
         self.args = args
         self.env = env  # how the hosts are reached, to bring their outputs here
         self.ranks = ranks
+        # set when each host holds only its stages' weight files (training_request):
+        # after a re-split, the hosts left are sent their new blocks' files, said there
+        self.on_stage_files = on_stage_files
+        self.resplit_files = False  # a re-split's files still to send (resume sends them)
         # the hosts' memory facts, asked again when a pipeline re-splits over fewer
         self.facts = facts or self._probe_facts
         self.record = RunRecord(args.config.out)
@@ -335,6 +360,7 @@ class TrainerRun:
         bound = self.record.resume_bound(cfg.log_every, cfg.eval_every)
         flags = {"resume": "auto"} if k == 1 else {}
         self.args = self.args.with_flags(**flags, resume_before=bound)
+        self.send_stage_files(job)
         return self.job(job), [f"resuming from the newest checkpoint every host has before step "
                                f"{bound} (the steps after it are not all in the record yet)"]
 
@@ -382,7 +408,21 @@ class TrainerRun:
                          + (f", --pipeline_split {flags['pipeline_split']}"
                             if "pipeline_split" in flags else " (balanced by bytes)"))
         notes += [f"pipeline: {line}" for line in done.lines]
+        self.resplit_files = self.on_stage_files is not None
         return self.job(job), notes
+
+    def send_stage_files(self, job: Job) -> None:
+        """After a re-split, before the launch on the hosts left: each is sent
+        the weight files of its new stages it lacks (launch/sync.py: a host's
+        copy checked, only what is missing sent, verified on arrival)."""
+        if not self.resplit_files or self.on_stage_files is None:
+            return
+        from mlxcluster.launch.sync import sync_model  # a re-split's chore
+
+        self.resplit_files = False
+        cfg = self.args.config
+        sync_model(job, cfg.init_from, self.env or {}, self.on_stage_files,
+                   left_out=stage_files_left_out(job, cfg, self.args.pipeline, cfg.init_from))
 
     def _probe_facts(self, job: Job) -> dict[str, HostFacts | None]:
         from mlxcluster.jobs.preflight import probe_facts  # a pipeline-only chore
@@ -492,13 +532,17 @@ TRAIN_WORDS = Words("train", asked_by="mlxcluster stop, or the lease of the mach
 
 def run_trainer(job: Job, args: TrainerArgs, restarts: Restarts, env: dict[str, str], *,
                 timeout: float | None, stall_timeout: float | str | None,
-                on_line, on_event: OnEvent, run_id: str | None = None) -> JobResult:
+                on_line, on_event: OnEvent, run_id: str | None = None,
+                stage_files: bool = False) -> JobResult:
     """Run the trainer on ``job``'s ranks until it ends well or the restarts
     are spent (launch/supervisor.py ``supervise``), with the record kept at
     --out here. ``on_line(stream, line)`` gets the job's lines (record lines
-    kept out), ``on_event`` every step."""
+    kept out), ``on_event`` every step. ``stage_files``: each host was sent
+    only its stages' weight files (the request's ``model_files``); a re-split
+    sends the hosts left their new stages' files before the relaunch."""
     run_id = run_id or new_run_id(TRAIN_PREFIX)
-    run = TrainerRun(args, len(job.hosts), env)
+    run = TrainerRun(args, len(job.hosts), env,
+                     on_stage_files=on_event if stage_files else None)
 
     def show(stream: str, line: str) -> None:
         shown = run.record.feed(line)

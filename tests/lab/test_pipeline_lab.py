@@ -1,6 +1,8 @@
 """A model's blocks split over two lab hosts by `mlxcluster train -- --pipeline 2`
-(issue 38, item 5): LoRA on a tiny Llama folder and masked chat data on this
-machine's disk only, sent by train to both hosts; each stage judged against its
+(issue 38, item 5): LoRA on a tiny Llama folder (saved one tensor a file, with
+mlx-lm's index) and masked chat data on this machine's disk only, sent by train to
+both hosts, each host only the weight files of its stage (issue 48, item 4), the
+plan line saying so; each stage judged against its
 host's real memory facts before anything is sent; the run stops half way and a
 restart resumes every stage from its own host's checkpoint (each mirrored on the
 other host, byte for byte); the losses are one
@@ -63,14 +65,16 @@ def losses(rows) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in rows if "loss" in r}
 
 
-def two_host_setup(lab, tmp_path, name: str, rows: int, hosts: int = 2, blocks: int = 2):
-    """The tiny Llama folder (of ``blocks`` blocks) and its masked chat data on this
-    machine's own disk only (train sends them), a run's --out, and an inventory of the
-    lab's first ``hosts`` hosts: (model, data, out, inventory, env)."""
+def two_host_setup(lab, tmp_path, name: str, rows: int, hosts: int = 2, blocks: int = 2,
+                   shard: bool = False):
+    """The tiny Llama folder (of ``blocks`` blocks; ``shard``: one tensor a file, with
+    mlx-lm's index) and its masked chat data on this machine's own disk only (train
+    sends them), a run's --out, and an inventory of the lab's first ``hosts`` hosts:
+    (model, data, out, inventory, env)."""
     here = lab.disk / f"{name}-{uuid.uuid4().hex[:8]}"  # this machine's own disk
     model = here / "tiny-llama"
     make_chat_folder(model, "llama3")
-    make_llama_folder(model, {**MODEL_CONFIG, "num_hidden_layers": blocks}, seed=3)
+    make_llama_folder(model, {**MODEL_CONFIG, "num_hidden_layers": blocks}, seed=3, shard=shard)
     data = learning_data(model, here / "data", True, n=rows)
     out = lab.disk / f"{name}-out-{uuid.uuid4().hex[:8]}"
     inventory, env = training_setup(lab, tmp_path, hosts=lab.hosts[:hosts])
@@ -79,7 +83,7 @@ def two_host_setup(lab, tmp_path, name: str, rows: int, hosts: int = 2, blocks: 
 
 def test_lora_pipeline_over_two_hosts_gives_one_process_and_its_adapters_here(lab3, tmp_path):
     two = lab3.hosts[:2]
-    model, data, out, inventory, env = two_host_setup(lab3, tmp_path, "pp", rows=96)
+    model, data, out, inventory, env = two_host_setup(lab3, tmp_path, "pp", rows=96, shard=True)
 
     def train(*trainers: str) -> subprocess.CompletedProcess:
         return waits.run(
@@ -107,6 +111,7 @@ def test_lora_pipeline_over_two_hosts_gives_one_process_and_its_adapters_here(la
         # the first host sent from here, the others taking it from that host (fanout.py)
         assert re.search(rf"model: {h.name}: {re.escape(str(model))} missing: (sending|taking)", said), said[-3000:]
     assert max(losses(records(out / "metrics.jsonl"))) == STOP  # the record, here
+    assert_each_host_holds_its_stages_files(lab3, model, said)
     # each host its own disk: each stage's checkpoints mirrored on the other's (mirror.py)
     for i in range(2):
         other = on_host(lab3, 1 - i, out) / "checkpoints" / f"stage_{i + 1}_of_2"
@@ -148,6 +153,33 @@ def test_lora_pipeline_over_two_hosts_gives_one_process_and_its_adapters_here(la
     assert not ANSWER.startswith(mlx_lm_answer(model, None, tmp_path))  # the base alone does not
 
 
+# What each stage of the 2-block model reads (untied: the last stage holds the head).
+STAGE_TENSORS = (("model.embed_tokens.", "model.layers.0."),
+                 ("model.layers.1.", "model.norm.", "lm_head."))
+
+
+def assert_each_host_holds_its_stages_files(lab, model, said: str) -> None:
+    """Each host's copy of the sharded --init_from: only the weight files of its stage's
+    tensors (by the index), with the config, tokenizer and index; the plan line said so."""
+    index = json.loads((model / "model.safetensors.index.json").read_text())["weight_map"]
+    here = {p.name for p in model.iterdir()}
+    for i, tensors in enumerate(STAGE_TENSORS):
+        copy = on_host(lab, i, model)
+        wanted = {f for name, f in index.items() if name.startswith(tensors)}
+        held = {p.name for p in copy.iterdir()}
+        weights = {n for n in held if n.endswith(".safetensors")}
+        assert weights == wanted, (i, sorted(weights), sorted(wanted))
+        assert held - weights == {n for n in here if not n.endswith(".safetensors")}, held
+        size = sum((copy / n).stat().st_size for n in weights)
+        whole = sum((model / n).stat().st_size for n in set(index.values()))
+        print(f"\n{lab.hosts[i].name}: {len(weights)} of {len(set(index.values()))} weight files, "
+              f"{size} of {whole} bytes")
+        assert re.search(rf"model: plan: {lab.hosts[i].name} gets only what its stage loads "
+                         rf"\(--pipeline\): {len(wanted)} of {len(set(index.values()))} weight files",
+                         said), said[-4000:]
+    assert "--pipeline_split 1,1" in said  # the ranks told the split planned here
+
+
 def mlx_lm_answer(model, adapters, cwd) -> str:
     """What `mlx_lm generate` answers "Once upon a time" with, greedy (``adapters``: None = none)."""
     extra = ["--adapter-path", str(adapters)] if adapters else []
@@ -159,10 +191,11 @@ def mlx_lm_answer(model, adapters, cwd) -> str:
 
 
 def test_full_fine_tuning_pipeline_brings_every_stages_shard_here_and_mlx_lm_loads_it(lab3, tmp_path):
-    """Full fine-tuning over two hosts: each stage writes its own shard of OUT/model on its
-    own host's disk (never the whole model in one rank), mlxcluster brings both here, and
-    mlx-lm loads the folder with one process's weights."""
-    model, data, out, inventory, env = two_host_setup(lab3, tmp_path, "ppf", rows=48)
+    """Full fine-tuning over two hosts, each sent only its stage's files of the sharded
+    base: each stage writes its own shard of OUT/model on its own host's disk (never the
+    whole model in one rank), mlxcluster brings both here, and mlx-lm loads the folder
+    with one process's weights."""
+    model, data, out, inventory, env = two_host_setup(lab3, tmp_path, "ppf", rows=48, shard=True)
     flags = ["--config", "tiny", "--init_from", str(model), "--data", str(data), "--fine_tune", "full",
              "--block_size", "64", "--global_batch", "8", "--steps", "3", "--lr", "1e-3",
              "--log_every", "1", "--eval_every", "0", "--sample_tokens", "0", "--compile", "false",
@@ -174,6 +207,7 @@ def test_full_fine_tuning_pipeline_brings_every_stages_shard_here_and_mlx_lm_loa
     said = trained.stdout + trained.stderr
     assert trained.returncode == 0, said[-4000:]
     assert "model: the stages' shards gathered into" in said, said[-3000:]
+    assert_each_host_holds_its_stages_files(lab3, model, said)  # each stage's base files only
     for i in range(2):  # each host wrote only its own stage's shard
         there = sorted(p.name for p in (on_host(lab3, i, out) / "model").glob("model-*.safetensors"))
         assert there == [f"model-0000{i + 1}-of-00002.safetensors"], there
@@ -205,14 +239,15 @@ ELASTIC_STEPS, LOST_AFTER = 24, 8
 
 
 def test_a_lost_hosts_stage_is_re_split_over_the_two_left_with_one_process_losses(lab3, tmp_path):
-    """LoRA with --pipeline 3 over the three hosts, each on its own disk; labhost2 (stage 2)
-    loses its link mid-run. train drops it, re-splits the 3 blocks over labhost1 and
-    labhost3 (--pipeline 2, each judged on its real memory facts again), and the trainer
+    """LoRA with --pipeline 3 over the three hosts, each on its own disk holding only its
+    stage's files of the sharded model; labhost2 (stage 2) loses its link mid-run. train
+    drops it, re-splits the 3 blocks over labhost1 and labhost3 (--pipeline 2, each
+    judged on its real memory facts again), sends each the files of its new blocks, and the trainer
     re-cuts the newest checkpoint every stage holds, stage 2's read from the copy on
     labhost3's disk (its neighbour's mirror). The run ends with one process's losses at
     every step and its adapters here; nothing of it is left on any host."""
     model, data, out, inventory, env = two_host_setup(lab3, tmp_path, "ppe", rows=96, hosts=3,
-                                                      blocks=3)
+                                                      blocks=3, shard=True)
     flags = [*trainer_flags(model, data), "--steps", str(ELASTIC_STEPS), "--checkpoint_every", "2"]
     victim = lab3.hosts[1]
     job = subprocess.Popen(
@@ -228,8 +263,25 @@ def test_a_lost_hosts_stage_is_re_split_over_the_two_left_with_one_process_losse
     text = stdout + stderr
     assert job.returncode == 0, text[-5000:]
     assert "Traceback" not in text
-    assert "dropped labhost2 (unreachable over ssh): going on with --pipeline 2 on labhost1, " \
-           "labhost3 (balanced by bytes)" in text, text[-4000:]
+    # the split planned here is given to the ranks (each host holds its stage's files only)
+    assert re.search(r"dropped labhost2 \(unreachable over ssh\): going on with --pipeline 2 on "
+                     r"labhost1, labhost3, --pipeline_split (1,2|2,1)\n", text), text[-4000:]
+    split = [int(n) for n in re.search(r"--pipeline 2 on labhost1, labhost3, --pipeline_split "
+                                       r"(\d),(\d)", text).groups()]
+    # each host was sent its stage's files only; after the re-split, before the relaunch,
+    # the hosts left were sent what their new blocks need (and only that: the rest stays out)
+    index = json.loads((model / "model.safetensors.index.json").read_text())["weight_map"]
+    dropped_at = text.index("dropped labhost2")
+    assert re.search(r"model: plan: labhost1 gets only what its stage loads \(--pipeline\)",
+                     text[dropped_at:]), text[dropped_at:dropped_at + 3000]
+    firsts = (("model.embed_tokens.", "model.layers.0."), ("model.layers.1.",),
+              ("model.layers.2.", "model.norm.", "lm_head."))
+    blocks = [range(0, split[0]), range(split[0], 3)]
+    lasts = [("model.embed_tokens.", *(f"model.layers.{b}." for b in blocks[0])),
+             (*(f"model.layers.{b}." for b in blocks[1]), "model.norm.", "lm_head.")]
+    for host, tensors in ((0, firsts[0] + lasts[0]), (1, firsts[1]), (2, firsts[2] + lasts[1])):
+        held = {q.name for q in on_host(lab3, host, model).glob("*.safetensors")}
+        assert held == {f for n, f in index.items() if n.startswith(tensors)}, (host, sorted(held))
     for i, name in ((0, "labhost1"), (1, "labhost3")):  # judged again on their real facts
         assert f"pipeline: stage {i + 1} of 2 on {name}: " in text and "(MemAvailable): fits" in text
     # the trainer re-cut the newest step every old stage held: stage 2's piece read from
