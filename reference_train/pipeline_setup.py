@@ -130,6 +130,22 @@ def build_stage(cfg: TrainConfig, plan: StagePlan, meta: dict, data_dir: Path
     return stage, compute
 
 
+def frozen_copy(stage: Stage) -> Stage:
+    """DPO's reference model on this rank with full fine-tuning: a frozen copy of `stage`
+    (its blocks only, in its dtype: the compute copy's), not the whole model. Its arrays are
+    the stage's as they are now; the optimizer replaces the stage's, never changes these.
+    The skeleton's random draws are never evaluated, and mlx's random state is left as it
+    was (LoRA's dropout draws from it: a run's draws stay one process's)."""
+    hi, lo = mx.random.state[0].tolist()
+    copy = shaped_stage(stage.args, stage.plan)
+    mx.random.seed((hi << 32) | lo)  # the key as it was (mx.random.key(seed) is its two words)
+    copy.update(stage.parameters())
+    copy.freeze()
+    copy.eval()
+    mx.eval(copy.parameters())
+    return copy
+
+
 def own_tensors(stage: Stage, trainable_only: bool) -> dict[str, mx.array]:
     """The stage's parameters (or trainable ones) that are its own: the last stage's
     copy of a tied embedding is the first stage's."""
@@ -164,7 +180,7 @@ class Pipeline:
         """Its refusals come before anything loads: a split the model's blocks cannot
         take, then a world that is no pipeline."""
         self.cfg, self.group, self.meta, self.log = cfg, group, meta, log
-        self.objective = make_objective(cfg, meta)  # sft: config.py refuses the others here
+        self.objective = make_objective(cfg, meta)  # refuses data of the other kind
         self.plans = run_plans(cfg, meta)
         self.pipe = pipe = pipeline_groups(group, cfg.pipeline, backend)
         self.plan = self.plans[pipe.stage]
@@ -197,12 +213,19 @@ class Pipeline:
         return optimizer
 
     def make_step(self, model: Stage, compute: Stage) -> PipelineStep:
+        """The stage's step; DPO's reference with full fine-tuning a frozen copy of this
+        stage's blocks as they start (before any resume: the starting point, as one
+        process's), made here (with adapters: the stage with its adapters off)."""
         cfg, pipe = self.cfg, self.pipe
+        reference = None
+        if self.objective.needs_reference and not self.lora:
+            reference = frozen_copy(compute)
         return PipelineStep(model, pipe.pipeline, self.micro_batches, cfg.grad_clip,
                             None if compute is model else compute, dtype_of(cfg.dtype),
                             cfg.pipeline_schedule, replicas=pipe.replicas,
                             comm_dtype=dtype_of(cfg.comm_dtype), compile=cfg.compile,
-                            random_state=self.lora and cfg.lora_dropout > 0)
+                            random_state=self.lora and cfg.lora_dropout > 0,
+                            objective=self.objective, reference=reference)
 
     def counts(self, model: Stage) -> tuple[int, int]:
         """(the model's parameters, its trainable ones): every stage's, summed (a
