@@ -347,10 +347,17 @@ class Pipeline:
         split = (f"{pipe.replicas_count} x a pipeline of {pipe.stages} stages, each "
                  f"{micro} micro-batches of {micro_batch // micro}")
         held = held_at_once(schedule(cfg.pipeline_schedule, 0, pipe.stages, micro))
-        return split, [f"pipeline of {pipe.stages} stages, {micro} micro-batches of "
-                       f"{micro_batch // micro} rows, {cfg.pipeline_schedule}: bubble "
-                       f"{bubble_fraction(pipe.stages, micro):.0%}, at most {held} "
-                       "micro-batches' activations held"]
+        rows = "pairs (chosen and rejected rows together)" if self.objective.metrics else "rows"
+        lines = [f"pipeline of {pipe.stages} stages, {micro} micro-batches of "
+                 f"{micro_batch // micro} {rows}, {cfg.pipeline_schedule}: bubble "
+                 f"{bubble_fraction(pipe.stages, micro):.0%}, at most {held} "
+                 "micro-batches' activations held"]
+        if self.objective.needs_reference:
+            model = "each stage with its adapters off" if self.lora else \
+                "a frozen copy of each stage's blocks"
+            lines.append(f"DPO's reference model ({model}): a forward-only pass through the "
+                         "stages each step, before the policy's")
+        return split, lines
 
     def mirrors(self) -> list[str]:
         return describe_mirrors(self.layout, self.mirrored)
