@@ -11,6 +11,9 @@ metrics named the pair (loss, metrics)) and carries ``metrics``
 (a vector, one value per name of ``objective.metrics``: this rank's means, whose mean
 over the ranks is the global batch's) back to the loop, which gathers each step's over
 the ranks at a logged step and hands them, step by step, to ``summarize`` for the record.
+A pipeline (pipeline.py) computes the same from the last stage's logits: ``row_scores``
+of each row's token log-probabilities, ``pair_values`` (each pair's loss and metrics, whose
+means over pairs ``loss`` returns), and ``pair_sums``, a micro-batch's share of them.
 
 DPO (mlx-lm-lora's trainer/dpo_trainer.py): for each pair, the log-probability of the
 chosen and of the rejected answer (the sum over its tokens, the prompt and padding

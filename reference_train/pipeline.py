@@ -40,6 +40,13 @@ all-summed to every stage for logging, the gradient norm (for --grad_clip) from
 each stage's sum of squares, and each stage's optimizer updates its own
 parameters.
 
+Preference pairs (--objective dpo or orpo; `pair_gradients`): a micro-batch is a slice
+of the pairs, its chosen and rejected rows stacked through the stages; the last stage
+adds each pair's loss and metrics x 1 / pairs (objectives.pair_sums), the metrics
+all-summed beside the loss. DPO first runs its reference model forwards only through the
+stages (`reference_pass`: the adapters off, or a frozen copy of the stage's blocks).
+Supervised training's passes are not touched by it (`pair_passes` is apart).
+
 Tied embeddings: the first stage owns the matrix (its optimizer state too); the
 last stage holds a copy for its head. When the matrix trains (full
 fine-tuning), the last stage sends its gradient of the copy to the first, which
