@@ -236,9 +236,6 @@ def check_config(cfg: TrainConfig) -> None:
         problems.append(f"objective {cfg.objective}: must be one of {', '.join(OBJECTIVES)}")
     if cfg.dpo_loss not in DPO_LOSSES:
         problems.append(f"dpo_loss {cfg.dpo_loss}: must be one of {', '.join(DPO_LOSSES)}")
-    if cfg.objective != "sft" and cfg.pipeline > 1:
-        problems.append(f"--objective {cfg.objective} with --pipeline {cfg.pipeline}: preference "
-                        "training runs data-parallel only for now (drop --pipeline)")
     if cfg.export_dtype not in EXPORT_DTYPES:
         problems.append(f"export_dtype {cfg.export_dtype}: must be one of {', '.join(EXPORT_DTYPES)}")
     problems += fine_tune.config_problems(cfg)

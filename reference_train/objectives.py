@@ -11,6 +11,9 @@ metrics named the pair (loss, metrics)) and carries ``metrics``
 (a vector, one value per name of ``objective.metrics``: this rank's means, whose mean
 over the ranks is the global batch's) back to the loop, which gathers each step's over
 the ranks at a logged step and hands them, step by step, to ``summarize`` for the record.
+A pipeline (pipeline.py) computes the same from the last stage's logits: ``row_scores``
+of each row's token log-probabilities, ``pair_values`` (each pair's loss and metrics, whose
+means over pairs ``loss`` returns), and ``pair_sums``, a micro-batch's share of them.
 
 DPO (mlx-lm-lora's trainer/dpo_trainer.py): for each pair, the log-probability of the
 chosen and of the rejected answer (the sum over its tokens, the prompt and padding
@@ -54,8 +57,12 @@ PREFERENCE_METRICS = ("chosen_reward", "rejected_reward", "accuracy")
 def token_logps(model: nn.Module, inputs: mx.array, targets: mx.array) -> mx.array:
     """log p(target) at every position (B, L), in float32, as mlx-lm-lora takes it:
     minus the cross-entropy of the logits."""
-    logits = model(inputs).astype(mx.float32)
-    return -nn.losses.cross_entropy(logits, targets, reduction="none")
+    return logits_logps(model(inputs), targets)
+
+
+def logits_logps(logits: mx.array, targets: mx.array) -> mx.array:
+    """token_logps from the logits (a pipeline's last stage has them, not the model)."""
+    return -nn.losses.cross_entropy(logits.astype(mx.float32), targets, reduction="none")
 
 
 class SFT:
@@ -64,6 +71,7 @@ class SFT:
     name = "sft"
     metrics: tuple[str, ...] = ()
     state: list = []
+    needs_reference = False
 
     def attach(self, compute: nn.Module, adapters: bool) -> None:
         pass
@@ -104,12 +112,18 @@ class DPO:
         mx.eval(self.reference.parameters())
         self.state = [self.reference.state]
 
-    def score(self, model: nn.Module, inputs, targets, mask) -> mx.array:
-        """Each row's answer log-probability (summed; ipo: averaged over its tokens)."""
-        total = (token_logps(model, inputs, targets) * mask).sum(-1)
+    needs_reference = True
+
+    def row_scores(self, logps: mx.array, mask: mx.array) -> mx.array:
+        """Each row's answer log-probability from its tokens' (summed; ipo: averaged over
+        its tokens)."""
+        total = (logps * mask).sum(-1)
         if self.loss_type == "ipo":
             return total / mx.maximum(mask.sum(-1), 1)
         return total
+
+    def score(self, model: nn.Module, inputs, targets, mask) -> mx.array:
+        return self.row_scores(token_logps(model, inputs, targets), mask)
 
     def reference_scores(self, model, chosen, rejected) -> tuple[mx.array, mx.array]:
         ref = self.reference if self.reference is not None else model
@@ -117,10 +131,10 @@ class DPO:
             return (mx.stop_gradient(self.score(ref, *chosen)),
                     mx.stop_gradient(self.score(ref, *rejected)))
 
-    def loss(self, model: nn.Module, xc, yc, mc, xr, yr, mr) -> tuple[mx.array, mx.array]:
-        chosen, rejected = (xc, yc, mc), (xr, yr, mr)
-        policy_c, policy_r = self.score(model, *chosen), self.score(model, *rejected)
-        ref_c, ref_r = self.reference_scores(model, chosen, rejected)
+    def pair_values(self, policy_c, policy_r, ref_c, ref_r) -> tuple[mx.array, mx.array]:
+        """(each pair's loss (P,), each pair's metrics (P, 2)): the step's loss and metrics
+        are their means over the pairs, so a pipeline's micro-batch (a slice of the pairs)
+        adds its sums scaled by 1 / P (pipeline.py)."""
         z = (policy_c - policy_r) - (ref_c - ref_r)
         beta = self.beta
         if self.loss_type == "sigmoid":
@@ -132,8 +146,14 @@ class DPO:
         else:  # dpop
             penalty = mx.maximum(mx.zeros_like(policy_c), ref_c - policy_c)
             losses = -(nn.log_sigmoid(beta * z) - self.delta * penalty)
-        rewards = mx.stack([beta * mx.mean(policy_c - ref_c), beta * mx.mean(policy_r - ref_r)])
-        return mx.mean(losses), rewards
+        return losses, beta * mx.stack([policy_c - ref_c, policy_r - ref_r], axis=-1)
+
+    def loss(self, model: nn.Module, xc, yc, mc, xr, yr, mr) -> tuple[mx.array, mx.array]:
+        chosen, rejected = (xc, yc, mc), (xr, yr, mr)
+        policy_c, policy_r = self.score(model, *chosen), self.score(model, *rejected)
+        ref_c, ref_r = self.reference_scores(model, chosen, rejected)
+        losses, metrics = self.pair_values(policy_c, policy_r, ref_c, ref_r)
+        return mx.mean(losses), mx.mean(metrics, axis=0)
 
     def summarize(self, per_step: dict[str, np.ndarray]) -> dict[str, float]:
         """The logged interval's means of the rewards, margin and accuracy, each step's
@@ -150,25 +170,33 @@ class ORPO:
     name = "orpo"
     metrics = PREFERENCE_METRICS
     state = []
+    needs_reference = False
 
     def attach(self, compute: nn.Module, adapters: bool) -> None:
         pass  # no reference model
 
-    def mean_logps(self, model: nn.Module, inputs, targets, mask) -> mx.array:
-        """Each row's mean answer log-probability (0 for a row with no answer token)."""
-        logps = mx.clip(token_logps(model, inputs, targets), -1000.0, 0.0)
+    def row_scores(self, logps: mx.array, mask: mx.array) -> mx.array:
+        """Each row's mean answer log-probability from its tokens' (each clipped; 0 for a
+        row with no answer token)."""
+        logps = mx.clip(logps, -1000.0, 0.0)
         n = mask.sum(-1)
-        return mx.where(n > 0, (logps * mask).sum(-1) / mx.where(n > 0, n, 1.0), 0.0)
+        mean = mx.where(n > 0, (logps * mask).sum(-1) / mx.where(n > 0, n, 1.0), 0.0)
+        return mx.nan_to_num(mean, nan=0.0, posinf=0.0, neginf=-1000.0)
 
-    def loss(self, model: nn.Module, xc, yc, mc, xr, yr, mr) -> tuple[mx.array, mx.array]:
-        c = mx.nan_to_num(self.mean_logps(model, xc, yc, mc), nan=0.0, posinf=0.0, neginf=-1000.0)
-        r = mx.nan_to_num(self.mean_logps(model, xr, yr, mr), nan=0.0, posinf=0.0, neginf=-1000.0)
+    def pair_values(self, c, r, ref_c=None, ref_r=None) -> tuple[mx.array, mx.array]:
+        """(each pair's loss (P,), each pair's metrics (P, 3)), means over pairs as DPO's
+        (no reference: `ref_c`, `ref_r` unused)."""
         log_odds = (c - r) - (log1mexp(c) - log1mexp(r))
         losses = -c - self.beta * nn.log_sigmoid(log_odds)
         chosen, rejected = self.beta * c, self.beta * r
-        metrics = mx.stack([chosen.mean(), rejected.mean(),
-                            (chosen > rejected).astype(mx.float32).mean()])
-        return mx.mean(losses), metrics
+        return losses, mx.stack([chosen, rejected, (chosen > rejected).astype(mx.float32)],
+                                axis=-1)
+
+    def loss(self, model: nn.Module, xc, yc, mc, xr, yr, mr) -> tuple[mx.array, mx.array]:
+        c = self.row_scores(token_logps(model, xc, yc), mc)
+        r = self.row_scores(token_logps(model, xr, yr), mr)
+        losses, metrics = self.pair_values(c, r)
+        return mx.mean(losses), mx.mean(metrics, axis=0)
 
     def summarize(self, per_step: dict[str, np.ndarray]) -> dict[str, float]:
         chosen, rejected = per_step["chosen_reward"], per_step["rejected_reward"]
@@ -206,3 +234,18 @@ def make_objective(cfg, meta: dict):
     if cfg.objective == "dpo":
         return DPO(beta=cfg.beta, loss_type=cfg.dpo_loss, delta=cfg.dpo_delta)
     return ORPO(beta=cfg.beta)
+
+
+def pair_sums(objective, logps: mx.array, mask: mx.array, reference: mx.array | None,
+              scale: mx.array) -> list[mx.array]:
+    """A slice of the pairs' share of the step's loss and metrics (a pipeline's micro-batch,
+    pipeline.py): [their losses summed x `scale`, their metrics summed x `scale`], `scale`
+    being 1 / the step's pairs, so the micro-batches' shares add up to the means over every
+    pair. `logps` (2P, L): the chosen rows, then the rejected; `reference` (2P,): the
+    reference model's row scores in that order (DPO), or None. The metrics carry no gradient
+    (the pass differentiates the loss only)."""
+    scores = objective.row_scores(logps, mask)
+    half = scores.shape[0] // 2
+    refs = (None, None) if reference is None else (reference[:half], reference[half:])
+    losses, metrics = objective.pair_values(scores[:half], scores[half:], *refs)
+    return [losses.sum() * scale, mx.stop_gradient(metrics).sum(axis=0) * scale]

@@ -40,6 +40,13 @@ all-summed to every stage for logging, the gradient norm (for --grad_clip) from
 each stage's sum of squares, and each stage's optimizer updates its own
 parameters.
 
+Preference pairs (--objective dpo or orpo; `pair_gradients`): a micro-batch is a slice
+of the pairs, its chosen and rejected rows stacked through the stages; the last stage
+adds each pair's loss and metrics x 1 / pairs (objectives.pair_sums), the metrics
+all-summed beside the loss. DPO first runs its reference model forwards only through the
+stages (`reference_pass`: the adapters off, or a frozen copy of the stage's blocks).
+Supervised training's passes are not touched by it (`pair_passes` is apart).
+
 Tied embeddings: the first stage owns the matrix (its optimizer state too); the
 last stage holds a copy for its head. When the matrix trains (full
 fine-tuning), the last stage sends its gradient of the copy to the first, which
@@ -50,16 +57,19 @@ sends the new matrix back: the copy is always the first stage's matrix, bit for 
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
-from . import kernels
+from . import kernels, lora
 from .collectives import Exchange, all_sum, average_gradients, recv_like, send
 from .errors import DataError
 from .loop import Batch, StepResult
 from .model import Llama, head_logits, run_blocks
+from .objectives import SFT, logits_logps, pair_sums
 from .precision import refresh
 from .stages import StagePlan, check_micro_batches, check_schedule, schedule
 
@@ -144,13 +154,16 @@ class PipelineStep:
     one pipeline. `compile` (--compile): each micro-batch's forward and backward
     run as one mx.compile'd function, built at the first call and reused (see
     `passes`); `random_state`: the passes draw from mlx's global random state
-    (LoRA's dropout), which compiling must then carry."""
+    (LoRA's dropout), which compiling must then carry. `objective` (objectives.py): sft,
+    or preference pairs (dpo, orpo: `pair_gradients`); `reference`: DPO's reference with
+    full fine-tuning, a frozen copy of this stage's blocks (None: the stage itself with
+    its adapters off, lora.adapters_off)."""
 
     def __init__(self, stage: Stage, group, micro_batches: int,
                  grad_clip: float = 0.0, compute: Stage | None = None,
                  compute_dtype: mx.Dtype = mx.float32, schedule: str = "1f1b",
                  replicas=None, comm_dtype: mx.Dtype = mx.float32, compile: bool = True,
-                 random_state: bool = False):
+                 random_state: bool = False, objective=None, reference: Stage | None = None):
         plan = stage.plan
         if group.size() != plan.count or group.rank() != plan.index:
             raise DataError(f"stage {plan.index + 1} of {plan.count} runs as rank "
@@ -177,6 +190,12 @@ class PipelineStep:
         self._passes: tuple | None = None  # (compute, names, forward_backward, accumulate)
         self._update: tuple | None = None  # (model, optimizer, squared, apply)
         self._traced = [0]  # times a micro-batch's pass was built in Python (`traced`)
+        self.objective = objective or SFT()
+        self.pairs = bool(self.objective.metrics)  # preference pairs: a loss and metrics
+        self.reference = reference
+        self._pair_passes: tuple | None = None  # as _passes, preference pairs' (pair_passes)
+        # (module, dtype, compiled) -> (names, forward): training's and validation's (reference_pass)
+        self._reference_fns: dict = {}
 
     @property
     def traced(self) -> int:
@@ -195,36 +214,95 @@ class PipelineStep:
 
         The stage runs its forwards (F) and backwards (B) in the schedule's order
         (stages.schedule), its activations and gradients moved by an Exchange."""
-        stage = self.stage if stage is None else stage
-        compute = stage if self.compute is None else self.compute
+        stage, compute = self.refreshed(stage)
         plan, M = self.plan, self.micro_batches
         rows_total, length = x.shape[0], x.shape[1]
         check_micro_batches(M, rows_total)
         rows = rows_total // M
+        share = mx.array(rows / rows_total, dtype=mx.float32)
+
+        def data(m):
+            part = slice(m * rows, (m + 1) * rows)
+            return ([mx.array(x[part])] if plan.first else []) + (
+                [mx.array(y[part]), share] if plan.last else []) + (
+                [mx.array(weights[part])] if plan.last and weights is not None else [])
+
+        self.link.waited = 0.0
+        loss, _, grads = self.run_schedule(compute, self.passes(compute), data,
+                                           (rows, length, stage.args.dim))
+        return loss, grads
+
+    def pair_gradients(self, batch: Batch, stage: Stage | None = None
+                       ) -> tuple[mx.array, mx.array, dict[str, mx.array]]:
+        """`gradients` of preference pairs (DPO, ORPO): (this stage's share of the loss and
+        of the metrics, its gradients), for `batch` = (chosen inputs, targets, mask,
+        rejected inputs, targets, mask), P pairs each (data.PairSplit).
+
+        A micro-batch is P / M pairs: its chosen and rejected rows run through the stages
+        together (stacked on the batch axis: one message per hop, one pass of 2P / M rows
+        on each stage), and the last stage takes the pairs apart again (objectives.pair_sums):
+        each pair's loss and metrics summed, scaled by 1 / P, so that the micro-batches'
+        shares add up to the means over the step's pairs, as cross-entropy's do for `gradients`.
+        DPO first runs a forward-only pass of the reference model through every stage
+        (`reference_pass`), whose row scores on the last stage are data of the policy's pass."""
+        stage, compute = self.refreshed(stage)
+        plan, M = self.plan, self.micro_batches
+        pairs_total, length = batch[0].shape[0], batch[0].shape[1]
+        check_micro_batches(M, pairs_total)
+        rows = pairs_total // M
+        scale = mx.array(1 / pairs_total, dtype=mx.float32)
+        inputs, targets, masks = (stacked(batch[i], batch[i + 3], rows) for i in range(3))
+        self.link.waited = 0.0
+        shape = (2 * rows, length, stage.args.dim)
+        reference = None
+        if self.objective.needs_reference:
+            module = self.reference if self.reference is not None else compute
+            reference = self.reference_pass(module, self.compute_dtype, inputs, targets,
+                                            masks, shape, compiled=self.compile)
+
+        def data(m):
+            return ([inputs(m)] if plan.first else []) + (
+                [targets(m), masks(m), scale] + ([reference[m]] if reference else [])
+                if plan.last else [])
+
+        return self.run_schedule(compute, self.pair_passes(compute), data, shape)
+
+    def refreshed(self, stage: Stage | None) -> tuple[Stage, Stage]:
+        """(the stage stepped: `stage` or the one the step was built for, the stage the
+        passes run on: itself, or its compute copy refreshed from it)."""
+        stage = self.stage if stage is None else stage
+        compute = stage if self.compute is None else self.compute
         if compute is not stage:
             refresh(compute, stage, self.compute_dtype)
-        names, forward_backward, accumulate = self.passes(compute)
+        return stage, compute
+
+    def run_schedule(self, compute: Stage, passes, data, shape: tuple
+                     ) -> tuple[mx.array, mx.array | None, dict[str, mx.array]]:
+        """(this stage's share of the loss, of the metrics (preference pairs; else None),
+        its gradients): every micro-batch's forward and backward on `compute` in the
+        schedule's order (`gradients`), `passes` (`passes` or `pair_passes`) computing
+        them, `data(m)` micro-batch m's data (the first stage's inputs, the last stage's
+        targets and what its loss needs), `shape` that of the activations sent on."""
+        plan, M = self.plan, self.micro_batches
+        names, forward_backward, accumulate = passes
         params = dict(tree_flatten(compute.parameters()))
         held = [params[n] for n in names]  # every array the passes read, in `names`' order
-        share = mx.array(rows / rows_total, dtype=mx.float32)
-        shape = (rows, length, stage.args.dim)
         link = self.link
         link.waited = 0.0
         loss, in_flight, total = mx.array(0.0), {}, None
+        metrics = mx.zeros((len(self.objective.metrics),)) if self.pairs else None
         for kind, m in schedule(self.schedule, plan.index, plan.count, M):
             if kind == "F":
-                part = slice(m * rows, (m + 1) * rows)
                 received = [] if plan.first else [
                     link.wait_for(link.receive(shape, self.compute_dtype, plan.index - 1))]
                 # the next stage's gradient: received when the backward needs it, not now
                 cotangent = mx.array(1.0) if plan.last else link.receive(
                     shape, self.compute_dtype, plan.index + 1)
-                data = ([mx.array(x[part])] if plan.first else []) + (
-                    [mx.array(y[part]), share] if plan.last else []) + (
-                    [mx.array(weights[part])] if plan.last and weights is not None else [])
-                out, grads = forward_backward(held, received, data, cotangent)
+                out, grads = forward_backward(held, received, data(m), cotangent)
                 link.evaluate(out)  # the forward only: the backward waits for its cotangent
-                if plan.last:
+                if plan.last and self.pairs:
+                    loss, metrics = loss + out[0], metrics + out[1]
+                elif plan.last:
                     loss = loss + out
                 else:
                     link.send(out, plan.index + 1)
@@ -237,9 +315,64 @@ class PipelineStep:
                 if not plan.first:
                     link.send(grads[1][0], plan.index - 1)
                 link.evaluate(*total)
-        link.evaluate(loss)
+        link.evaluate(loss, *([] if metrics is None else [metrics]))
         self.computed = time.perf_counter()
-        return loss, dict(zip(self.differentiated, total or [], strict=True))
+        return loss, metrics, dict(zip(self.differentiated, total or [], strict=True))
+
+    def reference_pass(self, module: Stage, dtype: mx.Dtype, inputs, targets, masks,
+                       shape: tuple, compiled: bool = False) -> list[mx.array]:
+        """DPO's reference model through the stages, forwards only: on the last stage each
+        micro-batch's row scores (2P / M, the chosen rows then the rejected), elsewhere [].
+        `module`: a frozen copy of this stage's blocks (full fine-tuning), or the stage the
+        policy runs on with its adapters off (LoRA, DoRA, QLoRA: no second copy); `dtype`:
+        the activations sent on. Its cost: one more forward of every micro-batch per step
+        (measured: 0.31 of a DPO step, docs/training-pipeline.md), its own bubble (N - 1 micro-batches' forwards
+        on the last stage), and no activation kept (nothing is differentiated).
+        `compiled`: one mx.compile'd function per stage, traced once (the SFT passes are
+        untouched)."""
+        plan, link = self.plan, self.link
+        names, forward = self.reference_function(module, dtype, compiled)
+        params = dict(tree_flatten(module.parameters()))
+        held = [params[n] for n in names]
+        scores = []
+        for m in range(self.micro_batches):
+            h = inputs(m) if plan.first else link.wait_for(
+                link.receive(shape, dtype, plan.index - 1))
+            out = forward(held, h, [targets(m), masks(m)] if plan.last else [])
+            if plan.last:
+                scores.append(out)
+            else:
+                link.send(out, plan.index + 1)
+            link.evaluate(out)
+        link.evaluate()
+        return scores
+
+    def reference_function(self, module: Stage, dtype: mx.Dtype, compiled: bool):
+        """(names, forward(held, h, data)): the reference model's forward on this stage
+        (`reference_pass`), built once for `module` (compiled or not)."""
+        key = (id(module), dtype, compiled)  # the modules live as long as the step
+        if key in self._reference_fns:
+            return self._reference_fns[key]
+        # as `passes`: nothing below refers to the step itself
+        plan, objective = self.plan, self.objective
+        adapters = module is not self.reference  # the policy's stage: its adapters off
+        names = [n for n, _ in tree_flatten(module.parameters())]
+
+        def forward(held, h, data):
+            before = module.parameters()
+            module.update(tree_unflatten(list(zip(names, held, strict=True))))
+            with lora.adapters_off(module) if adapters else nullcontext():
+                out = module(h)
+            module.update(before)
+            if not plan.last:
+                return out.astype(dtype)
+            targets, mask = data
+            return mx.stop_gradient(objective.row_scores(logits_logps(out, targets), mask))
+
+        if compiled:
+            forward = mx.compile(forward)
+        self._reference_fns[key] = (names, forward)
+        return names, forward
 
     def passes(self, compute: Stage):
         """(the names of every array of `compute` the passes read, `forward_backward`,
@@ -306,6 +439,56 @@ class PipelineStep:
         self._passes = (compute, names, forward_backward, accumulate)
         return self._passes[1:]
 
+    def pair_passes(self, compute: Stage):
+        """`passes` for preference pairs (`pair_gradients`), built once for `compute`: the
+        same forward and vjp, but the last stage's output is [its share of the loss, of
+        the metrics] (objectives.pair_sums) and the vjp's cotangents [1, zeros]: the
+        metrics come out of the same pass as the loss, and carry no gradient. Apart from
+        `passes` so that supervised training's compiled pass stays the graph it was."""
+        if self._pair_passes is not None and self._pair_passes[0] is compute:
+            return self._pair_passes[1:]
+        plan, k, dtype, traced = self.plan, len(self.differentiated), self.compute_dtype, self._traced
+        objective, n_metrics = self.objective, len(self.objective.metrics)
+        names = [n for n, _ in tree_flatten(compute.parameters())]
+        slots = {n: i for i, n in enumerate(names)}
+        picked = [slots[n] for n in self.differentiated]
+
+        def forward_backward(held, received, data, cotangent):
+            traced[0] += 1
+            before = compute.parameters()
+
+            def forward(*args):
+                values = list(held)
+                for slot, value in zip(picked, args[:k], strict=True):
+                    values[slot] = value
+                compute.update(tree_unflatten(list(zip(names, values, strict=True))))
+                out = compute(data[0] if plan.first else args[k])
+                if not plan.last:
+                    return out.astype(dtype)
+                targets, mask, scale, *reference = data[1:] if plan.first else data
+                return pair_sums(objective, logits_logps(out, targets), mask,
+                                 reference[0] if reference else None, scale)
+
+            primals = [held[slot] for slot in picked]
+            cotangents = [cotangent, mx.zeros((n_metrics,))] if plan.last else [cotangent]
+            outs, grads = mx.vjp(forward, [*primals, *received], cotangents)
+            compute.update(before)
+            return (outs if plan.last else outs[0]), [
+                [g.astype(mx.float32) for g in grads[:k]], grads[k:]]
+
+        def add(total, grads):
+            return [a + b for a, b in zip(total, grads, strict=True)]
+
+        def accumulate(total, grads):
+            return grads if total is None else add(total, grads)
+
+        if self.compile:
+            random = [mx.random.state] if self.random_state else []
+            forward_backward = mx.compile(forward_backward, inputs=random, outputs=random)
+            add = mx.compile(add)
+        self._pair_passes = (compute, names, forward_backward, accumulate)
+        return self._pair_passes[1:]
+
     # ------------------------------------------------------------ the step
 
     def step_gradients(self, x, y, weights=None, stage: Stage | None = None
@@ -315,6 +498,12 @@ class PipelineStep:
         stage that holds its parameter (a tied matrix's on the first stage, both uses
         summed). Every stage calls it."""
         loss, grads = self.gradients(x, y, weights, stage)
+        loss, _, grads = self.combine(loss, None, grads)
+        return loss, grads
+
+    def combine(self, loss, metrics, grads) -> tuple[mx.array, mx.array | None, dict]:
+        """`step_gradients` from this stage's shares: the loss (and metrics) all-summed to
+        every stage, the tied copy's gradient added to the matrix's, the copies averaged."""
         plan, group = self.plan, self.group
         if self.exchange_tied and plan.last:  # the copy's gradient to the matrix's owner
             mx.eval(send(grads.pop(self.copy), 0, group))
@@ -322,11 +511,13 @@ class PipelineStep:
             grads[TIED] = grads[TIED] + recv_like(grads[TIED], plan.count - 1, group)
         if plan.count > 1:
             loss = all_sum(loss, group)
+            if metrics is not None:  # the last stage's; zeros elsewhere
+                metrics = all_sum(metrics, group)
         if self.replicas is not None:  # the copies of this stage: one gradient
             nested = tree_unflatten(list(grads.items()))  # the tree nn.average_gradients takes
             grads = dict(tree_flatten(average_gradients(nested, self.replicas, self.comm_dtype)))
-        mx.eval(loss, *grads.values())
-        return loss, grads
+        mx.eval(loss, *([] if metrics is None else [metrics]), *grads.values())
+        return loss, metrics, grads
 
     def __call__(self, model: nn.Module, optimizer, batch: Batch, timed: bool = False
                  ) -> StepResult:
@@ -335,9 +526,13 @@ class PipelineStep:
         on every stage; the phases: compute_s (forwards and backwards, waits included),
         wait_s (of those, waiting for a neighbour: the bubble and the transfers),
         comm_s (the tied matrix and the collectives), optimizer_s."""
-        x, y, *weights = batch
         start = time.perf_counter()
-        loss, grads = self.step_gradients(x, y, weights[0] if weights else None, model)
+        if self.pairs:
+            loss, metrics, grads = self.combine(*self.pair_gradients(batch, model))
+        else:
+            x, y, *weights = batch
+            loss, grads = self.step_gradients(x, y, weights[0] if weights else None, model)
+            metrics = None
         reduced = time.perf_counter()
         plan, group = self.plan, self.group
         squared, apply = self.updates(model, optimizer)
@@ -361,7 +556,7 @@ class PipelineStep:
                   "wait_s": round(self.link.waited, 6),
                   "comm_s": round(reduced - self.computed + done - updated, 6),
                   "optimizer_s": round(updated - reduced, 6)} if timed else {}
-        return StepResult(loss.astype(mx.float32), norm, phases)
+        return StepResult(loss.astype(mx.float32), norm, phases, metrics)
 
     def updates(self, model: nn.Module, optimizer):
         """(squared(grads): the sum of the gradients' squares; apply(grads, norm=None):
@@ -399,6 +594,8 @@ class PipelineStep:
         only, in micro-batches as a step runs them: the same on every stage (a collective
         of the pipeline: every stage calls it with the same rows). loop.validation's
         `loss(model, batch)`."""
+        if self.pairs:
+            return self.pair_loss(stage, batch)
         x, y, *weights = batch
         trained = weights[0] if weights else None
         plan, link = self.plan, self.link
@@ -425,3 +622,46 @@ class PipelineStep:
             total = all_sum(total, self.group)
         mx.eval(total)
         return total
+
+    def pair_loss(self, stage: Stage, batch: Batch) -> mx.array:
+        """`loss` of preference pairs: DPO's reference pass, then the policy's forwards on
+        the master weights, each micro-batch's share of the loss from the last stage
+        (objectives.pair_sums), as data-parallel's validation computes it (the reference:
+        the frozen copy, or the master stage with its adapters off)."""
+        plan, link, M = self.plan, self.link, self.micro_batches
+        pairs_total, length = batch[0].shape[0], batch[0].shape[1]
+        rows = pairs_total // M
+        inputs, targets, masks = (stacked(batch[i], batch[i + 3], rows) for i in range(3))
+        shape = (2 * rows, length, stage.args.dim)
+        scale = mx.array(1 / pairs_total, dtype=mx.float32)
+        reference = None
+        if self.objective.needs_reference:
+            module = self.reference if self.reference is not None else stage
+            dtype = self.compute_dtype if self.reference is not None else mx.float32
+            reference = self.reference_pass(module, dtype, inputs, targets, masks, shape)
+        total = mx.array(0.0)
+        for m in range(M):
+            h = inputs(m) if plan.first else link.wait_for(
+                link.receive(shape, mx.float32, plan.index - 1))
+            out = stage(h)
+            if plan.last:
+                total = total + pair_sums(self.objective, logits_logps(out, targets(m)),
+                                          masks(m), reference[m] if reference else None,
+                                          scale)[0]
+                link.evaluate(total)
+            else:
+                link.send(out.astype(mx.float32), plan.index + 1)
+                link.evaluate(out)
+        link.evaluate()
+        if plan.count > 1:
+            total = all_sum(total, self.group)
+        mx.eval(total)
+        return total
+
+
+def stacked(chosen: np.ndarray, rejected: np.ndarray, rows: int):
+    """part(m): micro-batch m's chosen rows then its rejected rows (2 x `rows`), one array."""
+    def part(m: int) -> mx.array:
+        cut = slice(m * rows, (m + 1) * rows)
+        return mx.array(np.concatenate([chosen[cut], rejected[cut]]))
+    return part

@@ -141,6 +141,22 @@ def build_stage(cfg: TrainConfig, plan: StagePlan, meta: dict, data_dir: Path
     return stage, compute
 
 
+def frozen_copy(stage: Stage) -> Stage:
+    """DPO's reference model on this rank with full fine-tuning: a frozen copy of `stage`
+    (its blocks only, in its dtype: the compute copy's), not the whole model. Its arrays are
+    the stage's as they are now; the optimizer replaces the stage's, never changes these.
+    The skeleton's random draws are never evaluated, and mlx's random state is left as it
+    was (LoRA's dropout draws from it: a run's draws stay one process's)."""
+    hi, lo = mx.random.state[0].tolist()
+    copy = shaped_stage(stage.args, stage.plan)
+    mx.random.seed((hi << 32) | lo)  # the key as it was (mx.random.key(seed) is its two words)
+    copy.update(stage.parameters())
+    copy.freeze()
+    copy.eval()
+    mx.eval(copy.parameters())
+    return copy
+
+
 def own_tensors(stage: Stage, trainable_only: bool) -> dict[str, mx.array]:
     """The stage's parameters (or trainable ones) that are its own: the last stage's
     copy of a tied embedding is the first stage's."""
@@ -175,7 +191,7 @@ class Pipeline:
         """Its refusals come before anything loads: a split the model's blocks cannot
         take, then a world that is no pipeline."""
         self.cfg, self.group, self.meta, self.log = cfg, group, meta, log
-        self.objective = make_objective(cfg, meta)  # sft: config.py refuses the others here
+        self.objective = make_objective(cfg, meta)  # refuses data of the other kind
         self.plans = run_plans(cfg, meta)
         self.pipe = pipe = pipeline_groups(group, cfg.pipeline, backend)
         self.plan = self.plans[pipe.stage]
@@ -208,12 +224,19 @@ class Pipeline:
         return optimizer
 
     def make_step(self, model: Stage, compute: Stage) -> PipelineStep:
+        """The stage's step; DPO's reference with full fine-tuning a frozen copy of this
+        stage's blocks as they start (before any resume: the starting point, as one
+        process's), made here (with adapters: the stage with its adapters off)."""
         cfg, pipe = self.cfg, self.pipe
+        reference = None
+        if self.objective.needs_reference and not self.lora:
+            reference = frozen_copy(compute)
         return PipelineStep(model, pipe.pipeline, self.micro_batches, cfg.grad_clip,
                             None if compute is model else compute, dtype_of(cfg.dtype),
                             cfg.pipeline_schedule, replicas=pipe.replicas,
                             comm_dtype=dtype_of(cfg.comm_dtype), compile=cfg.compile,
-                            random_state=self.lora and cfg.lora_dropout > 0)
+                            random_state=self.lora and cfg.lora_dropout > 0,
+                            objective=self.objective, reference=reference)
 
     def counts(self, model: Stage) -> tuple[int, int]:
         """(the model's parameters, its trainable ones): every stage's, summed (a
@@ -335,10 +358,17 @@ class Pipeline:
         split = (f"{pipe.replicas_count} x a pipeline of {pipe.stages} stages, each "
                  f"{micro} micro-batches of {micro_batch // micro}")
         held = held_at_once(schedule(cfg.pipeline_schedule, 0, pipe.stages, micro))
-        return split, [f"pipeline of {pipe.stages} stages, {micro} micro-batches of "
-                       f"{micro_batch // micro} rows, {cfg.pipeline_schedule}: bubble "
-                       f"{bubble_fraction(pipe.stages, micro):.0%}, at most {held} "
-                       "micro-batches' activations held"]
+        rows = "pairs (chosen and rejected rows together)" if self.objective.metrics else "rows"
+        lines = [f"pipeline of {pipe.stages} stages, {micro} micro-batches of "
+                 f"{micro_batch // micro} {rows}, {cfg.pipeline_schedule}: bubble "
+                 f"{bubble_fraction(pipe.stages, micro):.0%}, at most {held} "
+                 "micro-batches' activations held"]
+        if self.objective.needs_reference:
+            model = "each stage with its adapters off" if self.lora else \
+                "a frozen copy of each stage's blocks"
+            lines.append(f"DPO's reference model ({model}): a forward-only pass through the "
+                         "stages each step, before the policy's")
+        return split, lines
 
     def mirrors(self) -> list[str]:
         return describe_mirrors(self.layout, self.mirrored)

@@ -42,10 +42,12 @@ def preference_folder(root: Path, quantize: bool = False) -> Path:
     return model
 
 
-def prepared(folder: Path, tmp_path: Path, objective: str, n: int = PAIRS) -> Path:
-    """`n` pairs prepared for `objective` (dpo or orpo) in tmp_path/data, all for training."""
+def prepared(folder: Path, tmp_path: Path, objective: str, n: int = PAIRS,
+             val_every: int = 0) -> Path:
+    """`n` pairs prepared for `objective` (dpo or orpo) in tmp_path/data, all for training
+    (`val_every` k: every k-th to validation)."""
     src = write_jsonl(tmp_path / "pairs.jsonl", pairs(n))
     data = tmp_path / "data"
     assert prepare_main(["--out", str(data), "--jsonl", str(src), "--tokenizer", str(folder),
-                         "--val-every", "0", "--preference_for", objective]) == 0
+                         "--val-every", str(val_every), "--preference_for", objective]) == 0
     return data

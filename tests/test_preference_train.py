@@ -16,13 +16,14 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
+from mlx.utils import tree_flatten, tree_map
 
 from reference_train.tokenizer import FolderTokenizer
 from tests import waits
 
 from .conftest import require
 from .preference_support import CHOSEN, pairs, preference_folder, prepared
-from .train_support import MLX_LAUNCH, PYTHON, read_metrics, run_trainer, trainer_env
+from .train_support import MLX_LAUNCH, PYTHON, pipelined, read_metrics, run_trainer, trainer_env
 
 KEYS = ("loss", "chosen_reward", "rejected_reward", "reward_margin", "accuracy")
 
@@ -32,9 +33,16 @@ def folder(tmp_path_factory) -> Path:
     return preference_folder(tmp_path_factory.mktemp("preference"))
 
 
-def common(folder: Path, data: Path, objective: str, steps: int = 6) -> list[str]:
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory) -> Path:
+    """The tiny Llama in 4 bits (QLoRA)."""
+    return preference_folder(tmp_path_factory.mktemp("quantized"), quantize=True)
+
+
+def common(folder: Path, data: Path, objective: str, steps: int = 6,
+           fine_tune: str = "lora") -> list[str]:
     return ["--init_from", str(folder), "--data", str(data), "--objective", objective,
-            "--fine_tune", "lora", "--lora_rank", "4", "--lora_layers", "-1",
+            "--fine_tune", fine_tune, "--lora_rank", "4", "--lora_layers", "-1",
             "--block_size", "80", "--steps", str(steps), "--global_batch", "8",
             "--log_every", "1", "--eval_every", "0", "--sample_tokens", "0", "--lr", "2e-3",
             "--warmup_steps", "2"]
@@ -177,7 +185,119 @@ def test_objective_and_data_must_match(folder, tmp_path):
                         "--out", str(tmp_path / "b")])
     assert proc.returncode == 2
     assert "--objective orpo trains on preference pairs" in proc.stderr
-    proc = run_trainer([*common(folder, data, "dpo"), "--pipeline", "2", "--out",
-                        str(tmp_path / "c")])
-    assert proc.returncode == 2 and "--objective dpo with --pipeline 2" in proc.stderr
     assert FolderTokenizer(folder).eos_id is not None
+
+
+# ---------------------------------------------------------------- through --pipeline
+
+
+def one_stage_pipeline(folder: Path, data: Path, objective: str, fine_tune: str,
+                       loss_type: str, compile: bool):
+    """(the model as one process trains it, its objective attached; a PipelineStep of one
+    stage on the same model, in 4 micro-batches; the first 8 pairs): the pipeline's
+    preference pass without a launch, so every loss, fine-tuning and --compile is cheap."""
+    from reference_train.config import build_config
+    from reference_train.data import load_meta, open_split
+    from reference_train.data_parallel import make_model
+    from reference_train.objectives import make_objective
+    from reference_train.pipeline import PipelineStep, Stage
+    from reference_train.pipeline_setup import frozen_copy, run_plans
+
+    cfg = build_config(["--init_from", str(folder), "--data", str(data), "--objective",
+                        objective, "--dpo_loss", loss_type, "--fine_tune", fine_tune,
+                        "--lora_rank", "4", "--lora_layers", "-1", "--lora_dropout", "0",
+                        "--block_size", "80", "--global_batch", "8", "--beta", "0.5"])
+    meta = load_meta(data)
+    model = make_model(cfg, meta, data)
+    # the adapters start at zero (lora_b): moved, so that policy and reference differ
+    model.update(tree_map(lambda p: p + 0.05, model.trainable_parameters()))
+    mx.eval(model.parameters())
+    reference_copy = None
+    if objective == "dpo" and fine_tune == "full":  # the reference: the weights before the move
+        reference_copy = frozen_copy(Stage(model, run_plans(cfg, meta)[0]))
+        model.update(tree_map(lambda p: p * 1.01, model.trainable_parameters()))
+    one = make_objective(cfg, meta)
+    one.attach(model, fine_tune != "full")
+    if reference_copy is not None:
+        one.reference.update(reference_copy.parameters())
+    stage = Stage(model, run_plans(cfg, meta)[0])
+    step = PipelineStep(stage, mx.distributed.init(), 4, compile=compile,
+                        objective=make_objective(cfg, meta), reference=reference_copy)
+    batch = open_split(data, "train", 80).read(range(8))
+    return model, one, step, batch
+
+
+@pytest.mark.parametrize("objective,fine_tune,loss_type,compile", [
+    ("dpo", "lora", "sigmoid", False), ("dpo", "lora", "hinge", False),
+    ("dpo", "dora", "ipo", False), ("dpo", "lora", "dpop", True),
+    ("dpo", "full", "sigmoid", False), ("dpo", "full", "sigmoid", True),
+    ("orpo", "lora", "sigmoid", False), ("orpo", "dora", "sigmoid", False),
+    ("dpo", "qlora", "sigmoid", False)])
+def test_a_pipelines_micro_batches_add_up_to_one_process_loss_metrics_and_gradients(
+        folder, quantized, tmp_path, objective, fine_tune, loss_type, compile):
+    """Every --dpo_loss and ORPO, LoRA, DoRA, QLoRA and full fine-tuning, eager and
+    compiled: a pipeline step's 4 micro-batches (chosen and rejected rows stacked, the
+    reference pass first) give one process's loss, metrics and gradients within 1e-5."""
+    base = quantized if fine_tune == "qlora" else folder
+    data = prepared(base, tmp_path, objective)
+    model, one, step, batch = one_stage_pipeline(
+        base, data, objective, "lora" if fine_tune == "qlora" else fine_tune, loss_type, compile)
+    (loss, metrics), grads = nn.value_and_grad(model, one.loss)(model, *map(mx.array, batch))
+    want = dict(tree_flatten(grads))
+    got_loss, got_metrics, got = step.pair_gradients(batch)
+    assert abs(got_loss.item() - loss.item()) <= 1e-5 * max(1, abs(loss.item())), \
+        (got_loss.item(), loss.item())
+    assert np.allclose(np.array(got_metrics), np.array(metrics), rtol=1e-5, atol=1e-6), \
+        (got_metrics, metrics)
+    assert sorted(got) == sorted(want) and want
+    for name in want:
+        assert np.allclose(np.array(got[name]), np.array(want[name]), rtol=1e-4, atol=1e-6), name
+    assert loss.item() > 0 and float(np.abs(np.array(metrics)).max()) > 0  # not all trivial
+    if objective == "dpo" and loss_type == "sigmoid":  # the validation loss: forwards only
+        model.eval()
+        assert abs(step.loss(step.stage, batch).item() - one.loss(model, *map(mx.array, batch))[0].item()) \
+            <= 1e-5
+
+
+@pytest.mark.parametrize("objective,fine_tune,schedule", [
+    ("dpo", "lora", "1f1b"), ("orpo", "lora", "gpipe"), ("dpo", "full", "1f1b")])
+def test_two_stages_give_one_process_numbers_and_resume_exactly(
+        folder, tmp_path, objective, fine_tune, schedule):
+    """--pipeline 2 on real ring ranks, 4 micro-batches of 2 pairs (DPO with LoRA compiled,
+    the others eager): every logged loss, reward, margin, accuracy and validation loss
+    within 1e-5 of one process's (the test above: the other losses and fine-tunings,
+    compiled); full fine-tuning's DPO (its
+    reference a frozen copy of each stage's blocks) stopped after step 2 and resumed with
+    --resume auto: the uninterrupted pipeline's numbers, bit for bit."""
+    require(MLX_LAUNCH is not None, "mlx.launch is not installed beside the test python")
+    data = prepared(folder, tmp_path, objective, n=24, val_every=3)  # 16 pairs, 8 to validate
+    flags = [*common(folder, data, objective, steps=4, fine_tune=fine_tune),
+             "--eval_every", "2", "--eval_batches", "1"]
+    one = tmp_path / "one"
+    proc = run_trainer([*flags, "--out", str(one)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    extra = ["--micro_batches", "4", "--pipeline_schedule", schedule]
+    # DPO with LoRA compiled (each stage's pair pass and reference pass, on both sides of a
+    # hop: the test above compiles them on one stage only); the others eager (pipelined)
+    compiled = ["--compile", "true"] if (objective, fine_tune) == ("dpo", "lora") else []
+    piped = pipelined(tmp_path / "pp", flags, 2, *extra, *compiled)
+    assert "4 micro-batches of 2 pairs (chosen and rejected rows together)" in piped.stdout
+    assert ("DPO's reference model" in piped.stdout) == (objective == "dpo")
+    want, got = logged(one), logged(tmp_path / "pp")
+    assert [r["step"] for r in got] == [1, 2, 3, 4]
+    for mine, theirs in zip(got, want, strict=True):
+        for key in KEYS:
+            assert mine[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-5), \
+                (mine["step"], key, mine[key], theirs[key])
+    assert want[-1]["loss"] < want[0]["loss"] and want[-1]["reward_margin"] > 0
+    validated = {r["step"]: r["val_loss"] for r in read_metrics(one) if "val_loss" in r}
+    piped_val = {r["step"]: r["val_loss"] for r in read_metrics(tmp_path / "pp") if "val_loss" in r}
+    assert list(piped_val) == list(validated) == [2, 4]
+    assert all(piped_val[s] == pytest.approx(validated[s], rel=1e-5) for s in validated)
+    if fine_tune != "full":
+        return
+    split = tmp_path / "split"
+    pipelined(split, [*flags, "--stop_after", "2", "--checkpoint_every", "2"], 2, *extra)
+    resumed = pipelined(split, [*flags, "--resume", "auto"], 2, *extra)
+    assert "at step 2" in resumed.stdout
+    assert logged(split) == got  # every number, bit for bit
