@@ -396,6 +396,38 @@ class PipelineStep:
         pipeline tests would hang if it were)."""
         if self._passes is not None and self._passes[0] is compute:
             return self._passes[1:]
+
+        def loss_share(out, data):  # the last stage: its share of the mean cross-entropy
+            targets, share, *trained = data
+            logits = out if out.dtype == mx.float32 else out.astype(mx.float32)
+            return kernels.cross_entropy(logits, targets, trained[0] if trained else None) * share
+
+        self._passes = (compute, *self.built_passes(compute, loss_share, 0))
+        return self._passes[1:]
+
+    def pair_passes(self, compute: Stage):
+        """`passes` for preference pairs (`pair_gradients`), built once for `compute`: the
+        same forward and vjp, but the last stage's output is [its share of the loss, of
+        the metrics] (objectives.pair_sums) and the vjp's cotangents [1, zeros]: the
+        metrics come out of the same pass as the loss, and carry no gradient. Kept apart
+        from `passes` so that supervised training's compiled pass stays the graph it was."""
+        if self._pair_passes is not None and self._pair_passes[0] is compute:
+            return self._pair_passes[1:]
+        objective = self.objective
+
+        def pair_shares(out, data):  # [the loss's share, the metrics'] of these pairs
+            targets, mask, scale, *reference = data
+            return pair_sums(objective, logits_logps(out, targets), mask,
+                             reference[0] if reference else None, scale)
+
+        self._pair_passes = (compute, *self.built_passes(compute, pair_shares,
+                                                         len(objective.metrics)))
+        return self._pair_passes[1:]
+
+    def built_passes(self, compute: Stage, last_out, n_metrics: int):
+        """(names, forward_backward, accumulate) of `passes`, the last stage's output
+        `last_out(output, data)`: its share of the loss, or with `n_metrics` > 0 [that
+        share, the metrics' share] (whose cotangent is zeros: no gradient)."""
         # Nothing below refers to the step itself: MLX keeps a compiled function
         # until the process exits, and with it whatever it refers to; the step's
         # groups then outlive MPI (MPI_Comm_free after MPI_Finalize aborts the run).
@@ -416,64 +448,14 @@ class PipelineStep:
                 out = compute(data[0] if plan.first else args[k])
                 if not plan.last:
                     return out.astype(dtype)
-                targets, share, *trained = data[1:] if plan.first else data
-                logits = out if out.dtype == mx.float32 else out.astype(mx.float32)
-                return kernels.cross_entropy(logits, targets,
-                                             trained[0] if trained else None) * share
+                return last_out(out, data[1:] if plan.first else data)
 
             primals = [held[slot] for slot in picked]
-            (out,), grads = mx.vjp(forward, [*primals, *received], [cotangent])
-            compute.update(before)
-            return out, [[g.astype(mx.float32) for g in grads[:k]], grads[k:]]
-
-        def add(total, grads):
-            return [a + b for a, b in zip(total, grads, strict=True)]
-
-        def accumulate(total, grads):
-            return grads if total is None else add(total, grads)
-
-        if self.compile:
-            random = [mx.random.state] if self.random_state else []
-            forward_backward = mx.compile(forward_backward, inputs=random, outputs=random)
-            add = mx.compile(add)
-        self._passes = (compute, names, forward_backward, accumulate)
-        return self._passes[1:]
-
-    def pair_passes(self, compute: Stage):
-        """`passes` for preference pairs (`pair_gradients`), built once for `compute`: the
-        same forward and vjp, but the last stage's output is [its share of the loss, of
-        the metrics] (objectives.pair_sums) and the vjp's cotangents [1, zeros]: the
-        metrics come out of the same pass as the loss, and carry no gradient. Apart from
-        `passes` so that supervised training's compiled pass stays the graph it was."""
-        if self._pair_passes is not None and self._pair_passes[0] is compute:
-            return self._pair_passes[1:]
-        plan, k, dtype, traced = self.plan, len(self.differentiated), self.compute_dtype, self._traced
-        objective, n_metrics = self.objective, len(self.objective.metrics)
-        names = [n for n, _ in tree_flatten(compute.parameters())]
-        slots = {n: i for i, n in enumerate(names)}
-        picked = [slots[n] for n in self.differentiated]
-
-        def forward_backward(held, received, data, cotangent):
-            traced[0] += 1
-            before = compute.parameters()
-
-            def forward(*args):
-                values = list(held)
-                for slot, value in zip(picked, args[:k], strict=True):
-                    values[slot] = value
-                compute.update(tree_unflatten(list(zip(names, values, strict=True))))
-                out = compute(data[0] if plan.first else args[k])
-                if not plan.last:
-                    return out.astype(dtype)
-                targets, mask, scale, *reference = data[1:] if plan.first else data
-                return pair_sums(objective, logits_logps(out, targets), mask,
-                                 reference[0] if reference else None, scale)
-
-            primals = [held[slot] for slot in picked]
-            cotangents = [cotangent, mx.zeros((n_metrics,))] if plan.last else [cotangent]
+            with_metrics = plan.last and n_metrics > 0
+            cotangents = [cotangent, mx.zeros((n_metrics,))] if with_metrics else [cotangent]
             outs, grads = mx.vjp(forward, [*primals, *received], cotangents)
             compute.update(before)
-            return (outs if plan.last else outs[0]), [
+            return (outs if with_metrics else outs[0]), [
                 [g.astype(mx.float32) for g in grads[:k]], grads[k:]]
 
         def add(total, grads):
@@ -486,8 +468,7 @@ class PipelineStep:
             random = [mx.random.state] if self.random_state else []
             forward_backward = mx.compile(forward_backward, inputs=random, outputs=random)
             add = mx.compile(add)
-        self._pair_passes = (compute, names, forward_backward, accumulate)
-        return self._pair_passes[1:]
+        return names, forward_backward, accumulate
 
     # ------------------------------------------------------------ the step
 
@@ -598,39 +579,27 @@ class PipelineStep:
             return self.pair_loss(stage, batch)
         x, y, *weights = batch
         trained = weights[0] if weights else None
-        plan, link = self.plan, self.link
         rows_total, length = x.shape[0], x.shape[1]
         rows = rows_total // self.micro_batches
-        shape = (rows, length, stage.args.dim)
-        total = mx.array(0.0)
-        for m in range(self.micro_batches):
-            part = slice(m * rows, (m + 1) * rows)
-            h = mx.array(x[part]) if plan.first else link.wait_for(
-                link.receive(shape, mx.float32, plan.index - 1))
-            out = stage(h)
-            if plan.last:
-                logits = out.astype(mx.float32)
-                total = total + kernels.cross_entropy(
-                    logits, mx.array(y[part]),
-                    None if trained is None else mx.array(trained[part])) * (rows / rows_total)
-                link.evaluate(total)
-            else:
-                link.send(out.astype(mx.float32), plan.index + 1)
-                link.evaluate(out)
-        link.evaluate()
-        if plan.count > 1:
-            total = all_sum(total, self.group)
-        mx.eval(total)
-        return total
+
+        def part(m):
+            return slice(m * rows, (m + 1) * rows)
+
+        def share(m, out):
+            return kernels.cross_entropy(
+                out.astype(mx.float32), mx.array(y[part(m)]),
+                None if trained is None else mx.array(trained[part(m)])) * (rows / rows_total)
+
+        return self.forward_losses(stage, lambda m: mx.array(x[part(m)]), share,
+                                   (rows, length, stage.args.dim))
 
     def pair_loss(self, stage: Stage, batch: Batch) -> mx.array:
         """`loss` of preference pairs: DPO's reference pass, then the policy's forwards on
         the master weights, each micro-batch's share of the loss from the last stage
         (objectives.pair_sums), as data-parallel's validation computes it (the reference:
         the frozen copy, or the master stage with its adapters off)."""
-        plan, link, M = self.plan, self.link, self.micro_batches
         pairs_total, length = batch[0].shape[0], batch[0].shape[1]
-        rows = pairs_total // M
+        rows = pairs_total // self.micro_batches
         inputs, targets, masks = (stacked(batch[i], batch[i + 3], rows) for i in range(3))
         shape = (2 * rows, length, stage.args.dim)
         scale = mx.array(1 / pairs_total, dtype=mx.float32)
@@ -639,15 +608,25 @@ class PipelineStep:
             module = self.reference if self.reference is not None else stage
             dtype = self.compute_dtype if self.reference is not None else mx.float32
             reference = self.reference_pass(module, dtype, inputs, targets, masks, shape)
+
+        def share(m, out):
+            return pair_sums(self.objective, logits_logps(out, targets(m)), masks(m),
+                             reference[m] if reference else None, scale)[0]
+
+        return self.forward_losses(stage, inputs, share, shape)
+
+    def forward_losses(self, stage: Stage, inputs, share, shape: tuple) -> mx.array:
+        """Validation's forwards (`loss`, `pair_loss`) through the stages, micro-batch m's
+        input `inputs(m)` on the first stage, its share of the loss `share(m, output)` on
+        the last: their sum, all-summed to every stage."""
+        plan, link = self.plan, self.link
         total = mx.array(0.0)
-        for m in range(M):
+        for m in range(self.micro_batches):
             h = inputs(m) if plan.first else link.wait_for(
                 link.receive(shape, mx.float32, plan.index - 1))
             out = stage(h)
             if plan.last:
-                total = total + pair_sums(self.objective, logits_logps(out, targets(m)),
-                                          masks(m), reference[m] if reference else None,
-                                          scale)[0]
+                total = total + share(m, out)
                 link.evaluate(total)
             else:
                 link.send(out.astype(mx.float32), plan.index + 1)
