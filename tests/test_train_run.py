@@ -176,3 +176,12 @@ def test_heartbeat_lines_only_when_a_launcher_asks(offline_data, tmp_path):
                            env={k: v for k, v in trainer_env().items()
                                 if k != "MLXCLUSTER_HEARTBEAT"})
     assert plain.returncode == 0 and HEARTBEAT_MARK not in plain.stdout + plain.stderr
+
+
+def test_a_rank_that_fails_alone_fails_the_run_though_mlx_launch_exits_0():
+    """mlx.launch exits 0 when one of its ranks fails (it only warns); run_trainer
+    gives that rank's code, so a test asserting a run's success cannot pass on it."""
+    failed = run_trainer(["3"], ranks=2, module="tests.rank_exit")
+    assert "Node with rank 1 exited with code 3" in failed.stderr, failed.stderr[-2000:]
+    assert failed.returncode == 3
+    assert run_trainer(["0"], ranks=2, module="tests.rank_exit").returncode == 0

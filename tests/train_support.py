@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -58,7 +59,20 @@ def run_trainer(args: list[str], ranks: int = 1,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     out = [Path(args[i + 1]) for i, arg in enumerate(args[:-1]) if arg == "--out"]
     stdout, stderr = waits.communicate(proc, f"{module} on {ranks} rank(s)", paths=out)
-    return subprocess.CompletedProcess(full, proc.returncode, stdout, stderr)
+    return subprocess.CompletedProcess(full, launched_exit(proc.returncode, stderr), stdout, stderr)
+
+
+# mlx.launch exits 0 when a rank fails: it only warns (mlx/_distributed_utils/launch.py).
+RANK_FAILED = re.compile(r"Node with rank (\d+) (?:exited with code (-?\d+)|was killed)")
+
+
+def launched_exit(code: int, stderr: str) -> int:
+    """The run's exit: the launcher's, or when it says 0 the first failed rank's (its code,
+    or -9 for a rank killed), so that a test asserting success cannot pass on a dead rank."""
+    failed = RANK_FAILED.search(stderr)
+    if code != 0 or failed is None:
+        return code
+    return int(failed.group(2)) if failed.group(2) else -9
 
 
 def read_metrics(out: Path) -> list[dict]:
