@@ -32,11 +32,13 @@ def pairs(n: int = PAIRS) -> list[dict]:
     return rows
 
 
-def preference_folder(root: Path, quantize: bool = False) -> Path:
+def preference_folder(root: Path, quantize: bool = False, blocks: int = 0) -> Path:
     """The tiny Llama saved by mlx-lm under `root` (`quantize`: by mlx-lm, 4 bits in groups
-    of 32, for QLoRA), with a Llama 3 chat tokenizer."""
+    of 32, for QLoRA; `blocks`: another number of blocks than MODEL_CONFIG's), with a
+    Llama 3 chat tokenizer."""
     tokenizer = make_chat_folder(root / "tokenizer", "llama3")
-    model = make_llama_folder(root / "model", MODEL_CONFIG, seed=3, quantize=quantize)
+    config = {**MODEL_CONFIG, "num_hidden_layers": blocks} if blocks else MODEL_CONFIG
+    model = make_llama_folder(root / "model", config, seed=3, quantize=quantize)
     for f in tokenizer.iterdir():
         shutil.copy(f, model / f.name)
     return model

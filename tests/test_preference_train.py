@@ -301,3 +301,29 @@ def test_two_stages_give_one_process_numbers_and_resume_exactly(
     resumed = pipelined(split, [*flags, "--resume", "auto"], 2, *extra)
     assert "at step 2" in resumed.stdout
     assert logged(split) == got  # every number, bit for bit
+
+
+def test_three_stages_resumed_on_two_give_one_process_numbers(tmp_path_factory, tmp_path):
+    """What --elastic does after a lost host, at the trainer: DPO with full fine-tuning
+    (its reference a frozen copy of each stage's own blocks) over --pipeline 3 stopped
+    after step 2, resumed as --pipeline 2, each stage then holding blocks it did not:
+    every logged loss, reward, margin and accuracy within 1e-5 of one process's (the new
+    stages' references are the starting weights of their new blocks)."""
+    require(MLX_LAUNCH is not None, "mlx.launch is not installed beside the test python")
+    folder = preference_folder(tmp_path_factory.mktemp("three"), blocks=3)
+    data = prepared(folder, tmp_path, "dpo")
+    flags = [*common(folder, data, "dpo", steps=4, fine_tune="full"), "--checkpoint_every", "2"]
+    one = tmp_path / "one"
+    proc = run_trainer([*flags, "--out", str(one)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = tmp_path / "pp"
+    pipelined(out, [*flags, "--stop_after", "2"], 3, "--micro_batches", "2")
+    two = pipelined(out, [*flags, "--resume", "auto"], 2, "--micro_batches", "2")
+    assert "re-splitting step 2 of --pipeline 3's checkpoints over --pipeline 2" in two.stdout
+    want, got = logged(one), logged(out)
+    assert [r["step"] for r in got] == [1, 2, 3, 4]
+    for mine, theirs in zip(got, want, strict=True):
+        for key in KEYS:
+            assert mine[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-5), \
+                (mine["step"], key, mine[key], theirs[key])
+    assert want[-1]["loss"] < want[0]["loss"]
