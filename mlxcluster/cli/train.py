@@ -22,6 +22,7 @@ from mlxcluster.launch.trainer import (
     check_out_here,
     parse_trainer_args,
     run_trainer,
+    sends_stage_files,
     training_request,
     with_model_folder,
     with_restart_checkpoints,
@@ -83,9 +84,7 @@ def command(timeout, config, stall_timeout, max_restarts, no_sync_data, elastic,
         raise InputError("--elastic goes on without a lost host when the job is launched again: "
                          "it needs --max-restarts N", "add --max-restarts 2 (or more)")
     refuse_detached_restarts(detach, max_restarts, then=RESUME_AFTER_DETACHED)
-    args = with_restart_checkpoints(with_model_folder(parsed), max_restarts)
-    # --pipeline: each host is sent only its stage's weight files, the ranks told the split
-    args = with_stage_split(args)
+    args = with_stage_split(with_restart_checkpoints(with_model_folder(parsed), max_restarts))
     cfg = args.config
     check_out_here(cfg.out)  # the run's record is kept here, at --out (launch/record.py)
     check_html_path(html_path)
@@ -102,7 +101,7 @@ def command(timeout, config, stall_timeout, max_restarts, no_sync_data, elastic,
                                                     min_hosts=min_hosts), env,
                        timeout=timeout, stall_timeout=None if stall_timeout == "off" else stall_timeout,
                        on_line=show, on_event=view, run_id=prepared.run_id,
-                       stage_files=request.model_files is not None and bool(request.models))
+                       stage_files=sends_stage_files(request))
 
     def page(end) -> None:  # what the run logged, also when it stopped early
         if html_path and end.kind in ("stopped", "failed", "finished"):

@@ -199,6 +199,13 @@ def training_request(args: TrainerArgs, flags: LaunchFlags, *, detached: bool,
         if pipeline.on and split_files(cfg) else None)
 
 
+def sends_stage_files(request: LaunchRequest) -> bool:
+    """Whether ``request`` (``training_request``'s) sends each host only its stages'
+    weight files of a model it sends: then a re-split sends the hosts left their new
+    blocks' files before the relaunch (``run_trainer``'s ``stage_files``)."""
+    return request.model_files is not None and bool(request.models)
+
+
 def with_stage_split(args: TrainerArgs) -> TrainerArgs:
     """--pipeline over a sharded --init_from: the split planned here from the
     whole folder given to the ranks (--pipeline_split), as each host is sent
