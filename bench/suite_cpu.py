@@ -10,9 +10,13 @@ the machine's noise falls on both:
 - ``own``: every lab host keeps its own MLX kernel cache and every process builds what
   it misses (MLXCLUSTER_LAB_OWN_KERNELS=1, the suite as it was before issue 50);
 - ``shared``: the lab hosts and this machine share one, and tests/kernel_cc/g++ builds
-  each kernel source once for the ranks that miss it at the same moment (the suite now).
+  each kernel source once for the ranks that miss it at the same moment, MLX's preamble
+  precompiled once (the suite now);
+- ``no-pch``: shared, but every build parses MLX's preamble again
+  (MLXCLUSTER_KERNEL_PCH=0, the suite before the precompiled header).
 
     python bench/suite_cpu.py tests/lab/test_hf_lab.py tests/lab/test_train_lab.py --rounds 1
+    python bench/suite_cpu.py tests/test_preference_train.py --only shared no-pch
 
 Machine CPU seconds come from /proc/stat (user + nice + system + irq + softirq, all
 cores), so run it with nothing else on the machine; g++ builds are counted by polling
@@ -34,7 +38,8 @@ from pathlib import Path
 import psutil
 
 REPO = Path(__file__).resolve().parent.parent
-CANDIDATES = {"own": {"MLXCLUSTER_LAB_OWN_KERNELS": "1"}, "shared": {}}
+CANDIDATES = {"own": {"MLXCLUSTER_LAB_OWN_KERNELS": "1"}, "shared": {},
+              "no-pch": {"MLXCLUSTER_KERNEL_PCH": "0"}}
 
 
 def machine_cpu_s() -> float:
@@ -60,7 +65,8 @@ class CompileCounter(threading.Thread):
 
 
 def run_once(files: list[str], name: str, workers: int) -> dict:
-    env = {key: value for key, value in os.environ.items() if key != "MLXCLUSTER_LAB_OWN_KERNELS"}
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("MLXCLUSTER_LAB_OWN_KERNELS", "MLXCLUSTER_KERNEL_PCH")}
     env.update(CANDIDATES[name], CI="true")
     with tempfile.TemporaryDirectory(prefix="suite-cpu-") as tmp:
         env["TMPDIR"] = tmp
@@ -88,21 +94,25 @@ def main() -> int:
     parser.add_argument("files", nargs="+")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--workers", type=int, default=0, help="pytest-xdist workers (0: none)")
+    parser.add_argument("--only", nargs="+", choices=list(CANDIDATES), default=list(CANDIDATES),
+                        help="the candidates to run (the first is the others' yardstick)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
     rows = []
     for r in range(args.rounds):
-        order = list(CANDIDATES) if r % 2 == 0 else list(reversed(CANDIDATES))
+        order = args.only if r % 2 == 0 else list(reversed(args.only))
         for name in order:
             row = {"round": r + 1, **run_once(args.files, name, args.workers)}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    by = {name: [row for row in rows if row["candidate"] == name] for name in CANDIDATES}
+    base = args.only[0]
     for key in ("wall_s", "machine_cpu_s", "g++_builds"):
-        own = sum(row[key] for row in by["own"])
-        shared = sum(row[key] for row in by["shared"])
-        print(f"{key}: own {own:.0f}, shared {shared:.0f}, shared/own {shared / own:.2f}"
-              if own else f"{key}: own 0, shared {shared:.0f}")
+        totals = {name: sum(row[key] for row in rows if row["candidate"] == name)
+                  for name in args.only}
+        ratios = [f"{name}/{base} {total / totals[base]:.2f}" for name, total in totals.items()
+                  if name != base and totals[base]]
+        print(f"{key}: " + ", ".join([f"{name} {total:.0f}" for name, total in totals.items()]
+                                     + ratios))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
     return 0 if all(row["rc"] == 0 for row in rows) else 1
