@@ -61,6 +61,7 @@ from .errors import DataError
 from .files import file_sha256, replace_dir
 from .model import Llama
 from .shape import ModelArgs
+from .stages import INDEX, index_map
 from .tokenizer import copy_tokenizer, same_tokenizer
 
 # model_type: the model's switches for that family (ModelArgs fields), and mlx-lm's
@@ -315,15 +316,12 @@ def weight_files(folder: Path, wanted: Callable[[str], bool] | None = None) -> l
     `wanted` (a predicate on the tensors' names, a pipeline stage's: stages.stage_tensor):
     only the index's files holding a tensor it wants; the others may be absent (a pipeline
     host's copy holds its stage's files only), one it needs may not."""
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-            names = {str(f): [] for f in weight_map.values()}
-            for name, f in weight_map.items():
-                names[str(f)].append(str(name))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            raise DataError(f"{index} cannot be read: {e}") from None
+    index = folder / INDEX
+    weight_map = index_map(folder)
+    if weight_map is not None:
+        names: dict[str, list[str]] = {f: [] for f in weight_map.values()}
+        for name, f in weight_map.items():
+            names[f].append(name)
         if wanted is not None:
             names = {f: held for f, held in names.items() if any(map(wanted, held))}
         files = [folder / f for f in sorted(names)]
@@ -349,14 +347,10 @@ def weight_files(folder: Path, wanted: Callable[[str], bool] | None = None) -> l
 
 def indexed_names(folder: Path) -> set[str] | None:
     """Every weight's name in the folder's index, ours (None without an index)."""
-    index = folder / "model.safetensors.index.json"
-    if not index.is_file():
+    weight_map = index_map(folder)
+    if weight_map is None:
         return None
-    try:
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return {ours for name in weight_map if (ours := ours_from_hf(str(name))) is not None}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise DataError(f"{index} cannot be read: {e}") from None
+    return {ours for name in weight_map if (ours := ours_from_hf(name)) is not None}
 
 
 def load_folder(folder: str | Path, wanted: Callable[[str], bool] | None = None
@@ -608,7 +602,7 @@ def write_index(folder: Path, weight_map: dict[str, str], total_size: int,
     """model.safetensors.index.json: which file holds each tensor (mlx-lm's names)."""
     index = {"metadata": {"total_size": total_size, "total_parameters": total_parameters},
              "weight_map": dict(sorted(weight_map.items()))}
-    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=4))
+    (folder / INDEX).write_text(json.dumps(index, indent=4))
 
 
 def write_frame(folder: Path, args: ModelArgs, dtype: str, base_config: dict | None,
