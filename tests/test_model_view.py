@@ -149,7 +149,7 @@ def test_serve_judges_the_view_and_gives_the_ranks_the_hosts_folder(viewed):
     request = serving_request(spec, LaunchFlags(JobSource()), send_model=True, view=str(view.path))
     assert request.models == ()
     assert request.check.keywords["model_dir"] == str(view.path)
-    assert request.check.keywords["whole_on_hosts"] is True
+    assert request.check.keywords["on_hosts"] == str(snapshot)
     assert serving_request(spec, LaunchFlags(JobSource()), send_model=True).models == (str(snapshot),)
 
 

@@ -143,22 +143,25 @@ def check_job_split(job: Job, model_dir: str | Path, *, pipeline: bool,
 
 def split_fits(job: Job, env: dict[str, str], on_event: OnEvent, *, model_dir: str | Path,
                pipeline: bool, backend: Backend | None = None,
-               whole_on_hosts: bool = False) -> Job:
+               on_hosts: str | None = None) -> Job:
     """serve's check in its launch session (launch/session.py ``HostCheck``),
     once the python is found, before anything is sent or launched: the refusal
     (exit 2) when the model cannot be split so over ``job``'s ranks, else
     the split said as a ``Note`` (and each host's line kept for the status
     page). Returns the job, with ``--pipeline``'s split by memory in its env
     (``SPLIT_ENV``) when the layers go by each host's memory: every launch
-    runs it (``server_program``), and each host is sent its stage's files
-    (``whole_on_hosts``: every host holds the whole folder already, said so)."""
+    runs it (``server_program``), and each host is sent its stage's files.
+    ``on_hosts``: ``model_dir`` is a view of that folder, which every host
+    holds whole already (--download-on): the verdict names it, not the view."""
     verdict = check_job_split(job, model_dir, pipeline=pipeline, env=env)
+    if on_hosts is not None:
+        verdict = replace(verdict, model=on_hosts)
     if not verdict.ok:
         raise refusal(verdict)
     if backend is not None:
         backend.status.split_judged([f"{h.host}: {h.line()}" for h in verdict.hosts])
     on_event(Note(f"split: {verdict.summary()}"))
-    if pipeline and whole_on_hosts:
+    if pipeline and on_hosts is not None:
         on_event(Note("split: every host holds the whole model (--download-on): each rank loads "
                       "its stage's weight files there, nothing sent"))
     line = verdict.split_line()
@@ -196,7 +199,7 @@ def serving_request(spec: ServeSpec, flags: LaunchFlags, *, send_model: bool,
     return LaunchRequest(flags, SERVE_PREFIX, program=partial(server_job, spec=spec),
                          check=partial(split_fits, model_dir=view or spec.model,
                                        pipeline=spec.pipeline, backend=backend,
-                                       whole_on_hosts=view is not None),
+                                       on_hosts=spec.model if view else None),
                          models=(spec.model,) if send_model and view is None else (),
                          model_flag=SERVED_MODEL,
                          model_files=stage_files if spec.pipeline else None)
