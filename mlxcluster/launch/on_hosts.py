@@ -14,7 +14,9 @@ host has it whole; a view is never sent: ``folder_manifest`` refuses it).
 
     model: labhost1 downloads mlx-community/Tiny-4bit into its own Hugging Face cache
     ...
-    model: this machine reads a view of it: 4 file(s) whole and 1 weight file(s)' header, 31.0 KB of 4.6 MB, at /tmp/mlxcluster-view-.../model
+    model: this machine reads a view of it: 4 file(s) whole and 21 weight file(s)' header, 21.0 KB of
+        15.0 MB, at /tmp/mlxcluster-view-.../model; the ranks open /.../snapshots/0123... on every host,
+        nothing is sent from here
 """
 
 from __future__ import annotations

@@ -90,9 +90,3 @@ def make_view(link: ProcessLink, manifest: Manifest, here: str | Path,
                                 "listed (its header is longer than the file was)")
         os.truncate(weights, sizes[name])  # sparse: mx.load checks the offsets against the size
     return ModelView(path, manifest.folder, plan, got.bytes, manifest.total_bytes)
-
-
-def stored_bytes(path: str | Path) -> int:
-    """What the files below ``path`` hold on disk (their blocks, not their
-    sizes): a view's weight files count only their headers."""
-    return sum(p.stat().st_blocks * 512 for p in Path(path).rglob("*") if p.is_file())
