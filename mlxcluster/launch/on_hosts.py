@@ -41,7 +41,6 @@ class HeldOnHosts:
 
     folder: str  # the same path on every host: what the ranks open
     view: str  # here: what serve's and train's checks read in its place
-    downloaded_on: str
 
 
 @contextmanager
@@ -55,7 +54,7 @@ def held_on_hosts(source: JobSource, name: str, host_name: str, env: dict[str, s
     # The launch session chooses the job again and says what it picked up then.
     job, _ = choose_job(source, lambda event: None if isinstance(event, Aside) else on_event(event))
     pulled = pull_downloaded_on(job, name, host_name, env, on_event)
-    assert pulled.manifest is not None and pulled.downloaded_on is not None  # --download-on's
+    assert pulled.manifest is not None  # pull_downloaded_on's: its files as the host hashed them
     link = host_link(download_host(job, host_name), env)
     with tempfile.TemporaryDirectory(prefix="mlxcluster-view-") as run_own:
         view = make_view(link, pulled.manifest, Path(run_own) / "model")
@@ -66,4 +65,4 @@ def held_on_hosts(source: JobSource, name: str, host_name: str, env: dict[str, s
                       f"{human_bytes(view.fetched)} of {human_bytes(view.model_bytes)}, at "
                       f"{view.path}; the ranks open {pulled.folder} on every host, nothing is "
                       "sent from here"))
-        yield HeldOnHosts(pulled.folder, str(view.path), pulled.downloaded_on)
+        yield HeldOnHosts(pulled.folder, str(view.path))

@@ -213,7 +213,7 @@ def training_request(args: TrainerArgs, flags: LaunchFlags, *, detached: bool,
         models=(cfg.init_from,) if sends_model else (),
         data=(cfg.data,) if cfg.data and send_folders else (),
         model_files=(lambda job, folder: stage_files_left_out(job, cfg, pipeline, folder))
-        if pipeline.on and split_files(cfg) else None)
+        if pipeline.on and split_files(args.config_here) else None)
 
 
 def sends_stage_files(request: LaunchRequest) -> bool:
