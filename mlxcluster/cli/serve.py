@@ -4,6 +4,7 @@ address here, probed, restarted (docs/serve.md)."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import click
 
@@ -13,6 +14,8 @@ from mlxcluster.errors import InputError
 from mlxcluster.jobs.job import BACKENDS
 from mlxcluster.jobs.restarts import Restarts
 from mlxcluster.launch.job_source import one_source
+from mlxcluster.launch.on_hosts import held_on_hosts
+from mlxcluster.launch.pull import id_to_download
 from mlxcluster.launch.session import launch_session
 from mlxcluster.launch.supervisor import ending
 from mlxcluster.serve.access import KEY_ENV, api_key_from
@@ -67,12 +70,17 @@ from mlxcluster.serve.session import FrontSpec, ServedModel, open_front
 @click.option("--no-sync-model", is_flag=True,
               help="Do not check the model folder on every host (sha256) nor send it where it "
                    "is missing or different.")
+@click.option("--download-on", "download_on", metavar="HOST",
+              help="MODEL_DIR is a Hugging Face id that HOST downloads into its own cache; the "
+                   "other hosts take it from HOST over the hosts' link, and this machine reads "
+                   "only its config, tokenizer and weight headers (no copy here).")
 @click.option("--logs", "logs_dir", type=click.Path(file_okay=False), default=None,
               help="Folder for one log file per rank and serve.log (default: ./runs/RUN_ID).")
 @click.argument("model_dir", type=click.Path(file_okay=False))
 def command(timeout, pipeline, port, bind, max_restarts, probe_every, probe_timeout,
             request_timeout, start_timeout, api_key_file, api_key, no_auth, max_in_flight,
-            queue, drain_timeout, no_sync_model, logs_dir, model_dir, server_args, **launch):
+            queue, drain_timeout, no_sync_model, download_on, logs_dir, model_dir, server_args,
+            **launch):
     """Serve MODEL_DIR with mlx-lm's server split over every host, at one address here.
 
     e.g. `mlxcluster serve ~/models/Qwen3-4B-4bit -i cluster.yaml --port 9000`:
@@ -88,17 +96,26 @@ def command(timeout, pipeline, port, bind, max_restarts, probe_every, probe_time
     if timeout is not None:
         raise InputError("serve runs until it is stopped: --timeout does not apply",
                          "stop it with Ctrl-C or 'kill' (SIGTERM)")
-    spec = ServeSpec(absolute_model(model_dir), pipeline, probe_every, probe_timeout,
-                     start_timeout, server_args,
+    if download_on:
+        id_to_download(model_dir)  # before the front: a folder here is no id for a host
+    # --download-on: the id until the pull says the hosts' folder (below)
+    spec = ServeSpec(model_dir if download_on else absolute_model(model_dir), pipeline,
+                     probe_every, probe_timeout, start_timeout, server_args,
                      request_timeout=None if request_timeout == "off" else request_timeout,
                      drain_timeout=drain_timeout)
     key = api_key_from(api_key, api_key_file, dict(os.environ))
-    front = click.get_current_context().with_resource(open_front(spec, FrontSpec(
+    ctx = click.get_current_context()
+    front = ctx.with_resource(open_front(spec, FrontSpec(
         bind, port, key, no_auth, max_in_flight, queue)))  # first: a taken port said at once
     env = {k: v for k, v in os.environ.items() if k != KEY_ENV}  # the key stays here
     view = EventView("serve")
-    request = serving_request(spec, flags, send_model=not no_sync_model, backend=front.backend)
-    prepared = click.get_current_context().with_resource(launch_session(request, env, view))
+    model_view = None
+    if download_on:
+        held = ctx.with_resource(held_on_hosts(flags.source, model_dir, download_on, env, view))
+        spec, model_view = replace(spec, model=held.folder), held.view
+    request = serving_request(spec, flags, send_model=not no_sync_model, backend=front.backend,
+                              view=model_view)
+    prepared = ctx.with_resource(launch_session(request, env, view))
     served = ServedModel(spec, front, prepared, logs_dir)
 
     def show(stream: str, line: str) -> None:

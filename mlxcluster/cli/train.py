@@ -14,17 +14,20 @@ from mlxcluster.errors import InputError
 from mlxcluster.jobs.job import BACKENDS
 from mlxcluster.jobs.restarts import Restarts
 from mlxcluster.launch.job_source import one_source
+from mlxcluster.launch.on_hosts import held_on_hosts
 from mlxcluster.launch.session import launch_session
 from mlxcluster.launch.supervisor import ending, refuse_detached_restarts
 from mlxcluster.launch.trainer import (
     RESUME_AFTER_DETACHED,
     TrainerHelp,
     check_out_here,
+    model_to_download,
     parse_trainer_args,
     run_trainer,
     sends_stage_files,
     training_request,
     with_model_folder,
+    with_model_on_hosts,
     with_restart_checkpoints,
     with_stage_split,
 )
@@ -61,9 +64,13 @@ from reference_train.config import field_types
                    "no lease, every rank's output kept on its host; 'mlxcluster attach RUN_ID' "
                    "follows it again and makes the record here whole, 'mlxcluster stop RUN_ID' "
                    "stops it.")
+@click.option("--download-on", "download_on", metavar="HOST",
+              help="The trainer's --init_from is a Hugging Face id that HOST downloads into its "
+                   "own cache; the other hosts take it from HOST over the hosts' link, and this "
+                   "machine reads only its config, tokenizer and weight headers (no copy here).")
 @html_option("the run's loss, tokens/s and memory at its end (from --out's metrics.jsonl)")
 def command(timeout, config, stall_timeout, max_restarts, no_sync_data, elastic, min_hosts, detach,
-            html_path, trainer_args, **launch):
+            download_on, html_path, trainer_args, **launch):
     """Check the cluster, then run `python -m reference_train.train` on every host.
 
     Arguments after `--` go to the trainer, e.g.
@@ -84,14 +91,21 @@ def command(timeout, config, stall_timeout, max_restarts, no_sync_data, elastic,
         raise InputError("--elastic goes on without a lost host when the job is launched again: "
                          "it needs --max-restarts N", "add --max-restarts 2 (or more)")
     refuse_detached_restarts(detach, max_restarts, then=RESUME_AFTER_DETACHED)
-    args = with_stage_split(with_restart_checkpoints(with_model_folder(parsed), max_restarts))
-    cfg = args.config
+    cfg = parsed.config
     check_out_here(cfg.out)  # the run's record is kept here, at --out (launch/record.py)
     check_html_path(html_path)
     env = dict(os.environ)
     view = EventView("train")
+    ctx = click.get_current_context()
+    if download_on:
+        held = ctx.with_resource(held_on_hosts(flags.source, model_to_download(parsed), download_on,
+                                               env, view))
+        with_model = with_model_on_hosts(parsed, held.folder, held.view)
+    else:
+        with_model = with_model_folder(parsed)
+    args = with_stage_split(with_restart_checkpoints(with_model, max_restarts))
     request = training_request(args, flags, detached=detach, send_folders=not no_sync_data)
-    prepared = click.get_current_context().with_resource(launch_session(request, env, view))
+    prepared = ctx.with_resource(launch_session(request, env, view))
     view.mlx_version = prepared.mlx_version  # known errors name the release that fixes them
 
     def show(stream: str, line: str) -> None:

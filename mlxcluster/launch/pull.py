@@ -30,11 +30,12 @@ from pathlib import Path
 
 from mlxcluster.errors import InputError, ToolMissing
 from mlxcluster.jobs.events import Note, OnEvent
-from mlxcluster.jobs.hosts import for_each_host, host_link, remote_hosts
+from mlxcluster.jobs.hosts import RankHost, for_each_host, host_link, remote_hosts
 from mlxcluster.jobs.job import Job
 from mlxcluster.launch.sync import check_copy, check_space, human_bytes, sync_model, take_from
 from mlxcluster.transfer.hub import download, listed
 from mlxcluster.transfer.link import TransferError
+from mlxcluster.transfer.manifest import Manifest
 
 # Hugging Face's repository names: letters, digits, '-', '_', '.' (huggingface_hub's
 # validate_repo_id), one '/' between the owner and the name.
@@ -49,6 +50,7 @@ class Pulled:
     folder: str  # the same path on every host
     remote: tuple[str, ...]  # the hosts it was checked or sent to (this machine's own copy aside)
     downloaded_on: str | None = None  # the host that downloaded it (--download-on): none here
+    manifest: Manifest | None = None  # --download-on: its files, as that host hashed them
 
 
 def resolve_model(name: str) -> Path:
@@ -133,18 +135,11 @@ def pull_downloaded_on(job: Job, name: str, host_name: str, env: dict[str, str],
     taken from it by every other host of ``job`` over the hosts' own link
     (its data IP), each file checked by the sha256 the downloader hashed."""
     hosts = list({h.name: h for h in job.hosts}.values())
-    source = next((h for h in hosts if h.name == host_name), None)
-    if source is None:
-        raise InputError(f"--download-on {host_name}: no such host in this job",
-                         f"name one of {', '.join(h.name for h in hosts)}")
-    repo_id, _, revision = name.partition("@")
-    if not HF_ID.fullmatch(repo_id) or ".." in repo_id:
-        raise InputError(f"--download-on takes a Hugging Face id (ORG/NAME[@REVISION]), not {name}",
-                         "give an id such as mlx-community/Qwen3-4B-4bit, or pull the folder "
-                         "without --download-on")
+    source = download_host(job, host_name)
+    repo_id, revision = id_to_download(name)
     link = host_link(source, env)
     on_event(Note(f"model: {source.name} downloads {name} into its own Hugging Face cache"))
-    folder = download(link, repo_id, revision or None, env=dict(source.env),
+    folder = download(link, repo_id, revision, env=dict(source.env),
                       offline=env.get("HF_HUB_OFFLINE", "") not in ("", "0", "false", "False"),
                       token=env.get("HF_TOKEN"))
     manifest = listed(link, folder)
@@ -170,5 +165,32 @@ def pull_downloaded_on(job: Job, name: str, host_name: str, env: dict[str, str],
             raise TransferError(f"{', '.join(c.host.name for c in failed)} could not take {name} "
                                 f"from {source.name} (said above)",
                                 "pull again: what arrived is kept; or pull without --download-on")
-    return Pulled(name, folder, tuple(h.name for h in hosts), downloaded_on=source.name)
+    return Pulled(name, folder, tuple(h.name for h in hosts), downloaded_on=source.name,
+                  manifest=manifest)
+
+
+def download_host(job: Job, host_name: str) -> RankHost:
+    """The host of ``job`` named by --download-on; InputError (exit 2) naming
+    the job's hosts when none is."""
+    hosts = list({h.name: h for h in job.hosts}.values())
+    source = next((h for h in hosts if h.name == host_name), None)
+    if source is None:
+        raise InputError(f"--download-on {host_name}: no such host in this job",
+                         f"name one of {', '.join(h.name for h in hosts)}")
+    return source
+
+
+def id_to_download(name: str) -> tuple[str, str | None]:
+    """``name`` as the (repository, revision) a host downloads (--download-on);
+    InputError (exit 2) when it is no Hugging Face id, or names a folder here
+    (a host cannot download that: it goes from here, without --download-on)."""
+    repo_id, _, revision = name.partition("@")
+    if not HF_ID.fullmatch(repo_id) or ".." in repo_id:
+        raise InputError(f"--download-on takes a Hugging Face id (ORG/NAME[@REVISION]), not {name}",
+                         "give an id such as mlx-community/Qwen3-4B-4bit, or leave out "
+                         "--download-on to send the folder from here")
+    if not is_hub_id(name):
+        raise InputError(f"--download-on takes a Hugging Face id, and {name} is a folder here",
+                         "leave out --download-on: the folder is sent from here to every host")
+    return repo_id, revision or None
 

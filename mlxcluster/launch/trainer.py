@@ -86,6 +86,8 @@ class TrainerArgs:
     given: tuple[str, ...]
     config: TrainConfig
     ours: dict[str, str] = field(default_factory=dict)  # flag name -> value, in the order set
+    # --download-on: a view here of the --init_from only the hosts hold (launch/on_hosts.py)
+    model_view: str | None = None
 
     def with_flags(self, **values) -> TrainerArgs:
         """These flags set (or set again) by mlxcluster; the config follows."""
@@ -99,6 +101,15 @@ class TrainerArgs:
     def pipeline(self) -> Pipeline:
         """The pipeline the ranks will run (--pipeline 1: none)."""
         return pipeline_of(self.config)
+
+    @property
+    def config_here(self) -> TrainConfig:
+        """The config as this machine reads its --init_from (the stages' plan
+        and memory): with ``model_view``, the view stands in for the folder
+        the ranks open on the hosts."""
+        if self.model_view is None:
+            return self.config
+        return dataclasses.replace(self.config, init_from=self.model_view)
 
     def argv(self) -> tuple[str, ...]:
         return (*self.given, *(part for name, value in self.ours.items()
@@ -162,7 +173,7 @@ def training_job(job: Job, args: TrainerArgs) -> Job:
     before any preflight or launch, the ranks are known."""
     pipeline = args.pipeline
     if pipeline.on:
-        check_pipeline(args.config, pipeline, len(job.hosts), job.backend)
+        check_pipeline(args.config_here, pipeline, len(job.hosts), job.backend)
     else:
         check_batch_split(args.config, len(job.hosts))
     return trainer_job(job, args)
@@ -178,7 +189,11 @@ def training_check(job: Job, args: TrainerArgs, env: dict[str, str], on_event: O
     if pipeline.on:
         from mlxcluster.jobs.preflight import probe_facts  # a pipeline-only chore
 
-        check_stages(job, args.config, pipeline, probe_facts(job, env), on_event)
+        check_stages(job, args.config_here, pipeline, probe_facts(job, env), on_event)
+        if args.model_view is not None:
+            on_event(Note(f"pipeline: every host holds the whole of {args.config.init_from} "
+                          "(--download-on): each stage reads its own weight files there, "
+                          "nothing sent"))
 
 
 def training_request(args: TrainerArgs, flags: LaunchFlags, *, detached: bool,
@@ -188,15 +203,17 @@ def training_request(args: TrainerArgs, flags: LaunchFlags, *, detached: bool,
     (``check_not_running``), and unless not ``send_folders`` its --init_from
     (a model) and --data folders on every host: with --pipeline over a
     sharded model, each host only the weight files of its stages
-    (``stage_files_left_out``)."""
+    (``stage_files_left_out``). A model only the hosts hold (``model_view``)
+    is on every host already, whole and checked: not sent."""
     cfg, pipeline = args.config, args.pipeline
+    sends_model = bool(cfg.init_from) and send_folders and args.model_view is None
     return LaunchRequest(
         flags, TRAIN_PREFIX, program=lambda job: training_job(job, args), detached=detached,
         check=lambda job, env, on_event: training_check(job, args, env, on_event),
-        models=(cfg.init_from,) if cfg.init_from and send_folders else (),
+        models=(cfg.init_from,) if sends_model else (),
         data=(cfg.data,) if cfg.data and send_folders else (),
         model_files=(lambda job, folder: stage_files_left_out(job, cfg, pipeline, folder))
-        if pipeline.on and split_files(cfg) else None)
+        if pipeline.on and split_files(args.config_here) else None)
 
 
 def sends_stage_files(request: LaunchRequest) -> bool:
@@ -212,7 +229,7 @@ def with_stage_split(args: TrainerArgs) -> TrainerArgs:
     only its stage's weight files (``training_request``) and a rank cannot
     balance the stages from those (reference_train pipeline_setup.run_plans).
     A split the user gave stays."""
-    cfg, pipeline = args.config, args.pipeline
+    cfg, pipeline = args.config_here, args.pipeline
     if not pipeline.on or pipeline.split is not None or not split_files(cfg):
         return args
     split = stage_split(cfg, pipeline)
@@ -238,6 +255,22 @@ def with_model_folder(args: TrainerArgs) -> TrainerArgs:
     init_from = args.config.init_from
     folder = as_folder(init_from) if init_from else init_from
     return args.with_flags(init_from=folder) if folder != init_from else args
+
+
+def model_to_download(args: TrainerArgs) -> str:
+    """The --init_from a host downloads (`train --download-on HOST`);
+    InputError (exit 2) when the trainer is given none."""
+    if not args.config.init_from:
+        raise InputError("--download-on HOST downloads the trainer's --init_from, and none is given",
+                         "add the model's Hugging Face id after '--', e.g. -- --init_from "
+                         "mlx-community/Llama-3.2-1B-Instruct-4bit")
+    return args.config.init_from
+
+
+def with_model_on_hosts(args: TrainerArgs, folder: str, view: str) -> TrainerArgs:
+    """--init_from as the ranks open it on every host (``folder``, pulled
+    there with --download-on), read here from ``view`` (launch/on_hosts.py)."""
+    return dataclasses.replace(args.with_flags(init_from=folder), model_view=view)
 
 
 def with_restart_checkpoints(args: TrainerArgs, max_restarts: int) -> TrainerArgs:
@@ -397,7 +430,7 @@ class TrainerRun:
         hosts left (pipeline_launch.resplit; the trainer re-cuts the checkpoints),
         or the run stopped naming why."""
         before, dropped = self.args.pipeline, [d.host for d in dropping]
-        cfg = self.args.config
+        cfg = self.args.config_here
         done = resplit(cfg, before, self.ranks, job, dropped, self.facts(job), model_sizes(cfg))
         after = done.pipeline
         flags: dict[str, object] = {"pipeline": after.stages}

@@ -142,20 +142,28 @@ def check_job_split(job: Job, model_dir: str | Path, *, pipeline: bool,
 
 
 def split_fits(job: Job, env: dict[str, str], on_event: OnEvent, *, model_dir: str | Path,
-               pipeline: bool, backend: Backend | None = None) -> Job:
+               pipeline: bool, backend: Backend | None = None,
+               on_hosts: str | None = None) -> Job:
     """serve's check in its launch session (launch/session.py ``HostCheck``),
     once the python is found, before anything is sent or launched: the refusal
     (exit 2) when the model cannot be split so over ``job``'s ranks, else
     the split said as a ``Note`` (and each host's line kept for the status
     page). Returns the job, with ``--pipeline``'s split by memory in its env
     (``SPLIT_ENV``) when the layers go by each host's memory: every launch
-    runs it (``server_program``), and each host is sent its stage's files."""
+    runs it (``server_program``), and each host is sent its stage's files.
+    ``on_hosts``: ``model_dir`` is a view of that folder, which every host
+    holds whole already (--download-on): the verdict names it, not the view."""
     verdict = check_job_split(job, model_dir, pipeline=pipeline, env=env)
+    if on_hosts is not None:
+        verdict = replace(verdict, model=on_hosts)
     if not verdict.ok:
         raise refusal(verdict)
     if backend is not None:
         backend.status.split_judged([f"{h.host}: {h.line()}" for h in verdict.hosts])
     on_event(Note(f"split: {verdict.summary()}"))
+    if pipeline and on_hosts is not None:
+        on_event(Note("split: every host holds the whole model (--download-on): each rank loads "
+                      "its stage's weight files there, nothing sent"))
     line = verdict.split_line()
     if line is None:
         return job
@@ -181,14 +189,19 @@ def stage_files(job: Job, model_dir: str) -> dict[str, frozenset[str]]:
 
 
 def serving_request(spec: ServeSpec, flags: LaunchFlags, *, send_model: bool,
-                    backend: Backend | None = None) -> LaunchRequest:
+                    backend: Backend | None = None, view: str | None = None) -> LaunchRequest:
     """The launch session's request for `mlxcluster serve`: the server on
     every rank, the split judged before anything is sent (``split_fits``), and
-    unless not ``send_model`` the model folder on every host."""
+    unless not ``send_model`` the model folder on every host. ``view``: the
+    model is only on the hosts (--download-on: launch/on_hosts.py), whole on
+    each and checked; the split is judged on this view of it here, and
+    nothing is sent."""
     return LaunchRequest(flags, SERVE_PREFIX, program=partial(server_job, spec=spec),
-                         check=partial(split_fits, model_dir=spec.model, pipeline=spec.pipeline,
-                                       backend=backend),
-                         models=(spec.model,) if send_model else (), model_flag=SERVED_MODEL,
+                         check=partial(split_fits, model_dir=view or spec.model,
+                                       pipeline=spec.pipeline, backend=backend,
+                                       on_hosts=spec.model if view else None),
+                         models=(spec.model,) if send_model and view is None else (),
+                         model_flag=SERVED_MODEL,
                          model_files=stage_files if spec.pipeline else None)
 
 

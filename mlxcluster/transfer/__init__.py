@@ -11,4 +11,6 @@ back here.
     send.py      check a host's copy, send what it lacks (rsync or a stream); ``Transferred``
     rsync.py     rsync over the link's own ssh, its progress read
     fetch.py     a host's folder brought here, verified by the agent's own receive
+    view.py      a view here of a model only the hosts hold: its files but the weights,
+                 of each weight file its safetensors header (the rest sparse); never sent
 """

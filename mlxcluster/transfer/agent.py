@@ -32,6 +32,11 @@ a host sends (mlxcluster.transfer.fetch): one check of what arrives, both ways.
     list    {"dir": D}  -> {"dir": D, "files": [{"name", "bytes", "sha256"}, ...]}: every file
             below D, links followed (a Hugging Face snapshot is links to its blobs), but dot
             files and folders: the manifest of a model a host downloaded itself
+    heads   {"dir": D, "whole": [names], "headers": [names]} -> on stdout, as ``send``: one
+            line {"dir": D, "files": [...]}, then the bytes of each "whole" file (links
+            followed) and only the header of each "headers" one (a safetensors file: its
+            8-byte length and its JSON): what this machine reads of a model only the hosts
+            hold (mlxcluster.transfer.view), not its tensors
 
 A D starting with ``~`` is the host's own home (the cache of the code ranks
 import: mlxcluster.launch.code; the doctor's wheels). A received file goes
@@ -60,6 +65,7 @@ import hmac
 import json
 import os
 import shutil
+import struct
 import sys
 import tempfile
 import time
@@ -67,6 +73,7 @@ import time
 CHUNK = 1 << 20
 STORAGE_DIR = ".mlxcluster-storage"  # as reference_train/storage.py names it
 PARTIAL_DIR = ".mlxcluster-partial"  # files being received, by sha256: a cut send resumes
+HEADER_LIMIT = 100 * 2**20  # safetensors' own cap on a header (mlxcluster.fit.model_folder)
 
 
 def sha256_of(path):
@@ -235,11 +242,43 @@ def send(spec, out):
     """D's regular files (no dot files, links or folders): their list, then their bytes."""
     names = sorted(e.name for e in os.scandir(spec["dir"])
                    if e.is_file(follow_symlinks=False) and not e.name.startswith("."))
-    files = [{"name": n, "bytes": os.path.getsize(os.path.join(spec["dir"], n)),
-              "sha256": sha256_of(os.path.join(spec["dir"], n))} for n in names]
-    out.write(json.dumps({"dir": spec["dir"], "files": files}).encode() + b"\n")
+    stream_files(spec["dir"], [(n, None) for n in names], out)
+
+
+def heads(spec, out):
+    """The "whole" files of D, and of each "headers" file its safetensors
+    header alone: their list, then their bytes (``stream_files``)."""
+    folder = spec["dir"]
+    stream_files(folder, [(n, None) for n in spec["whole"]]
+                 + [(n, header_bytes(inside(folder, n), n)) for n in spec["headers"]], out)
+
+
+def header_bytes(path, name):
+    """How many bytes a safetensors file's header takes: its 8-byte length
+    (little-endian) and the JSON that follows."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+        size = os.fstat(f.fileno()).st_size
+    length = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+    if length < 0 or length > HEADER_LIMIT or 8 + length > size:
+        raise ValueError(f"{name} is not a safetensors file (its header cannot be read)")
+    return 8 + length
+
+
+def stream_files(folder, parts, out):
+    """For each (name, count) of ``parts``, the first ``count`` bytes of the
+    file (None: all of it): their list with each part's sha256, then the
+    bytes one after another (the stream ``receive`` reads)."""
+    files = []
+    for name, count in parts:
+        path = inside(folder, name)
+        count = os.path.getsize(path) if count is None else count
+        with open(path, "rb") as source:
+            files.append({"name": name, "bytes": count,
+                          "sha256": copy_bytes(source, None, count, name)})
+    out.write(json.dumps({"dir": folder, "files": files}).encode() + b"\n")
     for f in files:
-        with open(os.path.join(spec["dir"], f["name"]), "rb") as source:
+        with open(inside(folder, f["name"]), "rb") as source:
             # the bytes listed, no more: a file changed since is refused here already
             if copy_bytes(source, out, f["bytes"], f["name"]) != f["sha256"]:
                 raise ValueError(f"{f['name']} changed while it was sent")
@@ -283,8 +322,8 @@ def main(argv):
     what, spec = argv[1], json.loads(argv[2])
     spec["dir"] = os.path.expanduser(spec["dir"])
     try:
-        if what == "send":
-            send(spec, sys.stdout.buffer)
+        if what in ("send", "heads"):
+            (send if what == "send" else heads)(spec, sys.stdout.buffer)
             return 0
         if what == "check":
             answer = check(spec)

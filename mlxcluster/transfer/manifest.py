@@ -16,6 +16,9 @@ from pathlib import Path
 from mlxcluster.errors import InputError
 from reference_train.files import file_sha256
 
+# In a view of a model only the hosts hold (transfer/view.py): never a source to send.
+VIEW_MARK = ".mlxcluster-view"
+
 
 @dataclass(frozen=True)
 class DataFile:
@@ -61,11 +64,18 @@ class Manifest:
 
 def folder_manifest(folder: str | Path) -> Manifest:
     """Every file under ``folder`` (a model folder), hashed here (but dot
-    files and folders: the storage tokens of a run beside it, caches)."""
+    files and folders: the storage tokens of a run beside it, caches). A
+    view of a model the hosts hold (transfer/view.py) is refused: its weight
+    files are headers and zeros, never to be sent as the model."""
     path = Path(folder).resolve()
     if not path.is_dir():
         raise InputError(f"no such folder here: {folder}",
                          "give the path of the folder on this machine (it is sent to every host)")
+    if (path / VIEW_MARK).exists():
+        raise InputError(f"{folder} is a view of a model only the hosts hold (its weight files "
+                         f"are their headers alone): it is never sent",
+                         "give the model's own folder, or its Hugging Face id with "
+                         "--download-on HOST")
     return Manifest(str(path), tuple(
         DataFile.of(f, f.relative_to(path).as_posix())
         for f in sorted(path.rglob("*"))
