@@ -2,6 +2,7 @@
 
     python bench/launcher_cpu.py                            # 3-host lab, ring (root, Linux)
     python bench/launcher_cpu.py --rounds 4 --steps 200 --work allsum
+    python bench/launcher_cpu.py --local 2 --rounds 6 --steps 60     # this machine, no lab
 
 mlx.launch (mlx 0.32) reads each rank's output in a thread that calls
 ``select(outputs, [the rank's stdin pipe], [], 1.0)``: a pipe nobody writes
@@ -18,6 +19,13 @@ alternating in rounds so that each sees the same load:
    (``PATIENT_LAUNCH`` below, run with ``python -c``): no writability asked
    for, no wait longer than 50 ms.
 
+With ``--local N`` the N ranks run on this machine (``mlx.launch -n N``, what
+``--local`` jobs and the test suite start), and a third way starts them
+with no launcher at all:
+
+3. by hand: each rank started here with the environment mlx.launch would
+   give it (``MLX_RANK``, ``MLX_HOSTFILE`` naming the ring's ports).
+
 Reports, per way: the launcher's CPU seconds (user + system, sampled every
 0.1 s until it ends) per second of the job, rank 0's median step time and
 wall time. Every run's ranks must all print their result. The figures and
@@ -28,6 +36,8 @@ busy loop".
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import statistics
 import subprocess
@@ -79,17 +89,38 @@ for _ in range(steps):
     total = mx.distributed.all_sum(grad) if work != "matmul" else grad * g.size()
     mx.eval(b, total)
     times.append(time.perf_counter() - t)
-print(f"RESULT rank {g.rank()} median_step_ms {statistics.median(times) * 1000:.2f} "
-      f"sum {total[0].item():.0f}", flush=True)
+# One write per line: ranks started by hand share one pipe.
+sys.stdout.write(f"RESULT rank {g.rank()} median_step_ms {statistics.median(times) * 1000:.2f} "
+                 f"sum {total[0].item():.0f}\\n")
+sys.stdout.flush()
 """
 
 
-def timed(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float, float]:
+BY_HAND = "by hand"
+
+
+def started(argv: list[str] | str, env: dict[str, str], cwd: Path, ranks: int) -> subprocess.Popen:
+    """The launcher, or (``BY_HAND``) a shell that starts the ranks itself as
+    mlx.launch would (its MLX_HOSTFILE: one ring port per rank) and waits."""
+    if argv != BY_HAND:
+        return subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    hostfile = cwd / "ring.json"
+    base = 5000 + (os.getpid() % 200) * 20
+    hostfile.write_text(json.dumps([[f"127.0.0.1:{base + r}"] for r in range(ranks)]))
+    prog = env["BENCH_PROG"]
+    script = " ".join(f"MLX_RANK={r} MLX_HOSTFILE={hostfile} {sys.executable} {prog} &"
+                      for r in range(ranks)) + " wait"
+    return subprocess.Popen(["sh", "-c", script], env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def timed(argv: list[str] | str, env: dict[str, str], cwd: Path,
+          ranks: int = 3) -> tuple[float, float, float]:
     """(launcher CPU seconds, rank 0's median step ms, wall seconds); raises
     when a rank's result is missing."""
     start = time.monotonic()
-    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = started(argv, env, cwd, ranks)
     ps = psutil.Process(proc.pid)
     cpu = 0.0
     lines: list[str] = []
@@ -105,7 +136,7 @@ def timed(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float
     reader.join(timeout=10)
     wall = time.monotonic() - start
     results = [ln.split() for ln in lines if ln.startswith("RESULT ")]
-    if len(results) != 3 or any(r[-1] != "3" for r in results):
+    if len(results) != ranks or any(r[-1] != str(ranks) for r in results):
         raise SystemExit(f"{argv[:3]}... exited {proc.returncode}:\n{''.join(lines[-30:])}")
     rank0 = next(float(r[4]) for r in results if r[2] == "0")
     return cpu, rank0, wall
@@ -117,26 +148,42 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--work", choices=("both", "allsum", "matmul"), default="both",
                         help="per step: the matmul chain and the all_sum (both), or one of them")
+    parser.add_argument("--local", type=int, metavar="N",
+                        help="N ranks on this machine (no lab), and a third way: by hand")
     args = parser.parse_args()
-    why = lab_unavailable_reason()
-    if why:
-        raise SystemExit(f"no lab here: {why}")
+    if not args.local:
+        why = lab_unavailable_reason()
+        if why:
+            raise SystemExit(f"no lab here: {why}")
     mlx_launch = str(Path(sys.executable).parent / "mlx.launch")
-    with start_lab(3) as lab, tempfile.TemporaryDirectory(prefix="launcher-cpu.") as tmp:
+    with (contextlib.nullcontext() if args.local else start_lab(3)) as lab, \
+            tempfile.TemporaryDirectory(prefix="launcher-cpu.") as tmp:
         work = Path(tmp)
         prog = work / "prog.py"
         prog.write_text(PROGRAM)
-        env = lab.env()
-        env.pop("LD_PRELOAD", None)
-        launch_args = ["--hosts", ",".join(h.ip for h in lab.hosts), "--backend", "ring",
-                       "--python", lab.python, "--", str(prog), str(args.steps), args.work]
-        ways = {"plain mlx.launch": [mlx_launch, *launch_args],
-                "patient mlx.launch": [sys.executable, "-c", PATIENT_LAUNCH, mlx_launch, *launch_args]}
+        ranks = args.local or 3
+        if lab is None:
+            env = {**os.environ, "BENCH_PROG": f"{prog} {args.steps} {args.work}"}
+            env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+            hosts = ["-n", str(ranks)]
+            python = sys.executable
+        else:
+            env = lab.env()
+            env.pop("LD_PRELOAD", None)
+            hosts = ["--hosts", ",".join(h.ip for h in lab.hosts)]
+            python = lab.python
+        launch_args = [*hosts, "--backend", "ring", "--python", python, "--", str(prog),
+                       str(args.steps), args.work]
+        ways: dict[str, list[str] | str] = {
+            "plain mlx.launch": [mlx_launch, *launch_args],
+            "patient mlx.launch": [sys.executable, "-c", PATIENT_LAUNCH, mlx_launch, *launch_args]}
+        if lab is None:
+            ways[BY_HAND] = BY_HAND
         got: dict[str, dict[str, list[float]]] = {w: {"cpu": [], "step": [], "wall": []} for w in ways}
         load_before = os.getloadavg()
         for r in range(args.rounds):
             for name, argv in (ways.items() if r % 2 == 0 else reversed(ways.items())):
-                cpu, step, wall = timed(argv, env, work)
+                cpu, step, wall = timed(argv, env, work, ranks)
                 got[name]["cpu"].append(cpu)
                 got[name]["step"].append(step)
                 got[name]["wall"].append(wall)
@@ -145,8 +192,9 @@ def main() -> int:
                 f"step {g['step'][-1]:.1f} ms" for n, g in got.items()), flush=True)
         load_after = os.getloadavg()
 
+    where = f"{ranks} ranks on this machine" if args.local else "3 lab hosts"
     print(f"\nload average before {load_before[0]:.1f}, after {load_after[0]:.1f}; "
-          f"{args.rounds} rounds, {args.steps} steps per run ({args.work}), 3 lab hosts, ring\n")
+          f"{args.rounds} rounds, {args.steps} steps per run ({args.work}), {where}, ring\n")
     print("| launcher | launcher CPU-s per s of job (median) | rank 0 median step ms (median) "
           "| wall s (median) |")
     print("|---|---:|---:|---:|")
@@ -154,10 +202,13 @@ def main() -> int:
         per_s = statistics.median(c / w for c, w in zip(g["cpu"], g["wall"], strict=True))
         print(f"| {name} | {per_s:.2f} | {statistics.median(g['step']):.1f} "
               f"| {statistics.median(g['wall']):.2f} |")
-    plain, patient = got["plain mlx.launch"], got["patient mlx.launch"]
-    ratios = [q / p for q, p in zip(patient["step"], plain["step"], strict=True)]
-    print(f"\nstep time patient / plain, paired per round: median {statistics.median(ratios):.2f} "
-          f"({', '.join(f'{x:.2f}' for x in ratios)})")
+    plain = got["plain mlx.launch"]
+    for name, g in got.items():
+        if g is plain:
+            continue
+        ratios = [q / p for q, p in zip(g["step"], plain["step"], strict=True)]
+        print(f"\nstep time {name} / plain, paired per round: median "
+              f"{statistics.median(ratios):.2f} ({', '.join(f'{x:.2f}' for x in ratios)})")
     return 0
 
 

@@ -11,7 +11,9 @@ import sys
 from pathlib import Path
 
 from mlxcluster.facts.blas import find_openblas, with_openblas
+from mlxcluster.jobs.hosts import local_hosts
 from mlxcluster.jobs.plan import free_port_block
+from mlxcluster.jobs.process import launcher_argv
 from tests import waits
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,7 +53,9 @@ def run_trainer(args: list[str], ranks: int = 1,
             if key in env:
                 full += ["--env", f"{key}={env[key]}"]
         full += [part for key, value in extra_env.items() for part in ("--env", f"{key}={value}")]
-        full += ["--", *cmd]
+        # Started as the jobs layer starts ranks that all run here (without mlx.launch's
+        # busy loop, which took a core of this machine's two: docs/performance-runs.md).
+        full = launcher_argv([*full, "--", *cmd], local_hosts(ranks, PYTHON))
     # A session of its own, so that a timeout kills mlx.launch's ranks too
     # (subprocess.run kills only the launcher; its ranks trained on for
     # half an hour once, slowing every test after).

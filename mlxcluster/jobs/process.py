@@ -17,7 +17,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlxcluster.jobs.hosts import launcher_ports, remote_hosts
+from mlxcluster.jobs import quiet_launch
+from mlxcluster.jobs.hosts import RankHost, launcher_ports, remote_hosts
 from mlxcluster.jobs.plan import LaunchPlan
 from mlxcluster.ssh.launcher_ssh import launcher_environment
 from mlxcluster.ssh.shared import shared_in
@@ -113,7 +114,7 @@ def sigint_not_ignored(argv: list[str]) -> list[str]:
 
 
 def start_plan(plan: LaunchPlan) -> Running:
-    """Write the plan's files and start its launcher. It reaches the hosts
+    """Write the plan's files and start its launcher (``launcher_argv``). It reaches the hosts
     through launcher_ssh's ssh (the inventory's ssh_config, BatchMode,
     keepalive, and the job's shared connections when its hosts have them:
     jobs.connections), written into the plan's local run directory."""
@@ -122,4 +123,15 @@ def start_plan(plan: LaunchPlan) -> Running:
     sharing = shared_in(remote[0].ssh_options) if remote else ()
     env = launcher_environment(plan.env, Path(plan.run_dir) / "bin", plan.ssh_config, sharing,
                                launcher_ports(plan.hosts))
-    return start(plan.argv, env)
+    return start(launcher_argv(plan.argv, plan.hosts), env)
+
+
+def launcher_argv(argv: list[str], hosts: tuple[RankHost, ...]) -> list[str]:
+    """The plan's launcher command as started: when every rank runs on this
+    machine, mlx.launch through ``quiet_launch`` (the same launcher without its
+    busy loop: 2 local ranks' steps took half the time, bench/launcher_cpu.py
+    --local 2); else, and any other launcher, as it is (ranks on other hosts:
+    the lab's steps were 8% slower without the loop, docs/performance-runs.md)."""
+    if argv and Path(argv[0]).name == "mlx.launch" and hosts and all(h.is_local for h in hosts):
+        return quiet_launch.command(argv[0], argv[1:])
+    return argv
