@@ -152,10 +152,13 @@ class Serving:
 
 # The probe's limit that holds at CI's load (tests/waits.py): beside a long
 # answer the probe's one token waits for mlx-lm's batch to take it in (1-5 s
-# measured at a load of ~8, 0.2 s quiet), and an answer of 1200 tokens takes
-# ~27 s quiet on 2 ranks here, minutes at that load: several probe limits.
+# measured at a load of ~8, 0.2 s quiet). An answer of 1200 tokens took ~27 s
+# quiet on 2 ranks here beside mlx.launch's busy loop, 4.7 s without it
+# (jobs/quiet_launch.py): a test that needs an answer several probe limits long
+# sizes it by the rate of a first answer of RATE_TOKENS, LONG_TOKENS at least.
 LONG_PROBE_TIMEOUT_S = SERVE_PROBE_TIMEOUT_S
 LONG_TOKENS = 1200
+RATE_TOKENS = LONG_TOKENS
 
 
 def long_chat(client, eos: int, tokens: int = LONG_TOKENS, **kw):

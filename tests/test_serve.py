@@ -31,6 +31,7 @@ from tests.serve_support import (
     LONG_TOKENS,
     MAX_TOKENS,
     PROMPT,
+    RATE_TOKENS,
     REPO,
     Serving,
     chat_model,
@@ -186,15 +187,24 @@ def test_a_long_answer_is_delivered_once_and_a_hang_during_one_is_still_found(ll
         run_id = re.search(r"run (mlxserve-[0-9a-f]+)", serving.output()).group(1)
         rank0_log = tmp_path / "runs" / run_id / "rank0.log"
 
+        # An answer long enough to span 4 probe limits at this machine's speed now:
+        # the tokens per second of a first answer, times 40 s; the later tokens of a
+        # longer answer are slower still (a longer cache). A fixed count does not
+        # hold: the same 1200 tokens took 4.7 s quiet, and over 20 s beside mlx.launch's
+        # busy loop or the suite's load; 2.5 limits by a 200-token rate once fell short.
         started = time.monotonic()
-        whole = long_chat(client, eos)
+        long_chat(client, eos, RATE_TOKENS)
+        rate = RATE_TOKENS / (time.monotonic() - started)
+        tokens = max(LONG_TOKENS, int(rate * 4 * LONG_PROBE_TIMEOUT_S))
+        started = time.monotonic()
+        whole = long_chat(client, eos, tokens)
         took = time.monotonic() - started
         assert whole.choices[0].finish_reason == "length"
-        assert whole.usage.completion_tokens == LONG_TOKENS
+        assert whole.usage.completion_tokens == tokens
         assert took > 2 * LONG_PROBE_TIMEOUT_S, f"{took:.1f} s: too short to show the point"
-        assert rank0_log.read_text().count('"POST /v1/chat/completions HTTP/1.1" 200') == 1
+        assert rank0_log.read_text().count('"POST /v1/chat/completions HTTP/1.1" 200') == 2
 
-        chunks = list(long_chat(client, eos, stream=True))
+        chunks = list(long_chat(client, eos, tokens, stream=True))
         assert chunks[-1].choices[0].finish_reason == "length"
         assert "".join(c.choices[0].delta.content or "" for c in chunks) == \
             whole.choices[0].message.content
@@ -267,13 +277,13 @@ def test_a_long_answer_is_delivered_once_and_a_hang_during_one_is_still_found(ll
         seen_metrics = scrape(port, key)
         requests = "mlxcluster_serve_requests_total"
         chat = (("route", "/v1/chat/completions"), ("status", "200"))
-        assert seen_metrics[(requests, chat)] == 4  # the long answer, the stream, the short one,
-        # the one that left
+        assert seen_metrics[(requests, chat)] == 5  # the rate's, the long answer, the stream,
+        # the short one, the one that left
         assert seen_metrics[(requests, (("route", "/v1/messages"), ("status", "200")))] == 2
         assert seen_metrics[(requests, (("route", "/v1/chat/completions"), ("status", "400")))] == 1
         assert seen_metrics[(requests, (("route", "/v1/models"), ("status", "401")))] == 1
         assert seen_metrics[(requests, (("route", "/v1/chat/completions"), ("status", "503")))] == 1
-        assert seen_metrics[("mlxcluster_serve_completion_tokens_total", ())] >= LONG_TOKENS
+        assert seen_metrics[("mlxcluster_serve_completion_tokens_total", ())] >= tokens
         assert seen_metrics[("mlxcluster_serve_restarts_total", (("kind", "hang"),))] == 1
         assert seen_metrics[("mlxcluster_serve_launches_total", ())] == 2
         assert seen_metrics[("mlxcluster_serve_rank_info", (("host", "local-1"), ("rank", "1")))] == 1
