@@ -26,6 +26,8 @@ Modules, each importing only those listed before it (no circles):
     kernels.py            attention, silu and the loss: MLX's, or multiply-adds on Linux's CPU
     compile_cache.py      whether MLX compiles its CPU kernels from nothing (the log says so)
     model.py              ModelArgs, Llama, the loss, sampling
+    stages.py             --pipeline: which blocks each stage holds, balanced by bytes (from
+                          the safetensors headers, no mlx), the refusals
     hf_io.py              Hugging Face / mlx-lm Llama folders: read (--init_from), written
     precision.py          --dtype / --comm_dtype bfloat16: the compute copy, float32 gradients
     collectives.py        every collective (all_sum, all_gather, send, recv, the gradient
@@ -35,8 +37,6 @@ Modules, each importing only those listed before it (no circles):
     objectives.py         --objective sft, dpo or orpo: the loss a step differentiates (DPO and
                           ORPO as mlx-lm-lora computes them), the metrics it reports, the
                           reference model (the adapters off, or a frozen copy)
-    stages.py             --pipeline: which blocks each stage holds, balanced by bytes (from
-                          the safetensors headers, no mlx), the refusals
     config.py             TrainConfig and build_config: defaults, configs/*.yaml, --field flags;
                           imports no mlx, so mlxcluster parses the trainer's arguments without it
     checkpoint.py         atomic checkpoints and their hashes
