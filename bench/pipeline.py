@@ -9,7 +9,8 @@ rank, the bubble, and a model that does not fit one rank's memory limit.
                                                     # --pipeline 2 M=8, compiled and eager,
                                                     # against data-parallel 2 only
 
-Every case is the real trainer on local ranks (mlx.launch --backend ring, or one
+Every case is the real trainer on local ranks (mlx.launch --backend ring, started
+as mlxcluster starts ranks that all run here: without its busy loop; or one
 plain process), the same model, data (the offline corpus) and global batch:
 one process, data-parallel over 2 and 4 ranks (`python -m reference_train.train`),
 and `--pipeline 2` / `--pipeline 4` with a few --micro_batches and both schedules
@@ -204,7 +205,9 @@ def rank_env(limit: int) -> dict[str, str]:
 def launch(case: Case, model: list[str], out: Path, limit: int = 0,
            timeout: float = 1200) -> Outcome:
     """Run `case` on `model`'s flags, each rank under this script (`--as-rank`)."""
+    from mlxcluster.jobs.hosts import local_hosts
     from mlxcluster.jobs.plan import free_port_block
+    from mlxcluster.jobs.process import launcher_argv
 
     module, own = case.argv()
     rank_cmd = [str(Path(__file__).resolve()), "--as-rank", module, *model, *own,
@@ -219,7 +222,9 @@ def launch(case: Case, model: list[str], out: Path, limit: int = 0,
         cmd += [f"--env={k}={env[k]}" for k in ("PYTHONPATH", "LD_PRELOAD",
                                                  "OPENBLAS_NUM_THREADS", "BENCH_RLIMIT_DATA")
                 if k in env]
-        cmd += ["--", *rank_cmd]
+        # As mlxcluster starts ranks that all run here: without mlx.launch's busy loop
+        # (mlxcluster/jobs/quiet_launch.py), which took one of this machine's two cores.
+        cmd = launcher_argv([*cmd, "--", *rank_cmd], local_hosts(case.ranks, sys.executable))
     # A session of its own, so that a timeout ends mlx.launch's ranks too.
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
