@@ -26,8 +26,7 @@ from mlxcluster.launch.trainer import (
     run_trainer,
     sends_stage_files,
     training_request,
-    with_model_folder,
-    with_model_on_hosts,
+    with_model,
     with_restart_checkpoints,
     with_stage_split,
 )
@@ -97,13 +96,9 @@ def command(timeout, config, stall_timeout, max_restarts, no_sync_data, elastic,
     env = dict(os.environ)
     view = EventView("train")
     ctx = click.get_current_context()
-    if download_on:
-        held = ctx.with_resource(held_on_hosts(flags.source, model_to_download(parsed), download_on,
-                                               env, view))
-        with_model = with_model_on_hosts(parsed, held.folder, held.view)
-    else:
-        with_model = with_model_folder(parsed)
-    args = with_stage_split(with_restart_checkpoints(with_model, max_restarts))
+    held = ctx.with_resource(held_on_hosts(flags.source, model_to_download(parsed), download_on,
+                                           env, view)) if download_on else None
+    args = with_stage_split(with_restart_checkpoints(with_model(parsed, held), max_restarts))
     request = training_request(args, flags, detached=detach, send_folders=not no_sync_data)
     prepared = ctx.with_resource(launch_session(request, env, view))
     view.mlx_version = prepared.mlx_version  # known errors name the release that fixes them

@@ -25,6 +25,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mlxcluster.errors import InputError
 from mlxcluster.facts.facts import HostFacts
@@ -58,6 +59,9 @@ from mlxcluster.launch.supervisor import JobResult, Words, supervise
 from reference_train.config import TrainConfig, build_config
 from reference_train.fine_tune import ADAPTER_FILES, trains_adapters
 from reference_train.metrics import STOP_ENV, plot_metrics
+
+if TYPE_CHECKING:  # launch/on_hosts.py pulls and views; this only reads what it holds
+    from mlxcluster.launch.on_hosts import HeldOnHosts
 
 TRAINER_MODULE = "reference_train.train"
 # The trainer's progress bar off (output arrives line by line): added, not typed.
@@ -271,6 +275,15 @@ def with_model_on_hosts(args: TrainerArgs, folder: str, view: str) -> TrainerArg
     """--init_from as the ranks open it on every host (``folder``, pulled
     there with --download-on), read here from ``view`` (launch/on_hosts.py)."""
     return dataclasses.replace(args.with_flags(init_from=folder), model_view=view)
+
+
+def with_model(args: TrainerArgs, held: HeldOnHosts | None) -> TrainerArgs:
+    """--init_from as the ranks open it: pulled to every host from the one that
+    downloaded it (``held``, `--download-on`), else resolved here (an id: its
+    folder in the cache here, then sent to every host)."""
+    if held is None:
+        return with_model_folder(args)
+    return with_model_on_hosts(args, held.folder, held.view)
 
 
 def with_restart_checkpoints(args: TrainerArgs, max_restarts: int) -> TrainerArgs:
