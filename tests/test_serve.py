@@ -322,7 +322,7 @@ def test_many_clients_are_answered_or_refused_at_once_and_sigterm_drains(llama, 
 
         # A client that leaves mid-stream gives its slot back.
         body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "stream": True,
-                           "max_tokens": LONG_TOKENS, "logit_bias": {str(eos): -100}}).encode()
+                           "max_tokens": 4 * LONG_TOKENS, "logit_bias": {str(eos): -100}}).encode()
         with socket.create_connection(("127.0.0.1", port), timeout=60) as leaving:
             leaving.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
                             b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
