@@ -24,6 +24,7 @@ from mlxcluster.cli import main as cli
 from mlxcluster.jobs.plan import free_port_block
 from mlxcluster.jobs.rank_wrapper import STACKS_ROOT
 from mlxcluster.serve.announce import announced
+from mlxcluster.serve.server_lines import CLIENT_GONE
 from tests import waits
 from tests.interrupt_helpers import processes_with
 from tests.serve_support import (
@@ -187,22 +188,30 @@ def test_a_long_answer_is_delivered_once_and_a_hang_during_one_is_still_found(ll
         run_id = re.search(r"run (mlxserve-[0-9a-f]+)", serving.output()).group(1)
         rank0_log = tmp_path / "runs" / run_id / "rank0.log"
 
-        # An answer long enough to span 4 probe limits at this machine's speed now:
-        # the tokens per second of a first answer, times 40 s; the later tokens of a
-        # longer answer are slower still (a longer cache). A fixed count does not
-        # hold: the same 1200 tokens took 4.7 s quiet, and over 20 s beside mlx.launch's
-        # busy loop or the suite's load; 2.5 limits by a 200-token rate once fell short.
+        # An answer that spans more than 2 probe limits at this machine's speed now.
+        # A fixed count does not hold: the same 1200 tokens took 4.7 s quiet and over
+        # 20 s under the suite's load. A first answer's rate sizes it for 3 limits (the
+        # later tokens are slower still: a longer cache). That rate, measured under load,
+        # can be low by 2x when the load drops (CI: 17.2 s for 4 limits' worth), so an
+        # answer that came short is asked again, sized by the rate it just showed.
         started = time.monotonic()
         long_chat(client, eos, RATE_TOKENS)
         rate = RATE_TOKENS / (time.monotonic() - started)
-        tokens = max(LONG_TOKENS, int(rate * 4 * LONG_PROBE_TIMEOUT_S))
-        started = time.monotonic()
-        whole = long_chat(client, eos, tokens)
-        took = time.monotonic() - started
-        assert whole.choices[0].finish_reason == "length"
-        assert whole.usage.completion_tokens == tokens
-        assert took > 2 * LONG_PROBE_TIMEOUT_S, f"{took:.1f} s: too short to show the point"
-        assert rank0_log.read_text().count('"POST /v1/chat/completions HTTP/1.1" 200') == 2
+        tokens = max(LONG_TOKENS, int(rate * 3 * LONG_PROBE_TIMEOUT_S))
+        tried = []
+        while True:
+            started = time.monotonic()
+            whole = long_chat(client, eos, tokens)
+            took = time.monotonic() - started
+            assert whole.choices[0].finish_reason == "length"
+            assert whole.usage.completion_tokens == tokens
+            tried.append((tokens, round(took, 1)))
+            if took > 2 * LONG_PROBE_TIMEOUT_S:
+                break
+            assert len(tried) < 3, f"(tokens, s) tried: {tried}: too short to show the point"
+            tokens = int(tokens * 3 * LONG_PROBE_TIMEOUT_S / took)
+        assert rank0_log.read_text().count('"POST /v1/chat/completions HTTP/1.1" 200') == \
+            1 + len(tried)
 
         chunks = list(long_chat(client, eos, tokens, stream=True))
         assert chunks[-1].choices[0].finish_reason == "length"
@@ -246,11 +255,14 @@ def test_a_long_answer_is_delivered_once_and_a_hang_during_one_is_still_found(ll
         with pytest.raises(openai.AuthenticationError):  # no key, or another: 401
             openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="not-it",
                           max_retries=0).models.list()
-        waits.poll_until(lambda: "BrokenPipeError" in rank0_log.read_text(), SERVE_AGAIN_S,
-                         "mlx-lm's traceback for the client that left, in rank 0's log")
+        # Which error the write after the close meets is the kernel's timing: EPIPE
+        # when the client's FIN came first, ECONNRESET when its RST did.
+        gone = waits.poll_until(
+            lambda: next((e for e in CLIENT_GONE if e in rank0_log.read_text()), None),
+            SERVE_AGAIN_S, "mlx-lm's traceback for the client that left, in rank 0's log")
         said = serving.output()
         assert "Traceback" not in said and "oops" not in said and 'File "' not in said, said
-        assert "a request ended in mlx-lm's server with BrokenPipeError" in said
+        assert f"a request ended in mlx-lm's server with {gone}" in said
         assert "mlx-lm refused a request: JSONDecodeError" in said
         assert "Raw body" in rank0_log.read_text()
 
@@ -277,8 +289,8 @@ def test_a_long_answer_is_delivered_once_and_a_hang_during_one_is_still_found(ll
         seen_metrics = scrape(port, key)
         requests = "mlxcluster_serve_requests_total"
         chat = (("route", "/v1/chat/completions"), ("status", "200"))
-        assert seen_metrics[(requests, chat)] == 5  # the rate's, the long answer, the stream,
-        # the short one, the one that left
+        assert seen_metrics[(requests, chat)] == 4 + len(tried)  # the rate's, the long
+        # answers, the stream, the short one, the one that left
         assert seen_metrics[(requests, (("route", "/v1/messages"), ("status", "200")))] == 2
         assert seen_metrics[(requests, (("route", "/v1/chat/completions"), ("status", "400")))] == 1
         assert seen_metrics[(requests, (("route", "/v1/models"), ("status", "401")))] == 1
