@@ -47,11 +47,10 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from tests.cpu_support import cpu_seconds_until_exit  # noqa: E402
 from tests.lab import lab_unavailable_reason, start_lab  # noqa: E402
 
 # mlx.launch with a select that waits for output only (at most 50 ms), run as
@@ -121,18 +120,11 @@ def timed(argv: list[str] | str, env: dict[str, str], cwd: Path,
     when a rank's result is missing."""
     start = time.monotonic()
     proc = started(argv, env, cwd, ranks)
-    ps = psutil.Process(proc.pid)
-    cpu = 0.0
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
     reader.start()
-    while proc.poll() is None:
-        try:
-            t = ps.cpu_times()
-            cpu = max(cpu, t.user + t.system)
-        except psutil.Error:
-            pass
-        time.sleep(0.1)
+    cpu = cpu_seconds_until_exit(proc)
+    proc.wait()
     reader.join(timeout=10)
     wall = time.monotonic() - start
     results = [ln.split() for ln in lines if ln.startswith("RESULT ")]

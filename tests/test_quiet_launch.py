@@ -8,15 +8,13 @@ import os
 import select
 import subprocess
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
-
-import psutil
 
 from mlxcluster.jobs import process, quiet_launch
 from mlxcluster.jobs.hosts import local_hosts
 from mlxcluster.jobs.plan import free_port_block, mlx_launch_path
+from tests.cpu_support import cpu_seconds_until_exit
 
 MLX_LAUNCH = mlx_launch_path()
 HERE = tuple(local_hosts(2, sys.executable))
@@ -94,15 +92,7 @@ def launcher_cpu_seconds(argv: list[str], cwd: Path) -> tuple[float, int, str]:
     """Run a launcher command as the jobs layer starts it; its CPU seconds
     (user + system, sampled until it ends), exit code and output."""
     running = process.start(argv, merge_stderr=True)
-    cpu = 0.0
-    ps = psutil.Process(running.proc.pid)
-    while running.proc.poll() is None:
-        try:
-            times = ps.cpu_times()
-            cpu = max(cpu, times.user + times.system)
-        except psutil.Error:
-            break
-        time.sleep(0.1)
+    cpu = cpu_seconds_until_exit(running.proc)
     running.proc.wait(timeout=60)
     running.join(timeout=10)
     return cpu, running.proc.returncode, "\n".join(line for _, line in running.rest())

@@ -4,7 +4,6 @@ address here, probed, restarted (docs/serve.md)."""
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 
 import click
 
@@ -15,11 +14,10 @@ from mlxcluster.jobs.job import BACKENDS
 from mlxcluster.jobs.restarts import Restarts
 from mlxcluster.launch.job_source import one_source
 from mlxcluster.launch.on_hosts import held_on_hosts
-from mlxcluster.launch.pull import id_to_download
 from mlxcluster.launch.session import launch_session
 from mlxcluster.launch.supervisor import ending
 from mlxcluster.serve.access import KEY_ENV, api_key_from
-from mlxcluster.serve.serving import ServeSpec, absolute_model, serving_request
+from mlxcluster.serve.serving import ServeSpec, model_named, serving_request, with_model_held
 from mlxcluster.serve.session import FrontSpec, ServedModel, open_front
 
 
@@ -96,10 +94,7 @@ def command(timeout, pipeline, port, bind, max_restarts, probe_every, probe_time
     if timeout is not None:
         raise InputError("serve runs until it is stopped: --timeout does not apply",
                          "stop it with Ctrl-C or 'kill' (SIGTERM)")
-    if download_on:
-        id_to_download(model_dir)  # before the front: a folder here is no id for a host
-    # --download-on: the id until the pull says the hosts' folder (below)
-    spec = ServeSpec(model_dir if download_on else absolute_model(model_dir), pipeline,
+    spec = ServeSpec(model_named(model_dir, download_on), pipeline,
                      probe_every, probe_timeout, start_timeout, server_args,
                      request_timeout=None if request_timeout == "off" else request_timeout,
                      drain_timeout=drain_timeout)
@@ -109,10 +104,9 @@ def command(timeout, pipeline, port, bind, max_restarts, probe_every, probe_time
         bind, port, key, no_auth, max_in_flight, queue)))  # first: a taken port said at once
     env = {k: v for k, v in os.environ.items() if k != KEY_ENV}  # the key stays here
     view = EventView("serve")
-    model_view = None
-    if download_on:
-        held = ctx.with_resource(held_on_hosts(flags.source, model_dir, download_on, env, view))
-        spec, model_view = replace(spec, model=held.folder), held.view
+    held = ctx.with_resource(held_on_hosts(flags.source, model_dir, download_on, env,
+                                           view)) if download_on else None
+    spec, model_view = with_model_held(spec, held)
     request = serving_request(spec, flags, send_model=not no_sync_model, backend=front.backend,
                               view=model_view)
     prepared = ctx.with_resource(launch_session(request, env, view))

@@ -37,6 +37,7 @@ from mlxcluster.jobs.run import run_job
 from mlxcluster.jobs.running import register_run_kind
 from mlxcluster.jobs.stall import Stalled
 from mlxcluster.jobs.watch import RunOutcome
+from mlxcluster.launch.on_hosts import HeldOnHosts
 from mlxcluster.launch.program import numbered, program_job
 from mlxcluster.launch.session import LaunchFlags, LaunchRequest
 from mlxcluster.launch.supervisor import JobResult, Words, supervise
@@ -367,6 +368,27 @@ def _serve(job, spec, backend, restarts, env, run_id, logs_dir, on_line, on_even
                       f"{spent}; every rank was stopped",
                       "its lines are above and in the logs; raise --max-restarts, or run "
                       "'mlxcluster doctor' to check the hosts")
+
+
+def model_named(model: str, download_on: str | None) -> str:
+    """MODEL_DIR as serve's spec names it until the hosts hold it: with
+    --download-on, the Hugging Face id that host downloads (InputError, exit 2,
+    when it is none, or a folder here); else the folder here (`absolute_model`)."""
+    if download_on:
+        from mlxcluster.launch.pull import id_to_download
+
+        id_to_download(model)
+        return model
+    return absolute_model(model)
+
+
+def with_model_held(spec: ServeSpec, held: HeldOnHosts | None) -> tuple[ServeSpec, str | None]:
+    """(the spec, the view here that serve's checks read in the model's place):
+    with --download-on, the folder every host holds (``held``: launch/on_hosts.py)
+    and its view; else the spec as it is, read from its folder here."""
+    if held is None:
+        return spec, None
+    return replace(spec, model=held.folder), held.view
 
 
 def absolute_model(folder: str) -> str:
