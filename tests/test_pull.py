@@ -97,7 +97,8 @@ def test_serve_takes_an_id_and_serves_the_cached_folder(llama, tmp_path):
                       env={**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"},
                       cwd=tmp_path)
     try:
-        serving.wait_for(r"serving \S+ at http://", SERVE_UP_S)
+        # named by its id, not by the snapshot folder's commit hash
+        serving.wait_for(r"serving mlx-community/Tiny-chat at http://", SERVE_UP_S)
         assert chat_text(port) == generated_alone(snapshot)
     finally:
         code = serving.stop()

@@ -84,3 +84,19 @@ def test_the_front_serves_the_page_with_the_key_in_its_url_or_header():
     shown = status_view(backend)
     # the model's routes only (/v1/...): the refused /v1/models, not the page's own requests
     assert (shown.requests, shown.by_status, shown.in_flight) == (2, (("200", 1), ("401", 1)), 0)
+
+
+def test_a_model_from_a_hugging_face_cache_is_named_by_its_id_not_its_commit():
+    """`serve ORG/NAME` serves a snapshot folder whose own name is a commit hash:
+    the terminal, serve.log, the status page and `jobs` say ORG/NAME."""
+    from mlxcluster.serve.session import served_name
+
+    snapshot = "/Users/me/.cache/huggingface/hub/models--mlx-community--Qwen3-4B-4bit/snapshots/ab12cd"
+    assert served_name(snapshot) == "mlx-community/Qwen3-4B-4bit"
+    assert served_name(snapshot + "/") == "mlx-community/Qwen3-4B-4bit"
+    assert served_name("/models/models--a--b-c.d_e/snapshots/0f") == "a/b-c.d_e"
+    assert served_name("/Users/me/models/Qwen3-4B-4bit") == "Qwen3-4B-4bit"
+    assert served_name("/Users/me/models/Qwen3-4B-4bit/") == "Qwen3-4B-4bit"
+    # a folder inside a snapshot, or a snapshots folder elsewhere, keeps its own name
+    assert served_name(snapshot + "/sub") == "sub"
+    assert served_name("/data/snapshots/ab12") == "ab12"

@@ -14,6 +14,7 @@ terminal shows of the ranks' (``ServerLines``); ``serve`` runs it
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -66,6 +67,19 @@ def address_of(front: Front) -> str:
     return f"http://{'127.0.0.1' if bind == '0.0.0.0' else bind}:{front.port}/v1"
 
 
+# huggingface_hub's cache: models--ORG--NAME/snapshots/COMMIT (an id holds no "--").
+HUB_SNAPSHOT = re.compile(r"(?:^|/)models--(?P<org>[^/]+?)--(?P<name>[^/]+)/snapshots/[^/]+$")
+
+
+def served_name(folder: str) -> str:
+    """What serve calls the model it serves: ORG/NAME for a snapshot in a
+    Hugging Face cache (`serve ORG/NAME`, with or without --download-on: the
+    folder's own name is a commit hash), else the folder's name."""
+    folder = folder.rstrip("/")
+    hub = HUB_SNAPSHOT.search(folder)
+    return f"{hub['org']}/{hub['name']}" if hub else os.path.basename(folder)
+
+
 class ServedModel:
     """What serving ``prepared`` keeps here: its logs (``logs_dir``, default
     ./runs/RUN_ID) and serve.log, its address, what the status page and
@@ -76,7 +90,7 @@ class ServedModel:
         self.spec, self.front, self.prepared = spec, front, prepared
         self.logs_path, self.logs = open_rank_logs(logs_dir, prepared.run_id)
         self.address = address_of(front)
-        name = os.path.basename(spec.model.rstrip("/"))
+        name = served_name(spec.model)
         self.served = (f"{name} at {self.address} ({len(prepared.job.hosts)} ranks, "
                        f"{spec.split})")
         self.journal = ServeJournal(self.logs_path / "serve.log", self.served)

@@ -20,7 +20,7 @@ import pytest
 from mlxcluster.jobs.plan import free_port_block
 from tests import waits
 from tests.chat_support import make_chat_folder
-from tests.hf_support import make_llama_folder
+from tests.hf_support import QWEN2_CONFIG, make_llama_folder
 from tests.hub_cache_support import cache_model
 from tests.lab.jobs import MPI_ENV, REPO, records
 from tests.learning_support import MODEL_CONFIG, learning_data
@@ -31,6 +31,9 @@ from tests.waits import SERVE_UP_S
 pytestmark = pytest.mark.lab
 
 MODEL_ID = "mlx-community/Tiny-chat"
+# mlx-lm's llama has no pipeline(); its qwen2 has (tests/lab/test_serve_split_lab.py).
+QWEN_ID = "mlx-community/Tiny-qwen-chat"
+QWEN = {**QWEN2_CONFIG, "vocab_size": 400, "num_hidden_layers": 4, "max_window_layers": 4}
 # Wide enough that its weights (15 MB, float32) dwarf what this machine sends anyway
 # (the ssh calls, the agent's source, the code the ranks import, the requests).
 WIDE = {**MODEL_CONFIG, "hidden_size": 256, "intermediate_size": 2048}
@@ -131,3 +134,40 @@ def test_serve_and_train_a_model_only_the_hosts_hold(lab3, tmp_path):
     assert sorted(got) == list(range(1, STEPS + 1)), got
     for step, loss in expected.items():
         assert abs(got[step] - loss) <= 1e-5 * abs(loss), (step, got[step], loss)
+
+
+def test_serve_pipeline_of_a_model_only_the_hosts_hold(lab3, tmp_path):
+    """`serve --pipeline --download-on HOST ID`: the layers split from the view
+    here (its config and weight headers) while the ranks open the hosts'
+    folder; every host holds the whole download, so nothing is sent from
+    here; the answer is one process's."""
+    lab = lab3
+    first, second = lab.hosts[:2]
+    model = tmp_path / "tiny-qwen"
+    make_chat_folder(model, "qwen25")
+    make_llama_folder(model, QWEN, seed=5, shard=True)
+    files = {p.relative_to(model).as_posix(): p.read_bytes() for p in model.rglob("*") if p.is_file()}
+    cache = lab.disk / f"hub-{uuid.uuid4().hex[:8]}"
+    on_first = cache_model(lab.host_disk(first) / cache.relative_to(lab.disk), QWEN_ID, files)
+    snapshot = lab.disk / on_first.relative_to(lab.host_disk(first))
+    inventory = lab.write_inventory(tmp_path / "two.yaml", hosts=[first, second],
+                                    env={**MPI_ENV, "HF_HUB_CACHE": str(cache)})
+    env = {**lab.env(), "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    env.pop("LD_PRELOAD", None)
+    port = free_port_block(1)
+    serving = Serving(["-i", str(inventory), "--backend", "ring", "--no-preflight", "--pipeline",
+                       "--port", str(port), "--download-on", first.name, QWEN_ID],
+                      env=env, cwd=tmp_path)
+    try:
+        up = serving.wait_for(r"serving (\S+) at (http://\S+) \((\d) ranks, (\w+)\)$", SERVE_UP_S)
+        assert up.groups() == (QWEN_ID, f"http://127.0.0.1:{port}/v1", "2", "pipeline")
+        assert chat_text(port) == generated_alone(model)
+    finally:
+        code = serving.stop()
+    said = serving.output()
+    assert code == 0, said[-4000:]
+    assert f"split: {snapshot} over 2 rank(s), pipeline: " in said, said  # named, not the view
+    assert "gets only what its stage loads" not in said and "missing: sending" not in said, said
+    there = lab.host_disk(second) / snapshot.relative_to(lab.disk)
+    assert {n: (there / n).read_bytes() for n in files} == files  # taken whole from labhost1
+    assert not cache.exists(), "no copy here"
