@@ -13,6 +13,7 @@ import re
 import struct
 import sys
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -56,21 +57,43 @@ def trainer_flags(model: str, data: Path) -> list[str]:
             "--sample_tokens", "0", "--compile", "false", "--kernels", "mlx"]
 
 
+@dataclass(frozen=True)
+class OnlyOnFirst:
+    """A model folder made here, put only in the first lab host's own Hugging Face
+    cache as ``model_id``: its files, the cache's path (the same on every host),
+    the snapshot there, an inventory of the first two hosts naming that cache,
+    and serve's and train's environment (offline)."""
+
+    files: dict[str, bytes]
+    cache: Path
+    snapshot: Path
+    inventory: Path
+    env: dict[str, str]
+
+
+def only_on_first(lab, tmp_path: Path, model: Path, model_id: str) -> OnlyOnFirst:
+    first, second = lab.hosts[:2]
+    files = {p.relative_to(model).as_posix(): p.read_bytes() for p in model.rglob("*") if p.is_file()}
+    cache = lab.disk / f"hub-{uuid.uuid4().hex[:8]}"
+    on_first = cache_model(lab.host_disk(first) / cache.relative_to(lab.disk), model_id, files)
+    inventory = lab.write_inventory(tmp_path / "two.yaml", hosts=[first, second],
+                                    env={**MPI_ENV, "HF_HUB_CACHE": str(cache)})
+    env = {**lab.env(), "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    env.pop("LD_PRELOAD", None)
+    return OnlyOnFirst(files, cache, lab.disk / on_first.relative_to(lab.host_disk(first)),
+                       inventory, env)
+
+
 def test_serve_and_train_a_model_only_the_hosts_hold(lab3, tmp_path):
     lab = lab3
     first, second = lab.hosts[:2]
     model = tmp_path / "tiny-chat"  # the test's own copy: one process's answer and losses
     make_chat_folder(model, "llama3")
     make_llama_folder(model, WIDE, seed=3, shard=True)
-    files = {p.relative_to(model).as_posix(): p.read_bytes() for p in model.rglob("*") if p.is_file()}
+    held = only_on_first(lab, tmp_path, model, MODEL_ID)
+    files, cache, snapshot, inventory, env = (held.files, held.cache, held.snapshot,
+                                              held.inventory, held.env)
     weights = sum(len(b) for n, b in files.items() if n.endswith(".safetensors"))
-    cache = lab.disk / f"hub-{uuid.uuid4().hex[:8]}"
-    on_first = cache_model(lab.host_disk(first) / cache.relative_to(lab.disk), MODEL_ID, files)
-    snapshot = lab.disk / on_first.relative_to(lab.host_disk(first))
-    inventory = lab.write_inventory(tmp_path / "two.yaml", hosts=[first, second],
-                                    env={**MPI_ENV, "HF_HUB_CACHE": str(cache)})
-    env = {**lab.env(), "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
-    env.pop("LD_PRELOAD", None)
 
     port = free_port_block(1)
     before = sent_from_here(lab)
@@ -146,14 +169,9 @@ def test_serve_pipeline_of_a_model_only_the_hosts_hold(lab3, tmp_path):
     model = tmp_path / "tiny-qwen"
     make_chat_folder(model, "qwen25")
     make_llama_folder(model, QWEN, seed=5, shard=True)
-    files = {p.relative_to(model).as_posix(): p.read_bytes() for p in model.rglob("*") if p.is_file()}
-    cache = lab.disk / f"hub-{uuid.uuid4().hex[:8]}"
-    on_first = cache_model(lab.host_disk(first) / cache.relative_to(lab.disk), QWEN_ID, files)
-    snapshot = lab.disk / on_first.relative_to(lab.host_disk(first))
-    inventory = lab.write_inventory(tmp_path / "two.yaml", hosts=[first, second],
-                                    env={**MPI_ENV, "HF_HUB_CACHE": str(cache)})
-    env = {**lab.env(), "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
-    env.pop("LD_PRELOAD", None)
+    held = only_on_first(lab, tmp_path, model, QWEN_ID)
+    files, cache, snapshot, inventory, env = (held.files, held.cache, held.snapshot,
+                                              held.inventory, held.env)
     port = free_port_block(1)
     serving = Serving(["-i", str(inventory), "--backend", "ring", "--no-preflight", "--pipeline",
                        "--port", str(port), "--download-on", first.name, QWEN_ID],
