@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shlex
 import socket
 import subprocess
@@ -225,6 +226,27 @@ def test_hop_script_runs_at_most_parallel_hops_at_once():
     elapsed = time.monotonic() - started
     assert [r[0] for r in json.loads(out.stdout)] == [0, 0, 0, 0]
     assert 1.0 <= elapsed < 2.5  # two rounds of two, not one of four
+
+
+def test_hop_script_ends_with_its_hops_once_nobody_reads_it():
+    """sshd leaves a command without a terminal running when doctor's
+    connection drops (Ctrl-C, a lost link); the script finds its output pipe
+    gone within a moment and ends with its hops, not after their timeout."""
+    import psutil
+
+    script = subprocess.Popen([sys.executable, "-c", HOPS, json.dumps({"hops": [["sleep", "60"]], "timeout": 90})],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        while not psutil.Process(script.pid).children():  # the hop started
+            time.sleep(0.05)
+        hop = psutil.Process(script.pid).children()[0]
+        assert select.select([script.stdout], [], [], 5)[0], "no beat from the script within 5 s"
+        assert script.stdout.readline() == b"\n"  # the script's beat, while its hop runs
+        script.stdout.close()  # what sshd's exit does to the session's pipe
+        assert script.wait(timeout=10) == 3
+        hop.wait(timeout=10)  # psutil.TimeoutExpired here: the hop outlived the script
+    finally:
+        script.kill()
 
 
 def test_every_host_hops_to_every_other_starting_after_itself():

@@ -27,13 +27,16 @@ def test_preload_is_prepended_once():
     assert with_openblas({"A": "1"}, None) == {"A": "1"}
 
 
+# The fastest of five matmuls: a busy machine slows some of them, rarely all.
 PROBE = """
 import time, mlx.core as mx
 a = mx.random.normal((512, 512)); mx.eval(a @ a)
-t = time.perf_counter()
-for _ in range(4):
+times = []
+for _ in range(5):
+    t = time.perf_counter()
     mx.eval(a @ a)
-print(time.perf_counter() - t)
+    times.append(time.perf_counter() - t)
+print(min(times))
 print(";".join(l.split()[-1] for l in open("/proc/self/maps") if "blas" in l))
 """
 
@@ -50,9 +53,13 @@ def test_preloading_openblas_speeds_up_mlx_matmul_here():
     found = find_openblas()
     require(sys.platform.startswith("linux") and found is not None,
             f"no OpenBLAS here (looked in {', '.join(OPENBLAS_CANDIDATES)})")
-    base = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    # One OpenBLAS thread: its threads wait on each other at every call, and
+    # beside a busy suite one descheduled thread made the preloaded matmul 17x
+    # slower than on a quiet machine (CI, 2026-11-30: 0.27 s plain, 0.092 s
+    # preloaded). One thread still measured 16x plain's speed here, quiet, and
+    # 24-28x beside 6 busy processes.
+    base = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"} | {"OPENBLAS_NUM_THREADS": "1"}
     plain, _ = run_probe(base)
     fast, maps = run_probe(with_openblas(base, found))
     assert str(found.resolve()) in {str(Path(p).resolve()) for p in maps.split(";")}
-    # FIELD_NOTES measured ~30x on a 1024^2 matmul; 3x leaves room for a busy machine.
-    assert plain > 3 * fast, (plain, fast)
+    assert plain > 4 * fast, (plain, fast)

@@ -13,7 +13,10 @@ receives about that many connections at once, under sshd's default
 ``MaxStartups 10`` (beyond which it drops new connections at random).
 
 The script prints one JSON row per hop: ``[exit status or null on timeout,
-stdout, stderr, seconds]``.
+stdout, stderr, seconds]``. Empty lines come before it: the script
+writes one every moment to learn that the session is gone (doctor
+interrupted, the connection lost), and then ends with its hops, not after
+their timeouts: sshd does not signal a command without a terminal.
 """
 
 from __future__ import annotations
@@ -32,19 +35,45 @@ HOP_SCRIPT_FAILED = "hop-script"
 PARALLEL = 4
 
 HOPS = r"""
-import json, subprocess, sys, threading, time
+import json, os, subprocess, sys, threading, time
 spec = json.loads(sys.argv[1])
 rows = [None] * len(spec["hops"])
+running, lock = [], threading.Lock()
 def hop(i, argv):
     t = time.time()
     try:
-        p = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=spec["timeout"])
-        rows[i] = [p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")]
-    except subprocess.TimeoutExpired:
-        rows[i] = [None, "", ""]
+        with lock:
+            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            running.append(p)
+        try:
+            out, err = p.communicate(timeout=spec["timeout"])
+            rows[i] = [p.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")]
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+            rows[i] = [None, "", ""]
     except OSError as e:
         rows[i] = [127, "", "%s: %s" % (argv[0], e.strerror)]
     rows[i].append(round(time.time() - t, 3))
+def watch():
+    # sshd leaves a session's command running when its connection drops (no
+    # terminal, no signal), but the pipe to it is gone: an empty line a moment
+    # finds that out, and the hops end with the script.
+    while True:
+        time.sleep(0.2)
+        try:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+        except OSError:
+            break
+    with lock:
+        for p in running:
+            try:
+                p.kill()
+            except OSError:
+                pass
+        os._exit(3)
+threading.Thread(target=watch, daemon=True).start()
 slots = threading.BoundedSemaphore(spec.get("parallel") or len(rows) or 1)
 def limited(i, argv):
     with slots:
