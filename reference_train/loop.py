@@ -26,7 +26,8 @@ handed:
   its loss, and how a logged record summarizes the interval's steps of them.
 - ``stop() -> bool``: whether the ranks agreed to stop now (collective; asked at
   logged steps only, where a resumed run's logged losses stay an uninterrupted
-  run's); then the loop saves and raises stopping.Stopped.
+  run's); then the loop saves and raises stopping.Stopped (the caller has the
+  ranks part together: stopping.part_together).
 
 It returns the last logged record (with ``val_loss`` when an evaluation followed
 it). The last checkpoint and the export are the caller's (train.py).
@@ -199,10 +200,7 @@ def train_loop(model: nn.Module, optimizer, data: TrainData, step: StepFunction,
             callback.on_checkpoint(done)
         if interval_steps == 0 and done < plan.last and stop():
             save(done)  # every rank at this logged step (stopping.py)
-            if size > 1:  # every copy written before any rank ends: rank 0's exit (143) makes
-                # mlx.launch end the others, mid-write (seen in CI: labhost2 left without one)
-                mx.eval(all_sum(mx.array(1), group))
-            raise Stopped(done)
+            raise Stopped(done)  # the ranks part together after rank 0's last lines (stopping.py)
         if interval_steps == 0:
             t0 = time.perf_counter()  # time only training, not logging or evaluation
     return record

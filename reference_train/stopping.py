@@ -80,6 +80,17 @@ def last_words(lines: list[str], seconds: float = LAST_WORDS_S, fd: int = 1) -> 
     return True
 
 
+def part_together(group) -> None:
+    """The ranks' last collective when they stop: no rank ends before every
+    rank's checkpoint is written and rank 0's last lines are on their way. The
+    first rank to end (143) makes mlx.launch end the others: it kills their
+    ssh clients here, and whatever a rank had not yet sent is lost (seen in CI:
+    labhost2 left without its checkpoint; at load, rank 0's "stopped at step"
+    lines missing, when they were written after this point)."""
+    if group.size() > 1:
+        mx.eval(all_sum(mx.array(1), group))
+
+
 class StopRequest:
     """SIGUSR2 noted, and the ranks' agreement on it."""
 

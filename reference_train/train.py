@@ -66,7 +66,7 @@ from .mfu import flops_per_token, peak_flops
 from .parallelism import make_parallelism
 from .prepare import ensure_default_data
 from .resume import check_loaded, check_trained_alike, checkpoint_root, find_storage, host_layout
-from .stopping import STOPPED_EXIT, Stopped, StopRequest, last_words
+from .stopping import STOPPED_EXIT, Stopped, StopRequest, last_words, part_together
 from .storage import describe_storage
 from .tokenizer import make_tokenizer
 
@@ -361,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
             # the record first: mlxcluster keeps the run stopped, not restarted
             said = [record_line({"event": "stopped", "step": stopped.step})] if recording() else []
             last_words([*said, f"{stopped}; checkpoint in {trainer.out / 'checkpoints'}"])
+        part_together(group)
         return STOPPED_EXIT
     except (ValueError, DataError) as e:  # its input: exit 2, which no restart mends
         print(f"error: {e}", file=sys.stderr, flush=True)
