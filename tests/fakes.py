@@ -103,6 +103,7 @@ class FakeSsh:
     # A StreamingRunner too (mlxcluster/ssh/runner.py): a transfer's stream runs on
     # the host's HOME (FakeSsh.local) as its plain commands do; no rsync (no ssh).
     rsh: tuple[str, ...] = ()
+    env: dict[str, str] | None = None  # argv_for sets each host's HOME itself
 
     def argv_for(self, alias: str, command: str) -> list[str]:
         host = self.names.get(alias, alias)

@@ -31,6 +31,7 @@ from mlxcluster.launch.trainer import (
     with_stage_split,
 )
 from mlxcluster.serve.serving import ServeSpec, serving_request
+from mlxcluster.ssh.runner import ProcessRunner
 from mlxcluster.transfer.link import ProcessLink, TransferError
 from mlxcluster.transfer.manifest import VIEW_MARK, DataFile, Manifest, folder_manifest
 from mlxcluster.transfer.view import WHOLE_LIMIT, ViewPlan, make_view
@@ -40,7 +41,7 @@ from tests.hub_cache_support import cache_model
 
 def here_link() -> ProcessLink:
     """This machine as a host: commands run by bash, as for a local rank."""
-    return ProcessLink("here", sys.executable, lambda command: ["bash", "-c", command])
+    return ProcessLink("here", sys.executable, ProcessRunner(lambda command: ["bash", "-c", command]))
 
 
 def snapshot_of(model: Path, cache: Path) -> Path:

@@ -111,6 +111,7 @@ def test_a_host_downloads_into_its_own_cache_and_lists_it_hashed_links_followed(
     rank is): the id resolved by the host's huggingface_hub in the cache its
     env names, offline; the listing hashes the snapshot's files through their
     links. HF_TOKEN goes on stdin: never on a command line, which `ps` shows."""
+    from mlxcluster.ssh.runner import ProcessRunner
     from mlxcluster.transfer.hub import download, listed
     from mlxcluster.transfer.link import ProcessLink
 
@@ -118,9 +119,9 @@ def test_a_host_downloads_into_its_own_cache_and_lists_it_hashed_links_followed(
              "tokenizer/tokenizer.json": b'{"v": 1}'}
     snapshot = cache_model(tmp_path / "hub", "mlx-community/Tiny-4bit", files)
     commands: list[str] = []
-    link = ProcessLink("here", sys.executable,
-                       lambda command: commands.append(command) or ["bash", "-c", command],
-                       env={**os.environ, "HF_HUB_CACHE": str(tmp_path / "elsewhere")})
+    link = ProcessLink("here", sys.executable, ProcessRunner(
+        lambda command: commands.append(command) or ["bash", "-c", command],
+        env={**os.environ, "HF_HUB_CACHE": str(tmp_path / "elsewhere")}))
     folder = download(link, "mlx-community/Tiny-4bit", None, env={"HF_HUB_CACHE": str(tmp_path / "hub")},
                       offline=True, token="hf_not_on_the_command_line")
     assert folder == str(snapshot)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from mlxcluster.ssh.runner import ProcessRunner
 from mlxcluster.transfer import link as link_module
 from mlxcluster.transfer.fanout import offering, take
 from mlxcluster.transfer.fetch import fetch
@@ -66,7 +67,7 @@ def files_under(folder: Path) -> dict[str, bytes]:
 
 
 def test_a_folder_is_sent_as_a_stream_verified_there_and_checked_whole_after(home, model):
-    link = ProcessLink("mac1", sys.executable, bash_in(home))
+    link = ProcessLink("mac1", sys.executable, ProcessRunner(bash_in(home)))
     manifest = folder_manifest(model)
     there = replace(manifest, folder="~/models/m", source=str(model))
     copy = check(link, there)
@@ -90,8 +91,8 @@ def test_rsync_sends_through_the_links_own_ssh_into_a_staging_folder(home, model
     ssh.write_text('#!/bin/sh\nwhile [ $# -gt 0 ]; do case "$1" in -o|-p|-F|-l) shift 2;; '
                    '-*) shift;; *) break;; esac; done\nshift\nexec sh -c "$*"\n')
     ssh.chmod(0o755)
-    link = ProcessLink("mac1", sys.executable, bash_in(home), (str(ssh), "-o", "BatchMode=yes"),
-                       "mac1")
+    link = ProcessLink("mac1", sys.executable,
+                       ProcessRunner(bash_in(home), rsh=(str(ssh), "-o", "BatchMode=yes")), "mac1")
     manifest = folder_manifest(model)
     target = home / "data"
     there = replace(manifest, folder=str(target), source=str(model))
@@ -137,7 +138,7 @@ def test_a_fetched_stream_altered_or_cut_leaves_nothing_here(home, tmp_path, pip
     here = tmp_path / "here"
     here.mkdir()
     (here / "a.bin").write_bytes(b"the copy here before")
-    link = ProcessLink("mac1", sys.executable, bash_in(home, pipe.format(py=sys.executable)))
+    link = ProcessLink("mac1", sys.executable, ProcessRunner(bash_in(home, pipe.format(py=sys.executable))))
     with pytest.raises(TransferError, match=said):
         fetch(link, str(folder), here)
     assert files_under(here) == {"a.bin": b"the copy here before"}  # nothing half-written
@@ -145,7 +146,7 @@ def test_a_fetched_stream_altered_or_cut_leaves_nothing_here(home, tmp_path, pip
 
 def test_a_missing_folder_there_is_named_and_nothing_is_made_here(home, tmp_path):
     with pytest.raises(TransferError, match=r"^mac1: send .*/nothing: .*No such file"):
-        fetch(ProcessLink("mac1", sys.executable, bash_in(home)), str(home / "nothing"),
+        fetch(ProcessLink("mac1", sys.executable, ProcessRunner(bash_in(home))), str(home / "nothing"),
               tmp_path / "here")
     assert not (tmp_path / "here").exists()
 
@@ -161,9 +162,9 @@ def test_the_agent_refuses_a_name_that_would_leave_its_folder(tmp_path):
 def test_a_host_that_stops_reading_is_given_up_and_one_that_hangs_is_named(home, model,
                                                                              monkeypatch):
     monkeypatch.setattr(link_module, "STALL_S", 1.0)
-    link = ProcessLink("mac1", sys.executable, bash_in(home))
+    link = ProcessLink("mac1", sys.executable, ProcessRunner(bash_in(home)))
     manifest = folder_manifest(model)
-    stuck = ProcessLink("mac1", sys.executable, lambda script: ["sleep", "30"])
+    stuck = ProcessLink("mac1", sys.executable, ProcessRunner(lambda script: ["sleep", "30"]))
     there = replace(manifest, folder=str(home / "m"), source=str(model))
     copy = replace(check(link, there), host=stuck)  # checked, then the host stops reading
     with pytest.raises(TransferError, match=r"sending .* to mac1 failed: no progress for \d+ s: stopped"):
@@ -175,8 +176,8 @@ def test_a_host_that_stops_reading_is_given_up_and_one_that_hangs_is_named(home,
 
 
 def test_an_ssh_failure_is_exit_255_naming_the_host():
-    refused = ProcessLink("mac1", sys.executable, lambda script: [
-        "bash", "-c", "echo 'ssh: connect to host mac1 port 22: Connection refused' >&2; exit 255"])
+    refused = ProcessLink("mac1", sys.executable, ProcessRunner(lambda script: [
+        "bash", "-c", "echo 'ssh: connect to host mac1 port 22: Connection refused' >&2; exit 255"]))
     manifest = files_manifest("/x", [])
     with pytest.raises(HostUnreachable) as failed:
         check(refused, manifest)
@@ -189,7 +190,7 @@ def test_a_stream_cut_off_resumes_at_the_byte_and_only_a_whole_file_is_taken(hom
     """The link cut mid-file (here: only the first 200,000 bytes of the stream
     reach the host): what arrived stays on the host, its check says how much,
     and the next send sends the rest only, each file then verified whole."""
-    cut = ProcessLink("mac1", sys.executable, bash_in(home))
+    cut = ProcessLink("mac1", sys.executable, ProcessRunner(bash_in(home)))
     there = replace(folder_manifest(model), folder=str(home / "m"), source=str(model))
     order = sorted(there.files, key=lambda f: f.name)  # the stream's order: the tokenizer first
     first = order[0].bytes
@@ -211,7 +212,7 @@ def test_a_stream_cut_off_resumes_at_the_byte_and_only_a_whole_file_is_taken(hom
                     return data
             return super().run(script, stdin=Cut(), timeout=timeout)
 
-    link = CutLink(cut.name, cut.python, cut.argv)
+    link = CutLink(cut.name, cut.python, cut.runner)
     with pytest.raises(TransferError, match="the stream ended 100000 bytes before the end of "
                                             "weights.safetensors") as err:
         send(there, check(link, there), lambda n: None, use_rsync=False)
@@ -230,7 +231,7 @@ def test_a_part_with_wrong_bytes_is_dropped_never_installed(home, model):
     """What a cut send left is hashed with what follows: a part whose bytes
     are not the file's (a disk error, another version) is removed and the
     send fails, naming the file; the next send starts it from its first byte."""
-    link = ProcessLink("mac1", sys.executable, bash_in(home))
+    link = ProcessLink("mac1", sys.executable, ProcessRunner(bash_in(home)))
     there = replace(folder_manifest(model), folder=str(home / "m"), source=str(model))
     weights = next(f for f in there.files if f.name == "weights.safetensors")
     parts = home / "m" / ".mlxcluster-partial"
@@ -286,10 +287,10 @@ def test_a_take_from_another_hosts_offer_says_its_progress_and_installs_every_fi
     manifest = folder_manifest(model)
     giver_home = tmp_path / "giver"
     giver_home.mkdir()
-    giver = ProcessLink("mac1", sys.executable, bash_in(giver_home))
+    giver = ProcessLink("mac1", sys.executable, ProcessRunner(bash_in(giver_home)))
     source = replace(manifest, folder="~/m", source=str(model))
     send(source, check(giver, source), lambda n: None, use_rsync=False)
-    taker = ProcessLink("mac2", sys.executable, bash_in(home))
+    taker = ProcessLink("mac2", sys.executable, ProcessRunner(bash_in(home)))
     there = replace(manifest, folder=str(home / "m"), source=str(model))
     lacking = check(taker, there)
     seen: list[int] = []

@@ -181,9 +181,7 @@ def host_link(host: RankHost, env: dict[str, str] | None = None) -> ProcessLink:
     """How a transfer reaches ``host``, all through the host's runner
     (``host_runner``): its plain commands, the argv its streams run by
     (``host_argv``: bash here for a local rank), and its ssh for rsync's ``-e``."""
-    runner = host_runner(host, env)
-    return ProcessLink(host.name, host.python, partial(runner.argv_for, host.name), runner.rsh,
-                       host.ssh_target, env, runner=runner)
+    return ProcessLink(host.name, host.python, host_runner(host, env), host.ssh_target)
 
 
 def host_argv(host: RankHost, script: str) -> list[str]:

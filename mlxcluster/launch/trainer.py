@@ -25,7 +25,6 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from mlxcluster.errors import InputError
 from mlxcluster.facts.facts import HostFacts
@@ -42,6 +41,7 @@ from mlxcluster.jobs.run import run_job
 from mlxcluster.jobs.running import RunningJob, register_run_kind
 from mlxcluster.jobs.watch import RunOutcome
 from mlxcluster.launch.fetch import fetch_folder
+from mlxcluster.launch.on_hosts import HeldOnHosts
 from mlxcluster.launch.pipeline_launch import (
     Pipeline,
     check_pipeline,
@@ -59,9 +59,6 @@ from mlxcluster.launch.supervisor import JobResult, Words, supervise
 from reference_train.config import TrainConfig, build_config
 from reference_train.fine_tune import ADAPTER_FILES, trains_adapters
 from reference_train.metrics import STOP_ENV, plot_metrics
-
-if TYPE_CHECKING:  # launch/on_hosts.py pulls and views; this only reads what it holds
-    from mlxcluster.launch.on_hosts import HeldOnHosts
 
 TRAINER_MODULE = "reference_train.train"
 # The trainer's progress bar off (output arrives line by line): added, not typed.

@@ -58,6 +58,7 @@ class StreamingRunner(HostRunner, Protocol):
     starts itself to stream bytes through (transfer/link.py ``ProcessLink``)."""
 
     rsh: tuple[str, ...]  # ssh and its options, no target (rsync's -e); (): no rsync
+    env: dict[str, str] | None  # the environment its programs run in (None: this process's)
 
     def argv_for(self, alias: str, command: str) -> list[str]:
         """The argv that runs ``command`` on the host ``alias``, as a process here."""

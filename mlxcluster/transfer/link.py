@@ -8,9 +8,9 @@ Two kinds of link, one interface (``run``):
   ``StrictHostKeyChecking=yes`` (an unknown or changed host key fails) and a
   connect timeout (``ssh/openssh.py``), as mlx.launch reaches the ranks; for
   this machine, bash. rsync's ``-e`` is the same ssh with the same options
-  (``ssh``). The jobs layer makes one per rank host (``jobs.hosts.host_link``);
-  its plain commands go through the host's runner (``ssh/runner.py``), the
-  streamed ones through ``argv`` here, watched.
+  (``ssh``). The jobs layer makes one per rank host (``jobs.hosts.host_link``)
+  over the host's runner (``ssh/runner.py``): its plain commands go through
+  the runner, the streamed ones through the runner's argv here, watched.
 - ``RunnerLink``: the doctor's open connections (``ssh/remote.py``'s runner:
   keys only, host keys checked, every command with a timeout), so that the
   wheels a fix sends go the way its install command goes.
@@ -30,7 +30,7 @@ from typing import Any, BinaryIO, Protocol, TypeVar
 
 from mlxcluster.errors import MlxclusterError
 from mlxcluster.ssh.results import CommandResult, SshError
-from mlxcluster.ssh.runner import SSH_FAILED, HostRunner, ProcessRunner
+from mlxcluster.ssh.runner import SSH_FAILED, StreamingRunner
 
 STALL_S = 60.0  # a transfer that moves no byte for this long is given up
 CHUNK = 1 << 20
@@ -65,25 +65,34 @@ class Link(Protocol):
 
 @dataclass(frozen=True, eq=False)
 class ProcessLink:
-    """A host reached by a program run here (ssh, or bash for this machine)."""
+    """A host reached by a program run here (ssh, or bash for this machine):
+    its runner runs the plain commands and gives the argv the streams run by."""
 
-    name: str
+    name: str  # the host, as its runner names it
     python: str
-    argv: Callable[[str], list[str]]  # the argv that runs a shell command there
-    ssh: tuple[str, ...] = ()  # ssh and its options, no target (rsync's -e); () for this machine
+    runner: StreamingRunner
     target: str = ""  # user@host, for rsync
-    env: dict[str, str] | None = None
-    # What runs a command without input (ssh/runner.py's one way); None: ``argv`` here.
-    runner: HostRunner | None = None
+
+    def argv(self, command: str) -> list[str]:
+        """The argv that runs a shell command there, as a process here."""
+        return self.runner.argv_for(self.name, command)
+
+    @property
+    def ssh(self) -> tuple[str, ...]:
+        """ssh and its options, no target (rsync's -e); () for this machine."""
+        return self.runner.rsh
+
+    @property
+    def env(self) -> dict[str, str] | None:
+        return self.runner.env
 
     def run(self, command: str, *, timeout: float, stdin: BinaryIO | None = None) -> CommandResult:
         """Without ``stdin``: ends within ``timeout``, through the host's
         runner. With it (streamed here, watched): given up when the host takes
         no byte for ``STALL_S``, or does not end ``timeout`` after the last one."""
         if stdin is None:
-            runner = self.runner or ProcessRunner(self.argv, env=self.env)
             try:
-                return runner.run(self.name, command, timeout=timeout)
+                return self.runner.run(self.name, command, timeout=timeout)
             except SshError as exc:
                 if exc.kind == "command-timeout":
                     raise NoAnswer(f"{self.name} did not answer within {timeout:.0f} s") from None
