@@ -84,3 +84,32 @@ def test_a_stopped_ranks_last_lines_wait_for_a_slow_reader_within_a_bound():
     assert 0.25 < time.monotonic() - started < 5
     os.close(read)
     os.close(write)
+
+
+def test_rank_0_says_where_it_stopped_before_the_ranks_last_collective(monkeypatch, tmp_path):
+    """train.main: rank 0's last lines (the record's, then the person's) are
+    written before the ranks part together. After that collective another rank
+    may end first, and mlx.launch then kills the ssh clients of the ranks still
+    running: lines written after it were lost (CI at load: no "stopped at step")."""
+    from reference_train import train
+    from reference_train.metrics import RECORD_ENV
+    from reference_train.stopping import Stopped
+    from tests.train_support import FakeGroup
+
+    events: list[str] = []
+
+    class StoppedTrainer:
+        def __init__(self, cfg, group, log):
+            self.out = tmp_path
+
+        def run(self):
+            raise Stopped(7)
+
+    monkeypatch.setenv(RECORD_ENV, "1")
+    monkeypatch.setattr(train, "init_group", lambda: FakeGroup(0, 2))
+    monkeypatch.setattr(train, "Trainer", StoppedTrainer)
+    monkeypatch.setattr(train, "last_words", lambda lines: events.extend(lines))
+    monkeypatch.setattr(train, "part_together", lambda group: events.append(f"part of {group.size()}"))
+    assert train.main(["--out", str(tmp_path)]) == 143
+    assert '"event": "stopped"' in events[0] and '"step": 7' in events[0]
+    assert events[1].startswith("stopped at step 7 when asked") and events[2:] == ["part of 2"]
