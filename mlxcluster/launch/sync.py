@@ -174,9 +174,12 @@ def sync_model(job: Job, folder: str, env: dict[str, str], on_event: OnEvent, *,
                flag: str = "--init_from", left_out: Mapping[str, frozenset[str]] | None = None) -> None:
     """A model folder on every remote host, as here: the trainer's
     --init_from, or what serve serves (``flag``: how messages name it).
-    ``left_out``: host name -> the files it goes without (serve --pipeline:
-    the weight files no stage of its loads); the hosts needing the same
-    files are sent them together (fanned out), each group in turn."""
+    ``left_out``: host name -> the files it goes without (--pipeline: the
+    weight files no stage of its loads); the hosts needing the same files
+    are sent them together (fanned out), each group in turn, and a group
+    takes the files an earlier group holds too (the config and tokenizer, a
+    shard that spans two stages) from a host of that group, not from here
+    again (``take_held``)."""
     hosts = remote_hosts(job.hosts)
     if not hosts:
         return
@@ -187,12 +190,41 @@ def sync_model(job: Job, folder: str, env: dict[str, str], on_event: OnEvent, *,
     groups: dict[frozenset[str], list[str]] = {}
     for h in hosts:
         groups.setdefault(left_out.get(h.name, frozenset()), []).append(h.name)
+    holders: list[tuple[HostCopy, str, Manifest]] = []  # a host of each group sent to, its IP, its part
+    by_name = {h.name: h for h in hosts}
     for skipped, names in groups.items():
         part = replace(manifest, files=tuple(f for f in manifest.files if f.name not in skipped))
         on_event(Note(f"model: plan: {', '.join(names)} get{'s' if len(names) == 1 else ''} only "
                       f"{stage_words(part, manifest, skipped)}"))
-        send_where_needed(replace(job, hosts=tuple(h for h in job.hosts if h.name in names)),
-                          part, "model", env, on_event, flag=flag)
+        group = replace(job, hosts=tuple(h for h in job.hosts if h.name in names))
+        for holder in holders:
+            take_held(group, part, holder, env, on_event, flag)
+        copies = send_where_needed(group, part, "model", env, on_event, flag=flag)
+        sources = [c for c in copies if isinstance(c.host, ProcessLink) and c.host.ssh and not c.same_as_here]
+        if sources:  # (a group of this machine alone has no copy of its own)
+            holders.append((sources[0], by_name[sources[0].host.name].ip, part))
+
+
+def take_held(job: Job, part: Manifest, holder: tuple[HostCopy, str, Manifest], env: dict[str, str],
+              on_event: OnEvent, flag: str) -> None:
+    """The files of ``part`` that ``holder``'s host already holds (whole, sent
+    to it before), taken by ``job``'s hosts that lack them straight from it,
+    over its data IP: they cross this machine's link once in all. A take that
+    fails leaves its files to be sent from here, as the rest."""
+    source, ip, held = holder
+    names = {f.name for f in held.files}
+    shared = replace(part, files=tuple(f for f in part.files if f.name in names))
+    if not shared.files:
+        return
+    copies = for_each_host(remote_hosts(job.hosts), lambda h: check_copy(shared, h, env, what=flag))
+    takers = [c for c in copies if c.summary(shared) != "whole"]
+    if not takers:
+        return
+    on_event(Note(f"model: plan: {', '.join(c.host.name for c in takers)} take{'s' if len(takers) == 1 else ''} "
+                  f"the {len(shared.files)} file(s) {source.host.name} holds too "
+                  f"({human_bytes(shared.total_bytes)}) from {source.host.name} over {ip}, "
+                  "not from here again"))
+    take_from(shared, source, ip, takers, "model", shared.folder, on_event, then="sent from here below")
 
 
 def stage_words(part: Manifest, whole: Manifest, skipped: frozenset[str]) -> str:

@@ -178,6 +178,10 @@ def assert_each_host_holds_its_stages_files(lab, model, said: str) -> None:
                          rf"\(--pipeline\): {len(wanted)} of {len(set(index.values()))} weight files",
                          said), said[-4000:]
     assert "--pipeline_split 1,1" in said  # the ranks told the split planned here
+    # What both stages read (config, tokenizer, index) crossed this machine's link once.
+    assert re.search(rf"model: plan: {lab.hosts[1].name} takes the \d+ file\(s\) {lab.hosts[0].name} "
+                     r"holds too \(.*\) from \S+ over \S+, not from here again", said), said[-4000:]
+    assert re.search(rf"model: {lab.hosts[1].name}: took .* sha256 verified there", said), said[-4000:]
 
 
 def mlx_lm_answer(model, adapters, cwd) -> str:

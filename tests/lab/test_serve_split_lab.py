@@ -94,6 +94,13 @@ def test_serve_pipeline_splits_by_memory_and_sends_each_host_its_stage(lab3, tmp
         # Each host got only its stage's shards (and the plan said so), whole.
         assert f"{two[0].name} gets only what its stage loads (--pipeline): 2 of 4 weight files" in out
         assert f"{two[1].name} gets only what its stage loads (--pipeline): 3 of 4 weight files" in out
+        # What both stages load (the embedding's shard, the config, tokenizer and index) crossed
+        # this machine's link once: the second host took it from the first, and only its own
+        # two shards came from here.
+        assert re.search(rf"model: plan: {two[1].name} takes the \d+ file\(s\) {two[0].name} holds too "
+                         rf"\(.*\) from {two[0].name} over {two[0].ip}, not from here again", out), out[-4000:]
+        assert re.search(rf"model: {two[1].name}: took .* sha256 verified there", out), out[-4000:]
+        assert re.search(rf"model: {two[1].name}: .*: sending 2 file\(s\)", out), out[-4000:]
         wanted = [(two[0], {SHARDS[0], SHARDS[3]}), (two[1], {SHARDS[0], SHARDS[1], SHARDS[2]})]
         for host, shards in wanted:
             there = lab.host_disk(host) / model.relative_to(lab.disk)
