@@ -87,6 +87,18 @@ def test_room_is_checked_for_what_each_host_lacks_with_the_figures():
     assert HostCopy(HOST, {}, 0, False).summary(manifest) == "missing"
 
 
+def test_a_copy_lacking_many_files_is_summed_up_not_listed():
+    """A model's host copy with its config but none of 11 shards: two named, then a count."""
+    shards = [DataFile(f"model-{i:05d}-of-00011.safetensors", 10, str(i)) for i in range(1, 12)]
+    manifest = Manifest("/m", (DataFile("config.json", 5, "c"), *shards))
+    copy = HostCopy(HOST, {"config.json": "ok", shards[0].name: "different"}, 0, True)
+    assert copy.summary(manifest) == ("model-00001-of-00011.safetensors different, model-00002-of-00011"
+                                      ".safetensors missing and 9 more of 12 files lacking")
+    three = Manifest("/m", manifest.files[:4])
+    assert copy.summary(three) == ("model-00001-of-00011.safetensors different, model-00002-of-00011"
+                                   ".safetensors missing, model-00003-of-00011.safetensors missing")
+
+
 def test_rsync_progress_is_read_across_carriage_returns():
     out = io.BufferedReader(io.BytesIO(
         b"train.bin\n\r     32,768  40%   31.25MB/s    0:00:00\r     81,410 100%   12.00MB/s"

@@ -33,6 +33,8 @@ from mlxcluster.transfer.link import HostUnreachable, Link, NoAnswer, ProcessLin
 from mlxcluster.transfer.manifest import DataFile, Manifest
 from mlxcluster.transfer.rsync import rsync_files
 
+SUMMARY_FILES = 3  # files a copy's summary names one by one
+
 CHECK_TIMEOUT_S = 600.0  # hashing a host's copy reads all of it (a few GB: tens of seconds)
 MARK_TIMEOUT_S = 60.0  # a token written or removed: a mkdir and a file
 MKDIR_TIMEOUT_S = 30.0
@@ -67,13 +69,20 @@ class HostCopy:
         return sum(f.bytes - self.already_there(f) for f in self.lacking(manifest))
 
     def summary(self, manifest: Manifest) -> str:
-        """'missing' / 'train.bin different' / 'whole'."""
+        """'missing' / 'train.bin different' / 'whole'; past SUMMARY_FILES
+        files lacking, the first of them and how many more ('a.bin missing,
+        b.bin missing and 9 more of 15 files lacking': a model's 30 shards
+        are not one line each)."""
         bad = self.lacking(manifest)
         if not bad:
             return "whole"
         if all(self.status.get(f.name, "missing") == "missing" for f in manifest.files):
             return "missing"
-        return ", ".join(f"{f.name} {self.status.get(f.name, 'missing')}" for f in bad)
+        said = [f"{f.name} {self.status.get(f.name, 'missing')}" for f in bad]
+        if len(said) > SUMMARY_FILES:
+            return (f"{', '.join(said[:SUMMARY_FILES - 1])} and {len(said) - SUMMARY_FILES + 1} more "
+                    f"of {len(manifest.files)} files lacking")
+        return ", ".join(said)
 
 
 @dataclass(frozen=True)
