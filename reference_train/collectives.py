@@ -81,12 +81,12 @@ def average_gradients(grads, group, comm_dtype: mx.Dtype):
 
 class Exchange:
     """Sends and receives between neighbouring ranks (a pipeline's stages), each on a CPU
-    stream of its own (collectives run on the CPU: `collective_stream`). A send is waited
-    for in the next evaluation, beside whatever is waited for then (a receive, or
-    compute): two neighbours sending to each other at once never wait for each other. On
-    one stream they would, as soon as the tensors outgrow the sockets' buffers: measured
-    on ring, 64 MiB each way at once hangs on one stream and completes on two
-    (tests/test_pipeline.py)."""
+    stream of its own (collectives run on the CPU: `collective_stream`). A send starts at
+    once and is waited for in the next evaluation, beside whatever is waited for then (a
+    receive, or compute): two neighbours sending to each other at once never wait for
+    each other. On one stream they would, as soon as the tensors outgrow the sockets'
+    buffers: measured on ring, 64 MiB each way at once hangs on one stream and completes
+    on two (tests/test_pipeline.py)."""
 
     def __init__(self, group):
         self.group = group
@@ -95,8 +95,13 @@ class Exchange:
         self.waited = 0.0  # seconds spent waiting for a receive
 
     def send(self, value: mx.array, to: int) -> None:
-        """Send `value` to rank `to`, waited for in the next evaluation."""
-        self.outbox.append(mx.distributed.send(value, to, group=self.group, stream=self.sending))
+        """Send `value` to rank `to`: computed (when it is not yet) and sent now, before
+        anything built after it; waited for in the next evaluation. Started only there,
+        a send would wait for whatever that evaluation computes first (on the pipeline's
+        last stage, the weights' gradients before the input's: its neighbour waited)."""
+        sent = mx.distributed.send(value, to, group=self.group, stream=self.sending)
+        mx.async_eval(sent)
+        self.outbox.append(sent)
 
     def receive(self, shape, dtype: mx.Dtype, source: int) -> mx.array:
         """What rank `source` sends next, lazily: received when evaluated."""

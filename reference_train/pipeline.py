@@ -311,9 +311,9 @@ class PipelineStep:
                 cotangent, grads = in_flight.pop(m)  # its activations go once its backward ran
                 if not plan.last:
                     link.wait_for(cotangent)
-                total = accumulate(total, grads[0])
-                if not plan.first:
+                if not plan.first:  # the input's gradient first: the previous stage waits on it
                     link.send(grads[1][0], plan.index - 1)
+                total = accumulate(total, grads[0])
                 link.evaluate(*total)
         link.evaluate(loss, *([] if metrics is None else [metrics]))
         self.computed = time.perf_counter()

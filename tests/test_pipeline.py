@@ -8,6 +8,7 @@ process's; resume exact; OUT/model and OUT/adapters opened by the real mlx-lm.""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -277,10 +278,14 @@ def test_a_rank_with_a_partial_copy_and_no_split_is_refused(deep, llama_data, tm
 # ---------------------------------------------------------------- real ranks
 
 
-def test_neighbours_sending_to_each_other_at_once_do_not_wait_for_each_other():
+def test_neighbours_sending_to_each_other_at_once_do_not_wait_for_each_other_and_sends_start_at_once():
     proc = run_trainer([], ranks=2, module="tests.pipeline_exchange")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "rank 0 received 64 MiB" in proc.stdout and "rank 1 received 64 MiB" in proc.stdout
+    # and a send starts at once, not at the sender's next evaluation
+    paused = float(re.search(r"rank 0 paused until ([\d.]+)", proc.stdout).group(1))
+    received = float(re.search(r"rank 1 received the small send at ([\d.]+)", proc.stdout).group(1))
+    assert received < paused, proc.stdout
 
 
 def test_the_schedules():
