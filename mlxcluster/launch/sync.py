@@ -95,6 +95,16 @@ def check_copy(manifest: Manifest, host: RankHost, env: dict[str, str] | None = 
                  timeout=timeout, tokens=tokens, here=here)
 
 
+def check_rest(manifest: Manifest, whole: frozenset[str], host: RankHost,
+               env: dict[str, str] | None = None, **asked) -> HostCopy:
+    """``check_copy`` of the files of ``manifest`` but ``whole`` (known whole on
+    the host in this run: each is hashed there once), those counted ok."""
+    rest = replace(manifest, files=tuple(f for f in manifest.files if f.name not in whole))
+    copy = check_copy(rest, host, env, **asked)
+    return replace(copy, status={**copy.status, **{f.name: "ok" for f in manifest.files
+                                                   if f.name in whole}})
+
+
 # ---------------------------------------------------------------- one folder for several
 
 # A host that sees this machine's folder (a NAS mounted here and there), or the
@@ -197,34 +207,45 @@ def sync_model(job: Job, folder: str, env: dict[str, str], on_event: OnEvent, *,
         on_event(Note(f"model: plan: {', '.join(names)} get{'s' if len(names) == 1 else ''} only "
                       f"{stage_words(part, manifest, skipped)}"))
         group = replace(job, hosts=tuple(h for h in job.hosts if h.name in names))
+        known: dict[str, frozenset[str]] = {}  # host -> files found or made whole there by the takes
         for holder in holders:
-            take_held(group, part, holder, env, on_event, flag)
-        copies = send_where_needed(group, part, "model", env, on_event, flag=flag)
+            for name, whole in take_held(group, part, holder, env, on_event, flag).items():
+                known[name] = known.get(name, frozenset()) | whole
+        copies = send_where_needed(group, part, "model", env, on_event, flag=flag, known=known)
         sources = [c for c in copies if isinstance(c.host, ProcessLink) and c.host.ssh and not c.same_as_here]
         if sources:  # (a group of this machine alone has no copy of its own)
             holders.append((sources[0], by_name[sources[0].host.name].ip, part))
 
 
 def take_held(job: Job, part: Manifest, holder: tuple[HostCopy, str, Manifest], env: dict[str, str],
-              on_event: OnEvent, flag: str) -> None:
+              on_event: OnEvent, flag: str) -> dict[str, frozenset[str]]:
     """The files of ``part`` that ``holder``'s host already holds (whole, sent
     to it before), taken by ``job``'s hosts that lack them straight from it,
     over its data IP: they cross this machine's link once in all. A take that
-    fails leaves its files to be sent from here, as the rest."""
+    fails leaves its files to be sent from here, as the rest. Returns, for each
+    host, the files of ``part`` now known whole there (sha256 checked there, or
+    verified on arrival): its later check need not read them again."""
     source, ip, held = holder
     names = {f.name for f in held.files}
     shared = replace(part, files=tuple(f for f in part.files if f.name in names))
     if not shared.files:
-        return
+        return {}
     copies = for_each_host(remote_hosts(job.hosts), lambda h: check_copy(shared, h, env, what=flag))
-    takers = [c for c in copies if c.summary(shared) != "whole"]
+    known = {c.host.name: frozenset(f.name for f in shared.files if f not in c.lacking(shared))
+             for c in copies}
+    takers = [c for c in copies if c.lacking(shared)]
     if not takers:
-        return
+        return known
+    wanted = {f.name: f for c in takers for f in c.lacking(shared)}
     on_event(Note(f"model: plan: {', '.join(c.host.name for c in takers)} take{'s' if len(takers) == 1 else ''} "
-                  f"the {len(shared.files)} file(s) {source.host.name} holds too "
-                  f"({human_bytes(shared.total_bytes)}) from {source.host.name} over {ip}, "
-                  "not from here again"))
-    take_from(shared, source, ip, takers, "model", shared.folder, on_event, then="sent from here below")
+                  f"the {len(wanted)} file(s) {source.host.name} holds too "
+                  f"({human_bytes(sum(f.bytes for f in wanted.values()))}) from {source.host.name} "
+                  f"over {ip}, not from here again"))
+    failed = take_from(shared, source, ip, takers, "model", shared.folder, on_event,
+                       then="sent from here below")
+    known.update({c.host.name: frozenset(f.name for f in shared.files)
+                  for c in takers if c not in failed})
+    return known
 
 
 def stage_words(part: Manifest, whole: Manifest, skipped: frozenset[str]) -> str:
@@ -244,22 +265,26 @@ def sync_script(job: Job, script: str, env: dict[str, str], on_event: OnEvent) -
 
 
 def send_where_needed(job: Job, manifest: Manifest, what: str, env: dict[str, str],
-                      on_event: OnEvent, *, flag: str | None = None) -> list[HostCopy]:
+                      on_event: OnEvent, *, flag: str | None = None,
+                      known: Mapping[str, frozenset[str]] | None = None) -> list[HostCopy]:
     """Every remote host's copy checked (in parallel), the room checked on
     all of them, then each host sent what it lacks, in turn. A host that
     sees this machine's folder, or the same folder as a host before it (a
-    token each: ``mark_here``, ``mark_host``), is sent nothing. Returns the
-    copies as checked (each with its folder as its host resolved it)."""
+    token each: ``mark_here``, ``mark_host``), is sent nothing. ``known``:
+    host name -> files already found whole there in this run (``take_held``),
+    not read again by its check. Returns the copies as checked (each with its
+    folder as its host resolved it)."""
     flag = flag or {"data": "--data", "model": "--init_from"}.get(what, "the " + what)
     hosts = remote_hosts(job.hosts)
     here = mark_here(manifest)
     tokens = {h.name: secrets.token_hex(TOKEN_BYTES) for h in hosts} if len(hosts) > 1 else {}
+    known = known or {}
     try:
         if tokens:
             marked = for_each_host(hosts, lambda h: mark_host(manifest, h, "mark", tokens[h.name], env))
             tokens = {h.name: t for h, t, ok in zip(hosts, tokens.values(), marked, strict=True) if ok}
-        copies = for_each_host(hosts, lambda h: check_copy(
-            manifest, h, env, what=flag, here=here,
+        copies = for_each_host(hosts, lambda h: check_rest(
+            manifest, known.get(h.name, frozenset()), h, env, what=flag, here=here,
             tokens=[t for name, t in tokens.items() if name != h.name]))
     finally:
         for_each_host([h for h in hosts if h.name in tokens],
