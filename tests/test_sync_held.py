@@ -16,7 +16,6 @@ from mlxcluster.jobs.events import Note
 from mlxcluster.jobs.hosts import RankHost, host_link
 from mlxcluster.jobs.job import Job
 from mlxcluster.launch import sync
-from mlxcluster.transfer.manifest import folder_manifest
 from mlxcluster.transfer.send import HostCopy
 
 HOSTS = tuple(RankHost(name=f"mac{i}", ssh=f"10.0.0.{i}", ips=(f"10.0.0.{i}",),
@@ -40,7 +39,7 @@ def synced(monkeypatch, model, whole_on=None, takes_fail=False):
     notes) of one sync_model, every host lacking everything but `whole_on`
     (host -> file names whole there)."""
     whole_on = whole_on or {}
-    read, sent_here, notes = Counter(), {}, []
+    read, sent_here = Counter(), {}
 
     def check_copy(manifest, host, env=None, **asked):
         for f in manifest.files:
