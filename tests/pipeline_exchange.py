@@ -18,7 +18,7 @@ import mlx.core as mx
 from reference_train.collectives import Exchange
 from reference_train.launch_env import init_group
 
-PAUSE = 3.0
+PAUSE = 5.0  # long beside any scheduling delay under a loaded suite
 
 
 def main() -> int:
