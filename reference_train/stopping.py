@@ -26,7 +26,7 @@ import time
 
 import mlx.core as mx
 
-from .collectives import all_sum
+from .collectives import all_sum, barrier
 from .metrics import STOP_ENV
 
 STOP_SIGNAL = signal.SIGUSR2  # as mlxcluster.jobs.rank_wrapper.STOP_SIGNAL
@@ -88,7 +88,7 @@ def part_together(group) -> None:
     labhost2 left without its checkpoint; at load, rank 0's "stopped at step"
     lines missing, when they were written after this point)."""
     if group.size() > 1:
-        mx.eval(all_sum(mx.array(1), group))
+        barrier(group)
 
 
 class StopRequest:
