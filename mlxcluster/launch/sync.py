@@ -212,9 +212,15 @@ def sync_model(job: Job, folder: str, env: dict[str, str], on_event: OnEvent, *,
             for name, whole in take_held(group, part, holder, env, on_event, flag).items():
                 known[name] = known.get(name, frozenset()) | whole
         copies = send_where_needed(group, part, "model", env, on_event, flag=flag, known=known)
-        sources = [c for c in copies if isinstance(c.host, ProcessLink) and c.host.ssh and not c.same_as_here]
+        sources = [c for c in copies if can_offer(c) and not c.same_as_here]
         if sources:  # (a group of this machine alone has no copy of its own)
             holders.append((sources[0], by_name[sources[0].host.name].ip, part))
+
+
+def can_offer(copy: HostCopy) -> bool:
+    """Whether other hosts can take files from ``copy``'s host (fanout.py): one
+    reached over ssh, not this machine or a test's stand-in."""
+    return isinstance(copy.host, ProcessLink) and bool(copy.host.ssh)
 
 
 def take_held(job: Job, part: Manifest, holder: tuple[HostCopy, str, Manifest], env: dict[str, str],
@@ -312,8 +318,7 @@ def send_where_needed(job: Job, manifest: Manifest, what: str, env: dict[str, st
     by_name = {h.name: h for h in hosts}
     # A model to several hosts crosses this machine's link once: the first host gets it
     # from here, the others take it from that host over the hosts' own link (fanout.py).
-    fan_out = what == "model" and len(lacking) > 1 and isinstance(lacking[0].host, ProcessLink) \
-        and bool(lacking[0].host.ssh)
+    fan_out = what == "model" and len(lacking) > 1 and can_offer(lacking[0])
     if fan_out:
         first, ip = lacking[0], by_name[lacking[0].host.name].ip
         on_event(Note(f"{what}: plan: here -> {first.host.name} over this machine's link, then "
