@@ -35,6 +35,7 @@ import sys
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
 from .choices import KERNELS as MODES
 
@@ -116,6 +117,26 @@ def _loss_logsumexp_vjp(x, cotangent, lse):
     return mx.exp(x - lse[..., None]) * cotangent[..., None]  # softmax(x) * cotangent
 
 
+@mx.custom_function
+def _loss_logsumexp_kept(x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+    """(logsumexp, e = exp(x - max), its sum): the exps kept for the gradient."""
+    top = x.max(axis=-1, keepdims=True)
+    e = mx.exp(x - top)
+    total = e.sum(axis=-1, keepdims=True)
+    return (top + mx.log(total)).squeeze(-1), e, total
+
+
+@_loss_logsumexp_kept.vjp
+def _loss_logsumexp_kept_vjp(x, cotangents, outputs):
+    _, e, total = outputs
+    return e * (cotangents[0][..., None] / total)  # softmax(x) * cotangent, no second exp
+
+
+# Logits up to this size keep their exps from the forward for the backward (see
+# `cross_entropy`); larger ones compute them again.
+KEPT_EXPS_BYTES = 2**20
+
+
 def cross_entropy(logits: mx.array, targets: mx.array,
                   weights: mx.array | None = None) -> mx.array:
     """Mean cross-entropy of integer ``targets`` under ``logits`` (..., vocab); with
@@ -137,8 +158,76 @@ def cross_entropy(logits: mx.array, targets: mx.array,
             return nn.losses.cross_entropy(logits, targets, reduction="mean")
         return (nn.losses.cross_entropy(logits, targets, reduction="none") * weights).mean()
     picked = mx.take_along_axis(logits, targets[..., None], axis=-1).squeeze(-1)
-    per_position = _loss_logsumexp(logits) - picked
+    if logits.nbytes <= KEPT_EXPS_BYTES:
+        per_position = _loss_logsumexp_kept(logits)[0] - picked
+    else:
+        per_position = _loss_logsumexp(logits) - picked
     return per_position.mean() if weights is None else (per_position * weights).mean()
+
+
+# (length, dims, base, scale, freqs' bytes) -> the rotation: a few block sizes
+# at most in training; generate() without a cache asks for every length up to its
+# window, so the oldest are dropped past this many.
+_ROTATIONS: dict[tuple, tuple] = {}
+_ROTATIONS_KEPT = 64
+
+
+def rope(x: mx.array, dims: int, base: float | None, scale: float = 1.0,
+         freqs: np.ndarray | None = None) -> mx.array:
+    """``mx.fast.rope`` as Llama uses it (not traditional, offset 0) of ``x``
+    (B, H, L, D); ``freqs`` (float32, dims / 2) as mx.fast.rope's, given as numpy so that
+    no traced step ever takes it as an input.
+
+    On the multiply-add path, the same arithmetic with its cos and sin tables made
+    once per length: MLX's CPU rope builds them (two aranges, an exp, cos, sin)
+    into every call's graph, and its gradient builds them again. A compiled
+    pipeline micro-batch replays its graph each time, at ~1.5 us a node on one
+    core (docs/performance-runs.md 1f): a rope and its gradient were 21 nodes
+    and ~89 us, here 14 nodes and ~47 us. The tables are MLX's own (its rope of
+    (1, 0) pairs is (cos, sin)), the products and sums the same, in the same
+    order, so the result is bit for bit its rope's, and so is the gradient.
+    No mx.custom_function: its gradient would hold the rope's input until the
+    backward (measured: +1.7 MiB at the LoRA bench's peak)."""
+    if not (applies(x) and x.ndim == 4 and dims == x.shape[-1] and dims % 2 == 0):
+        return mx.fast.rope(x, dims, traditional=False, base=base, scale=scale, offset=0,
+                            freqs=None if freqs is None else mx.array(freqs))
+    return _rotation(x.shape[2], dims, base, scale, freqs)(x)
+
+
+def _rotation(length: int, dims: int, base, scale: float, freqs):
+    key = (length, dims, base, scale, None if freqs is None else freqs.tobytes())
+    if key in _ROTATIONS:
+        return _ROTATIONS[key]
+    half = dims // 2
+    pairs = mx.concatenate([mx.ones((1, 1, length, half)), mx.zeros((1, 1, length, half))], -1)
+    table = mx.fast.rope(pairs, dims, traditional=False, base=base, scale=scale, offset=0,
+                         freqs=None if freqs is None else mx.array(freqs))
+    cos, sin = table[..., :half], table[..., half:]
+    mx.eval(cos, sin)  # constants of whatever graph is traced around them
+
+    def rotate(x):  # differentiated as it is: its gradient keeps only the tables
+        x1, x2 = x[..., :half], x[..., half:]
+        return mx.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
+
+    if len(_ROTATIONS) >= _ROTATIONS_KEPT:
+        del _ROTATIONS[next(iter(_ROTATIONS))]
+    _ROTATIONS[key] = rotate
+    return rotate
+
+
+_CAUSAL: dict[int, mx.array] = {}
+
+
+def _causal(length: int) -> mx.array:
+    """(length, length) bool, True where a position sees another (itself and the past):
+    made once per length, a constant of the traced graph instead of five nodes."""
+    if length not in _CAUSAL:
+        if len(_CAUSAL) >= _ROTATIONS_KEPT:
+            del _CAUSAL[next(iter(_CAUSAL))]
+        seen = mx.arange(length)[:, None] >= mx.arange(length)[None]
+        mx.eval(seen)
+        _CAUSAL[length] = seen
+    return _CAUSAL[length]
 
 
 def attention(q: mx.array, k: mx.array, v: mx.array, scale: float,
@@ -165,6 +254,5 @@ def attention(q: mx.array, k: mx.array, v: mx.array, scale: float,
     q = (q * scale).reshape(B, K, H // K, L, D)
     scores = q @ k[:, :, None].swapaxes(-1, -2)
     if mask == "causal":
-        seen = mx.arange(L)[:, None] >= mx.arange(L)[None]
-        scores = mx.where(seen, scores, -mx.inf)
+        scores = mx.where(_causal(L), scores, -mx.inf)
     return (mx.softmax(scores, axis=-1) @ v[:, :, None]).reshape(B, H, L, D)

@@ -18,6 +18,7 @@ import math
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 from mlx.utils import tree_flatten
 
 from . import kernels
@@ -44,6 +45,7 @@ class Attention(nn.Module):
 
     def __call__(self, x: mx.array, mask: mx.array | str | None = "causal") -> mx.array:
         B, L, _ = x.shape
+        x = tokens_as_rows(x)
         q = self.wq(x).reshape(B, L, self.n_heads, -1)
         k = self.wk(x).reshape(B, L, self.n_kv_heads, -1)
         v = self.wv(x).reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
@@ -53,7 +55,17 @@ class Attention(nn.Module):
         q, k = self.rope(q), self.rope(k)
         # Both paths handle grouped-query attention (K < H) themselves.
         out = kernels.attention(q, k, v, scale=self.scale, mask=mask)
-        return self.wo(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+        return self.wo(out.transpose(0, 2, 1, 3).reshape(B * L, -1)).reshape(B, L, -1)
+
+
+def tokens_as_rows(x: mx.array) -> mx.array:
+    """(B, L, dim) as (B * L, dim) for the attention's projections: MLX's matmul of a
+    3-D input by a matrix flattens and unflattens it around the product and its
+    gradient, four graph nodes a projection, which a compiled pipeline micro-batch
+    replays at every call (docs/performance-runs.md 1f); one reshape serves the three.
+    The products are the same BLAS calls. Not in the feed-forward: there it held one
+    more hidden-sized array at the LoRA bench's peak (+3 MiB, measured)."""
+    return x.reshape(-1, x.shape[-1])
 
 
 def make_rope(head_dim: int, theta: float, scaling: dict | None) -> nn.Module:
@@ -62,10 +74,21 @@ def make_rope(head_dim: int, theta: float, scaling: dict | None) -> nn.Module:
     if kind == "llama3":
         return Llama3RoPE(head_dim, theta, scaling)
     if kind == "linear":
-        return nn.RoPE(head_dim, traditional=False, base=theta, scale=1 / scaling["factor"])
+        return RoPE(head_dim, theta, scale=1 / scaling["factor"])
     if kind != "default":
         raise ValueError(f"rope_scaling of type {kind!r} is not supported (default, linear, llama3)")
-    return nn.RoPE(head_dim, traditional=False, base=theta)
+    return RoPE(head_dim, theta)
+
+
+class RoPE(nn.Module):
+    """nn.RoPE as Llama sets it (not traditional), through kernels.rope."""
+
+    def __init__(self, dims: int, base: float, scale: float = 1.0):
+        super().__init__()
+        self.dims, self.base, self.scale = dims, base, scale
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return kernels.rope(x, self.dims, self.base, self.scale)
 
 
 class Llama3RoPE(nn.Module):
@@ -83,11 +106,12 @@ class Llama3RoPE(nn.Module):
         freqs = mx.where(wavelens > old_context / low, freqs * factor, freqs)
         medium = (wavelens > old_context / high) & (wavelens < old_context / low)
         smooth = (old_context / wavelens - low) / (high - low)
-        self._freqs = mx.where(medium, freqs / ((1 - smooth) / factor + smooth), freqs)
+        # numpy, not an mx.array: a module's arrays are its state, which a compiled step
+        # takes as inputs, and kernels.rope makes its tables from the values
+        self._freqs = np.array(mx.where(medium, freqs / ((1 - smooth) / factor + smooth), freqs))
 
     def __call__(self, x: mx.array) -> mx.array:
-        return mx.fast.rope(x, self.dims, traditional=False, base=None, scale=1.0, offset=0,
-                            freqs=self._freqs)
+        return kernels.rope(x, self.dims, None, freqs=self._freqs)
 
 
 class FeedForward(nn.Module):
