@@ -282,14 +282,25 @@ class PipelineStep:
         its gradients): every micro-batch's forward and backward on `compute` in the
         schedule's order (`gradients`), `passes` (`passes` or `pair_passes`) computing
         them, `data(m)` micro-batch m's data (the first stage's inputs, the last stage's
-        targets and what its loss needs), `shape` that of the activations sent on."""
+        targets and what its loss needs), `shape` that of the activations sent on.
+
+        A stage that sends its input's gradient back computes a micro-batch's
+        weights' gradients one backward late: after the next backward's input
+        gradient is sent (as zero-bubble schedules split the backward). The sum keeps
+        the backwards' order, so the gradients are the same; the stage holds one more
+        micro-batch's activations for it. At the end of the step that is what
+        counts: the last stage sends the last input gradient without first summing
+        the weights' gradients of the micro-batch before, so the first stage
+        starts its last backward that much sooner (bench/pipeline.py, the demo
+        model: 60.1-60.5 against 57.1-57.6 ms a step, paired;
+        docs/performance-runs.md 1f)."""
         plan, M = self.plan, self.micro_batches
         names, forward_backward, accumulate = passes
         params = dict(tree_flatten(compute.parameters()))
         held = [params[n] for n in names]  # every array the passes read, in `names`' order
         link = self.link
         link.waited = 0.0
-        loss, in_flight, total = mx.array(0.0), {}, None
+        loss, in_flight, total, summed = mx.array(0.0), {}, None, None
         metrics = mx.zeros((len(self.objective.metrics),)) if self.pairs else None
         for kind, m in schedule(self.schedule, plan.index, plan.count, M):
             if kind == "F":
@@ -314,8 +325,13 @@ class PipelineStep:
                 if not plan.first:  # the input's gradient first: the previous stage waits on it
                     link.send(grads[1][0], plan.index - 1)
                 total = accumulate(total, grads[0])
-                link.evaluate(*total)
-        link.evaluate(loss, *([] if metrics is None else [metrics]))
+                if plan.first:
+                    link.evaluate(*total)
+                else:  # the weights' gradients one backward late (see the docstring)
+                    if summed is not None:
+                        link.evaluate(*summed)
+                    summed = total
+        link.evaluate(*(total or []), loss, *([] if metrics is None else [metrics]))
         self.computed = time.perf_counter()
         return loss, metrics, dict(zip(self.differentiated, total or [], strict=True))
 

@@ -25,9 +25,10 @@ from reference_train.data import ShardedBatches, load_meta, open_split
 from reference_train.errors import DataError
 from reference_train.hf_io import load_folder, model_from_folder, model_from_weights
 from reference_train.model import Llama, loss_fn
+from reference_train.pipeline import PipelineStep
 from reference_train.pipeline_outputs import other_layout
 from reference_train.prepare import main as prepare_main
-from reference_train.stage_load import held_bytes, load_stage
+from reference_train.stage_load import held_bytes, load_stage, model_bytes, new_stage
 from reference_train.train import main as train_main
 
 from . import adapter_support as support
@@ -286,6 +287,52 @@ def test_neighbours_sending_to_each_other_at_once_do_not_wait_for_each_other_and
     paused = float(re.search(r"rank 0 paused until ([\d.]+)", proc.stdout).group(1))
     received = float(re.search(r"rank 1 received the small send at ([\d.]+)", proc.stdout).group(1))
     assert received < paused, proc.stdout
+
+
+class RecordingLink:
+    """An Exchange for one stage alone: receives are random arrays, and it records, in
+    order, each input gradient sent back and each evaluation of the weights' gradients
+    (the evaluations of as many arrays as the stage differentiates)."""
+
+    def __init__(self, weights: int):
+        self.weights, self.events, self.waited = weights, [], 0.0
+
+    def receive(self, shape, dtype, source):
+        return mx.random.normal(shape).astype(dtype)
+
+    def wait_for(self, received):
+        mx.eval(received)
+        return received
+
+    def send(self, value, to):
+        mx.eval(value)
+        self.events.append(("sent back", to))
+
+    def evaluate(self, *arrays):
+        mx.eval(*arrays)
+        if len(arrays) >= self.weights:
+            self.events.append(("weights", len(arrays)))
+
+
+def test_the_last_stage_sends_an_input_gradient_before_summing_the_backward_befores_weights():
+    """The last stage of two sends micro-batch m's input gradient before it computes
+    micro-batch m - 1's weights' gradients (one backward late), so the first stage's
+    last backward starts sooner. (The gradients stay one process's:
+    test_a_pipeline_steps_gradients_are_one_process, on real ranks.)"""
+    args = model_args(build_config(["--config", "tiny"]), 64)
+    mx.random.seed(0)
+    stage = new_stage(args, stages.plan_stages(model_bytes(args), 2)[1])
+    step = PipelineStep(stage, FakeGroup(1, 2), micro_batches=4)
+    step.link = link = RecordingLink(len(step.differentiated))
+    x, y = (mx.random.randint(0, 64, (4, 16)) for _ in range(2))
+    loss, grads = step.gradients(x, y)
+    assert loss.item() > 0 and set(grads) == set(step.differentiated)
+    events = link.events
+    backs = [i for i, e in enumerate(events) if e[0] == "sent back"]
+    weights = [i for i, e in enumerate(events) if e[0] == "weights"]
+    assert len(backs) == 4 and len(weights) == 4, events
+    for m in range(4):  # before micro-batch m's input gradient went back: m - 1 sums
+        assert sum(w < backs[m] for w in weights) == max(m - 1, 0), events
 
 
 def test_the_schedules():
