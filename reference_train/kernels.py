@@ -32,6 +32,7 @@ names call MLX's own kernels, so that a Mac computes exactly what mlx-lm does.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -173,11 +174,12 @@ def cross_entropy(logits: mx.array, targets: mx.array,
     return per_position.mean() if weights is None else (per_position * weights).mean()
 
 
-# (length, dims, base, scale, freqs' bytes) -> the rotation: a few block sizes
-# at most in training; generate() without a cache asks for every length up to its
+# How many lengths the rope's tables and the causal mask are kept for: a few block
+# sizes in training, but generate() without a cache asks for every length up to its
 # window, so the oldest are dropped past this many.
-_ROTATIONS: dict[tuple, tuple] = {}
-_ROTATIONS_KEPT = 64
+_LENGTHS_KEPT = 64
+# (length, dims, base, scale, freqs' bytes) -> the rotation (`rope`)
+_ROTATIONS: dict[tuple, Callable[[mx.array], mx.array]] = {}
 
 
 def rope(x: mx.array, dims: int, base: float | None, scale: float = 1.0,
@@ -217,7 +219,7 @@ def _rotation(length: int, dims: int, base, scale: float, freqs):
         x1, x2 = x[..., :half], x[..., half:]
         return mx.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
 
-    if len(_ROTATIONS) >= _ROTATIONS_KEPT:
+    if len(_ROTATIONS) >= _LENGTHS_KEPT:
         del _ROTATIONS[next(iter(_ROTATIONS))]
     _ROTATIONS[key] = rotate
     return rotate
@@ -230,7 +232,7 @@ def _causal(length: int) -> mx.array:
     """(length, length) bool, True where a position sees another (itself and the past):
     made once per length, a constant of the traced graph instead of five nodes."""
     if length not in _CAUSAL:
-        if len(_CAUSAL) >= _ROTATIONS_KEPT:
+        if len(_CAUSAL) >= _LENGTHS_KEPT:
             del _CAUSAL[next(iter(_CAUSAL))]
         seen = mx.arange(length)[:, None] >= mx.arange(length)[None]
         mx.eval(seen)

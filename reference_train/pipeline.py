@@ -291,9 +291,9 @@ class PipelineStep:
         micro-batch's activations for it. At the end of the step that is what
         counts: the last stage sends the last input gradient without first summing
         the weights' gradients of the micro-batch before, so the first stage
-        starts its last backward that much sooner (bench/pipeline.py, the demo
-        model: 60.1-60.5 against 57.1-57.6 ms a step, paired;
-        docs/performance-runs.md 1f)."""
+        starts its last backward that much sooner (the demo model's two stages,
+        both orders alternating in the same ranks: 60.1-60.5 against 57.1-57.6 ms
+        a step; docs/performance-runs.md 1f)."""
         plan, M = self.plan, self.micro_batches
         names, forward_backward, accumulate = passes
         params = dict(tree_flatten(compute.parameters()))
