@@ -168,8 +168,9 @@ def long_chat(client, eos: int, tokens: int = LONG_TOKENS, **kw):
         max_tokens=tokens, temperature=0.0, logit_bias={str(eos): -100}, **kw)
 
 
-def stream_two_long_answers(client, eos: int, port: int, timeout: float) -> tuple[list, dict[int, str]]:
-    """Two long greedy answers (LONG_TOKENS tokens each) streaming at once
+def stream_two_long_answers(client, eos: int, port: int, timeout: float,
+                            tokens: int = LONG_TOKENS) -> tuple[list, dict[int, str]]:
+    """Two long greedy answers (``tokens`` tokens each) streaming at once
     through serve at ``port`` (the official openai ``client``), returned once
     the front counts both in flight: (their threads, what each said, filled
     as each ends: it must end at its length)."""
@@ -178,7 +179,7 @@ def stream_two_long_answers(client, eos: int, port: int, timeout: float) -> tupl
     streamed: dict[int, str] = {}
 
     def stream(i: int) -> None:
-        chunks = list(long_chat(client, eos, LONG_TOKENS, stream=True))
+        chunks = list(long_chat(client, eos, tokens, stream=True))
         assert chunks[-1].choices[0].finish_reason == "length"
         streamed[i] = "".join(c.choices[0].delta.content or "" for c in chunks)
 

@@ -8,6 +8,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.train_support import REPO, trainer_env
 
 
@@ -27,3 +29,23 @@ def test_quick_bench_reports_each_rank_and_the_bubble(tmp_path):
     assert piped["bubble_formula"] == 1 / 3  # (N - 1) / (M + N - 1), N = M = 2
     assert all(0 <= b < 1 for b in piped["bubble"])
     assert "pipeline 2, M=2, 1f1b" in proc.stdout
+
+
+def test_pairs_bench_times_both_steps_in_the_same_two_ranks_in_turns(tmp_path):
+    """bench/pipeline_pairs.py --quick: data-parallel 2 and --pipeline 2 built in the same
+    two ranks, 3 rounds of one step each in turn, the first untimed; the ratio is the
+    median of the rounds' data-parallel / pipeline step ratios."""
+    figures = tmp_path / "pairs.json"
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "pipeline_pairs.py"), "--quick",
+                           "--json", str(figures)], cwd=REPO, env=trainer_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    result = json.loads(figures.read_text())
+    assert result["steps_timed"] == {"data_parallel": 2, "pipeline": 2}
+    assert len(result["round_ratios"]) == 2 and all(r > 0 for r in result["round_ratios"])
+    assert result["ratio"] == sum(result["round_ratios"]) / 2  # the median of two
+    tokens = 8 * 32  # the tiny config's global batch x block size
+    for name in ("data_parallel", "pipeline"):
+        assert result["tokens_per_s"][name] * result["step_ms"][name] / 1e3 == \
+            pytest.approx(tokens)
+    assert "pipeline / data-parallel:" in proc.stdout

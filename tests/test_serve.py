@@ -352,8 +352,12 @@ def test_many_clients_are_answered_or_refused_at_once_and_sigterm_drains(llama, 
         listed = waits.poll_until(jobs_says, SERVE_AGAIN_S, "jobs showing the serve run's counts")
         assert run_id in listed and f"serving at http://127.0.0.1:{port}/v1: 1 request(s)" in listed
 
-        # Two long answers streaming, then eight clients at once.
-        long_ones, streamed = stream_two_long_answers(client, eos, port, SERVE_AGAIN_S)
+        # Two long answers streaming, then eight clients at once. The long ones must
+        # outlast the eight's refusals and the drain's first line: on a loaded machine
+        # (CI, load average 16-19) LONG_TOKENS ended first once, and the two waiting
+        # were admitted (waiting 0, not 2).
+        long_ones, streamed = stream_two_long_answers(client, eos, port, SERVE_AGAIN_S,
+                                                      tokens=3 * LONG_TOKENS)
         short: list[tuple[int, float, str]] = []
 
         def ask() -> None:
