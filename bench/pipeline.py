@@ -202,29 +202,33 @@ def rank_env(limit: int) -> dict[str, str]:
     return env
 
 
-def launch(case: Case, model: list[str], out: Path, limit: int = 0,
-           timeout: float = 1200) -> Outcome:
-    """Run `case` on `model`'s flags, each rank under this script (`--as-rank`)."""
+def local_ranks(ranks: int, rank_cmd: list[str], env: dict[str, str]) -> list[str]:
+    """The command that runs `rank_cmd` as `ranks` local ranks of the ring backend, `env`'s
+    PYTHONPATH, OpenBLAS and memory limit passed on: mlx.launch as mlxcluster starts
+    ranks that all run here, without its busy loop (mlxcluster/jobs/quiet_launch.py),
+    which took one of this machine's two cores."""
     from mlxcluster.jobs.hosts import local_hosts
     from mlxcluster.jobs.plan import free_port_block
     from mlxcluster.jobs.process import launcher_argv
 
+    launcher = Path(sys.executable).parent / "mlx.launch"
+    cmd = [str(launcher), "-n", str(ranks), "--backend", "ring", "--starting-port",
+           str(free_port_block(ranks)), "--python", sys.executable]
+    cmd += [f"--env={k}={env[k]}" for k in ("PYTHONPATH", "LD_PRELOAD",
+                                             "OPENBLAS_NUM_THREADS", "BENCH_RLIMIT_DATA")
+            if k in env]
+    return launcher_argv([*cmd, "--", *rank_cmd], local_hosts(ranks, sys.executable))
+
+
+def launch(case: Case, model: list[str], out: Path, limit: int = 0,
+           timeout: float = 1200) -> Outcome:
+    """Run `case` on `model`'s flags, each rank under this script (`--as-rank`)."""
     module, own = case.argv()
     rank_cmd = [str(Path(__file__).resolve()), "--as-rank", module, *model, *own,
                 "--out", str(out)]
     env = rank_env(limit)
-    if case.ranks == 1:
-        cmd = [sys.executable, *rank_cmd]
-    else:
-        launcher = Path(sys.executable).parent / "mlx.launch"
-        cmd = [str(launcher), "-n", str(case.ranks), "--backend", "ring", "--starting-port",
-               str(free_port_block(case.ranks)), "--python", sys.executable]
-        cmd += [f"--env={k}={env[k]}" for k in ("PYTHONPATH", "LD_PRELOAD",
-                                                 "OPENBLAS_NUM_THREADS", "BENCH_RLIMIT_DATA")
-                if k in env]
-        # As mlxcluster starts ranks that all run here: without mlx.launch's busy loop
-        # (mlxcluster/jobs/quiet_launch.py), which took one of this machine's two cores.
-        cmd = launcher_argv([*cmd, "--", *rank_cmd], local_hosts(case.ranks, sys.executable))
+    cmd = [sys.executable, *rank_cmd] if case.ranks == 1 else \
+        local_ranks(case.ranks, rank_cmd, env)
     # A session of its own, so that a timeout ends mlx.launch's ranks too.
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)

@@ -35,7 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pipeline import QUICK_MODEL, SPEED_MODEL, WIDE_MODEL, rank_env  # noqa: E402
+from pipeline import QUICK_MODEL, SPEED_MODEL, WIDE_MODEL, local_ranks, rank_env  # noqa: E402
 
 REPORT = "PAIRS_REPORT "
 VOCAB = 257  # the byte-level vocabulary of the offline corpus bench/pipeline.py trains on
@@ -126,21 +126,13 @@ def main() -> int:
     flags = WIDE_MODEL if args.size == "wide" else SPEED_MODEL
     if args.quick:
         flags, args.micro_batches, args.rounds, args.steps = QUICK_MODEL, 2, 3, 1
-    from mlxcluster.jobs.hosts import local_hosts
-    from mlxcluster.jobs.plan import free_port_block
-    from mlxcluster.jobs.process import launcher_argv
     from reference_train.config import build_config
 
     cfg = build_config(flags)
     env = rank_env(0)
-    launcher = Path(sys.executable).parent / "mlx.launch"
-    cmd = [str(launcher), "-n", "2", "--backend", "ring", "--starting-port",
-           str(free_port_block(2)), "--python", sys.executable]
-    cmd += [f"--env={k}={env[k]}" for k in ("PYTHONPATH", "LD_PRELOAD", "OPENBLAS_NUM_THREADS")
-            if k in env]
     rank_cmd = [str(Path(__file__).resolve()), "--as-rank", json.dumps(flags),
                 str(args.micro_batches), str(args.rounds), str(args.steps)]
-    cmd = launcher_argv([*cmd, "--", *rank_cmd], local_hosts(2, sys.executable))
+    cmd = local_ranks(2, rank_cmd, env)
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     print(f"{started}, load average {os.getloadavg()[0]:.1f}: {' '.join(flags)}, "
           f"--pipeline 2 M={args.micro_batches} against data-parallel 2, {args.rounds} rounds "
@@ -154,17 +146,22 @@ def main() -> int:
     result = summary(json.loads(reports[0]), cfg.global_batch * cfg.block_size)
     result.update(started=started, flags=flags, micro_batches=args.micro_batches,
                   rounds=args.rounds, steps=args.steps, load_average_end=os.getloadavg())
-    ms, tps = result["step_ms"], result["tokens_per_s"]
-    ratios = result["round_ratios"]
-    print(f"  data-parallel 2   {ms['data_parallel']:7.2f} ms a step  "
-          f"{tps['data_parallel']:9,.0f} tokens/s")
-    print(f"  pipeline 2, M={args.micro_batches:<2} {ms['pipeline']:7.2f} ms a step  "
-          f"{tps['pipeline']:9,.0f} tokens/s")
-    print(f"  pipeline / data-parallel: {result['ratio']:.3f}x (median of {len(ratios)} rounds, "
-          f"{min(ratios):.3f}-{max(ratios):.3f}); load average {os.getloadavg()[0]:.1f} at the end")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
+    print(rendered(result))
     return 0
+
+
+def rendered(result: dict) -> str:
+    ms, tps, ratios = result["step_ms"], result["tokens_per_s"], result["round_ratios"]
+    return "\n".join([
+        f"  data-parallel 2   {ms['data_parallel']:7.2f} ms a step  "
+        f"{tps['data_parallel']:9,.0f} tokens/s",
+        f"  pipeline 2, M={result['micro_batches']:<2} {ms['pipeline']:7.2f} ms a step  "
+        f"{tps['pipeline']:9,.0f} tokens/s",
+        f"  pipeline / data-parallel: {result['ratio']:.3f}x (median of {len(ratios)} rounds, "
+        f"{min(ratios):.3f}-{max(ratios):.3f}); load average "
+        f"{result['load_average_end'][0]:.1f} at the end"])
 
 
 if __name__ == "__main__":
