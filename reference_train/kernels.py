@@ -180,6 +180,18 @@ def cross_entropy(logits: mx.array, targets: mx.array,
 _LENGTHS_KEPT = 64
 # (length, dims, base, scale, freqs' bytes) -> the rotation (`rope`)
 _ROTATIONS: dict[tuple, Callable[[mx.array], mx.array]] = {}
+# length -> the causal mask (`attention`)
+_CAUSAL: dict[int, mx.array] = {}
+
+
+def _made_once(cache: dict, key, make):
+    """``cache[key]``, made by ``make()`` the first time; the oldest entry dropped past
+    _LENGTHS_KEPT."""
+    if key not in cache:
+        if len(cache) >= _LENGTHS_KEPT:
+            del cache[next(iter(cache))]
+        cache[key] = make()
+    return cache[key]
 
 
 def rope(x: mx.array, dims: int, base: float | None, scale: float = 1.0,
@@ -201,13 +213,12 @@ def rope(x: mx.array, dims: int, base: float | None, scale: float = 1.0,
     if not (applies(x) and x.ndim == 4 and dims == x.shape[-1] and dims % 2 == 0):
         return mx.fast.rope(x, dims, traditional=False, base=base, scale=scale, offset=0,
                             freqs=None if freqs is None else mx.array(freqs))
-    return _rotation(x.shape[2], dims, base, scale, freqs)(x)
+    length = x.shape[2]
+    key = (length, dims, base, scale, None if freqs is None else freqs.tobytes())
+    return _made_once(_ROTATIONS, key, lambda: _rotation(length, dims, base, scale, freqs))(x)
 
 
 def _rotation(length: int, dims: int, base, scale: float, freqs):
-    key = (length, dims, base, scale, None if freqs is None else freqs.tobytes())
-    if key in _ROTATIONS:
-        return _ROTATIONS[key]
     half = dims // 2
     pairs = mx.concatenate([mx.ones((1, 1, length, half)), mx.zeros((1, 1, length, half))], -1)
     table = mx.fast.rope(pairs, dims, traditional=False, base=base, scale=scale, offset=0,
@@ -219,25 +230,18 @@ def _rotation(length: int, dims: int, base, scale: float, freqs):
         x1, x2 = x[..., :half], x[..., half:]
         return mx.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
 
-    if len(_ROTATIONS) >= _LENGTHS_KEPT:
-        del _ROTATIONS[next(iter(_ROTATIONS))]
-    _ROTATIONS[key] = rotate
     return rotate
-
-
-_CAUSAL: dict[int, mx.array] = {}
 
 
 def _causal(length: int) -> mx.array:
     """(length, length) bool, True where a position sees another (itself and the past):
     made once per length, a constant of the traced graph instead of five nodes."""
-    if length not in _CAUSAL:
-        if len(_CAUSAL) >= _LENGTHS_KEPT:
-            del _CAUSAL[next(iter(_CAUSAL))]
+    def make() -> mx.array:
         seen = mx.arange(length)[:, None] >= mx.arange(length)[None]
         mx.eval(seen)
-        _CAUSAL[length] = seen
-    return _CAUSAL[length]
+        return seen
+
+    return _made_once(_CAUSAL, length, make)
 
 
 def attention(q: mx.array, k: mx.array, v: mx.array, scale: float,
