@@ -69,14 +69,17 @@ sys.path.insert(0, str(REPO))
 # loop, until the trainer took it).
 PIPELINE_MODULE = "reference_train.train"
 DATA_PARALLEL_MODULE = "reference_train.train"
-REPORT = "BENCH_RANK "
+# Where each rank writes its report (rank_R.json): a file, not a line of its output,
+# which mlx.launch relays in 8 KiB chunks from each rank in turn, so that two ranks'
+# lines can run into one (seen: "json.decoder.JSONDecodeError: Extra data").
+REPORTS_DIR = "BENCH_REPORTS_DIR"
 
 
 # ---------------------------------------------------------------- inside a rank
 
 
 def run_as_rank(module: str, argv: list[str]) -> int:
-    """Run `python -m MODULE ARGV` in this process; print this rank's report after."""
+    """Run `python -m MODULE ARGV` in this process; write this rank's report after."""
     import faulthandler
     import resource
     import runpy
@@ -123,10 +126,10 @@ def run_as_rank(module: str, argv: list[str]) -> int:
 
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin"
                                                                  else 1024)
-    print(REPORT + json.dumps({"rank": int(os.environ.get("MLX_RANK", "0")), "exit": code,
-                               "held": seen["held"], "mlx_peak": mx.get_peak_memory(),
-                               "rss_peak": rss, "vm_data": vm_data(),
-                               "splits": seen["splits"]}), flush=True)
+    rank = int(os.environ.get("MLX_RANK", "0"))
+    (Path(os.environ[REPORTS_DIR]) / f"rank_{rank}.json").write_text(json.dumps(
+        {"rank": rank, "exit": code, "held": seen["held"], "mlx_peak": mx.get_peak_memory(),
+         "rss_peak": rss, "vm_data": vm_data(), "splits": seen["splits"]}))
     return code
 
 
@@ -214,8 +217,8 @@ def local_ranks(ranks: int, rank_cmd: list[str], env: dict[str, str]) -> list[st
     launcher = Path(sys.executable).parent / "mlx.launch"
     cmd = [str(launcher), "-n", str(ranks), "--backend", "ring", "--starting-port",
            str(free_port_block(ranks)), "--python", sys.executable]
-    cmd += [f"--env={k}={env[k]}" for k in ("PYTHONPATH", "LD_PRELOAD",
-                                             "OPENBLAS_NUM_THREADS", "BENCH_RLIMIT_DATA")
+    cmd += [f"--env={k}={env[k]}" for k in ("PYTHONPATH", "LD_PRELOAD", "OPENBLAS_NUM_THREADS",
+                                             "BENCH_RLIMIT_DATA", REPORTS_DIR)
             if k in env]
     return launcher_argv([*cmd, "--", *rank_cmd], local_hosts(ranks, sys.executable))
 
@@ -227,6 +230,9 @@ def launch(case: Case, model: list[str], out: Path, limit: int = 0,
     rank_cmd = [str(Path(__file__).resolve()), "--as-rank", module, *model, *own,
                 "--out", str(out)]
     env = rank_env(limit)
+    reports_dir = Path(f"{out}.reports")  # beside --out: the trainer's folder stays its own
+    reports_dir.mkdir(parents=True, exist_ok=True)
+    env[REPORTS_DIR] = str(reports_dir)
     cmd = [sys.executable, *rank_cmd] if case.ranks == 1 else \
         local_ranks(case.ranks, rank_cmd, env)
     # A session of its own, so that a timeout ends mlx.launch's ranks too.
@@ -238,8 +244,8 @@ def launch(case: Case, model: list[str], out: Path, limit: int = 0,
         os.killpg(proc.pid, signal.SIGKILL)
         stdout, stderr = proc.communicate()
         stderr += f"\n(timed out after {timeout:.0f} s)"
-    reports = sorted((json.loads(line.split(REPORT, 1)[1]) for line in stdout.splitlines()
-                      if REPORT in line), key=lambda r: r["rank"])
+    reports = sorted((json.loads(f.read_text()) for f in reports_dir.glob("rank_*.json")),
+                     key=lambda r: r["rank"])
     metrics = out / "metrics.jsonl"
     records = [json.loads(line) for line in metrics.read_text().splitlines()
                if line.strip()] if metrics.exists() else []
