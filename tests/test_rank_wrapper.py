@@ -181,3 +181,29 @@ def test_a_blank_mlx_hostfile_is_dropped_a_real_one_kept(tmp_path, text, kept):
     missing = {"MLX_HOSTFILE": str(tmp_path / "gone")}
     drop_blank_hostfile(missing)
     assert "MLX_HOSTFILE" in missing  # not ours to judge: init() says what is wrong
+
+
+HALF_A_LINE = """
+import os, sys
+os.write(2, b"[ring] Socket ")  # as MLX's C++ writes its errors: in pieces, from its own thread
+sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("tagged", [True, False])
+def test_the_exit_line_is_whole_when_another_thread_left_half_a_line(tmp_path, tagged):
+    """Seen in CI: MLX's ring thread had written "[ring] Socket " when the
+    failing rank wrote its exit line, which then ran on behind it, was not
+    read as an exit line and was shown. It goes out as a line of its own."""
+    script = tmp_path / "half.py"
+    script.write_text(HALF_A_LINE)
+    argv, env = wrapped([str(script)], tmp_path, rank="2")
+    env = {**env, "MLXCLUSTER_TAG_OUTPUT": "1"} if tagged else env
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 3, proc.stderr
+    tag = "[2] " if tagged else ""
+    lines = proc.stderr.splitlines()
+    marks = [ln for ln in lines if "@@mlxcluster-exit" in ln]
+    assert len(marks) == 1 and re.fullmatch(rf"{re.escape(tag)}@@mlxcluster-exit 2 3 \d+\.\d+",
+                                            marks[0]), lines
+    assert len(lines) == 2 and f"{tag}[ring] Socket " in lines, lines

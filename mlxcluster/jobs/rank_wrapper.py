@@ -23,14 +23,14 @@ script.py`` would: ``__main__``, ``sys.argv``, ``sys.path[0]``). R is the
 launcher's rank (MLX_RANK for mlx.launch, OMPI_COMM_WORLD_RANK / PMIX_RANK
 for mpirun).
 
-With ``MLXCLUSTER_TAG_OUTPUT=1`` (``mlxcluster run`` sets it) every line the
-rank writes to stdout or stderr, from Python or from C, starts with ``[R] ``:
-file descriptors 1 and 2 become pipes read by a forked helper process that
-prefixes each complete line and writes it to the original descriptor (a
-partial line waits for its newline, or the end). stdout is made line
-buffered, so lines leave as they are printed, as on a terminal. At exit the
-rank closes its ends and waits (up to ``DRAIN_WAIT_S``) for the helper to
-write the last lines, so that the launcher sees them before the rank ends.
+File descriptors 1 and 2 become pipes read by a forked helper process that
+writes each complete line to the original descriptor (a partial line waits
+for its newline, or the end), so that what the rank writes, from Python or
+from C, leaves as whole lines. With ``MLXCLUSTER_TAG_OUTPUT=1`` (``mlxcluster
+run`` sets it) each line starts with ``[R] ``. stdout is made line buffered,
+so lines leave as they are printed, as on a terminal. At exit the rank
+closes its ends and waits (up to ``DRAIN_WAIT_S``) for the helper to write
+the last lines, so that the launcher sees them before the rank ends.
 
 ``MLXCLUSTER_RANK_ENV`` carries the inventory's per-host ``env:`` (one
 mapping per rank, in rank order; base64 JSON, so that no launcher's quoting
@@ -73,8 +73,11 @@ to ``rank<R>.exit`` when it ends (none: a signal ended it), so that
 `mlxcluster attach` can follow it and say how it ended (jobs.attach).
 
 Before it ends that way it writes one line on stderr, ``@@mlxcluster-exit
-RANK CODE TIME`` (``TIME``: seconds since the epoch), which the launcher
-hides and reads: when one rank fails, the others fail too a moment later
+RANK CODE TIME`` (``TIME``: seconds since the epoch), through a pipe of its
+own to the helper, so that it is a whole line even when another thread had
+written half of one (MLX's C++ writes "[ring] Socket " and the rest in
+separate writes; seen in CI running on behind it). The launcher hides
+and reads it: when one rank fails, the others fail too a moment later
 (their peer is gone), and mpirun then names only the rank whose abort it saw
 (measured on the lab: "prterun has exited due to process rank 0 ...
 calling abort" when rank 1 had exited 3). The earliest of these lines names
@@ -96,6 +99,7 @@ import socket
 import sys
 import time
 import traceback
+from typing import NamedTuple
 
 RUN_MARK = "mlxcluster_run"  # as mlxcluster.jobs.cleanup.RUN_MARK (kept import-free here)
 EXIT_MARK = "@@mlxcluster-exit"  # a failing rank's last line: EXIT_MARK RANK CODE TIME
@@ -157,13 +161,20 @@ def install(directory: str, rank: str):
     return dump
 
 
-def tag_output(rank: str) -> int:
-    """Prefix every line of fds 1 and 2 with ``[rank] `` (see the module
-    docstring); returns the helper's pid."""
-    prefix = f"[{rank}] ".encode()
+class LineHelper(NamedTuple):
+    """The forked helper that writes the rank's lines (``pass_lines``)."""
+
+    pid: int
+    exit_fd: int  # the exit line's own pipe: whole, whatever another thread left half-written
+
+
+def pass_lines(prefix: bytes) -> LineHelper:
+    """Make fds 1 and 2 pipes read by a forked helper that writes each
+    complete line to the original descriptor, ``prefix`` before it (see the
+    module docstring)."""
     sys.stdout.flush()
     sys.stderr.flush()
-    pipes = [(fd, *os.pipe()) for fd in (1, 2)]
+    pipes = [(fd, *os.pipe()) for fd in (1, 2, 2)]  # the last: the exit line's, onto stderr
     pid = os.fork()
     if pid == 0:  # the helper: no Python of the program runs here
         code = 0
@@ -177,14 +188,17 @@ def tag_output(rank: str) -> int:
             code = 1
         finally:
             os._exit(code)
-    for fd, r, w in pipes:
+    for _, r, _ in pipes:
+        os.close(r)
+    (_, _, out_w), (_, _, err_w), (_, _, exit_w) = pipes
+    for fd, w in ((1, out_w), (2, err_w)):
         os.dup2(w, fd)
         os.close(w)
-        os.close(r)
     sys.stdout.reconfigure(line_buffering=True)
     sys.stderr.reconfigure(line_buffering=True)
-    atexit.register(drain, pid)
-    return pid
+    helper = LineHelper(pid, exit_w)
+    atexit.register(drain, helper)
+    return helper
 
 
 def prefix_lines(sources: dict[int, int], prefix: bytes) -> None:
@@ -217,7 +231,7 @@ def write_all(fd: int, data: bytes) -> None:
         data = data[os.write(fd, data):]
 
 
-def drain(helper: int, wait_s: float = DRAIN_WAIT_S) -> None:
+def drain(helper: LineHelper, wait_s: float = DRAIN_WAIT_S) -> None:
     """At exit: close this process's ends of the pipes and give the helper
     time to write the last lines (a child process still holding the pipes
     keeps it open: then stop waiting after ``wait_s``)."""
@@ -230,10 +244,12 @@ def drain(helper: int, wait_s: float = DRAIN_WAIT_S) -> None:
     os.dup2(null, 1)
     os.dup2(null, 2)
     os.close(null)
+    with contextlib.suppress(OSError):  # closed already: a second drain
+        os.close(helper.exit_fd)
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         try:
-            done, _ = os.waitpid(helper, os.WNOHANG)
+            done, _ = os.waitpid(helper.pid, os.WNOHANG)
         except ChildProcessError:
             return
         if done:
@@ -250,18 +266,18 @@ def exit_code(done: SystemExit) -> int:
     return 1
 
 
-def end_now(code: int, helper: int | None, rank: str, exit_file: str | None = None) -> None:
-    """Flush, write the exit line (``EXIT_MARK``), let the tagging helper
-    write the last lines, and exit with ``code`` without interpreter
-    shutdown (see the module docstring)."""
+def end_now(code: int, helper: LineHelper, rank: str, exit_file: str | None = None) -> None:
+    """Flush, write the exit line (``EXIT_MARK``), let the helper write the
+    last lines, and exit with ``code`` without interpreter shutdown (see the
+    module docstring)."""
     status = code & 0xFF if code >= 0 else 1
     try:
         sys.stdout.flush()
-        print(f"{EXIT_MARK} {rank} {status} {time.time():.6f}", file=sys.stderr, flush=True)
+        sys.stderr.flush()
+        write_all(helper.exit_fd, f"{EXIT_MARK} {rank} {status} {time.time():.6f}\n".encode())
     except (OSError, ValueError):
         pass
-    if helper is not None:
-        drain(helper)
+    drain(helper)
     if exit_file:
         note_exit(exit_file, status)
     os._exit(status)
@@ -499,7 +515,7 @@ def main(argv: list[str] | None = None) -> None:
         start_lease_watch(directory, rank)
     except OSError as err:  # the job runs unwatched, said
         print(f"mlxcluster rank_wrapper: no lease watch ({err})", file=sys.stderr, flush=True)
-    helper = tag_output(rank) if os.environ.get(TAG_VAR) == "1" else None
+    helper = pass_lines(f"[{rank}] ".encode() if os.environ.get(TAG_VAR) == "1" else b"")
     try:
         install(directory, rank)
     except OSError as err:  # no stacks on demand, but the job itself still runs
