@@ -8,11 +8,13 @@ ratio of their steps with the machine's drift taken out.
 bench/pipeline.py runs the real trainer, each case in a launch of its own; on this
 shared 2-core machine one case's rounds spread by up to 25%
 (docs/performance-runs.md 1e), more than most changes to the step. Here two local
-ranks (ring, started as mlxcluster starts ranks that all run here) build both
-steps as the trainer builds them: reference_train.data_parallel.DataParallelStep
-on the whole model and reference_train.pipeline.PipelineStep on each rank's stage
-(the split by bytes, 1F1B, compiled), the same model (bench/pipeline.py's
-SPEED_MODEL or WIDE_MODEL), initial weights, batch, AdamW and gradient clipping.
+ranks (ring, started as mlxcluster starts ranks that all run here) each build two
+reference_train.train.Trainer: data-parallel, and `--pipeline 2 --micro_batches M`
+(this rank's stage: the split by bytes, 1F1B, compiled), from the same flags (bench/
+pipeline.py's SPEED_MODEL or WIDE_MODEL), seed and data (the offline corpus,
+prepared in a temporary folder). A step is Trainer.train_step: the step function
+the training loop runs, with the run's AdamW, its schedule and gradient clipping,
+on the same global batches in both.
 They alternate, --steps steps of one then of the other, for --rounds rounds
 (the first round untimed: compilation), each step between two barriers. The
 figures: each one's median step, and the median of the per-round ratios of
@@ -29,6 +31,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -37,65 +40,40 @@ sys.path.insert(0, str(REPO))
 
 from pipeline import QUICK_MODEL, SPEED_MODEL, WIDE_MODEL, local_ranks, rank_env  # noqa: E402
 
-REPORT = "PAIRS_REPORT "
-VOCAB = 257  # the byte-level vocabulary of the offline corpus bench/pipeline.py trains on
+REPORT_FILE = "pairs_rank0.json"  # rank 0's times, in the run's folder (not a stdout line)
 
 
-def rank_main(flags: list[str], micro_batches: int, rounds: int, steps: int) -> int:
-    """One of the two ranks: both steps built, then run in turns; rank 0 prints the times."""
+def rank_main(flags: list[str], micro_batches: int, rounds: int, steps: int, tmp: str) -> int:
+    """One of the two ranks: both runs' Trainers built, their steps then run in turns;
+    rank 0 writes the times into `tmp`."""
     import mlx.core as mx
-    import mlx.optimizers as optim
-    import numpy as np
 
     from reference_train.collectives import barrier
-    from reference_train.config import build_config, model_args
-    from reference_train.data_parallel import DataParallelStep
-    from reference_train.model import Llama
-    from reference_train.pipeline import PipelineStep, owned_parameters
-    from reference_train.stage_load import model_bytes, new_stage
-    from reference_train.stages import plan_stages
+    from reference_train.config import build_config
+    from reference_train.train import Trainer
 
     group = mx.distributed.init(backend="ring", strict=True)
-    rank, size = group.rank(), group.size()
-    cfg = build_config(flags)
-    args = model_args(cfg, VOCAB)
-    tokens = np.random.default_rng(cfg.seed).integers(
-        0, VOCAB, (cfg.global_batch, cfg.block_size + 1)).astype(np.int32)
-    x, y = tokens[:, :-1], tokens[:, 1:]
-
-    def adamw():
-        return optim.AdamW(learning_rate=cfg.lr, betas=[cfg.beta1, cfg.beta2],
-                           weight_decay=cfg.weight_decay)
-
-    mx.random.seed(cfg.seed)
-    model = Llama(args)
-    mx.eval(model.parameters())
-    rows = cfg.global_batch // size
-    data_parallel = (model, adamw(), DataParallelStep(group, global_batch=cfg.global_batch,
-                                                      grad_clip=cfg.grad_clip),
-                     (x[rank * rows:(rank + 1) * rows], y[rank * rows:(rank + 1) * rows]))
-    mx.random.seed(cfg.seed)
-    stage = new_stage(args, plan_stages(model_bytes(args), size)[rank])
-    optimizer = adamw()
-    optimizer.init(owned_parameters(stage))
-    pipelined = (stage, optimizer, PipelineStep(stage, group, micro_batches,
-                                                grad_clip=cfg.grad_clip), (x, y))
-
-    times: dict[str, list[list[float]]] = {"data_parallel": [], "pipeline": []}
+    every = ["--data", str(Path(tmp) / "data"), "--steps", str(rounds * steps + 1)]
+    cases = {"data_parallel": [], "pipeline": ["--pipeline", "2",
+                                               "--micro_batches", str(micro_batches)]}
+    trainers = {name: Trainer(build_config([*flags, *every, *extra,
+                                            "--out", str(Path(tmp) / name)]),
+                              group, log=lambda *_: None)
+                for name, extra in cases.items()}
+    times: dict[str, list[list[float]]] = {name: [] for name in trainers}
     for r in range(rounds):
-        for name, (module, opt, step, batch) in (("data_parallel", data_parallel),
-                                                 ("pipeline", pipelined)):
+        for name, trainer in trainers.items():
             taken = []
             for _ in range(steps):
                 barrier(group)
                 start = time.perf_counter()
-                mx.eval(step(module, opt, batch).loss)
+                trainer.train_step()
                 barrier(group)
                 taken.append(time.perf_counter() - start)
             if r > 0:  # the first round compiles both steps
                 times[name].append(taken)
-    if rank == 0:
-        print(REPORT + json.dumps(times), flush=True)
+    if group.rank() == 0:
+        (Path(tmp) / REPORT_FILE).write_text(json.dumps(times))
     return 0
 
 
@@ -114,7 +92,7 @@ def summary(times: dict[str, list[list[float]]], tokens_per_step: int) -> dict:
 def main() -> int:
     if sys.argv[1:2] == ["--as-rank"]:
         flags = json.loads(sys.argv[2])
-        return rank_main(flags, *(int(a) for a in sys.argv[3:6]))
+        return rank_main(flags, *(int(a) for a in sys.argv[3:6]), sys.argv[6])
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", choices=("demo", "wide"), default="demo")
     p.add_argument("--micro_batches", type=int, default=8)
@@ -127,23 +105,27 @@ def main() -> int:
     if args.quick:
         flags, args.micro_batches, args.rounds, args.steps = QUICK_MODEL, 2, 3, 1
     from reference_train.config import build_config
+    from reference_train.prepare import prepare_offline
 
     cfg = build_config(flags)
     env = rank_env(0)
-    rank_cmd = [str(Path(__file__).resolve()), "--as-rank", json.dumps(flags),
-                str(args.micro_batches), str(args.rounds), str(args.steps)]
-    cmd = local_ranks(2, rank_cmd, env)
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     print(f"{started}, load average {os.getloadavg()[0]:.1f}: {' '.join(flags)}, "
           f"--pipeline 2 M={args.micro_batches} against data-parallel 2, {args.rounds} rounds "
           f"of {args.steps} steps each (the first untimed)", flush=True)
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
-    reports = [line.split(REPORT, 1)[1] for line in proc.stdout.splitlines() if REPORT in line]
-    if proc.returncode != 0 or not reports:
-        print(f"the ranks failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}",
-              file=sys.stderr)
-        return 1
-    result = summary(json.loads(reports[0]), cfg.global_batch * cfg.block_size)
+    with tempfile.TemporaryDirectory(prefix="pipeline_pairs.") as tmp:
+        prepare_offline(Path(tmp) / "data")
+        rank_cmd = [str(Path(__file__).resolve()), "--as-rank", json.dumps(flags),
+                    str(args.micro_batches), str(args.rounds), str(args.steps), tmp]
+        proc = subprocess.run(local_ranks(2, rank_cmd, env), cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=1800)
+        report = Path(tmp) / REPORT_FILE
+        if proc.returncode != 0 or not report.exists():
+            print(f"the ranks failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}",
+                  file=sys.stderr)
+            return 1
+        times = json.loads(report.read_text())
+    result = summary(times, cfg.global_batch * cfg.block_size)
     result.update(started=started, flags=flags, micro_batches=args.micro_batches,
                   rounds=args.rounds, steps=args.steps, load_average_end=os.getloadavg())
     if args.json:
