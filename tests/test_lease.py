@@ -57,7 +57,10 @@ def start_rank(tmp_path: Path, **extra: str) -> tuple[subprocess.Popen, Path, fl
 
 
 def watchdogs_of(proc: subprocess.Popen) -> list[psutil.Process]:
-    return [c for c in psutil.Process(proc.pid).children() if "rank_wrapper" in " ".join(c.cmdline())]
+    """The rank's forks whose stdout is /dev/null: the watchdog's (the line helper,
+    the other fork, writes to the rank's stdout)."""
+    return [c for c in psutil.Process(proc.pid).children()
+            if "rank_wrapper" in " ".join(c.cmdline()) and os.readlink(f"/proc/{c.pid}/fd/1") == os.devnull]
 
 
 def test_a_rank_whose_lease_is_not_renewed_is_asked_to_stop_and_its_folder_removed(tmp_path):
