@@ -83,6 +83,7 @@ def test_a_lost_host_is_dropped_and_the_run_ends_with_the_reference_losses(
             job.kill()
             job.wait()
         lab3.heal(victim)
+    lab3.end_orphaned_sessions(victim)  # sshd's sessions the cut link left (test_dead_host_lab)
     print(f"{victim.name} lost: training again after {back_in:.1f} s "
           f"(stall timeout {ELASTIC_STALL_TIMEOUT_S} s)")
     text = stdout + stderr
