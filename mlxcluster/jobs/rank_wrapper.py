@@ -241,11 +241,9 @@ def drain(helper: LineHelper, wait_s: float = DRAIN_WAIT_S) -> None:
     except (OSError, ValueError):
         pass
     null = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(null, 1)
-    os.dup2(null, 2)
+    for fd in (1, 2, helper.exit_fd):  # dup2, not close: a second drain closes nothing else
+        os.dup2(null, fd)
     os.close(null)
-    with contextlib.suppress(OSError):  # closed already: a second drain
-        os.close(helper.exit_fd)
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         try:
